@@ -1,0 +1,180 @@
+/*
+ * The cluster model of the scheduling core: nodes, their GPUs, what a pod
+ * asks for, whether it fits (and in words, why not), and applying or
+ * releasing a placement. Pure computation: no I/O, no clock, no globals.
+ *
+ * Thread safety: a kgpu_cluster is owned by one thread at a time; distinct
+ * clusters may be used from different threads concurrently.
+ */
+#ifndef KGPU_MODEL_H
+#define KGPU_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kgpu/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KGPU_MILLI             1000 /* one whole GPU's compute, in milli-GPU */
+#define KGPU_MAX_GPUS_PER_NODE 32
+#define KGPU_MAX_MODELS        64 /* distinct GPU model names per cluster (bitmask width) */
+#define KGPU_NAME_MAX          254
+#define KGPU_UUID_MAX          80
+#define KGPU_MODEL_NAME_MAX    64
+/* Pod classes counted per node: 0 CPU-only, 1 GPU share, 1+k for k whole GPUs. */
+#define KGPU_CLASS_CPU         0
+#define KGPU_CLASS_SHARE       1
+#define KGPU_CLASS_MAX         (2 + KGPU_MAX_GPUS_PER_NODE)
+
+typedef struct kgpu_gpu {
+    int index;                /* device index on its node */
+    char uuid[KGPU_UUID_MAX]; /* may be empty (trace nodes have none) */
+    int model;                /* id in the cluster's model table */
+    int numa;                 /* NUMA node, -1 when unknown */
+    bool healthy;
+    int64_t memory_mib;      /* capacity */
+    int free_milli;          /* compute left, 0..1000 */
+    int64_t free_memory_mib; /* memory left */
+    int placements;          /* pods currently holding a share of this GPU */
+} kgpu_gpu;
+
+typedef struct kgpu_label {
+    char *key;
+    char *value;
+} kgpu_label;
+
+/* A node as the core sees it. Read-only for callers: change it through the cluster API. */
+typedef struct kgpu_node {
+    char *name;
+    int64_t cpu_milli, memory_mib; /* allocatable */
+    int64_t cpu_free, memory_free;
+    kgpu_label *labels;
+    int nlabels;
+    int ngpus;
+    kgpu_gpu *gpus;
+    uint64_t model_mask; /* models present on this node */
+    uint64_t version;    /* bumped on every apply/release: a cache key for policies */
+    int placements;      /* pods placed here */
+    int class_count[KGPU_CLASS_MAX];
+} kgpu_node;
+
+/* What a caller passes to describe a GPU or a node when building a cluster. Borrowed. */
+typedef struct kgpu_gpu_spec {
+    int index;
+    const char *uuid;  /* NULL or "" when unknown */
+    const char *model; /* required */
+    int64_t memory_mib;
+    int numa; /* -1 when unknown */
+    bool healthy;
+} kgpu_gpu_spec;
+
+typedef struct kgpu_node_spec {
+    const char *name;
+    int64_t cpu_milli, memory_mib;
+    const kgpu_label *labels;
+    int nlabels;
+    const kgpu_gpu_spec *gpus;
+    int ngpus;
+} kgpu_node_spec;
+
+/*
+ * A pod's demand. GPU demand is `gpu_count` GPUs with `gpu_milli` compute and
+ * `gpu_memory_mib` memory on each: whole GPUs set `exclusive` (gpu_milli is
+ * then 1000 and the GPUs must be untouched); a share sets gpu_milli < 1000
+ * and/or gpu_memory_mib and may spread over gpu_count GPUs of one node.
+ * Model globs (fnmatch) are borrowed; call kgpu_request_compile before use.
+ */
+typedef struct kgpu_request {
+    int64_t cpu_milli, memory_mib;
+    int gpu_count;
+    int gpu_milli;
+    int64_t gpu_memory_mib;
+    bool exclusive;
+    const char *const *allow; /* allowed model globs; none = any */
+    int nallow;
+    const char *const *exclude; /* excluded model globs */
+    int nexclude;
+    int shape;       /* caller's id of this request's shape for policy caches, -1 = none */
+    uint64_t models; /* filled by kgpu_request_compile: allowed model ids */
+} kgpu_request;
+
+/* A placement: which node and which GPUs, and what was taken, so release restores it exactly. */
+typedef struct kgpu_assignment {
+    int node;
+    int ngpus;
+    int gpus[KGPU_MAX_GPUS_PER_NODE];
+    int gpu_milli;
+    int64_t gpu_memory_mib;
+    bool exclusive;
+    int64_t cpu_milli, memory_mib;
+    int klass;
+} kgpu_assignment;
+
+typedef struct kgpu_cluster kgpu_cluster;
+
+/* Returns a new empty cluster, or NULL when out of memory. Free with kgpu_cluster_free. */
+kgpu_cluster *kgpu_cluster_new(void);
+void kgpu_cluster_free(kgpu_cluster *c);
+
+/* Deep copy (state included); NULL when out of memory. */
+kgpu_cluster *kgpu_cluster_clone(const kgpu_cluster *c);
+
+/* Adds a node; returns its index (>= 0) or a negative error. Names must be unique. */
+int kgpu_cluster_add_node(kgpu_cluster *c, const kgpu_node_spec *spec, kgpu_error *err);
+
+int kgpu_cluster_node_count(const kgpu_cluster *c);
+/* Borrowed pointer, valid until the next add_node or free. */
+const kgpu_node *kgpu_cluster_node(const kgpu_cluster *c, int i);
+/* Index of the node with that name, or -1. */
+int kgpu_cluster_find_node(const kgpu_cluster *c, const char *name);
+
+/* Model table: id of `name` (adding it when `add`), or -1 (absent, or table full). */
+int kgpu_cluster_model_id(kgpu_cluster *c, const char *name, bool add);
+const char *kgpu_cluster_model_name(const kgpu_cluster *c, int id);
+int kgpu_cluster_model_count(const kgpu_cluster *c);
+
+/* Totals over healthy and unhealthy GPUs alike. */
+int kgpu_cluster_gpu_count(const kgpu_cluster *c);
+int64_t kgpu_cluster_gpu_milli_allocated(const kgpu_cluster *c);
+
+/* Resolves the request's model globs against the cluster's models into req->models. */
+int kgpu_request_compile(const kgpu_cluster *c, kgpu_request *req, kgpu_error *err);
+
+/* Checks a request's own consistency (ranges, whole vs share). */
+int kgpu_request_validate(const kgpu_request *req, kgpu_error *err);
+
+/* Class of a request for per-node counts: KGPU_CLASS_CPU, _SHARE or 1 + whole GPUs. */
+int kgpu_request_class(const kgpu_request *req);
+
+/* Whether GPU g of node n can hold one of the request's per-GPU parts right now. */
+bool kgpu_gpu_usable(const kgpu_node *n, const kgpu_gpu *g, const kgpu_request *req);
+
+/*
+ * Does the request fit node i? When it does not and `why` is given, writes a
+ * reason an operator can act on, e.g. "no single GPU has 810 milli free; best has 500".
+ */
+bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *why, size_t whylen);
+
+/*
+ * Applies a placement of `req` on node `node` using the GPUs listed in `gpus`
+ * (exactly req->gpu_count entries; ignored when the request has no GPU part).
+ * Validates everything first: on error nothing changed. Fills *out for release.
+ */
+int kgpu_cluster_apply(kgpu_cluster *c, const kgpu_request *req, int node, const int *gpus,
+                       kgpu_assignment *out, kgpu_error *err);
+
+/* Undoes an apply exactly. Fails (and changes nothing) if it would exceed capacity. */
+int kgpu_cluster_release(kgpu_cluster *c, const kgpu_assignment *a, kgpu_error *err);
+
+/* Marks a GPU healthy or not (bumps the node version). */
+int kgpu_cluster_set_gpu_health(kgpu_cluster *c, int node, int gpu, bool healthy, kgpu_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

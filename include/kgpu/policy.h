@@ -1,0 +1,123 @@
+/*
+ * Placement policies and the fragmentation measure of the FGD study.
+ *
+ * One interface (kgpu_policy_ops) serves every policy: score a node that is
+ * known to fit, choose the GPUs on the chosen node. The selection loop,
+ * tie-breaking and the extender's 0-10 scores are written once, here, for all
+ * of them. Adding a policy: one file in src/core/ plus a line in policy.c.
+ */
+#ifndef KGPU_POLICY_H
+#define KGPU_POLICY_H
+
+#include <stdint.h>
+
+#include "kgpu/model.h"
+#include "kgpu/rng.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One shape of the target workload: per-GPU milli, GPU count, CPU, allowed models, probability. */
+typedef struct kgpu_shape {
+    int64_t cpu_milli;
+    int gpu_milli; /* per GPU; 0 for CPU-only */
+    int gpu_count;
+    uint64_t models; /* allowed model ids */
+    double p;
+} kgpu_shape;
+
+/* The workload a fragmentation measure is taken against. Owns `shapes`. */
+typedef struct kgpu_workload {
+    kgpu_shape *shapes;
+    int n;
+} kgpu_workload;
+
+/*
+ * Builds the target workload of the FGD study from `reqs` (compiled against
+ * the cluster): shapes by decreasing frequency until `coverage` (0.95 in the
+ * study) of the requests are covered, renormalised. Fills *out (free with
+ * kgpu_workload_free).
+ */
+int kgpu_workload_build(const kgpu_request *reqs, size_t n, double coverage, kgpu_workload *out,
+                        kgpu_error *err);
+void kgpu_workload_free(kgpu_workload *w);
+
+/*
+ * Fragmentation of one node, in milli-GPU, against workload w: for each shape
+ * the free milli the shape could not use there (all of it when the shape is
+ * CPU-only or cannot run on the node), weighted by its probability.
+ * `free_milli` overrides the node's per-GPU free compute (NULL = current),
+ * `cpu_free` overrides its free CPU (< 0 = current).
+ */
+double kgpu_node_frag(const kgpu_node *n, const kgpu_workload *w, const int *free_milli,
+                      int64_t cpu_free);
+
+/* Cluster fragmentation: sum of node fragmentation, and the idle milli it is part of. */
+double kgpu_cluster_frag(const kgpu_cluster *c, const kgpu_workload *w, double *idle_milli);
+
+typedef struct kgpu_policy_ops {
+    const char *name;
+    const char *summary;
+    size_t state_size;
+    /* Optional: set up state (zeroed, state_size bytes). */
+    int (*init)(void *state, const kgpu_cluster *c, const kgpu_workload *target, kgpu_error *err);
+    /* Optional: release what init allocated. */
+    void (*fini)(void *state);
+    /* Score of placing req on node (which fits); higher is better. Ties are broken at random. */
+    int64_t (*score)(void *state, const kgpu_cluster *c, int node, const kgpu_request *req);
+    /* Chooses req->gpu_count GPU indices on node into gpus[]; returns 0 or a negative error. */
+    int (*pick_gpus)(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
+                     kgpu_rng *rng, int *gpus);
+    /* Ties are always broken uniformly at random, whatever kgpu_policy_set_tie_order says. */
+    bool random_ties;
+} kgpu_policy_ops;
+
+typedef struct kgpu_policy kgpu_policy;
+
+/* The registry: NULL-terminated list, and lookup by name. */
+const kgpu_policy_ops *const *kgpu_policy_list(void);
+const kgpu_policy_ops *kgpu_policy_find(const char *name);
+
+/*
+ * Creates policy `name` for cluster c. `target` is the workload the policy
+ * may assume (only fgd uses it; borrowed, must outlive the policy; NULL
+ * allowed for the others). NULL on error, with err filled.
+ */
+kgpu_policy *kgpu_policy_new(const char *name, const kgpu_cluster *c, const kgpu_workload *target,
+                             kgpu_error *err);
+void kgpu_policy_free(kgpu_policy *p);
+const char *kgpu_policy_name(const kgpu_policy *p);
+
+/*
+ * How ties between equally scored nodes are broken. NULL (the default):
+ * uniformly at random, as kube-scheduler does. Otherwise `rank` (borrowed,
+ * one entry per node, must outlive its use) is a fixed priority: the tied node
+ * with the lowest rank wins. The FGD study's simulator breaks ties in a fixed,
+ * per-seed random node order; its figures depend on that.
+ */
+void kgpu_policy_set_tie_order(kgpu_policy *p, const uint32_t *rank, int n);
+
+/*
+ * Chooses where req goes: among `nodes` (n indices; NULL = every node) the
+ * fitting node with the highest score, ties broken as set above, and its
+ * GPUs. Fills *node_out and gpus (req->gpu_count entries).
+ * Returns 0, KGPU_ENOFIT when no node fits, or another negative error.
+ */
+int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                       const int *nodes, int n, kgpu_rng *rng, int *node_out, int *gpus,
+                       kgpu_error *err);
+
+/*
+ * Node-level scores 0-10 for the extender's prioritize: raw scores of the
+ * fitting nodes scaled linearly so the best is 10 and the worst 0 (all 10
+ * when equal); nodes that do not fit get 0.
+ */
+int kgpu_policy_node_scores(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                            const int *nodes, int n, int *scores, kgpu_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,39 @@
+/*
+ * Internals shared by the files of the scheduling core (not installed).
+ * Double-underscore names are private to libkgpu.
+ */
+#ifndef KGPU_CORE_INTERNAL_H
+#define KGPU_CORE_INTERNAL_H
+
+#include <stdint.h>
+
+#include "kgpu/model.h"
+#include "kgpu/policy.h"
+
+/* The fit check without the reason text: the hot path of every policy. */
+bool kgpu__fit(const kgpu_node *n, const kgpu_request *req);
+
+/* Number of GPUs of n usable by req right now. */
+int kgpu__usable_gpus(const kgpu_node *n, const kgpu_request *req);
+
+/* Mutable node access for the core (policies never mutate; apply/release do). */
+kgpu_node *kgpu__cluster_node_mut(kgpu_cluster *c, int i);
+
+/* Demand of a request in milli-GPU (whole GPUs count 1000 each). */
+static inline int64_t kgpu__gpu_demand(const kgpu_request *req)
+{
+    if (req->gpu_count <= 0)
+        return 0;
+    return (int64_t)req->gpu_count * (req->exclusive ? KGPU_MILLI : req->gpu_milli);
+}
+
+/* Total free milli over the node's healthy GPUs. */
+int kgpu__node_free_milli(const kgpu_node *n);
+
+/* GPU choice shared by several policies: tightest fit (least free that suffices, lowest index). */
+int kgpu__pick_best_fit(const kgpu_node *n, const kgpu_request *req, int *gpus);
+
+/* GPU choice: uniformly random among usable GPUs. */
+int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng, int *gpus);
+
+#endif

@@ -1,0 +1,229 @@
+/*
+ * The policy registry and what all policies share: the selection loop with
+ * uniform random tie-breaking (as kube-scheduler breaks ties), the 0-10 node
+ * scores for the extender, and the common ways of choosing GPUs on a node.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+extern const kgpu_policy_ops kgpu__policy_random;
+extern const kgpu_policy_ops kgpu__policy_dotprod;
+extern const kgpu_policy_ops kgpu__policy_clustering;
+extern const kgpu_policy_ops kgpu__policy_packing;
+extern const kgpu_policy_ops kgpu__policy_bestfit;
+extern const kgpu_policy_ops kgpu__policy_fgd;
+
+/* The registry: one line per policy. */
+static const kgpu_policy_ops *const policies[] = {
+    &kgpu__policy_random,  &kgpu__policy_dotprod, &kgpu__policy_clustering,
+    &kgpu__policy_packing, &kgpu__policy_bestfit, &kgpu__policy_fgd,
+    NULL,
+};
+
+struct kgpu_policy {
+    const kgpu_policy_ops *ops;
+    void *state;
+    const uint32_t *rank; /* tie order, or NULL for random ties */
+    int nrank;
+};
+
+const kgpu_policy_ops *const *kgpu_policy_list(void)
+{
+    return policies;
+}
+
+const kgpu_policy_ops *kgpu_policy_find(const char *name)
+{
+    for (int i = 0; policies[i] != NULL; i++)
+        if (strcmp(policies[i]->name, name) == 0)
+            return policies[i];
+    return NULL;
+}
+
+kgpu_policy *kgpu_policy_new(const char *name, const kgpu_cluster *c, const kgpu_workload *target,
+                             kgpu_error *err)
+{
+    const kgpu_policy_ops *ops = kgpu_policy_find(name);
+    if (ops == NULL) {
+        char known[256] = "";
+        for (int i = 0; policies[i] != NULL; i++) {
+            strncat(known, i ? ", " : "", sizeof(known) - strlen(known) - 1);
+            strncat(known, policies[i]->name, sizeof(known) - strlen(known) - 1);
+        }
+        kgpu_error_set(err, KGPU_ENOENT, "unknown policy '%s' (known: %s)", name, known);
+        return NULL;
+    }
+    kgpu_policy *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        goto oom;
+    p->ops = ops;
+    if (ops->state_size > 0 && (p->state = calloc(1, ops->state_size)) == NULL)
+        goto oom;
+    if (ops->init != NULL && ops->init(p->state, c, target, err) != 0) {
+        free(p->state);
+        free(p);
+        return NULL;
+    }
+    return p;
+oom:
+    free(p);
+    kgpu_error_set(err, KGPU_ENOMEM, "out of memory creating policy %s", name);
+    return NULL;
+}
+
+void kgpu_policy_free(kgpu_policy *p)
+{
+    if (p == NULL)
+        return;
+    if (p->ops->fini != NULL)
+        p->ops->fini(p->state);
+    free(p->state);
+    free(p);
+}
+
+void kgpu_policy_set_tie_order(kgpu_policy *p, const uint32_t *rank, int n)
+{
+    p->rank = rank;
+    p->nrank = rank ? n : 0;
+}
+
+const char *kgpu_policy_name(const kgpu_policy *p)
+{
+    return p->ops->name;
+}
+
+int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                       const int *nodes, int n, kgpu_rng *rng, int *node_out, int *gpus,
+                       kgpu_error *err)
+{
+    int total = kgpu_cluster_node_count(c);
+    if (nodes == NULL)
+        n = total;
+    int64_t best = INT64_MIN;
+    int chosen = -1;
+    uint64_t ties = 0;
+    const uint32_t *rank = p->ops->random_ties ? NULL : p->rank;
+    for (int k = 0; k < n; k++) {
+        int i = nodes ? nodes[k] : k;
+        if (i < 0 || i >= total)
+            return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", i);
+        const kgpu_node *node = kgpu_cluster_node(c, i);
+        if (!kgpu__fit(node, req))
+            continue;
+        int64_t s = p->ops->score(p->state, c, i, req);
+        if (s > best) {
+            best = s;
+            chosen = i;
+            ties = 1;
+        } else if (s == best) {
+            if (rank != NULL) {
+                uint32_t ri = i < p->nrank ? rank[i] : UINT32_MAX;
+                uint32_t rc = chosen < p->nrank ? rank[chosen] : UINT32_MAX;
+                if (ri < rc)
+                    chosen = i;
+            } else if (kgpu_rng_below(rng, ++ties) == 0) {
+                chosen = i; /* reservoir sampling: each tied node equally likely */
+            }
+        }
+    }
+    if (chosen < 0)
+        return kgpu_error_set(err, KGPU_ENOFIT, "no node fits");
+    *node_out = chosen;
+    if (req->gpu_count > 0) {
+        int rc = p->ops->pick_gpus(p->state, c, chosen, req, rng, gpus);
+        if (rc != 0)
+            return kgpu_error_set(err, rc, "policy %s found no GPUs on node %s", p->ops->name,
+                                  kgpu_cluster_node(c, chosen)->name);
+    }
+    return 0;
+}
+
+int kgpu_policy_node_scores(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                            const int *nodes, int n, int *scores, kgpu_error *err)
+{
+    int total = kgpu_cluster_node_count(c);
+    int64_t *raw = malloc((size_t)(n > 0 ? n : 1) * sizeof(*raw));
+    if (raw == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory scoring %d nodes", n);
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int k = 0; k < n; k++) {
+        int i = nodes[k];
+        if (i < 0 || i >= total) {
+            free(raw);
+            return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", i);
+        }
+        if (!kgpu__fit(kgpu_cluster_node(c, i), req)) {
+            raw[k] = INT64_MIN;
+            continue;
+        }
+        raw[k] = p->ops->score(p->state, c, i, req);
+        if (raw[k] < lo)
+            lo = raw[k];
+        if (raw[k] > hi)
+            hi = raw[k];
+    }
+    for (int k = 0; k < n; k++) {
+        if (raw[k] == INT64_MIN)
+            scores[k] = 0;
+        else if (hi == lo)
+            scores[k] = 10;
+        else
+            scores[k] = (int)((double)(raw[k] - lo) * 10.0 / (double)(hi - lo) + 0.5);
+    }
+    free(raw);
+    return 0;
+}
+
+int kgpu__pick_best_fit(const kgpu_node *n, const kgpu_request *req, int *gpus)
+{
+    int k = 0;
+    if (req->exclusive) {
+        /* Whole GPUs: the first untouched ones, in index order. */
+        for (int i = 0; i < n->ngpus && k < req->gpu_count; i++)
+            if (kgpu_gpu_usable(n, &n->gpus[i], req))
+                gpus[k++] = i;
+        return k == req->gpu_count ? 0 : KGPU_ENOFIT;
+    }
+    /* Shares: repeatedly the usable GPU with the least free compute (lowest index on ties). */
+    bool used[KGPU_MAX_GPUS_PER_NODE] = {false};
+    for (; k < req->gpu_count; k++) {
+        int best = -1;
+        for (int i = 0; i < n->ngpus; i++) {
+            if (used[i] || !kgpu_gpu_usable(n, &n->gpus[i], req))
+                continue;
+            if (best < 0 || n->gpus[i].free_milli < n->gpus[best].free_milli ||
+                (n->gpus[i].free_milli == n->gpus[best].free_milli &&
+                 n->gpus[i].free_memory_mib < n->gpus[best].free_memory_mib))
+                best = i;
+        }
+        if (best < 0)
+            return KGPU_ENOFIT;
+        used[best] = true;
+        gpus[k] = best;
+    }
+    return 0;
+}
+
+int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng, int *gpus)
+{
+    if (req->exclusive)
+        return kgpu__pick_best_fit(n, req, gpus);
+    int cand[KGPU_MAX_GPUS_PER_NODE], nc = 0;
+    for (int i = 0; i < n->ngpus; i++)
+        if (kgpu_gpu_usable(n, &n->gpus[i], req))
+            cand[nc++] = i;
+    if (nc < req->gpu_count)
+        return KGPU_ENOFIT;
+    /* Partial Fisher-Yates: a uniform random subset, in random order. */
+    for (int k = 0; k < req->gpu_count; k++) {
+        int j = k + (int)kgpu_rng_below(rng, (uint64_t)(nc - k));
+        int t = cand[k];
+        cand[k] = cand[j];
+        cand[j] = t;
+        gpus[k] = cand[k];
+    }
+    return 0;
+}

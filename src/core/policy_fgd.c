@@ -1,0 +1,198 @@
+/*
+ * fgd: Fragmentation Gradient Descent (ATC '23). Place each pod where the
+ * node's fragmentation against the target workload grows least; a GPU share
+ * tries each GPU of the node. Scores are quantised exactly as the study's
+ * scheduler plugin does (100 x sigmoid(-growth / 1000), truncated), which
+ * turns small differences into ties that are then broken at random.
+ *
+ * Speed: a node's current fragmentation is cached with the node's version,
+ * and so is each (node, request shape) score, so a placement rescans only
+ * the node it changed.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+#define FGD_SLOTS 128 /* score cache entries per node, indexed by shape id */
+
+typedef struct fgd_slot {
+    uint64_t version; /* node version + 1; 0 = empty */
+    int shape;
+    int gpu; /* chosen GPU for a single share, -1 otherwise */
+    int64_t score;
+} fgd_slot;
+
+typedef struct fgd_node {
+    uint64_t version; /* + 1; 0 = not computed */
+    double frag;
+} fgd_node;
+
+typedef struct fgd_state {
+    const kgpu_workload *target;
+    int cap;
+    fgd_node *nodes;
+    fgd_slot *slots; /* cap x FGD_SLOTS */
+} fgd_state;
+
+static int fgd_grow(fgd_state *st, int need)
+{
+    if (need <= st->cap)
+        return 0;
+    int cap = st->cap ? st->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    fgd_node *nodes = realloc(st->nodes, (size_t)cap * sizeof(*nodes));
+    if (nodes == NULL)
+        return KGPU_ENOMEM;
+    st->nodes = nodes;
+    fgd_slot *slots = realloc(st->slots, (size_t)cap * FGD_SLOTS * sizeof(*slots));
+    if (slots == NULL)
+        return KGPU_ENOMEM;
+    st->slots = slots;
+    memset(st->nodes + st->cap, 0, (size_t)(cap - st->cap) * sizeof(*nodes));
+    memset(st->slots + (size_t)st->cap * FGD_SLOTS, 0,
+           (size_t)(cap - st->cap) * FGD_SLOTS * sizeof(*slots));
+    st->cap = cap;
+    return 0;
+}
+
+static int fgd_init(void *state, const kgpu_cluster *c, const kgpu_workload *target,
+                    kgpu_error *err)
+{
+    fgd_state *st = state;
+    if (target == NULL || target->n == 0)
+        return kgpu_error_set(err, KGPU_EINVAL, "fgd needs a target workload");
+    st->target = target;
+    if (fgd_grow(st, kgpu_cluster_node_count(c)) != 0)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory for fgd caches");
+    return 0;
+}
+
+static void fgd_fini(void *state)
+{
+    fgd_state *st = state;
+    free(st->nodes);
+    free(st->slots);
+}
+
+/* The study's score: 100 x sigmoid((before - after) / 1000), truncated to an integer. */
+static int64_t quantise(double before, double after)
+{
+    double x = (before - after) / 1000.0;
+    return (int64_t)(100.0 / (1.0 + exp(-x)));
+}
+
+static double current_frag(fgd_state *st, const kgpu_node *n, int node)
+{
+    fgd_node *fn = st->nodes ? &st->nodes[node] : NULL;
+    if (fn != NULL && fn->version == n->version + 1)
+        return fn->frag;
+    double f = kgpu_node_frag(n, st->target, NULL, -1);
+    if (fn != NULL) {
+        fn->version = n->version + 1;
+        fn->frag = f;
+    }
+    return f;
+}
+
+/*
+ * Score of req on node n, and for a single GPU share the GPU that earns it
+ * (first of the best). Mirrors the study: a share tries every GPU with room;
+ * anything else takes the least-free GPUs that suffice, CPU-only pods just CPU.
+ */
+static int64_t fgd_eval(fgd_state *st, const kgpu_node *n, int node, const kgpu_request *req,
+                        int *gpu_out)
+{
+    double before = current_frag(st, n, node);
+    int64_t cpu_after = n->cpu_free - req->cpu_milli;
+    int free_after[KGPU_MAX_GPUS_PER_NODE];
+    for (int i = 0; i < n->ngpus; i++)
+        free_after[i] = n->gpus[i].free_milli;
+    *gpu_out = -1;
+    if (req->gpu_count <= 0)
+        return quantise(before, kgpu_node_frag(n, st->target, free_after, cpu_after));
+    if (req->gpu_count == 1 && !req->exclusive) {
+        int64_t best = 0;
+        for (int i = 0; i < n->ngpus; i++) {
+            if (!kgpu_gpu_usable(n, &n->gpus[i], req))
+                continue;
+            /* GPUs with equal free compute give equal scores: evaluate each value once. */
+            bool seen = false;
+            for (int j = 0; j < i && !seen; j++)
+                seen = free_after[j] == n->gpus[i].free_milli &&
+                       n->gpus[j].model == n->gpus[i].model &&
+                       kgpu_gpu_usable(n, &n->gpus[j], req);
+            if (seen)
+                continue;
+            free_after[i] -= req->gpu_milli;
+            int64_t s = quantise(before, kgpu_node_frag(n, st->target, free_after, cpu_after));
+            free_after[i] += req->gpu_milli;
+            if (*gpu_out < 0 || s > best) {
+                best = s;
+                *gpu_out = i;
+            }
+        }
+        return best;
+    }
+    int gpus[KGPU_MAX_GPUS_PER_NODE];
+    if (kgpu__pick_best_fit(n, req, gpus) != 0)
+        return INT64_MIN / 2;
+    int take = req->exclusive ? KGPU_MILLI : req->gpu_milli;
+    for (int k = 0; k < req->gpu_count; k++)
+        free_after[gpus[k]] -= take;
+    return quantise(before, kgpu_node_frag(n, st->target, free_after, cpu_after));
+}
+
+static int64_t fgd_cached(fgd_state *st, const kgpu_cluster *c, int node, const kgpu_request *req,
+                          int *gpu_out)
+{
+    const kgpu_node *n = kgpu_cluster_node(c, node);
+    if (node >= st->cap && fgd_grow(st, kgpu_cluster_node_count(c)) != 0)
+        return fgd_eval(st, n, node, req, gpu_out); /* no room to cache: still correct */
+    if (req->shape < 0)
+        return fgd_eval(st, n, node, req, gpu_out);
+    fgd_slot *slot = &st->slots[(size_t)node * FGD_SLOTS + (size_t)req->shape % FGD_SLOTS];
+    if (slot->version == n->version + 1 && slot->shape == req->shape) {
+        *gpu_out = slot->gpu;
+        return slot->score;
+    }
+    int64_t s = fgd_eval(st, n, node, req, gpu_out);
+    slot->version = n->version + 1;
+    slot->shape = req->shape;
+    slot->gpu = *gpu_out;
+    slot->score = s;
+    return s;
+}
+
+static int64_t fgd_score(void *state, const kgpu_cluster *c, int node, const kgpu_request *req)
+{
+    int gpu;
+    return fgd_cached(state, c, node, req, &gpu);
+}
+
+static int fgd_pick(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
+                    kgpu_rng *rng, int *gpus)
+{
+    const kgpu_node *n = kgpu_cluster_node(c, node);
+    if (req->gpu_count == 1 && !req->exclusive) {
+        int gpu;
+        fgd_cached(state, c, node, req, &gpu);
+        if (gpu < 0)
+            return KGPU_ENOFIT;
+        gpus[0] = gpu;
+        return 0;
+    }
+    return kgpu__pick_best_fit(n, req, gpus);
+}
+
+const kgpu_policy_ops kgpu__policy_fgd = {
+    .name = "fgd",
+    .summary = "fragmentation gradient descent: least growth of expected GPU fragmentation",
+    .state_size = sizeof(fgd_state),
+    .init = fgd_init,
+    .fini = fgd_fini,
+    .score = fgd_score,
+    .pick_gpus = fgd_pick,
+};

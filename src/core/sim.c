@@ -1,0 +1,261 @@
+/*
+ * The FGD study's simulation method (see kgpu/sim.h): build the inflated,
+ * shuffled workload from the seed, replay arrivals through one policy, and
+ * record allocation against arrival. Pure and reentrant: a prepared input is
+ * shared read-only by concurrent runs.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "kgpu/sim.h"
+
+#define SIM_MAX_PODS 20000000 /* guards against a workload that never reaches its target */
+
+typedef struct shape_ref {
+    const kgpu_request *r;
+    size_t i;
+} shape_ref;
+
+static int req_shape_cmp(const void *x, const void *y)
+{
+    const kgpu_request *a = ((const shape_ref *)x)->r, *b = ((const shape_ref *)y)->r;
+#define CMP(f)                                                                                     \
+    if (a->f != b->f)                                                                              \
+        return a->f < b->f ? -1 : 1;
+    CMP(cpu_milli)
+    CMP(gpu_count)
+    CMP(gpu_milli)
+    CMP(gpu_memory_mib)
+    CMP(exclusive)
+    CMP(models)
+#undef CMP
+    size_t ia = ((const shape_ref *)x)->i, ib = ((const shape_ref *)y)->i;
+    return ia < ib ? -1 : ia > ib;
+}
+
+/* Gives requests that policies cannot tell apart the same shape id (memory may differ). */
+static int assign_shapes(kgpu_request *reqs, size_t n)
+{
+    shape_ref *refs = malloc(n * sizeof(*refs));
+    if (refs == NULL)
+        return KGPU_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        refs[i] = (shape_ref){&reqs[i], i};
+    qsort(refs, n, sizeof(*refs), req_shape_cmp);
+    int id = -1;
+    for (size_t k = 0; k < n; k++) {
+        const kgpu_request *a = refs[k].r, *b = k ? refs[k - 1].r : NULL;
+        if (b == NULL || a->cpu_milli != b->cpu_milli || a->gpu_count != b->gpu_count ||
+            a->gpu_milli != b->gpu_milli || a->gpu_memory_mib != b->gpu_memory_mib ||
+            a->exclusive != b->exclusive || a->models != b->models)
+            id++;
+        reqs[refs[k].i].shape = id;
+    }
+    free(refs);
+    return 0;
+}
+
+int kgpu_sim_prepare(const kgpu_trace *nodes, const kgpu_trace *pods, kgpu_sim_input *in,
+                     kgpu_error *err)
+{
+    memset(in, 0, sizeof(*in));
+    int rc;
+    if (pods->npods == 0)
+        return kgpu_error_set(err, KGPU_EINVAL, "the pod list has no pods");
+    if ((in->cluster = kgpu_cluster_new()) == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    if ((rc = kgpu_trace_build_cluster(nodes, in->cluster, err)) != 0)
+        goto fail;
+    in->gpus = kgpu_cluster_gpu_count(in->cluster);
+    in->capacity_milli = (int64_t)in->gpus * KGPU_MILLI;
+    if (in->gpus == 0) {
+        rc = kgpu_error_set(err, KGPU_EINVAL, "the node list has no GPUs");
+        goto fail;
+    }
+    in->nrequests = pods->npods;
+    in->requests = calloc(pods->npods, sizeof(*in->requests));
+    if (in->requests == NULL) {
+        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < pods->npods; i++) {
+        kgpu_trace_pod_request(&pods->pods[i], &in->requests[i]);
+        if ((rc = kgpu_request_compile(in->cluster, &in->requests[i], err)) != 0)
+            goto fail;
+        /* The model globs point into the trace; the mask is all a run needs. */
+        in->requests[i].allow = NULL;
+        in->requests[i].nallow = 0;
+    }
+    if ((rc = assign_shapes(in->requests, in->nrequests)) != 0) {
+        kgpu_error_set(err, rc, "out of memory");
+        goto fail;
+    }
+    if ((rc = kgpu_workload_build(in->requests, in->nrequests, 0.95, &in->target, err)) != 0)
+        goto fail;
+    return 0;
+fail:
+    kgpu_sim_input_free(in);
+    return rc;
+}
+
+void kgpu_sim_input_free(kgpu_sim_input *in)
+{
+    kgpu_cluster_free(in->cluster);
+    free(in->requests);
+    kgpu_workload_free(&in->target);
+    memset(in, 0, sizeof(*in));
+}
+
+/* The arrival sequence: indices into in->requests. Caller frees *order. */
+static int build_workload(const kgpu_sim_input *in, double inflate, kgpu_rng *rng, size_t **order,
+                          size_t *len, kgpu_error *err)
+{
+    size_t n = in->nrequests, cap = n + n / 2 + 16, k = n;
+    size_t *o = malloc(cap * sizeof(*o));
+    if (o == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the workload");
+    int64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        o[i] = i;
+        total += kgpu__gpu_demand(&in->requests[i]);
+    }
+    double target = inflate * (double)in->capacity_milli;
+    if ((double)total > target) {
+        /* Over the target already: drop random pods until it fits. */
+        while (k > 0 && (double)total > target) {
+            size_t j = (size_t)kgpu_rng_below(rng, k);
+            total -= kgpu__gpu_demand(&in->requests[o[j]]);
+            o[j] = o[--k];
+        }
+    } else if (total > 0) {
+        /* Sample with replacement until the next pod would pass the target. */
+        for (;;) {
+            size_t j = (size_t)kgpu_rng_below(rng, n);
+            int64_t d = kgpu__gpu_demand(&in->requests[j]);
+            if ((double)(total + d) > target)
+                break;
+            if (k == cap) {
+                if (cap >= SIM_MAX_PODS) {
+                    free(o);
+                    return kgpu_error_set(err, KGPU_ERANGE,
+                                          "workload passes %d pods before reaching %.2fx capacity",
+                                          SIM_MAX_PODS, inflate);
+                }
+                cap *= 2;
+                size_t *g = realloc(o, cap * sizeof(*o));
+                if (g == NULL) {
+                    free(o);
+                    return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the workload");
+                }
+                o = g;
+            }
+            o[k++] = j;
+            total += d;
+        }
+    }
+    for (size_t i = k; i > 1; i--) { /* Fisher-Yates */
+        size_t j = (size_t)kgpu_rng_below(rng, i);
+        size_t t = o[i - 1];
+        o[i - 1] = o[j];
+        o[j] = t;
+    }
+    *order = o;
+    *len = k;
+    return 0;
+}
+
+int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_result *out,
+                 kgpu_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    if (!(cfg->inflate > 0 && cfg->inflate <= 100))
+        return kgpu_error_set(err, KGPU_EINVAL, "inflate %.3f outside (0, 100]", cfg->inflate);
+    kgpu_rng wrng, srng;
+    kgpu_rng_seed(&wrng, cfg->seed, 1);
+    kgpu_rng_seed(&srng, cfg->seed, 2);
+    size_t *order = NULL, len = 0;
+    int rc = build_workload(in, cfg->inflate, &wrng, &order, &len, err);
+    if (rc != 0)
+        return rc;
+    kgpu_cluster *c = kgpu_cluster_clone(in->cluster);
+    kgpu_policy *p = NULL;
+    uint32_t *rank = NULL;
+    if (c == NULL) {
+        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        goto done;
+    }
+    if ((p = kgpu_policy_new(cfg->policy, c, &in->target, err)) == NULL) {
+        rc = err ? err->code : KGPU_EINVAL;
+        goto done;
+    }
+    /* The study's tie order: a random node permutation per seed. */
+    int nn = kgpu_cluster_node_count(c);
+    rank = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*rank));
+    if (rank == NULL) {
+        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < nn; i++)
+        rank[i] = (uint32_t)i;
+    for (int i = nn; i > 1; i--) {
+        int j = (int)kgpu_rng_below(&wrng, (uint64_t)i);
+        uint32_t t = rank[i - 1];
+        rank[i - 1] = rank[j];
+        rank[j] = t;
+    }
+    if (!cfg->random_ties)
+        kgpu_policy_set_tie_order(p, rank, nn);
+    double cap = (double)in->capacity_milli;
+    int64_t arrived = 0;
+    int next = 1; /* next curve point to fill */
+    bool at90 = false, at100 = false;
+    out->curve[0] = 0;
+    for (size_t k = 0; k < len; k++) {
+        const kgpu_request *req = &in->requests[order[k]];
+        arrived += kgpu__gpu_demand(req);
+        int node, gpus[KGPU_MAX_GPUS_PER_NODE];
+        rc = kgpu_policy_select(p, c, req, NULL, 0, &srng, &node, gpus, err);
+        if (rc == 0) {
+            rc = kgpu_cluster_apply(c, req, node, gpus, NULL, err);
+            if (rc != 0)
+                goto done; /* a policy chose something that does not fit: a bug */
+        } else if (rc == KGPU_ENOFIT) {
+            out->pods_failed++;
+            out->gpu_pods_failed += req->gpu_count > 0;
+            rc = 0;
+        } else {
+            goto done;
+        }
+        double arrival = (double)arrived * 100.0 / cap;
+        double alloc = (double)kgpu_cluster_gpu_milli_allocated(c) * 100.0 / cap;
+        while (next <= KGPU_SIM_CURVE_MAX && arrival >= next)
+            out->curve[next++] = alloc;
+        if (!at90 && arrival >= 90) {
+            double idle;
+            double frag = kgpu_cluster_frag(c, &in->target, &idle);
+            out->frag_ratio_pct_90 = idle > 0 ? frag * 100.0 / idle : 0;
+            at90 = true;
+        }
+        if (!at100 && arrival >= 100) {
+            out->alloc_pct_100 = alloc;
+            at100 = true;
+        }
+    }
+    double alloc = (double)kgpu_cluster_gpu_milli_allocated(c) * 100.0 / cap;
+    while (next <= KGPU_SIM_CURVE_MAX)
+        out->curve[next++] = alloc; /* arrival ended below this point: the final state holds */
+    if (!at100)
+        out->alloc_pct_100 = alloc;
+    out->alloc_pct_final = alloc;
+    out->arrival_pct_final = (double)arrived * 100.0 / cap;
+    out->unallocated_gpus = (cap - (double)kgpu_cluster_gpu_milli_allocated(c)) / KGPU_MILLI;
+    out->pods = (long)len;
+done:
+    free(rank);
+    kgpu_policy_free(p);
+    kgpu_cluster_free(c);
+    free(order);
+    return rc;
+}
