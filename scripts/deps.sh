@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kgpu builds and tests with (Debian 12).
+# As root it runs apt-get; otherwise it prints the line to run and fails if
+# anything is missing. Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config   # toolchain
+  libjansson-dev                     # JSON: simulator output (later: extender wire format)
+  libcmocka-dev                      # unit test framework
+  libxml2-utils                      # xmllint: tests check the SVG plot is well-formed XML
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "kgpu needs these Debian packages; run as root:" >&2
+  echo "  apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "installed: ${missing[*]}"

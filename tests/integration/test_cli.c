@@ -1,0 +1,239 @@
+/*
+ * Black-box tests of the kgpu binary: what an operator types and sees.
+ * JSON shape and determinism, the table, the plot, errors and exit codes,
+ * and that the bundled example is exactly what `kgpu example` writes.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "cli.h"
+
+static char tmp[256];
+
+typedef struct run_result {
+    int status; /* exit code, or -1 */
+    char *out, *err;
+} run_result;
+
+static char *slurp(const char *path)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    if (kgpu_read_file(path, &buf, &len, NULL) != 0)
+        return strdup("");
+    char *s = realloc(buf, len + 1);
+    s[len] = '\0';
+    return s;
+}
+
+/* Runs `kgpu <args>` from the source tree, capturing stdout and stderr. */
+static run_result run(const char *args)
+{
+    char cmd[8192], out[300], err[300];
+    snprintf(out, sizeof(out), "%s/stdout", tmp);
+    snprintf(err, sizeof(err), "%s/stderr", tmp);
+    snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' %s >'%s' 2>'%s' </dev/null", KGPU_SOURCE_DIR,
+             KGPU_BIN, args, out, err);
+    int st = system(cmd);
+    run_result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+    return r;
+}
+
+static void run_free(run_result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+#define EXAMPLE "--nodes examples/nodes.csv --pods examples/pods.csv"
+
+static void test_json_shape(void **state)
+{
+    run_result r = run("simulate " EXAMPLE " --seeds 1-3 --policy fgd,bestfit --json");
+    assert_int_equal(r.status, 0);
+    json_error_t jerr;
+    json_t *root = json_loads(r.out, 0, &jerr);
+    if (root == NULL)
+        fail_msg("stdout is not JSON: %s", jerr.text);
+    assert_int_equal(json_integer_value(json_object_get(root, "nodes")), 64);
+    assert_true(json_integer_value(json_object_get(root, "gpus")) > 0);
+    assert_float_equal(json_real_value(json_object_get(root, "inflate")), 1.3, 1e-12);
+    json_t *results = json_object_get(root, "results");
+    assert_int_equal(json_array_size(results), 2);
+    const char *names[] = {"fgd", "bestfit"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *o = json_array_get(results, i);
+        assert_string_equal(json_string_value(json_object_get(o, "policy")), names[i]);
+        json_t *seeds = json_object_get(o, "seeds");
+        assert_int_equal(json_array_size(seeds), 3);
+        assert_int_equal(json_integer_value(json_array_get(seeds, 0)), 1);
+        assert_int_equal(json_integer_value(json_array_get(seeds, 2)), 3);
+        json_t *by_seed = json_object_get(o, "alloc_pct_130_by_seed");
+        assert_int_equal(json_array_size(by_seed), 3);
+        double mean = 0;
+        for (size_t k = 0; k < 3; k++)
+            mean += json_real_value(json_array_get(by_seed, k)) / 3;
+        assert_float_equal(json_real_value(json_object_get(o, "alloc_pct_130")), mean, 1e-6);
+        json_t *curve = json_object_get(o, "alloc_curve");
+        assert_int_equal(json_array_size(curve), 131);
+        assert_float_equal(json_real_value(json_array_get(curve, 130)), mean, 1e-6);
+        const char *keys[] = {"unallocated_gpus", "frag_ratio_pct_90", "pods_failed", "wall_s"};
+        for (size_t k = 0; k < 4; k++)
+            assert_true(json_is_number(json_object_get(o, keys[k])));
+    }
+    json_decref(root);
+    run_free(&r);
+}
+
+static void test_json_deterministic(void **state)
+{
+    const char *args = "simulate " EXAMPLE " --seeds 5,9 --json --no-timing";
+    run_result a = run(args), b = run(args);
+    assert_int_equal(a.status, 0);
+    assert_int_equal(b.status, 0);
+    assert_string_equal(a.out, b.out);
+    /* One thread or many: the same bytes. */
+    run_result c = run("simulate " EXAMPLE " --seeds 5,9 --json --no-timing --threads 1");
+    assert_string_equal(a.out, c.out);
+    run_free(&a);
+    run_free(&b);
+    run_free(&c);
+}
+
+static void test_table_and_plot(void **state)
+{
+    char args[600];
+    snprintf(args, sizeof(args), "simulate " EXAMPLE " --seeds 42 --plot '%s/p.svg'", tmp);
+    run_result r = run(args);
+    assert_int_equal(r.status, 0);
+    for (const kgpu_policy_ops *const *p = kgpu_policy_list(); *p; p++) {
+        char row[64];
+        snprintf(row, sizeof(row), "\n%s ", (*p)->name);
+        assert_non_null(strstr(r.out, row));
+    }
+    assert_non_null(strstr(r.out, "alloc@130%"));
+    char path[300];
+    snprintf(path, sizeof(path), "%s/p.svg", tmp);
+    char *svg = slurp(path);
+    assert_non_null(strstr(svg, "<svg"));
+    assert_non_null(strstr(svg, "fgd"));
+    assert_non_null(strstr(svg, "</svg>"));
+    if (system("command -v xmllint >/dev/null 2>&1") == 0) {
+        char cmd[400];
+        snprintf(cmd, sizeof(cmd), "xmllint --noout '%s'", path);
+        assert_int_equal(system(cmd), 0);
+    }
+    free(svg);
+    run_free(&r);
+}
+
+static void test_bad_input(void **state)
+{
+    char path[300], args[800];
+    snprintf(path, sizeof(path), "%s/bad.csv", tmp);
+    FILE *f = fopen(path, "w");
+    fputs("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\np1,1000,1024,1,1400\n",
+          f);
+    fclose(f);
+    snprintf(args, sizeof(args), "simulate --nodes examples/nodes.csv --pods '%s'", path);
+    run_result r = run(args);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "bad.csv:3:"));
+    assert_non_null(strstr(r.err, "1400"));
+    assert_string_equal(r.out, "");
+    run_free(&r);
+
+    r = run("simulate " EXAMPLE " --policy fgd,nosuch");
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "unknown policy 'nosuch'"));
+    run_free(&r);
+
+    r = run("simulate --nodes /nonexistent/nodes.csv --pods examples/pods.csv");
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "/nonexistent/nodes.csv"));
+    run_free(&r);
+
+    r = run("simulate " EXAMPLE " --seeds 9-3");
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "--seeds"));
+    run_free(&r);
+
+    r = run("simulate " EXAMPLE " --inflate -1");
+    assert_int_equal(r.status, 2);
+    run_free(&r);
+
+    r = run("simulate --pods examples/pods.csv");
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--nodes and --pods are required"));
+    run_free(&r);
+
+    r = run("frobnicate");
+    assert_int_equal(r.status, 2);
+    run_free(&r);
+}
+
+static void test_example_reproduces(void **state)
+{
+    char args[400];
+    snprintf(args, sizeof(args), "example --out '%s/ex'", tmp);
+    run_result r = run(args);
+    assert_int_equal(r.status, 0);
+    const char *files[] = {"nodes.csv", "pods.csv"};
+    for (int i = 0; i < 2; i++) {
+        char a[600], b[600];
+        snprintf(a, sizeof(a), "%s/ex/%s", tmp, files[i]);
+        snprintf(b, sizeof(b), "%s/examples/%s", KGPU_SOURCE_DIR, files[i]);
+        char *x = slurp(a), *y = slurp(b);
+        assert_true(strlen(x) > 100);
+        assert_string_equal(x, y);
+        free(x);
+        free(y);
+    }
+    run_free(&r);
+}
+
+static void test_version_help(void **state)
+{
+    run_result r = run("version");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "kgpu " KGPU_VERSION));
+    run_free(&r);
+    r = run("simulate --help");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "--random-ties"));
+    assert_non_null(strstr(r.out, "fgd"));
+    run_free(&r);
+}
+
+static int setup(void **state)
+{
+    snprintf(tmp, sizeof(tmp), "/tmp/kgpu-cli-XXXXXX");
+    return mkdtemp(tmp) == NULL ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_shape),     cmocka_unit_test(test_json_deterministic),
+        cmocka_unit_test(test_table_and_plot), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_example_reproduces), cmocka_unit_test(test_version_help),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

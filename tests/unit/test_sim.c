@@ -1,0 +1,196 @@
+/*
+ * Unit tests of the simulator (src/core/sim.c) on small clusters written in
+ * the trace format: workload inflation, determinism, curves and errors.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kgpu/sim.h"
+
+static const char nodes_csv[] = "sn,cpu_milli,memory_mib,gpu,model\n"
+                                "n0,64000,262144,2,T4\n"
+                                "n1,64000,262144,2,T4\n"
+                                "n2,96000,786432,8,V100M32\n"
+                                "n3,96000,786432,8,V100M32\n"
+                                "n4,32000,131072,4,P100\n";
+
+static const char pods_csv[] =
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_"
+    "time,scheduled_time\n"
+    "p0,4000,8192,1,500,,LS,Running,0,10,0\n"
+    "p1,8000,16384,1,1000,,LS,Running,1,10,1\n"
+    "p2,2000,4096,1,250,,BE,Running,2,10,2\n"
+    "p3,16000,32768,2,1000,,LS,Running,3,10,3\n"
+    "p4,12000,16384,0,0,,BE,Running,4,10,4\n"
+    "p5,6000,8192,1,700,V100M32,LS,Running,5,10,5\n"
+    "p6,24000,65536,4,1000,,LS,Running,6,10,6\n"
+    "p7,3000,8192,1,300,T4|P100,BE,Running,7,10,7\n";
+
+typedef struct fixture {
+    kgpu_trace nodes, pods;
+    kgpu_sim_input in;
+} fixture;
+
+static int setup(void **state)
+{
+    static fixture f;
+    memset(&f, 0, sizeof(f));
+    kgpu_error err;
+    assert_int_equal(kgpu_trace_parse_nodes(nodes_csv, strlen(nodes_csv), "n.csv", &f.nodes, &err), 0);
+    assert_int_equal(kgpu_trace_parse_pods(pods_csv, strlen(pods_csv), "p.csv", &f.pods, &err), 0);
+    assert_int_equal(kgpu_sim_prepare(&f.nodes, &f.pods, &f.in, &err), 0);
+    *state = &f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    kgpu_sim_input_free(&f->in);
+    kgpu_trace_free(&f->nodes);
+    kgpu_trace_free(&f->pods);
+    return 0;
+}
+
+static void test_prepare(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(f->in.gpus, 24);
+    assert_int_equal(f->in.capacity_milli, 24000);
+    assert_int_equal((int)f->in.nrequests, 8);
+    /* Eight distinct shapes: the target keeps the most frequent up to 95 %, here all. */
+    assert_int_equal(f->in.target.n, 8);
+    double sum = 0;
+    for (int i = 0; i < f->in.target.n; i++)
+        sum += f->in.target.shapes[i].p;
+    assert_float_equal(sum, 1.0, 1e-9);
+    /* Requests with different shapes get different shape ids. */
+    for (size_t i = 0; i < f->in.nrequests; i++)
+        for (size_t j = i + 1; j < f->in.nrequests; j++)
+            assert_int_not_equal(f->in.requests[i].shape, f->in.requests[j].shape);
+}
+
+static void test_run_basic(void **state)
+{
+    fixture *f = *state;
+    const kgpu_policy_ops *const *ops = kgpu_policy_list();
+    for (int k = 0; ops[k]; k++) {
+        kgpu_sim_config cfg = {.policy = ops[k]->name, .seed = 42, .inflate = 1.3};
+        kgpu_sim_result r;
+        kgpu_error err;
+        assert_int_equal(kgpu_sim_run(&f->in, &cfg, &r, &err), 0);
+        /* Arrival stops before passing 130 %, and no pod asks for more than 4 GPUs (16.7 %). */
+        assert_true(r.arrival_pct_final <= 130.0 + 1e-9);
+        assert_true(r.arrival_pct_final > 130.0 - 4000.0 * 100 / 24000 - 1e-9);
+        assert_true(r.alloc_pct_final > 0 && r.alloc_pct_final <= 100.0);
+        assert_true(r.alloc_pct_final <= r.arrival_pct_final + 1e-9);
+        assert_true(r.pods > 8);
+        assert_true(r.pods_failed >= 0 && r.pods_failed < r.pods);
+        assert_float_equal(r.unallocated_gpus, 24.0 * (100.0 - r.alloc_pct_final) / 100.0, 1e-6);
+        assert_true(r.frag_ratio_pct_90 >= 0 && r.frag_ratio_pct_90 <= 100.0);
+        /* Pods only arrive: allocation never decreases along the curve. */
+        assert_float_equal(r.curve[0], 0.0, 0);
+        for (int i = 1; i <= KGPU_SIM_CURVE_MAX; i++)
+            assert_true(r.curve[i] >= r.curve[i - 1]);
+        assert_float_equal(r.curve[KGPU_SIM_CURVE_MAX], r.alloc_pct_final, 1e-12);
+    }
+}
+
+static void test_determinism(void **state)
+{
+    fixture *f = *state;
+    kgpu_sim_config cfg = {.policy = "fgd", .seed = 7, .inflate = 1.3};
+    kgpu_sim_result a, b, c;
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &a, NULL), 0);
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &b, NULL), 0);
+    assert_memory_equal(&a, &b, sizeof(a));
+    /* Another seed draws another workload. */
+    int differ = 0;
+    for (uint64_t seed = 8; seed < 20 && !differ; seed++) {
+        cfg.seed = seed;
+        assert_int_equal(kgpu_sim_run(&f->in, &cfg, &c, NULL), 0);
+        differ = memcmp(&a, &c, sizeof(a)) != 0;
+    }
+    assert_true(differ);
+}
+
+static void test_random_ties_option(void **state)
+{
+    fixture *f = *state;
+    kgpu_sim_config cfg = {.policy = "packing", .seed = 3, .inflate = 1.3, .random_ties = true};
+    kgpu_sim_result a, b;
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &a, NULL), 0);
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &b, NULL), 0);
+    assert_memory_equal(&a, &b, sizeof(a)); /* still deterministic for the seed */
+}
+
+static void test_deflate(void **state)
+{
+    fixture *f = *state;
+    /* The file asks for 12.7 GPUs = 52.9 % of capacity; at 0.3x pods must be dropped. */
+    kgpu_sim_config cfg = {.policy = "bestfit", .seed = 1, .inflate = 0.3};
+    kgpu_sim_result r;
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &r, NULL), 0);
+    assert_true(r.arrival_pct_final <= 30.0 + 1e-9);
+    assert_true(r.pods < 8);
+}
+
+static void test_errors(void **state)
+{
+    fixture *f = *state;
+    kgpu_sim_result r;
+    kgpu_error err;
+    kgpu_sim_config bad = {.policy = "nope", .seed = 1, .inflate = 1.3};
+    assert_int_equal(kgpu_sim_run(&f->in, &bad, &r, &err), KGPU_ENOENT);
+    assert_non_null(strstr(err.msg, "unknown policy 'nope'"));
+    kgpu_sim_config zero = {.policy = "fgd", .seed = 1, .inflate = 0};
+    assert_int_equal(kgpu_sim_run(&f->in, &zero, &r, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "inflate"));
+
+    /* A cluster without GPUs cannot host the study. */
+    static const char cpu_nodes[] = "sn,cpu_milli,memory_mib,gpu,model\nc0,64000,1024,0,\n";
+    kgpu_trace nodes;
+    kgpu_sim_input in;
+    assert_int_equal(kgpu_trace_parse_nodes(cpu_nodes, strlen(cpu_nodes), "c.csv", &nodes, &err), 0);
+    assert_int_equal(kgpu_sim_prepare(&nodes, &f->pods, &in, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "no GPUs"));
+    kgpu_trace_free(&nodes);
+}
+
+static void test_cpu_only_workload(void **state)
+{
+    fixture *f = *state;
+    /* A pod list with no GPU demand: nothing to inflate, every pod arrives once. */
+    static const char cpu_pods[] = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                                   "a,1000,1024,0,0\n"
+                                   "b,2000,1024,0,0\n";
+    kgpu_trace pods;
+    kgpu_sim_input in;
+    kgpu_error err;
+    assert_int_equal(kgpu_trace_parse_pods(cpu_pods, strlen(cpu_pods), "c.csv", &pods, &err), 0);
+    assert_int_equal(kgpu_sim_prepare(&f->nodes, &pods, &in, &err), 0);
+    kgpu_sim_config cfg = {.policy = "fgd", .seed = 1, .inflate = 1.3};
+    kgpu_sim_result r;
+    assert_int_equal(kgpu_sim_run(&in, &cfg, &r, &err), 0);
+    assert_int_equal(r.pods, 2);
+    assert_int_equal(r.pods_failed, 0);
+    assert_float_equal(r.alloc_pct_final, 0.0, 0);
+    kgpu_sim_input_free(&in);
+    kgpu_trace_free(&pods);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prepare),         cmocka_unit_test(test_run_basic),
+        cmocka_unit_test(test_determinism),     cmocka_unit_test(test_random_ties_option),
+        cmocka_unit_test(test_deflate),         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_cpu_only_workload),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
