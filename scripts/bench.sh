@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the benchmarks of bench/ on a Release build and, when the Alibaba
+# trace is present, the policy study on several of its pod lists.
+#   scripts/bench.sh [TRACE_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+TRACE=${1:-${KGPU_TRACE_DIR:-../shared/traces/alibaba-gpu-v2023/csv}}
+
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKGPU_BUILD_TESTS=OFF >/dev/null
+cmake --build "$BUILD" -j"$(nproc)" >/dev/null
+
+for b in "$BUILD"/bench/bench_*; do
+  [ -x "$b" ] || continue
+  echo "== $(basename "$b")"
+  "$b" "$TRACE"
+done
+
+if [ -f "$TRACE/openb_pod_list_default.csv" ]; then
+  for f in default cpu050 gpushare40 gpuspec20 multigpu20; do
+    echo "== study: openb_pod_list_$f.csv (seeds 42-51, inflate 1.3)"
+    "$BUILD"/kgpu simulate --nodes "$TRACE/openb_node_list_gpu_node.csv" \
+      --pods "$TRACE/openb_pod_list_$f.csv" --seeds 42-51 --inflate 1.3
+  done
+fi
