@@ -1,6 +1,5 @@
-# Thin wrapper for the README's two commands; CMake and CTest do the work.
-#   make demo   install dependencies, build, simulate the bundled example
-#   make test   install dependencies, build with ASan+UBSan, run every test
+# Convenience targets. The README's two commands are scripts/demo.sh and
+# scripts/test.sh (they need no make on a fresh machine); these call them.
 BUILD      ?= build
 TEST_BUILD ?= build-test
 JOBS       ?= $(shell nproc)
@@ -16,15 +15,11 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DKGPU_BUILD_TESTS=OFF >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 
-demo: build
-	@mkdir -p out
-	./$(BUILD)/kgpu simulate --nodes examples/nodes.csv --pods examples/pods.csv --plot out/example.svg
-	@echo "plot: out/example.svg"
+demo:
+	BUILD=$(BUILD) ./scripts/demo.sh
 
-test: deps
-	cmake -S . -B $(TEST_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKGPU_SANITIZE=ON >/dev/null
-	cmake --build $(TEST_BUILD) -j$(JOBS)
-	cd $(TEST_BUILD) && ctest --output-on-failure -j$(JOBS)
+test:
+	TEST_BUILD=$(TEST_BUILD) ./scripts/test.sh
 
 bench: build
 	./scripts/bench.sh
