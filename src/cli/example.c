@@ -39,7 +39,8 @@ static const struct example_node_type {
 #define EXAMPLE_NTYPES ((int)(sizeof(example_node_types) / sizeof(example_node_types[0])))
 
 /* GPU compute shares seen most in the trace, in milli-GPU. */
-static const int example_shares[] = {100, 200, 250, 300, 460, 500, 700};
+/* GPU shares in milli, weighted by repetition like the Alibaba trace's mix (810 is the most common). */
+static const int example_shares[] = {810, 810, 810, 470, 470, 650, 320, 230, 590, 550, 160, 370, 220, 460};
 
 #define DEMAND_PER_MILLE 950 /* workload GPU demand relative to the cluster's GPUs */
 #define MAX_REDRAWS      1000
@@ -289,7 +290,8 @@ static void write_pods(example_out *o, const example_cluster *c, example_rng *rn
 
         if (kind < 130) { /* CPU only */
             num_gpu = 0, gpu_milli = 0;
-            cpu = 1000 * (1 + (int64_t)rng_below(rng, 16));
+            /* CPU-only pods are big in production (the trace's average is ~18 cores). */
+            cpu = 4000 + 2000 * (int64_t)rng_below(rng, 15);
             mem = cpu / 1000 * (1024 << rng_below(rng, 3));
         } else if (kind < 480) { /* a share of one GPU */
             num_gpu = 1;
@@ -301,8 +303,8 @@ static void write_pods(example_out *o, const example_cluster *c, example_rng *rn
             while (num_gpu > c->max_gpus)
                 num_gpu /= 2;
             gpu_milli = 1000;
-            /* At most 12 cores and 48 GiB per GPU: fits every node shape that has the GPUs. */
-            cpu = num_gpu * (int64_t)(4000 + 2000 * rng_below(rng, 5));
+            /* 8-12 cores and at most 48 GiB per GPU: fits every node shape that has the GPUs. */
+            cpu = num_gpu * (int64_t)(8000 + 2000 * rng_below(rng, 3));
             mem = cpu / 1000 * (2048 << rng_below(rng, 2));
         }
         if (num_gpu > 0 && rng_below(rng, 10) == 0)
