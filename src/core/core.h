@@ -33,6 +33,10 @@ int kgpu__node_free_milli(const kgpu_node *n);
 /* GPU choice shared by several policies: tightest fit (least free that suffices, lowest index). */
 int kgpu__pick_best_fit(const kgpu_node *n, const kgpu_request *req, int *gpus);
 
+/* kgpu__pick_best_fit in the shape of kgpu_policy_ops.pick_gpus, for policies that use it as is. */
+int kgpu__pick_gpus_best_fit(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
+                             kgpu_rng *rng, int *gpus);
+
 /* GPU choice: uniformly random among usable GPUs. */
 int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng, int *gpus);
 

@@ -207,6 +207,12 @@ int kgpu__pick_best_fit(const kgpu_node *n, const kgpu_request *req, int *gpus)
     return 0;
 }
 
+int kgpu__pick_gpus_best_fit(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
+                             kgpu_rng *rng, int *gpus)
+{
+    return kgpu__pick_best_fit(kgpu_cluster_node(c, node), req, gpus);
+}
+
 int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng, int *gpus)
 {
     if (req->exclusive)

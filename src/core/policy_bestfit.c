@@ -16,15 +16,9 @@ static int64_t bestfit_score(void *state, const kgpu_cluster *c, int node, const
     return (int64_t)((1.0 - left) * 100.0);
 }
 
-static int bestfit_pick(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
-                        kgpu_rng *rng, int *gpus)
-{
-    return kgpu__pick_best_fit(kgpu_cluster_node(c, node), req, gpus);
-}
-
 const kgpu_policy_ops kgpu__policy_bestfit = {
     .name = "bestfit",
     .summary = "least CPU and GPU left over after placement",
     .score = bestfit_score,
-    .pick_gpus = bestfit_pick,
+    .pick_gpus = kgpu__pick_gpus_best_fit,
 };

@@ -31,15 +31,9 @@ static int64_t clustering_score(void *state, const kgpu_cluster *c, int node,
     return band + fill;
 }
 
-static int clustering_pick(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
-                           kgpu_rng *rng, int *gpus)
-{
-    return kgpu__pick_best_fit(kgpu_cluster_node(c, node), req, gpus);
-}
-
 const kgpu_policy_ops kgpu__policy_clustering = {
     .name = "clustering",
     .summary = "place GPU pods next to pods of the same class (share, 1-GPU, 2-GPU, ...)",
     .score = clustering_score,
-    .pick_gpus = clustering_pick,
+    .pick_gpus = kgpu__pick_gpus_best_fit,
 };

@@ -20,15 +20,9 @@ static int64_t dotprod_score(void *state, const kgpu_cluster *c, int node, const
     return (int64_t)(100.0 * (1.0 - dot / 2.0));
 }
 
-static int dotprod_pick(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
-                        kgpu_rng *rng, int *gpus)
-{
-    return kgpu__pick_best_fit(kgpu_cluster_node(c, node), req, gpus);
-}
-
 const kgpu_policy_ops kgpu__policy_dotprod = {
     .name = "dotprod",
     .summary = "dot product of free resources and request (Tetris), as the FGD study's baseline",
     .score = dotprod_score,
-    .pick_gpus = dotprod_pick,
+    .pick_gpus = kgpu__pick_gpus_best_fit,
 };

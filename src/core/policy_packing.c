@@ -37,15 +37,9 @@ static int64_t packing_score(void *state, const kgpu_cluster *c, int node, const
     return max64(100 - free_pct / 10, 100 / 2);
 }
 
-static int packing_pick(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
-                        kgpu_rng *rng, int *gpus)
-{
-    return kgpu__pick_best_fit(kgpu_cluster_node(c, node), req, gpus);
-}
-
 const kgpu_policy_ops kgpu__policy_packing = {
     .name = "packing",
     .summary = "shared GPUs first, then free GPUs on busy nodes, then empty nodes",
     .score = packing_score,
-    .pick_gpus = packing_pick,
+    .pick_gpus = kgpu__pick_gpus_best_fit,
 };
