@@ -72,11 +72,13 @@ int kgpu_parse_seeds(const char *text, uint64_t *seeds, int max, int *n, kgpu_er
             if (end == p || errno != 0 || *p == '-' || b < a)
                 return kgpu_error_set(err, KGPU_EINVAL, "--seeds '%s': bad range", text);
         }
-        for (unsigned long long s = a; s <= b; s++) {
+        for (unsigned long long s = a;; s++) {
             if (*n >= max)
                 return kgpu_error_set(err, KGPU_ERANGE, "--seeds '%s': more than %d seeds", text,
                                       max);
             seeds[(*n)++] = s;
+            if (s == b) /* not s <= b in the loop test: b may be the largest value */
+                break;
         }
         if (*end == ',')
             end++;
