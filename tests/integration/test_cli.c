@@ -215,6 +215,27 @@ static void test_version_help(void **state)
     run_free(&r);
 }
 
+static void test_parse_seeds(void **state)
+{
+    uint64_t s[16];
+    int n;
+    kgpu_error err;
+    assert_int_equal(kgpu_parse_seeds("42-51", s, 16, &n, &err), 0);
+    assert_int_equal(n, 10);
+    assert_true(s[0] == 42 && s[9] == 51);
+    assert_int_equal(kgpu_parse_seeds("1,5,9-11", s, 16, &n, &err), 0);
+    assert_int_equal(n, 5);
+    assert_true(s[0] == 1 && s[1] == 5 && s[2] == 9 && s[4] == 11);
+    assert_int_equal(kgpu_parse_seeds("18446744073709551615", s, 16, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_true(s[0] == UINT64_MAX);
+    const char *bad[] = {"", "x", "5-", "-5", "9-3", "1,,2", "1;2", "0-16"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_true(kgpu_parse_seeds(bad[i], s, 16, &n, &err) < 0);
+        assert_non_null(strstr(err.msg, "--seeds"));
+    }
+}
+
 static int setup(void **state)
 {
     snprintf(tmp, sizeof(tmp), "/tmp/kgpu-cli-XXXXXX");
@@ -234,6 +255,7 @@ int main(void)
         cmocka_unit_test(test_json_shape),     cmocka_unit_test(test_json_deterministic),
         cmocka_unit_test(test_table_and_plot), cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_example_reproduces), cmocka_unit_test(test_version_help),
+        cmocka_unit_test(test_parse_seeds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
