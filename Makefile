@@ -25,9 +25,11 @@ bench: build
 	./scripts/bench.sh
 
 fuzz: deps
+	@command -v clang >/dev/null || { echo "make fuzz needs clang: apt-get install clang"; exit 1; }
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKGPU_FUZZ=ON >/dev/null
 	cmake --build build-fuzz -j$(JOBS)
-	@echo "fuzzers: build-fuzz/tests/fuzz/fuzz_* (run one with a corpus dir, e.g. tests/fuzz/corpus/trace)"
+	@echo "fuzzers in build-fuzz/tests/fuzz/; run one on a scratch copy of its corpus, e.g.:"
+	@echo "  cp -r tests/fuzz/corpus/trace /tmp/c && build-fuzz/tests/fuzz/fuzz_trace -max_total_time=60 /tmp/c"
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
