@@ -82,8 +82,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < breps; i++)
         t[i] = one_run(&nocache, "fgd", &alloc_nocache);
     report("fgd, one run, score cache off (baseline)", t, breps, "");
-    printf("  cache speed-up %.1fx; same result: %s (%.2f%% vs %.2f%%)\n", t[breps / 2] / fgd_median,
-           alloc == alloc_nocache ? "yes" : "NO", alloc, alloc_nocache);
+    printf("  cache speed-up %.1fx; same result: %s (%.2f%% vs %.2f%%)\n",
+           t[breps / 2] / fgd_median, alloc == alloc_nocache ? "yes" : "NO", alloc, alloc_nocache);
     printf("  per pod: %.1f us for one placement decision over 1213 nodes (fgd, cached)\n",
            fgd_median * 1e6 / 10800.0);
     free(nocache.requests);

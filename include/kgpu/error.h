@@ -41,7 +41,8 @@ typedef struct kgpu_error {
     char msg[KGPU_ERROR_MSG_MAX];
 } kgpu_error;
 
-/* Sets code and a printf-style message; returns code so callers can `return kgpu_error_set(...)`. */
+/* Sets code and a printf-style message; returns code so callers can `return kgpu_error_set(...)`.
+ */
 int kgpu_error_set(kgpu_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

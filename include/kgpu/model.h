@@ -26,9 +26,9 @@ extern "C" {
 #define KGPU_UUID_MAX          80
 #define KGPU_MODEL_NAME_MAX    64
 /* Pod classes counted per node: 0 CPU-only, 1 GPU share, 1+k for k whole GPUs. */
-#define KGPU_CLASS_CPU         0
-#define KGPU_CLASS_SHARE       1
-#define KGPU_CLASS_MAX         (2 + KGPU_MAX_GPUS_PER_NODE)
+#define KGPU_CLASS_CPU   0
+#define KGPU_CLASS_SHARE 1
+#define KGPU_CLASS_MAX   (2 + KGPU_MAX_GPUS_PER_NODE)
 
 typedef struct kgpu_gpu {
     int index;                /* device index on its node */

@@ -28,11 +28,11 @@ extern "C" {
 #define KGPU_SIM_CURVE_MAX 130 /* curve points 0..130 % arrival */
 
 typedef struct kgpu_sim_input {
-    kgpu_cluster *cluster;     /* empty template; each run works on a clone */
-    kgpu_request *requests;    /* one per trace pod, compiled against cluster */
+    kgpu_cluster *cluster;  /* empty template; each run works on a clone */
+    kgpu_request *requests; /* one per trace pod, compiled against cluster */
     size_t nrequests;
-    kgpu_workload target;      /* the study's target workload (95 % of the pod file) */
-    int64_t capacity_milli;    /* GPU capacity */
+    kgpu_workload target;   /* the study's target workload (95 % of the pod file) */
+    int64_t capacity_milli; /* GPU capacity */
     int gpus;
 } kgpu_sim_input;
 
@@ -52,10 +52,10 @@ typedef struct kgpu_sim_result {
     double alloc_pct_100;   /* allocation % when arrival reached 100 % */
     double alloc_pct_final; /* allocation % after the last arrival (the "130 %" headline) */
     double arrival_pct_final;
-    double unallocated_gpus; /* capacity - allocated, in GPUs, at the end */
+    double unallocated_gpus;  /* capacity - allocated, in GPUs, at the end */
     double frag_ratio_pct_90; /* fragmented share of idle GPU milli when arrival reached 90 % */
     double curve[KGPU_SIM_CURVE_MAX + 1]; /* allocation % at each arrival % */
-    long pods;               /* arrivals */
+    long pods;                            /* arrivals */
     long pods_failed;
     long gpu_pods_failed;
 } kgpu_sim_result;

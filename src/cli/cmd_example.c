@@ -12,8 +12,10 @@
 int kgpu_cmd_example(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"out", required_argument, NULL, 'o'},   {"seed", required_argument, NULL, 's'},
-        {"nodes", required_argument, NULL, 'n'}, {"help", no_argument, NULL, 'h'},
+        {"out", required_argument, NULL, 'o'},
+        {"seed", required_argument, NULL, 's'},
+        {"nodes", required_argument, NULL, 'n'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *dir = "examples";

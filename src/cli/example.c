@@ -39,8 +39,10 @@ static const struct example_node_type {
 #define EXAMPLE_NTYPES ((int)(sizeof(example_node_types) / sizeof(example_node_types[0])))
 
 /* GPU compute shares seen most in the trace, in milli-GPU. */
-/* GPU shares in milli, weighted by repetition like the Alibaba trace's mix (810 is the most common). */
-static const int example_shares[] = {810, 810, 810, 470, 470, 650, 320, 230, 590, 550, 160, 370, 220, 460};
+/* GPU shares in milli, weighted by repetition like the Alibaba trace's mix (810 is the most
+ * common). */
+static const int example_shares[] = {810, 810, 810, 470, 470, 650, 320,
+                                     230, 590, 550, 160, 370, 220, 460};
 
 #define DEMAND_PER_MILLE 950 /* workload GPU demand relative to the cluster's GPUs */
 #define MAX_REDRAWS      1000

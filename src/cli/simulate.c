@@ -166,8 +166,7 @@ static void print_table(FILE *f, const kgpu_study *s, const char *pods_path)
             s->inflate);
     fprintf(f, "seeds: %" PRIu64, s->seeds[0]);
     if (s->nseeds > 1)
-        fprintf(f, "..%" PRIu64 " (%d runs each, means shown)", s->seeds[s->nseeds - 1],
-                s->nseeds);
+        fprintf(f, "..%" PRIu64 " (%d runs each, means shown)", s->seeds[s->nseeds - 1], s->nseeds);
     fprintf(f, "\n\n%-12s %11s %11s %13s %12s %9s %8s\n", "policy", "alloc@100%", "alloc@130%",
             "unalloc GPUs", "failed pods", "frag@90%", "wall s");
     for (int r = 0; r < s->nrows; r++) {
@@ -208,15 +207,14 @@ static int write_plot(const char *path, const kgpu_study *s, kgpu_error *err)
 
 static void simulate_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kgpu simulate --nodes NODES.csv --pods PODS.csv [options]\n"
-            "\n"
-            "Replays an Alibaba-format GPU trace against placement policies, as the FGD study\n"
-            "(ATC '23) does, and reports how much of the cluster's GPU each policy allocates.\n"
-            "\n"
-            "  --nodes FILE      node list (sn,cpu_milli,memory_mib,gpu,model)\n"
-            "  --pods FILE       pod list (11-column or 5-column layout)\n"
-            "  --policy LIST     comma-separated policies (default: all):");
+    fprintf(f, "usage: kgpu simulate --nodes NODES.csv --pods PODS.csv [options]\n"
+               "\n"
+               "Replays an Alibaba-format GPU trace against placement policies, as the FGD study\n"
+               "(ATC '23) does, and reports how much of the cluster's GPU each policy allocates.\n"
+               "\n"
+               "  --nodes FILE      node list (sn,cpu_milli,memory_mib,gpu,model)\n"
+               "  --pods FILE       pod list (11-column or 5-column layout)\n"
+               "  --policy LIST     comma-separated policies (default: all):");
     for (const kgpu_policy_ops *const *p = kgpu_policy_list(); *p; p++)
         fprintf(f, " %s", (*p)->name);
     fprintf(f, "\n"
@@ -238,8 +236,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"inflate", required_argument, NULL, 'i'}, {"threads", required_argument, NULL, 't'},
         {"json", no_argument, NULL, 'j'},          {"no-timing", no_argument, NULL, 'T'},
         {"plot", required_argument, NULL, 'o'},    {"help", no_argument, NULL, 'h'},
-        {"random-ties", no_argument, NULL, 'R'},
-        {NULL, 0, NULL, 0},
+        {"random-ties", no_argument, NULL, 'R'},   {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL;
     char *policy_text = NULL;

@@ -158,8 +158,7 @@ int kgpu_study_run(kgpu_study *s, kgpu_error *err)
             shown = d;
             int width = 30, fill = jobs ? d * width / jobs : width;
             fprintf(stderr, "\r[%.*s%*s] %d/%d runs, %.0f s", fill,
-                    "##############################", width - fill, "", d, jobs,
-                    kgpu_now() - t0);
+                    "##############################", width - fill, "", d, jobs, kgpu_now() - t0);
             fflush(stderr);
         }
         if (shown >= 0)

@@ -15,25 +15,25 @@
 #include "kgpu/sim.h"
 
 typedef struct kgpu_study_row {
-    const char *policy;          /* borrowed */
-    kgpu_sim_result *runs;       /* one per seed */
-    double *wall_s;              /* per seed */
+    const char *policy;    /* borrowed */
+    kgpu_sim_result *runs; /* one per seed */
+    double *wall_s;        /* per seed */
     double alloc_pct_100, alloc_pct_130, unallocated_gpus, frag_ratio_pct_90, pods_failed, pods;
     double curve[KGPU_SIM_CURVE_MAX + 1];
-    double wall_s_total;         /* sum over seeds of the run times */
+    double wall_s_total; /* sum over seeds of the run times */
 } kgpu_study_row;
 
 typedef struct kgpu_study {
-    const kgpu_sim_input *in;    /* borrowed */
+    const kgpu_sim_input *in; /* borrowed */
     double inflate;
-    const uint64_t *seeds;       /* borrowed */
+    const uint64_t *seeds; /* borrowed */
     int nseeds;
-    kgpu_study_row *rows;        /* owned; one per policy */
+    kgpu_study_row *rows; /* owned; one per policy */
     int nrows;
-    int threads;                 /* workers; <= 0 means one per online CPU */
-    bool progress;               /* draw a progress line on stderr */
-    bool random_ties;            /* see kgpu_sim_config */
-    double elapsed_s;            /* wall time of the whole study */
+    int threads;      /* workers; <= 0 means one per online CPU */
+    bool progress;    /* draw a progress line on stderr */
+    bool random_ties; /* see kgpu_sim_config */
+    double elapsed_s; /* wall time of the whole study */
 } kgpu_study;
 
 /* Sets up rows for `policies` (borrowed strings). Free with kgpu_study_free. */

@@ -481,8 +481,8 @@ static void gpu_reason(const kgpu_node *n, const kgpu_request *req, char *why, s
         snprintf(why, len, "needs %d GPUs of an allowed model, node has %d", req->gpu_count,
                  allowed);
     } else if (req->gpu_memory_mib > largest) {
-        snprintf(why, len, "asks %" PRId64 " MiB of GPU memory%s, largest GPU here has %" PRId64
-                 " MiB",
+        snprintf(why, len,
+                 "asks %" PRId64 " MiB of GPU memory%s, largest GPU here has %" PRId64 " MiB",
                  req->gpu_memory_mib, each, largest);
     } else if (healthy < req->gpu_count) {
         snprintf(why, len, "needs %d GPUs, only %d of %d are healthy", req->gpu_count, healthy,
@@ -495,8 +495,8 @@ static void gpu_reason(const kgpu_node *n, const kgpu_request *req, char *why, s
             snprintf(why, len, "no single GPU has %d milli free; best has %d", req->gpu_milli,
                      best_milli);
         else
-            snprintf(why, len, "needs %d GPUs with %d milli free each, %d have it",
-                     req->gpu_count, req->gpu_milli, enough_milli);
+            snprintf(why, len, "needs %d GPUs with %d milli free each, %d have it", req->gpu_count,
+                     req->gpu_milli, enough_milli);
     } else if (enough_mem < req->gpu_count) {
         if (req->gpu_count == 1)
             snprintf(why, len, "no single GPU has %" PRId64 " MiB memory free; best has %" PRId64,
@@ -531,8 +531,8 @@ bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *wh
     } else if (req->gpu_count > n->ngpus) {
         snprintf(why, whylen, "needs %d GPUs, node has %d", req->gpu_count, n->ngpus);
     } else if (n->cpu_free < req->cpu_milli) {
-        snprintf(why, whylen, "insufficient CPU: requests %" PRId64 "m, %" PRId64 "m free of %" PRId64
-                 "m",
+        snprintf(why, whylen,
+                 "insufficient CPU: requests %" PRId64 "m, %" PRId64 "m free of %" PRId64 "m",
                  req->cpu_milli, n->cpu_free, n->cpu_milli);
     } else if (n->memory_free < req->memory_mib) {
         snprintf(why, whylen,
@@ -604,8 +604,7 @@ int kgpu_cluster_release(kgpu_cluster *c, const kgpu_assignment *a, kgpu_error *
     kgpu_node *n = &c->nodes[a->node];
     if (a->klass < 0 || a->klass >= KGPU_CLASS_MAX || n->class_count[a->klass] <= 0 ||
         n->placements <= 0 || a->ngpus < 0 || a->ngpus > n->ngpus ||
-        n->cpu_free + a->cpu_milli > n->cpu_milli ||
-        n->memory_free + a->memory_mib > n->memory_mib)
+        n->cpu_free + a->cpu_milli > n->cpu_milli || n->memory_free + a->memory_mib > n->memory_mib)
         return kgpu_error_set(err, KGPU_ESTATE, "node %s: release of a placement not held here",
                               n->name);
     for (int i = 0; i < a->ngpus; i++) {

@@ -18,8 +18,12 @@ extern const kgpu_policy_ops kgpu__policy_fgd;
 
 /* The registry: one line per policy. */
 static const kgpu_policy_ops *const policies[] = {
-    &kgpu__policy_random,  &kgpu__policy_dotprod, &kgpu__policy_clustering,
-    &kgpu__policy_packing, &kgpu__policy_bestfit, &kgpu__policy_fgd,
+    &kgpu__policy_random,
+    &kgpu__policy_dotprod,
+    &kgpu__policy_clustering,
+    &kgpu__policy_packing,
+    &kgpu__policy_bestfit,
+    &kgpu__policy_fgd,
     NULL,
 };
 

@@ -122,8 +122,7 @@ static int64_t fgd_eval(fgd_state *st, const kgpu_node *n, int node, const kgpu_
             bool seen = false;
             for (int j = 0; j < i && !seen; j++)
                 seen = free_after[j] == n->gpus[i].free_milli &&
-                       n->gpus[j].model == n->gpus[i].model &&
-                       kgpu_gpu_usable(n, &n->gpus[j], req);
+                       n->gpus[j].model == n->gpus[i].model && kgpu_gpu_usable(n, &n->gpus[j], req);
             if (seen)
                 continue;
             free_after[i] -= req->gpu_milli;

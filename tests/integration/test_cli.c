@@ -252,8 +252,8 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_json_shape),     cmocka_unit_test(test_json_deterministic),
-        cmocka_unit_test(test_table_and_plot), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_json_shape),         cmocka_unit_test(test_json_deterministic),
+        cmocka_unit_test(test_table_and_plot),     cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_example_reproduces), cmocka_unit_test(test_version_help),
         cmocka_unit_test(test_parse_seeds),
     };

@@ -41,7 +41,8 @@ static int setup(void **state)
     static fixture f;
     memset(&f, 0, sizeof(f));
     kgpu_error err;
-    assert_int_equal(kgpu_trace_parse_nodes(nodes_csv, strlen(nodes_csv), "n.csv", &f.nodes, &err), 0);
+    assert_int_equal(kgpu_trace_parse_nodes(nodes_csv, strlen(nodes_csv), "n.csv", &f.nodes, &err),
+                     0);
     assert_int_equal(kgpu_trace_parse_pods(pods_csv, strlen(pods_csv), "p.csv", &f.pods, &err), 0);
     assert_int_equal(kgpu_sim_prepare(&f.nodes, &f.pods, &f.in, &err), 0);
     *state = &f;
@@ -156,7 +157,8 @@ static void test_errors(void **state)
     static const char cpu_nodes[] = "sn,cpu_milli,memory_mib,gpu,model\nc0,64000,1024,0,\n";
     kgpu_trace nodes;
     kgpu_sim_input in;
-    assert_int_equal(kgpu_trace_parse_nodes(cpu_nodes, strlen(cpu_nodes), "c.csv", &nodes, &err), 0);
+    assert_int_equal(kgpu_trace_parse_nodes(cpu_nodes, strlen(cpu_nodes), "c.csv", &nodes, &err),
+                     0);
     assert_int_equal(kgpu_sim_prepare(&nodes, &f->pods, &in, &err), KGPU_EINVAL);
     assert_non_null(strstr(err.msg, "no GPUs"));
     kgpu_trace_free(&nodes);
@@ -187,9 +189,9 @@ static void test_cpu_only_workload(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prepare),         cmocka_unit_test(test_run_basic),
-        cmocka_unit_test(test_determinism),     cmocka_unit_test(test_random_ties_option),
-        cmocka_unit_test(test_deflate),         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_prepare),           cmocka_unit_test(test_run_basic),
+        cmocka_unit_test(test_determinism),       cmocka_unit_test(test_random_ties_option),
+        cmocka_unit_test(test_deflate),           cmocka_unit_test(test_errors),
         cmocka_unit_test(test_cpu_only_workload),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
