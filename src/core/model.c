@@ -478,15 +478,15 @@ static void gpu_reason(const kgpu_node *n, const kgpu_request *req, char *why, s
     }
     const char *each = req->gpu_count > 1 ? " each" : "";
     if (allowed < req->gpu_count) {
-        snprintf(why, len, "needs %d GPUs of an allowed model, node has %d", req->gpu_count,
-                 allowed);
+        snprintf(why, len, "needs %d GPU%s of an allowed model, node has %d", req->gpu_count,
+                 req->gpu_count == 1 ? "" : "s", allowed);
     } else if (req->gpu_memory_mib > largest) {
         snprintf(why, len,
                  "asks %" PRId64 " MiB of GPU memory%s, largest GPU here has %" PRId64 " MiB",
                  req->gpu_memory_mib, each, largest);
     } else if (healthy < req->gpu_count) {
-        snprintf(why, len, "needs %d GPUs, only %d of %d are healthy", req->gpu_count, healthy,
-                 allowed);
+        snprintf(why, len, "needs %d GPU%s, only %d of %d are healthy", req->gpu_count,
+                 req->gpu_count == 1 ? "" : "s", healthy, allowed);
     } else if (req->exclusive) {
         snprintf(why, len, "needs %d whole GPU%s, %d %s fully free", req->gpu_count,
                  req->gpu_count > 1 ? "s" : "", untouched, untouched == 1 ? "is" : "are");
@@ -524,12 +524,13 @@ bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *wh
     if (why == NULL || whylen == 0)
         return false;
     char models[256], want[256];
-    if (req->gpu_count > 0 && !(n->model_mask & req->models)) {
+    if (req->gpu_count > n->ngpus) {
+        snprintf(why, whylen, "needs %d GPU%s, node has %d", req->gpu_count,
+                 req->gpu_count == 1 ? "" : "s", n->ngpus);
+    } else if (req->gpu_count > 0 && !(n->model_mask & req->models)) {
         models_text(c, n->model_mask, models, sizeof(models));
         models_text(c, req->models, want, sizeof(want));
-        snprintf(why, whylen, "GPU model %s not allowed (allowed here: %s)", models, want);
-    } else if (req->gpu_count > n->ngpus) {
-        snprintf(why, whylen, "needs %d GPUs, node has %d", req->gpu_count, n->ngpus);
+        snprintf(why, whylen, "GPU model %s not allowed (the pod allows: %s)", models, want);
     } else if (n->cpu_free < req->cpu_milli) {
         snprintf(why, whylen,
                  "insufficient CPU: requests %" PRId64 "m, %" PRId64 "m free of %" PRId64 "m",
@@ -611,6 +612,10 @@ int kgpu_cluster_release(kgpu_cluster *c, const kgpu_assignment *a, kgpu_error *
         if (a->gpus[i] < 0 || a->gpus[i] >= n->ngpus)
             return kgpu_error_set(err, KGPU_ESTATE, "node %s: no GPU at position %d", n->name,
                                   a->gpus[i]);
+        for (int j = 0; j < i; j++)
+            if (a->gpus[j] == a->gpus[i]) /* checked one by one, a repeat would escape the bound */
+                return kgpu_error_set(err, KGPU_ESTATE, "node %s: GPU %d listed twice in a release",
+                                      n->name, n->gpus[a->gpus[i]].index);
         const kgpu_gpu *g = &n->gpus[a->gpus[i]];
         int64_t mem = a->exclusive ? g->memory_mib : a->gpu_memory_mib;
         if (g->placements <= 0 || g->free_milli + a->gpu_milli > KGPU_MILLI ||
