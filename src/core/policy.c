@@ -123,7 +123,9 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
             chosen = i;
             ties = 1;
         } else if (s == best) {
-            if (rank != NULL) {
+            if (chosen < 0) {
+                chosen = i; /* only possible for a score of INT64_MIN */
+            } else if (rank != NULL) {
                 uint32_t ri = i < p->nrank ? rank[i] : UINT32_MAX;
                 uint32_t rc = chosen < p->nrank ? rank[chosen] : UINT32_MAX;
                 if (ri < rc)

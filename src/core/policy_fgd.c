@@ -86,7 +86,7 @@ static int64_t quantise(double before, double after)
 
 static double current_frag(fgd_state *st, const kgpu_node *n, int node)
 {
-    fgd_node *fn = st->nodes ? &st->nodes[node] : NULL;
+    fgd_node *fn = node < st->cap ? &st->nodes[node] : NULL; /* no cache when growth failed */
     if (fn != NULL && fn->version == n->version + 1)
         return fn->frag;
     double f = kgpu_node_frag(n, st->target, NULL, -1);

@@ -19,8 +19,12 @@ static int64_t packing_score(void *state, const kgpu_cluster *c, int node, const
     int fully_free = 0;
     for (int i = 0; i < n->ngpus; i++)
         fully_free += n->gpus[i].free_milli == KGPU_MILLI;
+    /*
+     * An empty node: smaller first. The study writes max(33 - k, k), which is
+     * 33 - k for its nodes (k <= 16 GPUs) but would rise again beyond 16.
+     */
     if (fully_free == n->ngpus)
-        return max64(100 / 3 - fully_free, fully_free);
+        return max64(100 / 3 - fully_free, 1);
     /* Which GPUs a tightest-first fill would use, and how many of them are fully free. */
     int gpus[KGPU_MAX_GPUS_PER_NODE];
     if (kgpu__pick_best_fit(n, req, gpus) != 0)
