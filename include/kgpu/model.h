@@ -160,6 +160,15 @@ bool kgpu_gpu_usable(const kgpu_node *n, const kgpu_gpu *g, const kgpu_request *
 bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *why, size_t whylen);
 
 /*
+ * Would all of `reqs` (e.g. the GPU containers of one pod, in order, GPUs
+ * chosen tightest-first) fit node i together, after the placements in
+ * `release` (all on that node) were undone? Pure: the cluster is not changed.
+ * Serves multi-container pods and preemption ("would evicting these help?").
+ */
+bool kgpu_fit_all(const kgpu_cluster *c, int node, const kgpu_assignment *release, int nrelease,
+                  const kgpu_request *const *reqs, int nreqs, char *why, size_t whylen);
+
+/*
  * Applies a placement of `req` on node `node` using the GPUs listed in `gpus`
  * (exactly req->gpu_count entries; ignored when the request has no GPU part).
  * Validates everything first: on error nothing changed. Fills *out for release.

@@ -71,6 +71,8 @@ typedef struct kgpu_policy_ops {
                      kgpu_rng *rng, int *gpus);
     /* Ties are always broken uniformly at random, whatever kgpu_policy_set_tie_order says. */
     bool random_ties;
+    /* Optional: forget cached results (the target workload changed in place). */
+    void (*invalidate)(void *state);
 } kgpu_policy_ops;
 
 typedef struct kgpu_policy kgpu_policy;
@@ -88,6 +90,9 @@ kgpu_policy *kgpu_policy_new(const char *name, const kgpu_cluster *c, const kgpu
                              kgpu_error *err);
 void kgpu_policy_free(kgpu_policy *p);
 const char *kgpu_policy_name(const kgpu_policy *p);
+
+/* Drops any cached scores, e.g. after the target workload was rebuilt in place. */
+void kgpu_policy_invalidate(kgpu_policy *p);
 
 /*
  * How ties between equally scored nodes are broken. NULL (the default):

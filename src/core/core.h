@@ -30,8 +30,15 @@ static inline int64_t kgpu__gpu_demand(const kgpu_request *req)
 /* Total free milli over the node's healthy GPUs. */
 int kgpu__node_free_milli(const kgpu_node *n);
 
-/* GPU choice shared by several policies: tightest fit (least free that suffices, lowest index). */
+/*
+ * GPU choice shared by several policies: tightest fit (least free that
+ * suffices, lowest index); whole GPUs the first untouched; several GPUs
+ * within one NUMA node when one can serve them.
+ */
 int kgpu__pick_best_fit(const kgpu_node *n, const kgpu_request *req, int *gpus);
+
+/* The opposite: the emptiest GPUs that suffice (same NUMA rule). */
+int kgpu__pick_loosest(const kgpu_node *n, const kgpu_request *req, int *gpus);
 
 /* kgpu__pick_best_fit in the shape of kgpu_policy_ops.pick_gpus, for policies that use it as is. */
 int kgpu__pick_gpus_best_fit(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,

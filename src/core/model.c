@@ -511,18 +511,10 @@ static void gpu_reason(const kgpu_node *n, const kgpu_request *req, char *why, s
     }
 }
 
-bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *why, size_t whylen)
+/* Writes why req does not fit node n (which must not fit), checking the most fundamental first. */
+static void fit_reason(const kgpu_cluster *c, const kgpu_node *n, const kgpu_request *req,
+                       char *why, size_t whylen)
 {
-    if (node < 0 || node >= c->nnodes) {
-        if (why != NULL && whylen > 0)
-            snprintf(why, whylen, "no node with index %d", node);
-        return false;
-    }
-    const kgpu_node *n = &c->nodes[node];
-    if (kgpu__fit(n, req))
-        return true;
-    if (why == NULL || whylen == 0)
-        return false;
     char models[256], want[256];
     if (req->gpu_count > n->ngpus) {
         snprintf(why, whylen, "needs %d GPU%s, node has %d", req->gpu_count,
@@ -543,18 +535,27 @@ bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *wh
     } else {
         gpu_reason(n, req, why, whylen);
     }
+}
+
+bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *why, size_t whylen)
+{
+    if (node < 0 || node >= c->nnodes) {
+        if (why != NULL && whylen > 0)
+            snprintf(why, whylen, "no node with index %d", node);
+        return false;
+    }
+    const kgpu_node *n = &c->nodes[node];
+    if (kgpu__fit(n, req))
+        return true;
+    if (why != NULL && whylen > 0)
+        fit_reason(c, n, req, why, whylen);
     return false;
 }
 
-int kgpu_cluster_apply(kgpu_cluster *c, const kgpu_request *req, int node, const int *gpus,
-                       kgpu_assignment *out, kgpu_error *err)
+/* Checks that `gpus` names req->gpu_count distinct GPUs of n that can each hold req. */
+static int check_gpus(const kgpu_node *n, const kgpu_request *req, const int *gpus,
+                      kgpu_error *err)
 {
-    if (node < 0 || node >= c->nnodes)
-        return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", node);
-    kgpu_node *n = &c->nodes[node];
-    char why[256];
-    if (!kgpu_fit(c, node, req, why, sizeof(why)))
-        return kgpu_error_set(err, KGPU_ENOFIT, "node %s: %s", n->name, why);
     int k = req->gpu_count > 0 ? req->gpu_count : 0;
     if (k > 0 && gpus == NULL)
         return kgpu_error_set(err, KGPU_EINVAL, "node %s: no GPUs chosen", n->name);
@@ -570,39 +571,40 @@ int kgpu_cluster_apply(kgpu_cluster *c, const kgpu_request *req, int node, const
             return kgpu_error_set(err, KGPU_ENOFIT, "node %s: GPU %d cannot hold this request",
                                   n->name, n->gpus[gpus[i]].index);
     }
-    kgpu_assignment a;
-    memset(&a, 0, sizeof(a));
-    a.node = node;
-    a.ngpus = k;
-    a.gpu_milli = req->exclusive ? KGPU_MILLI : req->gpu_milli;
-    a.gpu_memory_mib = req->gpu_memory_mib;
-    a.exclusive = req->exclusive;
-    a.cpu_milli = req->cpu_milli;
-    a.memory_mib = req->memory_mib;
-    a.klass = kgpu_request_class(req);
+    return 0;
+}
+
+/* Takes req from n on `gpus` (already checked) and describes it in *a. */
+static void node_take(kgpu_node *n, int node, const kgpu_request *req, const int *gpus,
+                      kgpu_assignment *a)
+{
+    int k = req->gpu_count > 0 ? req->gpu_count : 0;
+    memset(a, 0, sizeof(*a));
+    a->node = node;
+    a->ngpus = k;
+    a->gpu_milli = req->exclusive ? KGPU_MILLI : req->gpu_milli;
+    a->gpu_memory_mib = req->gpu_memory_mib;
+    a->exclusive = req->exclusive;
+    a->cpu_milli = req->cpu_milli;
+    a->memory_mib = req->memory_mib;
+    a->klass = kgpu_request_class(req);
     n->cpu_free -= req->cpu_milli;
     n->memory_free -= req->memory_mib;
     for (int i = 0; i < k; i++) {
         kgpu_gpu *g = &n->gpus[gpus[i]];
-        a.gpus[i] = gpus[i];
-        g->free_milli -= a.gpu_milli;
-        g->free_memory_mib -= a.exclusive ? g->memory_mib : a.gpu_memory_mib;
+        a->gpus[i] = gpus[i];
+        g->free_milli -= a->gpu_milli;
+        g->free_memory_mib -= a->exclusive ? g->memory_mib : a->gpu_memory_mib;
         g->placements++;
     }
-    c->allocated_milli += (int64_t)k * a.gpu_milli;
     n->placements++;
-    n->class_count[a.klass]++;
+    n->class_count[a->klass]++;
     n->version++;
-    if (out != NULL)
-        *out = a;
-    return 0;
 }
 
-int kgpu_cluster_release(kgpu_cluster *c, const kgpu_assignment *a, kgpu_error *err)
+/* Checks that giving a back to n stays within capacity. */
+static int check_release(const kgpu_node *n, const kgpu_assignment *a, kgpu_error *err)
 {
-    if (a->node < 0 || a->node >= c->nnodes)
-        return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", a->node);
-    kgpu_node *n = &c->nodes[a->node];
     if (a->klass < 0 || a->klass >= KGPU_CLASS_MAX || n->class_count[a->klass] <= 0 ||
         n->placements <= 0 || a->ngpus < 0 || a->ngpus > n->ngpus ||
         n->cpu_free + a->cpu_milli > n->cpu_milli || n->memory_free + a->memory_mib > n->memory_mib)
@@ -624,6 +626,11 @@ int kgpu_cluster_release(kgpu_cluster *c, const kgpu_assignment *a, kgpu_error *
                                   "node %s: GPU %d would exceed its capacity on release", n->name,
                                   g->index);
     }
+    return 0;
+}
+
+static void node_give(kgpu_node *n, const kgpu_assignment *a)
+{
     n->cpu_free += a->cpu_milli;
     n->memory_free += a->memory_mib;
     for (int i = 0; i < a->ngpus; i++) {
@@ -632,10 +639,84 @@ int kgpu_cluster_release(kgpu_cluster *c, const kgpu_assignment *a, kgpu_error *
         g->free_memory_mib += a->exclusive ? g->memory_mib : a->gpu_memory_mib;
         g->placements--;
     }
-    c->allocated_milli -= (int64_t)a->ngpus * a->gpu_milli;
     n->placements--;
     n->class_count[a->klass]--;
     n->version++;
+}
+
+bool kgpu_fit_all(const kgpu_cluster *c, int node, const kgpu_assignment *release, int nrelease,
+                  const kgpu_request *const *reqs, int nreqs, char *why, size_t whylen)
+{
+    if (node < 0 || node >= c->nnodes) {
+        if (why != NULL && whylen > 0)
+            snprintf(why, whylen, "no node with index %d", node);
+        return false;
+    }
+    /* A scratch copy of the node: the cluster itself is never touched. */
+    kgpu_node tmp = c->nodes[node];
+    kgpu_gpu gpus[KGPU_MAX_GPUS_PER_NODE];
+    if (tmp.ngpus > 0)
+        memcpy(gpus, tmp.gpus, (size_t)tmp.ngpus * sizeof(*gpus));
+    tmp.gpus = gpus;
+    for (int i = 0; i < nrelease; i++) {
+        kgpu_error err;
+        if (release[i].node != node || check_release(&tmp, &release[i], &err) != 0) {
+            if (why != NULL && whylen > 0)
+                snprintf(why, whylen, "a placement to undo is not held on node %s", tmp.name);
+            return false;
+        }
+        node_give(&tmp, &release[i]);
+    }
+    for (int i = 0; i < nreqs; i++) {
+        int pick[KGPU_MAX_GPUS_PER_NODE];
+        if (!kgpu__fit(&tmp, reqs[i]) || (reqs[i]->gpu_count > 0 &&
+                                          kgpu__pick_best_fit(&tmp, reqs[i], pick) != 0)) {
+            if (why != NULL && whylen > 0) {
+                char r[200];
+                fit_reason(c, &tmp, reqs[i], r, sizeof(r));
+                if (nreqs > 1)
+                    snprintf(why, whylen, "container %d of %d: %s", i + 1, nreqs, r);
+                else
+                    snprintf(why, whylen, "%s", r);
+            }
+            return false;
+        }
+        kgpu_assignment a;
+        node_take(&tmp, node, reqs[i], pick, &a);
+    }
+    return true;
+}
+
+int kgpu_cluster_apply(kgpu_cluster *c, const kgpu_request *req, int node, const int *gpus,
+                       kgpu_assignment *out, kgpu_error *err)
+{
+    if (node < 0 || node >= c->nnodes)
+        return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", node);
+    kgpu_node *n = &c->nodes[node];
+    char why[256];
+    if (!kgpu_fit(c, node, req, why, sizeof(why)))
+        return kgpu_error_set(err, KGPU_ENOFIT, "node %s: %s", n->name, why);
+    int rc = check_gpus(n, req, gpus, err);
+    if (rc != 0)
+        return rc;
+    kgpu_assignment a;
+    node_take(n, node, req, gpus, &a);
+    c->allocated_milli += (int64_t)a.ngpus * a.gpu_milli;
+    if (out != NULL)
+        *out = a;
+    return 0;
+}
+
+int kgpu_cluster_release(kgpu_cluster *c, const kgpu_assignment *a, kgpu_error *err)
+{
+    if (a->node < 0 || a->node >= c->nnodes)
+        return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", a->node);
+    kgpu_node *n = &c->nodes[a->node];
+    int rc = check_release(n, a, err);
+    if (rc != 0)
+        return rc;
+    node_give(n, a);
+    c->allocated_milli -= (int64_t)a->ngpus * a->gpu_milli;
     return 0;
 }
 

@@ -4,6 +4,7 @@
  * scores for the extender, and the common ways of choosing GPUs on a node.
  */
 #include <limits.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,8 @@ extern const kgpu_policy_ops kgpu__policy_clustering;
 extern const kgpu_policy_ops kgpu__policy_packing;
 extern const kgpu_policy_ops kgpu__policy_bestfit;
 extern const kgpu_policy_ops kgpu__policy_fgd;
+extern const kgpu_policy_ops kgpu__policy_binpack;
+extern const kgpu_policy_ops kgpu__policy_spread;
 
 /* The registry: one line per policy. */
 static const kgpu_policy_ops *const policies[] = {
@@ -86,6 +89,12 @@ void kgpu_policy_free(kgpu_policy *p)
         p->ops->fini(p->state);
     free(p->state);
     free(p);
+}
+
+void kgpu_policy_invalidate(kgpu_policy *p)
+{
+    if (p->ops->invalidate != NULL)
+        p->ops->invalidate(p->state);
 }
 
 void kgpu_policy_set_tie_order(kgpu_policy *p, const uint32_t *rank, int n)
@@ -183,34 +192,92 @@ int kgpu_policy_node_scores(kgpu_policy *p, const kgpu_cluster *c, const kgpu_re
     return 0;
 }
 
-int kgpu__pick_best_fit(const kgpu_node *n, const kgpu_request *req, int *gpus)
+/*
+ * Picks req->gpu_count usable GPUs of n among those allowed by `only`
+ * (a NUMA node id, or INT32_MIN for any): whole GPUs in index order, shares
+ * tightest (or, with `loosest`, emptiest) first. Returns the total free milli
+ * of the chosen GPUs through *free_sum, or KGPU_ENOFIT.
+ */
+static int pick_in(const kgpu_node *n, const kgpu_request *req, int only, bool loosest, int *gpus,
+                   long *free_sum)
 {
-    int k = 0;
-    if (req->exclusive) {
-        /* Whole GPUs: the first untouched ones, in index order. */
-        for (int i = 0; i < n->ngpus && k < req->gpu_count; i++)
-            if (kgpu_gpu_usable(n, &n->gpus[i], req))
-                gpus[k++] = i;
-        return k == req->gpu_count ? 0 : KGPU_ENOFIT;
-    }
-    /* Shares: repeatedly the usable GPU with the least free compute (lowest index on ties). */
     bool used[KGPU_MAX_GPUS_PER_NODE] = {false};
-    for (; k < req->gpu_count; k++) {
+    *free_sum = 0;
+    for (int k = 0; k < req->gpu_count; k++) {
         int best = -1;
         for (int i = 0; i < n->ngpus; i++) {
-            if (used[i] || !kgpu_gpu_usable(n, &n->gpus[i], req))
+            const kgpu_gpu *g = &n->gpus[i];
+            if (used[i] || (only != INT32_MIN && g->numa != only) || !kgpu_gpu_usable(n, g, req))
                 continue;
-            if (best < 0 || n->gpus[i].free_milli < n->gpus[best].free_milli ||
-                (n->gpus[i].free_milli == n->gpus[best].free_milli &&
-                 n->gpus[i].free_memory_mib < n->gpus[best].free_memory_mib))
+            if (best < 0) {
+                best = i;
+                if (req->exclusive)
+                    break; /* whole GPUs: first untouched in index order */
+                continue;
+            }
+            const kgpu_gpu *b = &n->gpus[best];
+            bool better = loosest ? g->free_milli > b->free_milli ||
+                                        (g->free_milli == b->free_milli &&
+                                         g->free_memory_mib > b->free_memory_mib)
+                                  : g->free_milli < b->free_milli ||
+                                        (g->free_milli == b->free_milli &&
+                                         g->free_memory_mib < b->free_memory_mib);
+            if (better)
                 best = i;
         }
         if (best < 0)
             return KGPU_ENOFIT;
         used[best] = true;
         gpus[k] = best;
+        *free_sum += n->gpus[best].free_milli;
     }
     return 0;
+}
+
+/*
+ * A request for several GPUs prefers GPUs of one NUMA node: among the NUMA
+ * nodes that alone can serve it, the one its fill leaves tightest (loosest
+ * for spread). Without NUMA information, or when no single NUMA node
+ * suffices, any GPUs of the node.
+ */
+static int pick(const kgpu_node *n, const kgpu_request *req, bool loosest, int *gpus)
+{
+    if (req->gpu_count > 1) {
+        int best_numa = INT32_MIN;
+        long best_sum = 0;
+        int tried[KGPU_MAX_GPUS_PER_NODE], ntried = 0;
+        for (int i = 0; i < n->ngpus; i++) {
+            int numa = n->gpus[i].numa;
+            bool seen = numa < 0;
+            for (int j = 0; j < ntried && !seen; j++)
+                seen = tried[j] == numa;
+            if (seen)
+                continue;
+            tried[ntried++] = numa;
+            int cand[KGPU_MAX_GPUS_PER_NODE];
+            long sum;
+            if (pick_in(n, req, numa, loosest, cand, &sum) != 0)
+                continue;
+            if (best_numa == INT32_MIN || (loosest ? sum > best_sum : sum < best_sum)) {
+                best_numa = numa;
+                best_sum = sum;
+            }
+        }
+        if (best_numa != INT32_MIN)
+            return pick_in(n, req, best_numa, loosest, gpus, &best_sum);
+    }
+    long sum;
+    return pick_in(n, req, INT32_MIN, loosest, gpus, &sum);
+}
+
+int kgpu__pick_best_fit(const kgpu_node *n, const kgpu_request *req, int *gpus)
+{
+    return pick(n, req, false, gpus);
+}
+
+int kgpu__pick_loosest(const kgpu_node *n, const kgpu_request *req, int *gpus)
+{
+    return pick(n, req, true, gpus);
 }
 
 int kgpu__pick_gpus_best_fit(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,

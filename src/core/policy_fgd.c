@@ -15,7 +15,13 @@
 
 #include "core.h"
 
-#define FGD_SLOTS 128 /* score cache entries per node, indexed by shape id */
+/*
+ * Score cache entries per node, indexed by shape id modulo the count: 128 for
+ * clusters up to 2,048 nodes (no collisions for the trace's shapes), fewer
+ * beyond so a 5,000-node cluster's cache stays near 4 MB.
+ */
+#define FGD_SLOTS_MAX   128
+#define FGD_CACHE_SLOTS (1 << 18) /* total slots aimed at for large clusters */
 
 typedef struct fgd_slot {
     uint64_t version; /* node version + 1; 0 = empty */
@@ -31,9 +37,10 @@ typedef struct fgd_node {
 
 typedef struct fgd_state {
     const kgpu_workload *target;
+    int slots; /* per node, a power of two */
     int cap;
     fgd_node *nodes;
-    fgd_slot *slots; /* cap x FGD_SLOTS */
+    fgd_slot *cache; /* cap x slots */
 } fgd_state;
 
 static int fgd_grow(fgd_state *st, int need)
@@ -47,13 +54,13 @@ static int fgd_grow(fgd_state *st, int need)
     if (nodes == NULL)
         return KGPU_ENOMEM;
     st->nodes = nodes;
-    fgd_slot *slots = realloc(st->slots, (size_t)cap * FGD_SLOTS * sizeof(*slots));
-    if (slots == NULL)
+    fgd_slot *cache = realloc(st->cache, (size_t)cap * (size_t)st->slots * sizeof(*cache));
+    if (cache == NULL)
         return KGPU_ENOMEM;
-    st->slots = slots;
+    st->cache = cache;
     memset(st->nodes + st->cap, 0, (size_t)(cap - st->cap) * sizeof(*nodes));
-    memset(st->slots + (size_t)st->cap * FGD_SLOTS, 0,
-           (size_t)(cap - st->cap) * FGD_SLOTS * sizeof(*slots));
+    memset(st->cache + (size_t)st->cap * (size_t)st->slots, 0,
+           (size_t)(cap - st->cap) * (size_t)st->slots * sizeof(*cache));
     st->cap = cap;
     return 0;
 }
@@ -65,7 +72,11 @@ static int fgd_init(void *state, const kgpu_cluster *c, const kgpu_workload *tar
     if (target == NULL || target->n == 0)
         return kgpu_error_set(err, KGPU_EINVAL, "fgd needs a target workload");
     st->target = target;
-    if (fgd_grow(st, kgpu_cluster_node_count(c)) != 0)
+    int nodes = kgpu_cluster_node_count(c);
+    st->slots = FGD_SLOTS_MAX;
+    while (st->slots > 16 && (long)st->slots * nodes > FGD_CACHE_SLOTS)
+        st->slots /= 2;
+    if (fgd_grow(st, nodes) != 0)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory for fgd caches");
     return 0;
 }
@@ -74,7 +85,16 @@ static void fgd_fini(void *state)
 {
     fgd_state *st = state;
     free(st->nodes);
-    free(st->slots);
+    free(st->cache);
+}
+
+static void fgd_invalidate(void *state)
+{
+    fgd_state *st = state;
+    if (st->cap > 0) {
+        memset(st->nodes, 0, (size_t)st->cap * sizeof(*st->nodes));
+        memset(st->cache, 0, (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
+    }
 }
 
 /* The study's score: 100 x sigmoid((before - after) / 1000), truncated to an integer. */
@@ -152,7 +172,8 @@ static int64_t fgd_cached(fgd_state *st, const kgpu_cluster *c, int node, const 
         return fgd_eval(st, n, node, req, gpu_out); /* no room to cache: still correct */
     if (req->shape < 0)
         return fgd_eval(st, n, node, req, gpu_out);
-    fgd_slot *slot = &st->slots[(size_t)node * FGD_SLOTS + (size_t)req->shape % FGD_SLOTS];
+    fgd_slot *slot = &st->cache[(size_t)node * (size_t)st->slots +
+                                ((size_t)req->shape & (size_t)(st->slots - 1))];
     if (slot->version == n->version + 1 && slot->shape == req->shape) {
         *gpu_out = slot->gpu;
         return slot->score;
@@ -192,6 +213,7 @@ const kgpu_policy_ops kgpu__policy_fgd = {
     .state_size = sizeof(fgd_state),
     .init = fgd_init,
     .fini = fgd_fini,
+    .invalidate = fgd_invalidate,
     .score = fgd_score,
     .pick_gpus = fgd_pick,
 };
