@@ -6,9 +6,15 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config   # toolchain
-  libjansson-dev                     # JSON: simulator output (later: extender wire format)
+  libjansson-dev                     # JSON: kube-scheduler and API server wire formats, simulator output
+  libmicrohttpd-dev                  # HTTP server of kgpu-extender
+  libgnutls28-dev                    # TLS client-certificate checks on the extender port
+  libcurl4-openssl-dev               # HTTP client for the Kubernetes API and kgpu inspect
+  libyaml-dev                        # YAML: config, cluster file, kubeconfig
   libcmocka-dev                      # unit test framework
   libxml2-utils                      # xmllint: tests check the SVG plot is well-formed XML
+  python3                            # the API server stand-in and load drivers of integration tests
+  prometheus                         # promtool and a real server scrape /metrics in a test
 )
 
 missing=()
