@@ -1,0 +1,102 @@
+/*
+ * A small Kubernetes API client over libcurl: configuration (in-cluster
+ * service account or a kubeconfig), JSON requests, and list-then-watch
+ * ("reflector") with relist on 410 Gone or a broken stream, with backoff.
+ *
+ * Threads: a kgpu_k8s is immutable after kgpu_k8s_new and may be used from
+ * any number of threads at once; each call uses its own curl handle. The
+ * bearer token is re-read from its file on every request (it rotates).
+ */
+#ifndef KGPU_K8S_H
+#define KGPU_K8S_H
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "kgpu/error.h"
+
+#define KGPU_K8S_PATH_MAX 1024
+
+typedef struct kgpu_k8s_config {
+    char server[512];                 /* https://host:port, no trailing slash */
+    char token[4096];                 /* static bearer token, or "" */
+    char token_file[KGPU_K8S_PATH_MAX]; /* re-read each request when set */
+    char ca_file[KGPU_K8S_PATH_MAX];  /* PEM file, or "" */
+    char *ca_data;                    /* PEM text (decoded kubeconfig data), malloc'd or NULL */
+    char *cert_data, *key_data;       /* client certificate and key PEM, malloc'd or NULL */
+    char cert_file[KGPU_K8S_PATH_MAX], key_file[KGPU_K8S_PATH_MAX];
+    bool insecure;                    /* skip TLS verification (kubeconfig insecure-skip-tls-verify) */
+    long timeout_ms;                  /* per plain request; watches have none; default 10000 */
+} kgpu_k8s_config;
+
+/* Frees the malloc'd members of cfg. */
+void kgpu_k8s_config_clear(kgpu_k8s_config *cfg);
+
+/*
+ * In-cluster configuration: KUBERNETES_SERVICE_HOST/PORT and the service
+ * account's token and ca.crt in `sa_dir` (NULL = the standard
+ * /var/run/secrets/kubernetes.io/serviceaccount). KGPU_ENOENT when not in a cluster.
+ */
+int kgpu_k8s_config_in_cluster(const char *sa_dir, kgpu_k8s_config *cfg, kgpu_error *err);
+
+/*
+ * A kubeconfig file (YAML, read with libyaml): its current context's cluster
+ * (server, certificate-authority or -data, insecure-skip-tls-verify) and user
+ * (token, tokenFile, client-certificate/-key or their -data). Errors name the
+ * file and the missing or malformed key.
+ */
+int kgpu_k8s_config_kubeconfig(const char *path, kgpu_k8s_config *cfg, kgpu_error *err);
+
+typedef struct kgpu_k8s kgpu_k8s;
+
+/* Copies cfg. NULL on error. */
+kgpu_k8s *kgpu_k8s_new(const kgpu_k8s_config *cfg, kgpu_error *err);
+void kgpu_k8s_free(kgpu_k8s *k);
+
+typedef struct kgpu_http_resp {
+    long status;
+    char *body; /* NUL-terminated, malloc'd; caller frees */
+    size_t len;
+} kgpu_http_resp;
+
+/*
+ * One request; `body` may be NULL. Returns 0 when a response arrived (any
+ * status: check resp->status), or a negative error for transport failures
+ * (connection refused, TLS, timeout), with a message naming the URL.
+ * content_type: "application/json" or "application/merge-patch+json".
+ */
+int kgpu_k8s_request(kgpu_k8s *k, const char *method, const char *path, const char *content_type,
+                     const char *body, kgpu_http_resp *resp, kgpu_error *err);
+
+/* POST .../pods/{name}/binding with annotations (an object of strings, borrowed). */
+int kgpu_k8s_bind(kgpu_k8s *k, const char *ns, const char *name, const char *uid, const char *node,
+                  json_t *annotations, kgpu_http_resp *resp, kgpu_error *err);
+
+/* PATCH a pod's annotations (merge patch). */
+int kgpu_k8s_annotate_pod(kgpu_k8s *k, const char *ns, const char *name, json_t *annotations,
+                          kgpu_http_resp *resp, kgpu_error *err);
+
+/* Callbacks of a reflector; `ctx` is the caller's. Called on the reflector's thread only. */
+typedef struct kgpu_reflector_ops {
+    /* A fresh list: `items` (array of objects, borrowed) replaces everything known. */
+    void (*reset)(void *ctx, json_t *items);
+    /* One watch event: type ADDED, MODIFIED or DELETED; object borrowed. */
+    void (*event)(void *ctx, const char *type, json_t *object);
+    /* A relist is coming (410, broken stream, error); `why` says which. Optional. */
+    void (*restart)(void *ctx, const char *why);
+} kgpu_reflector_ops;
+
+/*
+ * Lists `collection` (e.g. "/api/v1/pods"; `query` such as
+ * "fieldSelector=spec.nodeName!=" may be NULL), then watches from the list's
+ * resourceVersion with bookmarks, forever: on 410 Gone, an ERROR event, a
+ * broken stream or a failed request it backs off (100 ms doubling to 30 s,
+ * jittered, reset after a healthy watch) and relists. Returns when *stop
+ * becomes true (checked at least every 500 ms) with 0.
+ */
+int kgpu_reflector_run(kgpu_k8s *k, const char *collection, const char *query,
+                       const kgpu_reflector_ops *ops, void *ctx, atomic_bool *stop);
+
+#endif

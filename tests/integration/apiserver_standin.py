@@ -1,0 +1,684 @@
+#!/usr/bin/env python3
+"""A Kubernetes API server stand-in for integration tests (stdlib only).
+
+It keeps the semantics kgpu relies on: one global resourceVersion bumped on
+every change, list then watch from a resourceVersion with bookmarks and
+410 Gone for versions older than the event history, field and label
+selectors (a watched object that stops matching is DELETED, one that starts
+matching is ADDED), JSON merge patch, and pod binding with its conflicts.
+Tests inject faults over a side channel (POST /_control), see usage below.
+
+    python3 apiserver_standin.py --port 0 --portfile FILE [--token T]
+                                 [--bookmark-interval S] [--history N] [-v]
+
+/_control (JSON, no token needed) takes any of:
+    bind_status: N       answer binds with this HTTP status instead of binding
+    bind_count: N        ...for the next N binds (-1: until changed; default 1)
+    bind_delay_ms: D     sleep D ms before answering every bind (0: off)
+    drop_watches: true   cut every open watch stream now, mid-stream
+    expire_history: true forget the event history: a watch from an older
+                         resourceVersion gets the 410 ERROR event
+    expire_watches: true send every open watch the 410 ERROR event and end it,
+                         as the server does to a watcher that fell behind
+    fail_lists: N        answer the next N lists with 500
+    reset_stats: true    zero the counters
+GET /_control/stats returns the counters and the current resourceVersion.
+"""
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlsplit
+
+
+class ApiError(Exception):
+    """An error answered as a Kubernetes Status object."""
+
+    REASONS = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed",
+               409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType",
+               422: "Invalid", 500: "InternalError"}
+
+    def __init__(self, code, message, reason=None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or self.REASONS.get(code, "Unknown")
+
+    def status(self):
+        return status_object(self.code, self.reason, self.message)
+
+
+def status_object(code, reason, message):
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def field_value(obj, dotted):
+    cur = obj
+    for part in dotted.split("."):
+        if not isinstance(cur, dict):
+            return ""
+        cur = cur.get(part)
+    return "" if cur is None else str(cur)
+
+
+def parse_selector(text, kind):
+    """'a=b,c!=d' into [(key, op, value)]; label selectors also take 'k' and '!k'."""
+    terms = []
+    for term in filter(None, (t.strip() for t in (text or "").split(","))):
+        for op in ("!=", "==", "="):
+            if op in term:
+                key, value = term.split(op, 1)
+                terms.append((key.strip(), "!=" if op == "!=" else "=", value.strip()))
+                break
+        else:
+            if kind == "field":
+                raise ApiError(400, "invalid field selector: %r" % term)
+            terms.append((term.lstrip("!"), "absent" if term.startswith("!") else "exists", ""))
+    return terms
+
+
+FIELDS = {"pods": {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.schedulerName",
+                   "status.phase"},
+          "nodes": {"metadata.name", "spec.unschedulable"}}
+
+
+class Selector:
+    def __init__(self, kind, namespace, field_text, label_text):
+        self.kind = kind
+        self.namespace = namespace
+        self.fields = parse_selector(field_text, "field")
+        self.labels = parse_selector(label_text, "label")
+        for key, _, _ in self.fields:
+            if key not in FIELDS[kind]:
+                raise ApiError(400, 'field label not supported: %s' % key)
+
+    def matches(self, kind, obj):
+        if obj is None or kind != self.kind:
+            return False
+        meta = obj.get("metadata", {})
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        for key, op, value in self.fields:
+            if (field_value(obj, key) == value) != (op == "="):
+                return False
+        labels = meta.get("labels") or {}
+        for key, op, value in self.labels:
+            if op == "exists" and key not in labels:
+                return False
+            if op == "absent" and key in labels:
+                return False
+            if op == "=" and labels.get(key) != value:
+                return False
+            if op == "!=" and labels.get(key) == value:
+                return False
+        return True
+
+
+class Store:
+    """Nodes and pods, the resourceVersion counter, event history and faults.
+
+    Everything is guarded by one condition variable; watchers wait on it.
+    """
+
+    def __init__(self, history):
+        self.cond = threading.Condition()
+        self.rv = 0
+        self.objects = {"nodes": {}, "pods": {}}  # kind -> {(ns, name): obj}
+        self.history = deque()                     # (rv, type, kind, obj, old_obj)
+        self.history_max = history
+        self.floor = 0          # history holds every event after this rv; older watches get 410
+        self.drop_gen = 0       # bumped by drop_watches
+        self.expire_gen = 0     # bumped by expire_watches
+        self.closing = False
+        self.faults = {"bind_status": 0, "bind_count": 0, "bind_delay_ms": 0, "fail_lists": 0}
+        self.stats = {}
+        self.reset_stats()
+
+    def reset_stats(self):
+        self.stats = {k: 0 for k in ("requests", "unauthorized", "lists", "gets", "watches_opened",
+                                     "watches_active", "binds", "binds_ok", "binds_failed",
+                                     "creates", "updates", "patches", "deletes")}
+
+    def count(self, key, delta=1):
+        with self.cond:
+            self.stats[key] += delta
+
+    # Changes. Each bumps rv once and records one event; callers hold no lock.
+
+    def _record(self, etype, kind, obj, old):
+        self.history.append((self.rv, etype, kind, copy.deepcopy(obj), old))
+        while len(self.history) > self.history_max:
+            self.floor = self.history.popleft()[0]
+        self.cond.notify_all()
+
+    def _bump(self, obj):
+        self.rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+
+    def create(self, kind, ns, obj):
+        meta = obj.setdefault("metadata", {})
+        with self.cond:
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            name = meta.get("name")
+            if not name:
+                raise ApiError(422, "metadata.name: Required value")
+            if kind == "pods":
+                meta["namespace"] = ns
+            else:
+                meta.pop("namespace", None)
+            key = (ns, name)
+            if key in self.objects[kind]:
+                raise ApiError(409, '%s "%s" already exists' % (kind, name), "AlreadyExists")
+            obj.setdefault("apiVersion", "v1")
+            obj.setdefault("kind", "Pod" if kind == "pods" else "Node")
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = datetime.datetime.now(datetime.timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%SZ")
+            if kind == "pods":
+                obj.setdefault("spec", {})
+                obj.setdefault("status", {}).setdefault("phase", "Pending")
+            self._bump(obj)
+            self.objects[kind][key] = obj
+            self._record("ADDED", kind, obj, None)
+            return copy.deepcopy(obj)
+
+    def get(self, kind, ns, name):
+        with self.cond:
+            obj = self.objects[kind].get((ns, name))
+            if obj is None:
+                raise ApiError(404, '%s "%s" not found' % (kind, name))
+            return copy.deepcopy(obj)
+
+    def _modify(self, kind, ns, name, change):
+        """Applies change(copy) -> new object; one MODIFIED event unless it is a no-op."""
+        with self.cond:
+            old = self.objects[kind].get((ns, name))
+            if old is None:
+                raise ApiError(404, '%s "%s" not found' % (kind, name))
+            new = change(copy.deepcopy(old))
+            meta = new.setdefault("metadata", {})
+            for field in ("name", "namespace", "uid", "creationTimestamp"):
+                if field in old["metadata"]:
+                    meta[field] = old["metadata"][field]
+            meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if new == old:
+                return copy.deepcopy(old)
+            self._bump(new)
+            self.objects[kind][(ns, name)] = new
+            self._record("MODIFIED", kind, new, copy.deepcopy(old))
+            return copy.deepcopy(new)
+
+    def replace(self, kind, ns, name, obj):
+        want_rv = obj.get("metadata", {}).get("resourceVersion")
+
+        def change(old):
+            if want_rv and want_rv != old["metadata"]["resourceVersion"]:
+                raise ApiError(409, 'Operation cannot be fulfilled on %s "%s": the object has '
+                               'been modified; please apply your changes to the latest version '
+                               'and try again' % (kind, name))
+            return copy.deepcopy(obj)
+        return self._modify(kind, ns, name, change)
+
+    def patch(self, kind, ns, name, patch):
+        if not isinstance(patch, dict):
+            raise ApiError(400, "a merge patch must be a JSON object")
+        return self._modify(kind, ns, name, lambda old: merge_patch(old, patch))
+
+    def delete(self, kind, ns, name):
+        with self.cond:
+            obj = self.objects[kind].pop((ns, name), None)
+            if obj is None:
+                raise ApiError(404, '%s "%s" not found' % (kind, name))
+            self._bump(obj)
+            self._record("DELETED", kind, obj, None)
+            return copy.deepcopy(obj)
+
+    def bind(self, ns, name, binding):
+        """What the real BindingREST does: preconditions, nodeName, annotations, condition."""
+        meta = binding.get("metadata") or {}
+        target = binding.get("target") or {}
+        node = target.get("name")
+        if not node:
+            raise ApiError(422, "target.name: Required value")
+        if meta.get("name") not in (None, name):
+            raise ApiError(400, "binding name %r does not match the pod %r" % (meta.get("name"),
+                                                                              name))
+
+        def change(pod):
+            uid = meta.get("uid")
+            if uid and uid != pod["metadata"].get("uid"):
+                raise ApiError(409, 'Operation cannot be fulfilled on pods "%s": Precondition '
+                               'failed: UID in precondition: %s, UID in object meta: %s'
+                               % (name, uid, pod["metadata"].get("uid")))
+            if pod["metadata"].get("deletionTimestamp"):
+                raise ApiError(409, 'Operation cannot be fulfilled on pods/binding "%s": pod %s '
+                               'is being deleted, cannot be assigned to a host' % (name, name))
+            bound = pod.get("spec", {}).get("nodeName")
+            if bound:
+                raise ApiError(409, 'Operation cannot be fulfilled on pods/binding "%s": pod %s '
+                               'is already assigned to node "%s"' % (name, name, bound))
+            pod.setdefault("spec", {})["nodeName"] = node
+            annotations = meta.get("annotations") or {}
+            if annotations:
+                pod["metadata"].setdefault("annotations", {}).update(annotations)
+            conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+            conditions[:] = [c for c in conditions if c.get("type") != "PodScheduled"]
+            conditions.append({"type": "PodScheduled", "status": "True"})
+            return pod
+        return self._modify("pods", ns, name, change)
+
+    def list(self, sel):
+        with self.cond:
+            items = [copy.deepcopy(o) for o in self.objects[sel.kind].values()
+                     if sel.matches(sel.kind, o)]
+            return items, str(self.rv)
+
+    def control(self, req):
+        with self.cond:
+            for key in ("bind_status", "bind_delay_ms", "fail_lists"):
+                if key in req:
+                    self.faults[key] = int(req[key])
+            if "bind_status" in req:
+                self.faults["bind_count"] = int(req.get("bind_count", 1))
+            elif "bind_count" in req:
+                self.faults["bind_count"] = int(req["bind_count"])
+            if req.get("drop_watches"):
+                self.drop_gen += 1
+            if req.get("expire_watches"):
+                self.expire_gen += 1
+            if req.get("expire_history"):
+                self.history.clear()
+                self.floor = self.rv
+            if req.get("reset_stats"):
+                self.reset_stats()
+            self.cond.notify_all()
+            return dict(self.faults)
+
+    def take_bind_fault(self):
+        """(status or 0, delay seconds) for the bind now arriving."""
+        with self.cond:
+            status = 0
+            if self.faults["bind_status"] and self.faults["bind_count"] != 0:
+                status = self.faults["bind_status"]
+                if self.faults["bind_count"] > 0:
+                    self.faults["bind_count"] -= 1
+            return status, self.faults["bind_delay_ms"] / 1000.0
+
+    def take_list_fault(self):
+        with self.cond:
+            if self.faults["fail_lists"] > 0:
+                self.faults["fail_lists"] -= 1
+                return True
+            return False
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Routes /api/v1/... requests to the store; one instance per connection."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "kgpu-apiserver-standin/1"
+    store = None            # set by main()
+    token = None
+    bookmark_interval = 1.0
+    verbose = False
+
+    def log_message(self, fmt, *args):
+        if self.verbose:
+            sys.stderr.write("standin: " + (fmt % args) + "\n")
+
+    # Plumbing.
+
+    def send_json(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def read_body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise ApiError(400, "request body is not JSON: %s" % e)
+
+    def authorized(self):
+        if self.token is None or self.path.startswith("/_control"):
+            return True
+        if self.headers.get("Authorization") == "Bearer " + self.token:
+            return True
+        self.store.count("unauthorized")
+        self.send_json(401, status_object(401, "Unauthorized", "Unauthorized"))
+        return False
+
+    def route(self):
+        """(kind, namespace or None, name or None, subresource or None) of /api/v1 paths."""
+        parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
+        if parts[:2] != ["api", "v1"]:
+            raise ApiError(404, "the server could not find the requested resource")
+        rest = parts[2:]
+        if rest[:1] == ["nodes"] and len(rest) <= 2:
+            return "nodes", None, rest[1] if len(rest) == 2 else None, None
+        if rest[:1] == ["pods"] and len(rest) == 1:
+            return "pods", None, None, None
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] == "pods" and len(rest) <= 5:
+            return ("pods", rest[1], rest[3] if len(rest) >= 4 else None,
+                    rest[4] if len(rest) == 5 else None)
+        raise ApiError(404, "the server could not find the requested resource")
+
+    def dispatch(self, method):
+        self.store.count("requests")
+        if not self.authorized():
+            return
+        try:
+            if self.path.startswith("/_control"):
+                return self.control(method)
+            kind, ns, name, sub = self.route()
+            getattr(self, "do_" + method.lower() + "_api")(kind, ns, name, sub)
+        except ApiError as e:
+            self.send_json(e.code, e.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def do_GET(self):
+        self.dispatch("GET")
+
+    def do_POST(self):
+        self.dispatch("POST")
+
+    def do_PUT(self):
+        self.dispatch("PUT")
+
+    def do_PATCH(self):
+        self.dispatch("PATCH")
+
+    def do_DELETE(self):
+        self.dispatch("DELETE")
+
+    # The API.
+
+    def key_ns(self, kind, ns):
+        return ns if kind == "pods" else None
+
+    def do_get_api(self, kind, ns, name, sub):
+        if sub is not None:
+            raise ApiError(405, "GET is not supported on %s" % sub)
+        if name is not None:
+            self.store.count("gets")
+            return self.send_json(200, self.store.get(kind, self.key_ns(kind, ns), name))
+        query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        one = {k: v[-1] for k, v in query.items()}
+        sel = Selector(kind, ns, one.get("fieldSelector"), one.get("labelSelector"))
+        if one.get("watch") in ("1", "true"):
+            return self.watch(sel, one)
+        self.store.count("lists")
+        if self.store.take_list_fault():
+            raise ApiError(500, "injected list failure")
+        items, rv = self.store.list(sel)
+        self.send_json(200, {"kind": "PodList" if kind == "pods" else "NodeList",
+                             "apiVersion": "v1", "metadata": {"resourceVersion": rv},
+                             "items": items})
+
+    def do_post_api(self, kind, ns, name, sub):
+        body = self.read_body()
+        if sub == "binding" and name is not None:
+            return self.bind(ns, name, body)
+        if name is not None or sub is not None or (kind == "pods" and ns is None):
+            raise ApiError(405, "POST is not supported here")
+        if not isinstance(body, dict):
+            raise ApiError(400, "a %s object is required" % kind)
+        self.store.count("creates")
+        self.send_json(201, self.store.create(kind, self.key_ns(kind, ns), body))
+
+    def do_put_api(self, kind, ns, name, sub):
+        if name is None or sub is not None:
+            raise ApiError(405, "PUT needs an object name")
+        body = self.read_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "a %s object is required" % kind)
+        self.store.count("updates")
+        self.send_json(200, self.store.replace(kind, self.key_ns(kind, ns), name, body))
+
+    def do_patch_api(self, kind, ns, name, sub):
+        if name is None or sub is not None:
+            raise ApiError(405, "PATCH needs an object name")
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        if ctype != "application/merge-patch+json":
+            raise ApiError(415, "the body of the request was in an unknown format - accepted "
+                           "media types include: application/merge-patch+json")
+        self.store.count("patches")
+        self.send_json(200, self.store.patch(kind, self.key_ns(kind, ns), name,
+                                             self.read_body()))
+
+    def do_delete_api(self, kind, ns, name, sub):
+        if name is None or sub is not None:
+            raise ApiError(405, "DELETE needs an object name")
+        self.read_body()
+        self.store.count("deletes")
+        self.send_json(200, self.store.delete(kind, self.key_ns(kind, ns), name))
+
+    def bind(self, ns, name, body):
+        self.store.count("binds")
+        status, delay = self.store.take_bind_fault()
+        if delay:
+            time.sleep(delay)
+        try:
+            if status:
+                raise ApiError(status, "injected bind failure")
+            if not isinstance(body, dict) or body.get("kind") not in (None, "Binding"):
+                raise ApiError(400, "a Binding object is required")
+            self.store.bind(ns, name, body)
+        except ApiError:
+            self.store.count("binds_failed")
+            raise
+        self.store.count("binds_ok")
+        self.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                             "status": "Success", "code": 201})
+
+    def control(self, method):
+        if method == "GET" and urlsplit(self.path).path == "/_control/stats":
+            with self.store.cond:
+                stats = dict(self.store.stats, resourceVersion=str(self.store.rv))
+            return self.send_json(200, stats)
+        if method != "POST":
+            raise ApiError(405, "use POST /_control or GET /_control/stats")
+        body = self.read_body()
+        if not isinstance(body, dict):
+            raise ApiError(400, "a JSON object is required")
+        self.send_json(200, self.store.control(body))
+
+    # Watches.
+
+    def write_chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def send_event(self, etype, obj):
+        self.write_chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+
+    def client_gone(self):
+        """True when the client closed its end (readable, and a peek finds EOF)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def expired(self, rv):
+        with self.store.cond:  # "(Y)": the oldest version the server could replay from
+            message = "too old resource version: %d (%d)" % (rv, max(rv, self.store.floor) + 1)
+        self.send_event("ERROR", status_object(410, "Expired", message))
+
+    def watch(self, sel, query):
+        store = self.store
+        timeout = float(query.get("timeoutSeconds") or 0)
+        bookmarks = query.get("allowWatchBookmarks") in ("1", "true")
+        start_rv = query.get("resourceVersion") or ""
+        if start_rv and not start_rv.isdigit():
+            raise ApiError(400, "invalid resourceVersion %r" % start_rv)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            self.stream(sel, start_rv, timeout, bookmarks)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+
+    def stream(self, sel, start_rv, timeout, bookmarks):
+        try:
+            self.stream_events(sel, start_rv, timeout, bookmarks)
+        finally:
+            self.store.count("watches_active", -1)
+
+    def stream_events(self, sel, start_rv, timeout, bookmarks):
+        store = self.store
+        kind_name = "Pod" if sel.kind == "pods" else "Node"
+        with store.cond:
+            # Counted as open only once it will see a drop or expiry asked for after this.
+            store.stats["watches_opened"] += 1
+            store.stats["watches_active"] += 1
+            drop_gen, expire_gen = store.drop_gen, store.expire_gen
+            if start_rv in ("", "0"):
+                # "Any version": the current objects as ADDED, then changes.
+                initial = [copy.deepcopy(o) for o in store.objects[sel.kind].values()
+                           if sel.matches(sel.kind, o)]
+                pos = store.rv
+            else:
+                initial, pos = [], int(start_rv)
+                if pos < store.floor:
+                    initial = None
+        if initial is None:
+            self.expired(pos)
+            return self.end_stream()
+        for obj in initial:
+            self.send_event("ADDED", obj)
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        next_bookmark = time.monotonic() + self.bookmark_interval
+        while True:
+            now = time.monotonic()
+            waits = [0.25, next_bookmark - now if bookmarks else 0.25]
+            if deadline is not None:
+                waits.append(deadline - now)
+            with store.cond:
+                if not [e for e in store.history if e[0] > pos]:
+                    store.cond.wait(max(0.0, min(waits)))
+                if store.closing or store.drop_gen != drop_gen:
+                    self.close_connection = True
+                    return  # cut mid-stream, no final chunk: a broken stream
+                if store.expire_gen != expire_gen or pos < store.floor:
+                    events = None  # told to expire, or events it needs were forgotten
+                else:
+                    events = [e for e in store.history if e[0] > pos]
+                    pos = store.rv
+            if events is None:
+                self.expired(pos)
+                return self.end_stream()
+            for rv, etype, kind, obj, old in events:
+                seen = self.translate(sel, etype, kind, obj, old)
+                if seen == "DELETED" and etype == "MODIFIED":
+                    # Left the selector: the old content at the new version, as the real cacher.
+                    obj = copy.deepcopy(old)
+                    obj["metadata"]["resourceVersion"] = str(rv)
+                if seen:
+                    self.send_event(seen, obj)
+            now = time.monotonic()
+            if bookmarks and now >= next_bookmark:
+                self.send_event("BOOKMARK", {"kind": kind_name, "apiVersion": "v1",
+                                             "metadata": {"resourceVersion": str(pos)}})
+                next_bookmark = now + self.bookmark_interval
+            if deadline is not None and now >= deadline:
+                return self.end_stream()
+            if self.client_gone():
+                self.close_connection = True
+                return
+
+    @staticmethod
+    def translate(sel, etype, kind, obj, old):
+        """The event a watcher with this selector sees, or None."""
+        now = sel.matches(kind, obj)
+        if etype != "MODIFIED":
+            return etype if now else None
+        before = sel.matches(kind, old)
+        if now and before:
+            return "MODIFIED"
+        if now:
+            return "ADDED"
+        return "DELETED" if before else None
+
+    def end_stream(self):
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--portfile", help="write the port here once listening")
+    ap.add_argument("--token", help="require 'Authorization: Bearer TOKEN'")
+    ap.add_argument("--bookmark-interval", type=float, default=1.0)
+    ap.add_argument("--history", type=int, default=1000, help="events kept for watches")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+
+    store = Store(args.history)
+    Handler.store = store
+    Handler.token = args.token
+    Handler.bookmark_interval = args.bookmark_interval
+    Handler.verbose = args.verbose
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer.allow_reuse_address = True
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+
+    def on_term(signum, frame):
+        with store.cond:
+            store.closing = True
+            store.cond.notify_all()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+
+    if args.portfile:
+        tmp = args.portfile + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("%d\n" % server.server_address[1])
+        os.replace(tmp, args.portfile)  # readers never see half a number
+    try:
+        server.serve_forever(poll_interval=0.1)
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
