@@ -652,6 +652,8 @@ bool kgpu_fit_all(const kgpu_cluster *c, int node, const kgpu_assignment *releas
             snprintf(why, whylen, "no node with index %d", node);
         return false;
     }
+    if (nrelease == 0 && nreqs == 1) /* the common case needs no scratch copy */
+        return kgpu_fit(c, node, reqs[0], why, whylen);
     /* A scratch copy of the node: the cluster itself is never touched. */
     kgpu_node tmp = c->nodes[node];
     kgpu_gpu gpus[KGPU_MAX_GPUS_PER_NODE];

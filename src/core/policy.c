@@ -27,6 +27,8 @@ static const kgpu_policy_ops *const policies[] = {
     &kgpu__policy_packing,
     &kgpu__policy_bestfit,
     &kgpu__policy_fgd,
+    &kgpu__policy_binpack,
+    &kgpu__policy_spread,
     NULL,
 };
 

@@ -148,8 +148,8 @@ static void study_workload(const kgpu_cluster *c, kgpu_workload *w)
     assert_int_equal(w->n, 3);
 }
 
-static const char *const policy_names[] = {"random",  "dotprod", "clustering",
-                                           "packing", "bestfit", "fgd"};
+static const char *const policy_names[] = {"random",  "dotprod", "clustering", "packing",
+                                           "bestfit", "fgd",     "binpack",    "spread"};
 #define NPOLICIES ((int)(sizeof(policy_names) / sizeof(policy_names[0])))
 
 /* ---- registry ----------------------------------------------------------------------------- */
@@ -635,12 +635,17 @@ static void test_policy_gpu_choice(void **state)
                            share_req(c, 0, 1, 650), whole_req(c, 0, 1)};
     for (int i = 0; i < NPOLICIES; i++) {
         kgpu_policy *p = policy_new(policy_names[i], c, &w);
-        bool bestfit_pick =
-            strcmp(policy_names[i], "random") != 0 && strcmp(policy_names[i], "fgd") != 0;
+        bool spread = strcmp(policy_names[i], "spread") == 0;
+        bool bestfit_pick = strcmp(policy_names[i], "random") != 0 &&
+                            strcmp(policy_names[i], "fgd") != 0 && !spread;
         for (size_t k = 0; k < sizeof(reqs) / sizeof(reqs[0]); k++) {
             int got[KGPU_MAX_GPUS_PER_NODE], want[KGPU_MAX_GPUS_PER_NODE];
             assert_int_equal(select_node(p, c, &reqs[k], NULL, 0, k, got), node);
-            assert_int_equal(kgpu__pick_best_fit(n, &reqs[k], want), 0);
+            /* spread takes the emptiest GPUs that suffice, the others the tightest. */
+            assert_int_equal(spread ? kgpu__pick_loosest(n, &reqs[k], want)
+                                    : kgpu__pick_best_fit(n, &reqs[k], want),
+                             0);
+            bestfit_pick = bestfit_pick || spread;
             for (int g = 0; g < reqs[k].gpu_count; g++) {
                 assert_true(kgpu_gpu_usable(n, &n->gpus[got[g]], &reqs[k]));
                 if (bestfit_pick && got[g] != want[g])
