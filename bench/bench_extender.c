@@ -1,0 +1,257 @@
+/*
+ * kgpu-extender under load, over loopback HTTP, as kube-scheduler drives it:
+ * a 5,000-node, 40,000-GPU cluster (a quarter of its GPUs already shared),
+ * and for each pod a filter then a prioritize call naming 500 nodes
+ * (kube-scheduler's cap for 5,000 nodes, nodeCacheCapable). Prints latency
+ * percentiles per call, calls per second, and the extender's resident memory.
+ * Asserts nothing.
+ *
+ *   bench_extender PATH/TO/kgpu-extender [SECONDS] [CLIENT_THREADS]
+ */
+#include <curl/curl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NODES       5000
+#define GPUS        8
+#define CANDIDATES  500
+#define MAX_SAMPLES 4000000
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static size_t sink(char *p, size_t s, size_t n, void *u)
+{
+    return s * n;
+}
+
+typedef struct worker {
+    int port, id;
+    double until;
+    double *lat; /* seconds per call */
+    long n;
+    long errors;
+} worker;
+
+static unsigned long long splitmix(unsigned long long *x)
+{
+    unsigned long long z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* ExtenderArgs for one pod and 500 random candidate nodes. */
+static int make_args(char *buf, size_t len, unsigned long long *seed, int pod)
+{
+    static const char *shapes[] = {"\"kgpu.io/gpu-mem\":\"8\"",
+                                   "\"kgpu.io/gpu-mem\":\"16\",\"kgpu.io/gpu-core\":\"50\"",
+                                   "\"nvidia.com/gpu\":\"1\"", "\"kgpu.io/gpu-mem\":\"4\""};
+    int off = snprintf(buf, len,
+                       "{\"Pod\":{\"metadata\":{\"name\":\"bench-%d\",\"namespace\":\"bench\","
+                       "\"uid\":\"bench-uid-%d\"},\"spec\":{\"containers\":[{\"name\":\"main\","
+                       "\"resources\":{\"limits\":{%s}}}]}},\"Nodes\":null,\"NodeNames\":[",
+                       pod, pod, shapes[splitmix(seed) % 4]);
+    for (int i = 0; i < CANDIDATES; i++)
+        off += snprintf(buf + off, len - (size_t)off, "%s\"node-%04d\"", i ? "," : "",
+                        (int)(splitmix(seed) % NODES));
+    off += snprintf(buf + off, len - (size_t)off, "]}");
+    return off;
+}
+
+static double call(CURL *h, const char *url, const char *body, long *status)
+{
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    double t0 = now();
+    CURLcode rc = curl_easy_perform(h);
+    double dt = now() - t0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+    if (rc != CURLE_OK)
+        *status = -1;
+    return dt;
+}
+
+static void *run(void *arg)
+{
+    worker *w = arg;
+    CURL *h = curl_easy_init();
+    struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    char filter[128], prio[128];
+    snprintf(filter, sizeof(filter), "http://127.0.0.1:%d/filter", w->port);
+    snprintf(prio, sizeof(prio), "http://127.0.0.1:%d/prioritize", w->port);
+    /* Bodies made up front: the client should spend its time on HTTP, not snprintf. */
+    enum { BODIES = 64 };
+    char *bodies[BODIES];
+    unsigned long long seed = 1000 + (unsigned long long)w->id;
+    for (int i = 0; i < BODIES; i++) {
+        bodies[i] = malloc(CANDIDATES * 16 + 1024);
+        make_args(bodies[i], CANDIDATES * 16 + 1024, &seed, w->id * 1000000 + i);
+    }
+    int pod = 0;
+    while (now() < w->until && w->n + 2 <= MAX_SAMPLES / 4) {
+        const char *body = bodies[pod++ % BODIES];
+        long st;
+        w->lat[w->n++] = call(h, filter, body, &st);
+        w->errors += st != 200;
+        w->lat[w->n++] = call(h, prio, body, &st);
+        w->errors += st != 200;
+    }
+    for (int i = 0; i < BODIES; i++)
+        free(bodies[i]);
+    curl_slist_free_all(hdr);
+    curl_easy_cleanup(h);
+    return NULL;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static long rss_kb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (strncmp(line, field, strlen(field)) == 0)
+            kb = strtol(line + strlen(field) + 1, NULL, 10);
+    if (f)
+        fclose(f);
+    return kb;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_extender PATH/TO/kgpu-extender [SECONDS] [THREADS]\n");
+        return 2;
+    }
+    double seconds = argc > 2 ? atof(argv[2]) : 5;
+    int threads = argc > 3 ? atoi(argv[3]) : 2;
+    if (seconds <= 0 || threads < 1 || threads > 64)
+        return 2;
+    char dir[] = "/tmp/kgpu-bench-XXXXXX";
+    if (mkdtemp(dir) == NULL)
+        return 1;
+    char cluster[128], portfile[128];
+    snprintf(cluster, sizeof(cluster), "%s/cluster.yaml", dir);
+    snprintf(portfile, sizeof(portfile), "%s/port", dir);
+    FILE *f = fopen(cluster, "w");
+    fprintf(f, "nodes:\n");
+    for (int i = 0; i < NODES; i++) {
+        fprintf(f, "- name: node-%04d\n  gpus:\n", i);
+        for (int g = 0; g < GPUS; g++)
+            fprintf(f, "  - {index: %d, uuid: GPU-%04d-%d, model: %s, memory_mib: %d, numa: %d}\n",
+                    g, i, g, i % 3 ? "A100-SXM4-80GB" : "V100-SXM2-32GB", i % 3 ? 81920 : 32768,
+                    g / 4);
+    }
+    fclose(f);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(argv[1], argv[1], "--cluster-file", cluster, "--listen", "127.0.0.1:0", "--port-file",
+              portfile, "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    int port = 0;
+    for (int i = 0; i < 200 && port == 0; i++) {
+        usleep(50000);
+        FILE *p = fopen(portfile, "r");
+        if (p) {
+            if (fscanf(p, "%d", &port) != 1)
+                port = 0;
+            fclose(p);
+        }
+    }
+    if (port == 0) {
+        fprintf(stderr, "bench_extender: the extender did not start\n");
+        kill(pid, SIGTERM);
+        return 1;
+    }
+    curl_global_init(CURL_GLOBAL_ALL);
+    /* Share a quarter of the GPUs first, through the extender's own filter + bind. */
+    CURL *h = curl_easy_init();
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, sink);
+    static char body[CANDIDATES * 16 + 1024];
+    unsigned long long seed = 1;
+    char url[128];
+    int bound = 0;
+    double t0 = now();
+    for (int pod = 0; pod < 10000; pod++) {
+        make_args(body, sizeof(body), &seed, pod);
+        long st;
+        snprintf(url, sizeof(url), "http://127.0.0.1:%d/filter", port);
+        call(h, url, body, &st);
+        char bind[256];
+        snprintf(bind, sizeof(bind),
+                 "{\"PodName\":\"bench-%d\",\"PodNamespace\":\"bench\",\"PodUID\":\"bench-uid-%d\","
+                 "\"Node\":\"node-%04d\"}",
+                 pod, pod, (int)(splitmix(&seed) % NODES));
+        snprintf(url, sizeof(url), "http://127.0.0.1:%d/bind", port);
+        call(h, url, bind, &st);
+        bound++;
+    }
+    curl_easy_cleanup(h);
+    printf("state: %d nodes, %d GPUs, %d pods bound in %.1f s\n", NODES, NODES * GPUS, bound,
+           now() - t0);
+    printf("extender RSS with that state: %.1f MB\n", rss_kb(pid, "VmRSS:") / 1024.0);
+
+    worker *ws = calloc((size_t)threads, sizeof(*ws));
+    pthread_t *tids = calloc((size_t)threads, sizeof(*tids));
+    double until = now() + seconds;
+    for (int i = 0; i < threads; i++) {
+        ws[i] = (worker){.port = port, .id = i + 1, .until = until};
+        ws[i].lat = malloc(sizeof(double) * (MAX_SAMPLES / 4));
+        pthread_create(&tids[i], NULL, run, &ws[i]);
+    }
+    long total = 0, errors = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(tids[i], NULL);
+        total += ws[i].n;
+        errors += ws[i].errors;
+    }
+    double *all = malloc(sizeof(double) * (size_t)(total + 1));
+    long k = 0;
+    for (int i = 0; i < threads; i++) {
+        memcpy(all + k, ws[i].lat, sizeof(double) * (size_t)ws[i].n);
+        k += ws[i].n;
+        free(ws[i].lat);
+    }
+    qsort(all, (size_t)total, sizeof(double), cmp);
+    printf("load: %d client threads for %.0f s, filter+prioritize with %d node names each\n",
+           threads, seconds, CANDIDATES);
+    printf("calls: %ld (%.0f calls/s), errors %ld\n", total, total / seconds, errors);
+    if (total > 0)
+        printf("latency per call: p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  max %.3f ms\n",
+               all[total / 2] * 1e3, all[total * 9 / 10] * 1e3, all[total * 99 / 100] * 1e3,
+               all[total - 1] * 1e3);
+    printf("extender RSS after load: %.1f MB (peak %.1f MB)\n", rss_kb(pid, "VmRSS:") / 1024.0,
+           rss_kb(pid, "VmHWM:") / 1024.0);
+    free(all);
+    free(ws);
+    free(tids);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    unlink(cluster);
+    unlink(portfile);
+    rmdir(dir);
+    curl_global_cleanup();
+    return 0;
+}

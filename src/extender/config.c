@@ -1,0 +1,311 @@
+/*
+ * kgpu-extender configuration: defaults, one YAML file (--config), then
+ * flags, which have the last word. Also the daemon's logging.
+ */
+#include <getopt.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ext.h"
+#include "yamljson.h"
+
+static atomic_int log_level = EXT_INFO;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void ext_log_set_level(int level)
+{
+    atomic_store(&log_level, level);
+}
+
+void ext_log(int level, const char *fmt, ...)
+{
+    if (level > atomic_load(&log_level))
+        return;
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[32];
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    /* One write per line so concurrent threads never interleave inside a line. */
+    pthread_mutex_lock(&log_mu);
+    fprintf(stderr, "%s.%03ldZ %-5s %s\n", when, ts.tv_nsec / 1000000, names[level & 3], msg);
+    pthread_mutex_unlock(&log_mu);
+}
+
+void ext_config_defaults(ext_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    snprintf(cfg->listen, sizeof(cfg->listen), "0.0.0.0:12346");
+    snprintf(cfg->policy, sizeof(cfg->policy), "fgd");
+    cfg->memory_unit_mib = 1024;
+    cfg->log_level = EXT_INFO;
+    cfg->max_body_bytes = 16L << 20;
+    cfg->max_json_depth = 64;
+    cfg->max_connections = 1024;
+    cfg->pending_pods_max = 1024;
+}
+
+static int parse_level(const char *s, int *out, kgpu_error *err)
+{
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    return kgpu_error_set(err, KGPU_EINVAL, "log level '%s': expected error, warn, info or debug",
+                          s);
+}
+
+static int parse_unit(const char *s, int64_t *mib, kgpu_error *err)
+{
+    int64_t bytes;
+    if (kgpu_quantity_value(s, &bytes, err) != 0)
+        return err ? err->code : KGPU_EINVAL;
+    if (bytes < (1 << 20) || bytes % (1 << 20) != 0 || bytes > (1LL << 40))
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "memory unit '%s': a whole number of MiB between 1Mi and 1Ti", s);
+    *mib = bytes >> 20;
+    return 0;
+}
+
+static int set_path(char *dst, size_t len, const char *src, const char *what, kgpu_error *err)
+{
+    if (strlen(src) >= len)
+        return kgpu_error_set(err, KGPU_EINVAL, "%s: path too long", what);
+    snprintf(dst, len, "%s", src);
+    return 0;
+}
+
+static int check_policy(const char *name, kgpu_error *err)
+{
+    if (kgpu_policy_find(name) == NULL)
+        return kgpu_error_set(err, KGPU_EINVAL, "unknown policy '%s'", name);
+    return 0;
+}
+
+int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
+{
+    json_t *root = kgpu_yaml_load_file(path, err);
+    if (root == NULL)
+        return err ? err->code : KGPU_EPARSE;
+    int rc = 0;
+    if (!json_is_object(root) && !json_is_null(root)) {
+        rc = kgpu_error_set(err, KGPU_EPARSE, "%s: expected a mapping at the top", path);
+        goto out;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v)
+    {
+        const char *s = json_string_value(v);
+        if (strcmp(key, "listen") == 0 && s) {
+            rc = set_path(cfg->listen, sizeof(cfg->listen), s, "listen", err);
+        } else if (strcmp(key, "policy") == 0 && s) {
+            rc = check_policy(s, err);
+            if (rc == 0)
+                snprintf(cfg->policy, sizeof(cfg->policy), "%s", s);
+        } else if (strcmp(key, "memoryUnit") == 0 && (s || json_is_integer(v))) {
+            char tmp[32];
+            if (!s)
+                snprintf(tmp, sizeof(tmp), "%lld", (long long)json_integer_value(v));
+            rc = parse_unit(s ? s : tmp, &cfg->memory_unit_mib, err);
+        } else if (strcmp(key, "clusterFile") == 0 && s) {
+            rc = set_path(cfg->cluster_file, sizeof(cfg->cluster_file), s, key, err);
+        } else if (strcmp(key, "kubeconfig") == 0 && s) {
+            rc = set_path(cfg->kubeconfig, sizeof(cfg->kubeconfig), s, key, err);
+        } else if (strcmp(key, "logLevel") == 0 && s) {
+            rc = parse_level(s, &cfg->log_level, err);
+        } else if (strcmp(key, "maxBodyBytes") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 1024) {
+            cfg->max_body_bytes = (long)json_integer_value(v);
+        } else if (strcmp(key, "maxJSONDepth") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 4 && json_integer_value(v) <= 1000) {
+            cfg->max_json_depth = (int)json_integer_value(v);
+        } else if (strcmp(key, "maxConnections") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 1) {
+            cfg->max_connections = (int)json_integer_value(v);
+        } else if (strcmp(key, "pendingPods") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 16 && json_integer_value(v) <= 1 << 20) {
+            cfg->pending_pods_max = (int)json_integer_value(v);
+        } else if (strcmp(key, "tls") == 0 && json_is_object(v)) {
+            const char *k2;
+            json_t *v2;
+            json_object_foreach(v, k2, v2)
+            {
+                const char *s2 = json_string_value(v2);
+                if (s2 == NULL)
+                    rc = kgpu_error_set(err, KGPU_EINVAL, "%s: tls.%s is not a string", path, k2);
+                else if (strcmp(k2, "cert") == 0)
+                    rc = set_path(cfg->tls_cert, sizeof(cfg->tls_cert), s2, "tls.cert", err);
+                else if (strcmp(k2, "key") == 0)
+                    rc = set_path(cfg->tls_key, sizeof(cfg->tls_key), s2, "tls.key", err);
+                else if (strcmp(k2, "clientCA") == 0)
+                    rc = set_path(cfg->tls_client_ca, sizeof(cfg->tls_client_ca), s2,
+                                  "tls.clientCA", err);
+                else
+                    rc = kgpu_error_set(err, KGPU_EINVAL, "%s: unknown key tls.%s", path, k2);
+                if (rc != 0)
+                    break;
+            }
+        } else {
+            static const char *known[] = {"listen",       "policy",       "memoryUnit",
+                                          "clusterFile",  "kubeconfig",   "logLevel",
+                                          "maxBodyBytes", "maxJSONDepth", "maxConnections",
+                                          "pendingPods",  "tls"};
+            bool is_known = false;
+            for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+                is_known = is_known || strcmp(key, known[i]) == 0;
+            rc = kgpu_error_set(err, KGPU_EINVAL, "%s: %s: %s", path, key,
+                                is_known ? "wrong type or out of range" : "unknown key");
+        }
+        if (rc != 0)
+            break;
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f, "usage: kgpu-extender [options]\n"
+           "\n"
+           "The kube-scheduler HTTP extender of kgpu: filter, prioritize, bind and preempt\n"
+           "for pods that ask for nvidia.com/gpu, kgpu.io/gpu-mem (or aliyun.com/gpu-mem),\n"
+           "kgpu.io/gpu-core and kgpu.io/gpu-count.\n"
+           "\n"
+           "  --listen ADDR:PORT     where to serve (default 0.0.0.0:12346)\n"
+           "  --config FILE          YAML configuration (flags override it)\n"
+           "  --cluster-file FILE    run without an API server: inventory from FILE, binds kept\n"
+           "                         in memory\n"
+           "  --kubeconfig FILE      API server from a kubeconfig (default: in-cluster)\n"
+           "  --policy NAME          default placement policy: fgd, binpack, spread, bestfit, ...\n"
+           "  --memory-unit QTY      size of one kgpu.io/gpu-mem unit (default 1Gi)\n"
+           "  --tls-cert FILE --tls-key FILE   serve HTTPS\n"
+           "  --tls-client-ca FILE   require client certificates signed by this CA\n"
+           "  --log-level LEVEL      error, warn, info (default) or debug\n"
+           "  --max-body-bytes N     largest request body accepted (default 16 MiB)\n"
+           "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
+           "  --help                 this text\n"
+           "  --port-file FILE       write the port served once listening (for --listen :0)\n"
+           "  --version              print the version\n");
+}
+
+int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *err)
+{
+    static const struct option opts[] = {
+        {"listen", required_argument, NULL, 'l'},
+        {"config", required_argument, NULL, 'c'},
+        {"cluster-file", required_argument, NULL, 'f'},
+        {"kubeconfig", required_argument, NULL, 'k'},
+        {"policy", required_argument, NULL, 'p'},
+        {"memory-unit", required_argument, NULL, 'u'},
+        {"tls-cert", required_argument, NULL, 'C'},
+        {"tls-key", required_argument, NULL, 'K'},
+        {"tls-client-ca", required_argument, NULL, 'A'},
+        {"log-level", required_argument, NULL, 'L'},
+        {"max-body-bytes", required_argument, NULL, 'b'},
+        {"service-account-dir", required_argument, NULL, 's'},
+        {"port-file", required_argument, NULL, 'P'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    /* The file first, whatever its place on the command line, so flags win. */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *path = NULL;
+        if (strcmp(a, "--config") == 0 && i + 1 < argc)
+            path = argv[i + 1];
+        else if (strncmp(a, "--config=", 9) == 0)
+            path = a + 9;
+        if (path != NULL) {
+            int rc = set_path(cfg->config_file, sizeof(cfg->config_file), path, "--config", err);
+            if (rc == 0)
+                rc = ext_config_load_file(cfg, path, err);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    optind = 1;
+    int c, rc = 0;
+    while (rc == 0 && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 'l':
+            rc = set_path(cfg->listen, sizeof(cfg->listen), optarg, "--listen", err);
+            break;
+        case 'c':
+            break;
+        case 'f':
+            rc = set_path(cfg->cluster_file, sizeof(cfg->cluster_file), optarg, "--cluster-file",
+                          err);
+            break;
+        case 'k':
+            rc = set_path(cfg->kubeconfig, sizeof(cfg->kubeconfig), optarg, "--kubeconfig", err);
+            break;
+        case 'p':
+            rc = check_policy(optarg, err);
+            if (rc == 0)
+                snprintf(cfg->policy, sizeof(cfg->policy), "%s", optarg);
+            break;
+        case 'u':
+            rc = parse_unit(optarg, &cfg->memory_unit_mib, err);
+            break;
+        case 'C':
+            rc = set_path(cfg->tls_cert, sizeof(cfg->tls_cert), optarg, "--tls-cert", err);
+            break;
+        case 'K':
+            rc = set_path(cfg->tls_key, sizeof(cfg->tls_key), optarg, "--tls-key", err);
+            break;
+        case 'A':
+            rc = set_path(cfg->tls_client_ca, sizeof(cfg->tls_client_ca), optarg, "--tls-client-ca",
+                          err);
+            break;
+        case 'L':
+            rc = parse_level(optarg, &cfg->log_level, err);
+            break;
+        case 'b':
+            cfg->max_body_bytes = strtol(optarg, &end, 10);
+            if (end == optarg || *end || cfg->max_body_bytes < 1024)
+                rc = kgpu_error_set(err, KGPU_EINVAL, "--max-body-bytes '%s': at least 1024",
+                                    optarg);
+            break;
+        case 's':
+            rc = set_path(cfg->sa_dir, sizeof(cfg->sa_dir), optarg, "--service-account-dir", err);
+            break;
+        case 'P':
+            rc = set_path(cfg->port_file, sizeof(cfg->port_file), optarg, "--port-file", err);
+            break;
+        case 'V':
+            printf("kgpu-extender %s\n", KGPU_VERSION);
+            return 1;
+        case 'h':
+            usage(stdout);
+            return 1;
+        default:
+            usage(stderr);
+            return kgpu_error_set(err, KGPU_EINVAL, "bad command line");
+        }
+    }
+    if (rc == 0 && optind < argc)
+        rc = kgpu_error_set(err, KGPU_EINVAL, "unexpected argument '%s'", argv[optind]);
+    if (rc == 0 && (cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0'))
+        rc = kgpu_error_set(err, KGPU_EINVAL, "--tls-cert and --tls-key go together");
+    if (rc == 0 && cfg->tls_client_ca[0] && !cfg->tls_cert[0])
+        rc = kgpu_error_set(err, KGPU_EINVAL, "--tls-client-ca needs --tls-cert and --tls-key");
+    return rc;
+}

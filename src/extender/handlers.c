@@ -1,0 +1,1015 @@
+/*
+ * The kube-scheduler extender verbs (filter, prioritize, bind, preempt) and
+ * the operator endpoints (inspect, metrics, health, version). JSON is parsed
+ * and written outside the state lock; the lock covers only in-memory work.
+ * Wire format: kube-scheduler's ExtenderArgs & co. with Go field names.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ext.h"
+#include "jsonw.h"
+
+#define REASON_MAX 300
+
+static char *dump(json_t *v)
+{
+    char *s = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(v);
+    return s;
+}
+
+static void reply_json(ext_response *r, int status, json_t *v)
+{
+    r->status = status;
+    r->content_type = "application/json";
+    r->body = dump(v);
+    if (r->body == NULL) {
+        r->status = 500;
+        r->body = strdup("{\"Error\":\"out of memory\"}");
+    }
+}
+
+static void reply_text(ext_response *r, int status, const char *text)
+{
+    r->status = status;
+    r->content_type = "text/plain; charset=utf-8";
+    r->body = strdup(text);
+}
+
+/* 400 with the verb's own reply shape carrying Error, so kube-scheduler logs the reason. */
+static void bad_request(ext_daemon *d, ext_response *r, enum ext_verb v, const char *msg)
+{
+    atomic_fetch_add(&d->metrics.bad_requests[v], 1);
+    ext_log(EXT_WARN, "%s: bad request: %s", ext_verb_name(v), msg);
+    reply_json(r, 400, json_pack("{s:s}", "Error", msg));
+}
+
+int ext_json_depth(const char *text, size_t len, int limit)
+{
+    int depth = 0, max = 0;
+    bool in_string = false, escaped = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        if (in_string) {
+            if (escaped)
+                escaped = false;
+            else if (c == '\\')
+                escaped = true;
+            else if (c == '"')
+                in_string = false;
+            continue;
+        }
+        if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            if (++depth > max && (max = depth) > limit)
+                return max;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        }
+    }
+    return max;
+}
+
+/* Skips one JSON value starting at p (whitespace already skipped); returns just past it, or NULL.
+ */
+static const char *skip_value(const char *p, const char *end)
+{
+    int depth = 0;
+    bool in_string = false;
+    for (; p < end; p++) {
+        char c = *p;
+        if (in_string) {
+            if (c == '\\')
+                p++;
+            else if (c == '"')
+                in_string = false;
+            if (!in_string && depth == 0)
+                return p + 1;
+            continue;
+        }
+        if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (--depth < 0)
+                return p; /* the end of the enclosing object: a scalar ended here */
+            if (depth == 0)
+                return p + 1;
+        } else if (depth == 0 && (c == ',' || c == ' ' || c == '\n' || c == '\r' || c == '\t')) {
+            return p;
+        }
+    }
+    return depth == 0 && !in_string ? p : NULL;
+}
+
+static const char *skip_ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+/*
+ * The fast path of filter and prioritize (see jsonw.h for the measurements):
+ * the top-level NodeNames array, hundreds of plain strings, is read here
+ * into `names` (copied into `store`) and replaced by `null` in `body`, so
+ * jansson parses only the pod. Any escape or surprise returns -1 and the
+ * caller parses everything with jansson.
+ */
+static int fast_node_names(char *body, size_t len, char *store, const char ***names)
+{
+    const char *end = body + len, *p = skip_ws(body, end);
+    if (p >= end || *p != '{')
+        return -1;
+    p++;
+    for (;;) {
+        p = skip_ws(p, end);
+        if (p >= end || *p != '"')
+            return -1;
+        const char *key = ++p;
+        while (p < end && *p != '"' && *p != '\\')
+            p++;
+        if (p >= end || *p != '"')
+            return -1;
+        size_t klen = (size_t)(p - key);
+        p = skip_ws(p + 1, end);
+        if (p >= end || *p != ':')
+            return -1;
+        p = skip_ws(p + 1, end);
+        if (klen == 9 && memcmp(key, "NodeNames", 9) == 0 && p < end && *p == '[') {
+            char *start = (char *)p, *out = store;
+            int n = 0, cap = 64;
+            const char **list = malloc((size_t)cap * sizeof(*list));
+            if (list == NULL)
+                return -1;
+            p = skip_ws(p + 1, end);
+            while (p < end && *p != ']') {
+                if (*p != '"')
+                    break;
+                const char *s = ++p;
+                while (p < end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
+                    p++;
+                if (p >= end || *p != '"')
+                    break;
+                if (n == cap) {
+                    const char **g = realloc(list, (size_t)(cap *= 2) * sizeof(*list));
+                    if (g == NULL)
+                        break;
+                    list = g;
+                }
+                memcpy(out, s, (size_t)(p - s));
+                list[n++] = out;
+                out += p - s;
+                *out++ = '\0';
+                p = skip_ws(p + 1, end);
+                if (p < end && *p == ',')
+                    p = skip_ws(p + 1, end);
+                else if (p < end && *p != ']')
+                    break;
+            }
+            if (p >= end || *p != ']') {
+                free(list);
+                return -1;
+            }
+            if (p - start + 1 < 4) { /* "[]" has no room for `null`: let jansson read it */
+                free(list);
+                return -1;
+            }
+            /* The array becomes `null` padded with spaces: same length, valid JSON. */
+            memset(start, ' ', (size_t)(p - start + 1));
+            memcpy(start, "null", 4);
+            *names = list;
+            return n;
+        }
+        p = skip_value(p, end);
+        if (p == NULL)
+            return -1;
+        p = skip_ws(p, end);
+        if (p >= end || *p != ',')
+            return -1; /* the object ended without NodeNames */
+        p++;
+    }
+}
+
+/* Parses a request body into an object; NULL after replying 400. */
+static json_t *parse_body(ext_daemon *d, ext_response *r, enum ext_verb v, const char *body,
+                          size_t len)
+{
+    char msg[REASON_MAX];
+    if (ext_json_depth(body, len, d->cfg.max_json_depth) > d->cfg.max_json_depth) {
+        snprintf(msg, sizeof(msg), "request JSON nested deeper than %d levels",
+                 d->cfg.max_json_depth);
+        bad_request(d, r, v, msg);
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL) {
+        snprintf(msg, sizeof(msg), "malformed JSON at line %d column %d: %s", jerr.line,
+                 jerr.column, jerr.text);
+        bad_request(d, r, v, msg);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        bad_request(d, r, v, "request body is not a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* The pod of ExtenderArgs / ExtenderPreemptionArgs, read; false after replying 400. */
+static bool read_pod(ext_daemon *d, ext_response *r, enum ext_verb v, json_t *args, kgpu_pod *pod)
+{
+    json_t *j = json_object_get(args, "Pod");
+    if (!json_is_object(j)) {
+        bad_request(d, r, v, "field Pod is missing or not an object");
+        return false;
+    }
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    if (kgpu_pod_from_json(j, d->cfg.memory_unit_mib, pod, &err) != 0) {
+        bad_request(d, r, v, err.msg);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * Candidate nodes: NodeNames (nodeCacheCapable: true) or Nodes.items
+ * (nodeCacheCapable: false). *objects gets the Node objects in the second
+ * mode (borrowed from args). Returns the count, or -1 after replying 400.
+ */
+/* NodeNames already read by fast_node_names (owned list), or none: count -1. */
+typedef struct fast_names {
+    const char **names;
+    int n;
+} fast_names;
+
+static int read_nodes(ext_daemon *d, ext_response *r, enum ext_verb v, json_t *args,
+                      fast_names *fast, const char ***names, json_t ***objects)
+{
+    if (fast->n >= 0) {
+        *names = fast->names;
+        *objects = NULL;
+        fast->names = NULL; /* the caller frees *names */
+        return fast->n;
+    }
+    json_t *nn = json_object_get(args, "NodeNames");
+    json_t *nodes = json_object_get(args, "Nodes");
+    *names = NULL;
+    *objects = NULL;
+    if (json_is_array(nn)) {
+        size_t n = json_array_size(nn);
+        *names = calloc(n + 1, sizeof(**names));
+        if (*names == NULL)
+            return -1;
+        for (size_t i = 0; i < n; i++) {
+            (*names)[i] = json_string_value(json_array_get(nn, i));
+            if ((*names)[i] == NULL) {
+                free(*names);
+                *names = NULL;
+                char msg[REASON_MAX];
+                snprintf(msg, sizeof(msg), "NodeNames[%zu] is not a string", i);
+                bad_request(d, r, v, msg);
+                return -1;
+            }
+        }
+        return (int)n;
+    }
+    if (!json_is_null(nn) && nn != NULL) {
+        bad_request(d, r, v, "NodeNames is neither null nor an array");
+        return -1;
+    }
+    json_t *items = json_object_get(nodes, "items");
+    if (nodes == NULL || json_is_null(nodes) || (json_is_object(nodes) && items == NULL))
+        return 0; /* no candidates */
+    if (!json_is_array(items)) {
+        bad_request(d, r, v, "Nodes.items is not an array");
+        return -1;
+    }
+    size_t n = json_array_size(items);
+    *names = calloc(n + 1, sizeof(**names));
+    *objects = calloc(n + 1, sizeof(**objects));
+    if (*names == NULL || *objects == NULL) {
+        free(*names);
+        free(*objects);
+        *names = NULL;
+        *objects = NULL;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *node = json_array_get(items, i);
+        (*objects)[i] = node;
+        (*names)[i] = json_string_value(json_object_get(json_object_get(node, "metadata"), "name"));
+        if ((*names)[i] == NULL) {
+            free(*names);
+            free(*objects);
+            *names = NULL;
+            *objects = NULL;
+            char msg[REASON_MAX];
+            snprintf(msg, sizeof(msg), "Nodes.items[%zu].metadata.name is missing", i);
+            bad_request(d, r, v, msg);
+            return -1;
+        }
+    }
+    return (int)n;
+}
+
+/* Nodes passed as objects teach kgpu their inventory (nodeCacheCapable: false). */
+static void learn_nodes(ext_daemon *d, json_t **objects, int n)
+{
+    for (int i = 0; i < n; i++) {
+        kgpu_node_spec spec;
+        kgpu_node_store *store = malloc(sizeof(*store));
+        kgpu_error err;
+        if (store == NULL)
+            return;
+        if (kgpu_node_from_json(objects[i], &spec, store, &err) == 0 && spec.ngpus > 0) {
+            pthread_mutex_lock(&d->state.mu);
+            if (kgpu_cluster_find_node(d->state.cluster, spec.name) < 0)
+                ext_state_upsert_node(&d->state, &spec, &err);
+            pthread_mutex_unlock(&d->state.mu);
+        }
+        free(store);
+    }
+}
+
+/* Could the pod ever run on this node, even empty? If not, preemption cannot help. */
+static bool never_fits(const kgpu_node *n, const kgpu_request *req, char *why, size_t len)
+{
+    int allowed = 0;
+    int64_t largest = 0;
+    for (int i = 0; i < n->ngpus; i++) {
+        if (!((req->models >> n->gpus[i].model) & 1))
+            continue;
+        allowed++;
+        if (n->gpus[i].memory_mib > largest)
+            largest = n->gpus[i].memory_mib;
+    }
+    char reason[REASON_MAX];
+    snprintf(reason, sizeof(reason), "%s", why);
+    if (allowed < req->gpu_count) {
+        snprintf(why, len, "%.200s (even empty, the node has %d GPU%s of an allowed model)", reason,
+                 allowed, allowed == 1 ? "" : "s");
+        return true;
+    }
+    if (req->gpu_memory_mib > largest) {
+        snprintf(why, len, "%.200s (larger than any GPU here, even empty)", reason);
+        return true;
+    }
+    return false;
+}
+
+/* Appends "node":"reason" to a FailedNodes-style map being written. */
+static void add_reason(kgpu_jsonw *w, const char *node, const char *why)
+{
+    if (w->len > 0)
+        kgpu_jsonw_lit(w, ",");
+    kgpu_jsonw_str(w, node);
+    kgpu_jsonw_lit(w, ":");
+    kgpu_jsonw_str(w, why);
+}
+
+static void reply_written(ext_response *r, kgpu_jsonw *w)
+{
+    r->status = 200;
+    r->content_type = "application/json";
+    r->body = kgpu_jsonw_finish(w);
+    if (r->body == NULL) {
+        r->status = 500;
+        r->body = strdup("{\"Error\":\"out of memory\"}");
+    }
+}
+
+static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_response *r)
+{
+    kgpu_pod *pod = malloc(sizeof(*pod));
+    const char **names = NULL;
+    json_t **objects = NULL;
+    if (pod == NULL || !read_pod(d, r, VERB_FILTER, args, pod))
+        goto out;
+    int n = read_nodes(d, r, VERB_FILTER, args, fast, &names, &objects);
+    if (n < 0)
+        goto out;
+    if (objects != NULL)
+        learn_nodes(d, objects, n);
+    bool *pass = calloc((size_t)n + 1, sizeof(*pass));
+    /* The reply is written directly (see jsonw.h): FailedNodes and FailedAndUnresolvableNodes. */
+    kgpu_jsonw failed, unresolvable;
+    kgpu_jsonw_init(&failed, 256);
+    kgpu_jsonw_init(&unresolvable, 256);
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    const kgpu_request *reqs[KGPU_MAX_PARTS];
+    char why[REASON_MAX];
+    int rc = 0;
+    pthread_mutex_lock(&d->state.mu);
+    if (pod->nparts > 0) {
+        rc = ext_state_compile(&d->state, pod, &err);
+        if (rc == 0)
+            ext_state_remember(&d->state, pod);
+    }
+    for (int k = 0; k < pod->nparts; k++)
+        reqs[k] = &pod->parts[k].req;
+    for (int i = 0; i < n && rc == 0 && pass != NULL; i++) {
+        if (pod->nparts == 0) {
+            pass[i] = true; /* no GPU asked: not kgpu's business */
+            continue;
+        }
+        int idx = kgpu_cluster_find_node(d->state.cluster, names[i]);
+        if (idx < 0) {
+            add_reason(&unresolvable, names[i],
+                       "node has no GPU inventory known to kgpu (no kgpu.io/gpus annotation and "
+                       "no nvidia.com/gpu)");
+            continue;
+        }
+        if (kgpu_fit_all(d->state.cluster, idx, NULL, 0, reqs, pod->nparts, why, sizeof(why))) {
+            pass[i] = true;
+            continue;
+        }
+        const kgpu_node *node = kgpu_cluster_node(d->state.cluster, idx);
+        bool never = false;
+        for (int k = 0; k < pod->nparts && !never; k++)
+            never = never_fits(node, reqs[k], why, sizeof(why));
+        add_reason(never ? &unresolvable : &failed, names[i], why);
+    }
+    pthread_mutex_unlock(&d->state.mu);
+    if (rc != 0 || pass == NULL) {
+        free(kgpu_jsonw_finish(&failed));
+        free(kgpu_jsonw_finish(&unresolvable));
+        free(pass);
+        bad_request(d, r, VERB_FILTER, pass == NULL ? "out of memory" : err.msg);
+        goto out;
+    }
+    kgpu_jsonw w;
+    kgpu_jsonw_init(&w, (size_t)n * 24 + failed.len + unresolvable.len + 128);
+    if (objects != NULL) {
+        kgpu_jsonw_lit(&w, "{\"Nodes\":{\"apiVersion\":\"v1\",\"kind\":\"NodeList\",\"items\":[");
+        bool first = true;
+        for (int i = 0; i < n; i++) {
+            if (!pass[i])
+                continue;
+            char *node = json_dumps(objects[i], JSON_COMPACT);
+            if (node == NULL) {
+                w.oom = true;
+                break;
+            }
+            if (!first)
+                kgpu_jsonw_lit(&w, ",");
+            kgpu_jsonw_lit(&w, node);
+            free(node);
+            first = false;
+        }
+        kgpu_jsonw_lit(&w, "]},\"NodeNames\":null");
+    } else {
+        kgpu_jsonw_lit(&w, "{\"Nodes\":null,\"NodeNames\":[");
+        bool first = true;
+        for (int i = 0; i < n; i++) {
+            if (!pass[i])
+                continue;
+            if (!first)
+                kgpu_jsonw_lit(&w, ",");
+            kgpu_jsonw_str(&w, names[i]);
+            first = false;
+        }
+        kgpu_jsonw_lit(&w, "]");
+    }
+    kgpu_jsonw_lit(&w, ",\"FailedNodes\":{");
+    kgpu_jsonw_raw(&w, failed.s ? failed.s : "", failed.oom ? 0 : failed.len);
+    kgpu_jsonw_lit(&w, "},\"FailedAndUnresolvableNodes\":{");
+    kgpu_jsonw_raw(&w, unresolvable.s ? unresolvable.s : "",
+                   unresolvable.oom ? 0 : unresolvable.len);
+    kgpu_jsonw_lit(&w, "},\"Error\":\"\"}");
+    if (failed.oom || unresolvable.oom)
+        w.oom = true;
+    free(kgpu_jsonw_finish(&failed));
+    free(kgpu_jsonw_finish(&unresolvable));
+    free(pass);
+    reply_written(r, &w);
+out:
+    free(names);
+    free(objects);
+    free(pod);
+}
+
+static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext_response *r)
+{
+    kgpu_pod *pod = malloc(sizeof(*pod));
+    const char **names = NULL;
+    json_t **objects = NULL;
+    int *idx = NULL, *scores = NULL;
+    if (pod == NULL || !read_pod(d, r, VERB_PRIORITIZE, args, pod))
+        goto out;
+    int n = read_nodes(d, r, VERB_PRIORITIZE, args, fast, &names, &objects);
+    if (n < 0)
+        goto out;
+    idx = calloc((size_t)n + 1, sizeof(*idx));
+    scores = calloc((size_t)n + 1, sizeof(*scores));
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    int rc = idx == NULL || scores == NULL ? KGPU_ENOMEM : 0;
+    pthread_mutex_lock(&d->state.mu);
+    if (rc == 0 && pod->nparts > 0 && (rc = ext_state_compile(&d->state, pod, &err)) == 0) {
+        kgpu_policy *p = ext_state_policy(&d->state, pod, &err);
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            idx[i] = kgpu_cluster_find_node(d->state.cluster, names[i]);
+            m += idx[i] >= 0;
+        }
+        /* Score the known nodes in one call, then spread the scores back. */
+        int *known = calloc((size_t)m + 1, sizeof(*known)),
+            *ks = calloc((size_t)m + 1, sizeof(*ks));
+        if (p == NULL || known == NULL || ks == NULL) {
+            rc = p == NULL ? err.code : KGPU_ENOMEM;
+        } else {
+            for (int i = 0, j = 0; i < n; i++)
+                if (idx[i] >= 0)
+                    known[j++] = idx[i];
+            rc = kgpu_policy_node_scores(p, d->state.cluster, &pod->parts[0].req, known, m, ks,
+                                         &err);
+            for (int i = 0, j = 0; i < n && rc == 0; i++)
+                scores[i] = idx[i] >= 0 ? ks[j++] : 0;
+        }
+        free(known);
+        free(ks);
+    }
+    pthread_mutex_unlock(&d->state.mu);
+    if (rc != 0) {
+        bad_request(d, r, VERB_PRIORITIZE, err.msg[0] ? err.msg : "out of memory");
+        goto out;
+    }
+    kgpu_jsonw w;
+    kgpu_jsonw_init(&w, (size_t)n * 40 + 16);
+    kgpu_jsonw_lit(&w, "[");
+    for (int i = 0; i < n; i++) {
+        kgpu_jsonw_lit(&w, i ? ",{\"Host\":" : "{\"Host\":");
+        kgpu_jsonw_str(&w, names[i]);
+        kgpu_jsonw_lit(&w, ",\"Score\":");
+        kgpu_jsonw_int(&w, scores[i]);
+        kgpu_jsonw_lit(&w, "}");
+    }
+    kgpu_jsonw_lit(&w, "]");
+    reply_written(r, &w);
+out:
+    free(names);
+    free(objects);
+    free(idx);
+    free(scores);
+    free(pod);
+}
+
+static void bind_result(ext_response *r, const char *error)
+{
+    reply_json(r, 200, json_pack("{s:s}", "Error", error));
+}
+
+static void bind_failed(ext_daemon *d, ext_response *r, enum ext_bind_fail why, const char *msg)
+{
+    atomic_fetch_add(&d->metrics.bind_failures[why], 1);
+    ext_log(EXT_WARN, "bind failed (%s): %s", ext_bind_fail_name(why), msg);
+    bind_result(r, msg);
+}
+
+static void rfc3339_now(char *buf, size_t len)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char base[32];
+    strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, len, "%s.%09ldZ", base, ts.tv_nsec);
+}
+
+/* The pod for a bind: remembered from filter, else asked of the API server. */
+static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const char *uid,
+                          char *msg, size_t len)
+{
+    kgpu_pod *pod = malloc(sizeof(*pod));
+    if (pod == NULL)
+        return NULL;
+    pthread_mutex_lock(&d->state.mu);
+    const kgpu_pod *known = ext_state_recall(&d->state, uid);
+    if (known != NULL)
+        ext_pod_copy(pod, known);
+    pthread_mutex_unlock(&d->state.mu);
+    if (known != NULL)
+        return pod;
+    if (d->k8s != NULL) {
+        char path[KGPU_K8S_PATH_MAX];
+        snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
+        kgpu_http_resp resp = {0};
+        kgpu_error err;
+        if (kgpu_k8s_request(d->k8s, "GET", path, NULL, NULL, &resp, &err) == 0 &&
+            resp.status == 200) {
+            json_t *j = json_loads(resp.body, 0, NULL);
+            int rc = j ? kgpu_pod_from_json(j, d->cfg.memory_unit_mib, pod, &err) : -1;
+            json_decref(j);
+            free(resp.body);
+            if (rc == 0 && strcmp(pod->uid, uid) == 0)
+                return pod;
+            snprintf(msg, len, "pod %s/%s: the API server has another pod of that name (uid %s)",
+                     ns, name, rc == 0 ? pod->uid : "unreadable");
+            free(pod);
+            return NULL;
+        }
+        free(resp.body);
+    }
+    snprintf(msg, len,
+             "pod %s/%s (uid %s) is unknown to kgpu: kube-scheduler calls filter before bind; "
+             "was the extender restarted in between?",
+             ns, name, uid);
+    free(pod);
+    return NULL;
+}
+
+static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
+{
+    const char *name = json_string_value(json_object_get(args, "PodName"));
+    const char *ns = json_string_value(json_object_get(args, "PodNamespace"));
+    const char *uid = json_string_value(json_object_get(args, "PodUID"));
+    const char *node = json_string_value(json_object_get(args, "Node"));
+    char msg[1024];
+    if (name == NULL || ns == NULL || uid == NULL || node == NULL || !name[0] || !uid[0] ||
+        !node[0] || strlen(name) > KGPU_NAME_MAX || strlen(ns) > KGPU_NAME_MAX ||
+        strlen(node) > KGPU_NAME_MAX || strlen(uid) >= 64) {
+        atomic_fetch_add(&d->metrics.bind_failures[BIND_FAIL_BAD_REQUEST], 1);
+        bad_request(d, r, VERB_BIND,
+                    "ExtenderBindingArgs needs string fields PodName, PodNamespace, PodUID and "
+                    "Node");
+        return;
+    }
+    kgpu_pod *pod = bind_pod(d, ns, name, uid, msg, sizeof(msg));
+    if (pod == NULL) {
+        bind_failed(d, r, BIND_FAIL_UNKNOWN_POD, msg);
+        return;
+    }
+    const ext_pod *held = NULL;
+    char held_node[KGPU_NAME_MAX + 1] = "";
+    bool held_bound = false;
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    char *assignment = NULL;
+    pthread_mutex_lock(&d->state.mu);
+    int rc = ext_state_compile(&d->state, pod, &err);
+    if (rc == 0)
+        rc = ext_state_reserve(&d->state, pod, node, &held, &err);
+    if (held != NULL) { /* copied while the lock makes it safe to read */
+        snprintf(held_node, sizeof(held_node), "%s", held->node);
+        held_bound = held->status == POD_BOUND;
+    }
+    if (rc == 0) {
+        const kgpu_node *n =
+            kgpu_cluster_node(d->state.cluster, kgpu_cluster_find_node(d->state.cluster, node));
+        kgpu_assignment a[KGPU_MAX_PARTS];
+        for (int i = 0; i < held->nparts && i < KGPU_MAX_PARTS; i++)
+            a[i] = held->part[i].a;
+        assignment = kgpu_assignment_format(n, pod->parts, a, held->nparts);
+        if (assignment == NULL) {
+            ext_state_release(&d->state, uid);
+            rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
+        }
+    }
+    pthread_mutex_unlock(&d->state.mu);
+    if (rc == KGPU_EEXIST) {
+        free(pod);
+        if (strcmp(held_node, node) == 0 && held_bound) {
+            bind_result(r, ""); /* a retry of a bind that went through */
+            return;
+        }
+        snprintf(msg, sizeof(msg), "pod %s/%s: %s%s", ns, name, err.msg,
+                 held_bound ? "" : " (a bind is in flight)");
+        bind_failed(d, r, BIND_FAIL_API_CONFLICT, msg);
+        return;
+    }
+    if (rc != 0) {
+        free(pod);
+        snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node, err.msg);
+        bind_failed(d, r,
+                    rc == KGPU_ENOENT   ? BIND_FAIL_UNKNOWN_NODE
+                    : rc == KGPU_EINVAL ? BIND_FAIL_BAD_REQUEST
+                                        : BIND_FAIL_NO_FIT,
+                    msg);
+        return;
+    }
+    if (d->k8s == NULL) { /* cluster-file mode: the binding lives in memory */
+        pthread_mutex_lock(&d->state.mu);
+        ext_state_confirm(&d->state, uid);
+        pthread_mutex_unlock(&d->state.mu);
+        ext_log(EXT_INFO, "bound %s/%s to %s: %s", ns, name, node, assignment);
+        free(assignment);
+        free(pod);
+        bind_result(r, "");
+        return;
+    }
+    char when[64];
+    rfc3339_now(when, sizeof(when));
+    json_t *ann = json_pack("{s:s,s:s,s:s}", KGPU_ANN_ASSIGNMENT, assignment, KGPU_ANN_NODE, node,
+                            KGPU_ANN_BIND_TIME, when);
+    kgpu_http_resp resp = {0};
+    rc = kgpu_k8s_bind(d->k8s, ns, name, uid, node, ann, &resp, &err);
+    json_decref(ann);
+    enum ext_bind_fail why = BIND_FAIL_COUNT;
+    if (rc != 0) {
+        why = BIND_FAIL_API_UNREACHABLE;
+        snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node, err.msg);
+    } else if (resp.status != 200 && resp.status != 201) {
+        why = resp.status == 409 ? BIND_FAIL_API_CONFLICT : BIND_FAIL_API_ERROR;
+        json_t *st = resp.body ? json_loads(resp.body, 0, NULL) : NULL;
+        const char *m = json_string_value(json_object_get(st, "message"));
+        snprintf(msg, sizeof(msg), "binding %s/%s to %s: API server answered %ld: %.600s", ns, name,
+                 node, resp.status, m ? m : (resp.body ? resp.body : ""));
+        json_decref(st);
+    }
+    free(resp.body);
+    pthread_mutex_lock(&d->state.mu);
+    if (why == BIND_FAIL_COUNT)
+        ext_state_confirm(&d->state, uid);
+    else
+        ext_state_release(&d->state, uid); /* nothing leaks when the API server says no */
+    pthread_mutex_unlock(&d->state.mu);
+    free(pod);
+    if (why != BIND_FAIL_COUNT) {
+        free(assignment);
+        bind_failed(d, r, why, msg);
+        return;
+    }
+    ext_log(EXT_INFO, "bound %s/%s to %s: %s", ns, name, node, assignment);
+    free(assignment);
+    bind_result(r, "");
+}
+
+/* Victim UIDs of one node from NodeNameToVictims (full pods) or NodeNameToMetaVictims. */
+static int victim_uids(json_t *entry, bool meta, const char **uids, int max)
+{
+    json_t *pods = json_object_get(entry, "Pods");
+    int n = 0;
+    size_t i;
+    json_t *p;
+    json_array_foreach(pods, i, p)
+    {
+        const char *uid =
+            meta ? json_string_value(json_object_get(p, "UID"))
+                 : json_string_value(json_object_get(json_object_get(p, "metadata"), "uid"));
+        if (uid != NULL && n < max)
+            uids[n++] = uid;
+    }
+    return n;
+}
+
+static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
+{
+    kgpu_pod *pod = malloc(sizeof(*pod));
+    if (pod == NULL || !read_pod(d, r, VERB_PREEMPT, args, pod)) {
+        free(pod);
+        return;
+    }
+    json_t *victims = json_object_get(args, "NodeNameToMetaVictims");
+    bool meta = json_is_object(victims);
+    if (!meta)
+        victims = json_object_get(args, "NodeNameToVictims");
+    if (victims != NULL && !json_is_null(victims) && !json_is_object(victims)) {
+        free(pod);
+        bad_request(d, r, VERB_PREEMPT, "NodeNameToVictims is not an object");
+        return;
+    }
+    json_t *out = json_object();
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    const char *node;
+    json_t *entry;
+    pthread_mutex_lock(&d->state.mu);
+    int rc = pod->nparts > 0 ? ext_state_compile(&d->state, pod, &err) : 0;
+    json_object_foreach(victims, node, entry)
+    {
+        if (rc != 0)
+            break;
+        const char *uids[512];
+        int nv = victim_uids(entry, meta, uids, 512);
+        bool keep = pod->nparts == 0;
+        int idx = kgpu_cluster_find_node(d->state.cluster, node);
+        if (!keep && idx >= 0) {
+            /* Would the pod fit once the victims that hold GPUs here are gone? */
+            kgpu_assignment *release = calloc((size_t)nv * KGPU_MAX_PARTS + 1, sizeof(*release));
+            int nr = 0;
+            for (int v = 0; v < nv && release != NULL; v++) {
+                const ext_pod *p = kgpu_strmap_get(&d->state.pods, uids[v]);
+                if (p != NULL && strcmp(p->node, node) == 0)
+                    for (int k = 0; k < p->nparts; k++)
+                        release[nr++] = p->part[k].a;
+            }
+            const kgpu_request *reqs[KGPU_MAX_PARTS];
+            for (int k = 0; k < pod->nparts; k++)
+                reqs[k] = &pod->parts[k].req;
+            keep = release != NULL &&
+                   kgpu_fit_all(d->state.cluster, idx, release, nr, reqs, pod->nparts, NULL, 0);
+            free(release);
+        }
+        if (!keep)
+            continue;
+        json_t *pods = json_array();
+        for (int v = 0; v < nv; v++)
+            json_array_append_new(pods, json_pack("{s:s}", "UID", uids[v]));
+        json_t *pdb = json_object_get(entry, "NumPDBViolations");
+        json_object_set_new(
+            out, node,
+            json_pack("{s:o,s:I}", "Pods", pods, "NumPDBViolations",
+                      (json_int_t)(json_is_integer(pdb) ? json_integer_value(pdb) : 0)));
+    }
+    pthread_mutex_unlock(&d->state.mu);
+    free(pod);
+    if (rc != 0) {
+        json_decref(out);
+        bad_request(d, r, VERB_PREEMPT, err.msg);
+        return;
+    }
+    reply_json(r, 200, json_pack("{s:o}", "NodeNameToMetaVictims", out));
+}
+
+json_t *ext_inspect_json(ext_daemon *d, const char *only)
+{
+    ext_state *st = &d->state;
+    json_t *nodes = json_array();
+    int64_t t_gpus = 0, t_mem = 0, t_mem_alloc = 0, t_milli_alloc = 0, t_pods = 0;
+    bool found = false;
+    pthread_mutex_lock(&st->mu);
+    int nn = kgpu_cluster_node_count(st->cluster);
+    /* Pods on each GPU: walk the held pods once. */
+    json_t **gpu_pods = calloc((size_t)nn * KGPU_MAX_GPUS_PER_NODE + 1, sizeof(*gpu_pods));
+    const char *k;
+    void *v;
+    size_t it = 0;
+    while (gpu_pods != NULL && kgpu_strmap_next(&st->pods, &it, &k, &v)) {
+        const ext_pod *p = v;
+        t_pods++;
+        for (int i = 0; i < p->nparts; i++)
+            for (int g = 0; g < p->part[i].a.ngpus; g++) {
+                const kgpu_assignment *a = &p->part[i].a;
+                json_t **slot = &gpu_pods[a->node * KGPU_MAX_GPUS_PER_NODE + a->gpus[g]];
+                if (*slot == NULL)
+                    *slot = json_array();
+                json_array_append_new(
+                    *slot,
+                    json_pack("{s:s,s:s,s:s,s:i,s:I,s:s}", "pod", p->name, "namespace", p->ns,
+                              "container", p->part[i].container, "milli", a->gpu_milli,
+                              "memory_mib", (json_int_t)(a->exclusive ? -1 : a->gpu_memory_mib),
+                              "status", p->status == POD_BOUND ? "bound" : "reserved"));
+            }
+    }
+    for (int i = 0; i < nn; i++) {
+        const kgpu_node *n = kgpu_cluster_node(st->cluster, i);
+        if (only != NULL && strcmp(only, n->name) != 0)
+            continue;
+        found = true;
+        json_t *gpus = json_array();
+        int64_t mem = 0, mem_alloc = 0, milli_alloc = 0;
+        for (int g = 0; g < n->ngpus; g++) {
+            const kgpu_gpu *x = &n->gpus[g];
+            json_t **slot = gpu_pods ? &gpu_pods[i * KGPU_MAX_GPUS_PER_NODE + g] : NULL;
+            json_t *pods = slot && *slot ? *slot : json_array();
+            if (slot)
+                *slot = NULL;
+            int64_t ma = x->memory_mib - x->free_memory_mib;
+            mem += x->memory_mib;
+            mem_alloc += ma;
+            milli_alloc += KGPU_MILLI - x->free_milli;
+            json_array_append_new(gpus, json_pack("{s:i,s:s,s:s,s:I,s:I,s:i,s:i,s:b,s:i,s:o}",
+                                                  "index", x->index, "uuid", x->uuid, "model",
+                                                  kgpu_cluster_model_name(st->cluster, x->model),
+                                                  "memory_mib", (json_int_t)x->memory_mib,
+                                                  "memory_allocated_mib", (json_int_t)ma,
+                                                  "milli_allocated", KGPU_MILLI - x->free_milli,
+                                                  "numa", x->numa, "healthy", x->healthy,
+                                                  "pods_sharing", x->placements, "pods", pods));
+        }
+        t_gpus += n->ngpus;
+        t_mem += mem;
+        t_mem_alloc += mem_alloc;
+        t_milli_alloc += milli_alloc;
+        json_array_append_new(nodes,
+                              json_pack("{s:s,s:i,s:I,s:I,s:I,s:o}", "name", n->name, "gpus_total",
+                                        n->ngpus, "memory_mib", (json_int_t)mem,
+                                        "memory_allocated_mib", (json_int_t)mem_alloc,
+                                        "milli_allocated", (json_int_t)milli_alloc, "gpus", gpus));
+    }
+    for (int i = 0; gpu_pods != NULL && i < nn * KGPU_MAX_GPUS_PER_NODE; i++)
+        json_decref(gpu_pods[i]);
+    free(gpu_pods);
+    pthread_mutex_unlock(&st->mu);
+    if (only != NULL && !found) {
+        json_decref(nodes);
+        return NULL;
+    }
+    if (only != NULL) {
+        json_t *one = json_incref(json_array_get(nodes, 0));
+        json_decref(nodes);
+        return one;
+    }
+    return json_pack("{s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I}}", "nodes", nodes, "totals", "nodes",
+                     (json_int_t)json_array_size(nodes), "gpus", (json_int_t)t_gpus, "memory_mib",
+                     (json_int_t)t_mem, "memory_allocated_mib", (json_int_t)t_mem_alloc,
+                     "milli_allocated", (json_int_t)t_milli_alloc, "pods", (json_int_t)t_pods);
+}
+
+/* The last path segment for POST verbs, so any urlPrefix kube-scheduler uses works. */
+static const char *last_segment(const char *url)
+{
+    const char *s = strrchr(url, '/');
+    return s ? s + 1 : url;
+}
+
+void ext_handle(ext_daemon *d, const char *method, const char *url, const char *body, size_t len,
+                ext_response *r)
+{
+    memset(r, 0, sizeof(*r));
+    if (strcmp(method, "POST") == 0) {
+        const char *verb = last_segment(url);
+        enum ext_verb v = strcmp(verb, "filter") == 0       ? VERB_FILTER
+                          : strcmp(verb, "prioritize") == 0 ? VERB_PRIORITIZE
+                          : strcmp(verb, "bind") == 0       ? VERB_BIND
+                          : strcmp(verb, "preempt") == 0    ? VERB_PREEMPT
+                                                            : VERB_OTHER;
+        if (v == VERB_OTHER) {
+            reply_json(r, 404,
+                       json_pack("{s:s}", "Error",
+                                 "unknown verb; POST filter, "
+                                 "prioritize, bind or preempt"));
+            return;
+        }
+        double t0 = ext_now();
+        atomic_fetch_add(&d->metrics.requests[v], 1);
+        fast_names fast = {NULL, -1};
+        char *copy = NULL, *store = NULL;
+        if (v == VERB_FILTER || v == VERB_PRIORITIZE) {
+            copy = malloc(len + 1);
+            store = malloc(len + 1);
+            if (copy != NULL && store != NULL) {
+                memcpy(copy, body, len);
+                copy[len] = '\0';
+                fast.n = fast_node_names(copy, len, store, &fast.names);
+            }
+        }
+        json_t *args = parse_body(d, r, v, fast.n >= 0 ? copy : body, len);
+        if (args != NULL) {
+            switch (v) {
+            case VERB_FILTER:
+                handle_filter(d, args, &fast, r);
+                break;
+            case VERB_PRIORITIZE:
+                handle_prioritize(d, args, &fast, r);
+                break;
+            case VERB_BIND:
+                handle_bind(d, args, r);
+                break;
+            default:
+                handle_preempt(d, args, r);
+                break;
+            }
+            json_decref(args);
+        }
+        free(fast.names);
+        free(copy);
+        free(store);
+        if (r->body == NULL && r->status == 0)
+            reply_json(r, 500, json_pack("{s:s}", "Error", "out of memory"));
+        ext_metrics_observe(&d->metrics, v, ext_now() - t0);
+        return;
+    }
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        reply_text(r, 405, "method not allowed\n");
+        return;
+    }
+    if (strcmp(url, "/healthz") == 0) {
+        reply_text(r, 200, "ok\n");
+    } else if (strcmp(url, "/readyz") == 0) {
+        bool ready = ext_daemon_ready(d);
+        reply_text(r, ready ? 200 : 503,
+                   ready ? "ok\n"
+                         : "not ready: nodes or pods not listed from the API server yet\n");
+    } else if (strcmp(url, "/version") == 0) {
+        reply_json(r, 200,
+                   json_pack("{s:s,s:s}", "version", KGPU_VERSION, "component", "kgpu-extender"));
+    } else if (strcmp(url, "/metrics") == 0) {
+        r->status = 200;
+        r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+        r->body = ext_metrics_render(d);
+    } else if (strcmp(url, "/inspect") == 0) {
+        reply_json(r, 200, ext_inspect_json(d, NULL));
+    } else if (strncmp(url, "/inspect/", 9) == 0 && url[9] != '\0') {
+        json_t *one = ext_inspect_json(d, url + 9);
+        if (one == NULL)
+            reply_json(r, 404,
+                       json_pack("{s:s,s:s}", "Error", "no such GPU node", "node", url + 9));
+        else
+            reply_json(r, 200, one);
+    } else {
+        reply_text(r, 404, "not found\n");
+    }
+}

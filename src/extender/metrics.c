@@ -1,0 +1,284 @@
+/*
+ * Prometheus text exposition (format 0.0.4) of the extender: request counts
+ * and latency histograms per verb, bind failures by reason, watch restarts,
+ * and from the state, per-GPU allocation and per-namespace GPU-hours.
+ * Counters are atomics updated lock-free; the state part is read under the
+ * state lock and written out after it is released.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ext.h"
+
+static const double bounds[EXT_HIST_BUCKETS] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+
+const char *ext_verb_name(enum ext_verb v)
+{
+    static const char *names[VERB_COUNT] = {"filter", "prioritize", "bind", "preempt", "other"};
+    return v >= 0 && v < VERB_COUNT ? names[v] : "other";
+}
+
+const char *ext_bind_fail_name(enum ext_bind_fail f)
+{
+    static const char *names[BIND_FAIL_COUNT] = {"bad_request",    "unknown_pod",  "unknown_node",
+                                                 "no_fit",         "api_conflict", "api_error",
+                                                 "api_unreachable"};
+    return f >= 0 && f < BIND_FAIL_COUNT ? names[f] : "other";
+}
+
+void ext_metrics_observe(ext_metrics *m, enum ext_verb v, double seconds)
+{
+    ext_hist *h = &m->latency[v];
+    int b = 0;
+    while (b < EXT_HIST_BUCKETS && seconds > bounds[b])
+        b++;
+    atomic_fetch_add(&h->bucket[b], 1);
+    atomic_fetch_add(&h->count, 1);
+    atomic_fetch_add(&h->sum_ns, (unsigned long long)(seconds * 1e9));
+}
+
+typedef struct buf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+} buf;
+
+static void put(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(buf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = b->oom ? -1 : vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = true;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n + 1;
+        char *s = realloc(b->s, cap);
+        if (s == NULL) {
+            b->oom = true;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+/* Label values escaped as the exposition format wants (\\, \", \n). */
+static const char *esc(const char *in, char *out, size_t len)
+{
+    size_t o = 0;
+    for (; *in && o + 2 < len; in++) {
+        if (*in == '\\' || *in == '"') {
+            out[o++] = '\\';
+            out[o++] = *in;
+        } else if (*in == '\n') {
+            out[o++] = '\\';
+            out[o++] = 'n';
+        } else {
+            out[o++] = *in;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+static void render_requests(buf *b, ext_metrics *m)
+{
+    put(b, "# HELP kgpu_extender_requests_total Extender calls by verb.\n"
+           "# TYPE kgpu_extender_requests_total counter\n");
+    for (int v = 0; v < VERB_COUNT - 1; v++)
+        put(b, "kgpu_extender_requests_total{verb=\"%s\"} %llu\n", ext_verb_name(v),
+            atomic_load(&m->requests[v]));
+    put(b, "# HELP kgpu_extender_bad_requests_total Calls refused as malformed, by verb.\n"
+           "# TYPE kgpu_extender_bad_requests_total counter\n");
+    for (int v = 0; v < VERB_COUNT - 1; v++)
+        put(b, "kgpu_extender_bad_requests_total{verb=\"%s\"} %llu\n", ext_verb_name(v),
+            atomic_load(&m->bad_requests[v]));
+    put(b, "# HELP kgpu_extender_request_duration_seconds Time to answer an extender call.\n"
+           "# TYPE kgpu_extender_request_duration_seconds histogram\n");
+    for (int v = 0; v < VERB_COUNT - 1; v++) {
+        ext_hist *h = &m->latency[v];
+        unsigned long long cum = 0;
+        for (int i = 0; i <= EXT_HIST_BUCKETS; i++) {
+            cum += atomic_load(&h->bucket[i]);
+            if (i < EXT_HIST_BUCKETS)
+                put(b,
+                    "kgpu_extender_request_duration_seconds_bucket{verb=\"%s\",le=\"%g\"} %llu\n",
+                    ext_verb_name(v), bounds[i], cum);
+            else
+                put(b,
+                    "kgpu_extender_request_duration_seconds_bucket{verb=\"%s\",le=\"+Inf\"} %llu\n",
+                    ext_verb_name(v), cum);
+        }
+        put(b, "kgpu_extender_request_duration_seconds_sum{verb=\"%s\"} %.9f\n", ext_verb_name(v),
+            (double)atomic_load(&h->sum_ns) / 1e9);
+        put(b, "kgpu_extender_request_duration_seconds_count{verb=\"%s\"} %llu\n", ext_verb_name(v),
+            cum);
+    }
+    put(b, "# HELP kgpu_extender_bind_failures_total Binds that failed, by reason.\n"
+           "# TYPE kgpu_extender_bind_failures_total counter\n");
+    for (int f = 0; f < BIND_FAIL_COUNT; f++)
+        put(b, "kgpu_extender_bind_failures_total{reason=\"%s\"} %llu\n", ext_bind_fail_name(f),
+            atomic_load(&m->bind_failures[f]));
+    put(b, "# HELP kgpu_extender_watch_restarts_total Relists of the API server watch.\n"
+           "# TYPE kgpu_extender_watch_restarts_total counter\n");
+    put(b, "kgpu_extender_watch_restarts_total{resource=\"nodes\"} %llu\n",
+        atomic_load(&m->watch_restarts[0]));
+    put(b, "kgpu_extender_watch_restarts_total{resource=\"pods\"} %llu\n",
+        atomic_load(&m->watch_restarts[1]));
+    put(b, "# HELP kgpu_extender_assignment_conflicts_total Recorded GPU assignments that could "
+           "not be honoured (they would overbook a GPU, or name a GPU that is not there).\n"
+           "# TYPE kgpu_extender_assignment_conflicts_total counter\n");
+    put(b, "kgpu_extender_assignment_conflicts_total %llu\n",
+        atomic_load(&m->assignment_conflicts));
+}
+
+/* Per-GPU figures copied under the state lock, formatted after it is released. */
+typedef struct gpu_row {
+    const char *node, *model; /* into the snapshot's arenas */
+    char uuid[KGPU_UUID_MAX];
+    int index, milli_alloc, placements;
+    long long mem, mem_alloc;
+} gpu_row;
+
+typedef struct snapshot {
+    gpu_row *rows;
+    int n;
+    char *names; /* node names, NUL-separated */
+    char models[KGPU_MAX_MODELS][KGPU_MODEL_NAME_MAX];
+} snapshot;
+
+static bool take_snapshot(const kgpu_cluster *c, snapshot *s)
+{
+    int nn = kgpu_cluster_node_count(c);
+    size_t names = 0;
+    for (int i = 0; i < nn; i++)
+        names += strlen(kgpu_cluster_node(c, i)->name) + 1;
+    s->rows = malloc((size_t)kgpu_cluster_gpu_count(c) * sizeof(*s->rows) + 1);
+    s->names = malloc(names + 1);
+    if (s->rows == NULL || s->names == NULL)
+        return false;
+    for (int m = 0; m < kgpu_cluster_model_count(c) && m < KGPU_MAX_MODELS; m++)
+        snprintf(s->models[m], sizeof(s->models[m]), "%s", kgpu_cluster_model_name(c, m));
+    char *at = s->names;
+    s->n = 0;
+    for (int i = 0; i < nn; i++) {
+        const kgpu_node *n = kgpu_cluster_node(c, i);
+        size_t len = strlen(n->name) + 1;
+        memcpy(at, n->name, len);
+        for (int g = 0; g < n->ngpus; g++) {
+            const kgpu_gpu *x = &n->gpus[g];
+            gpu_row *r = &s->rows[s->n++];
+            r->node = at;
+            r->model = s->models[x->model];
+            memcpy(r->uuid, x->uuid, sizeof(r->uuid));
+            r->index = x->index;
+            r->milli_alloc = KGPU_MILLI - x->free_milli;
+            r->placements = x->placements;
+            r->mem = x->memory_mib;
+            r->mem_alloc = x->memory_mib - x->free_memory_mib;
+        }
+        at += len;
+    }
+    return true;
+}
+
+/* One gauge family over every GPU; `what` picks the value. */
+static void gpu_family(buf *b, const snapshot *s, const char *name, const char *help, int what)
+{
+    put(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    char n1[600], u1[200], m1[200];
+    for (int i = 0; i < s->n; i++) {
+        const gpu_row *r = &s->rows[i];
+        long long v = what == 0   ? r->mem_alloc
+                      : what == 1 ? r->mem
+                      : what == 2 ? r->milli_alloc
+                      : what == 3 ? KGPU_MILLI
+                                  : r->placements;
+        put(b, "%s{node=\"%s\",gpu=\"%d\",uuid=\"%s\",model=\"%s\"} %lld\n", name,
+            esc(r->node, n1, sizeof(n1)), r->index, esc(r->uuid, u1, sizeof(u1)),
+            esc(r->model, m1, sizeof(m1)), v);
+    }
+}
+
+typedef struct ns_row {
+    char ns[KGPU_NAME_MAX + 1];
+    double gpus, hours;
+} ns_row;
+
+char *ext_metrics_render(ext_daemon *d)
+{
+    buf b = {.cap = 1 << 16};
+    b.s = malloc(b.cap);
+    if (b.s == NULL)
+        return NULL;
+    b.s[0] = '\0';
+    render_requests(&b, &d->metrics);
+    ext_state *st = &d->state;
+    snapshot snap;
+    memset(&snap, 0, sizeof(snap));
+    pthread_mutex_lock(&st->mu);
+    ext_state_integrate_usage(st);
+    bool ok = take_snapshot(st->cluster, &snap);
+    size_t nns = st->ns_usage.len, k = 0;
+    ns_row *ns = calloc(nns + 1, sizeof(*ns));
+    const char *key;
+    void *v;
+    size_t it = 0;
+    while (ns != NULL && kgpu_strmap_next(&st->ns_usage, &it, &key, &v) && k < nns) {
+        const ext_ns_usage *u = v;
+        snprintf(ns[k].ns, sizeof(ns[k].ns), "%s", key);
+        ns[k].gpus = u->gpus;
+        ns[k].hours = u->gpu_seconds / 3600.0;
+        k++;
+    }
+    long pods = (long)st->pods.len;
+    pthread_mutex_unlock(&st->mu);
+    if (ok) {
+        gpu_family(&b, &snap, "kgpu_gpu_memory_allocated_mib", "GPU memory allocated to pods, MiB.",
+                   0);
+        gpu_family(&b, &snap, "kgpu_gpu_memory_capacity_mib", "GPU memory, MiB.", 1);
+        gpu_family(&b, &snap, "kgpu_gpu_compute_allocated_milli",
+                   "GPU compute allocated to pods, milli-GPU (1000 = the whole GPU).", 2);
+        gpu_family(&b, &snap, "kgpu_gpu_compute_capacity_milli", "GPU compute, milli-GPU.", 3);
+        gpu_family(&b, &snap, "kgpu_gpu_pods", "Pods holding a share of the GPU.", 4);
+    }
+    free(snap.rows);
+    free(snap.names);
+    char e[600];
+    put(&b, "# HELP kgpu_namespace_gpu_hours_total GPU-hours allocated to pods of the namespace "
+            "(a share counts as its fraction of the GPU, compute or memory whichever is larger).\n"
+            "# TYPE kgpu_namespace_gpu_hours_total counter\n");
+    for (size_t i = 0; ns != NULL && i < k; i++)
+        put(&b, "kgpu_namespace_gpu_hours_total{namespace=\"%s\"} %.9f\n",
+            esc(ns[i].ns, e, sizeof(e)), ns[i].hours);
+    put(&b, "# HELP kgpu_namespace_gpus_allocated GPUs allocated to pods of the namespace now.\n"
+            "# TYPE kgpu_namespace_gpus_allocated gauge\n");
+    for (size_t i = 0; ns != NULL && i < k; i++)
+        put(&b, "kgpu_namespace_gpus_allocated{namespace=\"%s\"} %.6f\n",
+            esc(ns[i].ns, e, sizeof(e)), ns[i].gpus);
+    free(ns);
+    put(&b,
+        "# HELP kgpu_extender_pods Pods holding GPUs.\n# TYPE kgpu_extender_pods gauge\n"
+        "kgpu_extender_pods %ld\n",
+        pods);
+    put(&b,
+        "# HELP kgpu_extender_ready Whether inventory and pods are loaded.\n"
+        "# TYPE kgpu_extender_ready gauge\nkgpu_extender_ready %d\n",
+        ext_daemon_ready(d) ? 1 : 0);
+    if (b.oom || !ok) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}

@@ -1,0 +1,769 @@
+/*
+ * The extender's cluster state: GPU inventory (a core kgpu_cluster), the pods
+ * holding GPUs (reserved by a bind in flight, or bound), pods remembered from
+ * filter for their bind, the workload mix fgd optimises for, and GPU-hours per
+ * namespace. Every function here expects st->mu held by the caller (see ext.h):
+ * all of it is in-memory work, no I/O.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ext.h"
+
+#define TARGET_REBUILD_MIN 32 /* observations between rebuilds of fgd's target workload */
+#define MAX_SHAPES         4096
+
+double ext_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/*
+ * Until pods have been seen, fgd assumes a generic mix of whole GPUs and
+ * shares; from then on, the shapes actually requested (online: only what has
+ * arrived, never the future).
+ */
+static const kgpu_shape prior[] = {
+    {.gpu_milli = 1000, .gpu_count = 1, .models = ~0ULL, .p = 0.35},
+    {.gpu_milli = 500, .gpu_count = 1, .models = ~0ULL, .p = 0.25},
+    {.gpu_milli = 250, .gpu_count = 1, .models = ~0ULL, .p = 0.15},
+    {.gpu_milli = 1000, .gpu_count = 2, .models = ~0ULL, .p = 0.15},
+    {.gpu_milli = 1000, .gpu_count = 4, .models = ~0ULL, .p = 0.10},
+};
+
+typedef ext_shape_info shape_info;
+
+static void free_policies(ext_state *st)
+{
+    for (size_t i = 0; i < sizeof(st->policies) / sizeof(st->policies[0]); i++) {
+        kgpu_policy_free(st->policies[i]);
+        st->policies[i] = NULL;
+    }
+}
+
+static int set_prior(ext_state *st)
+{
+    kgpu_shape *s = malloc(sizeof(prior));
+    if (s == NULL)
+        return KGPU_ENOMEM;
+    memcpy(s, prior, sizeof(prior));
+    kgpu_workload_free(&st->target);
+    st->target.shapes = s;
+    st->target.n = (int)(sizeof(prior) / sizeof(prior[0]));
+    return 0;
+}
+
+int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_error *err)
+{
+    memset(st, 0, sizeof(*st));
+    st->cfg = cfg;
+    st->metrics = m;
+    pthread_mutex_init(&st->mu, NULL);
+    kgpu_strmap_init(&st->shapes);
+    kgpu_strmap_init(&st->pods);
+    kgpu_strmap_init(&st->pending);
+    kgpu_strmap_init(&st->ns_usage);
+    st->pending_order = calloc((size_t)cfg->pending_pods_max, sizeof(char *));
+    st->cluster = kgpu_cluster_new();
+    if (st->cluster == NULL || st->pending_order == NULL || set_prior(st) != 0) {
+        ext_state_destroy(st);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    kgpu_rng_seed(&st->rng, (uint64_t)time(NULL), 7);
+    st->usage_at = ext_now();
+    return 0;
+}
+
+void ext_state_destroy(ext_state *st)
+{
+    free_policies(st);
+    kgpu_cluster_free(st->cluster);
+    kgpu_workload_free(&st->target);
+    const char *k;
+    void *v;
+    size_t i = 0;
+    while (kgpu_strmap_next(&st->pods, &i, &k, &v))
+        free(v);
+    i = 0;
+    while (kgpu_strmap_next(&st->pending, &i, &k, &v))
+        free(v);
+    i = 0;
+    while (kgpu_strmap_next(&st->ns_usage, &i, &k, &v))
+        free(v);
+    kgpu_strmap_clear(&st->pods);
+    kgpu_strmap_clear(&st->pending);
+    kgpu_strmap_clear(&st->ns_usage);
+    kgpu_strmap_clear(&st->shapes);
+    if (st->pending_order != NULL)
+        for (int j = 0; j < st->cfg->pending_pods_max; j++)
+            free(st->pending_order[j]);
+    free(st->pending_order);
+    free(st->shape_info);
+    pthread_mutex_destroy(&st->mu);
+    memset(st, 0, sizeof(*st));
+}
+
+/* ---- GPU-hours per namespace ---- */
+
+void ext_state_integrate_usage(ext_state *st)
+{
+    double now = ext_now(), dt = now - st->usage_at;
+    st->usage_at = now;
+    if (dt <= 0)
+        return;
+    const char *k;
+    void *v;
+    size_t i = 0;
+    while (kgpu_strmap_next(&st->ns_usage, &i, &k, &v)) {
+        ext_ns_usage *u = v;
+        u->gpu_seconds += u->gpus * dt;
+    }
+}
+
+static void usage_add(ext_state *st, const char *ns, double gpus)
+{
+    ext_state_integrate_usage(st);
+    ext_ns_usage *u = kgpu_strmap_get(&st->ns_usage, ns);
+    if (u == NULL) {
+        u = calloc(1, sizeof(*u));
+        if (u == NULL || !kgpu_strmap_put(&st->ns_usage, ns, u, NULL)) {
+            free(u);
+            return;
+        }
+    }
+    u->gpus += gpus;
+    if (u->gpus < 1e-9)
+        u->gpus = 0;
+}
+
+/* The GPU fraction an assignment holds: compute or memory, whichever is larger, per GPU. */
+static double held_gpus(const kgpu_node *n, const kgpu_assignment *a)
+{
+    double sum = 0;
+    for (int i = 0; i < a->ngpus; i++) {
+        const kgpu_gpu *g = &n->gpus[a->gpus[i]];
+        double f = a->exclusive ? 1.0 : a->gpu_milli / 1000.0;
+        if (!a->exclusive && g->memory_mib > 0) {
+            double m = (double)a->gpu_memory_mib / (double)g->memory_mib;
+            if (m > f)
+                f = m;
+        }
+        sum += f;
+    }
+    return sum;
+}
+
+/* ---- the workload fgd optimises for ---- */
+
+static int shape_id(ext_state *st, const kgpu_request *r)
+{
+    char key[160];
+    snprintf(key, sizeof(key), "%d/%d/%d/%" PRId64 "/%" PRIx64 "/%" PRId64, r->exclusive,
+             r->gpu_count, r->gpu_milli, r->gpu_memory_mib, r->models, r->cpu_milli);
+    void *v = kgpu_strmap_get(&st->shapes, key);
+    if (v != NULL)
+        return (int)(intptr_t)v - 1;
+    if (st->nshapes >= MAX_SHAPES)
+        return -1; /* no caching for the long tail */
+    if (st->nshapes == st->shape_cap) {
+        int cap = st->shape_cap ? st->shape_cap * 2 : 64;
+        shape_info *si = realloc(st->shape_info, (size_t)cap * sizeof(*si));
+        if (si == NULL)
+            return -1;
+        st->shape_info = si;
+        st->shape_cap = cap;
+    }
+    int id = st->nshapes;
+    if (!kgpu_strmap_put(&st->shapes, key, (void *)(intptr_t)(id + 1), NULL))
+        return -1;
+    st->shape_info[id].count = 0;
+    st->shape_info[id].s = (kgpu_shape){.cpu_milli = r->cpu_milli,
+                                        .gpu_milli = r->exclusive ? KGPU_MILLI : r->gpu_milli,
+                                        .gpu_count = r->gpu_count,
+                                        .models = r->models};
+    st->nshapes++;
+    return id;
+}
+
+static int cmp_count_desc(const void *x, const void *y)
+{
+    const shape_info *a = x, *b = y;
+    return a->count < b->count ? 1 : a->count > b->count ? -1 : 0;
+}
+
+/* Rebuilds fgd's target from the shapes observed: the most frequent covering 95 %. */
+static void rebuild_target(ext_state *st)
+{
+    if (st->observations == 0)
+        return;
+    shape_info *tmp = malloc((size_t)st->nshapes * sizeof(*tmp));
+    kgpu_shape *out = malloc((size_t)st->nshapes * sizeof(*out));
+    if (tmp == NULL || out == NULL) {
+        free(tmp);
+        free(out);
+        return;
+    }
+    long total = 0;
+    for (int i = 0; i < st->nshapes; i++) {
+        tmp[i] = st->shape_info[i];
+        total += tmp[i].count;
+    }
+    qsort(tmp, (size_t)st->nshapes, sizeof(*tmp), cmp_count_desc);
+    long cum = 0;
+    int n = 0;
+    while (n < st->nshapes && tmp[n].count > 0 && (double)cum < 0.95 * (double)total)
+        cum += tmp[n++].count;
+    for (int i = 0; i < n; i++) {
+        out[i] = tmp[i].s;
+        out[i].p = (double)tmp[i].count / (double)cum;
+    }
+    free(tmp);
+    kgpu_workload_free(&st->target);
+    st->target.shapes = out;
+    st->target.n = n;
+    st->observations_at_build = st->observations;
+    for (size_t i = 0; i < sizeof(st->policies) / sizeof(st->policies[0]); i++)
+        if (st->policies[i] != NULL)
+            kgpu_policy_invalidate(st->policies[i]);
+}
+
+static void observe(ext_state *st, const kgpu_pod *pod)
+{
+    for (int i = 0; i < pod->nparts; i++)
+        if (pod->parts[i].req.shape >= 0)
+            st->shape_info[pod->parts[i].req.shape].count++;
+    st->observations++;
+    long since = st->observations - st->observations_at_build;
+    if (since >= TARGET_REBUILD_MIN && since * 10 >= st->observations_at_build)
+        rebuild_target(st);
+}
+
+int ext_state_compile(ext_state *st, kgpu_pod *pod, kgpu_error *err)
+{
+    for (int i = 0; i < pod->nparts; i++) {
+        kgpu_request *r = &pod->parts[i].req;
+        /* CPU and memory are kube-scheduler's to check: it sees every pod, kgpu only GPU pods. */
+        r->cpu_milli = 0;
+        r->memory_mib = 0;
+        int rc = kgpu_request_compile(st->cluster, r, err);
+        if (rc != 0)
+            return rc;
+        r->shape = shape_id(st, r);
+    }
+    return 0;
+}
+
+kgpu_policy *ext_state_policy(ext_state *st, const kgpu_pod *pod, kgpu_error *err)
+{
+    const char *name = pod->policy[0] ? pod->policy : st->cfg->policy;
+    const kgpu_policy_ops *const *list = kgpu_policy_list();
+    for (int i = 0; list[i] != NULL && i < (int)(sizeof(st->policies) / sizeof(st->policies[0]));
+         i++) {
+        if (strcmp(list[i]->name, name) != 0)
+            continue;
+        if (st->policies[i] == NULL)
+            st->policies[i] = kgpu_policy_new(name, st->cluster, &st->target, err);
+        return st->policies[i];
+    }
+    kgpu_error_set(err, KGPU_EINVAL, "unknown policy '%s' (annotation %s)", name, KGPU_ANN_POLICY);
+    return NULL;
+}
+
+/* ---- pods remembered from filter ---- */
+
+void ext_pod_copy(kgpu_pod *dst, const kgpu_pod *src)
+{
+    *dst = *src;
+    for (int i = 0; i < KGPU_MAX_GLOBS; i++) {
+        dst->allow[i] = dst->allow_buf[i];
+        dst->exclude[i] = dst->exclude_buf[i];
+    }
+    for (int i = 0; i < dst->nparts; i++) {
+        dst->parts[i].req.allow = dst->allow;
+        dst->parts[i].req.exclude = dst->exclude;
+    }
+}
+
+void ext_state_remember(ext_state *st, const kgpu_pod *pod)
+{
+    kgpu_pod *old = kgpu_strmap_get(&st->pending, pod->uid);
+    if (old != NULL) {
+        ext_pod_copy(old, pod); /* a filter retry: newer spec wins, same slot */
+        return;
+    }
+    kgpu_pod *copy = malloc(sizeof(*copy));
+    if (copy == NULL)
+        return;
+    ext_pod_copy(copy, pod);
+    int max = st->cfg->pending_pods_max;
+    if (st->pending_len == max) { /* forget the oldest */
+        char *uid = st->pending_order[st->pending_head];
+        free(kgpu_strmap_del(&st->pending, uid));
+        free(uid);
+        st->pending_order[st->pending_head] = NULL;
+        st->pending_head = (st->pending_head + 1) % max;
+        st->pending_len--;
+    }
+    char *uid = strdup(pod->uid);
+    if (uid == NULL || !kgpu_strmap_put(&st->pending, pod->uid, copy, NULL)) {
+        free(uid);
+        free(copy);
+        return;
+    }
+    st->pending_order[(st->pending_head + st->pending_len) % max] = uid;
+    st->pending_len++;
+    if (kgpu_strmap_get(&st->pods, pod->uid) == NULL)
+        observe(st, copy);
+}
+
+const kgpu_pod *ext_state_recall(ext_state *st, const char *uid)
+{
+    return kgpu_strmap_get(&st->pending, uid);
+}
+
+/* ---- holding and releasing GPUs ---- */
+
+static void hold(ext_state *st, ext_pod *p)
+{
+    const kgpu_node *n =
+        kgpu_cluster_node(st->cluster, kgpu_cluster_find_node(st->cluster, p->node));
+    p->gpus = 0;
+    for (int i = 0; i < p->nparts && n != NULL; i++)
+        p->gpus += held_gpus(n, &p->part[i].a);
+    usage_add(st, p->ns, p->gpus);
+}
+
+static void unhold(ext_state *st, ext_pod *p)
+{
+    for (int i = p->nparts - 1; i >= 0; i--) {
+        kgpu_error err;
+        if (kgpu_cluster_release(st->cluster, &p->part[i].a, &err) != 0)
+            ext_log(EXT_ERROR, "release of %s/%s failed: %s", p->ns, p->name, err.msg);
+    }
+    usage_add(st, p->ns, -p->gpus);
+}
+
+static ext_pod *new_pod(int nparts)
+{
+    return calloc(1, sizeof(ext_pod) + (size_t)(nparts > 0 ? nparts : 1) * sizeof(ext_pod_part));
+}
+
+int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, const ext_pod **out,
+                      kgpu_error *err)
+{
+    ext_pod *held = kgpu_strmap_get(&st->pods, pod->uid);
+    if (held != NULL) {
+        *out = held;
+        return kgpu_error_set(err, KGPU_EEXIST, "pod %s/%s already holds GPUs on %s", pod->ns,
+                              pod->name, held->node);
+    }
+    int idx = kgpu_cluster_find_node(st->cluster, node);
+    if (idx < 0)
+        return kgpu_error_set(err, KGPU_ENOENT, "node %s has no GPU inventory known to kgpu", node);
+    kgpu_policy *pol = ext_state_policy(st, pod, err);
+    if (pol == NULL)
+        return err ? err->code : KGPU_EINVAL;
+    ext_pod *p = new_pod(pod->nparts);
+    if (p == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    snprintf(p->uid, sizeof(p->uid), "%s", pod->uid);
+    snprintf(p->ns, sizeof(p->ns), "%.63s", pod->ns);
+    snprintf(p->name, sizeof(p->name), "%s", pod->name);
+    snprintf(p->node, sizeof(p->node), "%s", node);
+    p->status = POD_RESERVED;
+    int rc = 0;
+    for (int i = 0; i < pod->nparts; i++) {
+        int chosen, gpus[KGPU_MAX_GPUS_PER_NODE];
+        const kgpu_request *r = &pod->parts[i].req;
+        rc = kgpu_policy_select(pol, st->cluster, r, &idx, 1, &st->rng, &chosen, gpus, err);
+        if (rc == KGPU_ENOFIT) {
+            char why[256];
+            kgpu_fit(st->cluster, idx, r, why, sizeof(why));
+            kgpu_error_set(err, rc, "container %s does not fit node %s: %s",
+                           pod->parts[i].container, node, why);
+        }
+        if (rc == 0)
+            rc = kgpu_cluster_apply(st->cluster, r, idx, gpus, &p->part[i].a, err);
+        if (rc != 0)
+            break;
+        snprintf(p->part[i].container, sizeof(p->part[i].container), "%.63s",
+                 pod->parts[i].container);
+        p->nparts = i + 1;
+    }
+    if (rc != 0 || !kgpu_strmap_put(&st->pods, p->uid, p, NULL)) {
+        for (int i = p->nparts - 1; i >= 0; i--) /* the parts applied so far */
+            kgpu_cluster_release(st->cluster, &p->part[i].a, NULL);
+        free(p);
+        return rc != 0 ? rc : kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    hold(st, p);
+    *out = p;
+    return 0;
+}
+
+void ext_state_confirm(ext_state *st, const char *uid)
+{
+    ext_pod *p = kgpu_strmap_get(&st->pods, uid);
+    if (p != NULL)
+        p->status = POD_BOUND;
+}
+
+void ext_state_release(ext_state *st, const char *uid)
+{
+    ext_pod *p = kgpu_strmap_del(&st->pods, uid);
+    if (p == NULL)
+        return;
+    unhold(st, p);
+    free(p);
+}
+
+/* ---- what the API server says ---- */
+
+/* Position of GPU `index` (or `uuid`) on node n, or -1. */
+static int gpu_position(const kgpu_node *n, int index, const char *uuid)
+{
+    if (uuid != NULL && uuid[0] != '\0')
+        for (int i = 0; i < n->ngpus; i++)
+            if (strcmp(n->gpus[i].uuid, uuid) == 0)
+                return i;
+    for (int i = 0; i < n->ngpus; i++)
+        if (n->gpus[i].index == index)
+            return i;
+    return -1;
+}
+
+/* Applies a bound pod's recorded assignment exactly; on conflict nothing is held. */
+static void adopt(ext_state *st, const kgpu_pod *pod, const kgpu_assigned_part *parts, int n)
+{
+    int idx = kgpu_cluster_find_node(st->cluster, pod->node);
+    if (idx < 0) {
+        ext_log(EXT_WARN, "pod %s/%s holds GPUs on %s, a node kgpu does not know", pod->ns,
+                pod->name, pod->node);
+        return;
+    }
+    const kgpu_node *node = kgpu_cluster_node(st->cluster, idx);
+    ext_pod *p = new_pod(n);
+    if (p == NULL)
+        return;
+    snprintf(p->uid, sizeof(p->uid), "%s", pod->uid);
+    snprintf(p->ns, sizeof(p->ns), "%.63s", pod->ns);
+    snprintf(p->name, sizeof(p->name), "%s", pod->name);
+    snprintf(p->node, sizeof(p->node), "%s", pod->node);
+    p->status = POD_BOUND;
+    const char *problem = NULL;
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    for (int i = 0; i < n && problem == NULL; i++) {
+        const kgpu_assigned_part *ap = &parts[i];
+        kgpu_request r;
+        memset(&r, 0, sizeof(r));
+        r.gpu_count = ap->ngpus;
+        r.exclusive = ap->exclusive;
+        r.gpu_milli = ap->exclusive ? KGPU_MILLI : (ap->ngpus > 0 ? ap->gpus[0].milli : 0);
+        r.gpu_memory_mib = ap->exclusive || ap->ngpus == 0 ? 0 : ap->gpus[0].memory_mib;
+        r.models = ~0ULL;
+        r.shape = -1;
+        int pos[KGPU_MAX_GPUS_PER_NODE];
+        for (int g = 0; g < ap->ngpus && problem == NULL; g++) {
+            pos[g] = gpu_position(node, ap->gpus[g].index, ap->gpus[g].uuid);
+            if (pos[g] < 0)
+                problem = "names a GPU the node does not have";
+            else if (!ap->exclusive && (ap->gpus[g].milli != r.gpu_milli ||
+                                        ap->gpus[g].memory_mib != r.gpu_memory_mib))
+                problem = "gives its GPUs unequal amounts";
+        }
+        if (problem == NULL &&
+            kgpu_cluster_apply(st->cluster, &r, idx, pos, &p->part[i].a, &err) != 0)
+            problem = err.msg;
+        if (problem == NULL) {
+            snprintf(p->part[i].container, sizeof(p->part[i].container), "%.63s", ap->container);
+            p->nparts = i + 1;
+        }
+    }
+    if (problem != NULL || !kgpu_strmap_put(&st->pods, p->uid, p, NULL)) {
+        atomic_fetch_add(&st->metrics->assignment_conflicts, 1);
+        ext_log(EXT_ERROR,
+                "pod %s/%s: its GPU assignment on %s cannot be honoured (%s); not counted", pod->ns,
+                pod->name, pod->node, problem ? problem : "out of memory");
+        for (int i = p->nparts - 1; i >= 0; i--)
+            kgpu_cluster_release(st->cluster, &p->part[i].a, NULL);
+        free(p);
+        return;
+    }
+    hold(st, p);
+}
+
+void ext_state_pod_seen(ext_state *st, const json_t *json)
+{
+    kgpu_pod pod;
+    kgpu_error err;
+    if (kgpu_pod_from_json(json, st->cfg->memory_unit_mib, &pod, &err) != 0) {
+        ext_log(EXT_DEBUG, "ignoring a pod kgpu cannot read: %s", err.msg);
+        return;
+    }
+    ext_pod *held = kgpu_strmap_get(&st->pods, pod.uid);
+    if (pod.terminal) {
+        ext_state_release(st, pod.uid);
+        return;
+    }
+    if (pod.node[0] == '\0' || !pod.has_assignment)
+        return; /* not bound, or not by kgpu: a reservation in flight stays as it is */
+    if (held != NULL) {
+        if (held->status == POD_RESERVED && strcmp(held->node, pod.node) == 0)
+            held->status = POD_BOUND; /* our bind, confirmed by the watch */
+        return;
+    }
+    const json_t *ann = json_object_get(json_object_get(json, "metadata"), "annotations");
+    const char *text = json_string_value(json_object_get(ann, KGPU_ANN_ASSIGNMENT));
+    const char *anode = json_string_value(json_object_get(ann, KGPU_ANN_NODE));
+    if (text == NULL)
+        return;
+    if (anode != NULL && strcmp(anode, pod.node) != 0) {
+        ext_log(EXT_WARN, "pod %s/%s: assignment is for node %s but the pod runs on %s; ignored",
+                pod.ns, pod.name, anode, pod.node);
+        return;
+    }
+    kgpu_assigned_part *parts = calloc(KGPU_MAX_PARTS, sizeof(*parts));
+    int n = 0;
+    if (parts == NULL)
+        return;
+    if (kgpu_assignment_parse(text, parts, KGPU_MAX_PARTS, &n, &err) != 0) {
+        atomic_fetch_add(&st->metrics->assignment_conflicts, 1);
+        ext_log(EXT_ERROR, "pod %s/%s: malformed %s annotation: %s", pod.ns, pod.name,
+                KGPU_ANN_ASSIGNMENT, err.msg);
+        free(parts);
+        return;
+    }
+    if (kgpu_strmap_get(&st->pending, pod.uid) == NULL) {
+        ext_state_compile(st, &pod, &err);
+        observe(st, &pod);
+    }
+    adopt(st, &pod, parts, n);
+    free(parts);
+}
+
+void ext_state_pod_gone(ext_state *st, const char *uid)
+{
+    ext_state_release(st, uid);
+}
+
+void ext_state_pods_reset(ext_state *st, json_t *items)
+{
+    /* Bound pods the list no longer has are gone; reservations in flight stay. */
+    kgpu_strmap present;
+    kgpu_strmap_init(&present);
+    size_t i;
+    json_t *item;
+    json_array_foreach(items, i, item)
+    {
+        const char *uid =
+            json_string_value(json_object_get(json_object_get(item, "metadata"), "uid"));
+        if (uid != NULL)
+            kgpu_strmap_put(&present, uid, (void *)1, NULL);
+    }
+    const char *k;
+    void *v;
+    size_t it = 0;
+    char **gone = NULL;
+    size_t ngone = 0;
+    while (kgpu_strmap_next(&st->pods, &it, &k, &v)) {
+        const ext_pod *p = v;
+        if (p->status == POD_BOUND && kgpu_strmap_get(&present, k) == NULL) {
+            char **g = realloc(gone, (ngone + 1) * sizeof(*g));
+            if (g == NULL)
+                break;
+            gone = g;
+            gone[ngone++] = strdup(k);
+        }
+    }
+    for (size_t j = 0; j < ngone; j++) {
+        if (gone[j] != NULL)
+            ext_state_release(st, gone[j]);
+        free(gone[j]);
+    }
+    free(gone);
+    kgpu_strmap_clear(&present);
+    json_array_foreach(items, i, item) ext_state_pod_seen(st, item);
+}
+
+/* ---- nodes ---- */
+
+/* The spec of an existing node, pointing into the cluster (valid until it changes). */
+static void spec_of(const kgpu_cluster *c, const kgpu_node *n, kgpu_node_spec *spec,
+                    kgpu_gpu_spec *gpus)
+{
+    memset(spec, 0, sizeof(*spec));
+    spec->name = n->name;
+    spec->cpu_milli = n->cpu_milli;
+    spec->memory_mib = n->memory_mib;
+    spec->labels = n->labels;
+    spec->nlabels = n->nlabels;
+    for (int i = 0; i < n->ngpus; i++) {
+        gpus[i] = (kgpu_gpu_spec){.index = n->gpus[i].index,
+                                  .uuid = n->gpus[i].uuid,
+                                  .model = kgpu_cluster_model_name(c, n->gpus[i].model),
+                                  .memory_mib = n->gpus[i].memory_mib,
+                                  .numa = n->gpus[i].numa,
+                                  .healthy = n->gpus[i].healthy};
+    }
+    spec->gpus = gpus;
+    spec->ngpus = n->ngpus;
+}
+
+/* Device indexes (not positions) of a held assignment, to survive a rebuild. */
+typedef struct held_ref {
+    ext_pod *p;
+    int index[KGPU_MAX_PARTS][KGPU_MAX_GPUS_PER_NODE];
+} held_ref;
+
+int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_error *err)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    if (c == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        if (kgpu_cluster_add_node(c, &specs[i], err) < 0) {
+            kgpu_cluster_free(c);
+            return err ? err->code : KGPU_EINVAL;
+        }
+    }
+    /* Carry every held pod over by GPU device index. */
+    size_t npods = st->pods.len, k = 0, it = 0;
+    held_ref *refs = calloc(npods ? npods : 1, sizeof(*refs));
+    if (refs == NULL) {
+        kgpu_cluster_free(c);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    const char *key;
+    void *v;
+    while (kgpu_strmap_next(&st->pods, &it, &key, &v) && k < npods) {
+        ext_pod *p = v;
+        const kgpu_node *old = kgpu_cluster_node(st->cluster, p->part[0].a.node);
+        refs[k].p = p;
+        for (int i = 0; i < p->nparts && old != NULL; i++)
+            for (int g = 0; g < p->part[i].a.ngpus; g++)
+                refs[k].index[i][g] = old->gpus[p->part[i].a.gpus[g]].index;
+        k++;
+    }
+    ext_state_integrate_usage(st);
+    kgpu_cluster *old = st->cluster;
+    st->cluster = c;
+    free_policies(st); /* their caches are keyed by node positions of the old cluster */
+    for (size_t j = 0; j < k; j++) {
+        ext_pod *p = refs[j].p;
+        int idx = kgpu_cluster_find_node(c, p->node);
+        const kgpu_node *node = kgpu_cluster_node(c, idx);
+        bool ok = node != NULL;
+        int applied = 0;
+        for (int i = 0; i < p->nparts && ok; i++) {
+            kgpu_request r;
+            memset(&r, 0, sizeof(r));
+            r.gpu_count = p->part[i].a.ngpus;
+            r.exclusive = p->part[i].a.exclusive;
+            r.gpu_milli = p->part[i].a.gpu_milli;
+            r.gpu_memory_mib = p->part[i].a.exclusive ? 0 : p->part[i].a.gpu_memory_mib;
+            r.models = ~0ULL;
+            r.shape = -1;
+            int pos[KGPU_MAX_GPUS_PER_NODE];
+            for (int g = 0; g < r.gpu_count && ok; g++)
+                ok = (pos[g] = gpu_position(node, refs[j].index[i][g], NULL)) >= 0;
+            ok = ok && kgpu_cluster_apply(c, &r, idx, pos, &p->part[i].a, NULL) == 0;
+            applied += ok;
+        }
+        if (!ok) {
+            ext_log(EXT_WARN, "pod %s/%s no longer fits node %s after an inventory change; dropped",
+                    p->ns, p->name, p->node);
+            for (int i = applied - 1; i >= 0; i--)
+                kgpu_cluster_release(c, &p->part[i].a, NULL);
+            usage_add(st, p->ns, -p->gpus);
+            kgpu_strmap_del(&st->pods, p->uid);
+            free(p);
+        }
+    }
+    free(refs);
+    kgpu_cluster_free(old);
+    return 0;
+}
+
+/* Rebuilds with every current node, `spec` replacing (or joining) its namesake, `drop` left out. */
+static int rebuild_with(ext_state *st, const kgpu_node_spec *spec, const char *drop,
+                        kgpu_error *err)
+{
+    int n = kgpu_cluster_node_count(st->cluster);
+    kgpu_node_spec *specs = calloc((size_t)n + 1, sizeof(*specs));
+    kgpu_gpu_spec(*gpus)[KGPU_MAX_GPUS_PER_NODE] = calloc((size_t)n + 1, sizeof(*gpus));
+    if (specs == NULL || gpus == NULL) {
+        free(specs);
+        free(gpus);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    int m = 0;
+    bool replaced = false;
+    for (int i = 0; i < n; i++) {
+        const kgpu_node *node = kgpu_cluster_node(st->cluster, i);
+        if (drop != NULL && strcmp(node->name, drop) == 0)
+            continue;
+        if (spec != NULL && strcmp(node->name, spec->name) == 0) {
+            specs[m++] = *spec;
+            replaced = true;
+            continue;
+        }
+        spec_of(st->cluster, node, &specs[m], gpus[m]);
+        m++;
+    }
+    if (spec != NULL && !replaced)
+        specs[m++] = *spec;
+    /* The specs point into the old cluster, which ext_state_set_nodes frees last. */
+    int rc = ext_state_set_nodes(st, specs, m, err);
+    free(specs);
+    free(gpus);
+    return rc;
+}
+
+static bool same_inventory(const kgpu_cluster *c, const kgpu_node *n, const kgpu_node_spec *s)
+{
+    if (n->ngpus != s->ngpus || n->cpu_milli != s->cpu_milli || n->memory_mib != s->memory_mib)
+        return false;
+    for (int i = 0; i < n->ngpus; i++) {
+        const kgpu_gpu *g = &n->gpus[i];
+        const kgpu_gpu_spec *t = &s->gpus[i];
+        if (g->index != t->index || g->memory_mib != t->memory_mib || g->numa != t->numa ||
+            strcmp(g->uuid, t->uuid ? t->uuid : "") != 0 ||
+            strcmp(kgpu_cluster_model_name(c, g->model), t->model) != 0)
+            return false;
+    }
+    return true;
+}
+
+int ext_state_upsert_node(ext_state *st, const kgpu_node_spec *spec, kgpu_error *err)
+{
+    int idx = kgpu_cluster_find_node(st->cluster, spec->name);
+    if (idx < 0) {
+        if (spec->ngpus == 0)
+            return 0; /* not a GPU node: nothing for kgpu to track */
+        int rc = kgpu_cluster_add_node(st->cluster, spec, err);
+        return rc < 0 ? rc : 0;
+    }
+    const kgpu_node *n = kgpu_cluster_node(st->cluster, idx);
+    if (same_inventory(st->cluster, n, spec)) {
+        for (int i = 0; i < n->ngpus; i++)
+            if (n->gpus[i].healthy != spec->gpus[i].healthy)
+                kgpu_cluster_set_gpu_health(st->cluster, idx, i, spec->gpus[i].healthy, NULL);
+        return 0;
+    }
+    if (spec->ngpus == 0)
+        return ext_state_remove_node(st, spec->name);
+    return rebuild_with(st, spec, NULL, err);
+}
+
+int ext_state_remove_node(ext_state *st, const char *name)
+{
+    if (kgpu_cluster_find_node(st->cluster, name) < 0)
+        return 0;
+    return rebuild_with(st, NULL, name, NULL);
+}
