@@ -1,0 +1,217 @@
+/*
+ * `kgpu inspect` (also `kubectl kgpu inspect`): what the extender knows about
+ * GPU sharing, as a table per node and GPU. Talks to the extender's /inspect
+ * directly (--server), or through the API server's service proxy when a
+ * kubeconfig is at hand, so it works wherever kubectl does.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "k8s.h"
+
+#define PROXY "/api/v1/namespaces/%s/services/%s:%d/proxy"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kgpu inspect [NODE] [--detail] [--server URL | --kubeconfig FILE]\n"
+               "                    [--namespace NS] [--json]\n"
+               "\n"
+               "Shows GPU sharing as the extender sees it: memory and compute allocated on each\n"
+               "GPU, the pods on it, and cluster totals.\n"
+               "  --server URL      the extender itself, e.g. http://127.0.0.1:12346\n"
+               "  --kubeconfig FILE reach it through the API server's service proxy\n"
+               "                    (default: $KUBECONFIG or ~/.kube/config when --server is not\n"
+               "                    given)\n"
+               "  --namespace NS    where the kgpu-extender Service runs (default kgpu-system)\n"
+               "  --detail          list the pods on each GPU\n"
+               "  --json            print the extender's JSON as is\n");
+}
+
+static int64_t jint(json_t *o, const char *k)
+{
+    return json_integer_value(json_object_get(o, k));
+}
+
+static void pct(char *buf, size_t len, int64_t part, int64_t whole)
+{
+    snprintf(buf, len, "%3" PRId64 "%%", whole > 0 ? part * 100 / whole : 0);
+}
+
+static void print_node(json_t *node, bool detail)
+{
+    const char *name = json_string_value(json_object_get(node, "name"));
+    json_t *gpus = json_object_get(node, "gpus");
+    size_t i;
+    json_t *g;
+    json_array_foreach(gpus, i, g)
+    {
+        char mem[64], mp[24], cp[24];
+        int64_t ma = jint(g, "memory_allocated_mib"), mt = jint(g, "memory_mib");
+        int64_t ca = jint(g, "milli_allocated");
+        pct(mp, sizeof(mp), ma, mt);
+        pct(cp, sizeof(cp), ca, 1000);
+        snprintf(mem, sizeof(mem), "%" PRId64 "/%" PRId64, ma, mt);
+        printf("%-24s %3" PRId64 "  %-22s %17s %s  %4" PRId64 "/1000 %s  %4zu%s\n",
+               i == 0 ? name : "", jint(g, "index"), json_string_value(json_object_get(g, "model")),
+               mem, mp, ca, cp, json_array_size(json_object_get(g, "pods")),
+               json_is_false(json_object_get(g, "healthy")) ? "  UNHEALTHY" : "");
+        if (!detail)
+            continue;
+        size_t k;
+        json_t *p;
+        json_array_foreach(json_object_get(g, "pods"), k, p)
+        {
+            int64_t m = jint(p, "memory_mib");
+            char amount[64];
+            if (m < 0)
+                snprintf(amount, sizeof(amount), "whole GPU");
+            else
+                snprintf(amount, sizeof(amount), "%" PRId64 " MiB, %" PRId64 " milli", m,
+                         jint(p, "milli"));
+            printf("%-24s      %s/%s (%s): %s%s\n", "",
+                   json_string_value(json_object_get(p, "namespace")),
+                   json_string_value(json_object_get(p, "pod")),
+                   json_string_value(json_object_get(p, "container")), amount,
+                   strcmp(json_string_value(json_object_get(p, "status")) ?: "", "reserved") == 0
+                       ? " [binding]"
+                       : "");
+        }
+    }
+}
+
+int kgpu_cmd_inspect(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"server", required_argument, NULL, 's'},
+        {"kubeconfig", required_argument, NULL, 'k'},
+        {"namespace", required_argument, NULL, 'n'},
+        {"detail", no_argument, NULL, 'd'},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *server = getenv("KGPU_EXTENDER"), *kubeconfig = NULL, *ns = "kgpu-system";
+    bool detail = false, raw = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's':
+            server = optarg;
+            break;
+        case 'k':
+            kubeconfig = optarg;
+            break;
+        case 'n':
+            ns = optarg;
+            break;
+        case 'd':
+            detail = true;
+            break;
+        case 'j':
+            raw = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    const char *node = optind < argc ? argv[optind++] : NULL;
+    if (optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    kgpu_k8s_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    char prefix[512] = "";
+    int rc;
+    if (server != NULL && kubeconfig == NULL) {
+        snprintf(cfg.server, sizeof(cfg.server), "%s", server);
+        size_t l = strlen(cfg.server);
+        while (l > 0 && cfg.server[l - 1] == '/')
+            cfg.server[--l] = '\0';
+        rc = 0;
+    } else {
+        char path[1024];
+        const char *home = getenv("HOME"), *env = getenv("KUBECONFIG");
+        if (kubeconfig == NULL && env != NULL && *env) {
+            snprintf(path, sizeof(path), "%s", env);
+            char *colon = strchr(path, ':'); /* a list: the first file */
+            if (colon)
+                *colon = '\0';
+            kubeconfig = path;
+        } else if (kubeconfig == NULL && home != NULL) {
+            snprintf(path, sizeof(path), "%s/.kube/config", home);
+            kubeconfig = access(path, R_OK) == 0 ? path : NULL;
+        }
+        if (kubeconfig == NULL) {
+            snprintf(cfg.server, sizeof(cfg.server), "http://127.0.0.1:12346");
+            rc = 0;
+        } else {
+            rc = kgpu_k8s_config_kubeconfig(kubeconfig, &cfg, &err);
+            snprintf(prefix, sizeof(prefix), PROXY, ns, "kgpu-extender", 12346);
+        }
+    }
+    kgpu_k8s *k = rc == 0 ? kgpu_k8s_new(&cfg, &err) : NULL;
+    kgpu_k8s_config_clear(&cfg);
+    if (k == NULL) {
+        fprintf(stderr, "kgpu inspect: %s\n", err.msg);
+        return 1;
+    }
+    char url[1024];
+    snprintf(url, sizeof(url), "%s/inspect%s%s", prefix, node ? "/" : "", node ? node : "");
+    kgpu_http_resp resp = {0};
+    rc = kgpu_k8s_request(k, "GET", url, NULL, NULL, &resp, &err);
+    kgpu_k8s_free(k);
+    if (rc != 0 || resp.status != 200) {
+        if (rc != 0)
+            fprintf(stderr, "kgpu inspect: %s\n", err.msg);
+        else
+            fprintf(stderr, "kgpu inspect: %s answered %ld: %.300s\n", url, resp.status,
+                    resp.body ? resp.body : "");
+        free(resp.body);
+        return 1;
+    }
+    if (raw) {
+        fputs(resp.body, stdout);
+        fputc('\n', stdout);
+        free(resp.body);
+        return 0;
+    }
+    json_t *doc = json_loads(resp.body, 0, NULL);
+    free(resp.body);
+    if (doc == NULL) {
+        fprintf(stderr, "kgpu inspect: the extender's answer is not JSON\n");
+        return 1;
+    }
+    printf("%-24s %3s  %-22s %22s  %14s  %4s\n", "NODE", "GPU", "MODEL", "MEMORY MiB (alloc/total)",
+           "COMPUTE milli", "PODS");
+    if (node != NULL) {
+        print_node(doc, detail);
+    } else {
+        size_t i;
+        json_t *n;
+        json_array_foreach(json_object_get(doc, "nodes"), i, n) print_node(n, detail);
+        json_t *t = json_object_get(doc, "totals");
+        char mp[24], cp[24];
+        pct(mp, sizeof(mp), jint(t, "memory_allocated_mib"), jint(t, "memory_mib"));
+        pct(cp, sizeof(cp), jint(t, "milli_allocated"), jint(t, "gpus") * 1000);
+        printf("\ncluster: %" PRId64 " nodes, %" PRId64 " GPUs, %" PRId64 " pods holding GPUs\n"
+               "GPU memory allocated: %" PRId64 "/%" PRId64 " MiB (%s)\n"
+               "GPU compute allocated: %" PRId64 "/%" PRId64 " milli (%s)\n",
+               jint(t, "nodes"), jint(t, "gpus"), jint(t, "pods"), jint(t, "memory_allocated_mib"),
+               jint(t, "memory_mib"), mp, jint(t, "milli_allocated"), jint(t, "gpus") * 1000, cp);
+    }
+    json_decref(doc);
+    return 0;
+}
