@@ -152,6 +152,134 @@ static const char *const policy_names[] = {"random",  "dotprod", "clustering", "
                                            "bestfit", "fgd",     "binpack",    "spread"};
 #define NPOLICIES ((int)(sizeof(policy_names) / sizeof(policy_names[0])))
 
+/* ---- what the extender adds: several requests at once, NUMA, binpack/spread ------------- */
+
+/* kgpu_fit_all: a pod's GPU containers together, optionally after undoing placements. */
+static void test_fit_all(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    int n = add_node(c, "n", 64000, 2, A100);
+    kgpu_request half = share_req(c, 0, 1, 500), whole = whole_req(c, 0, 1);
+    const kgpu_request *two_halves[] = {&half, &half};
+    const kgpu_request *half_and_whole[] = {&half, &whole};
+    const kgpu_request *three[] = {&whole, &whole, &half};
+    char why[256];
+    assert_true(kgpu_fit_all(c, n, NULL, 0, two_halves, 2, why, sizeof(why)));
+    assert_true(kgpu_fit_all(c, n, NULL, 0, half_and_whole, 2, why, sizeof(why)));
+    assert_false(kgpu_fit_all(c, n, NULL, 0, three, 3, why, sizeof(why)));
+    assert_non_null(strstr(why, "container 3 of 3"));
+    /* The cluster is untouched by the check. */
+    const kgpu_node *node = kgpu_cluster_node(c, n);
+    assert_int_equal(node->gpus[0].free_milli + node->gpus[1].free_milli, 2000);
+    assert_int_equal(node->version, 0);
+    /* A whole GPU taken: a half and a whole no longer fit, unless that placement is undone. */
+    int g0[] = {0};
+    kgpu_assignment held = apply_ok(c, &whole, n, g0);
+    assert_false(kgpu_fit_all(c, n, NULL, 0, half_and_whole, 2, why, sizeof(why)));
+    assert_true(kgpu_fit_all(c, n, &held, 1, half_and_whole, 2, why, sizeof(why)));
+    assert_int_equal(kgpu_cluster_node(c, n)->gpus[0].free_milli, 0); /* still held */
+    /* Undoing something not held on that node is refused, with a reason. */
+    kgpu_assignment bogus = held;
+    bogus.gpus[0] = 1;
+    assert_false(kgpu_fit_all(c, n, &bogus, 1, half_and_whole, 2, why, sizeof(why)));
+    assert_non_null(strstr(why, "not held"));
+    kgpu_cluster_free(c);
+}
+
+/* Several GPUs for one request come from one NUMA node when one can serve them. */
+static void test_numa_local(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    kgpu_gpu_spec g[8];
+    for (int i = 0; i < 8; i++)
+        g[i] = (kgpu_gpu_spec){
+            .index = i, .model = A100, .memory_mib = 32768, .numa = i / 4, .healthy = true};
+    kgpu_node_spec spec = {
+        .name = "numa", .cpu_milli = 64000, .memory_mib = 1 << 20, .gpus = g, .ngpus = 8};
+    int n = kgpu_cluster_add_node(c, &spec, NULL);
+    assert_true(n >= 0);
+    kgpu_request one = whole_req(c, 0, 1), two = whole_req(c, 0, 2), four = whole_req(c, 0, 4);
+    /* Take GPUs 0 and 4: each NUMA node keeps three free. */
+    int a[] = {0}, b[] = {4};
+    apply_ok(c, &one, n, a);
+    apply_ok(c, &one, n, b);
+    const kgpu_node *node = kgpu_cluster_node(c, n);
+    int got[4];
+    assert_int_equal(kgpu__pick_best_fit(node, &two, got), 0);
+    assert_int_equal(node->gpus[got[0]].numa, node->gpus[got[1]].numa);
+    /* Four GPUs fit in no single NUMA node now: any four free ones. */
+    assert_int_equal(kgpu__pick_best_fit(node, &four, got), 0);
+    int numa0 = 0;
+    for (int i = 0; i < 4; i++) {
+        assert_true(got[i] != 0 && got[i] != 4);
+        numa0 += node->gpus[got[i]].numa == 0;
+    }
+    assert_true(numa0 > 0 && numa0 < 4);
+    /* Shares spread over two GPUs stay within one NUMA node too. */
+    kgpu_request spread2 = share_req(c, 0, 2, 300);
+    assert_int_equal(kgpu__pick_best_fit(node, &spread2, got), 0);
+    assert_int_equal(node->gpus[got[0]].numa, node->gpus[got[1]].numa);
+    assert_int_equal(kgpu__pick_loosest(node, &spread2, got), 0);
+    assert_int_equal(node->gpus[got[0]].numa, node->gpus[got[1]].numa);
+    kgpu_cluster_free(c);
+}
+
+/* binpack fills the fuller node and GPU; spread the emptier. */
+static void test_binpack_spread(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    int busy = add_node(c, "busy", 64000, 2, A100);
+    int idle = add_node(c, "idle", 64000, 2, A100);
+    kgpu_request quarter = share_req(c, 0, 1, 250);
+    int g0[] = {0};
+    apply_ok(c, &quarter, busy, g0);
+    kgpu_policy *bp = policy_new("binpack", c, NULL), *sp = policy_new("spread", c, NULL);
+    int got[1];
+    assert_int_equal(select_node(bp, c, &quarter, NULL, 0, 1, got), busy);
+    assert_int_equal(got[0], 0); /* onto the GPU already shared */
+    assert_int_equal(select_node(sp, c, &quarter, NULL, 0, 1, got), idle);
+    int only_busy[] = {busy};
+    assert_int_equal(select_node(sp, c, &quarter, only_busy, 1, 1, got), busy);
+    assert_int_equal(got[0], 1); /* the empty GPU of the busy node */
+    int scores[2], both[] = {busy, idle};
+    node_scores(bp, c, &quarter, both, 2, scores);
+    assert_true(scores[0] == 10 && scores[1] == 0);
+    node_scores(sp, c, &quarter, both, 2, scores);
+    assert_true(scores[0] == 0 && scores[1] == 10);
+    kgpu_policy_free(bp);
+    kgpu_policy_free(sp);
+    kgpu_cluster_free(c);
+}
+
+/* After the target workload changes in place, fgd must not answer from stale caches. */
+static void test_fgd_invalidate(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    int a = add_node(c, "a", 64000, 1, A100);
+    int b = add_node(c, "b", 64000, 1, A100);
+    kgpu_request quarter = share_req(c, 0, 1, 250);
+    quarter.shape = 0;
+    int g0[] = {0};
+    apply_ok(c, &quarter, a, g0); /* a: 750 free; b: 1000 free */
+    /* Target: whole GPUs only. A quarter on b would break b's whole GPU: a is better. */
+    kgpu_shape whole_only[] = {{.gpu_milli = 1000, .gpu_count = 1, .models = ~0ULL, .p = 1}};
+    kgpu_shape quarters[] = {{.gpu_milli = 250, .gpu_count = 1, .models = ~0ULL, .p = 1}};
+    kgpu_shape shapes[1];
+    kgpu_workload w = {shapes, 1};
+    shapes[0] = whole_only[0];
+    kgpu_policy *p = policy_new("fgd", c, &w);
+    int both[] = {a, b}, sc[2];
+    node_scores(p, c, &quarter, both, 2, sc);
+    assert_true(sc[0] > sc[1]);
+    /* Target: quarters. Either node serves quarters equally well afterwards: a tie. */
+    shapes[0] = quarters[0];
+    kgpu_policy_invalidate(p);
+    node_scores(p, c, &quarter, both, 2, sc);
+    assert_int_equal(sc[0], sc[1]);
+    kgpu_policy_free(p);
+    kgpu_cluster_free(c);
+}
+
 /* ---- registry ----------------------------------------------------------------------------- */
 
 static void test_registry(void **state)
@@ -1218,6 +1346,10 @@ int main(void)
         cmocka_unit_test(test_node_scores),
         cmocka_unit_test(test_node_frag),
         cmocka_unit_test(test_workload_build),
+        cmocka_unit_test(test_fit_all),
+        cmocka_unit_test(test_numa_local),
+        cmocka_unit_test(test_binpack_spread),
+        cmocka_unit_test(test_fgd_invalidate),
         cmocka_unit_test(test_fgd_cache_matches_uncached),
         cmocka_unit_test(test_fgd_grows_with_cluster),
     };
