@@ -5,6 +5,7 @@
  * size-checked request to ext_handle.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <gnutls/gnutls.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -126,6 +127,8 @@ out:
     free(gpus);
     free(labels);
     json_decref(root);
+    /* The parsed file was many small blocks; give that memory back to the system. */
+    malloc_trim(0);
     return rc;
 }
 
@@ -163,6 +166,7 @@ static void nodes_reset(void *ctx, json_t *items)
         ext_log(EXT_INFO, "inventory: %zu GPU nodes", m);
     free(specs);
     free(stores);
+    malloc_trim(0); /* the list was a large transient tree */
 }
 
 static void nodes_event(void *ctx, const char *type, json_t *obj)
@@ -211,6 +215,7 @@ static void pods_reset(void *ctx, json_t *items)
     long held = (long)d->state.pods.len;
     pthread_mutex_unlock(&d->state.mu);
     ext_log(EXT_INFO, "pods: %zu listed, %ld hold GPUs", json_array_size(items), held);
+    malloc_trim(0);
 }
 
 static void pods_event(void *ctx, const char *type, json_t *obj)
