@@ -261,75 +261,10 @@ int main(int argc, char **argv)
            "file)\n",
            rss_kb(pid, "VmRSS:") / 1024.0, rss_kb(pid, "VmHWM:") / 1024.0);
     kill(pid, SIGTERM);
-    return 1;
-}
-curl_global_init(CURL_GLOBAL_ALL);
-/* Share a quarter of the GPUs first, through the extender's own filter + bind. */
-CURL *h = curl_easy_init();
-curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, sink);
-static char body[CANDIDATES * 16 + 1024];
-unsigned long long seed = 1;
-char url[128];
-int bound = 0;
-double t0 = now();
-for (int pod = 0; pod < 10000; pod++) {
-    make_args(body, sizeof(body), &seed, pod);
-    long st;
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d/filter", port);
-    call(h, url, body, &st);
-    char bind[256];
-    snprintf(bind, sizeof(bind),
-             "{\"PodName\":\"bench-%d\",\"PodNamespace\":\"bench\",\"PodUID\":\"bench-uid-%d\","
-             "\"Node\":\"node-%04d\"}",
-             pod, pod, (int)(splitmix(&seed) % NODES));
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d/bind", port);
-    call(h, url, bind, &st);
-    bound++;
-}
-curl_easy_cleanup(h);
-printf("state: %d nodes, %d GPUs, %d pods bound in %.1f s\n", NODES, NODES *GPUS, bound,
-       now() - t0);
-printf("extender RSS with that state: %.1f MB\n", rss_kb(pid, "VmRSS:") / 1024.0);
-
-worker *ws = calloc((size_t)threads, sizeof(*ws));
-pthread_t *tids = calloc((size_t)threads, sizeof(*tids));
-double until = now() + seconds;
-for (int i = 0; i < threads; i++) {
-    ws[i] = (worker){.port = port, .id = i + 1, .until = until};
-    ws[i].lat = malloc(sizeof(double) * (MAX_SAMPLES / 4));
-    pthread_create(&tids[i], NULL, run, &ws[i]);
-}
-long total = 0, errors = 0;
-for (int i = 0; i < threads; i++) {
-    pthread_join(tids[i], NULL);
-    total += ws[i].n;
-    errors += ws[i].errors;
-}
-double *all = malloc(sizeof(double) * (size_t)(total + 1));
-long k = 0;
-for (int i = 0; i < threads; i++) {
-    memcpy(all + k, ws[i].lat, sizeof(double) * (size_t)ws[i].n);
-    k += ws[i].n;
-    free(ws[i].lat);
-}
-qsort(all, (size_t)total, sizeof(double), cmp);
-printf("load: %d client threads for %.0f s, filter+prioritize with %d node names each\n", threads,
-       seconds, CANDIDATES);
-printf("calls: %ld (%.0f calls/s), errors %ld\n", total, total / seconds, errors);
-if (total > 0)
-    printf("latency per call: p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  max %.3f ms\n",
-           all[total / 2] * 1e3, all[total * 9 / 10] * 1e3, all[total * 99 / 100] * 1e3,
-           all[total - 1] * 1e3);
-printf("extender RSS after load: %.1f MB (peak %.1f MB)\n", rss_kb(pid, "VmRSS:") / 1024.0,
-       rss_kb(pid, "VmHWM:") / 1024.0);
-free(all);
-free(ws);
-free(tids);
-kill(pid, SIGTERM);
-waitpid(pid, NULL, 0);
-unlink(cluster);
-unlink(portfile);
-rmdir(dir);
-curl_global_cleanup();
-return 0;
+    waitpid(pid, NULL, 0);
+    unlink(cluster);
+    unlink(portfile);
+    rmdir(dir);
+    curl_global_cleanup();
+    return 0;
 }
