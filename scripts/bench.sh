@@ -10,11 +10,10 @@ TRACE=${1:-${KGPU_TRACE_DIR:-../shared/traces/alibaba-gpu-v2023/csv}}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKGPU_BUILD_TESTS=OFF >/dev/null
 cmake --build "$BUILD" -j"$(nproc)" >/dev/null
 
-for b in "$BUILD"/bench/bench_*; do
-  [ -x "$b" ] || continue
-  echo "== $(basename "$b")"
-  "$b" "$TRACE"
-done
+echo "== bench_sim"
+"$BUILD"/bench/bench_sim "$TRACE"
+echo "== bench_extender"
+"$BUILD"/bench/bench_extender "$BUILD"/kgpu-extender 5 2
 
 if [ -f "$TRACE/openb_pod_list_default.csv" ]; then
   for f in default cpu050 gpushare40 gpuspec20 multigpu20; do

@@ -213,7 +213,7 @@ static void gpu_family(buf *b, const snapshot *s, const char *name, const char *
 
 typedef struct ns_row {
     char ns[KGPU_NAME_MAX + 1];
-    double gpus, hours;
+    double gpus, seconds;
 } ns_row;
 
 char *ext_metrics_render(ext_daemon *d)
@@ -239,7 +239,7 @@ char *ext_metrics_render(ext_daemon *d)
         const ext_ns_usage *u = v;
         snprintf(ns[k].ns, sizeof(ns[k].ns), "%s", key);
         ns[k].gpus = u->gpus;
-        ns[k].hours = u->gpu_seconds / 3600.0;
+        ns[k].seconds = u->gpu_seconds;
         k++;
     }
     long pods = (long)st->pods.len;
@@ -256,12 +256,13 @@ char *ext_metrics_render(ext_daemon *d)
     free(snap.rows);
     free(snap.names);
     char e[600];
-    put(&b, "# HELP kgpu_namespace_gpu_hours_total GPU-hours allocated to pods of the namespace "
-            "(a share counts as its fraction of the GPU, compute or memory whichever is larger).\n"
-            "# TYPE kgpu_namespace_gpu_hours_total counter\n");
+    put(&b, "# HELP kgpu_namespace_gpu_seconds_total GPU time allocated to pods of the namespace, "
+            "in GPU-seconds (divide by 3600 for GPU-hours; a share counts as its fraction of the "
+            "GPU, compute or memory whichever is larger).\n"
+            "# TYPE kgpu_namespace_gpu_seconds_total counter\n");
     for (size_t i = 0; ns != NULL && i < k; i++)
-        put(&b, "kgpu_namespace_gpu_hours_total{namespace=\"%s\"} %.9f\n",
-            esc(ns[i].ns, e, sizeof(e)), ns[i].hours);
+        put(&b, "kgpu_namespace_gpu_seconds_total{namespace=\"%s\"} %.6f\n",
+            esc(ns[i].ns, e, sizeof(e)), ns[i].seconds);
     put(&b, "# HELP kgpu_namespace_gpus_allocated GPUs allocated to pods of the namespace now.\n"
             "# TYPE kgpu_namespace_gpus_allocated gauge\n");
     for (size_t i = 0; ns != NULL && i < k; i++)
