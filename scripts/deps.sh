@@ -15,6 +15,7 @@ PACKAGES=(
   libxml2-utils                      # xmllint: tests check the SVG plot is well-formed XML
   python3                            # the API server stand-in and load drivers of integration tests
   prometheus                         # promtool and a real server scrape /metrics in a test
+  openssl                            # throwaway certificates for the TLS test
 )
 
 missing=()
