@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "fileio.h"
 #include "plot.h"
 #include "study.h"
 
@@ -21,36 +22,7 @@
 
 int kgpu_read_file(const char *path, char **buf, size_t *len, kgpu_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return kgpu_error_set(err, KGPU_EIO, "cannot open %s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap);
-    while (b != NULL) {
-        size_t got = fread(b + n, 1, cap - n, f);
-        n += got;
-        if (n < cap)
-            break;
-        char *g = realloc(b, cap * 2);
-        if (g == NULL) {
-            free(b);
-            b = NULL;
-            break;
-        }
-        b = g;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (b == NULL)
-        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory reading %s", path);
-    if (bad) {
-        free(b);
-        return kgpu_error_set(err, KGPU_EIO, "cannot read %s", path);
-    }
-    *buf = b;
-    *len = n;
-    return 0;
+    return kgpu_read_file_max(path, (size_t)1 << 30, buf, len, err);
 }
 
 int kgpu_parse_seeds(const char *text, uint64_t *seeds, int max, int *n, kgpu_error *err)

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "fileio.h"
 #include "yamljson.h"
 
 #define YJ_MAX_DEPTH 64
@@ -189,37 +190,10 @@ json_t *kgpu_yaml_load(const char *buf, size_t len, const char *file, kgpu_error
 
 json_t *kgpu_yaml_load_file(const char *path, kgpu_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        kgpu_error_set(err, KGPU_EIO, "cannot open %s: %s", path, strerror(errno));
+    char *buf;
+    size_t n;
+    if (kgpu_read_file_max(path, YJ_MAX_FILE, &buf, &n, err) != 0)
         return NULL;
-    }
-    size_t cap = 1 << 14, n = 0;
-    char *buf = malloc(cap);
-    while (buf != NULL) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap || cap >= YJ_MAX_FILE)
-            break;
-        char *g = realloc(buf, cap * 2);
-        if (g == NULL) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = g;
-        cap *= 2;
-    }
-    bool bad = ferror(f) != 0;
-    fclose(f);
-    if (buf == NULL) {
-        kgpu_error_set(err, KGPU_ENOMEM, "out of memory reading %s", path);
-        return NULL;
-    }
-    if (bad || n >= YJ_MAX_FILE) {
-        free(buf);
-        kgpu_error_set(err, KGPU_EIO, "cannot read %s%s", path, bad ? "" : " (larger than 64 MiB)");
-        return NULL;
-    }
     json_t *v = kgpu_yaml_load(buf, n, path, err);
     free(buf);
     return v;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "ext.h"
+#include "fileio.h"
 #include "yamljson.h"
 
 /* ---- cluster file ---- */
@@ -393,19 +394,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 static char *read_pem(const char *path, kgpu_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        kgpu_error_set(err, KGPU_EIO, "cannot open %s: %s", path, strerror(errno));
+    char *buf;
+    size_t n;
+    if (kgpu_read_file_max(path, 1 << 20, &buf, &n, err) != 0)
         return NULL;
-    }
-    char *buf = calloc(1, 1 << 20);
-    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (buf == NULL || n == 0) {
-        free(buf);
-        kgpu_error_set(err, KGPU_EIO, "cannot read %s", path);
-        return NULL;
-    }
     return buf;
 }
 
