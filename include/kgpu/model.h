@@ -168,6 +168,10 @@ bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *wh
 bool kgpu_fit_all(const kgpu_cluster *c, int node, const kgpu_assignment *release, int nrelease,
                   const kgpu_request *const *reqs, int nreqs, char *why, size_t whylen);
 
+/* The same, on node i as if every GPU were free and healthy: could these ever fit there? */
+bool kgpu_fit_all_empty(const kgpu_cluster *c, int node, const kgpu_request *const *reqs,
+                        int nreqs);
+
 /*
  * Applies a placement of `req` on node `node` using the GPUs listed in `gpus`
  * (exactly req->gpu_count entries; ignored when the request has no GPU part).

@@ -521,8 +521,21 @@ static void fit_reason(const kgpu_cluster *c, const kgpu_node *n, const kgpu_req
                  req->gpu_count == 1 ? "" : "s", n->ngpus);
     } else if (req->gpu_count > 0 && !(n->model_mask & req->models)) {
         models_text(c, n->model_mask, models, sizeof(models));
-        models_text(c, req->models, want, sizeof(want));
-        snprintf(why, whylen, "GPU model %s not allowed (the pod allows: %s)", models, want);
+        if (req->nallow > 0) { /* the pod's own words: its globs may match no model at all */
+            size_t off = 0;
+            want[0] = '\0';
+            for (int i = 0; i < req->nallow && off < sizeof(want); i++) {
+                int w = snprintf(want + off, sizeof(want) - off, "%s%s", i ? "," : "",
+                                 req->allow[i] ? req->allow[i] : "");
+                if (w < 0)
+                    break;
+                off += (size_t)w;
+            }
+        } else {
+            models_text(c, req->models, want, sizeof(want));
+        }
+        snprintf(why, whylen, "GPU model %s not allowed (the pod allows: %s%s)", models, want,
+                 req->nexclude > 0 ? ", with exclusions" : "");
     } else if (n->cpu_free < req->cpu_milli) {
         snprintf(why, whylen,
                  "insufficient CPU: requests %" PRId64 "m, %" PRId64 "m free of %" PRId64 "m",
@@ -553,8 +566,7 @@ bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *wh
 }
 
 /* Checks that `gpus` names req->gpu_count distinct GPUs of n that can each hold req. */
-static int check_gpus(const kgpu_node *n, const kgpu_request *req, const int *gpus,
-                      kgpu_error *err)
+static int check_gpus(const kgpu_node *n, const kgpu_request *req, const int *gpus, kgpu_error *err)
 {
     int k = req->gpu_count > 0 ? req->gpu_count : 0;
     if (k > 0 && gpus == NULL)
@@ -671,8 +683,8 @@ bool kgpu_fit_all(const kgpu_cluster *c, int node, const kgpu_assignment *releas
     }
     for (int i = 0; i < nreqs; i++) {
         int pick[KGPU_MAX_GPUS_PER_NODE];
-        if (!kgpu__fit(&tmp, reqs[i]) || (reqs[i]->gpu_count > 0 &&
-                                          kgpu__pick_best_fit(&tmp, reqs[i], pick) != 0)) {
+        if (!kgpu__fit(&tmp, reqs[i]) ||
+            (reqs[i]->gpu_count > 0 && kgpu__pick_best_fit(&tmp, reqs[i], pick) != 0)) {
             if (why != NULL && whylen > 0) {
                 char r[200];
                 fit_reason(c, &tmp, reqs[i], r, sizeof(r));
@@ -683,6 +695,35 @@ bool kgpu_fit_all(const kgpu_cluster *c, int node, const kgpu_assignment *releas
             }
             return false;
         }
+        kgpu_assignment a;
+        node_take(&tmp, node, reqs[i], pick, &a);
+    }
+    return true;
+}
+
+bool kgpu_fit_all_empty(const kgpu_cluster *c, int node, const kgpu_request *const *reqs, int nreqs)
+{
+    if (node < 0 || node >= c->nnodes)
+        return false;
+    kgpu_node tmp = c->nodes[node];
+    kgpu_gpu gpus[KGPU_MAX_GPUS_PER_NODE];
+    for (int i = 0; i < tmp.ngpus; i++) {
+        gpus[i] = tmp.gpus[i];
+        gpus[i].free_milli = KGPU_MILLI;
+        gpus[i].free_memory_mib = gpus[i].memory_mib;
+        gpus[i].placements = 0;
+        gpus[i].healthy = true;
+    }
+    tmp.gpus = gpus;
+    tmp.cpu_free = tmp.cpu_milli;
+    tmp.memory_free = tmp.memory_mib;
+    tmp.placements = 0;
+    memset(tmp.class_count, 0, sizeof(tmp.class_count));
+    for (int i = 0; i < nreqs; i++) {
+        int pick[KGPU_MAX_GPUS_PER_NODE];
+        if (!kgpu__fit(&tmp, reqs[i]) ||
+            (reqs[i]->gpu_count > 0 && kgpu__pick_best_fit(&tmp, reqs[i], pick) != 0))
+            return false;
         kgpu_assignment a;
         node_take(&tmp, node, reqs[i], pick, &a);
     }
