@@ -207,12 +207,58 @@ static void nodes_restart(void *ctx, const char *why)
     ext_log(EXT_WARN, "node watch restarts: %s", why);
 }
 
+/* Is the pod ns/name/uid gone from the API server (deleted, replaced, or finished)? */
+static bool pod_gone(ext_daemon *d, const char *triple)
+{
+    char ns[128], name[KGPU_NAME_MAX + 1], uid[128];
+    if (sscanf(triple, "%127[^/]/%254[^/]/%127s", ns, name, uid) != 3)
+        return false;
+    char path[KGPU_K8S_PATH_MAX];
+    snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
+    kgpu_http_resp resp = {0};
+    kgpu_error err;
+    bool gone = false;
+    if (kgpu_k8s_request(d->k8s, "GET", path, NULL, NULL, &resp, &err) == 0) {
+        if (resp.status == 404) {
+            gone = true;
+        } else if (resp.status == 200) {
+            json_t *pod = json_loads(resp.body, 0, NULL);
+            json_t *meta = json_object_get(pod, "metadata");
+            const char *u = json_string_value(json_object_get(meta, "uid"));
+            const char *phase =
+                json_string_value(json_object_get(json_object_get(pod, "status"), "phase"));
+            gone = pod != NULL && ((u != NULL && strcmp(u, uid) != 0) ||
+                                   json_object_get(meta, "deletionTimestamp") != NULL ||
+                                   (phase != NULL && (strcmp(phase, "Succeeded") == 0 ||
+                                                      strcmp(phase, "Failed") == 0)));
+            json_decref(pod);
+        }
+    }
+    free(resp.body);
+    return gone;
+}
+
 static void pods_reset(void *ctx, json_t *items)
 {
     ext_daemon *d = ctx;
+    char **suspects;
+    size_t nsuspects;
     pthread_mutex_lock(&d->state.mu);
-    ext_state_pods_reset(&d->state, items);
+    ext_state_pods_reset(&d->state, items, &suspects, &nsuspects);
     d->state.pods_synced = true;
+    pthread_mutex_unlock(&d->state.mu);
+    /* Pods the list did not show but that were bound while it was made: ask one by one. */
+    for (size_t i = 0; i < nsuspects; i++) {
+        if (pod_gone(d, suspects[i])) {
+            const char *uid = strrchr(suspects[i], '/') + 1;
+            pthread_mutex_lock(&d->state.mu);
+            ext_state_pod_gone(&d->state, uid);
+            pthread_mutex_unlock(&d->state.mu);
+        }
+        free(suspects[i]);
+    }
+    free(suspects);
+    pthread_mutex_lock(&d->state.mu);
     long held = (long)d->state.pods.len;
     pthread_mutex_unlock(&d->state.mu);
     ext_log(EXT_INFO, "pods: %zu listed, %ld hold GPUs", json_array_size(items), held);
@@ -237,6 +283,9 @@ static void pods_event(void *ctx, const char *type, json_t *obj)
 static void pods_restart(void *ctx, const char *why)
 {
     ext_daemon *d = ctx;
+    pthread_mutex_lock(&d->state.mu);
+    d->state.relist_started = ext_now(); /* pods bound from now on may miss the coming list */
+    pthread_mutex_unlock(&d->state.mu);
     atomic_fetch_add(&d->metrics.watch_restarts[1], 1);
     ext_log(EXT_WARN, "pod watch restarts: %s", why);
 }

@@ -109,10 +109,25 @@ typedef struct ext_pod {
     char ns[64]; /* namespaces are DNS labels */
     char name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
     enum ext_pod_status status;
-    double gpus; /* GPU fraction held, for GPU-hours */
+    double gpus;  /* GPU fraction held, for GPU-hours */
+    double since; /* monotonic time it started holding: a relist may not drop younger pods */
     int nparts;
     ext_pod_part part[];
 } ext_pod;
+
+/*
+ * A pod the API server says is bound with a GPU assignment that cannot be
+ * honoured right now: its node or GPUs are not in the inventory (yet, or
+ * any more), or they are held by another pod. Kept and retried whenever the
+ * inventory changes or pods leave, so a GPU that comes back is not handed out twice.
+ */
+typedef struct ext_orphan {
+    char uid[64], ns[64];
+    char name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
+    double since;
+    int n;
+    kgpu_assigned_part parts[];
+} ext_orphan;
 
 /* Per-namespace GPU-hours, integrated over time. */
 typedef struct ext_ns_usage {
@@ -137,9 +152,11 @@ typedef struct ext_state {
     ext_shape_info *shape_info; /* by shape id */
     int shape_cap;
     long observations, observations_at_build;
-    kgpu_strmap pods;     /* uid -> ext_pod* */
-    kgpu_strmap pending;  /* uid -> kgpu_pod*, from filter, for bind */
-    char **pending_order; /* FIFO of pending uids, for eviction */
+    kgpu_strmap pods;      /* uid -> ext_pod* */
+    kgpu_strmap orphans;   /* uid -> ext_orphan* */
+    double relist_started; /* when the pod relist in progress was asked for (0: first list) */
+    kgpu_strmap pending;   /* uid -> kgpu_pod*, from filter, for bind */
+    char **pending_order;  /* FIFO of pending uids, for eviction */
     int pending_head, pending_len;
     kgpu_strmap ns_usage; /* namespace -> ext_ns_usage* */
     double usage_at;      /* monotonic seconds of the last integration */
@@ -171,8 +188,15 @@ int ext_state_remove_node(ext_state *st, const char *name);
  */
 void ext_state_pod_seen(ext_state *st, const json_t *pod);
 void ext_state_pod_gone(ext_state *st, const char *uid);
-/* A full pod relist: drops bound pods not in `items`, then sees each. Caller holds st->mu. */
-void ext_state_pods_reset(ext_state *st, json_t *items);
+/*
+ * A full pod relist: drops bound pods not in `items` that were bound before
+ * st->relist_started, then sees each. Younger pods missing from the list may
+ * have been bound after its snapshot, or deleted before it: they come back in
+ * *suspects ("ns/name/uid", malloc'd, caller frees) for the caller to look up
+ * in the API server (outside the lock) and drop with ext_state_pod_gone if
+ * gone. Caller holds st->mu.
+ */
+void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t *nsuspects);
 
 /* Compiles the pod's requests against the cluster and gives them shape ids. Caller holds st->mu. */
 int ext_state_compile(ext_state *st, kgpu_pod *pod, kgpu_error *err);

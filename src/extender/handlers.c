@@ -149,18 +149,29 @@ static int fast_node_names(char *body, size_t len, char *store, const char ***na
             if (list == NULL)
                 return -1;
             p = skip_ws(p + 1, end);
-            while (p < end && *p != ']') {
-                if (*p != '"')
+            bool bad = false;
+            while (p < end && *p != ']' && !bad) {
+                if (*p != '"') {
+                    bad = true;
                     break;
+                }
                 const char *s = ++p;
-                while (p < end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
+                bool ascii = true;
+                while (p < end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) {
+                    ascii = ascii && (unsigned char)*p < 0x80;
                     p++;
-                if (p >= end || *p != '"')
+                }
+                /* Node names are ASCII; anything else goes to jansson, which checks UTF-8. */
+                if (p >= end || *p != '"' || !ascii) {
+                    bad = true;
                     break;
+                }
                 if (n == cap) {
                     const char **g = realloc(list, (size_t)(cap *= 2) * sizeof(*list));
-                    if (g == NULL)
+                    if (g == NULL) {
+                        bad = true;
                         break;
+                    }
                     list = g;
                 }
                 memcpy(out, s, (size_t)(p - s));
@@ -168,12 +179,14 @@ static int fast_node_names(char *body, size_t len, char *store, const char ***na
                 out += p - s;
                 *out++ = '\0';
                 p = skip_ws(p + 1, end);
-                if (p < end && *p == ',')
+                if (p < end && *p == ',') {
                     p = skip_ws(p + 1, end);
-                else if (p < end && *p != ']')
-                    break;
+                    bad = p >= end || *p != '"'; /* a trailing comma is not JSON */
+                } else if (p < end && *p != ']') {
+                    bad = true;
+                }
             }
-            if (p >= end || *p != ']') {
+            if (bad || p >= end || *p != ']') {
                 free(list);
                 return -1;
             }
@@ -438,6 +451,16 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
         bool never = false;
         for (int k = 0; k < pod->nparts && !never; k++)
             never = never_fits(node, reqs[k], why, sizeof(why));
+        if (!never && !kgpu_fit_all_empty(d->state.cluster, idx, reqs, pod->nparts)) {
+            /* Each container alone could fit, but never all of them together. */
+            char reason[REASON_MAX];
+            snprintf(reason, sizeof(reason),
+                     "%.200s (the containers together exceed the node "
+                     "even with every GPU free)",
+                     why);
+            snprintf(why, sizeof(why), "%s", reason);
+            never = true;
+        }
         add_reason(never ? &unresolvable : &failed, names[i], why);
     }
     pthread_mutex_unlock(&d->state.mu);
@@ -649,6 +672,22 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
     kgpu_pod *pod = bind_pod(d, ns, name, uid, msg, sizeof(msg));
     if (pod == NULL) {
         bind_failed(d, r, BIND_FAIL_UNKNOWN_POD, msg);
+        return;
+    }
+    if (pod->nparts == 0) { /* asks for no GPU (e.g. kgpu.io/gpu-mem: 0): bind, hold nothing */
+        kgpu_error e;
+        kgpu_http_resp resp = {0};
+        int rc = d->k8s ? kgpu_k8s_bind(d->k8s, ns, name, uid, node, NULL, &resp, &e) : 0;
+        long st = d->k8s ? resp.status : 201;
+        free(resp.body);
+        free(pod);
+        if (rc != 0 || (st != 200 && st != 201)) {
+            snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node,
+                     rc != 0 ? e.msg : "the API server refused");
+            bind_failed(d, r, rc != 0 ? BIND_FAIL_API_UNREACHABLE : BIND_FAIL_API_ERROR, msg);
+            return;
+        }
+        bind_result(r, "");
         return;
     }
     const ext_pod *held = NULL;

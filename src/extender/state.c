@@ -66,6 +66,7 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     pthread_mutex_init(&st->mu, NULL);
     kgpu_strmap_init(&st->shapes);
     kgpu_strmap_init(&st->pods);
+    kgpu_strmap_init(&st->orphans);
     kgpu_strmap_init(&st->pending);
     kgpu_strmap_init(&st->ns_usage);
     st->pending_order = calloc((size_t)cfg->pending_pods_max, sizeof(char *));
@@ -95,6 +96,10 @@ void ext_state_destroy(ext_state *st)
     i = 0;
     while (kgpu_strmap_next(&st->ns_usage, &i, &k, &v))
         free(v);
+    i = 0;
+    while (kgpu_strmap_next(&st->orphans, &i, &k, &v))
+        free(v);
+    kgpu_strmap_clear(&st->orphans);
     kgpu_strmap_clear(&st->pods);
     kgpu_strmap_clear(&st->pending);
     kgpu_strmap_clear(&st->ns_usage);
@@ -330,6 +335,7 @@ const kgpu_pod *ext_state_recall(ext_state *st, const char *uid)
 
 static void hold(ext_state *st, ext_pod *p)
 {
+    p->since = ext_now();
     const kgpu_node *n =
         kgpu_cluster_node(st->cluster, kgpu_cluster_find_node(st->cluster, p->node));
     p->gpus = 0;
@@ -437,28 +443,64 @@ static int gpu_position(const kgpu_node *n, int index, const char *uuid)
     return -1;
 }
 
-/* Applies a bound pod's recorded assignment exactly; on conflict nothing is held. */
-static void adopt(ext_state *st, const kgpu_pod *pod, const kgpu_assigned_part *parts, int n)
+static void drop_orphan(ext_state *st, const char *uid)
 {
-    int idx = kgpu_cluster_find_node(st->cluster, pod->node);
-    if (idx < 0) {
-        ext_log(EXT_WARN, "pod %s/%s holds GPUs on %s, a node kgpu does not know", pod->ns,
-                pod->name, pod->node);
+    free(kgpu_strmap_del(&st->orphans, uid));
+}
+
+/* Remembers a bound pod whose assignment cannot be applied now; `why` is logged once. */
+static void keep_orphan(ext_state *st, const char *uid, const char *ns, const char *name,
+                        const char *node, const kgpu_assigned_part *parts, int n, const char *why)
+{
+    if (kgpu_strmap_get(&st->orphans, uid) != NULL)
+        return;
+    ext_orphan *o = calloc(1, sizeof(*o) + (size_t)(n > 0 ? n : 1) * sizeof(*parts));
+    if (o == NULL)
+        return;
+    snprintf(o->uid, sizeof(o->uid), "%s", uid);
+    snprintf(o->ns, sizeof(o->ns), "%.63s", ns);
+    snprintf(o->name, sizeof(o->name), "%s", name);
+    snprintf(o->node, sizeof(o->node), "%s", node);
+    o->since = ext_now();
+    o->n = n;
+    memcpy(o->parts, parts, (size_t)n * sizeof(*parts));
+    if (!kgpu_strmap_put(&st->orphans, uid, o, NULL)) {
+        free(o);
         return;
     }
+    ext_log(EXT_WARN,
+            "pod %s/%s: its GPUs on %s cannot be counted now (%s); kept, retried when "
+            "the inventory changes",
+            ns, name, node, why);
+}
+
+/*
+ * Applies a bound pod's recorded assignment exactly. Returns NULL on success,
+ * else why not (nothing is then held): the node or a GPU is not in the
+ * inventory, or the GPUs are taken (`*conflict`).
+ */
+static const char *try_adopt(ext_state *st, const char *uid, const char *ns, const char *name,
+                             const char *nodename, const kgpu_assigned_part *parts, int n,
+                             bool *conflict)
+{
+    static __thread char problem[300];
+    *conflict = false;
+    int idx = kgpu_cluster_find_node(st->cluster, nodename);
+    if (idx < 0)
+        return "the node is not in kgpu's inventory";
     const kgpu_node *node = kgpu_cluster_node(st->cluster, idx);
     ext_pod *p = new_pod(n);
     if (p == NULL)
-        return;
-    snprintf(p->uid, sizeof(p->uid), "%s", pod->uid);
-    snprintf(p->ns, sizeof(p->ns), "%.63s", pod->ns);
-    snprintf(p->name, sizeof(p->name), "%s", pod->name);
-    snprintf(p->node, sizeof(p->node), "%s", pod->node);
+        return "out of memory";
+    snprintf(p->uid, sizeof(p->uid), "%s", uid);
+    snprintf(p->ns, sizeof(p->ns), "%.63s", ns);
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    snprintf(p->node, sizeof(p->node), "%s", nodename);
     p->status = POD_BOUND;
-    const char *problem = NULL;
+    const char *why = NULL;
     kgpu_error err;
     kgpu_error_clear(&err);
-    for (int i = 0; i < n && problem == NULL; i++) {
+    for (int i = 0; i < n && why == NULL; i++) {
         const kgpu_assigned_part *ap = &parts[i];
         kgpu_request r;
         memset(&r, 0, sizeof(r));
@@ -469,33 +511,58 @@ static void adopt(ext_state *st, const kgpu_pod *pod, const kgpu_assigned_part *
         r.models = ~0ULL;
         r.shape = -1;
         int pos[KGPU_MAX_GPUS_PER_NODE];
-        for (int g = 0; g < ap->ngpus && problem == NULL; g++) {
+        for (int g = 0; g < ap->ngpus && why == NULL; g++) {
             pos[g] = gpu_position(node, ap->gpus[g].index, ap->gpus[g].uuid);
             if (pos[g] < 0)
-                problem = "names a GPU the node does not have";
+                why = "it names a GPU the node does not have";
             else if (!ap->exclusive && (ap->gpus[g].milli != r.gpu_milli ||
                                         ap->gpus[g].memory_mib != r.gpu_memory_mib))
-                problem = "gives its GPUs unequal amounts";
+                why = "it gives its GPUs unequal amounts";
         }
-        if (problem == NULL &&
-            kgpu_cluster_apply(st->cluster, &r, idx, pos, &p->part[i].a, &err) != 0)
-            problem = err.msg;
-        if (problem == NULL) {
+        if (why == NULL &&
+            kgpu_cluster_apply(st->cluster, &r, idx, pos, &p->part[i].a, &err) != 0) {
+            snprintf(problem, sizeof(problem), "%.290s", err.msg);
+            why = problem;
+            *conflict = true;
+        }
+        if (why == NULL) {
             snprintf(p->part[i].container, sizeof(p->part[i].container), "%.63s", ap->container);
             p->nparts = i + 1;
         }
     }
-    if (problem != NULL || !kgpu_strmap_put(&st->pods, p->uid, p, NULL)) {
-        atomic_fetch_add(&st->metrics->assignment_conflicts, 1);
-        ext_log(EXT_ERROR,
-                "pod %s/%s: its GPU assignment on %s cannot be honoured (%s); not counted", pod->ns,
-                pod->name, pod->node, problem ? problem : "out of memory");
+    if (why == NULL && !kgpu_strmap_put(&st->pods, p->uid, p, NULL))
+        why = "out of memory";
+    if (why != NULL) {
         for (int i = p->nparts - 1; i >= 0; i--)
             kgpu_cluster_release(st->cluster, &p->part[i].a, NULL);
         free(p);
-        return;
+        return why;
     }
     hold(st, p);
+    return NULL;
+}
+
+/* Tries every orphan again: after inventory changes and after pods leave. */
+static void retry_orphans(ext_state *st)
+{
+    if (st->orphans.len == 0)
+        return;
+    size_t it = 0, ndone = 0;
+    const char *k;
+    void *v;
+    char(*done)[64] = calloc(st->orphans.len, sizeof(*done));
+    while (done != NULL && kgpu_strmap_next(&st->orphans, &it, &k, &v)) {
+        ext_orphan *o = v;
+        bool conflict;
+        if (try_adopt(st, o->uid, o->ns, o->name, o->node, o->parts, o->n, &conflict) == NULL) {
+            ext_log(EXT_INFO, "pod %s/%s: its GPUs on %s are counted again", o->ns, o->name,
+                    o->node);
+            snprintf(done[ndone++], sizeof(done[0]), "%s", o->uid);
+        }
+    }
+    for (size_t i = 0; i < ndone; i++)
+        drop_orphan(st, done[i]);
+    free(done);
 }
 
 void ext_state_pod_seen(ext_state *st, const json_t *json)
@@ -508,7 +575,7 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
     }
     ext_pod *held = kgpu_strmap_get(&st->pods, pod.uid);
     if (pod.terminal) {
-        ext_state_release(st, pod.uid);
+        ext_state_pod_gone(st, pod.uid);
         return;
     }
     if (pod.node[0] == '\0' || !pod.has_assignment)
@@ -539,21 +606,47 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
         free(parts);
         return;
     }
-    if (kgpu_strmap_get(&st->pending, pod.uid) == NULL) {
+    if (kgpu_strmap_get(&st->pending, pod.uid) == NULL &&
+        kgpu_strmap_get(&st->orphans, pod.uid) == NULL) {
         ext_state_compile(st, &pod, &err);
         observe(st, &pod);
     }
-    adopt(st, &pod, parts, n);
+    if (kgpu_strmap_get(&st->orphans, pod.uid) == NULL) {
+        bool conflict;
+        const char *why = try_adopt(st, pod.uid, pod.ns, pod.name, pod.node, parts, n, &conflict);
+        if (why != NULL) {
+            if (conflict)
+                atomic_fetch_add(&st->metrics->assignment_conflicts, 1);
+            keep_orphan(st, pod.uid, pod.ns, pod.name, pod.node, parts, n, why);
+        }
+    }
     free(parts);
 }
 
 void ext_state_pod_gone(ext_state *st, const char *uid)
 {
+    bool held = kgpu_strmap_get(&st->pods, uid) != NULL;
     ext_state_release(st, uid);
+    drop_orphan(st, uid);
+    if (held)
+        retry_orphans(st); /* what this pod held may be what an orphan was waiting for */
 }
 
-void ext_state_pods_reset(ext_state *st, json_t *items)
+/* Appends "ns/name/uid" to a suspects list. */
+static void suspect(char ***list, size_t *n, const char *ns, const char *name, const char *uid)
 {
+    char **g = realloc(*list, (*n + 1) * sizeof(**list));
+    if (g == NULL)
+        return;
+    *list = g;
+    if (asprintf(&g[*n], "%s/%s/%s", ns, name, uid) >= 0)
+        (*n)++;
+}
+
+void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t *nsuspects)
+{
+    *suspects = NULL;
+    *nsuspects = 0;
     /* Bound pods the list no longer has are gone; reservations in flight stay. */
     kgpu_strmap present;
     kgpu_strmap_init(&present);
@@ -573,7 +666,31 @@ void ext_state_pods_reset(ext_state *st, json_t *items)
     size_t ngone = 0;
     while (kgpu_strmap_next(&st->pods, &it, &k, &v)) {
         const ext_pod *p = v;
-        if (p->status == POD_BOUND && kgpu_strmap_get(&present, k) == NULL) {
+        if (p->status != POD_BOUND || kgpu_strmap_get(&present, k) != NULL)
+            continue;
+        if (p->since >= st->relist_started) {
+            /* Bound after the relist was asked for: the snapshot may predate the binding. */
+            suspect(suspects, nsuspects, p->ns, p->name, p->uid);
+            continue;
+        }
+        {
+            char **g = realloc(gone, (ngone + 1) * sizeof(*g));
+            if (g == NULL)
+                break;
+            gone = g;
+            gone[ngone++] = strdup(k);
+        }
+    }
+    it = 0;
+    while (kgpu_strmap_next(&st->orphans, &it, &k, &v)) {
+        const ext_orphan *o = v;
+        if (kgpu_strmap_get(&present, k) != NULL)
+            continue;
+        if (o->since >= st->relist_started) {
+            suspect(suspects, nsuspects, o->ns, o->name, o->uid);
+            continue;
+        }
+        {
             char **g = realloc(gone, (ngone + 1) * sizeof(*g));
             if (g == NULL)
                 break;
@@ -582,11 +699,15 @@ void ext_state_pods_reset(ext_state *st, json_t *items)
         }
     }
     for (size_t j = 0; j < ngone; j++) {
-        if (gone[j] != NULL)
+        if (gone[j] != NULL) {
             ext_state_release(st, gone[j]);
+            drop_orphan(st, gone[j]);
+        }
         free(gone[j]);
     }
     free(gone);
+    if (ngone > 0)
+        retry_orphans(st);
     kgpu_strmap_clear(&present);
     json_array_foreach(items, i, item) ext_state_pod_seen(st, item);
 }
@@ -676,17 +797,38 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
             applied += ok;
         }
         if (!ok) {
-            ext_log(EXT_WARN, "pod %s/%s no longer fits node %s after an inventory change; dropped",
-                    p->ns, p->name, p->node);
+            /* Not lost: kept as an orphan, counted again if the GPUs come back. */
+            kgpu_assigned_part *parts = calloc((size_t)p->nparts + 1, sizeof(*parts));
+            const kgpu_node *was = kgpu_cluster_node(old, kgpu_cluster_find_node(old, p->node));
+            for (int i = 0; parts != NULL && i < p->nparts; i++) {
+                kgpu_assigned_part *ap = &parts[i];
+                snprintf(ap->container, sizeof(ap->container), "%s", p->part[i].container);
+                ap->exclusive = p->part[i].a.exclusive;
+                ap->ngpus = p->part[i].a.ngpus;
+                for (int g = 0; g < ap->ngpus; g++) {
+                    int pos = was ? gpu_position(was, refs[j].index[i][g], NULL) : -1;
+                    ap->gpus[g].index = refs[j].index[i][g];
+                    if (pos >= 0)
+                        snprintf(ap->gpus[g].uuid, sizeof(ap->gpus[g].uuid), "%s",
+                                 was->gpus[pos].uuid);
+                    ap->gpus[g].milli = p->part[i].a.gpu_milli;
+                    ap->gpus[g].memory_mib = p->part[i].a.gpu_memory_mib;
+                }
+            }
             for (int i = applied - 1; i >= 0; i--)
                 kgpu_cluster_release(c, &p->part[i].a, NULL);
             usage_add(st, p->ns, -p->gpus);
             kgpu_strmap_del(&st->pods, p->uid);
+            if (parts != NULL)
+                keep_orphan(st, p->uid, p->ns, p->name, p->node, parts, p->nparts,
+                            "its GPUs left the node's inventory");
+            free(parts);
             free(p);
         }
     }
     free(refs);
     kgpu_cluster_free(old);
+    retry_orphans(st); /* GPUs that came back, or a node that reappeared */
     return 0;
 }
 
@@ -747,6 +889,8 @@ int ext_state_upsert_node(ext_state *st, const kgpu_node_spec *spec, kgpu_error 
         if (spec->ngpus == 0)
             return 0; /* not a GPU node: nothing for kgpu to track */
         int rc = kgpu_cluster_add_node(st->cluster, spec, err);
+        if (rc >= 0)
+            retry_orphans(st);
         return rc < 0 ? rc : 0;
     }
     const kgpu_node *n = kgpu_cluster_node(st->cluster, idx);
