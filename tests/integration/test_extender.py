@@ -1,0 +1,2158 @@
+#!/usr/bin/env python3
+"""Black-box integration tests of the real kgpu-extender binary (stdlib only).
+
+Each test starts its own Kubernetes API server stand-in (apiserver_standin.py)
+and its own kgpu-extender pointed at it with a kubeconfig, fills the stand-in
+with nodes and pods through its API, and drives the extender with requests in
+kube-scheduler's exact JSON (ExtenderArgs, ExtenderBindingArgs,
+ExtenderPreemptionArgs). The truth the extender's state is checked against is
+always the stand-in's pods: the sum of their kgpu.io/assignment annotations.
+
+    test_extender.py --extender PATH --kgpu PATH [unittest arguments...]
+
+Every child process (stand-ins, extenders, prometheus) runs in its own
+process group and is killed on cleanup, whatever the outcome. An extender
+that is stopped normally is stopped with SIGTERM and must exit 0 with no
+sanitizer report in its log (the build under test is usually ASan/UBSan).
+
+Exit status: unittest's (0 all passed, 1 otherwise); 77 when the binaries are
+missing (CTest's SKIP_RETURN_CODE). KGPU_TEST_KEEP=1 keeps the temporary
+folders (logs) and prints where they are.
+
+When a test shows an extender bug before it is fixed, decorate it with
+@known_bug: it then counts as an expected failure, and turns into an
+"unexpected success" (a failure) once the bug is fixed, so the marker gets
+removed. KGPU_TEST_STRICT=1 runs such tests as ordinary ones.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.path.dirname(os.path.dirname(HERE))
+STANDIN = os.path.join(HERE, "apiserver_standin.py")
+CLUSTER_YAML = os.path.join(SOURCE_DIR, "examples", "cluster.yaml")
+TOKEN = "kgpu-test-token-0123456789"
+
+# Set by main() from the command line.
+EXTENDER_BIN = None
+KGPU_BIN = None
+
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                   "WARNING: ThreadSanitizer", "SUMMARY: UndefinedBehaviorSanitizer")
+
+# Every child started and not yet reaped, so that a signal to this script
+# still takes them down (see main()).
+_CHILDREN = set()
+_CHILDREN_LOCK = threading.Lock()
+
+
+def known_bug(description):
+    """Marks a test that shows an extender bug: an expected failure until it is fixed.
+
+    KGPU_TEST_STRICT=1 runs them as plain tests, to see how they fail.
+    """
+    def wrap(fn):
+        fn.__doc__ = "EXTENDER BUG: " + description
+        if os.environ.get("KGPU_TEST_STRICT"):
+            return fn
+        return unittest.expectedFailure(fn)
+    return wrap
+
+
+# ---------------------------------------------------------------------------
+# Plumbing: HTTP and processes
+# ---------------------------------------------------------------------------
+
+def http_request(port, method, path, body=None, headers=None, timeout=30.0):
+    """One request on a fresh connection: (status, headers dict, body bytes)."""
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+    elif isinstance(body, str):
+        body = body.encode()
+    hdrs = {}
+    if body is not None:
+        hdrs["Content-Type"] = "application/json"
+    hdrs.update(headers or {})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=hdrs)
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+    finally:
+        conn.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout, interval=0.05, what="condition"):
+    """Polls predicate() until it returns a true value; returns it, or raises AssertionError."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+class Child:
+    """A child process in its own process group, its output in a log file."""
+
+    def __init__(self, argv, log_path, env=None):
+        self.argv = argv
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        with _CHILDREN_LOCK:
+            _CHILDREN.add(self)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def signal_group(self, sig):
+        # Only while the leader is not reaped: after that its id may name someone else.
+        if self.proc.returncode is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, sig=signal.SIGTERM, timeout=20.0):
+        """Signals the group, waits; SIGKILL if it lingers. Returns the exit status."""
+        if self.alive():
+            self.signal_group(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+        with _CHILDREN_LOCK:
+            _CHILDREN.discard(self)
+        return self.proc.returncode
+
+    def kill(self):
+        return self.stop(signal.SIGKILL)
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n=40):
+        return "\n".join(self.log().splitlines()[-n:])
+
+
+def kill_all_children():
+    with _CHILDREN_LOCK:
+        children = list(_CHILDREN)
+    for c in children:
+        c.signal_group(signal.SIGKILL)
+
+
+def read_port_file(path, child, timeout=20.0):
+    def ready():
+        if not child.alive():
+            raise AssertionError("%s exited with %s before serving:\n%s"
+                                 % (os.path.basename(child.argv[0]), child.proc.returncode,
+                                    child.log_tail()))
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            return None
+        # The extender writes the file in place: only a finished line counts.
+        return int(text) if text.endswith("\n") and text.strip().isdigit() else None
+    return wait_for(ready, timeout, what="port file " + path)
+
+
+# ---------------------------------------------------------------------------
+# Kubernetes objects
+# ---------------------------------------------------------------------------
+
+def gpu_list(prefix, model, memory_mib, count, numa_split=True, unhealthy=()):
+    """A kgpu.io/gpus inventory: count GPUs named GPU-<prefix>-<i>."""
+    return [{"index": i, "uuid": "GPU-%s-%d" % (prefix, i), "model": model,
+             "memory_mib": memory_mib,
+             "numa": (i * 2 // count) if numa_split else -1,
+             "healthy": i not in unhealthy} for i in range(count)]
+
+
+def node_object(name, gpus=None, cpu="64", memory="256Gi", labels=None):
+    meta = {"name": name, "labels": dict(labels or {})}
+    meta["labels"].setdefault("kubernetes.io/hostname", name)
+    if gpus is not None:
+        meta["annotations"] = {"kgpu.io/gpus": json.dumps(gpus)}
+        meta["labels"]["kgpu.io/gpu-model"] = gpus[0]["model"] if gpus else ""
+        meta["labels"]["kgpu.io/gpu-count"] = str(len(gpus))
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta,
+            "spec": {},
+            "status": {"capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
+                       "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def container(name, limits=None, cpu="100m", memory="128Mi"):
+    lim = {k: str(v) for k, v in (limits or {}).items()}
+    return {"name": name, "image": "busybox:1.36", "command": ["sleep", "3600"],
+            "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": lim}}
+
+
+def pod_object(name, containers, annotations=None, node_name=None, phase=None):
+    spec = {"schedulerName": "default-scheduler", "restartPolicy": "Never",
+            "containers": containers}
+    if node_name:
+        spec["nodeName"] = node_name
+    obj = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "labels": {"app": "kgpu-test"}},
+           "spec": spec}
+    if annotations:
+        obj["metadata"]["annotations"] = dict(annotations)
+    if phase:
+        obj["status"] = {"phase": phase}
+    return obj
+
+
+def share(mem=None, core=None, count=None, alias=False):
+    """resources.limits of a GPU share."""
+    lim = {}
+    if mem is not None:
+        lim["aliyun.com/gpu-mem" if alias else "kgpu.io/gpu-mem"] = mem
+    if core is not None:
+        lim["kgpu.io/gpu-core"] = core
+    if count is not None:
+        lim["kgpu.io/gpu-count"] = count
+    return lim
+
+
+def whole(n):
+    return {"nvidia.com/gpu": n}
+
+
+def assignment_annotation(parts):
+    """parts: [(container, exclusive, [(index, uuid, milli, memory_mib)])]."""
+    return json.dumps([{"container": c, "exclusive": ex,
+                        "gpus": [{"index": i, "uuid": u, "milli": m, "memory_mib": mm}
+                                 for i, u, m, mm in gpus]} for c, ex, gpus in parts])
+
+
+def pod_key(pod):
+    return pod["metadata"]["namespace"], pod["metadata"]["name"]
+
+
+def pod_uid(pod):
+    return pod["metadata"]["uid"]
+
+
+# ---------------------------------------------------------------------------
+# The API server stand-in
+# ---------------------------------------------------------------------------
+
+class StandIn:
+    """apiserver_standin.py as a child process, with a small client for its API."""
+
+    def __init__(self, tmp, name="standin", history=None):
+        self.tmp = tmp
+        port_file = os.path.join(tmp, name + ".port")
+        argv = [sys.executable, STANDIN, "--port", "0", "--portfile", port_file,
+                "--token", TOKEN]
+        if history:
+            argv += ["--history", str(history)]
+        self.child = Child(argv, os.path.join(tmp, name + ".log"))
+        try:
+            self.port = read_port_file(port_file, self.child)
+        except BaseException:
+            self.child.kill()
+            raise
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.nodes = {}  # name -> kgpu.io/gpus inventory (list) or None
+
+    def stop(self):
+        return self.child.stop()
+
+    def kubeconfig(self, path):
+        with open(path, "w") as f:
+            f.write("apiVersion: v1\nkind: Config\ncurrent-context: standin\n"
+                    "contexts:\n- name: standin\n  context: {cluster: standin, user: tester}\n"
+                    "clusters:\n- name: standin\n  cluster: {server: '%s'}\n"
+                    "users:\n- name: tester\n  user: {token: '%s'}\n" % (self.url, TOKEN))
+        return path
+
+    def api(self, method, path, body=None, content_type=None, expect=None):
+        headers = {"Authorization": "Bearer " + TOKEN}
+        if content_type:
+            headers["Content-Type"] = content_type
+        status, _, data = http_request(self.port, method, path, body, headers)
+        obj = json.loads(data) if data else None
+        if expect is not None and status not in (expect if isinstance(expect, tuple)
+                                                 else (expect,)):
+            raise AssertionError("stand-in %s %s answered %d: %s" % (method, path, status, obj))
+        return status, obj
+
+    # Nodes.
+
+    def add_node(self, name, gpus=None, **kw):
+        _, obj = self.api("POST", "/api/v1/nodes", node_object(name, gpus, **kw), expect=201)
+        self.nodes[name] = gpus
+        return obj
+
+    def set_node_gpus(self, name, gpus):
+        patch = {"metadata": {"annotations": {"kgpu.io/gpus": json.dumps(gpus)}}}
+        self.api("PATCH", "/api/v1/nodes/" + name, patch, "application/merge-patch+json",
+                 expect=200)
+        self.nodes[name] = gpus
+
+    def delete_node(self, name):
+        self.api("DELETE", "/api/v1/nodes/" + name, expect=200)
+        self.nodes.pop(name, None)
+
+    def get_node(self, name):
+        return self.api("GET", "/api/v1/nodes/" + name, expect=200)[1]
+
+    # Pods.
+
+    def add_pod(self, pod, ns="default"):
+        return self.api("POST", "/api/v1/namespaces/%s/pods" % ns, pod, expect=201)[1]
+
+    def get_pod(self, ns, name):
+        status, obj = self.api("GET", "/api/v1/namespaces/%s/pods/%s" % (ns, name))
+        return obj if status == 200 else None
+
+    def delete_pod(self, ns, name):
+        return self.api("DELETE", "/api/v1/namespaces/%s/pods/%s" % (ns, name))[0]
+
+    def patch_pod(self, ns, name, patch):
+        return self.api("PATCH", "/api/v1/namespaces/%s/pods/%s" % (ns, name), patch,
+                        "application/merge-patch+json", expect=200)[1]
+
+    def pods(self):
+        return self.api("GET", "/api/v1/pods", expect=200)[1]["items"]
+
+    # The side channel.
+
+    def control(self, **knobs):
+        return self.api("POST", "/_control", knobs, expect=200)[1]
+
+    def stats(self):
+        return self.api("GET", "/_control/stats", expect=200)[1]
+
+    # The truth the extender must agree with.
+
+    def truth(self):
+        """{(node, gpu index): (memory MiB, milli)} summed over bound, live pods' assignments."""
+        held = {}
+        for pod in self.pods():
+            meta, spec = pod["metadata"], pod.get("spec", {})
+            node = spec.get("nodeName")
+            ann = meta.get("annotations") or {}
+            if not node or "kgpu.io/assignment" not in ann:
+                continue
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            if meta.get("deletionTimestamp"):
+                continue
+            if ann.get("kgpu.io/node", node) != node:
+                continue
+            for part in json.loads(ann["kgpu.io/assignment"]):
+                for g in part["gpus"]:
+                    mem, milli = held.get((node, g["index"]), (0, 0))
+                    held[(node, g["index"])] = (mem + g["memory_mib"], milli + g["milli"])
+        return {k: v for k, v in held.items() if v != (0, 0)}
+
+    def overbooked(self, held):
+        """GPUs of `held` past their capacity, by the node inventories this test created."""
+        bad = []
+        for (node, index), (mem, milli) in held.items():
+            gpus = self.nodes.get(node) or []
+            cap = [g for g in gpus if g["index"] == index]
+            if not cap:
+                bad.append((node, index, "unknown GPU"))
+            elif mem > cap[0]["memory_mib"] or milli > 1000:
+                bad.append((node, index, mem, milli))
+        return bad
+
+
+# ---------------------------------------------------------------------------
+# The extender
+# ---------------------------------------------------------------------------
+
+class Extender:
+    """kgpu-extender as a child process, with kube-scheduler's side of the wire."""
+
+    def __init__(self, tmp, args, name="extender", wait_ready=True, log_level="info"):
+        self.tmp = tmp
+        self.name = name
+        port_file = os.path.join(tmp, name + ".port")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        argv = [EXTENDER_BIN, "--listen", "127.0.0.1:0", "--port-file", port_file]
+        if log_level:
+            argv += ["--log-level", log_level]
+        argv += list(args)
+        env = dict(os.environ)
+        # Leak checks at exit; a distinct exit status per sanitizer (the log says the rest).
+        env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=86")
+        env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1:exitcode=87")
+        self.child = Child(argv, os.path.join(tmp, name + ".log"), env)
+        try:
+            self.port = read_port_file(port_file, self.child)
+            self.url = "http://127.0.0.1:%d" % self.port
+            if wait_ready:
+                self.wait_ready()
+        except BaseException:
+            self.child.kill()
+            raise
+
+    # Process.
+
+    def wait_ready(self, timeout=20.0):
+        try:
+            wait_for(lambda: self.get("/readyz")[0] == 200, timeout, what="/readyz 200")
+        except AssertionError as e:
+            raise AssertionError("%s: %s; log tail:\n%s" % (self.name, e, self.child.log_tail()))
+
+    def stop(self):
+        """SIGTERM; the extender must exit 0 and its log must hold no sanitizer report."""
+        rc = self.child.stop(signal.SIGTERM)
+        return rc, self.sanitizer_report()
+
+    def kill(self):
+        self.child.kill()
+
+    def sanitizer_report(self):
+        text = self.child.log()
+        for mark in SANITIZER_MARKS:
+            at = text.find(mark)
+            if at >= 0:
+                return text[max(0, at - 200):at + 4000]
+        return None
+
+    def log(self):
+        return self.child.log()
+
+    # HTTP.
+
+    def post(self, verb, body, timeout=30.0):
+        status, headers, data = http_request(self.port, "POST", "/" + verb, body,
+                                             timeout=timeout)
+        return status, headers, data
+
+    def post_json(self, verb, body, timeout=30.0):
+        status, _, data = self.post(verb, body, timeout)
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            raise AssertionError("%s answered %d with a body that is not JSON: %r"
+                                 % (verb, status, data[:300]))
+        return status, obj
+
+    def get(self, path):
+        status, _, data = http_request(self.port, "GET", path)
+        return status, data.decode("utf-8", "replace")
+
+    # kube-scheduler's calls.
+
+    def filter(self, pod, names=None, nodes=None):
+        if nodes is not None:
+            args = {"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None}
+        else:
+            args = {"Pod": pod, "Nodes": None, "NodeNames": list(names)}
+        status, res = self.post_json("filter", args)
+        if status != 200:
+            raise AssertionError("filter answered %d: %s" % (status, res))
+        return res
+
+    def prioritize(self, pod, names=None, nodes=None):
+        if nodes is not None:
+            args = {"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None}
+        else:
+            args = {"Pod": pod, "Nodes": None, "NodeNames": list(names)}
+        status, res = self.post_json("prioritize", args)
+        if status != 200:
+            raise AssertionError("prioritize answered %d: %s" % (status, res))
+        return res
+
+    def bind(self, pod, node, timeout=30.0):
+        """ExtenderBindingResult.Error ("" on success)."""
+        args = {"PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
+                "PodUID": pod["metadata"]["uid"], "Node": node}
+        status, res = self.post_json("bind", args, timeout)
+        if status != 200:
+            raise AssertionError("bind answered %d: %s" % (status, res))
+        return res["Error"]
+
+    def preempt(self, pod, meta_victims):
+        args = {"Pod": pod, "NodeNameToVictims": {},
+                "NodeNameToMetaVictims": {
+                    node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0}
+                    for node, uids in meta_victims.items()}}
+        status, res = self.post_json("preempt", args)
+        if status != 200:
+            raise AssertionError("preempt answered %d: %s" % (status, res))
+        return res
+
+    def schedule(self, pod, names):
+        """kube-scheduler's cycle: filter, prioritize, bind to the best. (node or None, error)."""
+        res = self.filter(pod, names)
+        fits = res["NodeNames"] or []
+        if not fits:
+            return None, "no fit: %s %s" % (res["FailedNodes"], res["FailedAndUnresolvableNodes"])
+        scores = self.prioritize(pod, fits)
+        best = max(scores, key=lambda s: s["Score"])["Host"]
+        return best, self.bind(pod, best)
+
+    # Operator endpoints.
+
+    def inspect(self):
+        status, text = self.get("/inspect")
+        if status != 200:
+            raise AssertionError("/inspect answered %d: %s" % (status, text))
+        return json.loads(text)
+
+    def held(self, doc=None):
+        """{(node, gpu index): (memory MiB allocated, milli allocated)}, zeros left out."""
+        doc = doc or self.inspect()
+        out = {}
+        for n in doc["nodes"]:
+            for g in n["gpus"]:
+                v = (g["memory_allocated_mib"], g["milli_allocated"])
+                if v != (0, 0):
+                    out[(n["name"], g["index"])] = v
+        return out
+
+    def gpu(self, node, index, doc=None):
+        doc = doc or self.inspect()
+        for n in doc["nodes"]:
+            if n["name"] == node:
+                for g in n["gpus"]:
+                    if g["index"] == index:
+                        return g
+        return None
+
+    def metrics(self):
+        status, text = self.get("/metrics")
+        if status != 200:
+            raise AssertionError("/metrics answered %d" % status)
+        return text
+
+    def metric(self, name, labels=None, text=None):
+        """The value of one sample, or None when absent."""
+        text = text if text is not None else self.metrics()
+        want = labels or {}
+        for line in text.splitlines():
+            if not line.startswith(name) or line.startswith("#"):
+                continue
+            m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$', line)
+            if not m or m.group(1) != name:
+                continue
+            got = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"',
+                                  m.group(3) or ""))
+            if all(got.get(k) == v for k, v in want.items()):
+                return float(m.group(4))
+        return None
+
+
+# ---------------------------------------------------------------------------
+# Test base
+# ---------------------------------------------------------------------------
+
+class ExtenderTest(unittest.TestCase):
+    """Per test: a temporary folder and cleanups that take every child down."""
+
+    maxDiff = 4000
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="kgpu-ext-%s-" % self._testMethodName)
+        self.addCleanup(self._remove_tmp)
+
+    def _remove_tmp(self):
+        if os.environ.get("KGPU_TEST_KEEP"):
+            sys.stderr.write("\n  [kept %s]\n" % self.tmp)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def start_standin(self, **kw):
+        s = StandIn(self.tmp, **kw)
+        self.addCleanup(s.stop)
+        return s
+
+    def start_extender(self, args, name="extender", check_exit=True, wait_ready=True,
+                       log_level="info"):
+        ext = Extender(self.tmp, args, name, wait_ready=wait_ready, log_level=log_level)
+        self.addCleanup(self._stop_extender, ext, check_exit)
+        return ext
+
+    def start_extender_for(self, standin, extra=(), name="extender", **kw):
+        kc = standin.kubeconfig(os.path.join(self.tmp, name + ".kubeconfig"))
+        return self.start_extender(["--kubeconfig", kc] + list(extra), name, **kw)
+
+    def _stop_extender(self, ext, check_exit):
+        alive = ext.child.alive()
+        rc, report = ext.stop()
+        if report:
+            self.fail("%s: sanitizer report in its log:\n%s" % (ext.name, report))
+        if check_exit and alive and rc != 0:
+            self.fail("%s exited %s on SIGTERM (expected 0); log tail:\n%s"
+                      % (ext.name, rc, ext.child.log_tail()))
+
+    # Shared checks.
+
+    def assert_state_matches(self, ext, standin, timeout=5.0):
+        """Polls until /inspect equals the stand-in's truth; then checks capacities."""
+        last = {}
+
+        def same():
+            last["held"], last["truth"] = ext.held(), standin.truth()
+            return last["held"] == last["truth"]
+        try:
+            wait_for(same, timeout, interval=0.1, what="/inspect to equal the stand-in")
+        except AssertionError:
+            self.assertEqual(last["held"], last["truth"],
+                             "/inspect (first) differs from the pods' annotations (second)")
+        self.assertEqual(standin.overbooked(last["truth"]), [], "the annotations overbook GPUs")
+        self.assert_within_capacity(ext)
+        return last["truth"]
+
+    def assert_within_capacity(self, ext, doc=None):
+        doc = doc or ext.inspect()
+        for n in doc["nodes"]:
+            for g in n["gpus"]:
+                where = "%s GPU %d" % (n["name"], g["index"])
+                self.assertGreaterEqual(g["memory_allocated_mib"], 0, where)
+                self.assertLessEqual(g["memory_allocated_mib"], g["memory_mib"], where)
+                self.assertGreaterEqual(g["milli_allocated"], 0, where)
+                self.assertLessEqual(g["milli_allocated"], 1000, where)
+                exclusive = [p for p in g["pods"] if p["memory_mib"] == -1]
+                if exclusive:
+                    self.assertEqual(len(g["pods"]), 1,
+                                     "%s: a whole-GPU pod shares its GPU: %s" % (where, g["pods"]))
+
+    def parse_assignment(self, pod):
+        ann = pod["metadata"].get("annotations") or {}
+        self.assertIn("kgpu.io/assignment", ann, "pod %s has no assignment" % pod_key(pod)[1])
+        return json.loads(ann["kgpu.io/assignment"])
+
+
+# ---------------------------------------------------------------------------
+# 1. Happy path
+# ---------------------------------------------------------------------------
+
+A100 = "A100-SXM4-80GB"
+V100 = "V100-SXM2-32GB"
+
+
+class TestHappyPath(ExtenderTest):
+    """Filter, prioritize, bind, preempt against a small heterogeneous cluster."""
+
+    def setUp(self):
+        super().setUp()
+        s = self.standin = self.start_standin()
+        s.add_node("a100-0", gpu_list("a100-0", A100, 81920, 4))
+        s.add_node("a100-1", gpu_list("a100-1", A100, 81920, 4))
+        s.add_node("t4-0", gpu_list("t4-0", "T4", 15360, 2))
+        s.add_node("v100-0", gpu_list("v100-0", V100, 32768, 2))
+        s.add_node("cpu-0")  # no GPU inventory at all
+        # v100-0 is full before the extender starts: two pods bound by an earlier extender.
+        for i in range(2):
+            ann = {"kgpu.io/assignment": assignment_annotation(
+                       [("main", True, [(i, "GPU-v100-0-%d" % i, 1000, 32768)])]),
+                   "kgpu.io/node": "v100-0", "kgpu.io/bind-time": "2025-01-01T00:00:00.0Z"}
+            s.add_pod(pod_object("old-%d" % i, [container("main", whole(1))], ann,
+                                 node_name="v100-0", phase="Running"))
+        self.ext = self.start_extender_for(s)
+        self.all_nodes = ["a100-0", "a100-1", "t4-0", "v100-0", "cpu-0"]
+
+    def new_pod(self, name, containers, annotations=None, ns="default"):
+        return self.standin.add_pod(pod_object(name, containers, annotations), ns)
+
+    def test_adopts_pods_bound_before_start(self):
+        doc = self.ext.inspect()
+        for i in range(2):
+            g = self.ext.gpu("v100-0", i, doc)
+            self.assertEqual((g["memory_allocated_mib"], g["milli_allocated"]), (32768, 1000))
+            self.assertEqual([(p["pod"], p["status"], p["memory_mib"]) for p in g["pods"]],
+                             [("old-%d" % i, "bound", -1)])
+        self.assertEqual(doc["totals"]["pods"], 2)
+        self.assertEqual(doc["totals"]["gpus"], 12)
+        self.assertEqual(sorted(n["name"] for n in doc["nodes"]),
+                         ["a100-0", "a100-1", "t4-0", "v100-0"])
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_filter_fits_and_reasons(self):
+        pod = self.new_pod("big-share", [container("main", share(mem=20))])
+        res = self.ext.filter(pod, self.all_nodes + ["ghost-0"])
+        self.assertIsNone(res["Nodes"])
+        self.assertEqual(res["NodeNames"], ["a100-0", "a100-1"])
+        self.assertEqual(res["Error"], "")
+        self.assertEqual(sorted(res["FailedNodes"]), ["v100-0"])
+        self.assertIn("20480", res["FailedNodes"]["v100-0"])
+        unres = res["FailedAndUnresolvableNodes"]
+        self.assertEqual(sorted(unres), ["cpu-0", "ghost-0", "t4-0"])
+        self.assertIn("20480", unres["t4-0"])
+        self.assertIn("15360", unres["t4-0"])
+        self.assertIn("larger than any GPU", unres["t4-0"])
+        self.assertIn("no GPU inventory", unres["cpu-0"])
+        # Every name sent is accounted for exactly once.
+        answered = res["NodeNames"] + list(res["FailedNodes"]) + list(unres)
+        self.assertEqual(sorted(answered), sorted(self.all_nodes + ["ghost-0"]))
+
+        # A whole GPU: v100-0 is full (merely failed), the rest fit except cpu-0.
+        pod = self.new_pod("one-gpu", [container("main", whole(1))])
+        res = self.ext.filter(pod, self.all_nodes)
+        self.assertEqual(res["NodeNames"], ["a100-0", "a100-1", "t4-0"])
+        self.assertIn("needs 1 whole GPU, 0 are fully free", res["FailedNodes"]["v100-0"])
+        self.assertEqual(sorted(res["FailedAndUnresolvableNodes"]), ["cpu-0"])
+
+        # More GPUs than the node has: unresolvable.
+        pod = self.new_pod("three-gpus", [container("main", whole(3))])
+        res = self.ext.filter(pod, self.all_nodes)
+        self.assertEqual(res["NodeNames"], ["a100-0", "a100-1"])
+        self.assertEqual(sorted(res["FailedAndUnresolvableNodes"]), ["cpu-0", "t4-0", "v100-0"])
+
+        # A pod without GPUs is not kgpu's business: every node passes.
+        pod = self.new_pod("cpu-only", [container("main")])
+        res = self.ext.filter(pod, self.all_nodes)
+        self.assertEqual(res["NodeNames"], self.all_nodes)
+        self.assertEqual(res["FailedNodes"], {})
+        self.assertEqual(res["FailedAndUnresolvableNodes"], {})
+
+        # The gpushare alias means the same as kgpu.io/gpu-mem.
+        pod = self.new_pod("alias", [container("main", share(mem=20, alias=True))])
+        res = self.ext.filter(pod, self.all_nodes)
+        self.assertEqual(res["NodeNames"], ["a100-0", "a100-1"])
+
+    def test_prioritize_scores_every_node_in_order(self):
+        pod = self.new_pod("p", [container("main", share(mem=4, core=20))])
+        for names in (self.all_nodes, list(reversed(self.all_nodes)), ["a100-1"], []):
+            res = self.ext.prioritize(pod, names)
+            self.assertEqual([r["Host"] for r in res], names)
+            for r in res:
+                self.assertIsInstance(r["Score"], int)
+                self.assertGreaterEqual(r["Score"], 0)
+                self.assertLessEqual(r["Score"], 10)
+            if "cpu-0" in names:
+                self.assertEqual([r["Score"] for r in res if r["Host"] == "cpu-0"], [0])
+
+        # binpack ranks a node already in use above an empty one.
+        first = self.new_pod("first", [container("main", share(mem=8, core=50))])
+        self.assertEqual(self.ext.bind(first, "a100-1"), "")
+        bp = self.new_pod("bp", [container("main", share(mem=4, core=20))],
+                          {"kgpu.io/policy": "binpack"})
+        scores = {r["Host"]: r["Score"] for r in self.ext.prioritize(bp, ["a100-0", "a100-1"])}
+        self.assertGreater(scores["a100-1"], scores["a100-0"], scores)
+        sp = self.new_pod("sp", [container("main", share(mem=4, core=20))],
+                          {"kgpu.io/policy": "spread"})
+        scores = {r["Host"]: r["Score"] for r in self.ext.prioritize(sp, ["a100-0", "a100-1"])}
+        self.assertGreater(scores["a100-0"], scores["a100-1"], scores)
+
+    def test_bind_writes_the_assignment(self):
+        pod = self.new_pod("train", [container("main", share(mem=20, core=30))], ns="team-a")
+        node, err = self.ext.schedule(pod, self.all_nodes)
+        self.assertEqual(err, "")
+        self.assertIn(node, ("a100-0", "a100-1"))
+        before = time.time()
+        got = self.standin.get_pod("team-a", "train")
+        self.assertEqual(got["spec"]["nodeName"], node)
+        ann = got["metadata"]["annotations"]
+        self.assertEqual(ann["kgpu.io/node"], node)
+        m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.(\d{9})Z$", ann["kgpu.io/bind-time"])
+        self.assertIsNotNone(m, ann["kgpu.io/bind-time"])
+        bound_at = time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) - time.timezone
+        self.assertLess(abs(bound_at - before), 120, "bind-time is not now (UTC)")
+        conds = got["status"].get("conditions", [])
+        self.assertIn({"type": "PodScheduled", "status": "True"}, conds)
+
+        parts = self.parse_assignment(got)
+        self.assertEqual(len(parts), 1)
+        self.assertEqual(parts[0]["container"], "main")
+        self.assertIs(parts[0]["exclusive"], False)
+        self.assertEqual(len(parts[0]["gpus"]), 1)
+        g = parts[0]["gpus"][0]
+        inventory = {x["index"]: x for x in self.standin.nodes[node]}
+        self.assertIn(g["index"], inventory)
+        self.assertEqual(g["uuid"], inventory[g["index"]]["uuid"])
+        self.assertEqual((g["milli"], g["memory_mib"]), (300, 20480))
+
+        # /inspect shows the pod on that GPU, bound.
+        doc = self.ext.inspect()
+        gi = self.ext.gpu(node, g["index"], doc)
+        self.assertEqual((gi["memory_allocated_mib"], gi["milli_allocated"]), (20480, 300))
+        self.assertEqual(gi["uuid"], g["uuid"])
+        self.assertEqual(gi["pods_sharing"], 1)
+        self.assertEqual(gi["pods"], [{"pod": "train", "namespace": "team-a", "container": "main",
+                                       "milli": 300, "memory_mib": 20480, "status": "bound"}])
+        self.assertEqual(doc["totals"]["pods"], 3)
+        status, one = self.ext.get("/inspect/" + node)
+        self.assertEqual(status, 200)
+        self.assertEqual(json.loads(one)["name"], node)
+        self.assertEqual(self.ext.get("/inspect/no-such-node")[0], 404)
+        self.assert_state_matches(self.ext, self.standin)
+
+        # kgpu inspect --server shows it too.
+        out = subprocess.run([KGPU_BIN, "inspect", "--server", self.ext.url, "--detail"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout, r"(?m)^(%s)?\s+%d\s+%s\s+20480/81920\s+25%%\s+300/1000"
+                         % (node, g["index"], A100))
+        self.assertIn("team-a/train (main): 20480 MiB, 300 milli", out.stdout)
+        self.assertIn("%s " % node, out.stdout)
+        out = subprocess.run([KGPU_BIN, "inspect", node, "--server", self.ext.url, "--json"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(json.loads(out.stdout)["gpus"][g["index"]]["memory_allocated_mib"],
+                         20480)
+
+        # A repeated bind to the same node answers success and changes nothing;
+        # to another node it is refused.
+        self.assertEqual(self.ext.bind(pod, node), "")
+        other = "a100-1" if node == "a100-0" else "a100-0"
+        err = self.ext.bind(pod, other)
+        self.assertNotEqual(err, "")
+        self.assertEqual(self.ext.inspect()["totals"]["pods"], 3)
+        self.assert_state_matches(self.ext, self.standin)
+        self.assertEqual(self.standin.stats()["unauthorized"], 0)
+
+    def test_non_cache_mode(self):
+        nodes = [self.standin.get_node(n) for n in self.all_nodes]
+        pod = self.new_pod("nc", [container("main", share(mem=20))])
+        res = self.ext.filter(pod, nodes=nodes)
+        self.assertIsNone(res["NodeNames"])
+        self.assertEqual(res["Nodes"]["kind"], "NodeList")
+        self.assertEqual(res["Nodes"]["apiVersion"], "v1")
+        items = res["Nodes"]["items"]
+        self.assertEqual([n["metadata"]["name"] for n in items], ["a100-0", "a100-1"])
+        self.assertEqual(items[0], nodes[0], "node objects must come back as sent")
+        self.assertEqual(sorted(res["FailedNodes"]), ["v100-0"])
+        self.assertEqual(sorted(res["FailedAndUnresolvableNodes"]), ["cpu-0", "t4-0"])
+
+        scores = self.ext.prioritize(pod, nodes=nodes)
+        self.assertEqual([r["Host"] for r in scores], self.all_nodes)
+        self.assertTrue(all(0 <= r["Score"] <= 10 for r in scores))
+
+        # An empty NodeList and a null Nodes both mean no candidates.
+        self.assertIsNone(self.ext.filter(pod, nodes=[])["NodeNames"])
+        status, res = self.ext.post_json("filter", {"Pod": pod, "Nodes": None, "NodeNames": None})
+        self.assertEqual(status, 200)
+        self.assertFalse(res.get("NodeNames"))
+        self.assertFalse((res.get("Nodes") or {}).get("items"))
+
+        # A node the extender had not heard of teaches it its inventory.
+        extra = node_object("new-0", gpu_list("new-0", "L4", 23034, 1))
+        res = self.ext.filter(pod, nodes=[extra])
+        self.assertEqual([n["metadata"]["name"] for n in res["Nodes"]["items"]], ["new-0"])
+        self.assertIsNotNone(self.ext.gpu("new-0", 0))
+        huge = self.new_pod("huge", [container("main", share(mem=23))])
+        res = self.ext.filter(huge, nodes=[extra])
+        self.assertEqual(res["Nodes"]["items"], [])
+        self.assertIn("larger than any GPU", res["FailedAndUnresolvableNodes"]["new-0"])
+
+        node, err = self.ext.schedule(pod, ["a100-0"])
+        self.assertEqual((node, err), ("a100-0", ""))
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_multi_container_pod(self):
+        pod = self.new_pod("multi", [
+            container("trainer", whole(2)),
+            container("sidecar", share(mem=4, core=25)),
+            container("plain"),
+            container("logger", share(mem=2, count=2)),
+        ])
+        res = self.ext.filter(pod, self.all_nodes)
+        self.assertEqual(res["NodeNames"], ["a100-0", "a100-1"])
+        # t4-0 has 2 GPUs: the trainer's two whole ones leave none for the shares.
+        self.assertIn("t4-0", {**res["FailedNodes"], **res["FailedAndUnresolvableNodes"]})
+        self.assertEqual(self.ext.bind(pod, "a100-0"), "")
+        got = self.standin.get_pod("default", "multi")
+        parts = {p["container"]: p for p in self.parse_assignment(got)}
+        self.assertEqual(sorted(parts), ["logger", "sidecar", "trainer"])
+        tr, sc, lg = parts["trainer"], parts["sidecar"], parts["logger"]
+        self.assertIs(tr["exclusive"], True)
+        self.assertEqual(len(tr["gpus"]), 2)
+        self.assertEqual({(g["milli"], g["memory_mib"]) for g in tr["gpus"]}, {(1000, 81920)})
+        self.assertIs(sc["exclusive"], False)
+        self.assertEqual([(g["milli"], g["memory_mib"]) for g in sc["gpus"]], [(250, 4096)])
+        self.assertEqual(len(lg["gpus"]), 2)
+        self.assertEqual({(g["milli"], g["memory_mib"]) for g in lg["gpus"]}, {(0, 1024)})
+        self.assertEqual(len({g["index"] for g in lg["gpus"]}), 2, "gpu-count 2: two GPUs")
+        whole_idx = {g["index"] for g in tr["gpus"]}
+        shared_idx = {g["index"] for g in sc["gpus"] + lg["gpus"]}
+        self.assertFalse(whole_idx & shared_idx, "a share landed on a whole GPU")
+        inv = {g["index"]: g["uuid"] for g in self.standin.nodes["a100-0"]}
+        for p in parts.values():
+            for g in p["gpus"]:
+                self.assertEqual(g["uuid"], inv[g["index"]])
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_containers_that_never_fit_together_are_unresolvable(self):
+        # t4-0 has 2 GPUs of 15360 MiB: three containers of 10 GiB each never fit it, even
+        # empty, though each alone does. docs/install-extender.md: "Nodes the pod could not
+        # use even if they were empty are listed as unresolvable".
+        pod = self.new_pod("three", [container("c%d" % i, share(mem=10)) for i in range(3)])
+        res = self.ext.filter(pod, ["t4-0"])
+        self.assertEqual(res["NodeNames"], [])
+        self.assertIn("t4-0", res["FailedAndUnresolvableNodes"], res)
+
+    def test_init_containers(self):
+        # Covered by the app container's GPUs: no allocation of its own.
+        p = pod_object("covered", [container("main", share(mem=4, core=20))])
+        p["spec"]["initContainers"] = [container("setup", share(mem=2, core=10))]
+        p = self.standin.add_pod(p)
+        self.assertEqual(self.ext.schedule(p, ["t4-0"]), ("t4-0", ""))
+        parts = self.parse_assignment(self.standin.get_pod("default", "covered"))
+        self.assertEqual([x["container"] for x in parts], ["main"])
+        # Not covered: its own allocation, held for the pod's life.
+        p = pod_object("uncovered", [container("main", share(mem=4))])
+        p["spec"]["initContainers"] = [container("setup", whole(1))]
+        p = self.standin.add_pod(p)
+        self.assertEqual(self.ext.schedule(p, ["a100-0"]), ("a100-0", ""))
+        parts = {x["container"]: x for x in
+                 self.parse_assignment(self.standin.get_pod("default", "uncovered"))}
+        self.assertEqual(sorted(parts), ["main", "setup"])
+        self.assertIs(parts["setup"]["exclusive"], True)
+        self.assertNotEqual(parts["setup"]["gpus"][0]["index"], parts["main"]["gpus"][0]["index"])
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_many_node_names(self):
+        # kube-scheduler sends up to ~500 names per call in large clusters; 5000 here.
+        names = ["node-%04d" % i for i in range(5000)]
+        names[1234], names[4321] = "a100-0", "t4-0"
+        pod = self.new_pod("wide", [container("main", share(mem=4))])
+        t0 = time.monotonic()
+        res = self.ext.filter(pod, names)
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(res["NodeNames"], ["a100-0", "t4-0"])
+        self.assertEqual(len(res["FailedAndUnresolvableNodes"]), 4998)
+        scores = self.ext.prioritize(pod, names)
+        self.assertEqual([x["Host"] for x in scores], names)
+
+    def test_gpu_model_globs(self):
+        pod = self.new_pod("a100-only", [container("main", share(mem=4))],
+                           {"kgpu.io/gpu-type": "A100*"})
+        res = self.ext.filter(pod, self.all_nodes)
+        self.assertEqual(res["NodeNames"], ["a100-0", "a100-1"])
+        unres = res["FailedAndUnresolvableNodes"]
+        self.assertEqual(sorted(unres), ["cpu-0", "t4-0", "v100-0"])
+        self.assertIn("not allowed", unres["t4-0"])
+        self.assertIn("T4", unres["t4-0"])
+        self.assertIn("not allowed", unres["v100-0"])
+        self.assertEqual(res["FailedNodes"], {})
+
+        pod = self.new_pod("no-t4", [container("main", share(mem=4))],
+                           {"kgpu.io/gpu-type-exclude": "T4"})
+        res = self.ext.filter(pod, ["t4-0", "a100-0"])
+        self.assertEqual(res["NodeNames"], ["a100-0"])
+        self.assertIn("not allowed", res["FailedAndUnresolvableNodes"]["t4-0"])
+
+        pod = self.new_pod("t4-or-v100", [container("main", share(mem=4))],
+                           {"kgpu.io/gpu-type": "T4, V100*"})
+        res = self.ext.filter(pod, self.all_nodes)
+        self.assertEqual(res["NodeNames"], ["t4-0"])  # v100-0 is full: failed, not unresolvable
+        self.assertIn("v100-0", res["FailedNodes"])
+        self.assertEqual(self.ext.bind(pod, "t4-0"), "")
+        # Bind checks the model too.
+        a100 = self.new_pod("a100-bind", [container("main", share(mem=4))],
+                            {"kgpu.io/gpu-type": "A100*"})
+        self.ext.filter(a100, ["t4-0"])
+        self.assertNotEqual(self.ext.bind(a100, "t4-0"), "")
+        self.assertIsNone(self.standin.get_pod("default", "a100-bind")["spec"].get("nodeName"))
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_whole_gpus_and_shares_never_share_a_gpu(self):
+        s1 = self.new_pod("s1", [container("main", share(mem=1))])
+        self.ext.filter(s1, ["t4-0"])
+        self.assertEqual(self.ext.bind(s1, "t4-0"), "")
+        w2 = self.new_pod("w2", [container("main", whole(2))])
+        res = self.ext.filter(w2, ["t4-0"])
+        self.assertEqual(res["NodeNames"], [])
+        self.assertIn("needs 2 whole GPUs, 1 is fully free", res["FailedNodes"]["t4-0"])
+        self.assertNotEqual(self.ext.bind(w2, "t4-0"), "")
+        w1 = self.new_pod("w1", [container("main", whole(1))])
+        self.assertEqual(self.ext.filter(w1, ["t4-0"])["NodeNames"], ["t4-0"])
+        self.assertEqual(self.ext.bind(w1, "t4-0"), "")
+        # Both GPUs are taken now: one whole, one by a 1 GiB share. More shares go to the
+        # shared GPU, never to the whole one; another whole GPU does not fit.
+        for i in range(3):
+            p = self.new_pod("s%d" % (i + 2), [container("main", share(mem=2, core=10))])
+            self.assertEqual(self.ext.filter(p, ["t4-0"])["NodeNames"], ["t4-0"])
+            self.assertEqual(self.ext.bind(p, "t4-0"), "")
+        w3 = self.new_pod("w3", [container("main", whole(1))])
+        self.assertEqual(self.ext.filter(w3, ["t4-0"])["NodeNames"], [])
+        self.assertNotEqual(self.ext.bind(w3, "t4-0"), "")
+        whole_gpu = self.parse_assignment(self.standin.get_pod("default", "w1"))[0]["gpus"][0]
+        shared = {self.parse_assignment(self.standin.get_pod("default", n))[0]["gpus"][0]["index"]
+                  for n in ("s1", "s2", "s3", "s4")}
+        self.assertEqual(len(shared), 1)
+        self.assertNotIn(whole_gpu["index"], shared)
+        doc = self.ext.inspect()
+        g = self.ext.gpu("t4-0", whole_gpu["index"], doc)
+        self.assertEqual([p["pod"] for p in g["pods"]], ["w1"])
+        self.assertEqual(g["pods_sharing"], 1)
+        self.assert_within_capacity(self.ext, doc)
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_policy_spread_and_binpack(self):
+        def place(name, policy):
+            p = self.new_pod(name, [container("main", share(mem=2, core=10))],
+                             {"kgpu.io/policy": policy})
+            self.assertEqual(self.ext.filter(p, ["a100-1"])["NodeNames"], ["a100-1"])
+            self.assertEqual(self.ext.bind(p, "a100-1"), "")
+            return self.parse_assignment(self.standin.get_pod("default", name))[0]["gpus"][0]
+
+        sp = [place("spread-%d" % i, "spread")["index"] for i in range(2)]
+        self.assertNotEqual(sp[0], sp[1], "spread put two small shares on one GPU")
+        bp = [place("binpack-%d" % i, "binpack")["index"] for i in range(2)]
+        self.assertEqual(bp[0], bp[1], "binpack put two small shares on different GPUs")
+        # An unknown policy is refused, not silently replaced.
+        p = self.new_pod("bad-policy", [container("main", share(mem=2))],
+                         {"kgpu.io/policy": "no-such-policy"})
+        self.ext.filter(p, ["a100-1"])
+        err = self.ext.bind(p, "a100-1")
+        self.assertIn("no-such-policy", err)
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_preempt(self):
+        victims = []
+        for i in range(4):
+            v = self.new_pod("victim-%d" % i, [container("main", whole(1))])
+            self.ext.filter(v, ["a100-0"])
+            self.assertEqual(self.ext.bind(v, "a100-0"), "")
+            victims.append(pod_uid(v))
+        pod = self.new_pod("important", [container("main", whole(2))])
+        self.assertEqual(self.ext.filter(pod, ["a100-0"])["NodeNames"], [])
+        res = self.ext.preempt(pod, {"a100-0": victims[:2]})["NodeNameToMetaVictims"]
+        self.assertEqual(list(res), ["a100-0"])
+        self.assertEqual(sorted(p["UID"] for p in res["a100-0"]["Pods"]), sorted(victims[:2]))
+        self.assertEqual(res["a100-0"]["NumPDBViolations"], 0)
+        # One victim frees one GPU: not enough. Victims elsewhere free nothing here.
+        res = self.ext.preempt(pod, {"a100-0": victims[:1], "v100-0": [], "cpu-0": victims})
+        self.assertEqual(res["NodeNameToMetaVictims"], {})
+        # Victims that hold nothing on v100-0 cannot make room there.
+        res = self.ext.preempt(pod, {"v100-0": victims})
+        self.assertEqual(res["NodeNameToMetaVictims"], {})
+        # The full-pod form (NodeNameToVictims) works too.
+        vpods = [self.standin.get_pod("default", "victim-%d" % i) for i in range(4)]
+        args = {"Pod": pod, "NodeNameToVictims": {
+                    "a100-0": {"Pods": vpods, "NumPDBViolations": 1}},
+                "NodeNameToMetaVictims": None}
+        status, res = self.ext.post_json("preempt", args)
+        self.assertEqual(status, 200, res)
+        self.assertEqual(sorted(p["UID"] for p in res["NodeNameToMetaVictims"]["a100-0"]["Pods"]),
+                         sorted(victims))
+        self.assertEqual(res["NodeNameToMetaVictims"]["a100-0"]["NumPDBViolations"], 1)
+        # Preempt changes nothing.
+        self.assert_state_matches(self.ext, self.standin)
+
+
+# ---------------------------------------------------------------------------
+# 2. Faults
+# ---------------------------------------------------------------------------
+
+class TestFaults(ExtenderTest):
+
+    def setUp(self):
+        super().setUp()
+        s = self.standin = self.start_standin()
+        s.add_node("t4-0", gpu_list("t4-0", "T4", 15360, 2))
+        s.add_node("t4-1", gpu_list("t4-1", "T4", 15360, 2))
+        self.ext = self.start_extender_for(s)
+
+    def new_pod(self, name, limits, annotations=None):
+        return self.standin.add_pod(pod_object(name, [container("main", limits)], annotations))
+
+    def bind_failures(self, reason):
+        return self.ext.metric("kgpu_extender_bind_failures_total", {"reason": reason})
+
+    def test_api_error_releases_the_reservation(self):
+        pod = self.new_pod("p", share(mem=4, core=20))
+        self.assertEqual(self.ext.filter(pod, ["t4-0"])["NodeNames"], ["t4-0"])
+        self.standin.control(bind_status=500, bind_count=1)
+        err = self.ext.bind(pod, "t4-0")
+        self.assertIn("500", err)
+        self.assertIn("injected bind failure", err)
+        self.assertIn("default/p", err)
+        self.assertEqual(self.ext.held(), {})
+        self.assertEqual(self.ext.inspect()["totals"]["pods"], 0)
+        self.assertIsNone(self.standin.get_pod("default", "p")["spec"].get("nodeName"))
+        self.assertEqual(self.bind_failures("api_error"), 1)
+        # The fault was for one bind: kube-scheduler's retry goes through.
+        node, err = self.ext.schedule(pod, ["t4-0", "t4-1"])
+        self.assertEqual(err, "")
+        self.assertEqual(self.standin.get_pod("default", "p")["spec"]["nodeName"], node)
+        self.assert_state_matches(self.ext, self.standin)
+
+        # Several failures in a row, of several kinds, leak nothing either.
+        for status in (403, 500, 503, 422):
+            q = self.new_pod("q-%d" % status, share(mem=4))
+            self.ext.filter(q, ["t4-0"])
+            self.standin.control(bind_status=status)
+            err = self.ext.bind(q, "t4-0")
+            self.assertIn(str(status), err)
+        self.assertEqual(self.bind_failures("api_error"), 5)
+        self.assert_state_matches(self.ext, self.standin)
+        self.assertEqual(self.ext.inspect()["totals"]["pods"], 1)
+
+    def test_pod_already_bound_conflict(self):
+        # Bound by someone else (no kgpu assignment): the API server answers 409.
+        pod = self.standin.add_pod(pod_object("taken", [container("main", share(mem=4))],
+                                              node_name="t4-1"))
+        self.ext.filter(pod, ["t4-0"])
+        err = self.ext.bind(pod, "t4-0")
+        self.assertIn("409", err)
+        self.assertIn("already assigned", err)
+        self.assertEqual(self.ext.held(), {})
+        self.assertEqual(self.bind_failures("api_conflict"), 1)
+        self.assertEqual(self.standin.get_pod("default", "taken")["spec"]["nodeName"], "t4-1")
+        # An injected 409 is the same.
+        p = self.new_pod("p", share(mem=4))
+        self.ext.filter(p, ["t4-0"])
+        self.standin.control(bind_status=409)
+        self.assertIn("409", self.ext.bind(p, "t4-0"))
+        self.assertEqual(self.bind_failures("api_conflict"), 2)
+        self.assertEqual(self.ext.held(), {})
+        # A pod deleted and re-created under the same name: the uid precondition refuses it.
+        old = self.new_pod("again", share(mem=4))
+        self.ext.filter(old, ["t4-0"])
+        self.standin.delete_pod("default", "again")
+        self.new_pod("again", share(mem=4))
+        err = self.ext.bind(old, "t4-0")
+        self.assertNotEqual(err, "")
+        self.assertIsNone(self.standin.get_pod("default", "again")["spec"].get("nodeName"))
+        self.assert_state_matches(self.ext, self.standin)
+        self.assertEqual(self.ext.held(), {})
+
+    def test_unreachable_api_server(self):
+        pod = self.new_pod("p", share(mem=4))
+        self.ext.filter(pod, ["t4-0"])
+        self.standin.stop()
+        t0 = time.monotonic()
+        err = self.ext.bind(pod, "t4-0", timeout=60)
+        self.assertNotEqual(err, "")
+        self.assertLess(time.monotonic() - t0, 30)
+        self.assertEqual(self.ext.held(), {})
+        self.assertEqual(self.bind_failures("api_unreachable"), 1)
+        self.assertEqual(self.ext.get("/healthz")[0], 200)
+
+    def test_slow_api_binds_in_parallel(self):
+        delay_ms, count = 1500, 8
+        # 2 nodes x 2 GPUs x 15 GiB hold 12 shares of 5 GiB: the last 2 of 14 cannot fit.
+        pods = [self.new_pod("slow-%02d" % i, share(mem=5, core=10)) for i in range(count + 6)]
+        first = pods[:count]
+        for p in pods:
+            self.assertEqual(len(self.ext.filter(p, ["t4-0", "t4-1"])["NodeNames"]), 2)
+        self.standin.control(bind_delay_ms=delay_ms)
+        results = {}
+
+        def bind(p, node):
+            results[p["metadata"]["name"]] = self.ext.bind(p, node, timeout=60)
+        threads = [threading.Thread(target=bind, args=(p, "t4-0" if i % 2 else "t4-1"))
+                   for i, p in enumerate(first)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        # While the binds wait on the API server, their GPUs are reserved.
+        time.sleep(delay_ms / 3000.0)
+        doc = self.ext.inspect()
+        statuses = [p["status"] for n in doc["nodes"] for g in n["gpus"] for p in g["pods"]]
+        self.assertEqual(statuses.count("reserved"), count, doc)
+        self.assert_within_capacity(self.ext, doc)
+        # Reservations in flight count: 6 GPUs' worth of room is left for 6 more pods,
+        # then nothing. These run concurrently with the first batch, too.
+        late = {}
+
+        def bind_late(p):
+            late[p["metadata"]["name"]] = self.ext.bind(p, "t4-0", timeout=60)
+        more = [threading.Thread(target=bind_late, args=(p,)) for p in pods[count:]]
+        for t in more:
+            t.start()
+        for t in threads + more:
+            t.join(60)
+        elapsed = time.monotonic() - t0
+        self.assertEqual(results, {p["metadata"]["name"]: "" for p in first})
+        # 8 + 6 binds of 1.5 s each: serialised they would take 21 s.
+        self.assertLess(elapsed, 0.5 * (count + 6) * delay_ms / 1000.0,
+                        "binds were serialised: %.1f s" % elapsed)
+        # t4-0 got 4 of the first batch (20 GiB of its 30): 2 more fit, 4 do not.
+        self.assertEqual(sorted(late.values()).count(""), 2, late)
+        for err in late.values():
+            if err:
+                self.assertIn("does not fit", err)
+        self.standin.control(bind_delay_ms=0)
+        self.assert_state_matches(self.ext, self.standin)
+        bound = [p for p in self.standin.pods() if p["spec"].get("nodeName")]
+        self.assertEqual(len(bound), count + 2)
+
+    def watch_restarts(self):
+        return sum(self.ext.metric("kgpu_extender_watch_restarts_total", {"resource": r}) or 0
+                   for r in ("nodes", "pods"))
+
+    def test_watch_faults_keep_state_true(self):
+        # Some pods bound through the extender, one bound behind its back.
+        for i in range(3):
+            p = self.new_pod("w-%d" % i, share(mem=3, core=20))
+            self.assertEqual(self.ext.schedule(p, ["t4-0", "t4-1"])[1], "")
+        restarts = self.watch_restarts()
+
+        def restarted_beyond(n):
+            return lambda: self.watch_restarts() > n
+
+        # Cut the streams; then change things while the extender re-lists and re-watches.
+        self.standin.control(drop_watches=True)
+        wait_for(restarted_beyond(restarts), 10, what="watch restart after drop_watches")
+        self.standin.delete_pod("default", "w-0")
+        ann = {"kgpu.io/assignment": assignment_annotation(
+                   [("main", False, [(1, "GPU-t4-1-1", 500, 4096)])]),
+               "kgpu.io/node": "t4-1"}
+        self.standin.add_pod(pod_object("outside", [container("main", share(mem=4, core=50))],
+                                        ann, node_name="t4-1", phase="Running"))
+        self.assert_state_matches(self.ext, self.standin, timeout=10)
+
+        # The server tells every watcher it fell behind (410 ERROR event).
+        restarts = self.watch_restarts()
+        opened = self.standin.stats()["watches_opened"]
+        self.standin.control(expire_watches=True)
+        wait_for(restarted_beyond(restarts), 10, what="watch restart after expire_watches")
+        # Bind only once both reflectors watch again (their lists applied): a bind racing
+        # a relist is test_relist_racing_a_bind's business.
+        wait_for(lambda: self.standin.stats()["watches_opened"] >= opened + 2, 10,
+                 what="both watches open again")
+        p = self.new_pod("after-expire", share(mem=2))
+        self.assertEqual(self.ext.schedule(p, ["t4-0", "t4-1"])[1], "")
+        self.standin.delete_pod("default", "w-1")
+        self.assert_state_matches(self.ext, self.standin, timeout=10)
+
+        # Changes made while the watch is down and the history is gone: only a relist
+        # (after 410 on the re-watch, and two failed lists) can find them.
+        restarts = self.watch_restarts()
+        self.standin.control(fail_lists=2)
+        self.standin.control(drop_watches=True)
+        self.standin.delete_pod("default", "w-2")
+        self.standin.set_node_gpus("t4-0", gpu_list("t4-0", "T4", 15360, 2, unhealthy=(1,)))
+        self.standin.control(expire_history=True)
+        wait_for(restarted_beyond(restarts), 10, what="watch restart after the second drop")
+        # The failed lists are the extender's to take, not this test's: wait until it has.
+        wait_for(lambda: self.standin.control()["fail_lists"] == 0, 15,
+                 what="the extender to take both failed lists")
+        self.assert_state_matches(self.ext, self.standin, timeout=15)
+        wait_for(lambda: self.ext.gpu("t4-0", 1)["healthy"] is False, 10,
+                 what="the GPU marked unhealthy while the watch was down")
+        self.assertGreater(self.watch_restarts(), restarts)
+        self.assertEqual(self.ext.metric("kgpu_extender_assignment_conflicts_total"), 0)
+        self.assertEqual(self.ext.get("/readyz")[0], 200)
+        self.assertEqual(self.standin.stats()["unauthorized"], 0)
+
+    def test_deleted_pod_frees_its_gpus(self):
+        pods = []
+        for i in range(3):
+            p = self.new_pod("d-%d" % i, share(mem=4, core=30))
+            self.assertEqual(self.ext.schedule(p, ["t4-0", "t4-1"])[1], "")
+            pods.append(p)
+        self.assert_state_matches(self.ext, self.standin)
+        self.assertEqual(self.ext.inspect()["totals"]["pods"], 3)
+        # Deleted: gone from /inspect within 3 s.
+        self.standin.delete_pod("default", "d-0")
+        wait_for(lambda: self.ext.inspect()["totals"]["pods"] == 2, 3, what="d-0 freed")
+        self.assert_state_matches(self.ext, self.standin)
+        # Finished (phase Succeeded) frees its GPUs as well.
+        self.standin.patch_pod("default", "d-1", {"status": {"phase": "Succeeded"}})
+        wait_for(lambda: self.ext.inspect()["totals"]["pods"] == 1, 3, what="d-1 freed")
+        # Being deleted (deletionTimestamp set) counts as gone.
+        self.standin.patch_pod("default", "d-2", {"metadata": {
+            "deletionTimestamp": "2025-01-01T00:00:00Z"}})
+        wait_for(lambda: self.ext.inspect()["totals"]["pods"] == 0, 3, what="d-2 freed")
+        self.assertEqual(self.ext.held(), {})
+        # The room is usable again: four 7 GiB shares fit the four 15 GiB GPUs.
+        for i in range(4):
+            p = self.new_pod("again-%d" % i, share(mem=14))
+            self.assertEqual(self.ext.schedule(p, ["t4-0", "t4-1"])[1], "")
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_node_inventory_changes(self):
+        p = self.new_pod("n-0", share(mem=4))
+        self.assertEqual(self.ext.schedule(p, ["t4-1"])[1], "")
+        # A new node joins; another leaves.
+        self.standin.add_node("l4-0", gpu_list("l4-0", "L4", 23034, 1))
+        wait_for(lambda: any(n["name"] == "l4-0" for n in self.ext.inspect()["nodes"]), 3,
+                 what="l4-0 in /inspect")
+        self.standin.delete_node("t4-0")
+        wait_for(lambda: all(n["name"] != "t4-0" for n in self.ext.inspect()["nodes"]), 3,
+                 what="t4-0 gone from /inspect")
+        res = self.ext.filter(self.new_pod("n-1", share(mem=4)), ["t4-0", "t4-1", "l4-0"])
+        self.assertEqual(res["NodeNames"], ["t4-1", "l4-0"])
+        self.assertIn("t4-0", res["FailedAndUnresolvableNodes"])
+        # Unhealthy GPUs take no new pods; the pod already there stays counted.
+        gpu = self.parse_assignment(self.standin.get_pod("default", "n-0"))[0]["gpus"][0]["index"]
+        self.standin.set_node_gpus("t4-1", gpu_list("t4-1", "T4", 15360, 2, unhealthy=(0, 1)))
+        wait_for(lambda: self.ext.gpu("t4-1", 0)["healthy"] is False, 3, what="unhealthy")
+        res = self.ext.filter(self.new_pod("n-2", share(mem=1)), ["t4-1"])
+        self.assertIn("healthy", res["FailedNodes"].get("t4-1", ""))
+        self.assertEqual(self.ext.gpu("t4-1", gpu)["memory_allocated_mib"], 4096)
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_gpu_leaves_and_returns(self):
+        w = self.new_pod("w", whole(2))
+        self.assertEqual(self.ext.schedule(w, ["t4-0"]), ("t4-0", ""))
+        # GPU 1 drops out of the device plugin's inventory for a while, then returns.
+        self.standin.set_node_gpus("t4-0", gpu_list("t4-0", "T4", 15360, 1))
+        wait_for(lambda: len(self.ext.inspect()["nodes"][0]["gpus"]) == 1, 3, what="shrink")
+        self.standin.set_node_gpus("t4-0", gpu_list("t4-0", "T4", 15360, 2))
+        wait_for(lambda: len(self.ext.inspect()["nodes"][0]["gpus"]) == 2, 3, what="regrow")
+        # The pod is still bound to both GPUs in the API server.
+        self.assert_state_matches(self.ext, self.standin, timeout=3)
+        x = self.new_pod("x", whole(1))
+        self.assertEqual(self.ext.filter(x, ["t4-0"])["NodeNames"], [])
+
+    def test_node_deleted_and_recreated(self):
+        q = self.new_pod("q", whole(1))
+        self.assertEqual(self.ext.schedule(q, ["t4-1"]), ("t4-1", ""))
+        self.standin.delete_node("t4-1")
+        wait_for(lambda: all(n["name"] != "t4-1" for n in self.ext.inspect()["nodes"]), 3,
+                 what="t4-1 gone")
+        self.standin.add_node("t4-1", gpu_list("t4-1", "T4", 15360, 2))
+        wait_for(lambda: any(n["name"] == "t4-1" for n in self.ext.inspect()["nodes"]), 3,
+                 what="t4-1 back")
+        self.assert_state_matches(self.ext, self.standin, timeout=3)
+
+    def test_relist_racing_a_bind(self):
+        self.standin.add_node("one-0", gpu_list("one-0", "T4", 15360, 1))
+        # Big pods make the pod list take a while to send and read.
+        pad = "x" * 100000
+        for i in range(60):
+            self.standin.add_pod(pod_object("filler-%d" % i, [container("main")], {"pad": pad}))
+        wait_for(lambda: self.ext.gpu("one-0", 0), 3, what="one-0 known")
+        for trial in range(3):
+            rival = self.new_pod("rival-%d" % trial, whole(1))
+            self.ext.filter(rival, ["one-0"])
+            lists = self.standin.stats()["lists"]
+            self.standin.control(expire_watches=True)  # both reflectors relist
+            wait_for(lambda: self.standin.stats()["lists"] >= lists + 2, 5, interval=0.002,
+                     what="the relists to start")
+            time.sleep(0.03)
+            # Bound while the pod list is on its way: the list does not have it.
+            pod = self.new_pod("during-%d" % trial, whole(1))
+            self.ext.filter(pod, ["one-0"])
+            self.assertEqual(self.ext.bind(pod, "one-0"), "")
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                if ("one-0", 0) not in self.ext.held():
+                    err = self.ext.bind(rival, "one-0")
+                    self.fail("trial %d: the GPU of bound pod %s counted as free; a second "
+                              "whole-GPU pod's bind then answered %r (\"\" = one GPU given "
+                              "twice); the stand-in's pods overbook: %s"
+                              % (trial, pod["metadata"]["name"], err,
+                                 self.standin.overbooked(self.standin.truth())))
+                self.assertNotEqual(self.ext.bind(rival, "one-0"), "", "one GPU given twice")
+            self.assertEqual(self.standin.overbooked(self.standin.truth()), [])
+            self.assert_state_matches(self.ext, self.standin)
+            self.standin.delete_pod("default", "during-%d" % trial)
+            wait_for(lambda: not self.ext.held(), 3, what="the GPU freed")
+        self.assertEqual(self.ext.metric("kgpu_extender_assignment_conflicts_total"), 0)
+
+    def test_zero_quantity_pod_holds_nothing(self):
+        pod = self.new_pod("zero", {"kgpu.io/gpu-mem": 0})
+        self.assertEqual(self.ext.schedule(pod, ["t4-0"]), ("t4-0", ""))
+        self.assertEqual(self.ext.held(), {})
+        self.assertEqual(self.ext.inspect()["totals"]["pods"], 0)
+
+    def test_same_pod_bound_twice_at_once(self):
+        pod = self.new_pod("twice", share(mem=4))
+        self.ext.filter(pod, ["t4-0", "t4-1"])
+        self.standin.control(bind_delay_ms=500)
+        results = []
+        threads = [threading.Thread(target=lambda n=n: results.append(self.ext.bind(pod, n)))
+                   for n in ("t4-0", "t4-1", "t4-0")]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join(30)
+        self.standin.control(bind_delay_ms=0)
+        self.assertEqual(sorted(results).count(""), 1, results)
+        self.assertTrue(any("in flight" in r for r in results), results)
+        self.assertEqual(self.standin.stats()["binds"], 1)
+        self.assertEqual(self.ext.inspect()["totals"]["pods"], 1)
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_bind_without_filter_fetches_the_pod(self):
+        # kube-scheduler called filter on another extender instance, or long ago.
+        pod = self.new_pod("unseen", share(mem=6, core=40))
+        self.assertEqual(self.ext.bind(pod, "t4-1"), "")
+        parts = self.parse_assignment(self.standin.get_pod("default", "unseen"))
+        self.assertEqual([(g["milli"], g["memory_mib"]) for g in parts[0]["gpus"]], [(400, 6144)])
+        self.assertGreaterEqual(self.standin.stats()["gets"], 1)
+        # A pod of that name but another uid (deleted and re-created) is refused.
+        old = self.new_pod("renewed", share(mem=1))
+        self.standin.delete_pod("default", "renewed")
+        self.new_pod("renewed", share(mem=1))
+        self.assertIn("another pod of that name", self.ext.bind(old, "t4-1"))
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_readiness_waits_for_the_lists(self):
+        # A second extender whose node and pod lists fail is not ready.
+        self.standin.control(fail_lists=1000)
+        late = self.start_extender_for(self.standin, name="blocked", wait_ready=False)
+        time.sleep(1.0)
+        self.assertEqual(late.get("/readyz")[0], 503)
+        self.assertEqual(late.metric("kgpu_extender_ready"), 0)
+        self.assertEqual(late.get("/healthz")[0], 200)
+        self.standin.control(fail_lists=0)
+        late.wait_ready(timeout=15)
+        self.assertEqual(late.metric("kgpu_extender_ready"), 1)
+
+
+# ---------------------------------------------------------------------------
+# 3. Restart
+# ---------------------------------------------------------------------------
+
+def random_limits(rng, max_whole=2, mem_max=8):
+    r = rng.random()
+    if r < 0.2:
+        return whole(rng.randint(1, max_whole))
+    if r < 0.3:
+        return share(mem=2 * rng.randint(1, mem_max // 2), count=2)
+    if r < 0.4:
+        return share(core=rng.choice((10, 25, 50)))
+    if r < 0.7:
+        return share(mem=rng.randint(1, mem_max), core=rng.choice((5, 10, 20, 40)))
+    return share(mem=rng.randint(1, mem_max))
+
+
+class TestRestart(ExtenderTest):
+
+    def test_sigkill_mid_stream(self):
+        rng = random.Random(7)
+        s = self.start_standin()
+        nodes = ["r-a100-0", "r-a100-1", "r-t4-0"]
+        s.add_node(nodes[0], gpu_list(nodes[0], "A100-PCIE-40GB", 40960, 4))
+        s.add_node(nodes[1], gpu_list(nodes[1], "A100-PCIE-40GB", 40960, 4))
+        s.add_node(nodes[2], gpu_list(nodes[2], "T4", 15360, 4))
+        # Mostly small shares, so that most pods fit and binds keep going until the kill.
+        def limits():
+            r = rng.random()
+            if r < 0.05:
+                return whole(1)
+            if r < 0.15:
+                return share(mem=2 * rng.randint(1, 2), count=2)
+            return share(mem=rng.randint(1, 4), core=rng.choice((None, 5, 10)))
+        pods = [s.add_pod(pod_object("r-%03d" % i, [container("main", limits())]))
+                for i in range(80)]
+        first = self.start_extender_for(s, name="extender-a", check_exit=False)
+        s.control(bind_delay_ms=150)  # binds are in flight when the extender dies
+
+        queue = list(pods)
+        lock = threading.Lock()
+        ok, refused, cut = [], [], []
+        killed = threading.Event()
+
+        def worker():
+            while not killed.is_set():
+                with lock:
+                    if not queue:
+                        return
+                    p = queue.pop()
+                try:
+                    _, err = first.schedule(p, nodes)
+                except (OSError, http.client.HTTPException, ValueError, AssertionError):
+                    cut.append(p)  # the extender died under this one
+                    return
+                (ok if err == "" else refused).append(p)
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(ok) >= 15, 30, what="15 binds before the kill")
+        killed.set()
+        first.kill()
+        for t in threads:
+            t.join(30)
+        self.assertTrue(queue, "every pod was scheduled before the kill: nothing mid-stream")
+        self.assertTrue(cut, "no request was in flight at the kill")
+        s.control(bind_delay_ms=0)
+
+        # The new extender starts while binds the old one sent may still be landing.
+        second = self.start_extender_for(s, name="extender-b")
+
+        def settled():
+            st = s.stats()
+            return st["binds"] == st["binds_ok"] + st["binds_failed"]
+        wait_for(settled, 10, what="the binds in flight at the kill to land")
+        truth = self.assert_state_matches(second, s)
+        self.assertTrue(truth)
+        self.assertEqual(second.metric("kgpu_extender_assignment_conflicts_total"), 0)
+        bound_uids = {pod_uid(p) for p in s.pods() if p["spec"].get("nodeName")}
+        for p in ok:
+            self.assertIn(pod_uid(p), bound_uids, "a bind answered success was lost")
+        self.assertEqual(second.inspect()["totals"]["pods"], len(bound_uids))
+
+        # The new extender carries on: every pod still pending is scheduled, or refused.
+        for p in pods:
+            cur = s.get_pod(*pod_key(p))
+            if cur["spec"].get("nodeName"):
+                continue
+            second.schedule(cur, nodes)
+        self.assert_state_matches(second, s)
+        # The pods cut mid-bind that did land carry their assignment.
+        landed = 0
+        for p in cut:
+            cur = s.get_pod(*pod_key(p))
+            if cur["spec"].get("nodeName"):
+                landed += 1
+                self.assertEqual(cur["metadata"]["annotations"]["kgpu.io/node"],
+                                 cur["spec"]["nodeName"])
+        sys.stderr.write("\n  [restart: %d bound before the kill, %d cut mid-request, %d of "
+                         "them landed] " % (len(ok), len(cut), landed))
+
+
+# ---------------------------------------------------------------------------
+# 4. Stress
+# ---------------------------------------------------------------------------
+
+class TestStress(ExtenderTest):
+
+    THREADS = 8
+    SEQUENCES = 3200  # filter + bind sequences in all
+    # Watch cuts and expiries during the run, so relists race binds and pod deletions
+    # (test_relist_racing_a_bind is the focused version).
+    WATCH_CHAOS = True
+
+    def test_concurrent_filter_and_bind(self):
+        s = self.start_standin(history=5000)
+        nodes = ["s-a100-0", "s-a100-1", "s-t4-0", "s-t4-1"]
+        s.add_node(nodes[0], gpu_list(nodes[0], "A100-PCIE-40GB", 40960, 4))
+        s.add_node(nodes[1], gpu_list(nodes[1], "A100-PCIE-40GB", 40960, 4))
+        s.add_node(nodes[2], gpu_list(nodes[2], "T4", 15360, 4))
+        s.add_node(nodes[3], gpu_list(nodes[3], "T4", 15360, 4))
+        s.add_node("s-cpu-0")
+        ext = self.start_extender_for(s)
+        candidates = nodes + ["s-cpu-0"]
+
+        lock = threading.Lock()
+        counts = {"sequences": 0, "binds": 0, "bind_ok": 0, "bind_failed": 0,
+                  "filtered_out": 0, "deleted": 0}
+        bound_to = {}  # uid -> node, from binds that answered success
+        errors = []
+        per_thread = self.SEQUENCES // self.THREADS
+
+        def worker(seed):
+            rng = random.Random(seed)
+            pending, mine = [], []
+            try:
+                for i in range(per_thread):
+                    if len(pending) < 3 or rng.random() < 0.3:
+                        ann = {"kgpu.io/gpu-type": "T4"} if rng.random() < 0.1 else None
+                        if rng.random() < 0.1:
+                            ann = dict(ann or {}, **{"kgpu.io/policy":
+                                                     rng.choice(("spread", "binpack"))})
+                        pod = s.add_pod(pod_object(
+                            "st-%d-%d" % (seed, i),
+                            [container("main", random_limits(rng, max_whole=3, mem_max=12))],
+                            ann))
+                    else:
+                        pod = pending.pop(rng.randrange(len(pending)))
+                    res = ext.filter(pod, candidates)
+                    fits = res["NodeNames"] or []
+                    if fits and rng.random() < 0.8:
+                        if rng.random() < 0.3:
+                            scores = ext.prioritize(pod, fits)
+                            node = max(scores, key=lambda x: x["Score"])["Host"]
+                        else:
+                            node = rng.choice(fits)
+                    else:
+                        node = rng.choice(nodes)  # a bind that may well not fit
+                        if not fits:
+                            with lock:
+                                counts["filtered_out"] += 1
+                    err = ext.bind(pod, node)
+                    with lock:
+                        counts["sequences"] += 1
+                        counts["binds"] += 1
+                        counts["bind_ok" if err == "" else "bind_failed"] += 1
+                        if err == "":
+                            bound_to[pod_uid(pod)] = node
+                    if err == "":
+                        mine.append(pod)
+                    elif rng.random() < 0.2:
+                        s.delete_pod(*pod_key(pod))
+                    else:
+                        pending.append(pod)
+                    # Churn: pods end, their GPUs come back (through the watch).
+                    if mine and rng.random() < 0.35:
+                        gone = mine.pop(rng.randrange(len(mine)))
+                        s.delete_pod(*pod_key(gone))
+                        with lock:
+                            counts["deleted"] += 1
+            except Exception as e:  # reported by the main thread
+                errors.append("worker %d: %r" % (seed, e))
+
+        # Meanwhile the API server refuses a bind here and there, and (WATCH_CHAOS) cuts and
+        # expires the watches now and then, each one a relist racing the binds.
+        done = threading.Event()
+        chaos_rng = random.Random(99)
+
+        def chaos():
+            while not done.wait(chaos_rng.uniform(0.5, 1.5)):
+                try:
+                    knob = chaos_rng.choice(("drop_watches", "expire_watches", "bind_status")
+                                            if self.WATCH_CHAOS else ("bind_status",))
+                    if knob == "bind_status":
+                        s.control(bind_status=chaos_rng.choice((500, 409, 403)), bind_count=2)
+                    else:
+                        s.control(**{knob: True})
+                    with lock:
+                        counts["chaos"] = counts.get("chaos", 0) + 1
+                except Exception as e:
+                    errors.append("chaos: %r" % e)
+
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(self.THREADS)]
+        chaos_thread = threading.Thread(target=chaos)
+        for t in threads + [chaos_thread]:
+            t.start()
+        for t in threads:
+            t.join(300)
+        done.set()
+        chaos_thread.join(10)
+        s.control(bind_status=0, bind_count=0)
+        elapsed = time.monotonic() - t0
+        sys.stderr.write("\n  [stress: %s in %.1f s] " % (counts, elapsed))
+        self.assertEqual(errors, [])
+        self.assertEqual(counts["sequences"], per_thread * self.THREADS)
+        self.assertGreaterEqual(counts["sequences"], 2000)
+        self.assertGreater(counts["bind_ok"], 300, counts)
+        self.assertGreater(counts["bind_failed"], 200, counts)
+
+        self.assert_state_matches(ext, s, timeout=10)
+        # Success answers and the stand-in agree pod by pod.
+        for p in s.pods():
+            node = p["spec"].get("nodeName")
+            uid = pod_uid(p)
+            if node:
+                self.assertEqual(bound_to.get(uid), node, p["metadata"]["name"])
+                self.assertEqual(p["metadata"]["annotations"]["kgpu.io/node"], node)
+            else:
+                self.assertNotIn(uid, bound_to, p["metadata"]["name"])
+        doc = ext.inspect()
+        self.assertEqual(doc["totals"]["pods"],
+                         len([p for p in s.pods() if p["spec"].get("nodeName")]))
+        text = ext.metrics()
+        self.assertEqual(ext.metric("kgpu_extender_requests_total", {"verb": "bind"}, text),
+                         counts["binds"])
+        failures = sum(ext.metric("kgpu_extender_bind_failures_total", {"reason": r}, text)
+                       for r in ("bad_request", "unknown_pod", "unknown_node", "no_fit",
+                                 "api_conflict", "api_error", "api_unreachable"))
+        self.assertEqual(failures, counts["bind_failed"])
+        self.assertEqual(ext.metric("kgpu_extender_assignment_conflicts_total", None, text), 0)
+        self.assertEqual(ext.metric("kgpu_extender_pods", None, text), doc["totals"]["pods"])
+
+
+# ---------------------------------------------------------------------------
+# 5. Bad input
+# ---------------------------------------------------------------------------
+
+class TestBadInput(ExtenderTest):
+
+    def setUp(self):
+        super().setUp()
+        s = self.standin = self.start_standin()
+        s.add_node("t4-0", gpu_list("t4-0", "T4", 15360, 2))
+        self.ext = self.start_extender_for(s, ["--max-body-bytes", "65536"])
+        self.pod = s.add_pod(pod_object("p", [container("main", share(mem=4))]))
+
+    def args(self, pod=None, names=("t4-0",)):
+        return {"Pod": pod if pod is not None else self.pod, "Nodes": None,
+                "NodeNames": list(names)}
+
+    def pod_with(self, limits, annotations=None):
+        p = json.loads(json.dumps(self.pod))
+        p["spec"]["containers"][0]["resources"]["limits"] = {k: str(v) for k, v in limits.items()}
+        if annotations:
+            p["metadata"]["annotations"] = annotations
+        return p
+
+    def expect(self, verb, body, status, mention=None, path=None):
+        """POSTs body; expects status and a JSON body whose Error names the problem."""
+        got, headers, data = http_request(self.ext.port, "POST", path or "/" + verb, body)
+        self.assertEqual(got, status, "%s %r... answered %d: %r" % (verb, str(body)[:80], got,
+                                                                     data[:300]))
+        self.assertTrue(headers.get("content-type", "").startswith("application/json"), headers)
+        obj = json.loads(data)
+        self.assertIsInstance(obj.get("Error"), str)
+        self.assertTrue(obj["Error"], obj)
+        if mention:
+            self.assertIn(mention, obj["Error"])
+        self.assertEqual(self.ext.get("/healthz"), (200, "ok\n"))
+        return obj
+
+    def test_malformed_json(self):
+        for verb in ("filter", "prioritize", "bind", "preempt"):
+            self.expect(verb, "{", 400, "malformed JSON")
+            self.expect(verb, "", 400)
+            self.expect(verb, "[]", 400, "not a JSON object")
+            self.expect(verb, "null", 400)
+            self.expect(verb, '{"Pod": {}} trailing', 400)
+            self.expect(verb, b'{"Pod": "\xff\xfe"}', 400)
+        # Duplicate keys are refused rather than one silently winning.
+        self.expect("filter", '{"Pod": {}, "Pod": {}, "NodeNames": []}', 400)
+        body = json.dumps(self.args())
+        self.expect("filter", body[:-1] + ', "NodeNames": ["t4-0"]}', 400)
+        self.assertEqual(self.ext.metric("kgpu_extender_bad_requests_total", {"verb": "filter"}),
+                         8)
+
+    def test_node_names_scanner_agrees_with_json(self):
+        # NodeNames is read by a hand-written scanner; it must accept exactly what JSON does.
+        ok = '{"Pod": %s, "Nodes": null, "NodeNames": %s}'
+        pod = json.dumps(self.pod)
+        for names in ('["t4-0"]', '[ "t4-0" , "x" ]', '["t4\\u002d0"]', '[]', '[ ]',
+                      '["\\"quoted\\""]', '["t4-0", "\u00e9t\u00e9"]'):
+            status, _, data = self.ext.post("filter", ok % (pod, names))
+            self.assertEqual(status, 200, (names, data))
+            res = json.loads(data)
+            self.assertEqual(sorted(res["NodeNames"] + list(res["FailedNodes"])
+                                    + list(res["FailedAndUnresolvableNodes"])),
+                             sorted(json.loads(names)), names)
+            status, _, data = self.ext.post("prioritize", ok % (pod, names))
+            self.assertEqual(status, 200, (names, data))
+            self.assertEqual([r["Host"] for r in json.loads(data)], json.loads(names))
+        for names in ('["t4-0" "x"]', '[,"t4-0"]', '["t4-0"', '[1]',
+                      '["a", null]', '"t4-0"', '{"a": 1}', '["t4-0"]]'):
+            for verb in ("filter", "prioritize"):
+                self.expect(verb, ok % (pod, names), 400)
+
+    def test_node_names_invalid_utf8(self):
+        body = ('{"Pod": %s, "Nodes": null, "NodeNames": ["t4-0", "bad\xff"]}'
+                % json.dumps(self.pod)).encode("latin-1")
+        status, _, data = self.ext.post("filter", body)
+        self.assertEqual(status, 400, data[:300])
+
+    def test_node_names_trailing_comma(self):
+        body = '{"Pod": %s, "Nodes": null, "NodeNames": ["t4-0",]}' % json.dumps(self.pod)
+        status, _, data = self.ext.post("filter", body)
+        self.assertEqual(status, 400, data[:300])
+
+    def test_wrong_types(self):
+        self.expect("filter", self.args(pod="a pod"), 400, "Pod")
+        self.expect("filter", {"Nodes": None, "NodeNames": ["t4-0"]}, 400, "Pod")
+        self.expect("filter", {"Pod": self.pod, "NodeNames": [1]}, 400, "NodeNames[0]")
+        self.expect("filter", {"Pod": self.pod, "NodeNames": ["t4-0", 2]}, 400, "NodeNames[1]")
+        self.expect("filter", {"Pod": self.pod, "NodeNames": "t4-0"}, 400, "NodeNames")
+        self.expect("prioritize", {"Pod": self.pod, "NodeNames": [True]}, 400, "NodeNames")
+        self.expect("filter", {"Pod": self.pod, "Nodes": {"items": "x"}, "NodeNames": None},
+                    400, "items")
+        self.expect("filter", {"Pod": self.pod, "Nodes": {"items": [{"metadata": {}}]},
+                               "NodeNames": None}, 400, "metadata.name")
+        self.expect("preempt", {"Pod": self.pod, "NodeNameToVictims": "x"}, 400)
+        self.expect("preempt", {"Pod": 7, "NodeNameToMetaVictims": {}}, 400, "Pod")
+        p = json.loads(json.dumps(self.pod))
+        p["spec"]["containers"] = "main"
+        self.expect("filter", self.args(p), 400, "containers")
+        p = json.loads(json.dumps(self.pod))
+        p["metadata"] = []
+        self.expect("filter", self.args(p), 400, "metadata")
+
+    def test_bad_gpu_requests(self):
+        cases = [
+            ({"kgpu.io/gpu-foo": 1}, "unknown resource kgpu.io/gpu-foo"),
+            ({"kgpu.io/gpu-core": 150}, "kgpu.io/gpu-core 150 outside 1..100"),
+            ({"kgpu.io/gpu-mem": "abc"}, "kgpu.io/gpu-mem"),
+            ({"kgpu.io/gpu-mem": "1.5"}, "not a whole number"),
+            ({"kgpu.io/gpu-mem": -4}, "kgpu.io/gpu-mem"),
+            ({"nvidia.com/gpu": 1, "kgpu.io/gpu-mem": 4}, "cannot be combined"),
+            ({"nvidia.com/gpu": 33}, "outside 1..32"),
+            ({"kgpu.io/gpu-count": 2}, "without"),
+            ({"kgpu.io/gpu-mem": 1, "kgpu.io/gpu-count": 3}, "divide evenly"),
+            ({"nvidia.com/gpu": -1}, "negative"),
+            ({"kgpu.io/gpu-mem": 4, "aliyun.com/gpu-mem": 5}, "differ"),
+            ({"kgpu.io/gpu-mem": "99999999999999999999"}, "kgpu.io/gpu-mem"),
+        ]
+        for limits, mention in cases:
+            for verb in ("filter", "prioritize", "preempt"):
+                body = self.args(self.pod_with(limits))
+                if verb == "preempt":
+                    body = {"Pod": body["Pod"], "NodeNameToMetaVictims": {}}
+                self.expect(verb, body, 400, mention)
+        self.expect("filter", self.args(self.pod_with(share(mem=4),
+                                                      {"kgpu.io/gpu-type": 5})), 400,
+                    "kgpu.io/gpu-type")
+        # Nothing was reserved by any of it.
+        self.assertEqual(self.ext.held(), {})
+
+    def test_bind_bad_fields(self):
+        good = {"PodName": "p", "PodNamespace": "default", "PodUID": pod_uid(self.pod),
+                "Node": "t4-0"}
+        for drop in good:
+            body = {k: v for k, v in good.items() if k != drop}
+            self.expect("bind", body, 400, "PodName, PodNamespace, PodUID and")
+        self.expect("bind", dict(good, PodUID=5), 400)
+        self.expect("bind", dict(good, Node=""), 400)
+        self.expect("bind", dict(good, PodName="x" * 300), 400)
+        self.expect("bind", dict(good, PodUID="u" * 100), 400)
+        self.assertEqual(self.ext.metric("kgpu_extender_bind_failures_total",
+                                         {"reason": "bad_request"}), 8)
+        # Well-formed but wrong: a pod the API server does not have, a node kgpu does not know.
+        err = self.ext.bind(dict(self.pod, metadata=dict(self.pod["metadata"], name="nope",
+                                                         uid="no-such-uid")), "t4-0")
+        self.assertIn("unknown to kgpu", err)
+        self.ext.filter(self.pod, ["t4-0"])
+        self.assertIn("no GPU inventory", self.ext.bind(self.pod, "ghost-0"))
+        self.assertEqual(self.ext.held(), {})
+        # And a good one still works.
+        self.assertEqual(self.ext.bind(self.pod, "t4-0"), "")
+
+    def test_limits_and_routing(self):
+        # A body over --max-body-bytes: 413, whatever its content.
+        big = self.args()
+        big["Pod"]["metadata"]["annotations"] = {"padding": "x" * 100000}
+        self.expect("filter", big, 413, "65536")
+        # Just under it is fine.
+        fits = self.args()
+        fits["Pod"]["metadata"]["annotations"] = {"padding": "x" * 60000}
+        status, _, _ = self.ext.post("filter", fits)
+        self.assertEqual(status, 200)
+        # 1000 levels deep.
+        deep = '{"Pod": %s, "NodeNames": ["t4-0"], "x": %s%s}' % (
+            json.dumps(self.pod), "[" * 1000, "]" * 1000)
+        self.expect("filter", deep, 400, "nested deeper")
+        self.expect("filter", "[" * 5000, 400)
+        self.expect("bind", "{" * 3000, 400)
+        # Unknown verbs, methods and paths.
+        self.expect("frobnicate", self.args(), 404)
+        self.expect("filter", self.args(), 404, path="/filter/more/frob")
+        status, _, _ = http_request(self.ext.port, "PUT", "/filter", self.args())
+        self.assertEqual(status, 405)
+        status, _, _ = http_request(self.ext.port, "DELETE", "/inspect")
+        self.assertEqual(status, 405)
+        self.assertEqual(self.ext.get("/no-such-page")[0], 404)
+        self.assertEqual(self.ext.get("/healthz"), (200, "ok\n"))
+        status, text = self.ext.get("/version")
+        self.assertEqual(status, 200)
+        self.assertEqual(json.loads(text)["component"], "kgpu-extender")
+        # Any urlPrefix works: the verb is the last path segment.
+        status, _, data = self.ext.post("scheduler/ext/filter", self.args())
+        self.assertEqual(status, 200, data)
+
+    def test_half_requests_and_garbage(self):
+        # A client that sends half a body and hangs up, and one that speaks no HTTP.
+        for payload in (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"Po",
+                        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,
+                        b"GET /" + b"a" * 100000 + b" HTTP/1.1\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", self.ext.port), timeout=5) as c:
+                try:
+                    c.sendall(payload)
+                    c.shutdown(socket.SHUT_WR)
+                    c.recv(4096)
+                except OSError:
+                    pass
+            self.assertEqual(self.ext.get("/healthz"), (200, "ok\n"))
+        # Many clients at once, all answered.
+        results = []
+
+        def one():
+            results.append(self.ext.post("filter", self.args())[0])
+        threads = [threading.Thread(target=one) for _ in range(64)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertEqual(results, [200] * 64)
+
+
+# ---------------------------------------------------------------------------
+# 6. Metrics
+# ---------------------------------------------------------------------------
+
+class TestMetrics(ExtenderTest):
+
+    def setUp(self):
+        super().setUp()
+        s = self.standin = self.start_standin()
+        s.add_node("m-a100-0", gpu_list("m-a100-0", A100, 81920, 2))
+        s.add_node("m-t4-0", gpu_list("m-t4-0", "T4", 15360, 2))
+        self.ext = self.start_extender_for(s)
+        # Some traffic of every kind, GPUs held in one namespace.
+        p = s.add_pod(pod_object("gpu-user", [container("main", share(mem=8, core=50))]),
+                      "ml-team")
+        self.assertEqual(self.ext.schedule(p, ["m-a100-0", "m-t4-0"])[1], "")
+        self.held_node = s.get_pod("ml-team", "gpu-user")["spec"]["nodeName"]
+        self.held_gpu = self.parse_assignment(s.get_pod("ml-team", "gpu-user"))[0]["gpus"][0]
+        q = s.add_pod(pod_object("nope", [container("main", share(mem=100))]))
+        self.ext.filter(q, ["m-t4-0"])
+        self.assertNotEqual(self.ext.bind(q, "m-t4-0"), "")
+        self.ext.post("filter", "{")
+        self.ext.preempt(p, {"m-t4-0": []})
+
+    def test_metrics_content(self):
+        text = self.ext.metrics()
+        m = self.ext.metric
+        self.assertEqual(m("kgpu_extender_requests_total", {"verb": "filter"}, text), 3)
+        self.assertEqual(m("kgpu_extender_requests_total", {"verb": "bind"}, text), 2)
+        self.assertEqual(m("kgpu_extender_requests_total", {"verb": "preempt"}, text), 1)
+        self.assertEqual(m("kgpu_extender_bad_requests_total", {"verb": "filter"}, text), 1)
+        self.assertEqual(m("kgpu_extender_bind_failures_total", {"reason": "no_fit"}, text), 1)
+        self.assertEqual(m("kgpu_extender_request_duration_seconds_count", {"verb": "bind"},
+                           text), 2)
+        self.assertEqual(m("kgpu_extender_request_duration_seconds_bucket",
+                           {"verb": "bind", "le": "+Inf"}, text), 2)
+        labels = {"node": self.held_node, "gpu": str(self.held_gpu["index"]),
+                  "uuid": self.held_gpu["uuid"]}
+        self.assertEqual(m("kgpu_gpu_memory_allocated_mib", labels, text), 8192)
+        self.assertEqual(m("kgpu_gpu_compute_allocated_milli", labels, text), 500)
+        self.assertEqual(m("kgpu_gpu_pods", labels, text), 1)
+        self.assertEqual(m("kgpu_gpu_memory_capacity_mib", {"node": "m-t4-0", "gpu": "1"}, text),
+                         15360)
+        self.assertEqual(m("kgpu_extender_ready", None, text), 1)
+        self.assertEqual(m("kgpu_extender_pods", None, text), 1)
+        self.assertIsNotNone(m("kgpu_namespace_gpu_seconds_total", {"namespace": "ml-team"}, text))
+        self.assertEqual(m("kgpu_namespace_gpus_allocated", {"namespace": "ml-team"}, text), 0.5)
+        time.sleep(0.3)
+        h1 = m("kgpu_namespace_gpu_seconds_total", {"namespace": "ml-team"})
+        self.assertGreater(h1, 0)
+        time.sleep(0.3)
+        self.assertGreater(m("kgpu_namespace_gpu_seconds_total", {"namespace": "ml-team"}), h1)
+
+    def promtool(self):
+        promtool = shutil.which("promtool") or "/usr/bin/promtool"
+        if not os.access(promtool, os.X_OK):
+            self.skipTest("promtool not installed (looked on PATH and at /usr/bin/promtool)")
+        out = subprocess.run([promtool, "check", "metrics"], input=self.ext.metrics(),
+                             capture_output=True, text=True, timeout=60)
+        return out.returncode, out.stdout + out.stderr
+
+    def test_promtool_parses_metrics(self):
+        # promtool exits 1 when the exposition cannot be parsed, 3 for lint problems only.
+        rc, text = self.promtool()
+        self.assertIn(rc, (0, 3), "promtool check metrics:\n" + text)
+        lint = [line for line in text.splitlines() if line.strip()]
+        self.assertEqual(lint, [], "promtool check metrics:\n" + text)
+
+    def test_promtool_check_metrics(self):
+        rc, text = self.promtool()
+        self.assertEqual(rc, 0, "promtool check metrics:\n" + text)
+
+    def test_prometheus_scrapes(self):
+        prometheus = shutil.which("prometheus") or "/usr/bin/prometheus"
+        if not os.access(prometheus, os.X_OK):
+            self.skipTest("prometheus not installed (looked on PATH and at /usr/bin/prometheus)")
+        port = free_port()
+        config = os.path.join(self.tmp, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                    "scrape_configs:\n- job_name: kgpu-extender\n  static_configs:\n"
+                    "  - targets: ['127.0.0.1:%d']\n" % self.ext.port)
+        prom = Child([prometheus, "--config.file=" + config,
+                      "--storage.tsdb.path=" + os.path.join(self.tmp, "tsdb"),
+                      "--web.listen-address=127.0.0.1:%d" % port],
+                     os.path.join(self.tmp, "prometheus.log"))
+        self.addCleanup(prom.stop)
+
+        def query(q):
+            if not prom.alive():
+                raise AssertionError("prometheus exited:\n" + prom.log_tail())
+            try:
+                status, _, data = http_request(
+                    port, "GET", "/api/v1/query?query=" + urllib.parse.quote(q), timeout=5)
+            except OSError:
+                return None
+            if status != 200:
+                return None
+            return json.loads(data)["data"]["result"] or None
+
+        res = wait_for(lambda: query("kgpu_extender_requests_total"), 20, interval=0.25,
+                       what="prometheus to scrape kgpu_extender_requests_total (log:\n%s)"
+                       % prom.log_tail())
+        verbs = {r["metric"]["verb"]: float(r["value"][1]) for r in res}
+        self.assertEqual(set(verbs), {"filter", "prioritize", "bind", "preempt"})
+        self.assertGreaterEqual(verbs["bind"], 2)
+        up = query('up{job="kgpu-extender"}')
+        self.assertEqual(float(up[0]["value"][1]), 1.0)
+        res = query('kgpu_gpu_memory_allocated_mib{node="%s",gpu="%d"}'
+                    % (self.held_node, self.held_gpu["index"]))
+        self.assertEqual(len(res), 1)
+        labels = res[0]["metric"]
+        self.assertEqual(labels["uuid"], self.held_gpu["uuid"])
+        self.assertEqual(labels["model"], A100 if self.held_node == "m-a100-0" else "T4")
+        self.assertEqual(float(res[0]["value"][1]), 8192)
+        self.assertEqual(len(query("kgpu_gpu_memory_capacity_mib")), 4)
+        res = wait_for(lambda: query('kgpu_namespace_gpu_seconds_total{namespace="ml-team"} > 0'),
+                       10, interval=0.25, what="GPU-hours of ml-team")
+        self.assertGreater(float(res[0]["value"][1]), 0)
+
+
+# ---------------------------------------------------------------------------
+# 7. Cluster file
+# ---------------------------------------------------------------------------
+
+class TestClusterFile(ExtenderTest):
+
+    def test_cluster_file_mode(self):
+        ext = self.start_extender(["--cluster-file", CLUSTER_YAML], wait_ready=False)
+        # Ready as soon as it serves: there is nothing to list.
+        self.assertEqual(ext.get("/readyz"), (200, "ok\n"))
+        doc = ext.inspect()
+        self.assertEqual([n["name"] for n in doc["nodes"]], ["gpu-a100-0", "gpu-v100-0",
+                                                             "gpu-t4-0"])
+        self.assertEqual(doc["totals"]["gpus"], 14)
+        names = ["gpu-a100-0", "gpu-v100-0", "gpu-t4-0"]
+
+        def pod(name, limits, uid, annotations=None):
+            p = pod_object(name, [container("main", limits)], annotations)
+            p["metadata"].update(namespace="team-a", uid=uid)
+            return p
+
+        big = pod("big", share(mem=20, core=25), "uid-big")
+        res = ext.filter(big, names)
+        self.assertEqual(res["NodeNames"], ["gpu-a100-0", "gpu-v100-0"])
+        self.assertIn("gpu-t4-0", res["FailedAndUnresolvableNodes"])
+        self.assertEqual(ext.bind(big, "gpu-v100-0"), "")
+        g = [g for n in ext.inspect()["nodes"] if n["name"] == "gpu-v100-0" for g in n["gpus"]
+             if g["pods"]]
+        self.assertEqual(len(g), 1)
+        self.assertEqual((g[0]["memory_allocated_mib"], g[0]["milli_allocated"]), (20480, 250))
+        self.assertEqual(g[0]["pods"][0]["pod"], "big")
+        self.assertEqual(g[0]["pods"][0]["status"], "bound")
+        # Fill the V100s with whole-GPU pods: 3 left, the 4th is refused.
+        for i in range(4):
+            w = pod("w%d" % i, whole(1), "uid-w%d" % i)
+            fits = ext.filter(w, ["gpu-v100-0"])["NodeNames"]
+            err = ext.bind(w, "gpu-v100-0")
+            if i < 3:
+                self.assertEqual((fits, err), (["gpu-v100-0"], ""))
+            else:
+                self.assertEqual(fits, [])
+                self.assertIn("does not fit", err)
+        # Bound in memory; a repeated bind is a success, an unknown pod an error.
+        self.assertEqual(ext.bind(big, "gpu-v100-0"), "")
+        self.assertIn("unknown to kgpu", ext.bind(pod("never", whole(1), "uid-never"),
+                                                  "gpu-a100-0"))
+        # Preempting two whole-GPU pods would make room for two GPUs on the V100 node; one
+        # would not. (The share "big" is no victim: its GPU stays taken.)
+        w = pod("w9", whole(2), "uid-w9")
+        res = ext.preempt(w, {"gpu-v100-0": ["uid-w0", "uid-w1"]})
+        self.assertEqual(list(res["NodeNameToMetaVictims"]), ["gpu-v100-0"])
+        self.assertEqual(ext.preempt(w, {"gpu-v100-0": ["uid-w0"]})["NodeNameToMetaVictims"], {})
+        w4 = pod("w4x", whole(4), "uid-w4x")
+        res = ext.preempt(w4, {"gpu-v100-0": ["uid-w0", "uid-w1", "uid-w2"]})
+        self.assertEqual(res["NodeNameToMetaVictims"], {})
+        res = ext.preempt(w4, {"gpu-v100-0": ["uid-w0", "uid-w1", "uid-w2", "uid-big"]})
+        self.assertEqual(list(res["NodeNameToMetaVictims"]), ["gpu-v100-0"])
+        scores = ext.prioritize(w, names)
+        self.assertEqual([s["Host"] for s in scores], names)
+        doc = ext.inspect()
+        self.assertEqual(doc["totals"]["pods"], 4)
+        self.assertEqual(doc["totals"]["memory_allocated_mib"], 20480 + 3 * 32768)
+        self.assert_within_capacity(ext, doc)
+        out = subprocess.run([KGPU_BIN, "inspect", "--server", ext.url], capture_output=True,
+                             text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("cluster: 3 nodes, 14 GPUs, 4 pods holding GPUs", out.stdout)
+
+    def test_config_file(self):
+        config = os.path.join(self.tmp, "config.yaml")
+        with open(config, "w") as f:
+            f.write("clusterFile: %s\npolicy: binpack\nmemoryUnit: 256Mi\npendingPods: 16\n"
+                    "maxBodyBytes: 4096\nlogLevel: warn\n" % CLUSTER_YAML)
+        # Flags have the last word over the file.
+        ext = self.start_extender(["--config", config, "--max-body-bytes", "20000"],
+                                  wait_ready=False, log_level=None)
+        self.assertEqual(ext.get("/readyz")[0], 200)
+
+        def pod(i, mem):
+            p = pod_object("c%d" % i, [container("main", share(mem=mem))])
+            p["metadata"].update(namespace="default", uid="uid-c%d" % i)
+            return p
+        pods = [pod(i, 4) for i in range(20)]
+        for p in pods:
+            self.assertEqual(ext.filter(p, ["gpu-t4-0"])["NodeNames"], ["gpu-t4-0"])
+        # Only the last 16 filtered pods are remembered for their bind.
+        self.assertIn("unknown to kgpu", ext.bind(pods[0], "gpu-t4-0"))
+        self.assertEqual(ext.bind(pods[19], "gpu-t4-0"), "")
+        self.assertEqual(ext.bind(pods[4], "gpu-t4-0"), "")
+        # 4 units of 256 MiB; binpack puts both on one GPU.
+        gpus = [g for n in ext.inspect()["nodes"] if n["name"] == "gpu-t4-0" for g in n["gpus"]]
+        self.assertEqual(sorted(g["memory_allocated_mib"] for g in gpus), [0, 2048])
+        big = pod(99, 4)
+        big["metadata"]["annotations"] = {"pad": "x" * 16000}
+        self.assertEqual(ext.post("filter", {"Pod": big, "NodeNames": ["gpu-t4-0"]})[0], 200)
+        big["metadata"]["annotations"] = {"pad": "x" * 21000}
+        self.assertEqual(ext.post("filter", {"Pod": big, "NodeNames": ["gpu-t4-0"]})[0], 413)
+        # logLevel warn: the binds are not logged at info.
+        self.assertNotIn(" info ", ext.log())
+
+        with open(config, "w") as f:
+            f.write("clusterFile: %s\nno_such_key: 1\n" % CLUSTER_YAML)
+        out = subprocess.run([EXTENDER_BIN, "--config", config], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("no_such_key: unknown key", out.stderr)
+        out = subprocess.run([EXTENDER_BIN, "--cluster-file", CLUSTER_YAML, "--policy", "nope"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("unknown policy 'nope'", out.stderr)
+
+    def test_bad_cluster_file(self):
+        path = os.path.join(self.tmp, "bad.yaml")
+        with open(path, "w") as f:
+            f.write("nodes:\n- name: n\n  gpus: [{model: T4}]\n")
+        out = subprocess.run([EXTENDER_BIN, "--cluster-file", path, "--listen", "127.0.0.1:0"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("memory_mib", out.stderr)
+
+
+# ---------------------------------------------------------------------------
+
+def main():
+    global EXTENDER_BIN, KGPU_BIN
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--extender", default=os.environ.get("KGPU_EXTENDER_BIN"))
+    ap.add_argument("--kgpu", default=os.environ.get("KGPU_BIN"))
+    args, rest = ap.parse_known_args()
+    for what, path in (("kgpu-extender", args.extender), ("kgpu", args.kgpu)):
+        if not path or not os.access(path, os.X_OK):
+            sys.stderr.write("test_extender: %s binary not found (%r): skipped\n" % (what, path))
+            return 77
+    EXTENDER_BIN, KGPU_BIN = os.path.abspath(args.extender), os.path.abspath(args.kgpu)
+
+    def on_signal(signum, frame):
+        # unittest would record an exception raised here as one test's error and go on:
+        # take the children down and leave at once instead.
+        kill_all_children()
+        os._exit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    finally:
+        kill_all_children()
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
