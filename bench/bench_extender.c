@@ -213,6 +213,26 @@ int main(int argc, char **argv)
            now() - t0);
     printf("extender RSS with that state: %.1f MB\n", rss_kb(pid, "VmRSS:") / 1024.0);
 
+    /* Baseline in the same run: the HTTP round trip alone (GET /version, one client). */
+    {
+        CURL *b = curl_easy_init();
+        curl_easy_setopt(b, CURLOPT_WRITEFUNCTION, sink);
+        char vurl[96];
+        snprintf(vurl, sizeof(vurl), "http://127.0.0.1:%d/version", port);
+        curl_easy_setopt(b, CURLOPT_URL, vurl);
+        enum { N = 3000 };
+        static double lat[N];
+        for (int i = 0; i < N; i++) {
+            double t = now();
+            curl_easy_perform(b);
+            lat[i] = now() - t;
+        }
+        curl_easy_cleanup(b);
+        qsort(lat, N, sizeof(double), cmp);
+        printf(
+            "baseline, HTTP alone (GET /version, 1 client, %d calls): p50 %.3f ms, p99 %.3f ms\n",
+            N, lat[N / 2] * 1e3, lat[N * 99 / 100] * 1e3);
+    }
     /* Several rounds; medians are what to quote (the machine is shared and noisy). */
     enum { ROUNDS = 3 };
     double rate[ROUNDS], p50[ROUNDS], p99[ROUNDS];
