@@ -54,6 +54,10 @@ void ext_config_defaults(ext_config *cfg)
     cfg->max_json_depth = 64;
     cfg->max_connections = 1024;
     cfg->pending_pods_max = 1024;
+    const char *ns = getenv("POD_NAMESPACE");
+    snprintf(cfg->lease_ns, sizeof(cfg->lease_ns), "%.63s", ns && *ns ? ns : "kgpu-system");
+    snprintf(cfg->lease_name, sizeof(cfg->lease_name), "kgpu-extender");
+    cfg->lease_duration_s = 15;
 }
 
 static int parse_level(const char *s, int *out, kgpu_error *err)
@@ -139,6 +143,15 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
         } else if (strcmp(key, "pendingPods") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 16 && json_integer_value(v) <= 1 << 20) {
             cfg->pending_pods_max = (int)json_integer_value(v);
+        } else if (strcmp(key, "leaderElect") == 0 && json_is_boolean(v)) {
+            cfg->leader_elect = json_is_true(v);
+        } else if (strcmp(key, "leaseNamespace") == 0 && s && strlen(s) < sizeof(cfg->lease_ns)) {
+            snprintf(cfg->lease_ns, sizeof(cfg->lease_ns), "%s", s);
+        } else if (strcmp(key, "leaseName") == 0 && s && strlen(s) < sizeof(cfg->lease_name)) {
+            snprintf(cfg->lease_name, sizeof(cfg->lease_name), "%s", s);
+        } else if (strcmp(key, "leaseDurationSeconds") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 2 && json_integer_value(v) <= 3600) {
+            cfg->lease_duration_s = (int)json_integer_value(v);
         } else if (strcmp(key, "tls") == 0 && json_is_object(v)) {
             const char *k2;
             json_t *v2;
@@ -220,6 +233,10 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"max-body-bytes", required_argument, NULL, 'b'},
         {"service-account-dir", required_argument, NULL, 's'},
         {"port-file", required_argument, NULL, 'P'},
+        {"leader-elect", no_argument, NULL, 'E'},
+        {"lease-namespace", required_argument, NULL, 'N'},
+        {"lease-name", required_argument, NULL, 'M'},
+        {"lease-duration", required_argument, NULL, 'D'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -290,6 +307,21 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         case 'P':
             rc = set_path(cfg->port_file, sizeof(cfg->port_file), optarg, "--port-file", err);
             break;
+        case 'E':
+            cfg->leader_elect = true;
+            break;
+        case 'N':
+            rc = set_path(cfg->lease_ns, sizeof(cfg->lease_ns), optarg, "--lease-namespace", err);
+            break;
+        case 'M':
+            rc = set_path(cfg->lease_name, sizeof(cfg->lease_name), optarg, "--lease-name", err);
+            break;
+        case 'D':
+            cfg->lease_duration_s = (int)strtol(optarg, &end, 10);
+            if (end == optarg || *end || cfg->lease_duration_s < 2 || cfg->lease_duration_s > 3600)
+                rc = kgpu_error_set(err, KGPU_EINVAL, "--lease-duration '%s': 2..3600 seconds",
+                                    optarg);
+            break;
         case 'V':
             printf("kgpu-extender %s\n", KGPU_VERSION);
             return 1;
@@ -305,6 +337,9 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         rc = kgpu_error_set(err, KGPU_EINVAL, "unexpected argument '%s'", argv[optind]);
     if (rc == 0 && (cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0'))
         rc = kgpu_error_set(err, KGPU_EINVAL, "--tls-cert and --tls-key go together");
+    if (rc == 0 && cfg->leader_elect && cfg->cluster_file[0])
+        rc = kgpu_error_set(err, KGPU_EINVAL,
+                            "--leader-elect needs an API server, not --cluster-file");
     if (rc == 0 && cfg->tls_client_ca[0] && !cfg->tls_cert[0])
         rc = kgpu_error_set(err, KGPU_EINVAL, "--tls-client-ca needs --tls-cert and --tls-key");
     return rc;

@@ -322,7 +322,7 @@ bool ext_daemon_ready(ext_daemon *d)
     pthread_mutex_lock(&d->state.mu);
     bool ready = d->state.nodes_synced && d->state.pods_synced;
     pthread_mutex_unlock(&d->state.mu);
-    return ready;
+    return ready && ext_is_leader(d);
 }
 
 /* ---- HTTP ---- */
@@ -511,6 +511,8 @@ int ext_daemon_start(ext_daemon *d, kgpu_error *err)
             d->nwatch = 2;
         if (d->nwatch != 2)
             return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the watch threads");
+        if (d->cfg.leader_elect && (rc = ext_leader_start(d, err)) != 0)
+            return rc;
     }
     struct sockaddr_storage ss;
     if ((rc = parse_listen(d->cfg.listen, &ss, err)) != 0)
@@ -565,6 +567,7 @@ void ext_daemon_stop(ext_daemon *d)
     if (d->mhd != NULL)
         MHD_stop_daemon(d->mhd);
     d->mhd = NULL;
+    ext_leader_stop(d); /* a leader hands the lease back on its way out */
     for (int i = 0; i < d->nwatch; i++)
         pthread_join(d->watch_threads[i], NULL);
     d->nwatch = 0;

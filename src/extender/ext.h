@@ -43,6 +43,9 @@ typedef struct ext_config {
     int pending_pods_max;         /* pods remembered from filter for their bind; 1024 */
     char sa_dir[EXT_PATH_MAX];    /* service account folder (tests); "" = standard */
     char port_file[EXT_PATH_MAX]; /* write the bound port here once serving (tests, --listen :0) */
+    bool leader_elect;            /* run as one of several replicas, the leader serving binds */
+    char lease_ns[64], lease_name[64];
+    int lease_duration_s; /* 15 */
 } ext_config;
 
 /* Defaults, then the YAML file (if --config), then flags, as the last word. */
@@ -241,7 +244,11 @@ typedef struct ext_daemon {
     pthread_t watch_threads[2];
     int nwatch;
     struct MHD_Daemon *mhd;
-    int port; /* the port actually bound */
+    int port;           /* the port actually bound */
+    atomic_bool leader; /* with leader election: this replica holds the lease */
+    char identity[256];
+    pthread_t leader_thread;
+    bool leader_running;
     char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
 } ext_daemon;
 
@@ -249,8 +256,17 @@ typedef struct ext_daemon {
 int ext_daemon_start(ext_daemon *d, kgpu_error *err);
 void ext_daemon_stop(ext_daemon *d);
 
-/* True once inventory and pods are known (readyz). */
+/* True once inventory and pods are known and, with leader election, this replica leads (readyz). */
 bool ext_daemon_ready(ext_daemon *d);
+
+/* Leader election on a Lease (leader.c); needs the API server. */
+int ext_leader_start(ext_daemon *d, kgpu_error *err);
+void ext_leader_stop(ext_daemon *d);
+/* Whether this replica may reserve GPUs now. */
+static inline bool ext_is_leader(ext_daemon *d)
+{
+    return !d->cfg.leader_elect || atomic_load(&d->leader);
+}
 
 /* ---- handlers: JSON in, JSON out. Return the HTTP status; *out is a new string. ---- */
 

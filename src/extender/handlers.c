@@ -669,6 +669,15 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
                     "Node");
         return;
     }
+    if (!ext_is_leader(d)) {
+        atomic_fetch_add(&d->metrics.bind_failures[BIND_FAIL_API_ERROR], 1);
+        snprintf(msg, sizeof(msg),
+                 "this kgpu-extender replica (%s) is a standby: only the holder of lease %s/%s "
+                 "binds; kube-scheduler should reach it through the Service",
+                 d->identity, d->cfg.lease_ns, d->cfg.lease_name);
+        bind_result(r, msg);
+        return;
+    }
     kgpu_pod *pod = bind_pod(d, ns, name, uid, msg, sizeof(msg));
     if (pod == NULL) {
         bind_failed(d, r, BIND_FAIL_UNKNOWN_POD, msg);
@@ -1030,8 +1039,10 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
     } else if (strcmp(url, "/readyz") == 0) {
         bool ready = ext_daemon_ready(d);
         reply_text(r, ready ? 200 : 503,
-                   ready ? "ok\n"
-                         : "not ready: nodes or pods not listed from the API server yet\n");
+                   ready              ? "ok\n"
+                   : ext_is_leader(d) ? "not ready: nodes or pods not listed from the API server "
+                                        "yet\n"
+                                      : "standby: another replica holds the lease\n");
     } else if (strcmp(url, "/version") == 0) {
         reply_json(r, 200,
                    json_pack("{s:s,s:s}", "version", KGPU_VERSION, "component", "kgpu-extender"));

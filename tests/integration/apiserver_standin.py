@@ -403,6 +403,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if self.path.startswith("/_control"):
                 return self.control(method)
+            if self.path.startswith("/apis/coordination.k8s.io/v1/"):
+                return self.lease(method)
             kind, ns, name, sub = self.route()
             getattr(self, "do_" + method.lower() + "_api")(kind, ns, name, sub)
         except ApiError as e:
@@ -504,6 +506,48 @@ class Handler(BaseHTTPRequestHandler):
         self.store.count("binds_ok")
         self.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                              "status": "Success", "code": 201})
+
+    # Leases (coordination.k8s.io/v1), for leader election: get, create, and
+    # update with the optimistic concurrency of resourceVersion (409 when stale).
+
+    def lease(self, method):
+        parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
+        # apis coordination.k8s.io v1 namespaces NS leases [NAME]
+        if len(parts) not in (6, 7) or parts[3] != "namespaces" or parts[5] != "leases":
+            raise ApiError(404, "the server could not find the requested resource")
+        ns, name = parts[4], parts[6] if len(parts) == 7 else None
+        store = self.store
+        with store.cond:
+            leases = store.objects.setdefault("leases", {})
+            if method == "GET" and name is not None:
+                if (ns, name) not in leases:
+                    raise ApiError(404, 'leases.coordination.k8s.io "%s" not found' % name,
+                                   "NotFound")
+                return self.send_json(200, leases[(ns, name)])
+            body = self.read_body()
+            if not isinstance(body, dict):
+                raise ApiError(400, "a Lease object is required")
+            meta = body.setdefault("metadata", {})
+            if method == "POST" and name is None:
+                key = (ns, meta.get("name"))
+                if key in leases:
+                    raise ApiError(409, 'leases.coordination.k8s.io "%s" already exists'
+                                   % key[1], "AlreadyExists")
+            elif method == "PUT" and name is not None:
+                key = (ns, name)
+                if key not in leases:
+                    raise ApiError(404, 'leases.coordination.k8s.io "%s" not found' % name,
+                                   "NotFound")
+                if meta.get("resourceVersion") != leases[key]["metadata"]["resourceVersion"]:
+                    raise ApiError(409, "Operation cannot be fulfilled on leases.coordination."
+                                   "k8s.io \"%s\": the object has been modified" % name,
+                                   "Conflict")
+            else:
+                raise ApiError(405, "%s is not supported on leases here" % method)
+            meta["namespace"] = ns
+            store._bump(body)
+            leases[key] = body
+            return self.send_json(201 if method == "POST" else 200, body)
 
     def control(self, method):
         if method == "GET" and urlsplit(self.path).path == "/_control/stats":

@@ -2128,6 +2128,73 @@ class TestClusterFile(ExtenderTest):
 
 # ---------------------------------------------------------------------------
 
+
+# ---------------------------------------------------------------------------
+# Leader election: several replicas, one binds
+# ---------------------------------------------------------------------------
+
+class TestLeaderElection(ExtenderTest):
+
+    def test_one_leader_binds_and_a_standby_takes_over(self):
+        s = self.start_standin()
+        nodes = ["le-a100-0", "le-a100-1"]
+        for n in nodes:
+            s.add_node(n, gpu_list(n, A100, 81920, 2))
+        args = ["--leader-elect", "--lease-namespace", "kgpu-system", "--lease-duration", "3"]
+        a = self.start_extender_for(s, args, name="replica-a", wait_ready=False,
+                                    check_exit=False)
+        b = self.start_extender_for(s, args, name="replica-b", wait_ready=False)
+
+        def ready(e):
+            return e.get("/readyz")[0] == 200
+        wait_for(lambda: ready(a) or ready(b), 20, what="one replica to lead")
+        time.sleep(1.5)  # a few renewals: the other must still stand by
+        self.assertEqual([ready(a), ready(b)].count(True), 1, "exactly one leader")
+        leader, standby = (a, b) if ready(a) else (b, a)
+        status, text = standby.get("/readyz")
+        self.assertEqual(status, 503)
+        self.assertIn("standby", text)
+
+        pod = s.add_pod(pod_object("le-1", [container("main", share(mem=8))]))
+        self.assertEqual(standby.filter(pod, nodes)["NodeNames"], nodes)  # standbys still answer
+        err = standby.bind(pod, nodes[0])
+        self.assertIn("standby", err)
+        self.assertEqual(standby.held(), {}, "a standby reserved GPUs")
+        node, err = leader.schedule(pod, nodes)
+        self.assertEqual(err, "")
+
+        # The leader dies without a word: the standby takes the lease once it expires,
+        # with the binding it saw through its own watch.
+        leader.kill()
+        wait_for(lambda: ready(standby), 15, what="the standby to take over")
+        self.assert_state_matches(standby, s)
+        pod2 = s.add_pod(pod_object("le-2", [container("main", whole(2))]))
+        node2, err = standby.schedule(pod2, nodes)
+        self.assertEqual(err, "")
+        self.assertNotEqual(node2, node, "the whole-GPU pod went onto the node holding le-1")
+        self.assert_state_matches(standby, s)
+
+    def test_clean_stop_hands_the_lease_over_at_once(self):
+        s = self.start_standin()
+        s.add_node("le-t4-0", gpu_list("le-t4-0", "T4", 15360, 1))
+        args = ["--leader-elect", "--lease-duration", "30"]
+        a = self.start_extender_for(s, args, name="replica-a")  # ready means leading
+        b = self.start_extender_for(s, args, name="replica-b", wait_ready=False)
+        time.sleep(1)
+        self.assertEqual(b.get("/readyz")[0], 503)
+        rc, report = a.stop()
+        self.assertEqual(rc, 0)
+        self.assertIsNone(report)
+        # Released on the way out: no 30-s wait for the lease to expire.
+        wait_for(lambda: b.get("/readyz")[0] == 200, 10, what="the standby to lead")
+
+    def test_leader_elect_needs_an_api_server(self):
+        out = subprocess.run([EXTENDER_BIN, "--leader-elect", "--cluster-file",
+                              os.path.join(SOURCE_DIR, "examples", "cluster.yaml")],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("--leader-elect needs an API server", out.stderr)
+
 def main():
     global EXTENDER_BIN, KGPU_BIN
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

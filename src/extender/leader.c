@@ -1,0 +1,222 @@
+/*
+ * Leader election with a coordination.k8s.io/v1 Lease, so that several
+ * kgpu-extender replicas can run and only one of them reserves GPUs: two
+ * active replicas could both hand out a GPU between watch updates. Standbys
+ * keep their state current (they watch too) but report not ready and refuse
+ * binds; when the leader stops renewing, one of them takes the lease.
+ *
+ * Threads: one election thread owns the lease exchange; d->leader is an
+ * atomic read by the HTTP threads. A leader that cannot renew within the
+ * lease duration steps down by itself, before anyone else may take over.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ext.h"
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* MicroTime as the API server writes it: 2026-11-25T23:59:27.123456Z. */
+static void micro_time(double t, char *buf, size_t len)
+{
+    time_t s = (time_t)t;
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    char base[32];
+    strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, len, "%s.%06ldZ", base, (long)((t - (double)s) * 1e6));
+}
+
+/* Parses RFC 3339 UTC times with optional fractions; -1 when unreadable. */
+static double parse_time(const char *text)
+{
+    if (text == NULL)
+        return -1;
+    struct tm tm;
+    memset(&tm, 0, sizeof(tm));
+    const char *rest = strptime(text, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (rest == NULL)
+        return -1;
+    double frac = 0;
+    if (*rest == '.') {
+        double scale = 0.1;
+        for (rest++; *rest >= '0' && *rest <= '9'; rest++, scale /= 10)
+            frac += (*rest - '0') * scale;
+    }
+    if (*rest != 'Z')
+        return -1;
+    return (double)timegm(&tm) + frac;
+}
+
+static char *lease_path(const ext_daemon *d, bool with_name)
+{
+    char *p = NULL;
+    if (asprintf(&p, "/apis/coordination.k8s.io/v1/namespaces/%s/leases%s%s", d->cfg.lease_ns,
+                 with_name ? "/" : "", with_name ? d->cfg.lease_name : "") < 0)
+        return NULL;
+    return p;
+}
+
+/* The Lease object we write: holder `holder`, renewed now. */
+static char *lease_body(const ext_daemon *d, const char *rv, const char *holder, double acquired,
+                        long transitions)
+{
+    char now[64], acq[64];
+    micro_time(wall_now(), now, sizeof(now));
+    micro_time(acquired, acq, sizeof(acq));
+    json_t *meta = json_pack("{s:s,s:s}", "name", d->cfg.lease_name, "namespace", d->cfg.lease_ns);
+    if (rv != NULL)
+        json_object_set_new(meta, "resourceVersion", json_string(rv));
+    json_t *lease =
+        json_pack("{s:s,s:s,s:o,s:{s:s,s:i,s:s,s:s,s:I}}", "apiVersion", "coordination.k8s.io/v1",
+                  "kind", "Lease", "metadata", meta, "spec", "holderIdentity", holder,
+                  "leaseDurationSeconds", d->cfg.lease_duration_s, "acquireTime", acq, "renewTime",
+                  now, "leaseTransitions", (json_int_t)transitions);
+    char *s = json_dumps(lease, JSON_COMPACT);
+    json_decref(lease);
+    return s;
+}
+
+/* One round of the election. Returns true when we hold the lease after it. */
+static bool elect_once(ext_daemon *d, double *acquired)
+{
+    char *path = lease_path(d, true);
+    kgpu_http_resp resp = {0};
+    kgpu_error err;
+    bool leader = false;
+    if (path == NULL || kgpu_k8s_request(d->k8s, "GET", path, NULL, NULL, &resp, &err) != 0) {
+        free(path);
+        return false;
+    }
+    if (resp.status == 404) {
+        /* Nobody holds it yet: create it, and the create decides between racing replicas. */
+        free(resp.body);
+        *acquired = wall_now();
+        char *body = lease_body(d, NULL, d->identity, *acquired, 0);
+        char *collection = lease_path(d, false);
+        memset(&resp, 0, sizeof(resp));
+        leader = body && collection &&
+                 kgpu_k8s_request(d->k8s, "POST", collection, "application/json", body, &resp,
+                                  &err) == 0 &&
+                 resp.status == 201;
+        free(body);
+        free(collection);
+        free(resp.body);
+        free(path);
+        return leader;
+    }
+    json_t *lease = resp.status == 200 ? json_loads(resp.body, 0, NULL) : NULL;
+    free(resp.body);
+    json_t *spec = json_object_get(lease, "spec");
+    const char *holder = json_string_value(json_object_get(spec, "holderIdentity"));
+    const char *rv =
+        json_string_value(json_object_get(json_object_get(lease, "metadata"), "resourceVersion"));
+    double renewed = parse_time(json_string_value(json_object_get(spec, "renewTime")));
+    json_int_t duration = json_integer_value(json_object_get(spec, "leaseDurationSeconds"));
+    json_int_t transitions = json_integer_value(json_object_get(spec, "leaseTransitions"));
+    bool mine = holder != NULL && strcmp(holder, d->identity) == 0;
+    bool free_now = holder == NULL || holder[0] == '\0' || renewed < 0 ||
+                    wall_now() > renewed + (double)(duration > 0 ? duration : 1);
+    if (lease != NULL && rv != NULL && (mine || free_now)) {
+        /* Renew ours, or take an expired or released one; a stale resourceVersion loses (409). */
+        if (!mine)
+            *acquired = wall_now();
+        char *body =
+            lease_body(d, rv, d->identity, *acquired, mine ? transitions : transitions + 1);
+        memset(&resp, 0, sizeof(resp));
+        leader =
+            body != NULL &&
+            kgpu_k8s_request(d->k8s, "PUT", path, "application/json", body, &resp, &err) == 0 &&
+            resp.status == 200;
+        free(body);
+        free(resp.body);
+    }
+    json_decref(lease);
+    free(path);
+    return leader;
+}
+
+/* On a clean stop the leader releases the lease, so a standby need not wait it out. */
+static void release_lease(ext_daemon *d, double acquired)
+{
+    char *path = lease_path(d, true);
+    kgpu_http_resp resp = {0};
+    kgpu_error err;
+    if (path != NULL && kgpu_k8s_request(d->k8s, "GET", path, NULL, NULL, &resp, &err) == 0 &&
+        resp.status == 200) {
+        json_t *lease = json_loads(resp.body, 0, NULL);
+        const char *holder =
+            json_string_value(json_object_get(json_object_get(lease, "spec"), "holderIdentity"));
+        const char *rv = json_string_value(
+            json_object_get(json_object_get(lease, "metadata"), "resourceVersion"));
+        if (holder != NULL && rv != NULL && strcmp(holder, d->identity) == 0) {
+            char *body = lease_body(d, rv, "", acquired, 0);
+            kgpu_http_resp put = {0};
+            if (body != NULL)
+                kgpu_k8s_request(d->k8s, "PUT", path, "application/json", body, &put, &err);
+            free(body);
+            free(put.body);
+        }
+        json_decref(lease);
+    }
+    free(resp.body);
+    free(path);
+}
+
+static void *elect(void *arg)
+{
+    ext_daemon *d = arg;
+    double acquired = 0, renewed_at = 0; /* monotonic time of the last successful renewal */
+    double period = d->cfg.lease_duration_s / 5.0;
+    if (period < 0.5)
+        period = 0.5;
+    while (!atomic_load(&d->stop)) {
+        bool was = atomic_load(&d->leader);
+        bool now_leader = elect_once(d, &acquired);
+        double mono = ext_now();
+        if (now_leader)
+            renewed_at = mono;
+        /* Not renewed within the lease: someone else may take it now, so stop acting first. */
+        bool leader = now_leader || (was && mono - renewed_at < d->cfg.lease_duration_s * 0.8);
+        atomic_store(&d->leader, leader);
+        if (leader != was)
+            ext_log(EXT_INFO, "leader election: %s (lease %s/%s, identity %s)",
+                    leader ? "this replica leads" : "this replica stands by", d->cfg.lease_ns,
+                    d->cfg.lease_name, d->identity);
+        for (double slept = 0; slept < period && !atomic_load(&d->stop); slept += 0.1)
+            usleep(100 * 1000);
+    }
+    if (atomic_load(&d->leader))
+        release_lease(d, acquired);
+    atomic_store(&d->leader, false);
+    return NULL;
+}
+
+int ext_leader_start(ext_daemon *d, kgpu_error *err)
+{
+    char host[128] = "kgpu-extender";
+    const char *pod = getenv("POD_NAME");
+    if (pod == NULL || pod[0] == '\0')
+        gethostname(host, sizeof(host) - 1);
+    snprintf(d->identity, sizeof(d->identity), "%s_%d", pod && pod[0] ? pod : host, (int)getpid());
+    atomic_store(&d->leader, false);
+    if (pthread_create(&d->leader_thread, NULL, elect, d) != 0)
+        return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the leader election thread");
+    d->leader_running = true;
+    return 0;
+}
+
+void ext_leader_stop(ext_daemon *d)
+{
+    if (d->leader_running)
+        pthread_join(d->leader_thread, NULL);
+    d->leader_running = false;
+}
