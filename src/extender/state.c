@@ -633,14 +633,25 @@ void ext_state_pod_gone(ext_state *st, const char *uid)
 }
 
 /* Appends "ns/name/uid" to a suspects list. */
+/* Appends an owned string to a growing list; on failure the string is freed. */
+static void push_owned(char ***list, size_t *n, char *str)
+{
+    if (str == NULL)
+        return;
+    char **g = realloc(*list, (*n + 1) * sizeof(**list));
+    if (g == NULL) {
+        free(str);
+        return;
+    }
+    *list = g;
+    g[(*n)++] = str;
+}
+
 static void suspect(char ***list, size_t *n, const char *ns, const char *name, const char *uid)
 {
-    char **g = realloc(*list, (*n + 1) * sizeof(**list));
-    if (g == NULL)
-        return;
-    *list = g;
-    if (asprintf(&g[*n], "%s/%s/%s", ns, name, uid) >= 0)
-        (*n)++;
+    char *key;
+    if (asprintf(&key, "%s/%s/%s", ns, name, uid) >= 0)
+        push_owned(list, n, key);
 }
 
 void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t *nsuspects)
@@ -673,13 +684,7 @@ void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t
             suspect(suspects, nsuspects, p->ns, p->name, p->uid);
             continue;
         }
-        {
-            char **g = realloc(gone, (ngone + 1) * sizeof(*g));
-            if (g == NULL)
-                break;
-            gone = g;
-            gone[ngone++] = strdup(k);
-        }
+        push_owned(&gone, &ngone, strdup(k));
     }
     it = 0;
     while (kgpu_strmap_next(&st->orphans, &it, &k, &v)) {
@@ -690,19 +695,11 @@ void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t
             suspect(suspects, nsuspects, o->ns, o->name, o->uid);
             continue;
         }
-        {
-            char **g = realloc(gone, (ngone + 1) * sizeof(*g));
-            if (g == NULL)
-                break;
-            gone = g;
-            gone[ngone++] = strdup(k);
-        }
+        push_owned(&gone, &ngone, strdup(k));
     }
     for (size_t j = 0; j < ngone; j++) {
-        if (gone[j] != NULL) {
-            ext_state_release(st, gone[j]);
-            drop_orphan(st, gone[j]);
-        }
+        ext_state_release(st, gone[j]);
+        drop_orphan(st, gone[j]);
         free(gone[j]);
     }
     free(gone);
