@@ -1,0 +1,289 @@
+/*
+ * NVML through dlopen. The declarations below are kgpu's own, from NVML's
+ * documented ABI: return codes are ints (0 = success), devices and event
+ * sets are opaque pointers, and only the structures read here are spelled
+ * out. Versioned symbols are tried newest first, as the driver exports
+ * both for compatibility.
+ */
+#include <ctype.h>
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fileio.h"
+#include "gpu.h"
+#include "kgpu/model.h"
+
+typedef int nvml_ret;
+typedef struct nvml_device_st *nvml_device;
+typedef struct nvml_event_set_st *nvml_event_set;
+
+enum {
+    NVML_OK = 0,
+    NVML_ERR_TIMEOUT = 10,
+    NVML_ERR_GPU_IS_LOST = 15,
+};
+
+#define NVML_EVENT_XID_CRITICAL 0x8ULL
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvml_memory;
+
+typedef struct {
+    char bus_id_legacy[16];
+    unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
+    char bus_id[32];
+} nvml_pci_info;
+
+typedef struct {
+    nvml_device device;
+    unsigned long long event_type, event_data;
+    unsigned int gpu_instance_id, compute_instance_id;
+} nvml_event_data;
+
+struct kgpu_nvml {
+    void *lib;
+    bool initialised;
+    char sysfs[256];
+    nvml_ret (*init)(void);
+    nvml_ret (*shutdown)(void);
+    const char *(*error_string)(nvml_ret);
+    nvml_ret (*count)(unsigned int *);
+    nvml_ret (*by_index)(unsigned int, nvml_device *);
+    nvml_ret (*uuid)(nvml_device, char *, unsigned int);
+    nvml_ret (*name)(nvml_device, char *, unsigned int);
+    nvml_ret (*memory)(nvml_device, nvml_memory *);
+    nvml_ret (*pci)(nvml_device, nvml_pci_info *);
+    /* optional: XID events */
+    nvml_ret (*set_create)(nvml_event_set *);
+    nvml_ret (*register_events)(nvml_device, unsigned long long, nvml_event_set);
+    nvml_ret (*set_wait)(nvml_event_set, nvml_event_data *, unsigned int);
+    nvml_ret (*set_free)(nvml_event_set);
+    nvml_event_set events;
+    nvml_device *devices; /* by index, after discover */
+    int ndevices;
+};
+
+/* The first of `names` (NULL-terminated) the library exports. */
+static void *resolve(void *lib, const char *const *names)
+{
+    for (; *names != NULL; names++) {
+        void *f = dlsym(lib, *names);
+        if (f != NULL)
+            return f;
+    }
+    return NULL;
+}
+
+static const char *nvml_strerror(const kgpu_nvml *nv, nvml_ret r)
+{
+    const char *s = nv->error_string != NULL ? nv->error_string(r) : NULL;
+    return s != NULL ? s : "unknown NVML error";
+}
+
+int kgpu_nvml_open(const char *library, const char *sysfs, kgpu_nvml **out, kgpu_error *err)
+{
+    *out = NULL;
+    if (library == NULL)
+        library = "libnvidia-ml.so.1";
+    void *lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *why = dlerror();
+        return kgpu_error_set(err, KGPU_ENOENT, "cannot load NVML (%s): %s", library,
+                              why ? why : "unknown reason");
+    }
+    kgpu_nvml *nv = calloc(1, sizeof(*nv));
+    if (nv == NULL) {
+        dlclose(lib);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    nv->lib = lib;
+    snprintf(nv->sysfs, sizeof(nv->sysfs), "%s", sysfs ? sysfs : "/sys");
+
+    static const struct {
+        size_t offset;
+        const char *names[3];
+    } required[] = {
+        {offsetof(kgpu_nvml, init), {"nvmlInit_v2", "nvmlInit", NULL}},
+        {offsetof(kgpu_nvml, shutdown), {"nvmlShutdown", NULL}},
+        {offsetof(kgpu_nvml, count), {"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount", NULL}},
+        {offsetof(kgpu_nvml, by_index),
+         {"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex", NULL}},
+        {offsetof(kgpu_nvml, uuid), {"nvmlDeviceGetUUID", NULL}},
+        {offsetof(kgpu_nvml, name), {"nvmlDeviceGetName", NULL}},
+        {offsetof(kgpu_nvml, memory), {"nvmlDeviceGetMemoryInfo", NULL}},
+        {offsetof(kgpu_nvml, pci), {"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", NULL}},
+    };
+    for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
+        void *f = resolve(lib, required[i].names);
+        if (f == NULL) {
+            kgpu_error_set(err, KGPU_ENOENT, "%s lacks the required function %s", library,
+                           required[i].names[0]);
+            kgpu_nvml_close(nv);
+            return KGPU_ENOENT;
+        }
+        memcpy((char *)nv + required[i].offset, &f, sizeof(f));
+    }
+    void *f;
+    if ((f = resolve(lib, (const char *const[]){"nvmlErrorString", NULL})) != NULL)
+        memcpy(&nv->error_string, &f, sizeof(f));
+    /* Events are optional: all four or none. */
+    void *ev[4] = {
+        resolve(lib, (const char *const[]){"nvmlEventSetCreate", NULL}),
+        resolve(lib, (const char *const[]){"nvmlDeviceRegisterEvents", NULL}),
+        resolve(lib, (const char *const[]){"nvmlEventSetWait_v2", "nvmlEventSetWait", NULL}),
+        resolve(lib, (const char *const[]){"nvmlEventSetFree", NULL}),
+    };
+    if (ev[0] && ev[1] && ev[2] && ev[3]) {
+        memcpy(&nv->set_create, &ev[0], sizeof(void *));
+        memcpy(&nv->register_events, &ev[1], sizeof(void *));
+        memcpy(&nv->set_wait, &ev[2], sizeof(void *));
+        memcpy(&nv->set_free, &ev[3], sizeof(void *));
+    }
+    nvml_ret r = nv->init();
+    if (r != NVML_OK) {
+        kgpu_error_set(err, KGPU_EIO, "nvmlInit: %s (%d)", nvml_strerror(nv, r), r);
+        kgpu_nvml_close(nv);
+        return KGPU_EIO;
+    }
+    nv->initialised = true;
+    *out = nv;
+    return KGPU_OK;
+}
+
+void kgpu_nvml_close(kgpu_nvml *nv)
+{
+    if (nv == NULL)
+        return;
+    if (nv->events != NULL && nv->set_free != NULL)
+        nv->set_free(nv->events);
+    if (nv->initialised)
+        nv->shutdown();
+    free(nv->devices);
+    dlclose(nv->lib);
+    free(nv);
+}
+
+bool kgpu_nvml_has_events(const kgpu_nvml *nv)
+{
+    return nv->set_create != NULL;
+}
+
+/* NUMA node of a PCI device from sysfs; -1 when absent or unknown. */
+static int numa_of(const kgpu_nvml *nv, const char *bus_id)
+{
+    /* NVML writes an 8-digit domain ("00000000:3B:00.0"); sysfs uses 4, lower case. */
+    char id[32];
+    size_t len = strlen(bus_id);
+    const char *colon = strchr(bus_id, ':');
+    if (colon == NULL || len >= sizeof(id))
+        return -1;
+    const char *domain_end = colon;
+    const char *domain = domain_end - 4 >= bus_id ? domain_end - 4 : bus_id;
+    snprintf(id, sizeof(id), "%.*s%s", (int)(domain_end - domain), domain, colon);
+    for (char *p = id; *p; p++)
+        *p = (char)tolower((unsigned char)*p);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/bus/pci/devices/%s/numa_node", nv->sysfs, id);
+    char *buf;
+    size_t n;
+    if (kgpu_read_file_max(path, 64, &buf, &n, NULL) != KGPU_OK)
+        return -1;
+    char *end;
+    long v = strtol(buf, &end, 10);
+    bool ok = end != buf && v >= 0 && v < 1024;
+    free(buf);
+    return ok ? (int)v : -1;
+}
+
+int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_error *err)
+{
+    *gpus = NULL;
+    *ngpus = 0;
+    unsigned int count = 0;
+    nvml_ret r = nv->count(&count);
+    if (r != NVML_OK)
+        return kgpu_error_set(err, KGPU_EIO, "nvmlDeviceGetCount: %s", nvml_strerror(nv, r));
+    if (count > KGPU_MAX_GPUS_PER_NODE)
+        return kgpu_error_set(err, KGPU_ERANGE, "NVML reports %u GPUs; kgpu handles at most %d",
+                              count, KGPU_MAX_GPUS_PER_NODE);
+    kgpu_gpu_info *out = calloc(count ? count : 1, sizeof(*out));
+    nvml_device *devs = calloc(count ? count : 1, sizeof(*devs));
+    if (out == NULL || devs == NULL) {
+        free(out);
+        free(devs);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    for (unsigned int i = 0; i < count; i++) {
+        kgpu_gpu_info *g = &out[i];
+        const char *what = "nvmlDeviceGetHandleByIndex";
+        nvml_memory mem;
+        nvml_pci_info pci;
+        memset(&pci, 0, sizeof(pci));
+        if ((r = nv->by_index(i, &devs[i])) != NVML_OK ||
+            (what = "nvmlDeviceGetUUID", r = nv->uuid(devs[i], g->uuid, sizeof(g->uuid))) !=
+                NVML_OK ||
+            (what = "nvmlDeviceGetName", r = nv->name(devs[i], g->model, sizeof(g->model))) !=
+                NVML_OK ||
+            (what = "nvmlDeviceGetMemoryInfo", r = nv->memory(devs[i], &mem)) != NVML_OK) {
+            free(out);
+            free(devs);
+            return kgpu_error_set(err, KGPU_EIO, "GPU %u: %s: %s", i, what, nvml_strerror(nv, r));
+        }
+        g->uuid[sizeof(g->uuid) - 1] = '\0';
+        g->model[sizeof(g->model) - 1] = '\0';
+        g->index = (int)i;
+        g->memory_mib = (int64_t)(mem.total / (1024 * 1024));
+        g->healthy = true;
+        g->numa = -1;
+        if (nv->pci(devs[i], &pci) == NVML_OK) {
+            pci.bus_id[sizeof(pci.bus_id) - 1] = '\0';
+            snprintf(g->pci_bus_id, sizeof(g->pci_bus_id), "%s", pci.bus_id);
+            g->numa = numa_of(nv, pci.bus_id);
+        }
+    }
+    free(nv->devices);
+    nv->devices = devs;
+    nv->ndevices = (int)count;
+    if (nv->set_create != NULL && nv->events == NULL && nv->set_create(&nv->events) != NVML_OK)
+        nv->events = NULL;
+    if (nv->events != NULL) {
+        /* A GPU that refuses events stays usable; only its XIDs go unseen. */
+        for (int i = 0; i < nv->ndevices; i++)
+            (void)nv->register_events(devs[i], NVML_EVENT_XID_CRITICAL, nv->events);
+    }
+    *gpus = out;
+    *ngpus = (int)count;
+    return KGPU_OK;
+}
+
+int kgpu_nvml_wait_xid(kgpu_nvml *nv, unsigned timeout_ms, int *index, unsigned long long *xid,
+                       kgpu_error *err)
+{
+    if (nv->events == NULL)
+        return 0;
+    nvml_event_data data;
+    memset(&data, 0, sizeof(data));
+    nvml_ret r = nv->set_wait(nv->events, &data, timeout_ms);
+    if (r == NVML_ERR_TIMEOUT)
+        return 0;
+    if (r != NVML_OK)
+        return kgpu_error_set(err, KGPU_EIO, "nvmlEventSetWait: %s", nvml_strerror(nv, r));
+    *index = -1;
+    for (int i = 0; i < nv->ndevices; i++)
+        if (nv->devices[i] == data.device)
+            *index = i;
+    *xid = data.event_data;
+    return 1;
+}
+
+bool kgpu_nvml_alive(kgpu_nvml *nv, int index)
+{
+    if (index < 0 || index >= nv->ndevices)
+        return false;
+    char uuid[KGPU_GPU_UUID_MAX];
+    return nv->uuid(nv->devices[index], uuid, sizeof(uuid)) != NVML_ERR_GPU_IS_LOST;
+}
