@@ -11,6 +11,7 @@ PACKAGES=(
   libgnutls28-dev                    # TLS client-certificate checks on the extender port
   libcurl4-openssl-dev               # HTTP client for the Kubernetes API and kgpu inspect
   libyaml-dev                        # YAML: config, cluster file, kubeconfig
+  libprotobuf-c-dev protobuf-c-compiler  # kubelet device plugin API messages (C)
   libcmocka-dev                      # unit test framework
   libxml2-utils                      # xmllint: tests check the SVG plot is well-formed XML
   python3                            # the API server stand-in and load drivers of integration tests
