@@ -670,7 +670,7 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
         return;
     }
     if (!ext_is_leader(d)) {
-        atomic_fetch_add(&d->metrics.bind_failures[BIND_FAIL_API_ERROR], 1);
+        atomic_fetch_add(&d->metrics.bind_failures[BIND_FAIL_STANDBY], 1);
         snprintf(msg, sizeof(msg),
                  "this kgpu-extender replica (%s) is a standby: only the holder of lease %s/%s "
                  "binds; kube-scheduler should reach it through the Service",

@@ -23,9 +23,9 @@ const char *ext_verb_name(enum ext_verb v)
 
 const char *ext_bind_fail_name(enum ext_bind_fail f)
 {
-    static const char *names[BIND_FAIL_COUNT] = {"bad_request",    "unknown_pod",  "unknown_node",
-                                                 "no_fit",         "api_conflict", "api_error",
-                                                 "api_unreachable"};
+    static const char *names[BIND_FAIL_COUNT] = {"bad_request",     "unknown_pod",  "unknown_node",
+                                                 "no_fit",          "api_conflict", "api_error",
+                                                 "api_unreachable", "standby"};
     return f >= 0 && f < BIND_FAIL_COUNT ? names[f] : "other";
 }
 

@@ -2159,6 +2159,7 @@ class TestLeaderElection(ExtenderTest):
         self.assertEqual(standby.filter(pod, nodes)["NodeNames"], nodes)  # standbys still answer
         err = standby.bind(pod, nodes[0])
         self.assertIn("standby", err)
+        self.assertEqual(standby.metric("kgpu_extender_bind_failures_total", {"reason": "standby"}), 1)
         self.assertEqual(standby.held(), {}, "a standby reserved GPUs")
         node, err = leader.schedule(pod, nodes)
         self.assertEqual(err, "")
