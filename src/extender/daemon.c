@@ -496,6 +496,16 @@ int ext_daemon_start(ext_daemon *d, kgpu_error *err)
         rc = d->cfg.kubeconfig[0]
                  ? kgpu_k8s_config_kubeconfig(d->cfg.kubeconfig, &kc, err)
                  : kgpu_k8s_config_in_cluster(d->cfg.sa_dir[0] ? d->cfg.sa_dir : NULL, &kc, err);
+        /*
+         * With leader election no API call may outlive the gap between the
+         * leader giving up (80 % of the lease) and a standby taking over
+         * (100 %): a Binding still in flight then could race the new leader.
+         */
+        if (rc == 0 && d->cfg.leader_elect) {
+            long gap_ms = (long)d->cfg.lease_duration_s * 200;
+            if (kc.timeout_ms <= 0 || kc.timeout_ms > gap_ms)
+                kc.timeout_ms = gap_ms;
+        }
         if (rc == 0 && (d->k8s = kgpu_k8s_new(&kc, err)) == NULL)
             rc = err ? err->code : KGPU_EINVAL;
         kgpu_k8s_config_clear(&kc);

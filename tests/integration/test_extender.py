@@ -2189,6 +2189,28 @@ class TestLeaderElection(ExtenderTest):
         # Released on the way out: no 30-s wait for the lease to expire.
         wait_for(lambda: b.get("/readyz")[0] == 200, 10, what="the standby to lead")
 
+    def test_leader_binds_cannot_outlive_the_handover_gap(self):
+        # Lease 5 s: the leader gives up at 4 s, a standby may lead from 5 s, so no
+        # API call may take longer than 1 s. A Binding that hangs is abandoned
+        # (and its reservation released) before a new leader could place a pod.
+        s = self.start_standin()
+        s.add_node("le-v100-0", gpu_list("le-v100-0", "V100", 16384, 1))
+        e = self.start_extender_for(s, ["--leader-elect", "--lease-duration", "5"],
+                                    name="replica-a")
+        pod = s.add_pod(pod_object("le-slow", [container("main", share(mem=4))]))
+        e.filter(pod, ["le-v100-0"])
+        s.control(bind_delay_ms=2500)
+        started = time.monotonic()
+        err = e.bind(pod, "le-v100-0")
+        elapsed = time.monotonic() - started
+        s.control(bind_delay_ms=0)
+        self.assertNotEqual(err, "")
+        self.assertLess(elapsed, 2.0, "the bind waited for the slow API server: " + err)
+        # The stand-in may still apply the Binding late; either way kgpu's view must
+        # end up equal to what the API server holds.
+        time.sleep(1.0)
+        self.assert_state_matches(e, s, timeout=10.0)
+
     def test_leader_elect_needs_an_api_server(self):
         out = subprocess.run([EXTENDER_BIN, "--leader-elect", "--cluster-file",
                               os.path.join(SOURCE_DIR, "examples", "cluster.yaml")],
