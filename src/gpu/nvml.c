@@ -181,9 +181,9 @@ static int numa_of(const kgpu_nvml *nv, const char *bus_id)
     const char *colon = strchr(bus_id, ':');
     if (colon == NULL || len >= sizeof(id))
         return -1;
-    const char *domain_end = colon;
-    const char *domain = domain_end - 4 >= bus_id ? domain_end - 4 : bus_id;
-    snprintf(id, sizeof(id), "%.*s%s", (int)(domain_end - domain), domain, colon);
+    size_t domain_len = (size_t)(colon - bus_id);
+    size_t skip = domain_len > 4 ? domain_len - 4 : 0;
+    snprintf(id, sizeof(id), "%.*s%s", (int)(domain_len - skip), bus_id + skip, colon);
     for (char *p = id; *p; p++)
         *p = (char)tolower((unsigned char)*p);
     char path[512];
