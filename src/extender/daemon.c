@@ -215,26 +215,19 @@ static bool pod_gone(ext_daemon *d, const char *triple)
         return false;
     char path[KGPU_K8S_PATH_MAX];
     snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
-    kgpu_http_resp resp = {0};
     kgpu_error err;
-    bool gone = false;
-    if (kgpu_k8s_request(d->k8s, "GET", path, NULL, NULL, &resp, &err) == 0) {
-        if (resp.status == 404) {
-            gone = true;
-        } else if (resp.status == 200) {
-            json_t *pod = json_loads(resp.body, 0, NULL);
-            json_t *meta = json_object_get(pod, "metadata");
-            const char *u = json_string_value(json_object_get(meta, "uid"));
-            const char *phase =
-                json_string_value(json_object_get(json_object_get(pod, "status"), "phase"));
-            gone = pod != NULL && ((u != NULL && strcmp(u, uid) != 0) ||
-                                   json_object_get(meta, "deletionTimestamp") != NULL ||
-                                   (phase != NULL && (strcmp(phase, "Succeeded") == 0 ||
-                                                      strcmp(phase, "Failed") == 0)));
-            json_decref(pod);
-        }
-    }
-    free(resp.body);
+    long status;
+    json_t *pod = kgpu_k8s_get_json(d->k8s, path, &status, &err);
+    if (status == 404)
+        return true;
+    json_t *meta = json_object_get(pod, "metadata");
+    const char *u = json_string_value(json_object_get(meta, "uid"));
+    const char *phase = json_string_value(json_object_get(json_object_get(pod, "status"), "phase"));
+    bool gone =
+        pod != NULL &&
+        ((u != NULL && strcmp(u, uid) != 0) || json_object_get(meta, "deletionTimestamp") != NULL ||
+         (phase != NULL && (strcmp(phase, "Succeeded") == 0 || strcmp(phase, "Failed") == 0)));
+    json_decref(pod);
     return gone;
 }
 

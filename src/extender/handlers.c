@@ -628,14 +628,12 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
     if (d->k8s != NULL) {
         char path[KGPU_K8S_PATH_MAX];
         snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
-        kgpu_http_resp resp = {0};
         kgpu_error err;
-        if (kgpu_k8s_request(d->k8s, "GET", path, NULL, NULL, &resp, &err) == 0 &&
-            resp.status == 200) {
-            json_t *j = json_loads(resp.body, 0, NULL);
+        long status;
+        json_t *j = kgpu_k8s_get_json(d->k8s, path, &status, &err);
+        if (status == 200) {
             int rc = j ? kgpu_pod_from_json(j, d->cfg.memory_unit_mib, pod, &err) : -1;
             json_decref(j);
-            free(resp.body);
             if (rc == 0 && strcmp(pod->uid, uid) == 0)
                 return pod;
             snprintf(msg, len, "pod %s/%s: the API server has another pod of that name (uid %s)",
@@ -643,7 +641,6 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
             free(pod);
             return NULL;
         }
-        free(resp.body);
     }
     snprintf(msg, len,
              "pod %s/%s (uid %s) is unknown to kgpu: kube-scheduler calls filter before bind; "

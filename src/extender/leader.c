@@ -85,36 +85,37 @@ static char *lease_body(const ext_daemon *d, const char *rv, const char *holder,
     return s;
 }
 
+/* Sends a Lease body (taken over and freed); true when the answer is `want`. */
+static bool write_lease(ext_daemon *d, const char *method, const char *path, char *body, long want)
+{
+    kgpu_http_resp resp = {0};
+    kgpu_error err;
+    bool ok = body != NULL && path != NULL &&
+              kgpu_k8s_request(d->k8s, method, path, "application/json", body, &resp, &err) == 0 &&
+              resp.status == want;
+    free(body);
+    free(resp.body);
+    return ok;
+}
+
 /* One round of the election. Returns true when we hold the lease after it. */
 static bool elect_once(ext_daemon *d, double *acquired)
 {
     char *path = lease_path(d, true);
-    kgpu_http_resp resp = {0};
     kgpu_error err;
     bool leader = false;
-    if (path == NULL || kgpu_k8s_request(d->k8s, "GET", path, NULL, NULL, &resp, &err) != 0) {
-        free(path);
-        return false;
-    }
-    if (resp.status == 404) {
+    long status = 0;
+    json_t *lease = path != NULL ? kgpu_k8s_get_json(d->k8s, path, &status, &err) : NULL;
+    if (status == 404) {
         /* Nobody holds it yet: create it, and the create decides between racing replicas. */
-        free(resp.body);
         *acquired = wall_now();
-        char *body = lease_body(d, NULL, d->identity, *acquired, 0);
         char *collection = lease_path(d, false);
-        memset(&resp, 0, sizeof(resp));
-        leader = body && collection &&
-                 kgpu_k8s_request(d->k8s, "POST", collection, "application/json", body, &resp,
-                                  &err) == 0 &&
-                 resp.status == 201;
-        free(body);
+        leader =
+            write_lease(d, "POST", collection, lease_body(d, NULL, d->identity, *acquired, 0), 201);
         free(collection);
-        free(resp.body);
         free(path);
         return leader;
     }
-    json_t *lease = resp.status == 200 ? json_loads(resp.body, 0, NULL) : NULL;
-    free(resp.body);
     json_t *spec = json_object_get(lease, "spec");
     const char *holder = json_string_value(json_object_get(spec, "holderIdentity"));
     const char *rv =
@@ -129,15 +130,9 @@ static bool elect_once(ext_daemon *d, double *acquired)
         /* Renew ours, or take an expired or released one; a stale resourceVersion loses (409). */
         if (!mine)
             *acquired = wall_now();
-        char *body =
-            lease_body(d, rv, d->identity, *acquired, mine ? transitions : transitions + 1);
-        memset(&resp, 0, sizeof(resp));
-        leader =
-            body != NULL &&
-            kgpu_k8s_request(d->k8s, "PUT", path, "application/json", body, &resp, &err) == 0 &&
-            resp.status == 200;
-        free(body);
-        free(resp.body);
+        leader = write_lease(
+            d, "PUT", path,
+            lease_body(d, rv, d->identity, *acquired, mine ? transitions : transitions + 1), 200);
     }
     json_decref(lease);
     free(path);
@@ -148,26 +143,18 @@ static bool elect_once(ext_daemon *d, double *acquired)
 static void release_lease(ext_daemon *d, double acquired)
 {
     char *path = lease_path(d, true);
-    kgpu_http_resp resp = {0};
     kgpu_error err;
-    if (path != NULL && kgpu_k8s_request(d->k8s, "GET", path, NULL, NULL, &resp, &err) == 0 &&
-        resp.status == 200) {
-        json_t *lease = json_loads(resp.body, 0, NULL);
+    long status;
+    json_t *lease = path != NULL ? kgpu_k8s_get_json(d->k8s, path, &status, &err) : NULL;
+    if (lease != NULL) {
         const char *holder =
             json_string_value(json_object_get(json_object_get(lease, "spec"), "holderIdentity"));
         const char *rv = json_string_value(
             json_object_get(json_object_get(lease, "metadata"), "resourceVersion"));
-        if (holder != NULL && rv != NULL && strcmp(holder, d->identity) == 0) {
-            char *body = lease_body(d, rv, "", acquired, 0);
-            kgpu_http_resp put = {0};
-            if (body != NULL)
-                kgpu_k8s_request(d->k8s, "PUT", path, "application/json", body, &put, &err);
-            free(body);
-            free(put.body);
-        }
+        if (holder != NULL && rv != NULL && strcmp(holder, d->identity) == 0)
+            write_lease(d, "PUT", path, lease_body(d, rv, "", acquired, 0), 200);
         json_decref(lease);
     }
-    free(resp.body);
     free(path);
 }
 

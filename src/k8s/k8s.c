@@ -408,6 +408,18 @@ int kgpu_k8s_request(kgpu_k8s *k, const char *method, const char *path, const ch
     return kgpu__k8s_request_ex(k, method, path, content_type, body, NULL, resp, err);
 }
 
+json_t *kgpu_k8s_get_json(kgpu_k8s *k, const char *path, long *status, kgpu_error *err)
+{
+    kgpu_http_resp resp = {0};
+    *status = 0;
+    if (kgpu_k8s_request(k, "GET", path, NULL, NULL, &resp, err) != 0)
+        return NULL;
+    *status = resp.status;
+    json_t *doc = resp.status == 200 && resp.body ? json_loads(resp.body, 0, NULL) : NULL;
+    free(resp.body);
+    return doc;
+}
+
 int kgpu__k8s_escape(const char *s, char *out, size_t outsz)
 {
     static const char hex[] = "0123456789ABCDEF";

@@ -20,15 +20,15 @@
 #define KGPU_K8S_PATH_MAX 1024
 
 typedef struct kgpu_k8s_config {
-    char server[512];                 /* https://host:port, no trailing slash */
-    char token[4096];                 /* static bearer token, or "" */
+    char server[512];                   /* https://host:port, no trailing slash */
+    char token[4096];                   /* static bearer token, or "" */
     char token_file[KGPU_K8S_PATH_MAX]; /* re-read each request when set */
-    char ca_file[KGPU_K8S_PATH_MAX];  /* PEM file, or "" */
-    char *ca_data;                    /* PEM text (decoded kubeconfig data), malloc'd or NULL */
-    char *cert_data, *key_data;       /* client certificate and key PEM, malloc'd or NULL */
+    char ca_file[KGPU_K8S_PATH_MAX];    /* PEM file, or "" */
+    char *ca_data;                      /* PEM text (decoded kubeconfig data), malloc'd or NULL */
+    char *cert_data, *key_data;         /* client certificate and key PEM, malloc'd or NULL */
     char cert_file[KGPU_K8S_PATH_MAX], key_file[KGPU_K8S_PATH_MAX];
-    bool insecure;                    /* skip TLS verification (kubeconfig insecure-skip-tls-verify) */
-    long timeout_ms;                  /* per plain request; watches have none; default 10000 */
+    bool insecure;   /* skip TLS verification (kubeconfig insecure-skip-tls-verify) */
+    long timeout_ms; /* per plain request; watches have none; default 10000 */
 } kgpu_k8s_config;
 
 /* Frees the malloc'd members of cfg. */
@@ -69,6 +69,13 @@ typedef struct kgpu_http_resp {
  */
 int kgpu_k8s_request(kgpu_k8s *k, const char *method, const char *path, const char *content_type,
                      const char *body, kgpu_http_resp *resp, kgpu_error *err);
+
+/*
+ * GET path and parse the answer. *status is the HTTP status (0 when none
+ * arrived); the result is a new reference when the status is 200 and the
+ * body is JSON, else NULL.
+ */
+json_t *kgpu_k8s_get_json(kgpu_k8s *k, const char *path, long *status, kgpu_error *err);
 
 /* POST .../pods/{name}/binding with annotations (an object of strings, borrowed). */
 int kgpu_k8s_bind(kgpu_k8s *k, const char *ns, const char *name, const char *uid, const char *node,
