@@ -173,10 +173,11 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                     break;
             }
         } else {
-            static const char *known[] = {"listen",       "policy",       "memoryUnit",
-                                          "clusterFile",  "kubeconfig",   "logLevel",
-                                          "maxBodyBytes", "maxJSONDepth", "maxConnections",
-                                          "pendingPods",  "tls"};
+            static const char *known[] = {"listen",         "policy",       "memoryUnit",
+                                          "clusterFile",    "kubeconfig",   "logLevel",
+                                          "maxBodyBytes",   "maxJSONDepth", "maxConnections",
+                                          "pendingPods",    "tls",          "leaderElect",
+                                          "leaseNamespace", "leaseName",    "leaseDurationSeconds"};
             bool is_known = false;
             for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
                 is_known = is_known || strcmp(key, known[i]) == 0;
@@ -211,6 +212,10 @@ static void usage(FILE *f)
            "  --tls-client-ca FILE   require client certificates signed by this CA\n"
            "  --log-level LEVEL      error, warn, info (default) or debug\n"
            "  --max-body-bytes N     largest request body accepted (default 16 MiB)\n"
+           "  --leader-elect         only the holder of a Lease binds (run several replicas)\n"
+           "  --lease-namespace NS --lease-name NAME   the Lease (default: the pod's\n"
+           "                         namespace, else kgpu-system; kgpu-extender)\n"
+           "  --lease-duration S     seconds a standby waits after the last renewal (default 15)\n"
            "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
            "  --help                 this text\n"
            "  --port-file FILE       write the port served once listening (for --listen :0)\n"

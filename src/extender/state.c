@@ -632,7 +632,6 @@ void ext_state_pod_gone(ext_state *st, const char *uid)
         retry_orphans(st); /* what this pod held may be what an orphan was waiting for */
 }
 
-/* Appends "ns/name/uid" to a suspects list. */
 /* Appends an owned string to a growing list; on failure the string is freed. */
 static void push_owned(char ***list, size_t *n, char *str)
 {
@@ -647,6 +646,7 @@ static void push_owned(char ***list, size_t *n, char *str)
     g[(*n)++] = str;
 }
 
+/* Appends "ns/name/uid" to a suspects list. */
 static void suspect(char ***list, size_t *n, const char *ns, const char *name, const char *uid)
 {
     char *key;

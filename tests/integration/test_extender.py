@@ -2111,6 +2111,12 @@ class TestClusterFile(ExtenderTest):
                              timeout=30)
         self.assertEqual(out.returncode, 2)
         self.assertIn("no_such_key: unknown key", out.stderr)
+        with open(config, "w") as f:
+            f.write("clusterFile: %s\nleaseDurationSeconds: 0\n" % CLUSTER_YAML)
+        out = subprocess.run([EXTENDER_BIN, "--config", config], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("leaseDurationSeconds: wrong type or out of range", out.stderr)
         out = subprocess.run([EXTENDER_BIN, "--cluster-file", CLUSTER_YAML, "--policy", "nope"],
                              capture_output=True, text=True, timeout=30)
         self.assertEqual(out.returncode, 2)
