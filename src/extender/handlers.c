@@ -650,6 +650,33 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
     return NULL;
 }
 
+/*
+ * POSTs the Binding (with `ann`, or none for a pod without GPUs). Returns
+ * BIND_FAIL_COUNT when the API server accepted it, else the reason, with
+ * msg saying what the API server answered.
+ */
+static enum ext_bind_fail post_binding(ext_daemon *d, const char *ns, const char *name,
+                                       const char *uid, const char *node, json_t *ann, char *msg,
+                                       size_t len)
+{
+    kgpu_error err;
+    kgpu_http_resp resp = {0};
+    enum ext_bind_fail why = BIND_FAIL_COUNT;
+    if (kgpu_k8s_bind(d->k8s, ns, name, uid, node, ann, &resp, &err) != 0) {
+        why = BIND_FAIL_API_UNREACHABLE;
+        snprintf(msg, len, "binding %s/%s to %s: %s", ns, name, node, err.msg);
+    } else if (resp.status != 200 && resp.status != 201) {
+        why = resp.status == 409 ? BIND_FAIL_API_CONFLICT : BIND_FAIL_API_ERROR;
+        json_t *st = resp.body ? json_loads(resp.body, 0, NULL) : NULL;
+        const char *m = json_string_value(json_object_get(st, "message"));
+        snprintf(msg, len, "binding %s/%s to %s: API server answered %ld: %.600s", ns, name, node,
+                 resp.status, m ? m : (resp.body ? resp.body : ""));
+        json_decref(st);
+    }
+    free(resp.body);
+    return why;
+}
+
 static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
 {
     const char *name = json_string_value(json_object_get(args, "PodName"));
@@ -681,19 +708,13 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
         return;
     }
     if (pod->nparts == 0) { /* asks for no GPU (e.g. kgpu.io/gpu-mem: 0): bind, hold nothing */
-        kgpu_error e;
-        kgpu_http_resp resp = {0};
-        int rc = d->k8s ? kgpu_k8s_bind(d->k8s, ns, name, uid, node, NULL, &resp, &e) : 0;
-        long st = d->k8s ? resp.status : 201;
-        free(resp.body);
         free(pod);
-        if (rc != 0 || (st != 200 && st != 201)) {
-            snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node,
-                     rc != 0 ? e.msg : "the API server refused");
-            bind_failed(d, r, rc != 0 ? BIND_FAIL_API_UNREACHABLE : BIND_FAIL_API_ERROR, msg);
-            return;
-        }
-        bind_result(r, "");
+        enum ext_bind_fail why =
+            d->k8s ? post_binding(d, ns, name, uid, node, NULL, msg, sizeof(msg)) : BIND_FAIL_COUNT;
+        if (why != BIND_FAIL_COUNT)
+            bind_failed(d, r, why, msg);
+        else
+            bind_result(r, "");
         return;
     }
     const ext_pod *held = NULL;
@@ -758,22 +779,8 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
     rfc3339_now(when, sizeof(when));
     json_t *ann = json_pack("{s:s,s:s,s:s}", KGPU_ANN_ASSIGNMENT, assignment, KGPU_ANN_NODE, node,
                             KGPU_ANN_BIND_TIME, when);
-    kgpu_http_resp resp = {0};
-    rc = kgpu_k8s_bind(d->k8s, ns, name, uid, node, ann, &resp, &err);
+    enum ext_bind_fail why = post_binding(d, ns, name, uid, node, ann, msg, sizeof(msg));
     json_decref(ann);
-    enum ext_bind_fail why = BIND_FAIL_COUNT;
-    if (rc != 0) {
-        why = BIND_FAIL_API_UNREACHABLE;
-        snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node, err.msg);
-    } else if (resp.status != 200 && resp.status != 201) {
-        why = resp.status == 409 ? BIND_FAIL_API_CONFLICT : BIND_FAIL_API_ERROR;
-        json_t *st = resp.body ? json_loads(resp.body, 0, NULL) : NULL;
-        const char *m = json_string_value(json_object_get(st, "message"));
-        snprintf(msg, sizeof(msg), "binding %s/%s to %s: API server answered %ld: %.600s", ns, name,
-                 node, resp.status, m ? m : (resp.body ? resp.body : ""));
-        json_decref(st);
-    }
-    free(resp.body);
     pthread_mutex_lock(&d->state.mu);
     if (why == BIND_FAIL_COUNT)
         ext_state_confirm(&d->state, uid);
