@@ -12,6 +12,8 @@ PACKAGES=(
   libcurl4-openssl-dev               # HTTP client for the Kubernetes API and kgpu inspect
   libyaml-dev                        # YAML: config, cluster file, kubeconfig
   libprotobuf-c-dev protobuf-c-compiler  # kubelet device plugin API messages (C)
+  libgrpc-dev                        # gRPC core (C API): kubelet's device plugin sockets
+  python3-grpcio python3-protobuf protobuf-compiler  # the kubelet stand-in of the device plugin tests
   libcmocka-dev                      # unit test framework
   libxml2-utils                      # xmllint: tests check the SVG plot is well-formed XML
   python3                            # the API server stand-in and load drivers of integration tests

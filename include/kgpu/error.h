@@ -21,7 +21,8 @@ extern "C" {
     X(EIO, -6, "input/output error")                                                               \
     X(ERANGE, -7, "value out of range")                                                            \
     X(EEXIST, -8, "already exists")                                                                \
-    X(ESTATE, -9, "inconsistent state")
+    X(ESTATE, -9, "inconsistent state")                                                          \
+    X(EAMBIG, -10, "ambiguous")
 
 enum {
     KGPU_OK = 0,

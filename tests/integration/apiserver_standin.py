@@ -248,7 +248,16 @@ class Store:
     def patch(self, kind, ns, name, patch):
         if not isinstance(patch, dict):
             raise ApiError(400, "a merge patch must be a JSON object")
-        return self._modify(kind, ns, name, lambda old: merge_patch(old, patch))
+        want_uid = (patch.get("metadata") or {}).get("uid")
+
+        def change(old):
+            # A uid in a patch is a precondition, as in the real server.
+            if want_uid and want_uid != old["metadata"].get("uid"):
+                raise ApiError(409, 'Operation cannot be fulfilled on %s "%s": Precondition '
+                               'failed: UID in precondition: %s, UID in object meta: %s'
+                               % (kind, name, want_uid, old["metadata"].get("uid")))
+            return merge_patch(old, patch)
+        return self._modify(kind, ns, name, change)
 
     def delete(self, kind, ns, name):
         with self.cond:

@@ -1,0 +1,513 @@
+/*
+ * gRPC for the device plugin, on gRPC core's C API (Debian's libgrpc):
+ * one server per resource on its unix socket, and the client call that
+ * registers a resource with kubelet. Messages are protobuf-c bytes; this
+ * file only moves them.
+ *
+ * Each server has one thread that owns its completion queue and every call
+ * on it. Calls are tagged with a small struct that says which step
+ * completed. ListAndWatch calls stay open: the thread sends the current
+ * snapshot when the stream starts and again whenever the snapshot's
+ * generation moves on (checked at least every 100 ms), one send in flight
+ * per stream. Unary calls are handed to a detached worker thread once their
+ * request has arrived; the worker starts the reply batch itself, and the
+ * reply's completion, back on the queue thread, frees the call.
+ */
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dp.h"
+
+#define LIST_AND_WATCH "/v1beta1.DevicePlugin/ListAndWatch"
+#define POLL_MS        100
+
+typedef enum tag_kind { TAG_NEW, TAG_RECV, TAG_REPLY, TAG_SEND, TAG_CLOSE, TAG_SHUTDOWN } tag_kind;
+
+struct rpc;
+typedef struct tag {
+    tag_kind kind;
+    struct rpc *call;
+} tag;
+
+typedef struct rpc {
+    dp_server *s;
+    grpc_call *call;
+    grpc_call_details det;
+    grpc_metadata_array md;
+    char *method;
+    tag t_main, t_send, t_close;
+    grpc_byte_buffer *in, *out;
+    grpc_slice details;
+    int cancelled;
+    bool stream, send_busy, closed;
+    uint64_t sent_gen;
+    struct rpc *next; /* in the server's list of streams */
+} rpc;
+
+struct dp_server {
+    grpc_server *srv;
+    grpc_completion_queue *cq;
+    pthread_t thread;
+    dp_res res;
+    dp_snapshot *snap;
+    dp_unary_fn unary;
+    void *ctx;
+    char path[1100];
+    atomic_bool stopping;
+    int live; /* call structs allocated; queue thread only */
+    rpc *streams;
+    atomic_int nstreams;
+    tag t_shutdown;
+};
+
+void dp_grpc_init(void)
+{
+    grpc_init();
+}
+
+void dp_grpc_shutdown(void)
+{
+    grpc_shutdown();
+}
+
+static void request_new(dp_server *s)
+{
+    rpc *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        dp_log(DP_ERROR, "%s: out of memory accepting a call", dp_res_name(s->res));
+        return;
+    }
+    c->s = s;
+    c->t_main = (tag){TAG_NEW, c};
+    c->t_send = (tag){TAG_SEND, c};
+    c->t_close = (tag){TAG_CLOSE, c};
+    grpc_call_details_init(&c->det);
+    grpc_metadata_array_init(&c->md);
+    s->live++;
+    grpc_call_error e =
+        grpc_server_request_call(s->srv, &c->call, &c->det, &c->md, s->cq, s->cq, &c->t_main);
+    if (e != GRPC_CALL_OK) {
+        dp_log(DP_ERROR, "%s: grpc_server_request_call: %d", dp_res_name(s->res), (int)e);
+        grpc_call_details_destroy(&c->det);
+        grpc_metadata_array_destroy(&c->md);
+        free(c);
+        s->live--;
+    }
+}
+
+static void free_call(rpc *c)
+{
+    dp_server *s = c->s;
+    if (c->in != NULL)
+        grpc_byte_buffer_destroy(c->in);
+    if (c->out != NULL)
+        grpc_byte_buffer_destroy(c->out);
+    if (c->call != NULL)
+        grpc_call_unref(c->call);
+    grpc_call_details_destroy(&c->det);
+    grpc_metadata_array_destroy(&c->md);
+    grpc_slice_unref(c->details);
+    gpr_free(c->method);
+    free(c);
+    s->live--;
+}
+
+/* A copy of the snapshot as a byte buffer; its generation in *gen. */
+static grpc_byte_buffer *snapshot_buffer(dp_snapshot *snap, uint64_t *gen)
+{
+    pthread_mutex_lock(&snap->mu);
+    grpc_slice sl = grpc_slice_from_copied_buffer((const char *)snap->buf, snap->len);
+    *gen = snap->gen;
+    pthread_mutex_unlock(&snap->mu);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    return bb;
+}
+
+static void stream_send(rpc *c, bool first)
+{
+    grpc_op ops[2];
+    memset(ops, 0, sizeof(ops));
+    int n = 0;
+    if (first)
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->out = snapshot_buffer(c->s->snap, &c->sent_gen);
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = c->out;
+    c->send_busy = true;
+    if (grpc_call_start_batch(c->call, ops, (size_t)n, &c->t_send, NULL) != GRPC_CALL_OK) {
+        c->send_busy = false;
+        c->closed = true;
+        grpc_call_cancel(c->call, NULL);
+    }
+}
+
+static void unlink_stream(dp_server *s, rpc *c)
+{
+    for (rpc **p = &s->streams; *p != NULL; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            atomic_fetch_sub(&s->nstreams, 1);
+            return;
+        }
+}
+
+/* Starts the final batch of a unary call: message (when OK) and status. */
+static void reply(rpc *c, const uint8_t *body, size_t len, const dp_status *st)
+{
+    grpc_op ops[4];
+    memset(ops, 0, sizeof(ops));
+    int n = 0;
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (st->code == 0) {
+        grpc_slice sl = grpc_slice_from_copied_buffer((const char *)body, len);
+        c->out = grpc_raw_byte_buffer_create(&sl, 1);
+        grpc_slice_unref(sl);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = c->out;
+    }
+    c->details = grpc_slice_from_copied_string(st->message);
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = (grpc_status_code)st->code;
+    ops[n++].data.send_status_from_server.status_details = st->code ? &c->details : NULL;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+    c->t_main.kind = TAG_REPLY;
+    if (grpc_call_start_batch(c->call, ops, (size_t)n, &c->t_main, NULL) != GRPC_CALL_OK)
+        dp_log(DP_ERROR, "%s %s: could not start the reply", dp_res_name(c->s->res), c->method);
+}
+
+static void *worker(void *arg)
+{
+    rpc *c = arg;
+    dp_server *s = c->s;
+    uint8_t *out = NULL;
+    size_t outlen = 0;
+    dp_status st = {0, ""};
+    grpc_slice req = grpc_empty_slice();
+    if (c->in != NULL) {
+        grpc_byte_buffer_reader r;
+        if (grpc_byte_buffer_reader_init(&r, c->in)) {
+            req = grpc_byte_buffer_reader_readall(&r);
+            grpc_byte_buffer_reader_destroy(&r);
+        }
+    }
+    s->unary(s->ctx, s->res, c->method, GRPC_SLICE_START_PTR(req), GRPC_SLICE_LENGTH(req), &out,
+             &outlen, &st);
+    grpc_slice_unref(req);
+    if (st.code == 0 && out == NULL) {
+        st.code = GRPC_STATUS_INTERNAL;
+        snprintf(st.message, sizeof(st.message), "no response");
+    }
+    reply(c, out, outlen, &st);
+    free(out);
+    return NULL;
+}
+
+static void on_new(dp_server *s, rpc *c, bool ok)
+{
+    if (!ok) {
+        free_call(c); /* the server is shutting down */
+        return;
+    }
+    if (!atomic_load(&s->stopping))
+        request_new(s);
+    c->method = grpc_slice_to_c_string(c->det.method);
+    dp_log(DP_DEBUG, "%s: call %s", dp_res_name(s->res), c->method);
+    if (strcmp(c->method, LIST_AND_WATCH) == 0) {
+        c->stream = true;
+        c->next = s->streams;
+        s->streams = c;
+        atomic_fetch_add(&s->nstreams, 1);
+        grpc_op op;
+        memset(&op, 0, sizeof(op));
+        op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        op.data.recv_close_on_server.cancelled = &c->cancelled;
+        if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
+            c->closed = true;
+        stream_send(c, true);
+        if (c->closed && !c->send_busy) {
+            unlink_stream(s, c);
+            free_call(c);
+        }
+        return;
+    }
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->in;
+    c->t_main.kind = TAG_RECV;
+    if (grpc_call_start_batch(c->call, &op, 1, &c->t_main, NULL) != GRPC_CALL_OK)
+        free_call(c);
+}
+
+static void on_recv(dp_server *s, rpc *c, bool ok)
+{
+    if (!ok || atomic_load(&s->stopping)) {
+        dp_status st = {GRPC_STATUS_UNAVAILABLE, "kgpu-device-plugin is stopping"};
+        if (!ok)
+            snprintf(st.message, sizeof(st.message), "request not received");
+        reply(c, NULL, 0, &st);
+        return;
+    }
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, worker, c) != 0) {
+        dp_status st = {GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start a worker thread"};
+        reply(c, NULL, 0, &st);
+    }
+    pthread_attr_destroy(&attr);
+}
+
+static void on_stream_event(dp_server *s, rpc *c, tag_kind kind, bool ok)
+{
+    if (kind == TAG_SEND) {
+        c->send_busy = false;
+        grpc_byte_buffer_destroy(c->out);
+        c->out = NULL;
+        if (!ok)
+            c->closed = true;
+    } else {
+        c->closed = true;
+        dp_log(DP_INFO, "%s: ListAndWatch stream closed%s", dp_res_name(s->res),
+               c->cancelled ? " by the client" : "");
+    }
+    if (c->closed) {
+        if (!c->send_busy) {
+            unlink_stream(s, c);
+            free_call(c);
+        }
+        return;
+    }
+    uint64_t gen;
+    pthread_mutex_lock(&s->snap->mu);
+    gen = s->snap->gen;
+    pthread_mutex_unlock(&s->snap->mu);
+    if (gen != c->sent_gen)
+        stream_send(c, false);
+}
+
+static void poll_streams(dp_server *s)
+{
+    uint64_t gen;
+    pthread_mutex_lock(&s->snap->mu);
+    gen = s->snap->gen;
+    pthread_mutex_unlock(&s->snap->mu);
+    for (rpc *c = s->streams; c != NULL; c = c->next)
+        if (!c->closed && !c->send_busy && c->sent_gen != gen)
+            stream_send(c, false);
+}
+
+static void *serve(void *arg)
+{
+    dp_server *s = arg;
+    bool shut = false, down = false;
+    for (int i = 0; i < 4; i++)
+        request_new(s);
+    for (;;) {
+        if (!shut && atomic_load(&s->stopping)) {
+            shut = true;
+            grpc_server_shutdown_and_notify(s->srv, s->cq, &s->t_shutdown);
+            grpc_server_cancel_all_calls(s->srv);
+        }
+        if (down && s->live == 0)
+            break;
+        gpr_timespec deadline =
+            gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_next(s->cq, deadline, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+            poll_streams(s);
+            continue;
+        }
+        if (ev.type != GRPC_OP_COMPLETE)
+            break;
+        tag *t = ev.tag;
+        switch (t->kind) {
+        case TAG_SHUTDOWN:
+            down = true;
+            break;
+        case TAG_NEW:
+            on_new(s, t->call, ev.success);
+            break;
+        case TAG_RECV:
+            on_recv(s, t->call, ev.success);
+            break;
+        case TAG_REPLY:
+            free_call(t->call);
+            break;
+        case TAG_SEND:
+        case TAG_CLOSE:
+            on_stream_event(s, t->call, t->kind, ev.success);
+            break;
+        }
+    }
+    return NULL;
+}
+
+dp_server *dp_server_start(const char *path, dp_res r, dp_snapshot *snap, dp_unary_fn unary,
+                           void *ctx, kgpu_error *err)
+{
+    dp_server *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        kgpu_error_set(err, KGPU_ENOMEM, "out of memory starting a server");
+        return NULL;
+    }
+    s->res = r;
+    s->snap = snap;
+    s->unary = unary;
+    s->ctx = ctx;
+    s->t_shutdown.kind = TAG_SHUTDOWN;
+    snprintf(s->path, sizeof(s->path), "%s", path);
+    unlink(path); /* a socket left by an earlier run */
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    s->srv = grpc_server_create(NULL, NULL);
+    grpc_server_register_completion_queue(s->srv, s->cq, NULL);
+    char addr[1200];
+    snprintf(addr, sizeof(addr), "unix:%s", path);
+    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    int port = grpc_server_add_http2_port(s->srv, addr, cr);
+    grpc_server_credentials_release(cr);
+    if (port == 0) {
+        kgpu_error_set(err, KGPU_EIO, "cannot listen on %s", path);
+        grpc_server_destroy(s->srv);
+        grpc_completion_queue_shutdown(s->cq);
+        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(s->cq);
+        free(s);
+        return NULL;
+    }
+    grpc_server_start(s->srv);
+    if (pthread_create(&s->thread, NULL, serve, s) != 0) {
+        kgpu_error_set(err, KGPU_ENOMEM, "cannot start the server thread for %s", path);
+        atomic_store(&s->stopping, true);
+        grpc_server_shutdown_and_notify(s->srv, s->cq, &s->t_shutdown);
+        grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        grpc_server_destroy(s->srv);
+        grpc_completion_queue_shutdown(s->cq);
+        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(s->cq);
+        unlink(path);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void dp_server_stop(dp_server *s)
+{
+    if (s == NULL)
+        return;
+    atomic_store(&s->stopping, true);
+    pthread_join(s->thread, NULL);
+    grpc_server_destroy(s->srv);
+    grpc_completion_queue_shutdown(s->cq);
+    while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(s->cq);
+    unlink(s->path);
+    free(s);
+}
+
+int dp_server_streams(dp_server *s)
+{
+    return s != NULL ? atomic_load(&s->nstreams) : 0;
+}
+
+#include "deviceplugin.pb-c.h"
+
+int dp_register(const char *kubelet_sock, const char *endpoint, dp_res r, bool preferred,
+                unsigned timeout_ms, kgpu_error *err)
+{
+    V1beta1__DevicePluginOptions opts = V1BETA1__DEVICE_PLUGIN_OPTIONS__INIT;
+    opts.pre_start_required = 0;
+    opts.get_preferred_allocation_available = preferred;
+    V1beta1__RegisterRequest req = V1BETA1__REGISTER_REQUEST__INIT;
+    req.version = "v1beta1";
+    req.endpoint = (char *)endpoint;
+    req.resource_name = (char *)dp_res_name(r);
+    req.options = &opts;
+    uint8_t buf[2048];
+    if (v1beta1__register_request__get_packed_size(&req) > sizeof(buf))
+        return kgpu_error_set(err, KGPU_EINVAL, "register request too large");
+    size_t len = v1beta1__register_request__pack(&req, buf);
+
+    char target[1200];
+    snprintf(target, sizeof(target), "unix:%s", kubelet_sock);
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(target, cr, NULL);
+    grpc_channel_credentials_release(cr);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    gpr_timespec deadline =
+        gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+    grpc_slice method = grpc_slice_from_static_string("/v1beta1.Registration/Register");
+    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
+                                               deadline, NULL);
+    grpc_slice sl = grpc_slice_from_copied_buffer((const char *)buf, len);
+    grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    grpc_metadata_array initial, trailing;
+    grpc_metadata_array_init(&initial);
+    grpc_metadata_array_init(&trailing);
+    grpc_byte_buffer *in = NULL;
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    grpc_op ops[6];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = out;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &in;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trailing;
+    ops[5].data.recv_status_on_client.status = &status;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    int rc = 0;
+    static int done_tag;
+    if (grpc_call_start_batch(call, ops, 6, &done_tag, NULL) != GRPC_CALL_OK) {
+        rc = kgpu_error_set(err, KGPU_EIO, "Register with %s: cannot start the call", kubelet_sock);
+    } else {
+        grpc_event ev =
+            grpc_completion_queue_pluck(cq, &done_tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type != GRPC_OP_COMPLETE || !ev.success) {
+            rc = kgpu_error_set(err, KGPU_EIO, "Register with %s failed", kubelet_sock);
+        } else if (status != GRPC_STATUS_OK) {
+            char *d = grpc_slice_to_c_string(details);
+            rc = kgpu_error_set(err, KGPU_EIO, "Register %s with %s: gRPC status %d: %s",
+                                dp_res_name(r), kubelet_sock, (int)status, d);
+            gpr_free(d);
+        }
+    }
+    if (in != NULL)
+        grpc_byte_buffer_destroy(in);
+    grpc_byte_buffer_destroy(out);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&initial);
+    grpc_metadata_array_destroy(&trailing);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(cq);
+    grpc_channel_destroy(ch);
+    return rc;
+}

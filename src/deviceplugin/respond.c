@@ -1,0 +1,226 @@
+/*
+ * What a matched container gets: its limits file, environment and mounts,
+ * and the AllocateResponse that carries them to kubelet.
+ *
+ * Host layout under the state directory:
+ *   ld.so.preload                 one line: the shim's path in the container
+ *   pods/<uid>/<container>.limits the container's limits (mode 0444)
+ *   pods/<uid>/shared/            the pod's accounting directory (mode 1777:
+ *                                 the containers' processes may run as any user)
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "deviceplugin.pb-c.h"
+#include "dp.h"
+
+static int core_pct(const dp_gpu_share *g)
+{
+    /* A memory-only share is not limited in compute. */
+    return g->milli > 0 ? (g->milli + 9) / 10 : 100;
+}
+
+char *dp_limits_text(const dp_match *m)
+{
+    size_t cap = 64 + (size_t)m->ngpus * (KGPU_UUID_MAX + 80);
+    char *buf = malloc(cap);
+    if (buf == NULL)
+        return NULL;
+    size_t len = (size_t)snprintf(buf, cap, "# kgpu limits v1\n");
+    for (int i = 0; i < m->ngpus && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len,
+                                "device %d uuid=%s memory_mib=%" PRId64 " core_pct=%d\n", i,
+                                m->gpus[i].uuid, m->gpus[i].memory_mib, core_pct(&m->gpus[i]));
+    return buf;
+}
+
+static void env(dp_response *out, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void env(dp_response *out, const char *key, const char *fmt, ...)
+{
+    if (out->nenv >= (int)(sizeof(out->env) / sizeof(out->env[0])))
+        return;
+    dp_kv *kv = &out->env[out->nenv++];
+    snprintf(kv->key, sizeof(kv->key), "%s", key);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kv->value, sizeof(kv->value), fmt, ap);
+    va_end(ap);
+}
+
+static void mount(dp_response *out, const char *container_path, bool ro, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void mount(dp_response *out, const char *container_path, bool ro, const char *fmt, ...)
+{
+    dp_mount *m = &out->mounts[out->nmounts++];
+    snprintf(m->container_path, sizeof(m->container_path), "%s", container_path);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->host_path, sizeof(m->host_path), fmt, ap);
+    va_end(ap);
+    m->read_only = ro;
+}
+
+void dp_response_build(const dp_match *m, const dp_inventory *inv, const dp_paths *paths,
+                       dp_response *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!m->primary || m->ngpus == 0)
+        return;
+    char uuids[KGPU_MAX_GPUS_PER_NODE * (KGPU_UUID_MAX + 1)] = "";
+    int64_t mem = 0;
+    for (int i = 0; i < m->ngpus; i++) {
+        if (i > 0)
+            strcat(uuids, ",");
+        strcat(uuids, m->gpus[i].uuid);
+        mem += m->gpus[i].memory_mib;
+    }
+    env(out, "NVIDIA_VISIBLE_DEVICES", "%s", uuids);
+    /* Shares are split evenly, so every GPU of the container has the same limits. */
+    env(out, "KGPU_MEMORY_LIMIT_MIB", "%" PRId64, m->gpus[0].memory_mib);
+    env(out, "KGPU_CORE_LIMIT_PCT", "%d", core_pct(&m->gpus[0]));
+    env(out, "KGPU_SHARED_DIR", "%s", DP_SHARED_PATH);
+    env(out, "KGPU_CONTAINER", "%s", m->container);
+    /* gpushare's variables, in its units (the memory unit). */
+    int64_t unit = inv->unit_mib > 0 ? inv->unit_mib : 1;
+    int64_t dev_mib = 0;
+    for (int g = 0; g < inv->ngpus; g++)
+        if (strcmp(inv->gpus[g].uuid, m->gpus[0].uuid) == 0)
+            dev_mib = inv->gpus[g].memory_mib;
+    env(out, "ALIYUN_COM_GPU_MEM_CONTAINER", "%" PRId64, mem / unit);
+    env(out, "ALIYUN_COM_GPU_MEM_DEV", "%" PRId64, dev_mib / unit);
+    env(out, "ALIYUN_COM_GPU_MEM_IDX", "%d", m->gpus[0].index);
+    env(out, "ALIYUN_COM_GPU_MEM_POD", "%" PRId64, m->pod_units);
+
+    mount(out, DP_LIMITS_PATH, true, "%s/pods/%s/%s.limits", paths->state_dir, m->uid,
+          m->container);
+    mount(out, DP_SHARED_PATH, false, "%s/pods/%s/shared", paths->state_dir, m->uid);
+    if (paths->shim_lib != NULL) {
+        mount(out, DP_SHIM_PATH, true, "%s", paths->shim_lib);
+        mount(out, DP_PRELOAD_PATH, true, "%s/ld.so.preload", paths->state_dir);
+    }
+}
+
+/* mkdir that accepts an existing directory. */
+static int make_dir(const char *path, mode_t mode, kgpu_error *err)
+{
+    if (mkdir(path, mode) != 0 && errno != EEXIST)
+        return kgpu_error_set(err, KGPU_EIO, "mkdir %s: %s", path, strerror(errno));
+    if (chmod(path, mode) != 0)
+        return kgpu_error_set(err, KGPU_EIO, "chmod %s: %s", path, strerror(errno));
+    return 0;
+}
+
+/* The pod UID becomes a directory name: only what UIDs are made of. */
+static bool safe_name(const char *s)
+{
+    if (*s == '\0' || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '-' || *s == '.' || *s == '_'))
+            return false;
+    return true;
+}
+
+int dp_write_pod_files(const dp_match *m, const dp_paths *paths, kgpu_error *err)
+{
+    if (!safe_name(m->uid) || !safe_name(m->container))
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s: uid '%.64s' or container '%.64s' "
+                              "cannot name a directory",
+                              m->ns, m->name, m->uid, m->container);
+    char dir[1200], path[1300], tmp[1310];
+    int rc;
+    snprintf(dir, sizeof(dir), "%s/pods", paths->state_dir);
+    if ((rc = make_dir(dir, 0755, err)) != 0)
+        return rc;
+    snprintf(dir, sizeof(dir), "%s/pods/%s", paths->state_dir, m->uid);
+    if ((rc = make_dir(dir, 0755, err)) != 0)
+        return rc;
+    snprintf(path, sizeof(path), "%s/shared", dir);
+    if ((rc = make_dir(path, 01777, err)) != 0)
+        return rc;
+    char *text = dp_limits_text(m);
+    if (text == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory writing limits");
+    snprintf(path, sizeof(path), "%s/%s.limits", dir, m->container);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    /* Written beside and renamed: a container never sees half a file. */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+    size_t len = strlen(text);
+    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0 || close(fd) != 0 ||
+        rename(tmp, path) != 0) {
+        rc = kgpu_error_set(err, KGPU_EIO, "writing %s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        unlink(tmp);
+    }
+    free(text);
+    return rc;
+}
+
+int dp_allocate_encode(const dp_response *resp, int n, uint8_t **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    V1beta1__ContainerAllocateResponse *cr = calloc((size_t)n + 1, sizeof(*cr));
+    V1beta1__ContainerAllocateResponse **crp = calloc((size_t)n + 1, sizeof(*crp));
+    V1beta1__ContainerAllocateResponse__EnvsEntry *ev = calloc((size_t)n * 12 + 1, sizeof(*ev));
+    V1beta1__ContainerAllocateResponse__EnvsEntry **evp = calloc((size_t)n * 12 + 1, sizeof(*evp));
+    V1beta1__Mount *mt = calloc((size_t)n * 4 + 1, sizeof(*mt));
+    V1beta1__Mount **mtp = calloc((size_t)n * 4 + 1, sizeof(*mtp));
+    int rc = -1;
+    if (cr == NULL || crp == NULL || ev == NULL || evp == NULL || mt == NULL || mtp == NULL)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        const dp_response *r = &resp[i];
+        v1beta1__container_allocate_response__init(&cr[i]);
+        crp[i] = &cr[i];
+        cr[i].envs = &evp[i * 12];
+        cr[i].n_envs = (size_t)r->nenv;
+        for (int e = 0; e < r->nenv; e++) {
+            V1beta1__ContainerAllocateResponse__EnvsEntry *x = &ev[i * 12 + e];
+            v1beta1__container_allocate_response__envs_entry__init(x);
+            x->key = (char *)r->env[e].key;
+            x->value = (char *)r->env[e].value;
+            evp[i * 12 + e] = x;
+        }
+        cr[i].mounts = &mtp[i * 4];
+        cr[i].n_mounts = (size_t)r->nmounts;
+        for (int k = 0; k < r->nmounts; k++) {
+            V1beta1__Mount *x = &mt[i * 4 + k];
+            v1beta1__mount__init(x);
+            x->container_path = (char *)r->mounts[k].container_path;
+            x->host_path = (char *)r->mounts[k].host_path;
+            x->read_only = r->mounts[k].read_only;
+            mtp[i * 4 + k] = x;
+        }
+    }
+    V1beta1__AllocateResponse msg = V1BETA1__ALLOCATE_RESPONSE__INIT;
+    msg.n_container_responses = (size_t)n;
+    msg.container_responses = crp;
+    size_t size = v1beta1__allocate_response__get_packed_size(&msg);
+    *out = malloc(size ? size : 1);
+    if (*out != NULL) {
+        *len = v1beta1__allocate_response__pack(&msg, *out);
+        rc = 0;
+    }
+out:
+    free(cr);
+    free(crp);
+    free(ev);
+    free(evp);
+    free(mt);
+    free(mtp);
+    return rc;
+}
