@@ -1,0 +1,562 @@
+/*
+ * The device plugin's pure parts: device IDs and the ListAndWatch message,
+ * preferred allocations, the Allocate matcher (which pod and container),
+ * and the container's limits file, environment and mounts.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "deviceplugin.pb-c.h"
+#include "dp.h"
+
+#define U0   "GPU-aaaaaaaa-0000-4000-8000-000000000000"
+#define U1   "GPU-aaaaaaaa-0000-4000-8000-000000000001"
+#define ALL  (1u << DP_RES_MEM | 1u << DP_RES_CORE)
+#define NODE "gpu-0"
+
+static void inventory(dp_inventory *inv, int64_t unit_mib)
+{
+    memset(inv, 0, sizeof(*inv));
+    inv->ngpus = 2;
+    inv->unit_mib = unit_mib;
+    const char *u[2] = {U0, U1};
+    for (int i = 0; i < 2; i++) {
+        inv->gpus[i].index = i;
+        snprintf(inv->gpus[i].uuid, sizeof(inv->gpus[i].uuid), "%s", u[i]);
+        snprintf(inv->gpus[i].model, sizeof(inv->gpus[i].model), "Tesla-T4");
+        inv->gpus[i].memory_mib = 15360;
+        inv->gpus[i].numa = i == 0 ? 0 : -1;
+        inv->gpus[i].healthy = true;
+    }
+}
+
+/* ---- device IDs and ListAndWatch ---- */
+
+static void test_device_ids(void **state)
+{
+    (void)state;
+    dp_inventory inv;
+    inventory(&inv, 1024);
+    assert_int_equal(dp_devices_per_gpu(&inv, 0, DP_RES_MEM), 15);
+    assert_int_equal(dp_devices_per_gpu(&inv, 0, DP_RES_CORE), 100);
+    assert_int_equal(dp_devices_per_gpu(&inv, 1, DP_RES_WHOLE), 1);
+    inv.unit_mib = 512;
+    assert_int_equal(dp_devices_per_gpu(&inv, 1, DP_RES_ALIAS), 30);
+    inv.unit_mib = 1024;
+    char id[160];
+    dp_device_id(&inv, 1, DP_RES_MEM, 14, id, sizeof(id));
+    assert_string_equal(id, U1 "::14");
+    assert_int_equal(dp_device_gpu(&inv, DP_RES_MEM, id), 1);
+    dp_device_id(&inv, 0, DP_RES_WHOLE, 0, id, sizeof(id));
+    assert_string_equal(id, U0);
+    assert_int_equal(dp_device_gpu(&inv, DP_RES_WHOLE, U0), 0);
+    /* Strangers: past the last unit, malformed numbers, unknown GPUs, wrong resource shape. */
+    const char *bad[] = {U1 "::15", U1 "::", U1 "::01",      U1 "::-1", U1 "::+1",
+                         U1 "::1x", U1,      "GPU-other::0", "::0",     ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(dp_device_gpu(&inv, DP_RES_MEM, bad[i]), -1);
+    assert_int_equal(dp_device_gpu(&inv, DP_RES_CORE, U1 "::99"), 1);
+    assert_int_equal(dp_device_gpu(&inv, DP_RES_CORE, U1 "::100"), -1);
+    assert_int_equal(dp_device_gpu(&inv, DP_RES_WHOLE, U1 "::0"), -1);
+    assert_int_equal(dp_res_from_name("kgpu.io/gpu-core"), DP_RES_CORE);
+    assert_int_equal(dp_res_from_name("kgpu.io/gpu-count"), -1);
+}
+
+static void test_list_encode(void **state)
+{
+    (void)state;
+    dp_inventory inv;
+    inventory(&inv, 1024);
+    inv.gpus[1].healthy = false;
+    uint8_t *buf;
+    size_t len;
+    kgpu_error err = {0};
+    assert_int_equal(dp_list_encode(&inv, DP_RES_MEM, &buf, &len, &err), 0);
+    V1beta1__ListAndWatchResponse *m = v1beta1__list_and_watch_response__unpack(NULL, len, buf);
+    assert_non_null(m);
+    assert_int_equal(m->n_devices, 30);
+    assert_string_equal(m->devices[0]->id, U0 "::0");
+    assert_string_equal(m->devices[0]->health, "Healthy");
+    assert_non_null(m->devices[0]->topology);
+    assert_int_equal(m->devices[0]->topology->n_nodes, 1);
+    assert_int_equal(m->devices[0]->topology->nodes[0]->id, 0);
+    assert_string_equal(m->devices[29]->id, U1 "::14");
+    assert_string_equal(m->devices[29]->health, "Unhealthy");
+    assert_null(m->devices[29]->topology); /* NUMA unknown: no topology at all */
+    v1beta1__list_and_watch_response__free_unpacked(m, NULL);
+    free(buf);
+
+    /* One device per MiB of eight 80 GiB GPUs would blow kubelet's 4 MiB limit. */
+    inv.ngpus = 8;
+    for (int i = 0; i < 8; i++) {
+        inv.gpus[i] = inv.gpus[0];
+        snprintf(inv.gpus[i].uuid, sizeof(inv.gpus[i].uuid), "GPU-%08d-1111-2222-3333-444444444444",
+                 i);
+        inv.gpus[i].memory_mib = 81920;
+    }
+    inv.unit_mib = 1;
+    assert_int_equal(dp_list_encode(&inv, DP_RES_MEM, &buf, &len, &err), KGPU_ERANGE);
+    assert_null(buf);
+    assert_non_null(strstr(err.msg, "use a memory unit of at least"));
+    assert_non_null(strstr(err.msg, "655360 devices"));
+    /* 64 MiB units fit: 10240 devices. */
+    inv.unit_mib = 64;
+    assert_int_equal(dp_list_encode(&inv, DP_RES_MEM, &buf, &len, &err), 0);
+    assert_true(len < DP_MAX_LIST_BYTES);
+    free(buf);
+}
+
+/* ---- preferred allocation ---- */
+
+static void test_prefer(void **state)
+{
+    (void)state;
+    dp_inventory inv;
+    inventory(&inv, 1024);
+    /* Available: GPU 0 units 0-9, GPU 1 units 0-4 (GPU 1 is fuller). */
+    char ids[15][160];
+    const char *avail[15];
+    for (int i = 0; i < 15; i++) {
+        dp_device_id(&inv, i < 10 ? 0 : 1, DP_RES_MEM, i < 10 ? i : i - 10, ids[i], sizeof(ids[i]));
+        avail[i] = ids[i];
+    }
+    int chosen[15];
+    /* No target: pack onto the GPU with the fewest available devices (GPU 1) first. */
+    int n = dp_prefer(&inv, DP_RES_MEM, avail, 15, NULL, 0, 6, NULL, chosen);
+    assert_int_equal(n, 6);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(dp_device_gpu(&inv, DP_RES_MEM, avail[chosen[i]]), 1);
+    assert_int_equal(dp_device_gpu(&inv, DP_RES_MEM, avail[chosen[5]]), 0);
+    /* A target on GPU 0 wins over packing; must-include comes first whatever it is. */
+    dp_want want = {.n = 1, .gpu = {0}, .count = {4}};
+    const char *must[] = {ids[12]};
+    n = dp_prefer(&inv, DP_RES_MEM, avail, 15, must, 1, 4, &want, chosen);
+    assert_int_equal(n, 4);
+    assert_int_equal(chosen[0], 12);
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(dp_device_gpu(&inv, DP_RES_MEM, avail[chosen[i]]), 0);
+    /* Never more than asked, never an index twice. */
+    n = dp_prefer(&inv, DP_RES_MEM, avail, 15, NULL, 0, 15, &want, chosen);
+    assert_int_equal(n, 15);
+    int seen[15] = {0};
+    for (int i = 0; i < n; i++)
+        assert_int_equal(seen[chosen[i]]++, 0);
+}
+
+/* ---- the matcher ---- */
+
+/* A pod JSON; containers as JSON text; annotations added by the caller. */
+static json_t *pod(const char *name, const char *node, const char *containers, const char *init,
+                   const char *assignment)
+{
+    char text[4096];
+    snprintf(text, sizeof(text),
+             "{\"metadata\":{\"name\":\"%s\",\"namespace\":\"default\",\"uid\":\"uid-%s\","
+             "\"annotations\":{}},\"spec\":{\"nodeName\":\"%s\",\"containers\":%s%s%s},"
+             "\"status\":{\"phase\":\"Pending\"}}",
+             name, name, node, containers, init ? ",\"initContainers\":" : "", init ? init : "");
+    json_error_t je;
+    json_t *p = json_loads(text, 0, &je);
+    assert_non_null(p);
+    json_t *ann = json_object_get(json_object_get(p, "metadata"), "annotations");
+    if (assignment != NULL) {
+        json_object_set_new(ann, "kgpu.io/assignment", json_string(assignment));
+        json_object_set_new(ann, "kgpu.io/node", json_string(node));
+    }
+    return p;
+}
+
+static void annotate(json_t *p, const char *key, const char *value)
+{
+    json_t *ann = json_object_get(json_object_get(p, "metadata"), "annotations");
+    json_object_set_new(ann, key, json_string(value));
+}
+
+#define MAIN4 "[{\"name\":\"main\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":\"4\"}}}]"
+#define ASSIGN(c, idx, uuid, mib)                                                                  \
+    "[{\"container\":\"" c "\",\"gpus\":[{\"index\":" #idx ",\"uuid\":\"" uuid                     \
+    "\",\"milli\":0,\"memory_mib\":" #mib "}],\"exclusive\":false}]"
+
+static void test_match_single(void **state)
+{
+    (void)state;
+    json_t *items = json_array();
+    json_array_append_new(items, pod("a", NODE, MAIN4, NULL, ASSIGN("main", 1, U1, 4096)));
+    dp_match m;
+    kgpu_error err = {0};
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_string_equal(m.name, "a");
+    assert_string_equal(m.uid, "uid-a");
+    assert_string_equal(m.container, "main");
+    assert_int_equal(m.ngpus, 1);
+    assert_string_equal(m.gpus[0].uuid, U1);
+    assert_int_equal(m.gpus[0].index, 1);
+    assert_int_equal(m.gpus[0].memory_mib, 4096);
+    assert_true(m.primary);
+    assert_true(m.complete);
+    assert_string_equal(m.progress, "main:kgpu.io/gpu-mem");
+    assert_int_equal(m.pod_units, 4);
+    /* The wrong count finds nothing and says what is awaited. */
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 3, ALL, 1024, &m, &err), KGPU_ENOENT);
+    assert_non_null(strstr(err.msg, "default/a container main asks 4"));
+    /* Another node's plugin sees nothing. */
+    assert_int_equal(dp_match_find(items, "gpu-1", DP_RES_MEM, 4, ALL, 1024, &m, &err),
+                     KGPU_ENOENT);
+    json_decref(items);
+}
+
+static void test_match_same_size(void **state)
+{
+    (void)state;
+    json_t *items = json_array();
+    json_t *a = pod("a", NODE, MAIN4, NULL, ASSIGN("main", 0, U0, 4096));
+    json_t *b = pod("b", NODE, MAIN4, NULL, ASSIGN("main", 1, U1, 4096));
+    json_array_append(items, a);
+    json_array_append(items, b);
+    dp_match m;
+    kgpu_error err = {0};
+    /* Two same-size pods awaiting at once: refuse, naming both. */
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), KGPU_EAMBIG);
+    assert_non_null(strstr(err.msg, "default/a (container main)"));
+    assert_non_null(strstr(err.msg, "default/b (container main)"));
+    /* Once a is allocated, b is the one, with its own GPU. */
+    annotate(a, "kgpu.io/allocated", "2026-11-26T00:00:00Z");
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_string_equal(m.name, "b");
+    assert_string_equal(m.gpus[0].uuid, U1);
+    /* Terminal, deleting, or assigned to another node: not awaiting. */
+    json_object_del(json_object_get(a, "metadata"), "annotations");
+    json_object_set_new(json_object_get(a, "metadata"), "annotations", json_object());
+    annotate(a, "kgpu.io/assignment", ASSIGN("main", 0, U0, 4096));
+    json_object_set_new(json_object_get(a, "status"), "phase", json_string("Failed"));
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_string_equal(m.name, "b");
+    json_object_set_new(json_object_get(a, "status"), "phase", json_string("Pending"));
+    json_object_set_new(json_object_get(a, "metadata"), "deletionTimestamp",
+                        json_string("2026-11-26T00:00:00Z"));
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_string_equal(m.name, "b");
+    json_object_del(json_object_get(a, "metadata"), "deletionTimestamp");
+    annotate(a, "kgpu.io/node", "gpu-9");
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_string_equal(m.name, "b");
+    json_decref(a);
+    json_decref(b);
+    json_decref(items);
+}
+
+static void test_match_sizes_tell_apart(void **state)
+{
+    (void)state;
+    json_t *items = json_array();
+    json_array_append_new(items, pod("a", NODE, MAIN4, NULL, ASSIGN("main", 0, U0, 4096)));
+    json_array_append_new(
+        items, pod("b", NODE,
+                   "[{\"name\":\"main\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":\"2\"}}}]",
+                   NULL, ASSIGN("main", 1, U1, 2048)));
+    dp_match m;
+    kgpu_error err = {0};
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 2, ALL, 1024, &m, &err), 0);
+    assert_string_equal(m.name, "b");
+    assert_string_equal(m.gpus[0].uuid, U1);
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_string_equal(m.name, "a");
+    assert_string_equal(m.gpus[0].uuid, U0);
+    json_decref(items);
+}
+
+/* Replays kubelet's calls for a pod, feeding back the progress as the API server would. */
+static void serve(json_t *items, json_t *p, dp_res r, int64_t count, const char *container,
+                  bool primary, bool complete, dp_match *m)
+{
+    kgpu_error err = {0};
+    int rc = dp_match_find(items, NODE, r, count, ALL, 1024, m, &err);
+    if (rc != 0)
+        fail_msg("%s", err.msg);
+    assert_string_equal(m->container, container);
+    assert_int_equal(m->primary, primary);
+    assert_int_equal(m->complete, complete);
+    if (complete) {
+        annotate(p, "kgpu.io/allocated", "now");
+        json_object_del(json_object_get(json_object_get(p, "metadata"), "annotations"),
+                        "kgpu.io/allocating");
+    } else {
+        annotate(p, "kgpu.io/allocating", m->progress);
+    }
+}
+
+static void test_match_multi_container(void **state)
+{
+    (void)state;
+    /* An init container (2 units, covered by main), main (4 units) and side (2 units + 30 %). */
+    const char *init = "[{\"name\":\"prep\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":2}}}]";
+    const char *apps =
+        "[{\"name\":\"main\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":\"4\"}}},"
+        "{\"name\":\"side\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":\"2\","
+        "\"kgpu.io/gpu-core\":\"30\"}}},{\"name\":\"log\"}]";
+    const char *assign = "[{\"container\":\"main\",\"gpus\":[{\"index\":0,\"uuid\":\"" U0
+                         "\",\"milli\":0,\"memory_mib\":4096}],\"exclusive\":false},"
+                         "{\"container\":\"side\",\"gpus\":[{\"index\":1,\"uuid\":\"" U1
+                         "\",\"milli\":300,\"memory_mib\":2048}],\"exclusive\":false}]";
+    json_t *p = pod("m", NODE, apps, init, assign);
+    json_t *items = json_array();
+    json_array_append(items, p);
+    dp_match m;
+    serve(items, p, DP_RES_MEM, 2, "prep", true, false, &m);
+    assert_true(m.init);
+    assert_string_equal(m.gpus[0].uuid, U0); /* main's GPU, the init container's own amount */
+    assert_int_equal(m.gpus[0].memory_mib, 2048);
+    /* kubelet now asks for main: 4 units; 2 would be the wrong container. */
+    kgpu_error err = {0};
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 2, ALL, 1024, &m, &err), KGPU_ENOENT);
+    assert_non_null(strstr(err.msg, "container main asks 4"));
+    serve(items, p, DP_RES_MEM, 4, "main", true, false, &m);
+    assert_string_equal(m.gpus[0].uuid, U0);
+    assert_int_equal(m.gpus[0].memory_mib, 4096);
+    /* side's resources come in either order (kubelet walks a map): core first here. */
+    serve(items, p, DP_RES_CORE, 30, "side", false, false, &m);
+    assert_string_equal(m.progress,
+                        "prep:kgpu.io/gpu-mem,main:kgpu.io/gpu-mem,side:kgpu.io/gpu-core");
+    serve(items, p, DP_RES_MEM, 2, "side", true, true, &m);
+    assert_string_equal(m.gpus[0].uuid, U1);
+    assert_int_equal(m.gpus[0].milli, 300);
+    assert_int_equal(m.pod_units, 6);
+    /* Done: nothing awaits any more. */
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 2, ALL, 1024, &m, &err), KGPU_ENOENT);
+    json_decref(p);
+    json_decref(items);
+}
+
+static void test_match_bad_input(void **state)
+{
+    (void)state;
+    dp_match m;
+    kgpu_error err = {0};
+    /* A malformed assignment on the only candidate: refuse, naming pod and annotation. */
+    json_t *items = json_array();
+    json_array_append_new(items, pod("a", NODE, MAIN4, NULL, "[{\"container\":"));
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), KGPU_EPARSE);
+    assert_non_null(strstr(err.msg, "default/a"));
+    assert_non_null(strstr(err.msg, "kgpu.io/assignment"));
+    json_decref(items);
+    /* A malformed progress annotation blocks the pod: it might be the one kubelet admits. */
+    items = json_array();
+    json_t *p = pod("a", NODE, MAIN4, NULL, ASSIGN("main", 0, U0, 4096));
+    annotate(p, "kgpu.io/allocating", "nosuch:kgpu.io/gpu-mem");
+    json_array_append_new(items, p);
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), KGPU_EPARSE);
+    assert_non_null(strstr(err.msg, "kgpu.io/allocating"));
+    annotate(p, "kgpu.io/allocating", "main:kgpu.io/gpu-bogus");
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), KGPU_EPARSE);
+    json_decref(items);
+    /* An assignment without the container. */
+    items = json_array();
+    json_array_append_new(items, pod("a", NODE, MAIN4, NULL, ASSIGN("other", 0, U0, 4096)));
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "no entry for container main"));
+    json_decref(items);
+    /* Units that disagree with the extender's: 4 units of 512 MiB are not 4096 MiB. */
+    items = json_array();
+    json_array_append_new(items, pod("a", NODE, MAIN4, NULL, ASSIGN("main", 0, U0, 4096)));
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 512, &m, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "same memory unit"));
+    json_decref(items);
+    /* A limit that is not a count. */
+    items = json_array();
+    json_array_append_new(
+        items, pod("a", NODE,
+                   "[{\"name\":\"main\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":\"x\"}}}]",
+                   NULL, ASSIGN("main", 0, U0, 4096)));
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), KGPU_EPARSE);
+    assert_non_null(strstr(err.msg, "kgpu.io/gpu-mem"));
+    json_decref(items);
+    /* Not a list at all. */
+    assert_int_equal(dp_match_find(NULL, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), KGPU_EPARSE);
+}
+
+static void test_match_unregistered(void **state)
+{
+    (void)state;
+    /* nvidia.com/gpu belongs to another plugin: it does not hold back completion. */
+    json_t *items = json_array();
+    json_array_append_new(
+        items, pod("a", NODE,
+                   "[{\"name\":\"main\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":\"4\"}}},"
+                   "{\"name\":\"train\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"1\"}}}]",
+                   NULL,
+                   "[{\"container\":\"main\",\"gpus\":[{\"index\":0,\"uuid\":\"" U0
+                   "\",\"milli\":0,\"memory_mib\":4096}],\"exclusive\":false},"
+                   "{\"container\":\"train\",\"gpus\":[{\"index\":1,\"uuid\":\"" U1
+                   "\",\"milli\":1000,\"memory_mib\":15360}],\"exclusive\":true}]"));
+    dp_match m;
+    kgpu_error err = {0};
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_true(m.complete);
+    /* With nvidia.com/gpu registered, the whole GPU comes from the assignment. */
+    unsigned all = ALL | 1u << DP_RES_WHOLE;
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, all, 1024, &m, &err), 0);
+    assert_false(m.complete);
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_WHOLE, 1, all, 1024, &m, &err), 0);
+    assert_string_equal(m.container, "train");
+    assert_true(m.exclusive);
+    assert_int_equal(m.gpus[0].memory_mib, 15360);
+    json_decref(items);
+}
+
+/* ---- what the container gets ---- */
+
+static void sample_match(dp_match *m)
+{
+    memset(m, 0, sizeof(*m));
+    snprintf(m->ns, sizeof(m->ns), "default");
+    snprintf(m->name, sizeof(m->name), "a");
+    snprintf(m->uid, sizeof(m->uid), "0b0c-11");
+    snprintf(m->container, sizeof(m->container), "main");
+    m->ngpus = 2;
+    for (int i = 0; i < 2; i++) {
+        m->gpus[i].index = i + 2;
+        snprintf(m->gpus[i].uuid, sizeof(m->gpus[i].uuid), "%s", i ? U1 : U0);
+        m->gpus[i].milli = 250;
+        m->gpus[i].memory_mib = 3072;
+    }
+    m->count = 6;
+    m->pod_units = 8;
+    m->primary = true;
+}
+
+static const char *env_of(const dp_response *r, const char *key)
+{
+    for (int i = 0; i < r->nenv; i++)
+        if (strcmp(r->env[i].key, key) == 0)
+            return r->env[i].value;
+    return NULL;
+}
+
+static void test_response(void **state)
+{
+    (void)state;
+    dp_match m;
+    sample_match(&m);
+    char *text = dp_limits_text(&m);
+    assert_string_equal(text, "# kgpu limits v1\n"
+                              "device 0 uuid=" U0 " memory_mib=3072 core_pct=25\n"
+                              "device 1 uuid=" U1 " memory_mib=3072 core_pct=25\n");
+    free(text);
+    dp_inventory inv;
+    inventory(&inv, 1024);
+    dp_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so"};
+    dp_response r;
+    dp_response_build(&m, &inv, &paths, &r);
+    assert_string_equal(env_of(&r, "NVIDIA_VISIBLE_DEVICES"), U0 "," U1);
+    assert_string_equal(env_of(&r, "KGPU_MEMORY_LIMIT_MIB"), "3072");
+    assert_string_equal(env_of(&r, "KGPU_CORE_LIMIT_PCT"), "25");
+    assert_string_equal(env_of(&r, "KGPU_SHARED_DIR"), "/var/run/kgpu");
+    assert_string_equal(env_of(&r, "ALIYUN_COM_GPU_MEM_CONTAINER"), "6");
+    assert_string_equal(env_of(&r, "ALIYUN_COM_GPU_MEM_DEV"), "15");
+    assert_string_equal(env_of(&r, "ALIYUN_COM_GPU_MEM_IDX"), "2");
+    assert_string_equal(env_of(&r, "ALIYUN_COM_GPU_MEM_POD"), "8");
+    assert_int_equal(r.nmounts, 4);
+    assert_string_equal(r.mounts[0].container_path, "/etc/kgpu/limits");
+    assert_string_equal(r.mounts[0].host_path, "/var/lib/kgpu/pods/0b0c-11/main.limits");
+    assert_true(r.mounts[0].read_only);
+    assert_string_equal(r.mounts[1].host_path, "/var/lib/kgpu/pods/0b0c-11/shared");
+    assert_false(r.mounts[1].read_only);
+    assert_string_equal(r.mounts[2].container_path, "/usr/lib/kgpu/libkgpu-limit.so");
+    assert_string_equal(r.mounts[3].container_path, "/etc/ld.so.preload");
+    assert_string_equal(r.mounts[3].host_path, "/var/lib/kgpu/ld.so.preload");
+    assert_true(r.mounts[3].read_only);
+
+    /* Memory-only shares are not limited in compute; without the shim, two mounts. */
+    m.gpus[0].milli = 0;
+    paths.shim_lib = NULL;
+    dp_response_build(&m, &inv, &paths, &r);
+    assert_string_equal(env_of(&r, "KGPU_CORE_LIMIT_PCT"), "100");
+    assert_int_equal(r.nmounts, 2);
+    /* The container's other resources answer empty (kubelet merges the answers). */
+    m.primary = false;
+    dp_response_build(&m, &inv, &paths, &r);
+    assert_int_equal(r.nenv, 0);
+    assert_int_equal(r.nmounts, 0);
+
+    /* The encoded answer decodes to the same. */
+    m.primary = true;
+    dp_response two[2];
+    dp_response_build(&m, &inv, &paths, &two[0]);
+    memset(&two[1], 0, sizeof(two[1]));
+    uint8_t *buf;
+    size_t len;
+    assert_int_equal(dp_allocate_encode(two, 2, &buf, &len), 0);
+    V1beta1__AllocateResponse *ar = v1beta1__allocate_response__unpack(NULL, len, buf);
+    assert_non_null(ar);
+    assert_int_equal(ar->n_container_responses, 2);
+    assert_int_equal(ar->container_responses[0]->n_envs, (size_t)two[0].nenv);
+    assert_int_equal(ar->container_responses[0]->n_mounts, 2);
+    assert_string_equal(ar->container_responses[0]->mounts[0]->container_path, "/etc/kgpu/limits");
+    assert_int_equal(ar->container_responses[1]->n_envs, 0);
+    v1beta1__allocate_response__free_unpacked(ar, NULL);
+    free(buf);
+}
+
+static void test_pod_files(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kgpu-test-dp-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    dp_match m;
+    sample_match(&m);
+    dp_paths paths = {dir, NULL};
+    kgpu_error err = {0};
+    assert_int_equal(dp_write_pod_files(&m, &paths, &err), 0);
+    char path[512];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/pods/0b0c-11/shared", dir);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 01777);
+    snprintf(path, sizeof(path), "%s/pods/0b0c-11/main.limits", dir);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0444);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char buf[512] = "";
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *want = dp_limits_text(&m);
+    assert_string_equal(buf, want);
+    free(want);
+    /* Rewritten in place (a second call for the same container, e.g. another resource). */
+    m.gpus[0].memory_mib = 1024;
+    assert_int_equal(dp_write_pod_files(&m, &paths, &err), 0);
+    /* A uid that would climb out of the state directory is refused. */
+    snprintf(m.uid, sizeof(m.uid), "../../etc");
+    assert_int_equal(dp_write_pod_files(&m, &paths, &err), KGPU_EINVAL);
+    snprintf(path, sizeof(path), "rm -rf '%s'", dir);
+    assert_int_equal(system(path), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_ids),
+        cmocka_unit_test(test_list_encode),
+        cmocka_unit_test(test_prefer),
+        cmocka_unit_test(test_match_single),
+        cmocka_unit_test(test_match_same_size),
+        cmocka_unit_test(test_match_sizes_tell_apart),
+        cmocka_unit_test(test_match_multi_container),
+        cmocka_unit_test(test_match_bad_input),
+        cmocka_unit_test(test_match_unregistered),
+        cmocka_unit_test(test_response),
+        cmocka_unit_test(test_pod_files),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
