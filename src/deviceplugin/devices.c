@@ -127,9 +127,6 @@ int dp_list_encode(const dp_inventory *inv, dp_res r, uint8_t **out, size_t *len
     msg.devices = ptrs;
     size_t size = v1beta1__list_and_watch_response__get_packed_size(&msg);
     if (size > DP_MAX_LIST_BYTES) {
-        int64_t mem = 0;
-        for (int g = 0; g < inv->ngpus; g++)
-            mem += inv->gpus[g].memory_mib;
         /* Bytes per device are about the same for any unit: scale the unit. */
         int64_t need =
             inv->unit_mib * (int64_t)((size + DP_MAX_LIST_BYTES - 1) / DP_MAX_LIST_BYTES);
