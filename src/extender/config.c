@@ -13,6 +13,8 @@
 #include "ext.h"
 #include "yamljson.h"
 
+#define ALLOCATE_WAIT_MAX 86400 /* a day: anything longer is a pod that will never start */
+
 static atomic_int log_level = EXT_INFO;
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -58,6 +60,7 @@ void ext_config_defaults(ext_config *cfg)
     snprintf(cfg->lease_ns, sizeof(cfg->lease_ns), "%.63s", ns && *ns ? ns : "kgpu-system");
     snprintf(cfg->lease_name, sizeof(cfg->lease_name), "kgpu-extender");
     cfg->lease_duration_s = 15;
+    cfg->allocate_wait_s = 120;
 }
 
 static int parse_level(const char *s, int *out, kgpu_error *err)
@@ -152,6 +155,9 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
         } else if (strcmp(key, "leaseDurationSeconds") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 2 && json_integer_value(v) <= 3600) {
             cfg->lease_duration_s = (int)json_integer_value(v);
+        } else if (strcmp(key, "allocateWaitSeconds") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 0 && json_integer_value(v) <= ALLOCATE_WAIT_MAX) {
+            cfg->allocate_wait_s = (int)json_integer_value(v);
         } else if (strcmp(key, "tls") == 0 && json_is_object(v)) {
             const char *k2;
             json_t *v2;
@@ -173,11 +179,22 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                     break;
             }
         } else {
-            static const char *known[] = {"listen",         "policy",       "memoryUnit",
-                                          "clusterFile",    "kubeconfig",   "logLevel",
-                                          "maxBodyBytes",   "maxJSONDepth", "maxConnections",
-                                          "pendingPods",    "tls",          "leaderElect",
-                                          "leaseNamespace", "leaseName",    "leaseDurationSeconds"};
+            static const char *known[] = {"listen",
+                                          "policy",
+                                          "memoryUnit",
+                                          "clusterFile",
+                                          "kubeconfig",
+                                          "logLevel",
+                                          "maxBodyBytes",
+                                          "maxJSONDepth",
+                                          "maxConnections",
+                                          "pendingPods",
+                                          "tls",
+                                          "leaderElect",
+                                          "leaseNamespace",
+                                          "leaseName",
+                                          "leaseDurationSeconds",
+                                          "allocateWaitSeconds"};
             bool is_known = false;
             for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
                 is_known = is_known || strcmp(key, known[i]) == 0;
@@ -216,6 +233,9 @@ static void usage(FILE *f)
            "  --lease-namespace NS --lease-name NAME   the Lease (default: the pod's\n"
            "                         namespace, else kgpu-system; kgpu-extender)\n"
            "  --lease-duration S     seconds a standby waits after the last renewal (default 15)\n"
+           "  --allocate-wait S      seconds a bound pod, until kubelet has allocated its\n"
+           "                         devices, keeps pods asking the same amount off its node\n"
+           "                         (default 120; 0 turns this off)\n"
            "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
            "  --help                 this text\n"
            "  --port-file FILE       write the port served once listening (for --listen :0)\n"
@@ -242,6 +262,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"lease-namespace", required_argument, NULL, 'N'},
         {"lease-name", required_argument, NULL, 'M'},
         {"lease-duration", required_argument, NULL, 'D'},
+        {"allocate-wait", required_argument, NULL, 'W'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -327,6 +348,15 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
                 rc = kgpu_error_set(err, KGPU_EINVAL, "--lease-duration '%s': 2..3600 seconds",
                                     optarg);
             break;
+        case 'W': {
+            long wait = strtol(optarg, &end, 10);
+            if (end == optarg || *end || wait < 0 || wait > ALLOCATE_WAIT_MAX)
+                rc = kgpu_error_set(err, KGPU_EINVAL, "--allocate-wait '%s': 0..%d seconds", optarg,
+                                    ALLOCATE_WAIT_MAX);
+            else
+                cfg->allocate_wait_s = (int)wait;
+            break;
+        }
         case 'V':
             printf("kgpu-extender %s\n", KGPU_VERSION);
             return 1;

@@ -46,6 +46,7 @@ typedef struct ext_config {
     bool leader_elect;            /* run as one of several replicas, the leader serving binds */
     char lease_ns[64], lease_name[64];
     int lease_duration_s; /* 15 */
+    int allocate_wait_s;  /* a bound pod holds back same-size pods on its node this long; 0 off */
 } ext_config;
 
 /* Defaults, then the YAML file (if --config), then flags, as the last word. */
@@ -74,6 +75,7 @@ enum ext_bind_fail {
     BIND_FAIL_API_ERROR,
     BIND_FAIL_API_UNREACHABLE,
     BIND_FAIL_STANDBY,
+    BIND_FAIL_AWAITING, /* a same-size pod on the node still waits for kubelet's Allocate */
     BIND_FAIL_COUNT
 };
 #define EXT_HIST_BUCKETS 15
@@ -144,6 +146,47 @@ typedef struct ext_shape_info {
     long count; /* observations */
 } ext_shape_info;
 
+/*
+ * What kubelet's device plugin Allocate calls for a pod will carry: for each
+ * device-plugin resource, the count of devices one container asks for.
+ * kubelet names devices, never the pod, so the device plugin tells pods
+ * apart by these counts alone (see awaiting.c).
+ */
+enum ext_res { EXT_RES_WHOLE, EXT_RES_MEM, EXT_RES_CORE };
+
+typedef struct ext_ask {
+    int res;        /* enum ext_res; aliyun.com/gpu-mem counts as kgpu.io/gpu-mem */
+    int64_t amount; /* whole GPUs, memory units or compute percent; never 0 */
+} ext_ask;
+
+#define EXT_ASKS_MAX 32
+
+/* A pod's asks over all its containers, init containers included: a small sorted set. */
+typedef struct ext_asks {
+    int n;
+    bool overflow;           /* more distinct asks than fit: clashes with any pod asking one */
+    ext_ask a[EXT_ASKS_MAX]; /* sorted by (res, amount), distinct */
+} ext_asks;
+
+/*
+ * A pod bound to a node whose devices kubelet has not asked for yet (no
+ * kgpu.io/allocated): until it has them, or ends, or `until` passes, no
+ * pod with a clashing ask may be placed on that node.
+ */
+typedef struct ext_await {
+    char uid[64], ns[64];
+    char name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
+    double until;    /* monotonic: the bind time plus allocate_wait */
+    double recorded; /* monotonic: when recorded; a relist spares entries younger than it */
+    ext_asks asks;
+} ext_await;
+
+/* A pod remembered from filter for its bind. */
+typedef struct ext_filtered {
+    kgpu_pod pod;
+    ext_asks asks;
+} ext_filtered;
+
 typedef struct ext_state {
     pthread_mutex_t mu;
     const ext_config *cfg;
@@ -159,9 +202,10 @@ typedef struct ext_state {
     kgpu_strmap pods;      /* uid -> ext_pod* */
     kgpu_strmap orphans;   /* uid -> ext_orphan* */
     double relist_started; /* when the pod relist in progress was asked for (0: first list) */
-    kgpu_strmap pending;   /* uid -> kgpu_pod*, from filter, for bind */
+    kgpu_strmap pending;   /* uid -> ext_filtered*, from filter, for bind */
     char **pending_order;  /* FIFO of pending uids, for eviction */
     int pending_head, pending_len;
+    kgpu_strmap awaiting; /* uid -> ext_await*: pods kubelet has yet to allocate devices for */
     kgpu_strmap ns_usage; /* namespace -> ext_ns_usage* */
     double usage_at;      /* monotonic seconds of the last integration */
     kgpu_rng rng;
@@ -214,10 +258,10 @@ kgpu_policy *ext_state_policy(ext_state *st, const kgpu_pod *pod, kgpu_error *er
  */
 void ext_pod_copy(kgpu_pod *dst, const kgpu_pod *src);
 
-/* Remembers a pod from filter (copied) for its bind. Caller holds st->mu. */
-void ext_state_remember(ext_state *st, const kgpu_pod *pod);
+/* Remembers a pod from filter (copied, with its asks) for its bind. Caller holds st->mu. */
+void ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks);
 /* The remembered pod, or NULL. Borrowed; valid while st->mu is held. */
-const kgpu_pod *ext_state_recall(ext_state *st, const char *uid);
+const ext_filtered *ext_state_recall(ext_state *st, const char *uid);
 
 /*
  * Reserves GPUs for `pod` on `node` with its policy. *out points at what the
@@ -233,6 +277,40 @@ void ext_state_release(ext_state *st, const char *uid);
 
 /* Brings per-namespace GPU-seconds up to now. Caller holds st->mu. */
 void ext_state_integrate_usage(ext_state *st);
+
+/* ---- pods awaiting kubelet's Allocate (awaiting.c) ---- */
+
+/* The asks of a v1 Pod's containers. Reads what it can: the pod was validated elsewhere. */
+void ext_asks_from_json(const json_t *pod, ext_asks *out);
+/* Whether x and y share an ask (resource and amount); *same (may be NULL) gets the first. */
+bool ext_asks_clash(const ext_asks *x, const ext_asks *y, ext_ask *same);
+/* "kgpu.io/gpu-mem" and the like. */
+const char *ext_res_name(int res);
+
+/* Whether the rule is on: allocate_wait > 0 and an API server (a cluster file has no kubelet). */
+bool ext_await_enabled(const ext_state *st);
+/*
+ * Records a pod awaiting allocation on `node`, bound `age` seconds ago; for
+ * a pod already recorded, only its node is refreshed (asks may then be NULL).
+ * Caller holds st->mu, as for every ext_await_ call.
+ */
+void ext_await_record(ext_state *st, const char *uid, const char *ns, const char *name,
+                      const char *node, const ext_asks *asks, double age);
+void ext_await_drop(ext_state *st, const char *uid);
+/* A pod from the API server (list or watch): starts, keeps or ends its wait. */
+void ext_await_seen(ext_state *st, const json_t *json, const kgpu_pod *pod);
+/* Ends the waits past allocate_wait, with a warning for each. */
+void ext_await_expire(ext_state *st);
+/* A pod other than `uid` awaiting allocation on `node` whose asks clash with `asks`, or NULL. */
+const ext_await *ext_await_clash(ext_state *st, const char *node, const char *uid,
+                                 const ext_asks *asks, ext_ask *same);
+/* The same for every node at once: node name -> const ext_await* (borrowed) into `out`. */
+void ext_await_clashing_nodes(ext_state *st, const char *uid, const ext_asks *asks,
+                              kgpu_strmap *out);
+/* "waiting for kubelet to allocate NS/NAME (same RES: N); retry shortly" */
+void ext_await_reason(const ext_await *w, const ext_ask *same, char *buf, size_t len);
+/* A relist: drops entries of pods not in it recorded before it was asked for. */
+void ext_await_relisted(ext_state *st, const kgpu_strmap *present);
 
 /* ---- the daemon ---- */
 

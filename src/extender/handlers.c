@@ -423,11 +423,19 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
     const kgpu_request *reqs[KGPU_MAX_PARTS];
     char why[REASON_MAX];
     int rc = 0;
+    ext_asks asks;
+    ext_asks_from_json(json_object_get(args, "Pod"), &asks);
+    kgpu_strmap awaiting; /* node -> a pod there that kubelet must allocate before this one */
+    kgpu_strmap_init(&awaiting);
     pthread_mutex_lock(&d->state.mu);
     if (pod->nparts > 0) {
         rc = ext_state_compile(&d->state, pod, &err);
         if (rc == 0)
-            ext_state_remember(&d->state, pod);
+            ext_state_remember(&d->state, pod, &asks);
+        if (rc == 0 && d->state.awaiting.len > 0) {
+            ext_await_expire(&d->state);
+            ext_await_clashing_nodes(&d->state, pod->uid, &asks, &awaiting);
+        }
     }
     for (int k = 0; k < pod->nparts; k++)
         reqs[k] = &pod->parts[k].req;
@@ -444,7 +452,15 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
             continue;
         }
         if (kgpu_fit_all(d->state.cluster, idx, NULL, 0, reqs, pod->nparts, why, sizeof(why))) {
-            pass[i] = true;
+            const ext_await *w = awaiting.len > 0 ? kgpu_strmap_get(&awaiting, names[i]) : NULL;
+            ext_ask same;
+            if (w == NULL || !ext_asks_clash(&w->asks, &asks, &same)) {
+                pass[i] = true;
+                continue;
+            }
+            /* It fits, but the device plugin could not tell the two pods apart: soon. */
+            ext_await_reason(w, &same, why, sizeof(why));
+            add_reason(&failed, names[i], why);
             continue;
         }
         const kgpu_node *node = kgpu_cluster_node(d->state.cluster, idx);
@@ -464,6 +480,7 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
         add_reason(never ? &unresolvable : &failed, names[i], why);
     }
     pthread_mutex_unlock(&d->state.mu);
+    kgpu_strmap_clear(&awaiting);
     if (rc != 0 || pass == NULL) {
         free(kgpu_jsonw_finish(&failed));
         free(kgpu_jsonw_finish(&unresolvable));
@@ -611,17 +628,19 @@ static void rfc3339_now(char *buf, size_t len)
     snprintf(buf, len, "%s.%09ldZ", base, ts.tv_nsec);
 }
 
-/* The pod for a bind: remembered from filter, else asked of the API server. */
+/* The pod for a bind, and its asks: remembered from filter, else asked of the API server. */
 static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const char *uid,
-                          char *msg, size_t len)
+                          ext_asks *asks, char *msg, size_t len)
 {
     kgpu_pod *pod = malloc(sizeof(*pod));
     if (pod == NULL)
         return NULL;
     pthread_mutex_lock(&d->state.mu);
-    const kgpu_pod *known = ext_state_recall(&d->state, uid);
-    if (known != NULL)
-        ext_pod_copy(pod, known);
+    const ext_filtered *known = ext_state_recall(&d->state, uid);
+    if (known != NULL) {
+        ext_pod_copy(pod, &known->pod);
+        *asks = known->asks;
+    }
     pthread_mutex_unlock(&d->state.mu);
     if (known != NULL)
         return pod;
@@ -633,6 +652,7 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
         json_t *j = kgpu_k8s_get_json(d->k8s, path, &status, &err);
         if (status == 200) {
             int rc = j ? kgpu_pod_from_json(j, d->cfg.memory_unit_mib, pod, &err) : -1;
+            ext_asks_from_json(j, asks);
             json_decref(j);
             if (rc == 0 && strcmp(pod->uid, uid) == 0)
                 return pod;
@@ -702,7 +722,8 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
         bind_result(r, msg);
         return;
     }
-    kgpu_pod *pod = bind_pod(d, ns, name, uid, msg, sizeof(msg));
+    ext_asks asks;
+    kgpu_pod *pod = bind_pod(d, ns, name, uid, &asks, msg, sizeof(msg));
     if (pod == NULL) {
         bind_failed(d, r, BIND_FAIL_UNKNOWN_POD, msg);
         return;
@@ -723,8 +744,19 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
     kgpu_error err;
     kgpu_error_clear(&err);
     char *assignment = NULL;
+    char waiting[REASON_MAX] = "";
     pthread_mutex_lock(&d->state.mu);
     int rc = ext_state_compile(&d->state, pod, &err);
+    if (rc == 0 && kgpu_strmap_get(&d->state.pods, uid) == NULL && d->state.awaiting.len > 0) {
+        /* Filter let it through, but another bind of the same size may have come first. */
+        ext_await_expire(&d->state);
+        ext_ask same;
+        const ext_await *w = ext_await_clash(&d->state, node, uid, &asks, &same);
+        if (w != NULL) {
+            ext_await_reason(w, &same, waiting, sizeof(waiting));
+            rc = kgpu_error_set(&err, KGPU_ESTATE, "%s", waiting);
+        }
+    }
     if (rc == 0)
         rc = ext_state_reserve(&d->state, pod, node, &held, &err);
     if (held != NULL) { /* copied while the lock makes it safe to read */
@@ -741,9 +773,18 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
         if (assignment == NULL) {
             ext_state_release(&d->state, uid);
             rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
+        } else {
+            /* From now on, same-size pods stay off this node until kubelet allocates this one. */
+            ext_await_record(&d->state, uid, ns, name, node, &asks, 0);
         }
     }
     pthread_mutex_unlock(&d->state.mu);
+    if (waiting[0] != '\0') {
+        free(pod);
+        snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node, waiting);
+        bind_failed(d, r, BIND_FAIL_AWAITING, msg);
+        return;
+    }
     if (rc == KGPU_EEXIST) {
         free(pod);
         if (strcmp(held_node, node) == 0 && held_bound) {
@@ -891,7 +932,31 @@ json_t *ext_inspect_json(ext_daemon *d, const char *only)
     json_t *nodes = json_array();
     int64_t t_gpus = 0, t_mem = 0, t_mem_alloc = 0, t_milli_alloc = 0, t_pods = 0;
     bool found = false;
+    kgpu_strmap awaiting; /* node -> json array of the pods awaiting allocation there */
+    kgpu_strmap_init(&awaiting);
     pthread_mutex_lock(&st->mu);
+    ext_await_expire(st);
+    json_int_t t_awaiting = (json_int_t)st->awaiting.len;
+    double now = ext_now();
+    const char *wk;
+    void *wv;
+    size_t wi = 0;
+    while (kgpu_strmap_next(&st->awaiting, &wi, &wk, &wv)) {
+        const ext_await *w = wv;
+        json_t *list = kgpu_strmap_get(&awaiting, w->node);
+        if (list == NULL && (list = json_array()) != NULL &&
+            !kgpu_strmap_put(&awaiting, w->node, list, NULL)) {
+            json_decref(list);
+            list = NULL;
+        }
+        json_t *asks = json_array();
+        for (int i = 0; i < w->asks.n; i++)
+            json_array_append_new(asks,
+                                  json_pack("{s:s,s:I}", "resource", ext_res_name(w->asks.a[i].res),
+                                            "amount", (json_int_t)w->asks.a[i].amount));
+        json_array_append_new(list, json_pack("{s:s,s:s,s:o,s:f}", "pod", w->name, "namespace",
+                                              w->ns, "asks", asks, "seconds_left", w->until - now));
+    }
     int nn = kgpu_cluster_node_count(st->cluster);
     /* Pods on each GPU: walk the held pods once. */
     json_t **gpu_pods = calloc((size_t)nn * KGPU_MAX_GPUS_PER_NODE + 1, sizeof(*gpu_pods));
@@ -945,12 +1010,18 @@ json_t *ext_inspect_json(ext_daemon *d, const char *only)
         t_mem += mem;
         t_mem_alloc += mem_alloc;
         t_milli_alloc += milli_alloc;
-        json_array_append_new(nodes,
-                              json_pack("{s:s,s:i,s:I,s:I,s:I,s:o}", "name", n->name, "gpus_total",
-                                        n->ngpus, "memory_mib", (json_int_t)mem,
-                                        "memory_allocated_mib", (json_int_t)mem_alloc,
-                                        "milli_allocated", (json_int_t)milli_alloc, "gpus", gpus));
+        json_t *waiting = kgpu_strmap_del(&awaiting, n->name);
+        json_array_append_new(
+            nodes,
+            json_pack("{s:s,s:i,s:I,s:I,s:I,s:o,s:o}", "name", n->name, "gpus_total", n->ngpus,
+                      "memory_mib", (json_int_t)mem, "memory_allocated_mib", (json_int_t)mem_alloc,
+                      "milli_allocated", (json_int_t)milli_alloc, "gpus", gpus,
+                      "awaiting_allocation", waiting != NULL ? waiting : json_array()));
     }
+    wi = 0;
+    while (kgpu_strmap_next(&awaiting, &wi, &wk, &wv)) /* nodes not in the inventory (any more) */
+        json_decref(wv);
+    kgpu_strmap_clear(&awaiting);
     for (int i = 0; gpu_pods != NULL && i < nn * KGPU_MAX_GPUS_PER_NODE; i++)
         json_decref(gpu_pods[i]);
     free(gpu_pods);
@@ -964,10 +1035,11 @@ json_t *ext_inspect_json(ext_daemon *d, const char *only)
         json_decref(nodes);
         return one;
     }
-    return json_pack("{s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I}}", "nodes", nodes, "totals", "nodes",
+    return json_pack("{s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "nodes", nodes, "totals", "nodes",
                      (json_int_t)json_array_size(nodes), "gpus", (json_int_t)t_gpus, "memory_mib",
                      (json_int_t)t_mem, "memory_allocated_mib", (json_int_t)t_mem_alloc,
-                     "milli_allocated", (json_int_t)t_milli_alloc, "pods", (json_int_t)t_pods);
+                     "milli_allocated", (json_int_t)t_milli_alloc, "pods", (json_int_t)t_pods,
+                     "pods_awaiting_allocation", t_awaiting);
 }
 
 /* The last path segment for POST verbs, so any urlPrefix kube-scheduler uses works. */

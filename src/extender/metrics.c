@@ -23,9 +23,10 @@ const char *ext_verb_name(enum ext_verb v)
 
 const char *ext_bind_fail_name(enum ext_bind_fail f)
 {
-    static const char *names[BIND_FAIL_COUNT] = {"bad_request",     "unknown_pod",  "unknown_node",
-                                                 "no_fit",          "api_conflict", "api_error",
-                                                 "api_unreachable", "standby"};
+    static const char *names[BIND_FAIL_COUNT] = {
+        "bad_request",     "unknown_pod",  "unknown_node",
+        "no_fit",          "api_conflict", "api_error",
+        "api_unreachable", "standby",      "awaiting_allocation"};
     return f >= 0 && f < BIND_FAIL_COUNT ? names[f] : "other";
 }
 
@@ -243,6 +244,8 @@ char *ext_metrics_render(ext_daemon *d)
         k++;
     }
     long pods = (long)st->pods.len;
+    ext_await_expire(st);
+    long awaiting = (long)st->awaiting.len;
     pthread_mutex_unlock(&st->mu);
     if (ok) {
         gpu_family(&b, &snap, "kgpu_gpu_memory_allocated_mib", "GPU memory allocated to pods, MiB.",
@@ -273,6 +276,11 @@ char *ext_metrics_render(ext_daemon *d)
         "# HELP kgpu_extender_pods Pods holding GPUs.\n# TYPE kgpu_extender_pods gauge\n"
         "kgpu_extender_pods %ld\n",
         pods);
+    put(&b,
+        "# HELP kgpu_pods_awaiting_allocation Pods bound by kgpu whose devices kubelet has not "
+        "asked for yet; each keeps pods of the same size off its node until then.\n"
+        "# TYPE kgpu_pods_awaiting_allocation gauge\nkgpu_pods_awaiting_allocation %ld\n",
+        awaiting);
     put(&b,
         "# HELP kgpu_extender_ready Whether inventory and pods are loaded.\n"
         "# TYPE kgpu_extender_ready gauge\nkgpu_extender_ready %d\n",

@@ -68,6 +68,7 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->pods);
     kgpu_strmap_init(&st->orphans);
     kgpu_strmap_init(&st->pending);
+    kgpu_strmap_init(&st->awaiting);
     kgpu_strmap_init(&st->ns_usage);
     st->pending_order = calloc((size_t)cfg->pending_pods_max, sizeof(char *));
     st->cluster = kgpu_cluster_new();
@@ -99,6 +100,10 @@ void ext_state_destroy(ext_state *st)
     i = 0;
     while (kgpu_strmap_next(&st->orphans, &i, &k, &v))
         free(v);
+    i = 0;
+    while (kgpu_strmap_next(&st->awaiting, &i, &k, &v))
+        free(v);
+    kgpu_strmap_clear(&st->awaiting);
     kgpu_strmap_clear(&st->orphans);
     kgpu_strmap_clear(&st->pods);
     kgpu_strmap_clear(&st->pending);
@@ -294,17 +299,19 @@ void ext_pod_copy(kgpu_pod *dst, const kgpu_pod *src)
     }
 }
 
-void ext_state_remember(ext_state *st, const kgpu_pod *pod)
+void ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks)
 {
-    kgpu_pod *old = kgpu_strmap_get(&st->pending, pod->uid);
+    ext_filtered *old = kgpu_strmap_get(&st->pending, pod->uid);
     if (old != NULL) {
-        ext_pod_copy(old, pod); /* a filter retry: newer spec wins, same slot */
+        ext_pod_copy(&old->pod, pod); /* a filter retry: newer spec wins, same slot */
+        old->asks = *asks;
         return;
     }
-    kgpu_pod *copy = malloc(sizeof(*copy));
+    ext_filtered *copy = malloc(sizeof(*copy));
     if (copy == NULL)
         return;
-    ext_pod_copy(copy, pod);
+    ext_pod_copy(&copy->pod, pod);
+    copy->asks = *asks;
     int max = st->cfg->pending_pods_max;
     if (st->pending_len == max) { /* forget the oldest */
         char *uid = st->pending_order[st->pending_head];
@@ -323,10 +330,10 @@ void ext_state_remember(ext_state *st, const kgpu_pod *pod)
     st->pending_order[(st->pending_head + st->pending_len) % max] = uid;
     st->pending_len++;
     if (kgpu_strmap_get(&st->pods, pod->uid) == NULL)
-        observe(st, copy);
+        observe(st, &copy->pod);
 }
 
-const kgpu_pod *ext_state_recall(ext_state *st, const char *uid)
+const ext_filtered *ext_state_recall(ext_state *st, const char *uid)
 {
     return kgpu_strmap_get(&st->pending, uid);
 }
@@ -421,6 +428,7 @@ void ext_state_confirm(ext_state *st, const char *uid)
 
 void ext_state_release(ext_state *st, const char *uid)
 {
+    ext_await_drop(st, uid); /* a bind refused, or a pod gone: kubelet will not allocate it */
     ext_pod *p = kgpu_strmap_del(&st->pods, uid);
     if (p == NULL)
         return;
@@ -573,6 +581,7 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
         ext_log(EXT_DEBUG, "ignoring a pod kgpu cannot read: %s", err.msg);
         return;
     }
+    ext_await_seen(st, json, &pod);
     ext_pod *held = kgpu_strmap_get(&st->pods, pod.uid);
     if (pod.terminal) {
         ext_state_pod_gone(st, pod.uid);
@@ -628,6 +637,7 @@ void ext_state_pod_gone(ext_state *st, const char *uid)
     bool held = kgpu_strmap_get(&st->pods, uid) != NULL;
     ext_state_release(st, uid);
     drop_orphan(st, uid);
+    ext_await_drop(st, uid);
     if (held)
         retry_orphans(st); /* what this pod held may be what an orphan was waiting for */
 }
@@ -705,6 +715,7 @@ void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t
     free(gone);
     if (ngone > 0)
         retry_orphans(st);
+    ext_await_relisted(st, &present);
     kgpu_strmap_clear(&present);
     json_array_foreach(items, i, item) ext_state_pod_seen(st, item);
 }

@@ -418,6 +418,11 @@ class Extender:
         argv = [EXTENDER_BIN, "--listen", "127.0.0.1:0", "--port-file", port_file]
         if log_level:
             argv += ["--log-level", log_level]
+        # No kubelet or device plugin here ever marks a pod kgpu.io/allocated, so the rule
+        # that keeps same-size pods apart until then is off unless a test asks for it
+        # (TestAwaitingAllocation) or sets it in a --config file.
+        if "--config" not in args and not any(a.startswith("--allocate-wait") for a in args):
+            argv += ["--allocate-wait", "0"]
         argv += list(args)
         env = dict(os.environ)
         # Leak checks at exit; a distinct exit status per sanitizer (the log says the rest).
@@ -1529,6 +1534,157 @@ class TestRestart(ExtenderTest):
                                  cur["spec"]["nodeName"])
         sys.stderr.write("\n  [restart: %d bound before the kill, %d cut mid-request, %d of "
                          "them landed] " % (len(ok), len(cut), landed))
+
+
+# ---------------------------------------------------------------------------
+# 3b. Pods awaiting kubelet's Allocate
+# ---------------------------------------------------------------------------
+
+def rfc3339(t):
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".000000000Z"
+
+
+class TestAwaitingAllocation(ExtenderTest):
+    """kubelet's Allocate names no pod: the device plugin tells pods apart by their asks.
+
+    So while a bound pod awaits allocation on a node, no pod asking the same amount of a
+    device-plugin resource may be filtered to or bound on that node.
+    """
+
+    def setUp(self):
+        super().setUp()
+        s = self.standin = self.start_standin()
+        s.add_node("aw-0", gpu_list("aw-0", A100, 81920, 2))
+        s.add_node("aw-1", gpu_list("aw-1", A100, 81920, 2))
+        now = time.time()
+        # Bound by an earlier extender run: awaiting while its bind time is recent.
+        for name, mem, when in (("early", 6, now - 5), ("stale", 5, now - 3600)):
+            ann = {"kgpu.io/assignment": assignment_annotation(
+                       [("main", False, [(0, "GPU-aw-1-0", 0, mem * 1024)])]),
+                   "kgpu.io/node": "aw-1", "kgpu.io/bind-time": rfc3339(when)}
+            s.add_pod(pod_object(name, [container("main", share(mem=mem))], ann,
+                                 node_name="aw-1"))
+
+    def start(self, wait=120):
+        self.ext = self.start_extender_for(self.standin, ["--allocate-wait", str(wait)])
+        return self.ext
+
+    def new_pod(self, name, limits, init=None):
+        p = pod_object(name, [container("main", limits)])
+        if init is not None:
+            p["spec"]["initContainers"] = [container("setup", init)]
+        return self.standin.add_pod(p)
+
+    def verdicts(self, pod, names=("aw-0", "aw-1")):
+        """{node: True (fits) or the FailedNodes reason}; unresolvable is a test failure."""
+        res = self.ext.filter(pod, list(names))
+        self.assertEqual(res["FailedAndUnresolvableNodes"], {}, res)
+        out = {n: True for n in res["NodeNames"] or []}
+        out.update(res["FailedNodes"])
+        return out
+
+    def test_same_size_waits_for_allocation(self):
+        ext = self.start()
+        a = self.new_pod("a", share(mem=4))
+        self.assertEqual(ext.filter(a, ["aw-0"])["NodeNames"], ["aw-0"])
+        self.assertEqual(ext.bind(a, "aw-0"), "")
+
+        b = self.new_pod("b", share(mem=4))
+        v = self.verdicts(b)
+        self.assertEqual(v["aw-1"], True, "another node is not affected")
+        self.assertEqual(v["aw-0"], "waiting for kubelet to allocate default/a "
+                                    "(same kgpu.io/gpu-mem: 4); retry shortly")
+        # Other sizes are not affected, nor pods without GPUs.
+        self.assertEqual(self.verdicts(self.new_pod("c", share(mem=2)))["aw-0"], True)
+        self.assertEqual(self.verdicts(self.new_pod("cpu", {}))["aw-0"], True)
+        # The gpushare alias asks the same units; gpu-core is another resource.
+        self.assertIn("default/a",
+                      str(self.verdicts(self.new_pod("alias", share(mem=4, alias=True)))["aw-0"]))
+        self.assertEqual(self.verdicts(self.new_pod("core", share(core=4)))["aw-0"], True)
+        # An init container asks kubelet for devices too, even one its app container covers.
+        init = self.new_pod("init", share(mem=8), init=share(mem=4))
+        self.assertIn("(same kgpu.io/gpu-mem: 4)", str(self.verdicts(init)["aw-0"]))
+
+        # Bound by an earlier run: "early" (bound 5 s ago) awaits, "stale" (an hour) does not.
+        v = self.verdicts(self.new_pod("six", share(mem=6)))
+        self.assertIn("default/early (same kgpu.io/gpu-mem: 6)", str(v["aw-1"]))
+        self.assertEqual(v["aw-0"], True)
+        self.assertEqual(self.verdicts(self.new_pod("five", share(mem=5)))["aw-1"], True)
+
+        # A bind that skips filter is refused too, and holds nothing.
+        err = ext.bind(b, "aw-0")
+        self.assertIn("waiting for kubelet to allocate default/a", err)
+        self.assertEqual(ext.metric("kgpu_extender_bind_failures_total",
+                                    {"reason": "awaiting_allocation"}), 1)
+        self.assertIsNone(self.standin.get_pod("default", "b")["spec"].get("nodeName"))
+        self.assertEqual(ext.metric("kgpu_pods_awaiting_allocation"), 2)
+        node = [n for n in ext.inspect()["nodes"] if n["name"] == "aw-0"][0]
+        self.assertEqual([(w["pod"], w["asks"]) for w in node["awaiting_allocation"]],
+                         [("a", [{"resource": "kgpu.io/gpu-mem", "amount": 4}])])
+
+        # The device plugin marks "a" allocated (a MODIFIED event): b may come.
+        self.standin.patch_pod("default", "a", {"metadata": {"annotations": {
+            "kgpu.io/allocated": rfc3339(time.time())}}})
+        wait_for(lambda: self.verdicts(b)["aw-0"] is True, 5, what="b accepted on aw-0")
+        self.assertEqual(ext.bind(b, "aw-0"), "")
+        # Deleting a pod ends its wait as well.
+        self.assertIn("default/b", str(self.verdicts(self.new_pod("b2", share(mem=4)))["aw-0"]))
+        self.standin.delete_pod("default", "b")
+        wait_for(lambda: self.verdicts(self.new_pod("b3", share(mem=4)))["aw-0"] is True, 5,
+                 what="b's wait to end with its deletion")
+        self.assert_state_matches(ext, self.standin)
+
+    def test_concurrent_same_size_binds(self):
+        ext = self.start()
+        pods = [self.new_pod("r%d" % i, share(mem=4, core=10)) for i in range(2)]
+        for p in pods:  # filter passes both: neither is bound yet
+            self.assertEqual(ext.filter(p, ["aw-0"])["NodeNames"], ["aw-0"])
+        self.standin.control(bind_delay_ms=300)
+        results = {}
+        threads = [threading.Thread(target=lambda p=p: results.__setitem__(
+                       p["metadata"]["name"], ext.bind(p, "aw-0", timeout=30))) for p in pods]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.standin.control(bind_delay_ms=0)
+        self.assertEqual(sorted(results.values()).count(""), 1, results)
+        loser = [n for n, e in results.items() if e][0]
+        self.assertIn("waiting for kubelet to allocate default/", results[loser])
+        self.assertEqual(self.standin.stats()["binds"], 1)
+        self.assert_state_matches(ext, self.standin)
+
+    def test_wait_expires(self):
+        ext = self.start(wait=1)
+        a = self.new_pod("a", share(mem=4))
+        self.assertEqual(ext.bind(a, "aw-0"), "")
+        b = self.new_pod("b", share(mem=4))
+        self.assertIn("default/a", str(self.verdicts(b)["aw-0"]))
+        # With a 1-s wait, "early" (bound 5 s ago) no longer counts either.
+        self.assertEqual(self.verdicts(self.new_pod("six", share(mem=6)))["aw-1"], True)
+        time.sleep(1.1)
+        self.assertEqual(self.verdicts(b)["aw-0"], True)
+        self.assertEqual(ext.bind(b, "aw-0"), "")
+        self.assertEqual(ext.log().count("kubelet has not asked for its devices"), 1, "warn once")
+        self.assertIn("default/a on aw-0", ext.log())
+
+    def test_allocate_wait_setting(self):
+        config = os.path.join(self.tmp, "config.yaml")
+        for value, ok in (("0", True), ("300", True), ("-1", False), ("1.5", False)):
+            with open(config, "w") as f:
+                f.write("clusterFile: %s\nallocateWaitSeconds: %s\n" % (CLUSTER_YAML, value))
+            out = subprocess.run([EXTENDER_BIN, "--config", config, "--version"],
+                                 capture_output=True, text=True, timeout=30)
+            self.assertEqual(out.returncode, 0 if ok else 2, (value, out.stderr))
+            if not ok:
+                self.assertIn("allocateWaitSeconds: wrong type or out of range", out.stderr)
+        for value in ("-1", "x", "86401"):
+            out = subprocess.run([EXTENDER_BIN, "--allocate-wait", value], capture_output=True,
+                                 text=True, timeout=30)
+            self.assertEqual(out.returncode, 2, value)
+            self.assertIn("--allocate-wait", out.stderr)
+        out = subprocess.run([EXTENDER_BIN, "--help"], capture_output=True, text=True, timeout=30)
+        self.assertIn("--allocate-wait S", out.stdout)
 
 
 # ---------------------------------------------------------------------------
