@@ -56,10 +56,11 @@ static const char *annotation(const json_t *pod, const char *key)
     return str_at(json_object_get(pod, "metadata"), "annotations", key);
 }
 
-static bool terminal(const json_t *pod)
+/* Not awaiting kubelet: finished, being deleted, or running (kubelet admitted it). */
+static bool not_awaiting(const json_t *pod)
 {
     const char *phase = str_at(pod, "status", "phase");
-    if (phase != NULL && (strcmp(phase, "Succeeded") == 0 || strcmp(phase, "Failed") == 0))
+    if (phase != NULL && *phase != '\0' && strcmp(phase, "Pending") != 0)
         return true;
     return json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp") != NULL;
 }
@@ -336,7 +337,7 @@ int dp_match_find(const json_t *items, const char *node, dp_res r, int64_t count
         const json_t *pod = json_array_get(items, i);
         const char *on = str_at(pod, "spec", "nodeName");
         const char *ann_node = annotation(pod, KGPU_ANN_NODE);
-        if (on == NULL || strcmp(on, node) != 0 || terminal(pod) ||
+        if (on == NULL || strcmp(on, node) != 0 || not_awaiting(pod) ||
             annotation(pod, KGPU_ANN_ASSIGNMENT) == NULL ||
             annotation(pod, KGPU_ANN_ALLOCATED) != NULL ||
             (ann_node != NULL && strcmp(ann_node, node) != 0))

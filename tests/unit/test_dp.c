@@ -240,6 +240,9 @@ static void test_match_same_size(void **state)
     json_object_set_new(json_object_get(a, "status"), "phase", json_string("Failed"));
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
     assert_string_equal(m.name, "b");
+    json_object_set_new(json_object_get(a, "status"), "phase", json_string("Running"));
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_string_equal(m.name, "b");
     json_object_set_new(json_object_get(a, "status"), "phase", json_string("Pending"));
     json_object_set_new(json_object_get(a, "metadata"), "deletionTimestamp",
                         json_string("2026-11-26T00:00:00Z"));
