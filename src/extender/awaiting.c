@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "ext.h"
 
 static const char *const res_names[] = {KGPU_RES_WHOLE, KGPU_RES_MEM, KGPU_RES_CORE};
@@ -160,45 +161,6 @@ void ext_await_drop(ext_state *st, const char *uid)
     free(kgpu_strmap_del(&st->awaiting, uid));
 }
 
-/* RFC 3339 ("2025-06-02T09:14:07.512345678Z", or with an offset) in Unix seconds. */
-static bool parse_rfc3339(const char *s, double *out)
-{
-    struct tm tm;
-    memset(&tm, 0, sizeof(tm));
-    int n = 0;
-    if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
-               &tm.tm_min, &tm.tm_sec, &n) != 6 ||
-        n == 0)
-        return false;
-    tm.tm_year -= 1900;
-    tm.tm_mon -= 1;
-    const char *p = s + n;
-    double frac = 0, scale = 0.1;
-    if (*p == '.') {
-        for (p++; *p >= '0' && *p <= '9'; p++, scale /= 10)
-            frac += (*p - '0') * scale;
-    }
-    long offset = 0;
-    if (*p == 'Z' || *p == 'z') {
-        p++;
-    } else if (*p == '+' || *p == '-') {
-        int hh, mm, m = 0;
-        if (sscanf(p + 1, "%2d:%2d%n", &hh, &mm, &m) != 2 || m != 5)
-            return false;
-        offset = (*p == '-' ? -1 : 1) * (hh * 3600L + mm * 60L);
-        p += 6;
-    } else {
-        return false;
-    }
-    if (*p != '\0')
-        return false;
-    time_t t = timegm(&tm);
-    if (t == (time_t)-1)
-        return false;
-    *out = (double)(t - offset) + frac;
-    return true;
-}
-
 static double wall_now(void)
 {
     struct timespec ts;
@@ -229,7 +191,7 @@ void ext_await_seen(ext_state *st, const json_t *json, const kgpu_pod *pod)
     /* Bound by an earlier run or another replica: its own bind time says how long it waits. */
     const char *when = json_string_value(json_object_get(ann, KGPU_ANN_BIND_TIME));
     double bound;
-    if (when == NULL || !parse_rfc3339(when, &bound)) {
+    if (when == NULL || !kgpu_rfc3339_parse(when, &bound)) {
         ext_log(EXT_DEBUG, "pod %s/%s: no readable %s; not held as awaiting allocation", pod->ns,
                 pod->name, KGPU_ANN_BIND_TIME);
         return;

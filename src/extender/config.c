@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "ext.h"
 #include "yamljson.h"
 
@@ -35,13 +36,11 @@ void ext_log(int level, const char *fmt, ...)
     va_end(ap);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    char when[32];
-    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    char when[64];
+    kgpu_rfc3339((double)ts.tv_sec + (double)ts.tv_nsec / 1e9, 3, when, sizeof(when));
     /* One write per line so concurrent threads never interleave inside a line. */
     pthread_mutex_lock(&log_mu);
-    fprintf(stderr, "%s.%03ldZ %-5s %s\n", when, ts.tv_nsec / 1000000, names[level & 3], msg);
+    fprintf(stderr, "%s %-5s %s\n", when, names[level & 3], msg);
     pthread_mutex_unlock(&log_mu);
 }
 

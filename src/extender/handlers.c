@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "ext.h"
 #include "jsonw.h"
 
@@ -617,17 +618,6 @@ static void bind_failed(ext_daemon *d, ext_response *r, enum ext_bind_fail why, 
     bind_result(r, msg);
 }
 
-static void rfc3339_now(char *buf, size_t len)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    char base[32];
-    strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(buf, len, "%s.%09ldZ", base, ts.tv_nsec);
-}
-
 /* The pod for a bind, and its asks: remembered from filter, else asked of the API server. */
 static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const char *uid,
                           ext_asks *asks, char *msg, size_t len)
@@ -817,7 +807,7 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
         return;
     }
     char when[64];
-    rfc3339_now(when, sizeof(when));
+    kgpu_rfc3339_now(when, sizeof(when));
     json_t *ann = json_pack("{s:s,s:s,s:s}", KGPU_ANN_ASSIGNMENT, assignment, KGPU_ANN_NODE, node,
                             KGPU_ANN_BIND_TIME, when);
     enum ext_bind_fail why = post_binding(d, ns, name, uid, node, ann, msg, sizeof(msg));

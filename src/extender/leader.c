@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "ext.h"
 
 static double wall_now(void)
@@ -22,38 +23,6 @@ static double wall_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* MicroTime as the API server writes it: 2026-11-25T23:59:27.123456Z. */
-static void micro_time(double t, char *buf, size_t len)
-{
-    time_t s = (time_t)t;
-    struct tm tm;
-    gmtime_r(&s, &tm);
-    char base[32];
-    strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(buf, len, "%s.%06ldZ", base, (long)((t - (double)s) * 1e6));
-}
-
-/* Parses RFC 3339 UTC times with optional fractions; -1 when unreadable. */
-static double parse_time(const char *text)
-{
-    if (text == NULL)
-        return -1;
-    struct tm tm;
-    memset(&tm, 0, sizeof(tm));
-    const char *rest = strptime(text, "%Y-%m-%dT%H:%M:%S", &tm);
-    if (rest == NULL)
-        return -1;
-    double frac = 0;
-    if (*rest == '.') {
-        double scale = 0.1;
-        for (rest++; *rest >= '0' && *rest <= '9'; rest++, scale /= 10)
-            frac += (*rest - '0') * scale;
-    }
-    if (*rest != 'Z')
-        return -1;
-    return (double)timegm(&tm) + frac;
 }
 
 static char *lease_path(const ext_daemon *d, bool with_name)
@@ -70,8 +39,8 @@ static char *lease_body(const ext_daemon *d, const char *rv, const char *holder,
                         long transitions)
 {
     char now[64], acq[64];
-    micro_time(wall_now(), now, sizeof(now));
-    micro_time(acquired, acq, sizeof(acq));
+    kgpu_rfc3339(wall_now(), 6, now, sizeof(now)); /* a MicroTime */
+    kgpu_rfc3339(acquired, 6, acq, sizeof(acq));
     json_t *meta = json_pack("{s:s,s:s}", "name", d->cfg.lease_name, "namespace", d->cfg.lease_ns);
     if (rv != NULL)
         json_object_set_new(meta, "resourceVersion", json_string(rv));
@@ -120,7 +89,8 @@ static bool elect_once(ext_daemon *d, double *acquired)
     const char *holder = json_string_value(json_object_get(spec, "holderIdentity"));
     const char *rv =
         json_string_value(json_object_get(json_object_get(lease, "metadata"), "resourceVersion"));
-    double renewed = parse_time(json_string_value(json_object_get(spec, "renewTime")));
+    double renewed = -1;
+    kgpu_rfc3339_parse(json_string_value(json_object_get(spec, "renewTime")), &renewed);
     json_int_t duration = json_integer_value(json_object_get(spec, "leaseDurationSeconds"));
     json_int_t transitions = json_integer_value(json_object_get(spec, "leaseTransitions"));
     bool mine = holder != NULL && strcmp(holder, d->identity) == 0;
