@@ -8,10 +8,11 @@
  * on it. Calls are tagged with a small struct that says which step
  * completed. ListAndWatch calls stay open: the thread sends the current
  * snapshot when the stream starts and again whenever the snapshot's
- * generation moves on (checked at least every 100 ms), one send in flight
- * per stream. Unary calls are handed to a detached worker thread once their
- * request has arrived; the worker starts the reply batch itself, and the
- * reply's completion, back on the queue thread, frees the call.
+ * generation moves on (checked every 100 ms, however busy the queue is),
+ * one send in flight per stream. Unary calls are handed to a detached
+ * worker thread once their request has arrived; the worker starts the reply
+ * batch itself, and the reply's completion, back on the queue thread, frees
+ * the call.
  */
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -314,6 +315,8 @@ static void *serve(void *arg)
     bool shut = false, down = false;
     for (int i = 0; i < 4; i++)
         request_new(s);
+    gpr_timespec poll_at =
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
     for (;;) {
         if (!shut && atomic_load(&s->stopping)) {
             shut = true;
@@ -322,13 +325,19 @@ static void *serve(void *arg)
         }
         if (down && s->live == 0)
             break;
-        gpr_timespec deadline =
-            gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
-        grpc_event ev = grpc_completion_queue_next(s->cq, deadline, NULL);
-        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+        /*
+         * Streams are polled on a clock, not only when the queue falls idle:
+         * a steady run of calls (each completes within POLL_MS of the last)
+         * would otherwise keep every health change from kubelet.
+         */
+        if (gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), poll_at) >= 0) {
             poll_streams(s);
-            continue;
+            poll_at = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                   gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
         }
+        grpc_event ev = grpc_completion_queue_next(s->cq, poll_at, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT)
+            continue;
         if (ev.type != GRPC_OP_COMPLETE)
             break;
         tag *t = ev.tag;
