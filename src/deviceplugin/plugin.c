@@ -1,7 +1,9 @@
 /*
  * The device plugin daemon: discovers the GPUs, keeps their health, serves
  * and registers one gRPC server per resource, answers kubelet's calls and
- * publishes the node's inventory. Threads: see dp.h.
+ * publishes the node's inventory. Threads: see dp.h; besides those, one API
+ * thread publishes the node and cleans up pod directories, so that the main
+ * loop never waits on the API server.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -63,9 +65,17 @@ typedef struct plugin {
     kgpu_nvml *nvml;
     bool xid_bad[KGPU_MAX_GPUS_PER_NODE];
     struct stat fake_st;
-    bool publish_dirty;
-    double publish_at, publish_backoff;
-    double gc_at;
+    /*
+     * The API thread (node publication, pod directory clean-up) works at the
+     * API server's pace, never the main loop's: a slow or unreachable server
+     * must not hold back health, socket watching or registration. It wakes
+     * on api_cv (with inv_mu) when inv_gen moves on or api_stop is set.
+     */
+    pthread_t api_thread;
+    bool api_started;
+    pthread_cond_t api_cv;
+    uint64_t inv_gen; /* under inv_mu: bumped on every inventory change */
+    bool api_stop;    /* under inv_mu */
     char shim[1100];
     dp_paths paths;
 } plugin;
@@ -110,6 +120,8 @@ static int publish_lists(plugin *p, const dp_inventory *inv, kgpu_error *err)
     }
     pthread_mutex_lock(&p->inv_mu);
     p->inv = *inv;
+    p->inv_gen++;
+    pthread_cond_signal(&p->api_cv);
     pthread_mutex_unlock(&p->inv_mu);
     for (int r = 0; r < DP_NRES; r++) {
         if (!(p->registered & (1u << r)))
@@ -122,8 +134,6 @@ static int publish_lists(plugin *p, const dp_inventory *inv, kgpu_error *err)
         s->gen++;
         pthread_mutex_unlock(&s->mu);
     }
-    p->publish_dirty = true;
-    p->publish_at = 0;
     return 0;
 }
 
@@ -147,31 +157,38 @@ static int update_inventory(plugin *p, const kgpu_gpu_info *gpus, int n, kgpu_er
     return publish_lists(p, &next, err);
 }
 
-/* Re-reads the fake inventory when its file changed. */
-static void poll_fake(plugin *p, bool first, kgpu_error *err_first)
+/*
+ * Re-reads the fake inventory when its file changed. At the first read a
+ * failure is returned (the daemon cannot start without GPUs); later ones are
+ * logged and the previous inventory stays.
+ */
+static int poll_fake(plugin *p, bool first, kgpu_error *err_first)
 {
     struct stat st;
-    if (stat(p->cfg->fake_gpus, &st) != 0) {
-        if (first)
-            kgpu_error_set(err_first, KGPU_ENOENT, "%s: %s", p->cfg->fake_gpus, strerror(errno));
-        return;
-    }
+    if (stat(p->cfg->fake_gpus, &st) != 0)
+        return first ? kgpu_error_set(err_first, KGPU_ENOENT, "%s: %s", p->cfg->fake_gpus,
+                                      strerror(errno))
+                     : 0;
     if (!first && st.st_mtim.tv_sec == p->fake_st.st_mtim.tv_sec &&
         st.st_mtim.tv_nsec == p->fake_st.st_mtim.tv_nsec && st.st_size == p->fake_st.st_size &&
         st.st_ino == p->fake_st.st_ino)
-        return;
+        return 0;
     p->fake_st = st;
     kgpu_gpu_info *gpus = NULL;
     int n = 0;
     kgpu_error e = {0};
-    if (kgpu_fake_gpus_load(p->cfg->fake_gpus, &gpus, &n, &e) != 0 ||
-        update_inventory(p, gpus, n, &e) != 0) {
-        if (first)
-            *err_first = e;
-        else
-            dp_log(DP_ERROR, "%s (keeping the previous inventory)", e.msg);
-    }
+    int rc = kgpu_fake_gpus_load(p->cfg->fake_gpus, &gpus, &n, &e);
+    if (rc == 0)
+        rc = update_inventory(p, gpus, n, &e);
     free(gpus);
+    if (rc == 0)
+        return 0;
+    if (first) {
+        *err_first = e;
+        return rc;
+    }
+    dp_log(DP_ERROR, "%s (keeping the previous inventory)", e.msg);
+    return 0;
 }
 
 static void poll_nvml(plugin *p)
@@ -254,11 +271,10 @@ static char *node_patch(const dp_inventory *inv)
     return text;
 }
 
-static void publish_node(plugin *p)
+/* PATCHes the node with `inv` (a copy: runs on the API thread); 0 when it took. */
+static int publish_node(plugin *p, const dp_inventory *inv, double backoff)
 {
-    if (p->k8s == NULL || !p->publish_dirty || now_s() < p->publish_at)
-        return;
-    char *body = node_patch(&p->inv);
+    char *body = node_patch(inv);
     char path[KGPU_K8S_PATH_MAX];
     snprintf(path, sizeof(path), "/api/v1/nodes/%s", p->cfg->node_name);
     kgpu_http_resp resp = {0};
@@ -267,20 +283,16 @@ static void publish_node(plugin *p)
                           : kgpu_k8s_request(p->k8s, "PATCH", path, "application/merge-patch+json",
                                              body, &resp, &e);
     if (rc == 0 && resp.status == 200) {
-        p->publish_dirty = false;
-        p->publish_backoff = 0;
-        dp_log(DP_INFO, "node %s: published %d GPUs", p->cfg->node_name, p->inv.ngpus);
+        dp_log(DP_INFO, "node %s: published %d GPUs", p->cfg->node_name, inv->ngpus);
     } else {
-        p->publish_backoff = p->publish_backoff == 0 ? 1 : p->publish_backoff * 2;
-        if (p->publish_backoff > PUBLISH_MAX_S)
-            p->publish_backoff = PUBLISH_MAX_S;
-        p->publish_at = now_s() + p->publish_backoff;
         dp_log(DP_WARN, "node %s: publishing the GPU inventory failed (%s); again in %.0f s",
                p->cfg->node_name, rc != 0 ? e.msg : (resp.body != NULL ? resp.body : "no answer"),
-               p->publish_backoff);
+               backoff);
+        rc = rc != 0 ? rc : KGPU_EIO;
     }
     free(resp.body);
     free(body);
+    return rc;
 }
 
 /* ---- Allocate and GetPreferredAllocation ---- */
@@ -385,6 +397,35 @@ static bool known_ids(plugin *p, dp_res r, char **ids, size_t n, dp_status *st)
     return ok;
 }
 
+/*
+ * The container's GPUs must be GPUs of this node: NVIDIA_VISIBLE_DEVICES with
+ * a UUID the node lacks (an assignment made from an older inventory, or
+ * written by hand) makes the container fail at start with a runtime error
+ * that names neither kgpu nor the pod; an assignment without GPUs would mark
+ * the pod allocated while giving it nothing.
+ */
+static int check_assigned_gpus(const plugin *p, const dp_match *m, const dp_inventory *inv,
+                               kgpu_error *err)
+{
+    if (m->ngpus == 0)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s: annotation %s gives container %s no GPU", m->ns, m->name,
+                              KGPU_ANN_ASSIGNMENT, m->container);
+    for (int i = 0; i < m->ngpus; i++) {
+        bool found = false;
+        for (int g = 0; g < inv->ngpus && !found; g++)
+            found = strcmp(inv->gpus[g].uuid, m->gpus[i].uuid) == 0;
+        if (!found)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "pod %s/%s: annotation %s gives container %s GPU %s, which node "
+                                  "%s does not have (did its GPUs change after the pod was "
+                                  "bound?)",
+                                  m->ns, m->name, KGPU_ANN_ASSIGNMENT, m->container,
+                                  m->gpus[i].uuid, p->cfg->node_name);
+    }
+    return 0;
+}
+
 static const char no_api_msg[] =
     "kgpu-device-plugin runs without an API server (no in-cluster service account and no "
     "--kubeconfig), so it cannot tell which pod this allocation is for; it hands out no GPU "
@@ -434,6 +475,8 @@ static void allocate(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t
                               : dp_match_find(json_object_get(list, "items"), p->cfg->node_name, r,
                                               (int64_t)count, p->registered, inv.unit_mib, &m, &e);
         json_decref(list);
+        if (rc == 0)
+            rc = check_assigned_gpus(p, &m, &inv, &e);
         if (rc == 0 && m.primary)
             rc = dp_write_pod_files(&m, &p->paths, &e);
         if (rc == 0)
@@ -657,9 +700,6 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 
 static void gc_pods(plugin *p)
 {
-    if (p->k8s == NULL || now_s() < p->gc_at)
-        return;
-    p->gc_at = now_s() + GC_EVERY_S;
     char dir[1100];
     snprintf(dir, sizeof(dir), "%s/pods", p->cfg->state_dir);
     pthread_mutex_lock(&p->alloc_mu);
@@ -694,6 +734,86 @@ static void gc_pods(plugin *p)
     pthread_mutex_unlock(&p->alloc_mu);
 }
 
+/* ---- the API thread ---- */
+
+/* Waits on api_cv (inv_mu held) until `at` on the monotonic clock, or a signal. */
+static void api_wait_until(plugin *p, double at)
+{
+    struct timespec ts;
+    double whole = (double)(long long)at;
+    ts.tv_sec = (time_t)whole;
+    ts.tv_nsec = (long)((at - whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L)
+        ts.tv_nsec = 999999999L;
+    pthread_cond_timedwait(&p->api_cv, &p->inv_mu, &ts);
+}
+
+/*
+ * Publishes the newest inventory whenever it changed (retrying with backoff
+ * up to PUBLISH_MAX_S) and removes the directories of gone pods every
+ * GC_EVERY_S, first at start.
+ */
+static void *api_loop(void *arg)
+{
+    plugin *p = arg;
+    uint64_t published = 0;
+    double retry_at = 0, backoff = 0, gc_at = 0;
+    pthread_mutex_lock(&p->inv_mu);
+    while (!p->api_stop) {
+        double now = now_s();
+        bool publish = p->inv_gen != published && now >= retry_at;
+        bool gc = now >= gc_at;
+        if (!publish && !gc) {
+            api_wait_until(p, p->inv_gen != published && retry_at < gc_at ? retry_at : gc_at);
+            continue;
+        }
+        dp_inventory inv = p->inv;
+        uint64_t gen = p->inv_gen;
+        pthread_mutex_unlock(&p->inv_mu);
+        if (publish) {
+            double next = backoff == 0 ? 1 : backoff * 2;
+            if (next > PUBLISH_MAX_S)
+                next = PUBLISH_MAX_S;
+            if (publish_node(p, &inv, next) == 0) {
+                published = gen;
+                backoff = 0;
+            } else {
+                backoff = next;
+                retry_at = now_s() + backoff;
+            }
+        }
+        if (gc) {
+            gc_at = now_s() + GC_EVERY_S;
+            gc_pods(p);
+        }
+        pthread_mutex_lock(&p->inv_mu);
+    }
+    pthread_mutex_unlock(&p->inv_mu);
+    return NULL;
+}
+
+static int start_api_thread(plugin *p, kgpu_error *err)
+{
+    if (p->k8s == NULL)
+        return 0;
+    if (pthread_create(&p->api_thread, NULL, api_loop, p) != 0)
+        return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the API server thread");
+    p->api_started = true;
+    return 0;
+}
+
+static void stop_api_thread(plugin *p)
+{
+    if (!p->api_started)
+        return;
+    pthread_mutex_lock(&p->inv_mu);
+    p->api_stop = true;
+    pthread_cond_signal(&p->api_cv);
+    pthread_mutex_unlock(&p->inv_mu);
+    pthread_join(p->api_thread, NULL);
+    p->api_started = false;
+}
+
 /* ---- the daemon ---- */
 
 static int connect_api(plugin *p, kgpu_error *err)
@@ -711,6 +831,8 @@ static int connect_api(plugin *p, kgpu_error *err)
             dp_log(DP_WARN, "no in-cluster credentials and no --kubeconfig: running without an "
                             "API server (devices are listed; Allocate will refuse)");
             kgpu_k8s_config_clear(&kc);
+            /* Not an error: callers must not find the in-cluster lookup's message in err. */
+            kgpu_error_clear(err);
             return 0;
         }
     }
@@ -747,6 +869,11 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     p->cfg = cfg;
     pthread_mutex_init(&p->inv_mu, NULL);
     pthread_mutex_init(&p->alloc_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* api_wait_until's deadlines are now_s() */
+    pthread_cond_init(&p->api_cv, &ca);
+    pthread_condattr_destroy(&ca);
     for (int r = 0; r < DP_NRES; r++)
         pthread_mutex_init(&p->snap[r].mu, NULL);
     p->inv.unit_mib = cfg->unit_mib;
@@ -772,8 +899,7 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     if (rc == 0)
         rc = connect_api(p, err);
     if (rc == 0 && cfg->fake_gpus[0] != '\0') {
-        poll_fake(p, true, err);
-        rc = err->code;
+        rc = poll_fake(p, true, err);
     } else if (rc == 0) {
         rc = kgpu_nvml_open(cfg->nvml_lib[0] ? cfg->nvml_lib : NULL,
                             cfg->sysfs[0] ? cfg->sysfs : NULL, &p->nvml, err);
@@ -797,21 +923,22 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
         if (p->registered & (1u << r))
             rc = start_server(p, (dp_res)r, err);
     if (rc == 0)
+        rc = start_api_thread(p, err);
+    if (rc == 0)
         dp_log(DP_INFO,
                "kgpu-device-plugin %s on node %s: %d GPUs, memory unit %" PRId64 " MiB, %s",
                KGPU_VERSION, cfg->node_name[0] ? cfg->node_name : "(unnamed)", p->inv.ngpus,
                cfg->unit_mib, p->k8s != NULL ? "API server connected" : "no API server");
     while (rc == 0 && !atomic_load(stop)) {
         if (cfg->fake_gpus[0] != '\0')
-            poll_fake(p, false, NULL);
+            (void)poll_fake(p, false, NULL);
         else
             poll_nvml(p);
         watch_sockets(p);
-        publish_node(p);
-        gc_pods(p);
         struct timespec ts = {0, LOOP_MS * 1000000L};
         nanosleep(&ts, NULL);
     }
+    stop_api_thread(p);
     for (int r = 0; r < DP_NRES; r++)
         dp_server_stop(p->srv[r]);
     for (int r = 0; r < DP_NRES; r++) {
@@ -821,6 +948,7 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     if (p->nvml != NULL)
         kgpu_nvml_close(p->nvml);
     kgpu_k8s_free(p->k8s);
+    pthread_cond_destroy(&p->api_cv);
     pthread_mutex_destroy(&p->inv_mu);
     pthread_mutex_destroy(&p->alloc_mu);
     free(p);
