@@ -15,6 +15,8 @@ Tests inject faults over a side channel (POST /_control), see usage below.
     bind_status: N       answer binds with this HTTP status instead of binding
     bind_count: N        ...for the next N binds (-1: until changed; default 1)
     bind_delay_ms: D     sleep D ms before answering every bind (0: off)
+    patch_delay_ms: D    sleep D ms before answering every PATCH (0: off): a slow or
+                         overloaded server, as a daemon that writes annotations sees it
     drop_watches: true   cut every open watch stream now, mid-stream
     expire_history: true forget the event history: a watch from an older
                          resourceVersion gets the 410 ERROR event
@@ -155,7 +157,8 @@ class Store:
         self.drop_gen = 0       # bumped by drop_watches
         self.expire_gen = 0     # bumped by expire_watches
         self.closing = False
-        self.faults = {"bind_status": 0, "bind_count": 0, "bind_delay_ms": 0, "fail_lists": 0}
+        self.faults = {"bind_status": 0, "bind_count": 0, "bind_delay_ms": 0, "fail_lists": 0,
+                       "patch_delay_ms": 0}
         self.stats = {}
         self.reset_stats()
 
@@ -310,7 +313,7 @@ class Store:
 
     def control(self, req):
         with self.cond:
-            for key in ("bind_status", "bind_delay_ms", "fail_lists"):
+            for key in ("bind_status", "bind_delay_ms", "fail_lists", "patch_delay_ms"):
                 if key in req:
                     self.faults[key] = int(req[key])
             if "bind_status" in req:
@@ -488,8 +491,12 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(415, "the body of the request was in an unknown format - accepted "
                            "media types include: application/merge-patch+json")
         self.store.count("patches")
-        self.send_json(200, self.store.patch(kind, self.key_ns(kind, ns), name,
-                                             self.read_body()))
+        body = self.read_body()
+        with self.store.cond:
+            delay = self.store.faults["patch_delay_ms"] / 1000.0
+        if delay:
+            time.sleep(delay)
+        self.send_json(200, self.store.patch(kind, self.key_ns(kind, ns), name, body))
 
     def do_delete_api(self, kind, ns, name, sub):
         if name is None or sub is not None:
