@@ -1481,6 +1481,14 @@ class TestStop(AllocateCase):
         out = subprocess.run([PLUGIN_BIN, "--help"], capture_output=True, text=True, timeout=20)
         self.assertEqual(out.returncode, 0)
         self.assertIn("--fake-gpus", out.stdout)
+        # An API server but no node name: it cannot know whose pods to look through.
+        p = self.start_plugin(["--fake-gpus", self.gpu_file, "--kubeconfig",
+                               API.kubeconfig(os.path.join(self.tmp, "kubeconfig"))],
+                              gpus=make_gpus(1))
+        self.assertEqual(p.child.wait_exit(20), 1)
+        p.stopped = True
+        self.assertIn("--node-name", p.child.log())
+        self.assertEqual(os.listdir(self.plugin_dir), [])
         # A fake file that is missing fails at start, naming it.
         p = self.start_plugin(["--no-api-server", "--fake-gpus",
                                os.path.join(self.tmp, "none.yaml")])
