@@ -127,9 +127,21 @@ int dp_list_encode(const dp_inventory *inv, dp_res r, uint8_t **out, size_t *len
     msg.devices = ptrs;
     size_t size = v1beta1__list_and_watch_response__get_packed_size(&msg);
     if (size > DP_MAX_LIST_BYTES) {
-        /* Bytes per device are about the same for any unit: scale the unit. */
-        int64_t need =
-            inv->unit_mib * (int64_t)((size + DP_MAX_LIST_BYTES - 1) / DP_MAX_LIST_BYTES);
+        /*
+         * The smallest unit whose list fits, at this message's bytes per
+         * device (IDs only get shorter with fewer units, so it fits).
+         */
+        double per = (double)size / (double)(n ? n : 1);
+        int64_t need = inv->unit_mib + 1, top = 1;
+        for (int g = 0; g < inv->ngpus; g++)
+            top = inv->gpus[g].memory_mib > top ? inv->gpus[g].memory_mib : top;
+        for (; need < top; need++) {
+            int64_t devices = 0;
+            for (int g = 0; g < inv->ngpus; g++)
+                devices += inv->gpus[g].memory_mib / need;
+            if ((double)devices * per <= (double)DP_MAX_LIST_BYTES)
+                break;
+        }
         rc = kgpu_error_set(err, KGPU_ERANGE,
                             "%s: %zu devices make a ListAndWatch message of %zu bytes, over the "
                             "%u-byte limit kgpu keeps (a quarter of kubelet's 4 MiB); use a "
@@ -187,6 +199,15 @@ int dp_prefer(const dp_inventory *inv, dp_res r, const char *const *avail, int n
                 taken[i] = 1;
                 chosen[n++] = i;
                 have++;
+            }
+    }
+    /* Then the rest of the must-include IDs' GPUs, so a container's devices stay together. */
+    for (int m = 0; m < n && n < size; m++) {
+        int g = gpu_of[chosen[m]];
+        for (int i = 0; g >= 0 && i < navail && n < size; i++)
+            if (!taken[i] && gpu_of[i] == g) {
+                taken[i] = 1;
+                chosen[n++] = i;
             }
     }
     /* Then pack: GPUs with the fewest available devices first. */

@@ -12,10 +12,14 @@
  *   plugin.c   the daemon: inventory and health, sockets, API server calls
  *
  * Threads and ownership:
- *   - The main thread (dp_run) owns the inventory, health, the node
- *     annotation and the servers' life cycle (start, restart on a kubelet
- *     restart, stop). It publishes each resource's device list as an encoded
- *     ListAndWatch message in a dp_snapshot (mutex; generation counter).
+ *   - The main thread (dp_run) owns the inventory, health and the servers'
+ *     life cycle (start, restart on a kubelet restart, stop). It publishes
+ *     each resource's device list as an encoded ListAndWatch message in a
+ *     dp_snapshot (mutex; generation counter).
+ *   - With an API server, one API thread publishes the node's annotation and
+ *     labels whenever the inventory's generation moves on (with backoff) and
+ *     removes gone pods' directories every minute, so a slow API server
+ *     never delays the main loop.
  *   - Each resource's server has one completion-queue thread that accepts
  *     calls and streams ListAndWatch: it polls the snapshot generation at
  *     least every 100 ms and sends the newest message to every stream.

@@ -204,7 +204,7 @@ static void poll_nvml(plugin *p)
                 dp_log(DP_WARN, "%s", e.msg);
             break;
         }
-        if (idx >= 0 && idx < p->inv.ngpus && !p->xid_bad[idx]) {
+        if (idx >= 0 && idx < KGPU_MAX_GPUS_PER_NODE && !p->xid_bad[idx]) {
             dp_log(DP_WARN, "GPU %d: XID %llu: marking it unhealthy until the plugin restarts", idx,
                    xid);
             p->xid_bad[idx] = true;
@@ -214,7 +214,7 @@ static void poll_nvml(plugin *p)
     int n = p->inv.ngpus;
     memcpy(gpus, p->inv.gpus, (size_t)n * sizeof(gpus[0]));
     for (int i = 0; i < n; i++)
-        gpus[i].healthy = !p->xid_bad[i] && kgpu_nvml_alive(p->nvml, i);
+        gpus[i].healthy = !p->xid_bad[gpus[i].index] && kgpu_nvml_alive(p->nvml, gpus[i].index);
     if (update_inventory(p, gpus, n, &e) != 0)
         dp_log(DP_ERROR, "%s", e.msg);
 }
@@ -908,6 +908,10 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
         if (rc == 0 && (rc = kgpu_nvml_discover(p->nvml, &gpus, &n, err)) == 0)
             rc = update_inventory(p, gpus, n, err);
         free(gpus);
+        if (rc == 0 && n < kgpu_nvml_device_count(p->nvml))
+            dp_log(DP_WARN, "%d of %d GPUs do not answer and are not advertised (%s)",
+                   kgpu_nvml_device_count(p->nvml) - n, kgpu_nvml_device_count(p->nvml),
+                   kgpu_nvml_skipped(p->nvml));
         if (rc == 0 && !kgpu_nvml_has_events(p->nvml))
             dp_log(DP_WARN, "this driver's NVML has no event functions: XID errors go unseen; "
                             "lost GPUs are still noticed");

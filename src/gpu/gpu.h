@@ -47,7 +47,12 @@ void kgpu_nvml_close(kgpu_nvml *nv);
 /* True when XID events can be waited for. */
 bool kgpu_nvml_has_events(const kgpu_nvml *nv);
 
-/* All GPUs, in NVML index order; *gpus is malloc'd (caller frees). */
+/*
+ * All GPUs that answer, in NVML index order; *gpus is malloc'd (caller
+ * frees). A GPU that fails to report its UUID, name or memory (lost, fallen
+ * off the bus) is left out instead of failing the node: compare *ngpus with
+ * kgpu_nvml_device_count, and kgpu_nvml_skipped says why.
+ */
 int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_error *err);
 
 /*
@@ -58,7 +63,12 @@ int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_err
 int kgpu_nvml_wait_xid(kgpu_nvml *nv, unsigned timeout_ms, int *index, unsigned long long *xid,
                        kgpu_error *err);
 
-/* Whether GPU `index` still answers (false once NVML reports it lost). */
+/* GPUs NVML counts, answering or not (after kgpu_nvml_discover). */
+int kgpu_nvml_device_count(const kgpu_nvml *nv);
+/* Why the last discovery left a GPU out ("GPU 1: nvmlDeviceGetUUID: ..."), or "". */
+const char *kgpu_nvml_skipped(const kgpu_nvml *nv);
+
+/* Whether GPU `index` (the NVML index) still answers (false once NVML reports it lost). */
 bool kgpu_nvml_alive(kgpu_nvml *nv, int index);
 
 /* ---- fake inventory ---- */

@@ -65,6 +65,7 @@ struct kgpu_nvml {
     nvml_event_set events;
     nvml_device *devices; /* by index, after discover */
     int ndevices;
+    char skipped[256]; /* why the last GPU discovery left a GPU out, or "" */
 };
 
 /* The first of `names` (NULL-terminated) the library exports. */
@@ -217,8 +218,11 @@ int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_err
         free(devs);
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
+    int n = 0;
+    nv->skipped[0] = '\0';
     for (unsigned int i = 0; i < count; i++) {
-        kgpu_gpu_info *g = &out[i];
+        kgpu_gpu_info *g = &out[n];
+        memset(g, 0, sizeof(*g));
         const char *what = "nvmlDeviceGetHandleByIndex";
         nvml_memory mem;
         nvml_pci_info pci;
@@ -229,9 +233,14 @@ int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_err
             (what = "nvmlDeviceGetName", r = nv->name(devs[i], g->model, sizeof(g->model))) !=
                 NVML_OK ||
             (what = "nvmlDeviceGetMemoryInfo", r = nv->memory(devs[i], &mem)) != NVML_OK) {
-            free(out);
-            free(devs);
-            return kgpu_error_set(err, KGPU_EIO, "GPU %u: %s: %s", i, what, nvml_strerror(nv, r));
+            /*
+             * A GPU that does not answer (lost, or fallen off the bus) is left
+             * out rather than failing the node: its siblings still work. The
+             * caller sees the gap in the indices (kgpu_nvml_device_count).
+             */
+            snprintf(nv->skipped, sizeof(nv->skipped), "GPU %u: %s: %s", i, what,
+                     nvml_strerror(nv, r));
+            continue;
         }
         g->uuid[sizeof(g->uuid) - 1] = '\0';
         g->model[sizeof(g->model) - 1] = '\0';
@@ -244,6 +253,7 @@ int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_err
             snprintf(g->pci_bus_id, sizeof(g->pci_bus_id), "%s", pci.bus_id);
             g->numa = numa_of(nv, pci.bus_id);
         }
+        n++;
     }
     free(nv->devices);
     nv->devices = devs;
@@ -256,7 +266,7 @@ int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_err
             (void)nv->register_events(devs[i], NVML_EVENT_XID_CRITICAL, nv->events);
     }
     *gpus = out;
-    *ngpus = (int)count;
+    *ngpus = n;
     return KGPU_OK;
 }
 
@@ -278,6 +288,16 @@ int kgpu_nvml_wait_xid(kgpu_nvml *nv, unsigned timeout_ms, int *index, unsigned 
             *index = i;
     *xid = data.event_data;
     return 1;
+}
+
+int kgpu_nvml_device_count(const kgpu_nvml *nv)
+{
+    return nv->ndevices;
+}
+
+const char *kgpu_nvml_skipped(const kgpu_nvml *nv)
+{
+    return nv->skipped;
 }
 
 bool kgpu_nvml_alive(kgpu_nvml *nv, int index)

@@ -639,10 +639,6 @@ class TestMessageSizeGuard(PluginCase):
         ]).ByteSize()
         self.assertLessEqual(size, 1 << 20)
 
-    @known_bug("devices.c dp_list_encode: the unit it names is the refused unit times "
-               "ceil(size / limit), a multiple of the refused unit rather than the smallest "
-               "that fits: 8 x 81920 MiB at 32Mi names 64 MiB though 40 MiB fits "
-               "(docs/install-device-plugin.md says it names the smallest)")
     def test_named_unit_is_close_to_the_smallest(self):
         gpus = make_gpus(8, memory_mib=81920, model="NVIDIA A100-SXM4-80GB")
         p = self.start_plugin(["--no-api-server", "--memory-unit", "32Mi"], gpus)
@@ -904,9 +900,6 @@ class TestFakeNvml(PluginCase):
         time.sleep(0.5)
         self.assertTrue(bad(self.kubelet.lists[MEM]))
 
-    @known_bug("src/gpu/nvml.c kgpu_nvml_discover: a GPU that NVML reports lost at start "
-               "(nvmlDeviceGetUUID: GPU is lost) fails discovery as a whole, so the plugin "
-               "exits and the node's healthy GPUs are not advertised either")
     def test_gpu_lost_at_start_leaves_the_others_served(self):
         args, env = self.nvml_plugin("full", self.nvml_env(FAKE_NVML_LOST="1"))
         self.start_kubelet()
@@ -1229,9 +1222,6 @@ class TestPreferred(AllocateCase):
         self.assert_rpc_error(grpc.StatusCode.INVALID_ARGUMENT, self.kubelet.preferred, MEM,
                               avail[:3], (), 4)
 
-    @known_bug("devices.c dp_prefer: after the must-include IDs it packs by free count "
-               "alone and does not stay on the must-include ID's GPU, so one container's "
-               "memory IDs are split over two GPUs though one GPU has room")
     def test_packing_stays_on_the_must_include_gpu(self):
         gpus = self.bring_up(2)
         avail = ids_of(gpus[0], MEM) + ids_of(gpus[1], MEM)

@@ -108,11 +108,20 @@ static void test_list_encode(void **state)
     assert_null(buf);
     assert_non_null(strstr(err.msg, "use a memory unit of at least"));
     assert_non_null(strstr(err.msg, "655360 devices"));
-    /* 64 MiB units fit: 10240 devices. */
-    inv.unit_mib = 64;
-    assert_int_equal(dp_list_encode(&inv, DP_RES_MEM, &buf, &len, &err), 0);
-    assert_true(len < DP_MAX_LIST_BYTES);
-    free(buf);
+    /* The unit it names is the smallest that fits, from any refused unit. */
+    for (int64_t unit = 1; unit <= 32; unit *= 32) {
+        inv.unit_mib = unit;
+        assert_int_equal(dp_list_encode(&inv, DP_RES_MEM, &buf, &len, &err), KGPU_ERANGE);
+        const char *at = strstr(err.msg, "at least ");
+        assert_non_null(at);
+        int64_t need = strtoll(at + 9, NULL, 10);
+        inv.unit_mib = need;
+        assert_int_equal(dp_list_encode(&inv, DP_RES_MEM, &buf, &len, &err), 0);
+        assert_true(len <= DP_MAX_LIST_BYTES);
+        free(buf);
+        inv.unit_mib = need - 1;
+        assert_int_equal(dp_list_encode(&inv, DP_RES_MEM, &buf, &len, &err), KGPU_ERANGE);
+    }
 }
 
 /* ---- preferred allocation ---- */
@@ -143,6 +152,13 @@ static void test_prefer(void **state)
     assert_int_equal(n, 4);
     assert_int_equal(chosen[0], 12);
     for (int i = 1; i < 4; i++)
+        assert_int_equal(dp_device_gpu(&inv, DP_RES_MEM, avail[chosen[i]]), 0);
+    /* Without a target, the rest goes where the must-include ID is (GPU 0, the emptier one). */
+    const char *must0[] = {ids[3]};
+    n = dp_prefer(&inv, DP_RES_MEM, avail, 15, must0, 1, 3, NULL, chosen);
+    assert_int_equal(n, 3);
+    assert_int_equal(chosen[0], 3);
+    for (int i = 1; i < 3; i++)
         assert_int_equal(dp_device_gpu(&inv, DP_RES_MEM, avail[chosen[i]]), 0);
     /* Never more than asked, never an index twice. */
     n = dp_prefer(&inv, DP_RES_MEM, avail, 15, NULL, 0, 15, &want, chosen);

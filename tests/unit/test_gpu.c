@@ -99,11 +99,17 @@ static void test_xid_and_loss(void **state)
     assert_int_equal(kgpu_nvml_open(fake_lib("full"), sysfs, &nv, &err), KGPU_OK);
     kgpu_gpu_info *g;
     int n;
-    /* A lost GPU fails discovery by name rather than publishing a half-read record. */
-    assert_int_equal(kgpu_nvml_discover(nv, &g, &n, &err), KGPU_EIO);
-    assert_non_null(strstr(err.msg, "GPU 0: nvmlDeviceGetUUID: GPU is lost"));
+    /* A lost GPU is left out, named, and its siblings still come back. */
+    assert_int_equal(kgpu_nvml_discover(nv, &g, &n, &err), KGPU_OK);
+    assert_int_equal(n, kgpu_nvml_device_count(nv) - 1);
+    assert_true(n >= 1);
+    assert_int_equal(g[0].index, 1);
+    assert_non_null(strstr(kgpu_nvml_skipped(nv), "GPU 0: nvmlDeviceGetUUID: GPU is lost"));
+    free(g);
     unsetenv("FAKE_NVML_LOST");
     assert_int_equal(kgpu_nvml_discover(nv, &g, &n, &err), KGPU_OK);
+    assert_int_equal(n, kgpu_nvml_device_count(nv));
+    assert_string_equal(kgpu_nvml_skipped(nv), "");
     free(g);
     int idx = -2;
     unsigned long long xid = 0;
