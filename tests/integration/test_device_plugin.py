@@ -1489,6 +1489,177 @@ class TestStop(AllocateCase):
         self.assertIsNone(p.sanitizer_report())
 
 
+# ---------------------------------------------------------------------------
+# 12. Stress: every thread of the plugin busy at once
+# ---------------------------------------------------------------------------
+
+def thread_count(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return -1
+
+
+# Calls in flight when a kubelet restart makes the plugin serve its socket anew.
+CUT_SHORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) if grpc else ()
+
+
+class TestStress(AllocateCase):
+    """Health flapping, streams opened and dropped, hostile and good calls, kubelet restarts.
+
+    The plugin's threads (main loop, API thread, one queue thread per socket,
+    a worker per unary call) all run at once; afterwards it must still answer
+    exactly, hold no more threads than at rest, and stop cleanly with no
+    sanitizer report (the build under test is ASan/UBSan).
+    """
+
+    def test_everything_at_once(self):
+        gpus = self.bring_up(2)
+        pid = self.p.child.proc.pid
+        time.sleep(0.3)
+        rest_threads = thread_count(pid)
+        stop = threading.Event()
+        errors = []
+        counts = {"streams": 0, "calls": 0, "flips": 0, "pods": 0}
+
+        def guard(fn):
+            def run():
+                try:
+                    fn()
+                except Exception as e:  # reported below; the test fails on any
+                    errors.append("%s: %r" % (fn.__name__, e))
+                    stop.set()
+            return run
+
+        def flap():
+            healthy = True
+            while not stop.is_set():
+                healthy = not healthy
+                g = [dict(x) for x in gpus]
+                g[1]["healthy"] = healthy
+                self.write_gpus(g, atomic=True)
+                counts["flips"] += 1
+                time.sleep(0.05)
+            self.write_gpus(gpus, atomic=True)
+
+        def streams():
+            path = "unix:" + os.path.join(self.plugin_dir, SOCKETS[MEM])
+            while not stop.is_set():
+                ch = grpc.insecure_channel(path)
+                try:
+                    call = ch.unary_stream(
+                        "/v1beta1.DevicePlugin/ListAndWatch",
+                        request_serializer=PB.Empty.SerializeToString,
+                        response_deserializer=PB.ListAndWatchResponse.FromString)(
+                        PB.Empty(), timeout=5)
+                    first = next(call)
+                    if len(first.devices) != 30:
+                        raise AssertionError("a stream began with %d devices"
+                                             % len(first.devices))
+                    call.cancel()
+                    counts["streams"] += 1
+                except grpc.RpcError as e:
+                    if e.code() not in CUT_SHORT:
+                        raise
+                finally:
+                    ch.close()
+
+        def hostile():
+            path = "unix:" + os.path.join(self.plugin_dir, SOCKETS[CORE])
+            ch = grpc.insecure_channel(path)
+            raw = lambda m: ch.unary_unary("/v1beta1.DevicePlugin/" + m,
+                                           request_serializer=lambda b: b,
+                                           response_deserializer=lambda b: b)
+            expect = {"Allocate": grpc.StatusCode.INVALID_ARGUMENT,
+                      "GetPreferredAllocation": grpc.StatusCode.INVALID_ARGUMENT,
+                      "NoSuchMethod": grpc.StatusCode.UNIMPLEMENTED}
+            try:
+                i = 0
+                while not stop.is_set():
+                    m = ("Allocate", "GetPreferredAllocation", "NoSuchMethod")[i % 3]
+                    i += 1
+                    try:
+                        raw(m)(b"\xff\xff\xff" + bytes([i % 256]), timeout=5)
+                        raise AssertionError("%s accepted garbage" % m)
+                    except grpc.RpcError as e:
+                        if e.code() in CUT_SHORT:
+                            continue
+                        if e.code() != expect[m]:
+                            raise AssertionError("%s answered %s: %s" % (m, e.code(),
+                                                                         e.details()))
+                    try:
+                        opts = raw("GetDevicePluginOptions")(b"", timeout=5) if i % 5 == 0 \
+                            else None
+                    except grpc.RpcError as e:
+                        if e.code() not in CUT_SHORT:
+                            raise
+                        opts = None
+                    if opts is not None and PB.DevicePluginOptions.FromString(
+                            opts).get_preferred_allocation_available is not True:
+                        raise AssertionError("options changed under load")
+                    counts["calls"] += 1
+            finally:
+                ch.close()
+
+        def pods():
+            # kubelet's side: pods bound one after another, each admitted and checked.
+            k = 0
+            while not stop.is_set():
+                k += 1
+                g = gpus[k % 2]
+                units = 1 + k % 4
+                name = "s%d" % k
+                pod = self.one_gpu_pod(name, g, units=units)
+                try:
+                    r = self.kubelet.allocate(MEM, self.free_ids(MEM)[:units])
+                except grpc.RpcError as e:
+                    if e.code() not in CUT_SHORT:
+                        raise
+                    # Cut by a kubelet restart: kubelet would fail this admission.
+                    API.delete_pod(name)
+                    continue
+                env = r.container_responses[0].envs
+                if env["NVIDIA_VISIBLE_DEVICES"] != g["uuid"] or \
+                        env["KGPU_MEMORY_LIMIT_MIB"] != str(units * 1024):
+                    raise AssertionError("pod %s got %s" % (name, dict(env)))
+                if "kgpu.io/allocated" not in annotations(API.pod(name)):
+                    raise AssertionError("pod %s not marked allocated" % name)
+                API.delete_pod(name)
+                del pod
+                counts["pods"] += 1
+
+        workers = [threading.Thread(target=guard(f), daemon=True)
+                   for f in (flap, streams, streams, hostile, hostile, pods)]
+        for t in workers:
+            t.start()
+        # Two kubelet restarts in the middle of it all.
+        for _ in range(2):
+            time.sleep(1.5)
+            since = time.monotonic()
+            self.kubelet.restart()
+            self.kubelet.wait_registered((MEM, CORE), since=since, timeout=5)
+        time.sleep(1.5)
+        stop.set()
+        for t in workers:
+            t.join(20)
+        self.assertEqual(errors, [])
+        if os.environ.get("KGPU_TEST_VERBOSE"):
+            sys.stderr.write("stress: %r\n" % counts)
+        for name, n in counts.items():
+            self.assertGreater(n, 3, "too little %s happened: %r" % (name, counts))
+        # Still exact afterwards: the final health reaches kubelet, a good Allocate works.
+        self.kubelet.wait_list(MEM, lambda d: all(x.health == "Healthy" for x in d.values())
+                               and len(d) == 30, timeout=2)
+        self.used.clear()
+        pod = self.one_gpu_pod("after", gpus[1], units=2)
+        _, r = self.admit(MEM, 2)
+        self.assert_container_response(r, pod, "main", [(gpus[1], 2048, 100)])
+        # Workers and dropped streams left nothing behind.
+        wait_for(lambda: thread_count(pid) <= rest_threads + 2, 5,
+                 what="threads back to about %d (now %d)" % (rest_threads, thread_count(pid)))
+
+
 def main():
     global PLUGIN_BIN, FAKE_NVML_DIR, PROTOC, PB
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
