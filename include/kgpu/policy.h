@@ -56,6 +56,33 @@ double kgpu_node_frag(const kgpu_node *n, const kgpu_workload *w, const int *fre
 /* Cluster fragmentation: sum of node fragmentation, and the idle milli it is part of. */
 double kgpu_cluster_frag(const kgpu_cluster *c, const kgpu_workload *w, double *idle_milli);
 
+/*
+ * Online learning of a target workload from the pods seen so far (never the
+ * future): shapes are counted as pods arrive, and the workload (most frequent
+ * shapes covering `coverage`, as kgpu_workload_build) is rebuilt each time the
+ * count has grown by a tenth. `prior` (copied; NULL = none) is an operator's
+ * guess that counts as `prior_pods` pods; without one, a generic mix of whole
+ * GPUs and shares stands in until the first pod is seen. Not thread-safe:
+ * one owner at a time.
+ */
+typedef struct kgpu_learner kgpu_learner;
+
+kgpu_learner *kgpu_learner_new(double coverage, const kgpu_workload *prior, double prior_pods,
+                               kgpu_error *err);
+void kgpu_learner_free(kgpu_learner *l);
+
+/*
+ * Counts one arrived pod. Returns 1 when the workload was rebuilt (policies
+ * borrowing it must be told: kgpu_policy_invalidate), 0 when not, or KGPU_ENOMEM.
+ */
+int kgpu_learner_observe(kgpu_learner *l, const kgpu_request *req);
+
+/* The current workload, never empty. Borrowed; its address stays the same for the learner's life. */
+const kgpu_workload *kgpu_learner_workload(const kgpu_learner *l);
+
+/* Pods observed so far. */
+long kgpu_learner_count(const kgpu_learner *l);
+
 typedef struct kgpu_policy_ops {
     const char *name;
     const char *summary;
@@ -73,6 +100,14 @@ typedef struct kgpu_policy_ops {
     bool random_ties;
     /* Optional: forget cached results (the target workload changed in place). */
     void (*invalidate)(void *state);
+    /* Optional: a pod arrived (called once per pod, before its placement is chosen). */
+    void (*observe)(void *state, const kgpu_cluster *c, const kgpu_request *req);
+    /*
+     * The policy plans only from what it has seen: callers must give it a
+     * target learned online (kgpu_learner) or an operator's prior, never the
+     * shape mix of a whole trace, and pass each arriving pod to kgpu_policy_observe.
+     */
+    bool online_only;
 } kgpu_policy_ops;
 
 typedef struct kgpu_policy kgpu_policy;
@@ -93,6 +128,15 @@ const char *kgpu_policy_name(const kgpu_policy *p);
 
 /* Drops any cached scores, e.g. after the target workload was rebuilt in place. */
 void kgpu_policy_invalidate(kgpu_policy *p);
+
+/*
+ * Tells the policy a pod arrived, once per pod and before kgpu_policy_select
+ * for it; policies that learn from arrivals (kgpu) need it, others ignore it.
+ */
+void kgpu_policy_observe(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req);
+
+/* Whether the policy must be run online (see kgpu_policy_ops.online_only). */
+bool kgpu_policy_online_only(const kgpu_policy *p);
 
 /*
  * How ties between equally scored nodes are broken. NULL (the default):

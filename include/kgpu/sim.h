@@ -46,6 +46,13 @@ typedef struct kgpu_sim_config {
      * pod, as kube-scheduler does. The random policy is random either way.
      */
     bool random_ties;
+    /*
+     * false (the study): the policy's target workload is the shape mix of the
+     * whole pod file, known in advance. true: learned from the pods arrived so
+     * far (kgpu_learner), as a real cluster has to. Policies marked
+     * online_only (kgpu) always run online.
+     */
+    bool online;
 } kgpu_sim_config;
 
 typedef struct kgpu_sim_result {
@@ -58,6 +65,7 @@ typedef struct kgpu_sim_result {
     long pods;                            /* arrivals */
     long pods_failed;
     long gpu_pods_failed;
+    bool online; /* the policy's target was learned online */
 } kgpu_sim_result;
 
 /* Builds a prepared input from a parsed node list and pod list. Free with kgpu_sim_input_free. */

@@ -104,6 +104,7 @@ json_t *kgpu_study_json(const kgpu_study *s, bool timing)
     json_object_set_new(root, "pods_in_file", json_integer((json_int_t)s->in->nrequests));
     json_object_set_new(root, "target_shapes", json_integer(s->in->target.n));
     json_object_set_new(root, "tie_break", json_string(s->random_ties ? "random" : "seeded-order"));
+    json_object_set_new(root, "target", json_string(s->online ? "online" : "trace"));
     json_t *results = json_array();
     for (int r = 0; r < s->nrows; r++) {
         const kgpu_study_row *row = &s->rows[r];
@@ -115,6 +116,7 @@ json_t *kgpu_study_json(const kgpu_study *s, bool timing)
             by_seed[k] = row->runs[k].alloc_pct_final;
         }
         json_object_set_new(o, "policy", json_string(row->policy));
+        json_object_set_new(o, "online", json_boolean(s->nseeds > 0 && row->runs[0].online));
         json_object_set_new(o, "seeds", seeds);
         json_object_set_new(o, "alloc_pct_100", json_real(row->alloc_pct_100));
         json_object_set_new(o, "alloc_pct_130", json_real(row->alloc_pct_130));
@@ -139,11 +141,14 @@ static void print_table(FILE *f, const kgpu_study *s, const char *pods_path)
     fprintf(f, "seeds: %" PRIu64, s->seeds[0]);
     if (s->nseeds > 1)
         fprintf(f, "..%" PRIu64 " (%d runs each, means shown)", s->seeds[s->nseeds - 1], s->nseeds);
-    fprintf(f, "\n\n%-12s %11s %11s %13s %12s %9s %8s\n", "policy", "alloc@100%", "alloc@130%",
+    fprintf(f, "\n\n%-16s %11s %11s %13s %12s %9s %8s\n", "policy", "alloc@100%", "alloc@130%",
             "unalloc GPUs", "failed pods", "frag@90%", "wall s");
     for (int r = 0; r < s->nrows; r++) {
         const kgpu_study_row *row = &s->rows[r];
-        fprintf(f, "%-12s %10.2f%% %10.2f%% %13.1f %12.1f %8.1f%% %8.2f\n", row->policy,
+        char name[64];
+        snprintf(name, sizeof(name), "%s%s", row->policy,
+                 s->nseeds > 0 && row->runs[0].online ? " (online)" : "");
+        fprintf(f, "%-16s %10.2f%% %10.2f%% %13.1f %12.1f %8.1f%% %8.2f\n", name,
                 row->alloc_pct_100, row->alloc_pct_130, row->unallocated_gpus, row->pods_failed,
                 row->frag_ratio_pct_90, row->wall_s_total);
     }
@@ -197,6 +202,8 @@ static void simulate_usage(FILE *f)
                "  --no-timing       report wall_s as 0, so output is byte-identical per seed\n"
                "  --random-ties     break score ties at random per pod (kube-scheduler's way)\n"
                "                    instead of the study's fixed per-seed node order\n"
+               "  --online          policies learn the workload from the pods arrived so far\n"
+               "                    instead of the whole file's shape mix (kgpu always does)\n"
                "  --plot FILE.svg   write allocation %% against arrival %% for each policy\n");
 }
 
@@ -208,14 +215,15 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"inflate", required_argument, NULL, 'i'}, {"threads", required_argument, NULL, 't'},
         {"json", no_argument, NULL, 'j'},          {"no-timing", no_argument, NULL, 'T'},
         {"plot", required_argument, NULL, 'o'},    {"help", no_argument, NULL, 'h'},
-        {"random-ties", no_argument, NULL, 'R'},   {NULL, 0, NULL, 0},
+        {"random-ties", no_argument, NULL, 'R'},   {"online", no_argument, NULL, 'O'},
+        {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL;
     char *policy_text = NULL;
     const char *seeds_text = "42-51";
     double inflate = 1.3;
     int threads = 0;
-    bool json = false, timing = true, random_ties = false;
+    bool json = false, timing = true, random_ties = false, online = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -262,6 +270,9 @@ int kgpu_cmd_simulate(int argc, char **argv)
             break;
         case 'R':
             random_ties = true;
+            break;
+        case 'O':
+            online = true;
             break;
         case 'h':
             simulate_usage(stdout);
@@ -322,6 +333,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
         goto out;
     study.threads = threads;
     study.random_ties = random_ties;
+    study.online = online;
     study.progress = isatty(STDERR_FILENO);
     if (kgpu_study_run(&study, &err) != 0)
         goto out;

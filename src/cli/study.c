@@ -81,7 +81,8 @@ static void *worker(void *arg)
         kgpu_sim_config cfg = {.policy = row->policy,
                                .seed = s->seeds[k],
                                .inflate = s->inflate,
-                               .random_ties = s->random_ties};
+                               .random_ties = s->random_ties,
+                               .online = s->online};
         kgpu_error err;
         kgpu_error_clear(&err);
         double t0 = kgpu_now();

@@ -33,6 +33,7 @@ typedef struct kgpu_study {
     int threads;      /* workers; <= 0 means one per online CPU */
     bool progress;    /* draw a progress line on stderr */
     bool random_ties; /* see kgpu_sim_config */
+    bool online;      /* see kgpu_sim_config */
     double elapsed_s; /* wall time of the whole study */
 } kgpu_study;
 

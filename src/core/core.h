@@ -27,6 +27,16 @@ static inline int64_t kgpu__gpu_demand(const kgpu_request *req)
     return (int64_t)req->gpu_count * (req->exclusive ? KGPU_MILLI : req->gpu_milli);
 }
 
+/* The workload shape of a request (whole GPUs as 1000 milli each; CPU-only: no GPU, any model). */
+kgpu_shape kgpu__shape_of(const kgpu_request *r);
+
+/*
+ * A workload from weighted shapes (weight in .p, distinct keys): heaviest
+ * first until `coverage` of the total weight is covered, renormalised.
+ * Sorts `groups` in place. Fills *out (empty when no weight); 0 or KGPU_ENOMEM.
+ */
+int kgpu__workload_from_weights(kgpu_shape *groups, size_t ng, double coverage, kgpu_workload *out);
+
 /* Total free milli over the node's healthy GPUs. */
 int kgpu__node_free_milli(const kgpu_node *n);
 

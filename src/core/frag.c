@@ -8,11 +8,6 @@
 
 #include "core.h"
 
-typedef struct shape_count {
-    kgpu_shape s;
-    long count;
-} shape_count;
-
 static int shape_key_cmp(const kgpu_shape *a, const kgpu_shape *b)
 {
     if (a->cpu_milli != b->cpu_milli)
@@ -31,13 +26,48 @@ static int cmp_key(const void *x, const void *y)
     return shape_key_cmp(x, y);
 }
 
-/* Most frequent first; equal counts in decreasing key order (as the study's reverse sort). */
-static int cmp_count_desc(const void *x, const void *y)
+/* Heaviest first; equal weights in decreasing key order (as the study's reverse sort). */
+static int cmp_weight_desc(const void *x, const void *y)
 {
-    const shape_count *a = x, *b = y;
-    if (a->count != b->count)
-        return a->count > b->count ? -1 : 1;
-    return -shape_key_cmp(&a->s, &b->s);
+    const kgpu_shape *a = x, *b = y;
+    if (a->p != b->p)
+        return a->p > b->p ? -1 : 1;
+    return -shape_key_cmp(a, b);
+}
+
+kgpu_shape kgpu__shape_of(const kgpu_request *r)
+{
+    bool gpu = r->gpu_count > 0;
+    return (kgpu_shape){
+        .cpu_milli = r->cpu_milli,
+        .gpu_milli = gpu ? (r->exclusive ? KGPU_MILLI : r->gpu_milli) : 0,
+        .gpu_count = gpu ? r->gpu_count : 0,
+        .models = gpu ? r->models : ~0ULL,
+    };
+}
+
+int kgpu__workload_from_weights(kgpu_shape *groups, size_t ng, double coverage, kgpu_workload *out)
+{
+    memset(out, 0, sizeof(*out));
+    qsort(groups, ng, sizeof(*groups), cmp_weight_desc);
+    double total = 0;
+    for (size_t i = 0; i < ng; i++)
+        total += groups[i].p;
+    double want = coverage * total, cum = 0;
+    size_t take = 0;
+    while (take < ng && groups[take].p > 0 && cum < want)
+        cum += groups[take++].p;
+    if (take == 0)
+        return 0;
+    out->shapes = malloc(take * sizeof(*out->shapes));
+    if (out->shapes == NULL)
+        return KGPU_ENOMEM;
+    for (size_t i = 0; i < take; i++) {
+        out->shapes[i] = groups[i];
+        out->shapes[i].p = groups[i].p / cum;
+    }
+    out->n = (int)take;
+    return 0;
 }
 
 int kgpu_workload_build(const kgpu_request *reqs, size_t n, double coverage, kgpu_workload *out,
@@ -49,51 +79,26 @@ int kgpu_workload_build(const kgpu_request *reqs, size_t n, double coverage, kgp
     if (!(coverage > 0 && coverage <= 1))
         return kgpu_error_set(err, KGPU_EINVAL, "coverage %.3f outside (0, 1]", coverage);
     kgpu_shape *keys = malloc(n * sizeof(*keys));
-    shape_count *groups = malloc(n * sizeof(*groups));
-    if (keys == NULL || groups == NULL) {
-        free(keys);
-        free(groups);
+    if (keys == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the target workload");
-    }
-    for (size_t i = 0; i < n; i++) {
-        const kgpu_request *r = &reqs[i];
-        bool gpu = r->gpu_count > 0;
-        keys[i] = (kgpu_shape){
-            .cpu_milli = r->cpu_milli,
-            .gpu_milli = gpu ? (r->exclusive ? KGPU_MILLI : r->gpu_milli) : 0,
-            .gpu_count = gpu ? r->gpu_count : 0,
-            .models = gpu ? r->models : ~0ULL,
-        };
-    }
+    for (size_t i = 0; i < n; i++)
+        keys[i] = kgpu__shape_of(&reqs[i]);
     qsort(keys, n, sizeof(*keys), cmp_key);
+    /* Group equal keys in place; a group's weight (in p) is its count, exact in a double. */
     size_t ng = 0;
     for (size_t i = 0; i < n; i++) {
-        if (ng > 0 && shape_key_cmp(&groups[ng - 1].s, &keys[i]) == 0) {
-            groups[ng - 1].count++;
+        if (ng > 0 && shape_key_cmp(&keys[ng - 1], &keys[i]) == 0) {
+            keys[ng - 1].p += 1;
         } else {
-            groups[ng].s = keys[i];
-            groups[ng].count = 1;
+            keys[ng] = keys[i];
+            keys[ng].p = 1;
             ng++;
         }
     }
+    int rc = kgpu__workload_from_weights(keys, ng, coverage, out);
     free(keys);
-    qsort(groups, ng, sizeof(*groups), cmp_count_desc);
-    double want = coverage * (double)n;
-    long cum = 0;
-    size_t take = 0;
-    while (take < ng && (double)cum < want)
-        cum += groups[take++].count;
-    out->shapes = malloc(take * sizeof(*out->shapes));
-    if (out->shapes == NULL) {
-        free(groups);
-        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the target workload");
-    }
-    for (size_t i = 0; i < take; i++) {
-        out->shapes[i] = groups[i].s;
-        out->shapes[i].p = (double)groups[i].count / (double)cum;
-    }
-    out->n = (int)take;
-    free(groups);
+    if (rc != 0)
+        return kgpu_error_set(err, rc, "out of memory building the target workload");
     return 0;
 }
 

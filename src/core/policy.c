@@ -99,6 +99,17 @@ void kgpu_policy_invalidate(kgpu_policy *p)
         p->ops->invalidate(p->state);
 }
 
+void kgpu_policy_observe(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req)
+{
+    if (p->ops->observe != NULL)
+        p->ops->observe(p->state, c, req);
+}
+
+bool kgpu_policy_online_only(const kgpu_policy *p)
+{
+    return p->ops->online_only;
+}
+
 void kgpu_policy_set_tie_order(kgpu_policy *p, const uint32_t *rank, int n)
 {
     p->rank = rank;

@@ -181,12 +181,20 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         return rc;
     kgpu_cluster *c = kgpu_cluster_clone(in->cluster);
     kgpu_policy *p = NULL;
+    kgpu_learner *learner = NULL;
     uint32_t *rank = NULL;
     if (c == NULL) {
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
     }
-    if ((p = kgpu_policy_new(cfg->policy, c, &in->target, err)) == NULL) {
+    const kgpu_policy_ops *ops = kgpu_policy_find(cfg->policy);
+    out->online = cfg->online || (ops != NULL && ops->online_only);
+    if (out->online && (learner = kgpu_learner_new(0.95, NULL, 0, err)) == NULL) {
+        rc = err ? err->code : KGPU_ENOMEM;
+        goto done;
+    }
+    const kgpu_workload *target = learner ? kgpu_learner_workload(learner) : &in->target;
+    if ((p = kgpu_policy_new(cfg->policy, c, target, err)) == NULL) {
         rc = err ? err->code : KGPU_EINVAL;
         goto done;
     }
@@ -215,6 +223,16 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     for (size_t k = 0; k < len; k++) {
         const kgpu_request *req = &in->requests[order[k]];
         arrived += kgpu__gpu_demand(req);
+        if (learner != NULL) {
+            rc = kgpu_learner_observe(learner, req);
+            if (rc < 0) {
+                kgpu_error_set(err, rc, "out of memory learning the workload");
+                goto done;
+            }
+            if (rc == 1)
+                kgpu_policy_invalidate(p);
+        }
+        kgpu_policy_observe(p, c, req);
         int node, gpus[KGPU_MAX_GPUS_PER_NODE];
         rc = kgpu_policy_select(p, c, req, NULL, 0, &srng, &node, gpus, err);
         if (rc == 0) {
@@ -255,6 +273,7 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
 done:
     free(rank);
     kgpu_policy_free(p);
+    kgpu_learner_free(learner);
     kgpu_cluster_free(c);
     free(order);
     return rc;
