@@ -412,10 +412,23 @@ static int check_assigned_gpus(const plugin *p, const dp_match *m, const dp_inve
                               "pod %s/%s: annotation %s gives container %s no GPU", m->ns, m->name,
                               KGPU_ANN_ASSIGNMENT, m->container);
     for (int i = 0; i < m->ngpus; i++) {
-        bool found = false;
-        for (int g = 0; g < inv->ngpus && !found; g++)
-            found = strcmp(inv->gpus[g].uuid, m->gpus[i].uuid) == 0;
-        if (!found)
+        int found = -1;
+        for (int g = 0; g < inv->ngpus && found < 0; g++)
+            if (strcmp(inv->gpus[g].uuid, m->gpus[i].uuid) == 0)
+                found = g;
+        /*
+         * A GPU that turned unhealthy after the pod was bound: refusing makes
+         * kubelet reject the pod, so its controller recreates it and the
+         * extender places it on a healthy GPU; handing out the broken GPU
+         * would start a container that cannot work.
+         */
+        if (found >= 0 && !inv->gpus[found].healthy)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "pod %s/%s: container %s was assigned GPU %d (%s), which turned "
+                                  "unhealthy after the pod was bound",
+                                  m->ns, m->name, m->container, inv->gpus[found].index,
+                                  m->gpus[i].uuid);
+        if (found < 0)
             return kgpu_error_set(err, KGPU_EINVAL,
                                   "pod %s/%s: annotation %s gives container %s GPU %s, which node "
                                   "%s does not have (did its GPUs change after the pod was "

@@ -1334,6 +1334,32 @@ class TestBadInput(AllocateCase):
         self.gpus = gpus
         self.assert_still_serving(0)
 
+    def test_assigned_gpu_turned_unhealthy_is_refused(self):
+        """Bound to GPU 1, which breaks before kubelet admits the pod: no broken GPU handed out."""
+        gpus = self.bring_up(2)
+        pod = self.one_gpu_pod("late", gpus[1], units=2)
+        sick = [dict(g) for g in gpus]
+        sick[1]["healthy"] = False
+        since = time.monotonic()
+        self.write_gpus(sick, atomic=True)
+        self.kubelet.wait_list(MEM, lambda d: d[gpus[1]["uuid"] + "::0"].health == "Unhealthy",
+                               since=since, timeout=2)
+        # kubelet offers healthy IDs only: all on GPU 0.
+        self.assert_rpc_error(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.allocate, MEM,
+                              self.free_ids(MEM)[:2],
+                              contains=(self.ns + "/late", gpus[1]["uuid"], "unhealthy"))
+        self.assertEqual(self.pod_files(), [])
+        self.assertNotIn("kgpu.io/allocated", annotations(API.pod("late")))
+        self.assertNotIn("kgpu.io/allocating", annotations(API.pod("late")))
+        # Healthy again (before kubelet gave up on the pod): it gets its own GPU.
+        since = time.monotonic()
+        self.write_gpus(gpus, atomic=True)
+        self.kubelet.wait_list(MEM, lambda d: d[gpus[1]["uuid"] + "::0"].health == "Healthy",
+                               since=since, timeout=2)
+        ids, r = self.admit(MEM, 2)
+        self.assertTrue(all(i.startswith(gpus[1]["uuid"]) for i in ids), ids)
+        self.assert_container_response(r, pod, "main", [(gpus[1], 2048, 100)])
+
     def test_unreadable_progress_blocks_the_node_until_fixed(self):
         """A pod whose kgpu.io/allocating cannot be read may be the one kubelet admits:
         every Allocate is refused naming it, rather than a guess."""
