@@ -750,6 +750,8 @@ class TestHealth(PluginCase):
         self.assertEqual(node["metadata"]["labels"]["kubernetes.io/hostname"], self.node)
         gpus[1]["healthy"] = False
         took = self.measure(gpus, atomic=False, want_health="Unhealthy")
+        if os.environ.get("KGPU_TEST_VERBOSE"):
+            sys.stderr.write("health: Unhealthy reached kubelet after %.3f s\n" % took)
         self.assertLess(took, 1.0, "GPU 1 turned Unhealthy after %.2f s" % took)
         wait_for(lambda: self.node_healthy() == [True, False], 3, what="healthy:false on node")
         gpus[1]["healthy"] = True
