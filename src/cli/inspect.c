@@ -42,6 +42,32 @@ static void pct(char *buf, size_t len, int64_t part, int64_t whole)
     snprintf(buf, len, "%3" PRId64 "%%", whole > 0 ? part * 100 / whole : 0);
 }
 
+/* Pods bound to the node that kubelet has not yet asked the device plugin for. */
+static void print_awaiting(json_t *node)
+{
+    size_t i;
+    json_t *w;
+    json_array_foreach(json_object_get(node, "awaiting_allocation"), i, w)
+    {
+        char asks[256] = "";
+        size_t k, len = 0;
+        json_t *a;
+        json_array_foreach(json_object_get(w, "asks"), k, a)
+        {
+            int n = snprintf(asks + len, sizeof(asks) - len, "%s%s %" PRId64, k ? ", " : "",
+                             json_string_value(json_object_get(a, "resource")), jint(a, "amount"));
+            if (n < 0 || (size_t)n >= sizeof(asks) - len)
+                break;
+            len += (size_t)n;
+        }
+        printf("%-24s      awaiting kubelet: %s/%s (%s), %.0f s before it stops blocking "
+               "same-size pods\n",
+               "", json_string_value(json_object_get(w, "namespace")),
+               json_string_value(json_object_get(w, "pod")), asks,
+               json_number_value(json_object_get(w, "seconds_left")));
+    }
+}
+
 static void print_node(json_t *node, bool detail)
 {
     const char *name = json_string_value(json_object_get(node, "name"));
@@ -82,6 +108,7 @@ static void print_node(json_t *node, bool detail)
                        : "");
         }
     }
+    print_awaiting(node);
 }
 
 int kgpu_cmd_inspect(int argc, char **argv)

@@ -1621,6 +1621,11 @@ class TestAwaitingAllocation(ExtenderTest):
         node = [n for n in ext.inspect()["nodes"] if n["name"] == "aw-0"][0]
         self.assertEqual([(w["pod"], w["asks"]) for w in node["awaiting_allocation"]],
                          [("a", [{"resource": "kgpu.io/gpu-mem", "amount": 4}])])
+        out = subprocess.run([KGPU_BIN, "inspect", "aw-0", "--server", ext.url],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout, r"awaiting kubelet: default/a \(kgpu.io/gpu-mem 4\), "
+                                     r"\d+ s before it stops blocking")
 
         # The device plugin marks "a" allocated (a MODIFIED event): b may come.
         self.standin.patch_pod("default", "a", {"metadata": {"annotations": {
