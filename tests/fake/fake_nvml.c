@@ -8,6 +8,8 @@
  *   FAKE_NVML_INIT   a return code for nvmlInit_v2 (default 0)
  *   FAKE_NVML_XID    "index:xid" delivered by the first wait
  *   FAKE_NVML_LOST   index of a GPU that reports GPU_IS_LOST
+ * nvmlDeviceGetMemoryInfo(_v2) report the whole card free (the interception
+ * library's tests check that it reports the container's share instead).
  * Variants built with -DFAKE_NO_EVENTS (no event functions) and
  * -DFAKE_NO_MEMINFO (a required function missing) test the loader.
  */
@@ -154,6 +156,28 @@ int nvmlDeviceGetMemoryInfo(fake_dev *d, unsigned long long m[3])
     m[0] = d->mib * 1024 * 1024;
     m[1] = m[0];
     m[2] = 0;
+    return 0;
+}
+
+/* nvmlMemory_v2_t: a version word (its size | 2 << 24), then total, reserved, free, used. */
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} fake_memory_v2;
+
+EXPORT int nvmlDeviceGetMemoryInfo_v2(fake_dev *d, fake_memory_v2 *m);
+int nvmlDeviceGetMemoryInfo_v2(fake_dev *d, fake_memory_v2 *m)
+{
+    if (!initialised)
+        return 1;
+    if (m == NULL)
+        return 2;
+    if (m->version != (unsigned)(sizeof(*m) | 2u << 24))
+        return 25; /* ARGUMENT_VERSION_MISMATCH */
+    m->total = d->mib * 1024 * 1024;
+    m->reserved = 0;
+    m->free = m->total;
+    m->used = 0;
     return 0;
 }
 #endif

@@ -1,0 +1,92 @@
+/*
+ * The few CUDA driver API and NVML types libkgpu-limit.so needs, declared
+ * here from the documented ABI so the library builds without cuda.h or
+ * nvml.h. Handles are opaque pointers; only structures whose fields the shim
+ * reads are spelled out, up to the last field it reads.
+ */
+#ifndef KGPU_SHIM_CUDADECL_H
+#define KGPU_SHIM_CUDADECL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr; /* CUdeviceptr_v2 on 64-bit hosts */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef uint64_t cuuint64_t;
+typedef int CUdriverProcAddressQueryResult;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NOT_FOUND = 500,
+};
+
+/* cuGetProcAddress flags */
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2ULL
+
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
+
+/* CUarray_format: bytes per channel are derived from it (see track.c). */
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    int Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+
+/* CUmemAllocationProp, up to its location (the device a cuMemCreate charges). */
+typedef struct CUmemAllocationProp_st {
+    int type;
+    int requestedHandleTypes;
+    struct {
+        int type;
+        int id;
+    } location;
+} CUmemAllocationProp;
+
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+};
+
+typedef struct nvmlMemory_st {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct nvmlMemory_v2_st {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+#endif

@@ -1,0 +1,621 @@
+/*
+ * The hooks of libkgpu-limit.so (listed in hooks.def). Each counted call
+ * reserves its bytes in the container's region before the driver allocates
+ * and gives them back if the driver fails: the limit is checked for the
+ * whole container in one step, so concurrent processes cannot pass it
+ * together. Over the limit the call returns CUDA_ERROR_OUT_OF_MEMORY and
+ * nothing else happens. Frees give back what the allocation was charged;
+ * destroying a context gives back everything that died with it.
+ *
+ * Every hook starts with KGPU_ENTER: without limits it calls the driver and
+ * nothing more; with unusable limits it refuses.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+/*
+ * Resolves the driver once, then: pass-through without limits, refusal
+ * with unusable ones, CUDA_ERROR_NOT_FOUND when the driver lacks the
+ * function. Leaves `real_` set to the driver's function.
+ */
+#define KGPU_ENTER(name, args)                                                                     \
+    int mode_ = kgpu__cuda();                                                                      \
+    kgpu__pfn_##name real_ = KGPU_REAL(name);                                                      \
+    if (mode_ == KGPU_MODE_PASS)                                                                   \
+        return real_ != NULL ? real_ args : CUDA_ERROR_NOT_FOUND;                                  \
+    if (mode_ != KGPU_MODE_ACTIVE)                                                                 \
+        return kgpu__refuse();                                                                     \
+    if (real_ == NULL)                                                                             \
+    return CUDA_ERROR_NOT_FOUND
+
+#define STREAM_LEGACY     ((CUstream)0x1)
+#define STREAM_PER_THREAD ((CUstream)0x2)
+
+/* Where an allocation lands: the limits index charged and the context it dies with. */
+typedef struct where {
+    int li;
+    CUcontext ctx;
+} where;
+
+static CUresult where_current(where *w)
+{
+    CUdevice dev;
+    CUresult r = KGPU_REAL(cuCtxGetCurrent)(&w->ctx);
+    if (r == CUDA_SUCCESS)
+        r = KGPU_REAL(cuCtxGetDevice)(&dev);
+    if (r == CUDA_SUCCESS)
+        w->li = kgpu__dev_index(dev);
+    return r;
+}
+
+/* The device of a stream's context (asynchronous allocations land there). */
+static CUresult where_stream(CUstream s, where *w)
+{
+    kgpu__pfn_cuStreamGetCtx get = KGPU_REAL(cuStreamGetCtx);
+    kgpu__pfn_cuCtxPushCurrent_v2 push = KGPU_REAL(cuCtxPushCurrent_v2);
+    kgpu__pfn_cuCtxPopCurrent_v2 pop = KGPU_REAL(cuCtxPopCurrent_v2);
+    CUcontext ctx, popped;
+    CUresult r = where_current(w);
+    if (r != CUDA_SUCCESS || s == NULL || s == STREAM_LEGACY || s == STREAM_PER_THREAD ||
+        get == NULL || get(s, &ctx) != CUDA_SUCCESS || ctx == w->ctx || push == NULL || pop == NULL)
+        return r;
+    /* Another context's stream: ask that context for its device. */
+    if ((r = push(ctx)) != CUDA_SUCCESS)
+        return r;
+    r = where_current(w);
+    pop(&popped);
+    return r;
+}
+
+static CUresult charge(int li, uint64_t bytes)
+{
+    int rc = kgpu_shim_region_reserve(kgpu__shim.region, li, bytes, kgpu__limit(li));
+    if (rc == KGPU_ESTATE && atomic_exchange(&kgpu__shim.told, 1) == 0) {
+        static const char line[] = "kgpu-limit: the accounting region has no free process slot "
+                                   "or its lock is unusable: GPU memory is refused\n";
+        ssize_t n = write(2, line, sizeof(line) - 1);
+        (void)n;
+    }
+    return rc == KGPU_OK ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static void uncharge(int li, uint64_t bytes)
+{
+    kgpu_shim_region_release(kgpu__shim.region, li, bytes);
+}
+
+/* Frees what a counted call made when it cannot be recorded. */
+static void undo(int kind, uint64_t key)
+{
+    switch (kind) {
+    case KGPU_TRACK_MEM:
+        KGPU_REAL(cuMemFree_v2)((CUdeviceptr)key);
+        break;
+    case KGPU_TRACK_HANDLE:
+        if (KGPU_REAL(cuMemRelease) != NULL)
+            KGPU_REAL(cuMemRelease)(key);
+        break;
+    case KGPU_TRACK_ARRAY:
+        KGPU_REAL(cuArrayDestroy)((CUarray)(uintptr_t)key);
+        break;
+    case KGPU_TRACK_MIPMAP:
+        if (KGPU_REAL(cuMipmappedArrayDestroy) != NULL)
+            KGPU_REAL(cuMipmappedArrayDestroy)((CUmipmappedArray)(uintptr_t)key);
+        break;
+    case KGPU_TRACK_CTX:
+        KGPU_REAL(cuCtxDestroy_v2)((CUcontext)(uintptr_t)key);
+        break;
+    }
+}
+
+/* After the driver answered a counted call charged `bytes` at w: keep or give back the charge. */
+static CUresult settle(CUresult r, int kind, uint64_t key, uint64_t bytes, const where *w)
+{
+    if (r != CUDA_SUCCESS) {
+        uncharge(w->li, bytes);
+        return r;
+    }
+    kgpu_track_rec rec = {
+        .key = key, .bytes = bytes, .ctx = (uintptr_t)w->ctx, .dev = (int16_t)w->li, .kind = kind};
+    if (kgpu_track_put(&kgpu__shim.track, &rec) != 0) {
+        undo(kind, key);
+        uncharge(w->li, bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* After the driver answered a free: the charge goes back only if the memory did. */
+static CUresult settle_free(CUresult r, int had, const kgpu_track_rec *rec)
+{
+    if (!had)
+        return r;
+    if (r != CUDA_SUCCESS) {
+        kgpu_track_put(&kgpu__shim.track, rec);
+        return r;
+    }
+    uncharge(rec->dev, rec->bytes);
+    return r;
+}
+
+/* Gives back everything recorded under a context that no longer exists. */
+static void drop_ctx(CUcontext ctx)
+{
+    uint64_t bytes[KGPU_SHIM_MAX_DEVICES] = {0};
+    if (kgpu_track_take_ctx(&kgpu__shim.track, (uintptr_t)ctx, bytes) == 0)
+        return;
+    for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++)
+        if (bytes[d] != 0)
+            uncharge(d, bytes[d]);
+}
+
+/* ---- initialisation and lookup ---- */
+
+CUresult cuInit(unsigned int flags)
+{
+    KGPU_ENTER(cuInit, (flags));
+    CUresult r = real_(flags);
+    if (r == CUDA_SUCCESS)
+        kgpu__map_devices();
+    return r;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    KGPU_ENTER(cuGetProcAddress, (symbol, pfn, cudaVersion, flags));
+    CUresult r = real_(symbol, pfn, cudaVersion, flags);
+    if (r == CUDA_SUCCESS && pfn != NULL)
+        *pfn = kgpu__proc_substitute(symbol, *pfn, cudaVersion, flags);
+    return r;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus)
+{
+    KGPU_ENTER(cuGetProcAddress_v2, (symbol, pfn, cudaVersion, flags, symbolStatus));
+    CUresult r = real_(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (r == CUDA_SUCCESS && pfn != NULL)
+        *pfn = kgpu__proc_substitute(symbol, *pfn, cudaVersion, flags);
+    return r;
+}
+
+/* ---- the share as the application sees it ---- */
+
+static uint64_t used_on(int li)
+{
+    uint64_t lim = kgpu__limit(li),
+             used = li >= 0 ? kgpu_shim_region_used(kgpu__shim.region, li) : 0;
+    return used < lim ? used : lim;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    KGPU_ENTER(cuMemGetInfo_v2, (free, total));
+    where w;
+    CUresult r = real_(free, total);
+    if (r != CUDA_SUCCESS || (r = where_current(&w)) != CUDA_SUCCESS)
+        return r;
+    uint64_t lim = kgpu__limit(w.li), avail = lim - used_on(w.li);
+    /* Never more than the card really has free: other tenants may be using it. */
+    if (free != NULL && avail < *free)
+        *free = (size_t)avail;
+    if (total != NULL && lim < *total)
+        *total = (size_t)lim;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    KGPU_ENTER(cuDeviceTotalMem_v2, (bytes, dev));
+    CUresult r = real_(bytes, dev);
+    uint64_t lim = kgpu__limit(kgpu__dev_index(dev));
+    if (r == CUDA_SUCCESS && bytes != NULL && lim < *bytes)
+        *bytes = (size_t)lim;
+    return r;
+}
+
+/* ---- contexts ---- */
+
+static CUresult ctx_created(CUresult r, CUcontext *pctx, int li)
+{
+    where w = {.li = li, .ctx = NULL}; /* the footprint dies with the context, recorded by key */
+    return settle(r, KGPU_TRACK_CTX, r == CUDA_SUCCESS ? (uintptr_t)*pctx : 0,
+                  kgpu__shim.context_bytes, &w);
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    KGPU_ENTER(cuCtxCreate_v2, (pctx, flags, dev));
+    int li = kgpu__dev_index(dev);
+    if (charge(li, kgpu__shim.context_bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return ctx_created(real_(pctx, flags, dev), pctx, li);
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsigned int flags,
+                        CUdevice dev)
+{
+    KGPU_ENTER(cuCtxCreate_v3, (pctx, paramsArray, numParams, flags, dev));
+    int li = kgpu__dev_index(dev);
+    if (charge(li, kgpu__shim.context_bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return ctx_created(real_(pctx, paramsArray, numParams, flags, dev), pctx, li);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int flags, CUdevice dev)
+{
+    KGPU_ENTER(cuCtxCreate_v4, (pctx, ctxCreateParams, flags, dev));
+    int li = kgpu__dev_index(dev);
+    if (charge(li, kgpu__shim.context_bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return ctx_created(real_(pctx, ctxCreateParams, flags, dev), pctx, li);
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    KGPU_ENTER(cuCtxDestroy_v2, (ctx));
+    kgpu_track_rec rec;
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_CTX, (uintptr_t)ctx, &rec);
+    CUresult r = settle_free(real_(ctx), had, &rec);
+    if (r == CUDA_SUCCESS)
+        drop_ctx(ctx);
+    return r;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    KGPU_ENTER(cuDevicePrimaryCtxRetain, (pctx, dev));
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_CUDA_DEVICES)
+        return real_(pctx, dev); /* the driver says what is wrong with it */
+    int li = kgpu__dev_index(dev);
+    pthread_mutex_lock(&kgpu__shim.prim_mu);
+    int first = kgpu__shim.primary[dev].refs == 0;
+    CUresult r = first ? charge(li, kgpu__shim.context_bytes) : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) {
+        r = real_(pctx, dev);
+        if (r == CUDA_SUCCESS) {
+            kgpu__shim.primary[dev].refs++;
+            kgpu__shim.primary[dev].ctx = *pctx;
+        } else if (first) {
+            uncharge(li, kgpu__shim.context_bytes);
+        }
+    }
+    pthread_mutex_unlock(&kgpu__shim.prim_mu);
+    return r;
+}
+
+static CUresult primary_release(kgpu__pfn_cuDevicePrimaryCtxRelease real, CUdevice dev)
+{
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_CUDA_DEVICES)
+        return real(dev);
+    pthread_mutex_lock(&kgpu__shim.prim_mu);
+    CUresult r = real(dev);
+    if (r == CUDA_SUCCESS && kgpu__shim.primary[dev].refs > 0 &&
+        --kgpu__shim.primary[dev].refs == 0) {
+        /* The last release destroys the context and everything allocated in it. */
+        uncharge(kgpu__dev_index(dev), kgpu__shim.context_bytes);
+        drop_ctx(kgpu__shim.primary[dev].ctx);
+        kgpu__shim.primary[dev].ctx = NULL;
+    }
+    pthread_mutex_unlock(&kgpu__shim.prim_mu);
+    return r;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    KGPU_ENTER(cuDevicePrimaryCtxRelease, (dev));
+    return primary_release(real_, dev);
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    KGPU_ENTER(cuDevicePrimaryCtxRelease_v2, (dev));
+    return primary_release(real_, dev);
+}
+
+static CUresult primary_reset(kgpu__pfn_cuDevicePrimaryCtxReset real, CUdevice dev)
+{
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_CUDA_DEVICES)
+        return real(dev);
+    pthread_mutex_lock(&kgpu__shim.prim_mu);
+    CUresult r = real(dev);
+    if (r == CUDA_SUCCESS && kgpu__shim.primary[dev].ctx != NULL)
+        drop_ctx(kgpu__shim.primary[dev].ctx); /* its allocations are gone; it stays retained */
+    pthread_mutex_unlock(&kgpu__shim.prim_mu);
+    return r;
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    KGPU_ENTER(cuDevicePrimaryCtxReset, (dev));
+    return primary_reset(real_, dev);
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    KGPU_ENTER(cuDevicePrimaryCtxReset_v2, (dev));
+    return primary_reset(real_, dev);
+}
+
+/* ---- counted allocations ---- */
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    KGPU_ENTER(cuMemAlloc_v2, (dptr, bytesize));
+    where w;
+    CUresult r = where_current(&w);
+    if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
+        return r != CUDA_SUCCESS ? r : real_(dptr, bytesize);
+    if (charge(w.li, bytesize) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = real_(dptr, bytesize);
+    return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
+}
+
+#define PITCH_ALIGN 512 /* the pitch most GPUs choose; corrected from the real one afterwards */
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes)
+{
+    KGPU_ENTER(cuMemAllocPitch_v2, (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+    where w;
+    CUresult r = where_current(&w);
+    if (r != CUDA_SUCCESS || WidthInBytes == 0 || Height == 0 || dptr == NULL || pPitch == NULL)
+        return r != CUDA_SUCCESS ? r : real_(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    uint64_t pitch = ((uint64_t)WidthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    if (pitch < WidthInBytes || pitch > UINT64_MAX / Height)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t est = pitch * Height;
+    if (charge(w.li, est) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = real_(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (r != CUDA_SUCCESS)
+        return settle(r, KGPU_TRACK_MEM, 0, est, &w);
+    uint64_t bytes = *pPitch <= UINT64_MAX / Height ? (uint64_t)*pPitch * Height : est;
+    if (bytes > est && charge(w.li, bytes - est) != CUDA_SUCCESS) {
+        KGPU_REAL(cuMemFree_v2)(*dptr);
+        uncharge(w.li, est);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (bytes < est)
+        uncharge(w.li, est - bytes);
+    return settle(CUDA_SUCCESS, KGPU_TRACK_MEM, *dptr, bytes, &w);
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    KGPU_ENTER(cuMemAllocManaged, (dptr, bytesize, flags));
+    where w;
+    CUresult r = where_current(&w);
+    if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
+        return r != CUDA_SUCCESS ? r : real_(dptr, bytesize, flags);
+    if (charge(w.li, bytesize) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = real_(dptr, bytesize, flags);
+    return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
+}
+
+static CUresult alloc_async(kgpu__pfn_cuMemAllocAsync real, CUdeviceptr *dptr, size_t bytesize,
+                            CUstream stream)
+{
+    where w;
+    CUresult r = where_stream(stream, &w);
+    if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
+        return r != CUDA_SUCCESS ? r : real(dptr, bytesize, stream);
+    if (charge(w.li, bytesize) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = real(dptr, bytesize, stream);
+    return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    KGPU_ENTER(cuMemAllocAsync, (dptr, bytesize, hStream));
+    return alloc_async(real_, dptr, bytesize, hStream);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    KGPU_ENTER(cuMemAllocAsync_ptsz, (dptr, bytesize, hStream));
+    return alloc_async(real_, dptr, bytesize, hStream);
+}
+
+/* Charged to the stream's device: a pool on another device is not told apart. */
+static CUresult alloc_from_pool(kgpu__pfn_cuMemAllocFromPoolAsync real, CUdeviceptr *dptr,
+                                size_t bytesize, CUmemoryPool pool, CUstream stream)
+{
+    where w;
+    CUresult r = where_stream(stream, &w);
+    if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
+        return r != CUDA_SUCCESS ? r : real(dptr, bytesize, pool, stream);
+    if (charge(w.li, bytesize) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = real(dptr, bytesize, pool, stream);
+    return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                 CUstream hStream)
+{
+    KGPU_ENTER(cuMemAllocFromPoolAsync, (dptr, bytesize, pool, hStream));
+    return alloc_from_pool(real_, dptr, bytesize, pool, hStream);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream hStream)
+{
+    KGPU_ENTER(cuMemAllocFromPoolAsync_ptsz, (dptr, bytesize, pool, hStream));
+    return alloc_from_pool(real_, dptr, bytesize, pool, hStream);
+}
+
+/* Physical memory for virtual memory management: device memory only, tied to no context. */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    KGPU_ENTER(cuMemCreate, (handle, size, prop, flags));
+    if (handle == NULL || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        size == 0)
+        return real_(handle, size, prop, flags);
+    where w = {.li = kgpu__dev_index(prop->location.id), .ctx = NULL};
+    if (charge(w.li, size) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real_(handle, size, prop, flags);
+    return settle(r, KGPU_TRACK_HANDLE, r == CUDA_SUCCESS ? *handle : 0, size, &w);
+}
+
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
+{
+    KGPU_ENTER(cuArrayCreate_v2, (pHandle, pAllocateArray));
+    where w;
+    CUresult r = where_current(&w);
+    if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
+        return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
+    const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
+    uint64_t bytes =
+        kgpu_track_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, 0, 1);
+    if (charge(w.li, bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = real_(pHandle, pAllocateArray);
+    return settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes, &w);
+}
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
+{
+    KGPU_ENTER(cuArray3DCreate_v2, (pHandle, pAllocateArray));
+    where w;
+    CUresult r = where_current(&w);
+    if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
+        return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
+    const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
+    uint64_t bytes = kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
+                                            d->NumChannels, d->Flags, 1);
+    if (charge(w.li, bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = real_(pHandle, pAllocateArray);
+    return settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes, &w);
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                unsigned int numMipmapLevels)
+{
+    KGPU_ENTER(cuMipmappedArrayCreate, (pHandle, pMipmappedArrayDesc, numMipmapLevels));
+    where w;
+    CUresult r = where_current(&w);
+    if (r != CUDA_SUCCESS || pHandle == NULL || pMipmappedArrayDesc == NULL)
+        return r != CUDA_SUCCESS ? r : real_(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
+    uint64_t bytes = kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
+                                            d->NumChannels, d->Flags, numMipmapLevels);
+    if (charge(w.li, bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = real_(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    return settle(r, KGPU_TRACK_MIPMAP, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes, &w);
+}
+
+/* ---- what gives memory back ---- */
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    KGPU_ENTER(cuMemFree_v2, (dptr));
+    kgpu_track_rec rec;
+    /* Forget first: once the driver frees it, another thread may get the same address. */
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, dptr, &rec);
+    return settle_free(real_(dptr), had, &rec);
+}
+
+/* The charge goes back when the free is enqueued, not when the stream reaches it. */
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    KGPU_ENTER(cuMemFreeAsync, (dptr, hStream));
+    kgpu_track_rec rec;
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, dptr, &rec);
+    return settle_free(real_(dptr, hStream), had, &rec);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    KGPU_ENTER(cuMemFreeAsync_ptsz, (dptr, hStream));
+    kgpu_track_rec rec;
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, dptr, &rec);
+    return settle_free(real_(dptr, hStream), had, &rec);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    KGPU_ENTER(cuMemRelease, (handle));
+    kgpu_track_rec rec;
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_HANDLE, handle, &rec);
+    return settle_free(real_(handle), had, &rec);
+}
+
+CUresult cuArrayDestroy(CUarray hArray)
+{
+    KGPU_ENTER(cuArrayDestroy, (hArray));
+    kgpu_track_rec rec;
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_ARRAY, (uintptr_t)hArray, &rec);
+    return settle_free(real_(hArray), had, &rec);
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    KGPU_ENTER(cuMipmappedArrayDestroy, (hMipmappedArray));
+    kgpu_track_rec rec;
+    int had =
+        kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MIPMAP, (uintptr_t)hMipmappedArray, &rec);
+    return settle_free(real_(hMipmappedArray), had, &rec);
+}
+
+/* ---- NVML ---- */
+
+/* Replaces the real figures of `device` by the container's share of it. */
+static nvmlReturn_t nvml_share(nvmlDevice_t device, unsigned long long *total,
+                               unsigned long long *free, unsigned long long *used)
+{
+    char uuid[96];
+    kgpu__pfn_nvmlDeviceGetUUID get = KGPU_REAL(nvmlDeviceGetUUID);
+    nvmlReturn_t r = get(device, uuid, sizeof(uuid));
+    if (r != NVML_SUCCESS)
+        return r;
+    int li = kgpu__uuid_index(uuid);
+    uint64_t lim = kgpu__limit(li), u = used_on(li), avail = lim - u;
+    *total = lim;
+    *free = avail < *free ? avail : *free;
+    *used = u;
+    return NVML_SUCCESS;
+}
+
+#define KGPU_ENTER_NVML(name, args)                                                                \
+    int mode_ = kgpu__nvml();                                                                      \
+    kgpu__pfn_##name real_ = KGPU_REAL(name);                                                      \
+    if (mode_ == KGPU_MODE_PASS)                                                                   \
+        return real_ != NULL ? real_ args : NVML_ERROR_FUNCTION_NOT_FOUND;                         \
+    if (mode_ != KGPU_MODE_ACTIVE) {                                                               \
+        kgpu__refuse();                                                                            \
+        return NVML_ERROR_UNINITIALIZED;                                                           \
+    }                                                                                              \
+    if (real_ == NULL || KGPU_REAL(nvmlDeviceGetUUID) == NULL)                                     \
+    return NVML_ERROR_FUNCTION_NOT_FOUND
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    KGPU_ENTER_NVML(nvmlDeviceGetMemoryInfo, (device, memory));
+    nvmlReturn_t r = real_(device, memory);
+    if (r == NVML_SUCCESS && memory != NULL)
+        r = nvml_share(device, &memory->total, &memory->free, &memory->used);
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    KGPU_ENTER_NVML(nvmlDeviceGetMemoryInfo_v2, (device, memory));
+    nvmlReturn_t r = real_(device, memory);
+    if (r == NVML_SUCCESS && memory != NULL) {
+        r = nvml_share(device, &memory->total, &memory->free, &memory->used);
+        memory->reserved = 0; /* the driver's reservation is outside the share */
+    }
+    return r;
+}

@@ -1,0 +1,440 @@
+/*
+ * The shared accounting region (layout and contract in region.h). Every
+ * change to the counters happens under one process-shared robust mutex in
+ * the region. Robust, so that a process killed while holding it does not
+ * block the container: the next locker gets EOWNERDEAD, recomputes each
+ * device's total from the per-process slots (the dead process may have
+ * updated one and not the other) and carries on. A dead process's slot is
+ * reclaimed as a whole, so whatever it held comes back.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "region.h"
+
+_Static_assert(offsetof(kgpu_region_file, lock) == 64, "region header is 64 bytes");
+_Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex fits its place in the region");
+_Static_assert(sizeof(kgpu_region_device) == 64, "device records are 64 bytes");
+_Static_assert(sizeof(kgpu_region_slot) == 16 + 8 * KGPU_SHIM_MAX_DEVICES, "slot layout");
+
+struct kgpu_shim_region {
+    kgpu_region_file *map;
+    int slot;       /* this process's slot, -1 before its first reservation */
+    pid_t pid;      /* the process that owns `slot` */
+    uint64_t start; /* its start time */
+    char path[PATH_MAX];
+};
+
+/* Relaxed loads and stores: every writer holds the lock; readers outside it only observe. */
+static uint64_t get(_Atomic uint64_t *a)
+{
+    return atomic_load_explicit(a, memory_order_relaxed);
+}
+
+static void put(_Atomic uint64_t *a, uint64_t v)
+{
+    atomic_store_explicit(a, v, memory_order_relaxed);
+}
+
+static int name_ok(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > 128 || name[0] == '.')
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* Reads /proc/<pid>/stat; returns its state letter and start time, or 0 state if unreadable. */
+static char read_stat(pid_t pid, uint64_t *start, int *err_no)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *err_no = errno;
+        return 0;
+    }
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    *err_no = n < 0 ? errno : 0;
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* The command name (field 2) may hold spaces and parentheses: fields go on after the last ')'.
+     */
+    char *p = strrchr(buf, ')');
+    if (p == NULL || p[1] != ' ' || p[2] == '\0')
+        return 0;
+    char state = p[2];
+    p += 3; /* the space before field 4 */
+    for (int field = 4; field <= 22; field++) {
+        p = strchr(p, ' ');
+        if (p == NULL)
+            return 0;
+        p++;
+    }
+    *start = strtoull(p, NULL, 10);
+    return state;
+}
+
+uint64_t kgpu_shim_process_start_time(pid_t pid)
+{
+    uint64_t start = 0;
+    int e;
+    return read_stat(pid, &start, &e) ? start : 0;
+}
+
+int kgpu_shim_process_alive(pid_t pid, uint64_t start_time)
+{
+    if (pid <= 0)
+        return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    uint64_t start = 0;
+    int e = 0;
+    char state = read_stat(pid, &start, &e);
+    if (state == 0)
+        return e != ENOENT && e != ESRCH; /* exited meanwhile; other errors: assume it runs */
+    if (state == 'Z' || state == 'X')
+        return 0; /* exited: the driver has already given its memory back */
+    return start_time == 0 || start == start_time;
+}
+
+/* Makes used[] agree with the slots again (after a process died holding the lock). */
+static void recount(kgpu_region_file *f)
+{
+    for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++) {
+        uint64_t sum = 0;
+        for (int s = 0; s < KGPU_REGION_SLOTS; s++)
+            if (atomic_load_explicit(&f->slot[s].pid, memory_order_relaxed) != 0)
+                sum += get(&f->slot[s].bytes[d]);
+        put(&f->dev[d].used, sum);
+    }
+}
+
+static int lock(kgpu_shim_region *r)
+{
+    int rc = pthread_mutex_lock(&r->map->lock.mutex);
+    if (rc == EOWNERDEAD) {
+        recount(r->map);
+        rc = pthread_mutex_consistent(&r->map->lock.mutex);
+    }
+    return rc;
+}
+
+static void unlock(kgpu_shim_region *r)
+{
+    pthread_mutex_unlock(&r->map->lock.mutex);
+}
+
+/* Frees slot s, giving back what it holds. Lock held. */
+static void free_slot(kgpu_region_file *f, int s)
+{
+    for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++) {
+        uint64_t b = get(&f->slot[s].bytes[d]), u = get(&f->dev[d].used);
+        put(&f->dev[d].used, u > b ? u - b : 0);
+        put(&f->slot[s].bytes[d], 0);
+    }
+    f->slot[s].start_time = 0;
+    atomic_store_explicit(&f->slot[s].pid, 0, memory_order_relaxed);
+}
+
+/* Lock held. A slot with this process's pid and start time but not its own is from before an exec.
+ */
+static int reclaim_locked(kgpu_shim_region *r)
+{
+    kgpu_region_file *f = r->map;
+    int n = 0;
+    for (int s = 0; s < KGPU_REGION_SLOTS; s++) {
+        pid_t pid = atomic_load_explicit(&f->slot[s].pid, memory_order_relaxed);
+        if (pid == 0 || s == r->slot)
+            continue;
+        int stale = pid == r->pid && f->slot[s].start_time == r->start;
+        if (stale || !kgpu_shim_process_alive(pid, f->slot[s].start_time)) {
+            free_slot(f, s);
+            n++;
+        }
+    }
+    return n;
+}
+
+int kgpu_shim_region_reclaim(kgpu_shim_region *r)
+{
+    if (lock(r) != 0)
+        return 0;
+    int n = reclaim_locked(r);
+    unlock(r);
+    return n;
+}
+
+/* Lock held: takes a free slot for this process, reclaiming dead ones first. */
+static int take_slot(kgpu_shim_region *r)
+{
+    r->pid = getpid();
+    r->start = kgpu_shim_process_start_time(r->pid);
+    reclaim_locked(r);
+    for (int s = 0; s < KGPU_REGION_SLOTS; s++) {
+        kgpu_region_slot *sl = &r->map->slot[s];
+        if (atomic_load_explicit(&sl->pid, memory_order_relaxed) != 0)
+            continue;
+        for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++)
+            put(&sl->bytes[d], 0);
+        sl->start_time = r->start;
+        atomic_store_explicit(&sl->pid, r->pid, memory_order_relaxed);
+        r->slot = s;
+        return 0;
+    }
+    return -1;
+}
+
+int kgpu_shim_region_reserve(kgpu_shim_region *r, int dev, uint64_t bytes, uint64_t limit)
+{
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES)
+        return KGPU_ENOFIT;
+    if (lock(r) != 0)
+        return KGPU_ESTATE;
+    int rc = KGPU_OK;
+    if (r->slot < 0 && take_slot(r) != 0) {
+        rc = KGPU_ESTATE;
+        goto out;
+    }
+    kgpu_region_file *f = r->map;
+    uint64_t used = get(&f->dev[dev].used);
+    if (bytes > limit || used > limit - bytes) {
+        reclaim_locked(r);
+        used = get(&f->dev[dev].used);
+        if (bytes > limit || used > limit - bytes) {
+            rc = KGPU_ENOFIT;
+            goto out;
+        }
+    }
+    put(&f->dev[dev].used, used + bytes);
+    _Atomic uint64_t *mine = &f->slot[r->slot].bytes[dev];
+    put(mine, get(mine) + bytes);
+out:
+    unlock(r);
+    return rc;
+}
+
+void kgpu_shim_region_release(kgpu_shim_region *r, int dev, uint64_t bytes)
+{
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES || bytes == 0 || r->slot < 0)
+        return;
+    if (lock(r) != 0)
+        return;
+    if (r->slot >= 0) {
+        kgpu_region_file *f = r->map;
+        _Atomic uint64_t *mine = &f->slot[r->slot].bytes[dev];
+        uint64_t held = get(mine), used = get(&f->dev[dev].used);
+        uint64_t b = bytes < held ? bytes : held;
+        put(mine, held - b);
+        put(&f->dev[dev].used, used > b ? used - b : 0);
+    }
+    unlock(r);
+}
+
+uint64_t kgpu_shim_region_used(const kgpu_shim_region *r, int dev)
+{
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES)
+        return 0;
+    return get(&r->map->dev[dev].used);
+}
+
+uint64_t kgpu_shim_region_mine(const kgpu_shim_region *r, int dev)
+{
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES || r->slot < 0)
+        return 0;
+    return get(&r->map->slot[r->slot].bytes[dev]);
+}
+
+void kgpu_shim_region_leave(kgpu_shim_region *r)
+{
+    if (r->slot < 0 || lock(r) != 0)
+        return;
+    free_slot(r->map, r->slot);
+    r->slot = -1;
+    unlock(r);
+}
+
+void kgpu_shim_region_forked(kgpu_shim_region *r)
+{
+    r->slot = -1;
+}
+
+/* Checks a mapped file's header; 0 if it is this version's layout. */
+static int check_layout(const kgpu_region_file *f, size_t size, const char *path, kgpu_error *err)
+{
+    if (size != sizeof(kgpu_region_file) || memcmp(f->magic, KGPU_REGION_MAGIC, 8) != 0 ||
+        f->version != KGPU_REGION_VERSION || f->header_size != offsetof(kgpu_region_file, dev) ||
+        f->file_size != sizeof(kgpu_region_file) || f->max_devices != KGPU_SHIM_MAX_DEVICES ||
+        f->max_slots != KGPU_REGION_SLOTS)
+        return kgpu_error_set(err, KGPU_ESTATE,
+                              "%s is not a version %d accounting region of %zu bytes "
+                              "(written by another libkgpu-limit version?)",
+                              path, KGPU_REGION_VERSION, sizeof(kgpu_region_file));
+    return KGPU_OK;
+}
+
+/* Writes a fresh region under a temporary name and links it to `path` unless one is there. */
+static int create(const char *dir, const char *name, const char *path, kgpu_error *err)
+{
+    char tmp[PATH_MAX];
+    if ((size_t)snprintf(tmp, sizeof(tmp), "%s/.%s.acct.XXXXXX", dir, name) >= sizeof(tmp))
+        return kgpu_error_set(err, KGPU_EINVAL, "accounting directory path too long: %s", dir);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0)
+        return kgpu_error_set(err, KGPU_EIO, "cannot create a file in %s: %s", dir,
+                              strerror(errno));
+    int rc = KGPU_OK;
+    kgpu_region_file *f = MAP_FAILED;
+    pthread_mutexattr_t attr;
+    /* mkostemp already made it 0600 unless the umask is stranger than that; either way, 0600. */
+    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)sizeof(*f)) != 0) {
+        rc = kgpu_error_set(err, KGPU_EIO, "cannot size %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (f == MAP_FAILED) {
+        rc = kgpu_error_set(err, KGPU_EIO, "cannot map %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    memcpy(f->magic, KGPU_REGION_MAGIC, 8);
+    f->version = KGPU_REGION_VERSION;
+    f->header_size = offsetof(kgpu_region_file, dev);
+    f->file_size = sizeof(*f);
+    f->max_devices = KGPU_SHIM_MAX_DEVICES;
+    f->max_slots = KGPU_REGION_SLOTS;
+    if (pthread_mutexattr_init(&attr) != 0 ||
+        pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED) != 0 ||
+        pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST) != 0 ||
+        pthread_mutex_init(&f->lock.mutex, &attr) != 0) {
+        rc = kgpu_error_set(err, KGPU_EIO, "cannot make a process-shared robust mutex");
+        goto out;
+    }
+    pthread_mutexattr_destroy(&attr);
+    if (link(tmp, path) != 0 && errno != EEXIST)
+        rc = kgpu_error_set(err, KGPU_EIO, "cannot create %s: %s", path, strerror(errno));
+    /* EEXIST: another process of the container made it first; use theirs. */
+out:
+    if (f != MAP_FAILED)
+        munmap(f, sizeof(*f));
+    unlink(tmp);
+    close(fd);
+    return rc;
+}
+
+int kgpu_shim_region_attach(const char *dir, const char *name, const kgpu_shim_limits *lim,
+                            kgpu_shim_region **out, kgpu_error *err)
+{
+    *out = NULL;
+    if (!name_ok(name))
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "container name '%.64s' is not usable as a file name", name);
+    kgpu_shim_region *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    r->slot = -1;
+    if ((size_t)snprintf(r->path, sizeof(r->path), "%s/%s.acct", dir, name) >= sizeof(r->path)) {
+        free(r);
+        return kgpu_error_set(err, KGPU_EINVAL, "accounting directory path too long: %s", dir);
+    }
+    int rc;
+    int fd = open(r->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {
+        if ((rc = create(dir, name, r->path, err)) != KGPU_OK)
+            goto fail;
+        fd = open(r->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    }
+    if (fd < 0) {
+        rc = kgpu_error_set(err, KGPU_EIO, "cannot open %s: %s", r->path, strerror(errno));
+        goto fail;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 077) != 0) {
+        rc = kgpu_error_set(err, KGPU_ESTATE,
+                            "%s must be a regular file of uid %d with mode 0600; it has uid %d, "
+                            "mode %04o (all GPU processes of a container must run as one user)",
+                            r->path, (int)geteuid(), (int)st.st_uid, (unsigned)st.st_mode & 07777);
+        close(fd);
+        goto fail;
+    }
+    r->map = mmap(NULL, sizeof(kgpu_region_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (r->map == MAP_FAILED) {
+        rc = kgpu_error_set(err, KGPU_EIO, "cannot map %s: %s", r->path, strerror(errno));
+        goto fail;
+    }
+    if ((rc = check_layout(r->map, (size_t)st.st_size, r->path, err)) != KGPU_OK) {
+        munmap(r->map, sizeof(kgpu_region_file));
+        goto fail;
+    }
+    for (int i = 0; i < lim->ndevices; i++) {
+        kgpu_region_device *d = &r->map->dev[i];
+        put(&d->limit, lim->dev[i].memory_mib << 20);
+        if (strncmp(d->uuid, lim->dev[i].uuid, sizeof(d->uuid) - 1) != 0) {
+            size_t n = strnlen(lim->dev[i].uuid, sizeof(d->uuid) - 1); /* truncated if longer */
+            memcpy(d->uuid, lim->dev[i].uuid, n);
+            d->uuid[n] = '\0';
+        }
+    }
+    r->map->ndevices = (uint32_t)lim->ndevices;
+    *out = r;
+    return KGPU_OK;
+fail:
+    free(r);
+    return rc;
+}
+
+void kgpu_shim_region_detach(kgpu_shim_region *r)
+{
+    if (r == NULL)
+        return;
+    munmap(r->map, sizeof(kgpu_region_file));
+    free(r);
+}
+
+int kgpu_shim_region_view(const char *path, const kgpu_region_file **view, kgpu_error *err)
+{
+    *view = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kgpu_error_set(err, KGPU_EIO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(kgpu_region_file)) {
+        close(fd);
+        return kgpu_error_set(err, KGPU_ESTATE, "%s is not an accounting region", path);
+    }
+    const kgpu_region_file *f = mmap(NULL, sizeof(*f), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (f == MAP_FAILED)
+        return kgpu_error_set(err, KGPU_EIO, "cannot map %s: %s", path, strerror(errno));
+    int rc = check_layout(f, (size_t)st.st_size, path, err);
+    if (rc != KGPU_OK) {
+        munmap((void *)f, sizeof(*f));
+        return rc;
+    }
+    *view = f;
+    return KGPU_OK;
+}
+
+void kgpu_shim_region_unview(const kgpu_region_file *view)
+{
+    if (view != NULL)
+        munmap((void *)view, sizeof(*view));
+}

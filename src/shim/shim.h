@@ -1,0 +1,132 @@
+/*
+ * Internals of libkgpu-limit.so shared by shim.c (state, symbol resolution,
+ * the dlsym and cuGetProcAddress routes) and hooks.c (the hooks' bodies).
+ * The function types, exported prototypes and table indices are generated
+ * from hooks.def.
+ *
+ * The state is one process-wide object: the hooks' signatures are fixed by
+ * CUDA and NVML, so a static is the only way they can reach it.
+ */
+#ifndef KGPU_SHIM_H
+#define KGPU_SHIM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cudadecl.h"
+#include "shimlimits.h"
+#include "region.h"
+#include "track.h"
+
+#define KGPU_EXPORT __attribute__((visibility("default")))
+
+/* Generated: a function pointer type per entry, kgpu__pfn_<name>. */
+#define X(lib, name, use, need, since, ret, params) typedef ret(*kgpu__pfn_##name) params;
+#include "hooks.def"
+#undef X
+
+/* Generated: the exported prototypes of the hooks (CALL entries are not exported). */
+#define KGPU__IF_HOOK(...) __VA_ARGS__
+#define KGPU__IF_CALL(...)
+#define X(lib, name, use, need, since, ret, params) KGPU__IF_##use(KGPU_EXPORT ret name params;)
+#include "hooks.def"
+#undef X
+
+/* Generated: KGPU_FN_<name>, each entry's index in the tables. */
+enum {
+#define X(lib, name, use, need, since, ret, params) KGPU_FN_##name,
+#include "hooks.def"
+#undef X
+    KGPU_FN_COUNT
+};
+
+enum kgpu_shim_mode {
+    KGPU_MODE_UNKNOWN = 0, /* not decided yet: no hook has run */
+    KGPU_MODE_PASS,        /* no limits: pure pass-through */
+    KGPU_MODE_ACTIVE,      /* limits enforced */
+    KGPU_MODE_FAILED,      /* limits present but unusable: every hooked call fails */
+};
+
+#define KGPU_SHIM_MAX_CUDA_DEVICES 64
+#define KGPU_SHIM_CONTEXT_MIB      300 /* default footprint charged per context */
+
+typedef struct kgpu_shim_state {
+    _Atomic int mode; /* enum kgpu_shim_mode */
+    _Atomic int cuda_ready, nvml_ready;
+    pthread_once_t config_once, cuda_once, nvml_once;
+    char reason[600];   /* why FAILED, one line */
+    _Atomic int told;   /* the reason went to stderr */
+    _Atomic int warned; /* an unlisted device was reported */
+
+    kgpu_shim_limits limits;
+    uint64_t limit_bytes[KGPU_SHIM_MAX_DEVICES];
+    uint64_t context_bytes;
+    kgpu_shim_region *region;
+
+    void *cuda_lib, *nvml_lib;
+    void *_Atomic real[KGPU_FN_COUNT]; /* the driver's functions, NULL where missing */
+
+    /* CUDA device ordinal -> limits index (-1: none), once cuInit succeeded. */
+    pthread_mutex_t dev_mu;
+    _Atomic int dev_mapped;
+    int16_t devmap[KGPU_SHIM_MAX_CUDA_DEVICES];
+
+    /* Primary contexts this process retains: charged on the first retain, given back on the last
+     * release. */
+    pthread_mutex_t prim_mu;
+    struct {
+        int refs;
+        CUcontext ctx;
+    } primary[KGPU_SHIM_MAX_CUDA_DEVICES];
+
+    kgpu_track track;
+} kgpu_shim_state;
+
+extern kgpu_shim_state kgpu__shim;
+
+/* Decides the mode (reads the limits file, attaches the region) once; returns it. */
+int kgpu__config(void);
+
+/* kgpu__config, then the real CUDA functions resolved once; returns the mode. */
+int kgpu__cuda(void);
+
+/* kgpu__config, then the real NVML functions resolved once; returns the mode. */
+int kgpu__nvml(void);
+
+/* The real function of entry i (NULL when the driver lacks it). */
+static inline void *kgpu__real(int i)
+{
+    return atomic_load_explicit(&kgpu__shim.real[i], memory_order_relaxed);
+}
+
+#define KGPU_REAL(name) ((kgpu__pfn_##name)kgpu__real(KGPU_FN_##name))
+
+/* Tells why CUDA is disabled (once per process) and returns CUDA_ERROR_NOT_INITIALIZED. */
+CUresult kgpu__refuse(void);
+
+/* Maps CUDA ordinals to limits entries if not done yet (needs cuInit to have succeeded). */
+void kgpu__map_devices(void);
+
+/* Limits index of CUDA device `dev`, or -1 (nothing may be allocated there). */
+int kgpu__dev_index(CUdevice dev);
+
+/* Limit of limits index li in bytes (0 for -1). */
+static inline uint64_t kgpu__limit(int li)
+{
+    return li >= 0 && li < KGPU_SHIM_MAX_DEVICES ? kgpu__shim.limit_bytes[li] : 0;
+}
+
+/* Limits index whose uuid matches `uuid` ("GPU-..."/"MIG-..." or bare), or -1. */
+int kgpu__uuid_index(const char *uuid);
+
+/*
+ * What cuGetProcAddress(symbol, version, flags) should hand out instead of
+ * `fn`, the driver's answer (see shim.c).
+ */
+void *kgpu__proc_substitute(const char *symbol, void *fn, int version, cuuint64_t flags);
+
+/* The hook for entry i, or NULL (CALL entries). */
+void *kgpu__hook(int i);
+
+#endif

@@ -1,0 +1,470 @@
+/*
+ * libkgpu-limit.so end to end on a CPU-only machine: the probe program
+ * (test_shim/probe.c) runs with the library preloaded in front of the fake
+ * libcuda.so.1, in a fresh environment per case, as a container's process
+ * would. This file sets each case up and judges the exit status, output and
+ * stderr; the probe checks what the application sees from inside.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define UUID0 "GPU-fa4e0000-0000-0000-0000-000000000000"
+#define UUID1 "GPU-fa4e0000-0000-0000-0000-000000000001"
+
+static char tmp[256], limits[300], shared[300];
+static char out[1 << 16], err[1 << 16];
+static char *envv[40];
+static int envc;
+
+static void env_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void env_add(const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    assert_true(envc < 39);
+    envv[envc++] = strdup(buf);
+    envv[envc] = NULL;
+}
+
+static void env_reset(void)
+{
+    for (int i = 0; i < envc; i++)
+        free(envv[i]);
+    envc = 0;
+    envv[0] = NULL;
+}
+
+/* Removes NAME=... from envv. */
+static void env_drop(const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 0; i < envc; i++)
+        if (strncmp(envv[i], name, n) == 0 && envv[i][n] == '=') {
+            free(envv[i]);
+            envv[i] = envv[--envc];
+            envv[envc] = NULL;
+            return;
+        }
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void write_limits(const char *path, unsigned mib)
+{
+    char text[256];
+    snprintf(text, sizeof(text), "# kgpu limits v1\ndevice 0 uuid=%s memory_mib=%u core_pct=50\n",
+             UUID0, mib);
+    write_file(path, text);
+}
+
+/*
+ * The environment of a container process: the library preloaded, the fake
+ * driver (variant `fake`) and fake NVML found first, the accounting
+ * directory, and the limits file at KGPU_LIMITS_FILE.
+ */
+static void env_container(const char *lib, const char *fake, unsigned limit_mib)
+{
+    env_reset();
+    env_add("LD_PRELOAD=%s", lib);
+    env_add("LD_LIBRARY_PATH=%s/%s:%s", KGPU_FAKE_CUDA_DIR, fake, KGPU_SHIM_FAKE_NVML_DIR);
+    env_add("KGPU_SHARED_DIR=%s", shared);
+    env_add("KGPU_CONTAINER=main");
+    env_add("KGPU_LIMITS_FILE=%s", limits);
+    env_add("PROBE_LIMIT_MIB=%u", limit_mib);
+    env_add("FAKE_CUDA_MEM_MIB=16384");
+}
+
+static void slurp(const char *path, char *buf, size_t size)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f != NULL ? fread(buf, 1, size - 1, f) : 0;
+    buf[n] = '\0';
+    if (f != NULL)
+        fclose(f);
+}
+
+/* Runs `prog cmd` with envv; fills out and err; returns the exit status (or 128 + signal). */
+static int run(const char *prog, const char *cmd)
+{
+    char o[320], e[320];
+    snprintf(o, sizeof(o), "%s/stdout", tmp);
+    snprintf(e, sizeof(e), "%s/stderr", tmp);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fo = open(o, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fe = open(e, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fo < 0 || fe < 0)
+            _exit(126);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        char *argv[] = {(char *)prog, (char *)cmd, NULL};
+        execve(prog, argv, envv);
+        _exit(127);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    slurp(o, out, sizeof(out));
+    slurp(e, err, sizeof(err));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void expect_run(const char *prog, const char *cmd, int want)
+{
+    int rc = run(prog, cmd);
+    if (rc != want)
+        fail_msg("probe %s exited %d, expected %d\n--- stdout\n%s--- stderr\n%s", cmd, rc, want,
+                 out, err);
+}
+
+static void expect_out(const char *needle)
+{
+    if (strstr(out, needle) == NULL)
+        fail_msg("stdout lacks '%s':\n%s--- stderr\n%s", needle, out, err);
+}
+
+/* stderr is exactly one line, from the library, containing `needle`. */
+static void expect_one_line(const char *needle)
+{
+    size_t n = strlen(err);
+    if (strncmp(err, "kgpu-limit: ", 12) != 0 || n == 0 || err[n - 1] != '\n' ||
+        strchr(err, '\n') != err + n - 1 || strstr(err, needle) == NULL)
+        fail_msg("expected one stderr line with '%s', got:\n%s", needle, err);
+}
+
+static int setup(void **state)
+{
+    snprintf(tmp, sizeof(tmp), "/tmp/kgpu-test-shim-XXXXXX");
+    if (mkdtemp(tmp) == NULL)
+        return -1;
+    snprintf(limits, sizeof(limits), "%s/limits", tmp);
+    snprintf(shared, sizeof(shared), "%s/shared", tmp);
+    mkdir(shared, 0700);
+    chmod(shared, 01777); /* as the device plugin mounts it */
+    write_limits(limits, 1024);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+    int rc = system(cmd);
+    env_reset();
+    return rc;
+}
+
+/* ---- enforcement, by every route ---- */
+
+static void enforce_dlsym(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("PROBE_ROUTE=dlsym");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+    expect_out("ok cuMemAlloc_v2\n");
+    expect_out("ok cuMipmappedArrayCreate\n");
+    assert_string_equal(err, "");
+}
+
+static void enforce_direct_symbols(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("PROBE_ROUTE=direct");
+    expect_run(KGPU_SHIM_PROBE_LINKED, "enforce", 0);
+    expect_out("ok cuMemCreate\n");
+}
+
+static void enforce_get_proc_address(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("PROBE_ROUTE=proc");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+    expect_out("ok cuMemAllocFromPoolAsync\n");
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("PROBE_ROUTE=proc2");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+    expect_out("ok cuArray3DCreate_v2\n");
+    /* A driver that hands out addresses other than its exports: mapped by name and version. */
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("PROBE_ROUTE=proc");
+    env_add("FAKE_CUDA_PROC_INTERNAL=1");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+    expect_out("ok cuMemAlloc_v2\n");
+}
+
+static void enforce_on_an_older_driver(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "old", 1024);
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+    expect_out("skip cuMemAllocAsync: not in this driver\n");
+    expect_out("ok cuMemAllocPitch_v2\n");
+    assert_string_equal(err, "");
+}
+
+static void context_charge_is_configurable_upwards_only(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    write_limits(limits, 2048);
+    env_add("KGPU_CONTEXT_MIB=500");
+    env_add("PROBE_CTX_MIB=500");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    env_add("KGPU_CONTEXT_MIB=10"); /* would buy 290 MiB per context: ignored */
+    env_add("PROBE_CTX_MIB=300");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+}
+
+static void contexts(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "ctx", 0);
+}
+
+static void nvml_shows_the_share(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("FAKE_NVML_GPUS=%s,Fake GPU,16384,0000:3b:00.0", UUID0);
+    expect_run(KGPU_SHIM_PROBE, "nvml", 0);
+}
+
+static void the_region_is_private(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+    char path[400];
+    snprintf(path, sizeof(path), "%s/main.acct", shared);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    assert_int_equal(st.st_uid, geteuid());
+    /* Writing the region does not raise the limit. */
+    expect_run(KGPU_SHIM_PROBE, "tamper", 0);
+}
+
+static void uuids_pick_the_line(void **state)
+{
+    /* Two GPUs; the file lists them in the other order. Device 0 is line 1. */
+    char text[512];
+    snprintf(text, sizeof(text),
+             "# kgpu limits v1\ndevice 0 uuid=%s memory_mib=4096\ndevice 1 uuid=%s "
+             "memory_mib=1024\n",
+             UUID1, UUID0);
+    write_file(limits, text);
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("FAKE_CUDA_DEVICES=2");
+    env_add("PROBE_REGION_DEV=1");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+
+    /* UUIDs unreadable: the ordinal decides (device 0 is line 0, 4096 MiB). */
+    env_container(KGPU_SHIM_LIB, "full", 4096);
+    env_add("FAKE_CUDA_DEVICES=2");
+    env_add("FAKE_CUDA_NO_UUID=1");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+
+    /* A GPU on no line gets nothing, and the library says so once. */
+    write_limits(limits, 1024);
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("FAKE_CUDA_UUIDS=GPU-00000000-1111-2222-3333-444444444444");
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("cuInit=0\n");
+    expect_out("retain=2\n");
+    expect_one_line("CUDA device 0 (00000000-1111-2222-3333-444444444444) is not in the limits "
+                    "file");
+}
+
+/* ---- no limits: nothing happens ---- */
+
+static void without_limits_nothing_changes(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_drop("KGPU_LIMITS_FILE");
+    env_add("PROBE_BIG_MIB=8000");
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("cuInit=0\n");
+    expect_out("total_mib=16384\n");
+    expect_out("big=0\n");
+    assert_string_equal(err, "");
+    char path[400];
+    snprintf(path, sizeof(path), "%s/main.acct", shared);
+    assert_int_equal(access(path, F_OK), -1); /* not even a region */
+}
+
+/* ---- fail closed ---- */
+
+static void expect_refused(const char *why)
+{
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("cuInit=3\n");
+    expect_out("alloc=3\n");
+    expect_out("meminfo=3\n");
+    expect_one_line(why);
+}
+
+static void unparsable_limits_fail_closed(void **state)
+{
+    write_file(limits, "# kgpu limits v1\ndevice 0 uuid=" UUID0 " memory_mib=lots\n");
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_refused(":2: memory_mib: 'lots' is not a whole number of MiB");
+    assert_non_null(strstr(err, "GPU access is refused"));
+
+    /* By every route: cuGetProcAddress is refused too, so nothing can be fetched through it. */
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("PROBE_ROUTE=proc2");
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("cuInit=missing\n");
+    expect_out("alloc=missing\n");
+    expect_one_line(":2: memory_mib:");
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("PROBE_ROUTE=direct");
+    expect_run(KGPU_SHIM_PROBE_LINKED, "info", 0);
+    expect_out("cuInit=3\n");
+    expect_out("alloc=3\n");
+}
+
+static void unreadable_limits_fail_closed(void **state)
+{
+    /* A directory: opens, cannot be read (root reads any file, so permissions would not do). */
+    unlink(limits);
+    mkdir(limits, 0700);
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_refused("cannot read limits file");
+
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_drop("KGPU_LIMITS_FILE");
+    env_add("KGPU_LIMITS_FILE=%s/absent", tmp);
+    expect_refused("cannot open limits file");
+}
+
+static void required_function_missing_fails_closed(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "nomemgetinfo", 1024);
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("cuInit=3\n");
+    expect_one_line("the CUDA driver lacks cuMemGetInfo_v2");
+}
+
+static void unusable_region_fails_closed(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_drop("KGPU_SHARED_DIR");
+    env_add("KGPU_SHARED_DIR=%s/missing", tmp);
+    expect_refused("accounting region: cannot create a file in");
+    /* A region readable by others is not trusted. */
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    char path[400];
+    snprintf(path, sizeof(path), "%s/main.acct", shared);
+    chmod(path, 0666);
+    expect_refused("mode 0666");
+}
+
+/* ---- limits cannot be raised from inside ---- */
+
+static void the_mounted_file_wins(void **state)
+{
+    char root[300], etc[320], fixed[340];
+    snprintf(root, sizeof(root), "%s/root", tmp);
+    snprintf(etc, sizeof(etc), "%s/etc", root);
+    mkdir(root, 0700);
+    mkdir(etc, 0700);
+    snprintf(etc, sizeof(etc), "%s/etc/kgpu", root);
+    mkdir(etc, 0700);
+    snprintf(fixed, sizeof(fixed), "%s/limits", etc);
+    write_limits(limits, 8192); /* what a process would like: KGPU_LIMITS_FILE */
+
+    /* No file at /etc/kgpu/limits: KGPU_LIMITS_FILE applies (use outside Kubernetes). */
+    env_container(KGPU_SHIM_TESTROOT_LIB, "full", 8192);
+    env_add("KGPU_TEST_ROOT=%s", root);
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("total_mib=8192\n");
+
+    /* The mounted file exists: it alone counts. */
+    write_limits(fixed, 1024);
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("total_mib=1024\n");
+    env_container(KGPU_SHIM_TESTROOT_LIB, "full", 1024);
+    env_add("KGPU_TEST_ROOT=%s", root);
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+
+    /* Present but unusable: refused, not replaced by KGPU_LIMITS_FILE. */
+    unlink(fixed);
+    assert_int_equal(symlink("/nonexistent", fixed), 0);
+    expect_refused("cannot open limits file");
+    unlink(fixed);
+    mkdir(fixed, 0700);
+    expect_refused("cannot read limits file");
+
+    /* The installed library has no test root: KGPU_TEST_ROOT means nothing to it. */
+    rmdir(fixed);
+    write_limits(fixed, 1024);
+    env_container(KGPU_SHIM_LIB, "full", 8192);
+    env_add("KGPU_TEST_ROOT=%s", root);
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("total_mib=8192\n");
+}
+
+/* ---- many processes, one limit ---- */
+
+static void processes_race_and_die(void **state)
+{
+    /* 8 contexts take 2400 MiB of 4096: the rest is contended whatever the scheduling. */
+    write_limits(limits, 4096);
+    env_container(KGPU_SHIM_LIB, "full", 4096);
+    env_add("PROBE_WORKERS=8");
+    env_add("PROBE_VICTIMS=3");
+    env_add("PROBE_ITERS=3000");
+    expect_run(KGPU_SHIM_PROBE, "race", 0);
+    expect_out("survivor ok");
+    /* Contention happened: some reservations were refused. */
+    const char *p = out;
+    long refused = 0;
+    while ((p = strstr(p, "oom=")) != NULL)
+        refused += strtol(p += 4, NULL, 10);
+    if (refused == 0)
+        fail_msg("no allocation was ever refused: the race did not race\n%s", out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(enforce_dlsym, setup, teardown),
+        cmocka_unit_test_setup_teardown(enforce_direct_symbols, setup, teardown),
+        cmocka_unit_test_setup_teardown(enforce_get_proc_address, setup, teardown),
+        cmocka_unit_test_setup_teardown(enforce_on_an_older_driver, setup, teardown),
+        cmocka_unit_test_setup_teardown(context_charge_is_configurable_upwards_only, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(contexts, setup, teardown),
+        cmocka_unit_test_setup_teardown(nvml_shows_the_share, setup, teardown),
+        cmocka_unit_test_setup_teardown(the_region_is_private, setup, teardown),
+        cmocka_unit_test_setup_teardown(uuids_pick_the_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(without_limits_nothing_changes, setup, teardown),
+        cmocka_unit_test_setup_teardown(unparsable_limits_fail_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(unreadable_limits_fail_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(required_function_missing_fails_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(unusable_region_fails_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(the_mounted_file_wins, setup, teardown),
+        cmocka_unit_test_setup_teardown(processes_race_and_die, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,405 @@
+/*
+ * The accounting region of libkgpu-limit.so, driven directly (no CUDA):
+ * creation without half-made files, what it refuses to map, reservations
+ * against a limit, processes racing for one limit, and the memory of dead
+ * processes coming back, including one that died holding the lock.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "region.h"
+
+#define MIB (1024ULL * 1024ULL)
+
+static char dir[256];
+static kgpu_shim_limits lim;
+
+static int setup(void **state)
+{
+    snprintf(dir, sizeof(dir), "/tmp/kgpu-test-region-XXXXXX");
+    if (mkdtemp(dir) == NULL)
+        return -1;
+    memset(&lim, 0, sizeof(lim));
+    lim.ndevices = 2;
+    snprintf(lim.dev[0].uuid, sizeof(lim.dev[0].uuid), "GPU-aaaa");
+    lim.dev[0].memory_mib = 1024;
+    snprintf(lim.dev[1].uuid, sizeof(lim.dev[1].uuid), "GPU-bbbb");
+    lim.dev[1].memory_mib = 512;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[512];
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' && (e->d_name[1] == '\0' || strcmp(e->d_name, "..") == 0))
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d != NULL)
+        closedir(d);
+    rmdir(dir);
+    return 0;
+}
+
+static int entries(void)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)) != NULL)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+static kgpu_shim_region *attach(const char *name)
+{
+    kgpu_shim_region *r = NULL;
+    kgpu_error err = {0};
+    if (kgpu_shim_region_attach(dir, name, &lim, &r, &err) != KGPU_OK)
+        fail_msg("attach: %s", err.msg);
+    return r;
+}
+
+static void created_whole_and_private(void **state)
+{
+    kgpu_shim_region *r = attach("main");
+    char path[512];
+    snprintf(path, sizeof(path), "%s/main.acct", dir);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    assert_int_equal(st.st_uid, geteuid());
+    assert_int_equal(st.st_size, sizeof(kgpu_region_file));
+    assert_int_equal(entries(), 1); /* no temporary file left behind */
+
+    const kgpu_region_file *v;
+    kgpu_error err;
+    assert_int_equal(kgpu_shim_region_view(path, &v, &err), KGPU_OK);
+    assert_memory_equal(v->magic, "KGPUACCT", 8);
+    assert_int_equal(v->version, KGPU_REGION_VERSION);
+    assert_int_equal(v->header_size, offsetof(kgpu_region_file, dev));
+    assert_int_equal(v->ndevices, 2);
+    assert_int_equal(atomic_load(&((kgpu_region_file *)v)->dev[0].limit), 1024 * MIB);
+    assert_string_equal(v->dev[1].uuid, "GPU-bbbb");
+
+    /* A second attach maps the same file; another container gets its own. */
+    kgpu_shim_region *r2 = attach("main");
+    kgpu_shim_region *other = attach("sidecar");
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 100 * MIB, 1024 * MIB), KGPU_OK);
+    assert_int_equal(kgpu_shim_region_used(r2, 0), 100 * MIB);
+    assert_int_equal(kgpu_shim_region_used(other, 0), 0);
+    assert_int_equal(entries(), 2);
+    kgpu_shim_region_unview(v);
+    kgpu_shim_region_detach(r);
+    kgpu_shim_region_detach(r2);
+    kgpu_shim_region_detach(other);
+}
+
+static void refuses_what_it_should_not_map(void **state)
+{
+    kgpu_shim_region *r = NULL;
+    kgpu_error err = {0};
+    char path[512], target[512];
+
+    assert_int_equal(kgpu_shim_region_attach(dir, "../escape", &lim, &r, &err), KGPU_EINVAL);
+    assert_int_equal(kgpu_shim_region_attach(dir, ".hidden", &lim, &r, &err), KGPU_EINVAL);
+    assert_int_equal(kgpu_shim_region_attach(dir, "", &lim, &r, &err), KGPU_EINVAL);
+
+    /* Readable by others: someone else could have made it, or could read it. */
+    kgpu_shim_region_detach(attach("open"));
+    snprintf(path, sizeof(path), "%s/open.acct", dir);
+    chmod(path, 0644);
+    assert_int_equal(kgpu_shim_region_attach(dir, "open", &lim, &r, &err), KGPU_ESTATE);
+    assert_non_null(strstr(err.msg, "mode 0644"));
+    assert_null(r);
+
+    /* A link planted where the region goes is not followed. */
+    snprintf(path, sizeof(path), "%s/link.acct", dir);
+    snprintf(target, sizeof(target), "%s/open.acct", dir);
+    assert_int_equal(symlink(target, path), 0);
+    assert_int_equal(kgpu_shim_region_attach(dir, "link", &lim, &r, &err), KGPU_EIO);
+    assert_non_null(strstr(err.msg, "link.acct"));
+
+    /* Not this version's layout. */
+    snprintf(path, sizeof(path), "%s/short.acct", dir);
+    FILE *f = fopen(path, "w");
+    fputs("KGPUACCT", f);
+    fclose(f);
+    chmod(path, 0600);
+    assert_int_equal(kgpu_shim_region_attach(dir, "short", &lim, &r, &err), KGPU_ESTATE);
+    assert_non_null(strstr(err.msg, "not a version 1 accounting region"));
+
+    /* A directory that does not exist. */
+    assert_int_equal(kgpu_shim_region_attach("/nonexistent/kgpu", "main", &lim, &r, &err),
+                     KGPU_EIO);
+    assert_non_null(strstr(err.msg, "/nonexistent/kgpu"));
+}
+
+static void reserve_check_and_release(void **state)
+{
+    kgpu_shim_region *r = attach("main");
+    uint64_t limit = 1024 * MIB;
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 1000 * MIB, limit), KGPU_OK);
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 25 * MIB, limit), KGPU_ENOFIT);
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 24 * MIB, limit), KGPU_OK);
+    assert_int_equal(kgpu_shim_region_used(r, 0), limit);
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 1, limit), KGPU_ENOFIT);
+    /* Devices are separate; overflowing sizes and bad devices are refused, not wrapped. */
+    assert_int_equal(kgpu_shim_region_reserve(r, 1, 512 * MIB, 512 * MIB), KGPU_OK);
+    assert_int_equal(kgpu_shim_region_reserve(r, 1, UINT64_MAX, UINT64_MAX - 1), KGPU_ENOFIT);
+    assert_int_equal(kgpu_shim_region_reserve(r, -1, 1, limit), KGPU_ENOFIT);
+    assert_int_equal(kgpu_shim_region_reserve(r, KGPU_SHIM_MAX_DEVICES, 1, limit), KGPU_ENOFIT);
+    kgpu_shim_region_release(r, 0, 1000 * MIB);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 24 * MIB);
+    assert_int_equal(kgpu_shim_region_mine(r, 0), 24 * MIB);
+    /* Giving back more than held gives back what is held. */
+    kgpu_shim_region_release(r, 0, 1000 * MIB);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 0);
+    kgpu_shim_region_leave(r);
+    assert_int_equal(kgpu_shim_region_used(r, 1), 0);
+    kgpu_shim_region_detach(r);
+}
+
+/*
+ * A child that attaches and reserves `bytes`, then, once `*go` is written
+ * to, dies without giving anything back: by `sig`, or by _exit when 0.
+ * Returns once the reservation is made.
+ */
+static pid_t holder(uint64_t bytes, int sig, int *go)
+{
+    int ready[2], wake[2];
+    if (pipe(ready) != 0 || pipe(wake) != 0)
+        fail_msg("pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid == 0) {
+        kgpu_shim_region *r = NULL;
+        kgpu_error err;
+        char c;
+        if (kgpu_shim_region_attach(dir, "main", &lim, &r, &err) != KGPU_OK ||
+            kgpu_shim_region_reserve(r, 0, bytes, 1024 * MIB) != KGPU_OK)
+            _exit(1);
+        if (write(ready[1], "r", 1) != 1 || read(wake[0], &c, 1) != 1)
+            _exit(1);
+        if (sig != 0)
+            raise(sig);
+        _exit(0);
+    }
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    close(ready[1]);
+    close(wake[0]);
+    *go = wake[1];
+    return pid;
+}
+
+static void finish(pid_t pid, int go)
+{
+    assert_int_equal(write(go, "g", 1), 1);
+    close(go);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+}
+
+static void dead_processes_memory_comes_back(void **state)
+{
+    kgpu_shim_region *r = attach("main");
+    int go_a, go_b;
+    pid_t a = holder(600 * MIB, 0, &go_a);
+    pid_t b = holder(300 * MIB, SIGKILL, &go_b);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 900 * MIB);
+    finish(a, go_a); /* exits without leaving its slot */
+    finish(b, go_b); /* killed */
+    assert_int_equal(kgpu_shim_region_used(r, 0), 900 * MIB);
+    /* This fits only once both are reclaimed, which a failing reservation does. */
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 1024 * MIB, 1024 * MIB), KGPU_OK);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 1024 * MIB);
+    kgpu_shim_region_leave(r);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 0);
+
+    /* A zombie (exited, not yet waited for) counts as dead too. */
+    int go_z;
+    pid_t z = holder(700 * MIB, 0, &go_z);
+    assert_int_equal(write(go_z, "g", 1), 1);
+    close(go_z);
+    while (kgpu_shim_process_alive(z, 0))
+        usleep(1000);
+    assert_int_equal(kill(z, 0), 0); /* still there, as a zombie */
+    assert_int_equal(kgpu_shim_region_used(r, 0), 700 * MIB);
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 1024 * MIB, 1024 * MIB), KGPU_OK);
+    waitpid(z, NULL, 0);
+    kgpu_shim_region_leave(r);
+    kgpu_shim_region_detach(r);
+}
+
+static void reclaim_at_attach_and_after_exec(void **state)
+{
+    kgpu_shim_region *r = attach("main");
+    int go;
+    pid_t a = holder(500 * MIB, SIGKILL, &go);
+    finish(a, go);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 500 * MIB);
+    /* Taking a slot (this process's first reservation) reclaims first. */
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 1, 1024 * MIB), KGPU_OK);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 1);
+
+    /*
+     * A slot of this very process (same pid and start time) that is not the
+     * handle's own is what an image before exec() left: reclaimed too.
+     */
+    kgpu_shim_region *after_exec = attach("main");
+    assert_int_equal(kgpu_shim_region_reserve(after_exec, 0, 10, 1024 * MIB), KGPU_OK);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 10);
+    kgpu_shim_region_leave(after_exec);
+    kgpu_shim_region_detach(after_exec);
+    kgpu_shim_region_detach(r);
+}
+
+static void liveness(void **state)
+{
+    uint64_t start = kgpu_shim_process_start_time(getpid());
+    assert_true(start > 0);
+    assert_true(kgpu_shim_process_alive(getpid(), start));
+    assert_true(kgpu_shim_process_alive(getpid(), 0));
+    assert_false(kgpu_shim_process_alive(getpid(), start + 1)); /* the pid now names another */
+    assert_false(kgpu_shim_process_alive(0, 0));
+    pid_t child = fork();
+    if (child == 0)
+        _exit(0);
+    waitpid(child, NULL, 0);
+    assert_false(kgpu_shim_process_alive(child, 0));
+}
+
+static void lock_owner_died(void **state)
+{
+    kgpu_shim_region *r = attach("main");
+    char path[512];
+    snprintf(path, sizeof(path), "%s/main.acct", dir);
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 100 * MIB, 1024 * MIB), KGPU_OK);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Take the lock, leave the totals inconsistent, and die. */
+        int fd = open(path, O_RDWR);
+        kgpu_region_file *f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        pthread_mutex_lock(&f->lock.mutex);
+        atomic_store(&f->dev[0].used, 1000 * MIB);
+        _exit(0);
+    }
+    waitpid(pid, NULL, 0);
+    /* The next locker repairs the totals from the slots and goes on. */
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 900 * MIB, 1024 * MIB), KGPU_OK);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 1000 * MIB);
+    kgpu_shim_region_release(r, 0, 1000 * MIB);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 0);
+    kgpu_shim_region_detach(r);
+}
+
+static void fork_child_takes_its_own_slot(void **state)
+{
+    kgpu_shim_region *r = attach("main");
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 100 * MIB, 1024 * MIB), KGPU_OK);
+    pid_t pid = fork();
+    if (pid == 0) {
+        kgpu_shim_region_forked(r);
+        int ok = kgpu_shim_region_mine(r, 0) == 0 &&
+                 kgpu_shim_region_reserve(r, 0, 50 * MIB, 1024 * MIB) == KGPU_OK &&
+                 kgpu_shim_region_mine(r, 0) == 50 * MIB &&
+                 kgpu_shim_region_used(r, 0) == 150 * MIB;
+        _exit(ok ? 0 : 1); /* dies holding 50 MiB */
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(kgpu_shim_region_mine(r, 0), 100 * MIB);
+    assert_int_equal(kgpu_shim_region_reclaim(r), 1);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 100 * MIB);
+    kgpu_shim_region_leave(r);
+    kgpu_shim_region_detach(r);
+}
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Processes reserve and release at random; after each success the total is within the limit. */
+static void processes_race_for_one_limit(void **state)
+{
+    enum { WORKERS = 6, ITERS = 4000, HOLD = 4 };
+    const uint64_t limit = 1024 * MIB;
+    kgpu_shim_region *r = attach("main");
+    pid_t pids[WORKERS];
+    for (int w = 0; w < WORKERS; w++) {
+        pids[w] = fork();
+        if (pids[w] != 0)
+            continue;
+        kgpu_shim_region_forked(r);
+        uint64_t seed = (uint64_t)w, held[HOLD];
+        int n = 0, bad = 0, refused = 0;
+        for (int i = 0; i < ITERS; i++) {
+            uint64_t x = splitmix(&seed);
+            if (n < HOLD && (n == 0 || x % 3 != 0)) {
+                uint64_t b = (1 + (x >> 8) % 400) * MIB;
+                if (kgpu_shim_region_reserve(r, 0, b, limit) == KGPU_OK) {
+                    held[n++] = b;
+                    bad += kgpu_shim_region_used(r, 0) > limit;
+                } else {
+                    refused++;
+                }
+            } else {
+                int k = (int)((x >> 16) % (uint64_t)n);
+                kgpu_shim_region_release(r, 0, held[k]);
+                held[k] = held[--n];
+            }
+        }
+        while (n > 0)
+            kgpu_shim_region_release(r, 0, held[--n]);
+        _exit(bad != 0 ? 1 : refused == 0 ? 2 : 0);
+    }
+    for (int w = 0; w < WORKERS; w++) {
+        int status;
+        assert_int_equal(waitpid(pids[w], &status, 0), pids[w]);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail_msg("worker %d: status %d (1: over the limit, 2: never refused)", w, status);
+    }
+    assert_int_equal(kgpu_shim_region_used(r, 0), 0);
+    kgpu_shim_region_detach(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(created_whole_and_private, setup, teardown),
+        cmocka_unit_test_setup_teardown(refuses_what_it_should_not_map, setup, teardown),
+        cmocka_unit_test_setup_teardown(reserve_check_and_release, setup, teardown),
+        cmocka_unit_test_setup_teardown(dead_processes_memory_comes_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(reclaim_at_attach_and_after_exec, setup, teardown),
+        cmocka_unit_test_setup_teardown(liveness, setup, teardown),
+        cmocka_unit_test_setup_teardown(lock_owner_died, setup, teardown),
+        cmocka_unit_test_setup_teardown(fork_child_takes_its_own_slot, setup, teardown),
+        cmocka_unit_test_setup_teardown(processes_race_for_one_limit, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
