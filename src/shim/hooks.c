@@ -44,8 +44,16 @@ static CUresult where_current(where *w)
 {
     CUdevice dev;
     CUresult r = KGPU_REAL(cuCtxGetCurrent)(&w->ctx);
-    if (r == CUDA_SUCCESS)
-        r = KGPU_REAL(cuCtxGetDevice)(&dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    /* A retained primary context (what the runtime API uses) names its device: no driver call. */
+    int n = atomic_load_explicit(&kgpu__shim.nprimary, memory_order_acquire);
+    for (int d = 0; d < n && w->ctx != NULL; d++)
+        if (atomic_load_explicit(&kgpu__shim.primary[d].ctx, memory_order_relaxed) == w->ctx) {
+            w->li = kgpu__dev_index(d);
+            return CUDA_SUCCESS;
+        }
+    r = KGPU_REAL(cuCtxGetDevice)(&dev);
     if (r == CUDA_SUCCESS)
         w->li = kgpu__dev_index(dev);
     return r;
@@ -278,7 +286,9 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         r = real_(pctx, dev);
         if (r == CUDA_SUCCESS) {
             kgpu__shim.primary[dev].refs++;
-            kgpu__shim.primary[dev].ctx = *pctx;
+            atomic_store(&kgpu__shim.primary[dev].ctx, *pctx);
+            if (atomic_load(&kgpu__shim.nprimary) <= dev)
+                atomic_store(&kgpu__shim.nprimary, dev + 1);
         } else if (first) {
             uncharge(li, kgpu__shim.context_bytes);
         }
@@ -292,13 +302,18 @@ static CUresult primary_release(kgpu__pfn_cuDevicePrimaryCtxRelease real, CUdevi
     if (dev < 0 || dev >= KGPU_SHIM_MAX_CUDA_DEVICES)
         return real(dev);
     pthread_mutex_lock(&kgpu__shim.prim_mu);
+    int last = kgpu__shim.primary[dev].refs == 1;
+    CUcontext ctx = atomic_load(&kgpu__shim.primary[dev].ctx);
+    if (last) /* forgotten before it is gone: no allocation is charged through a stale pointer */
+        atomic_store(&kgpu__shim.primary[dev].ctx, NULL);
     CUresult r = real(dev);
+    if (r != CUDA_SUCCESS && last)
+        atomic_store(&kgpu__shim.primary[dev].ctx, ctx);
     if (r == CUDA_SUCCESS && kgpu__shim.primary[dev].refs > 0 &&
         --kgpu__shim.primary[dev].refs == 0) {
         /* The last release destroys the context and everything allocated in it. */
         uncharge(kgpu__dev_index(dev), kgpu__shim.context_bytes);
-        drop_ctx(kgpu__shim.primary[dev].ctx);
-        kgpu__shim.primary[dev].ctx = NULL;
+        drop_ctx(ctx);
     }
     pthread_mutex_unlock(&kgpu__shim.prim_mu);
     return r;
@@ -322,8 +337,9 @@ static CUresult primary_reset(kgpu__pfn_cuDevicePrimaryCtxReset real, CUdevice d
         return real(dev);
     pthread_mutex_lock(&kgpu__shim.prim_mu);
     CUresult r = real(dev);
-    if (r == CUDA_SUCCESS && kgpu__shim.primary[dev].ctx != NULL)
-        drop_ctx(kgpu__shim.primary[dev].ctx); /* its allocations are gone; it stays retained */
+    CUcontext ctx = atomic_load(&kgpu__shim.primary[dev].ctx);
+    if (r == CUDA_SUCCESS && ctx != NULL)
+        drop_ctx(ctx); /* its allocations are gone; it stays retained */
     pthread_mutex_unlock(&kgpu__shim.prim_mu);
     return r;
 }

@@ -247,7 +247,11 @@ static void fork_child(void)
 {
     pthread_mutex_init(&kgpu__shim.dev_mu, NULL);
     pthread_mutex_init(&kgpu__shim.prim_mu, NULL);
-    memset(kgpu__shim.primary, 0, sizeof(kgpu__shim.primary));
+    for (int d = 0; d < KGPU_SHIM_MAX_CUDA_DEVICES; d++) {
+        kgpu__shim.primary[d].refs = 0;
+        atomic_store(&kgpu__shim.primary[d].ctx, NULL);
+    }
+    atomic_store(&kgpu__shim.nprimary, 0);
     kgpu_track_forked(&kgpu__shim.track);
     if (kgpu__shim.region != NULL)
         kgpu_shim_region_forked(kgpu__shim.region);

@@ -72,13 +72,18 @@ typedef struct kgpu_shim_state {
     _Atomic int dev_mapped;
     int16_t devmap[KGPU_SHIM_MAX_CUDA_DEVICES];
 
-    /* Primary contexts this process retains: charged on the first retain, given back on the last
-     * release. */
+    /*
+     * Primary contexts this process retains: charged on the first retain,
+     * given back on the last release. ctx is written under prim_mu and read
+     * without it by allocations, to learn the device of the current context
+     * without asking the driver; nprimary bounds that search.
+     */
     pthread_mutex_t prim_mu;
     struct {
         int refs;
-        CUcontext ctx;
+        _Atomic(CUcontext) ctx;
     } primary[KGPU_SHIM_MAX_CUDA_DEVICES];
+    _Atomic int nprimary;
 
     kgpu_track track;
 } kgpu_shim_state;

@@ -1,16 +1,16 @@
 /*
- * The allocation table (track.h): linear probing on a power-of-two table,
- * tombstones for removals, rebuilt when live plus dead cells pass half. A
- * pair of hooked calls (allocate, free) costs one put and one take, each a
- * lock, a hash and usually one or two probes.
+ * The allocation table (track.h): linear probing on a power-of-two table
+ * kept at most half full, with backward-shift deletion, so there are no
+ * tombstones and no periodic rebuilds whatever the pattern of allocations
+ * and frees. A pair of hooked calls (allocate, free) costs one put and one
+ * take, each a lock, a hash and usually a probe or two.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "track.h"
 
-#define TOMBSTONE 0xff
-#define MIN_CAP   1024
+#define MIN_CAP 1024
 
 #define ARRAY3D_LAYERED 0x01 /* CUDA_ARRAY3D_LAYERED: depth counts layers */
 #define ARRAY3D_CUBEMAP 0x04 /* CUDA_ARRAY3D_CUBEMAP: depth counts faces */
@@ -23,29 +23,21 @@ static size_t hash(int kind, uint64_t key)
     return (size_t)(z ^ (z >> 33));
 }
 
-/* Lock held. Index of (kind, key), or of the cell to put it in when absent (`found` 0). */
+/* Lock held, table allocated. Index of (kind, key), or of the empty cell where it would go. */
 static size_t probe(const kgpu_track *t, int kind, uint64_t key, int *found)
 {
-    size_t mask = t->cap - 1, i = hash(kind, key) & mask, free_cell = SIZE_MAX;
-    for (;;) {
+    size_t mask = t->cap - 1, i = hash(kind, key) & mask;
+    for (;; i = (i + 1) & mask) {
         const kgpu_track_rec *c = &t->cells[i];
-        if (c->kind == 0) {
-            *found = 0;
-            return free_cell != SIZE_MAX ? free_cell : i;
-        }
-        if (c->kind == TOMBSTONE) {
-            if (free_cell == SIZE_MAX)
-                free_cell = i;
-        } else if (c->kind == kind && c->key == key) {
-            *found = 1;
+        if (c->kind == 0 || (c->kind == kind && c->key == key)) {
+            *found = c->kind != 0;
             return i;
         }
-        i = (i + 1) & mask;
     }
 }
 
-/* Lock held. Rebuilds into `cap` cells (dropping tombstones); -1 when out of memory. */
-static int rebuild(kgpu_track *t, size_t cap)
+/* Lock held. Moves everything into `cap` cells; -1 when out of memory. */
+static int resize(kgpu_track *t, size_t cap)
 {
     kgpu_track_rec *old = t->cells;
     size_t old_cap = t->cap;
@@ -54,46 +46,47 @@ static int rebuild(kgpu_track *t, size_t cap)
         return -1;
     t->cells = cells;
     t->cap = cap;
-    t->filled = 0;
     for (size_t i = 0; i < old_cap; i++) {
-        if (old[i].kind == 0 || old[i].kind == TOMBSTONE)
+        if (old[i].kind == 0)
             continue;
         int found;
-        size_t j = probe(t, old[i].kind, old[i].key, &found);
-        cells[j] = old[i];
-        t->filled++;
+        cells[probe(t, old[i].kind, old[i].key, &found)] = old[i];
     }
     free(old);
     return 0;
 }
 
-static size_t live(const kgpu_track *t)
+/*
+ * Lock held. Empties cell i and pulls back the cells after it that would
+ * otherwise no longer be found (those whose home is not between the hole
+ * and themselves).
+ */
+static void remove_at(kgpu_track *t, size_t i)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < t->cap; i++)
-        n += t->cells[i].kind != 0 && t->cells[i].kind != TOMBSTONE;
-    return n;
+    size_t mask = t->cap - 1, hole = i;
+    for (size_t j = (i + 1) & mask; t->cells[j].kind != 0; j = (j + 1) & mask) {
+        size_t home = hash(t->cells[j].kind, t->cells[j].key) & mask;
+        /* j may move to the hole unless its home lies cyclically in (hole, j]. */
+        if (((j - home) & mask) >= ((j - hole) & mask)) {
+            t->cells[hole] = t->cells[j];
+            hole = j;
+        }
+    }
+    t->cells[hole].kind = 0;
+    t->filled--;
 }
 
 int kgpu_track_put(kgpu_track *t, const kgpu_track_rec *rec)
 {
-    int rc = 0;
+    int rc = 0, found;
     pthread_mutex_lock(&t->mu);
-    if (t->cells == NULL && rebuild(t, MIN_CAP) != 0) {
+    if ((t->cells == NULL || (t->filled + 1) * 2 > t->cap) &&
+        resize(t, t->cells == NULL ? MIN_CAP : t->cap * 2) != 0) {
         rc = -1;
         goto out;
     }
-    if ((t->filled + 1) * 2 > t->cap) {
-        size_t n = live(t);
-        if (rebuild(t, (n + 1) * 4 > t->cap ? t->cap * 2 : t->cap) != 0) {
-            rc = -1;
-            goto out;
-        }
-    }
-    int found;
     size_t i = probe(t, rec->kind, rec->key, &found);
-    if (!found && t->cells[i].kind == 0)
-        t->filled++;
+    t->filled += !found;
     t->cells[i] = *rec;
 out:
     pthread_mutex_unlock(&t->mu);
@@ -108,7 +101,7 @@ int kgpu_track_take(kgpu_track *t, int kind, uint64_t key, kgpu_track_rec *out)
         size_t i = probe(t, kind, key, &found);
         if (found) {
             *out = t->cells[i];
-            t->cells[i].kind = TOMBSTONE;
+            remove_at(t, i);
         }
     }
     pthread_mutex_unlock(&t->mu);
@@ -121,14 +114,19 @@ size_t kgpu_track_take_ctx(kgpu_track *t, uintptr_t ctx, uint64_t bytes[KGPU_SHI
     if (ctx == 0)
         return 0;
     pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < t->cap; i++) {
-        kgpu_track_rec *c = &t->cells[i];
-        if (c->kind == 0 || c->kind == TOMBSTONE || c->ctx != ctx)
-            continue;
-        if (c->dev >= 0 && c->dev < KGPU_SHIM_MAX_DEVICES)
-            bytes[c->dev] += c->bytes;
-        c->kind = TOMBSTONE;
-        n++;
+    /* Removing shifts cells back, possibly into ones already passed: sweep until none is left. */
+    for (int again = 1; again && t->cells != NULL;) {
+        again = 0;
+        for (size_t i = 0; i < t->cap; i++) {
+            kgpu_track_rec *c = &t->cells[i];
+            if (c->kind == 0 || c->ctx != ctx)
+                continue;
+            if (c->dev >= 0 && c->dev < KGPU_SHIM_MAX_DEVICES)
+                bytes[c->dev] += c->bytes;
+            remove_at(t, i);
+            n++;
+            again = 1;
+        }
     }
     pthread_mutex_unlock(&t->mu);
     return n;
@@ -137,7 +135,7 @@ size_t kgpu_track_take_ctx(kgpu_track *t, uintptr_t ctx, uint64_t bytes[KGPU_SHI
 size_t kgpu_track_count(kgpu_track *t)
 {
     pthread_mutex_lock(&t->mu);
-    size_t n = t->cells != NULL ? live(t) : 0;
+    size_t n = t->filled;
     pthread_mutex_unlock(&t->mu);
     return n;
 }

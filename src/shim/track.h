@@ -36,7 +36,7 @@ typedef struct kgpu_track_rec {
 typedef struct kgpu_track {
     pthread_mutex_t mu;
     kgpu_track_rec *cells; /* cap cells, cap a power of two; NULL until the first put */
-    size_t cap, filled;    /* filled counts tombstones too */
+    size_t cap, filled;    /* cells, and records in them */
 } kgpu_track;
 
 #define KGPU_TRACK_INIT                                                                            \

@@ -62,6 +62,40 @@ static void many_and_reused(void **state)
     kgpu_track_clear(&t);
 }
 
+/* Random puts and takes against a plain array: removals that shift clusters lose nothing. */
+static void agrees_with_a_model(void **state)
+{
+    enum { KEYS = 3000, OPS = 200000 };
+    static uint64_t model[2 * KEYS]; /* per (kind, key): bytes + 1 when present, 0 when absent */
+    kgpu_track t = KGPU_TRACK_INIT;
+    kgpu_track_rec rec;
+    uint64_t x = 42;
+    size_t live = 0;
+    memset(model, 0, sizeof(model));
+    for (int op = 0; op < OPS; op++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint64_t k = (x >> 33) % KEYS;
+        int kind = 1 + (int)((x >> 20) % 2);
+        size_t m = (size_t)k + (kind == KGPU_TRACK_HANDLE ? KEYS : 0);
+        uint64_t key = k * 4096; /* the same keys under both kinds */
+        if ((x >> 40) % 2) {
+            live += model[m] == 0;
+            model[m] = op + 1;
+            put(&t, kind, key, (uint64_t)op, 0, (uintptr_t)(k % 5));
+        } else {
+            int had = kgpu_track_take(&t, kind, key, &rec);
+            assert_int_equal(had, model[m] != 0);
+            if (had) {
+                assert_int_equal(rec.bytes, model[m] - 1);
+                model[m] = 0;
+                live--;
+            }
+        }
+    }
+    assert_int_equal(kgpu_track_count(&t), live);
+    kgpu_track_clear(&t);
+}
+
 static void a_context_takes_its_memory_along(void **state)
 {
     kgpu_track t = KGPU_TRACK_INIT;
@@ -103,9 +137,8 @@ static void array_sizes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(put_take_by_kind),
-        cmocka_unit_test(many_and_reused),
-        cmocka_unit_test(a_context_takes_its_memory_along),
+        cmocka_unit_test(put_take_by_kind),    cmocka_unit_test(many_and_reused),
+        cmocka_unit_test(agrees_with_a_model), cmocka_unit_test(a_context_takes_its_memory_along),
         cmocka_unit_test(array_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
