@@ -598,7 +598,7 @@ static nvmlReturn_t nvml_share(nvmlDevice_t device, unsigned long long *total,
         return r;
     int li = kgpu__uuid_index(uuid);
     uint64_t lim = kgpu__limit(li), u = used_on(li), avail = lim - u;
-    *total = lim;
+    *total = lim < *total ? lim : *total;
     *free = avail < *free ? avail : *free;
     *used = u;
     return NVML_SUCCESS;

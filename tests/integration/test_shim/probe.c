@@ -416,6 +416,20 @@ static int cmd_enforce(void)
     }
     if (tested == 0)
         fail("no counted call could be tested");
+    /*
+     * dlsym(RTLD_NEXT) still means "after the caller": from here the next
+     * dlsym is the preloaded library's own, not libc's (what the library
+     * would find if it answered relative to itself).
+     */
+    void *next = dlsym(RTLD_NEXT, "dlsym"), *dflt = dlsym(RTLD_DEFAULT, "dlsym");
+    if (next == NULL || next != dflt)
+        fail("dlsym(RTLD_NEXT, \"dlsym\") is %p, expected the first one after the program, %p",
+             next, dflt);
+    if (dlsym(RTLD_NEXT, "getpid") != dlsym(RTLD_DEFAULT, "getpid") ||
+        dlsym(RTLD_NEXT, "getpid") == NULL)
+        fail("dlsym(RTLD_NEXT, \"getpid\") is not libc's");
+    if (dlsym(RTLD_NEXT, "kgpu_no_such_symbol") != NULL)
+        fail("dlsym(RTLD_NEXT) found a symbol nobody defines");
     /* A free of something never allocated reaches the driver and changes nothing here. */
     EXPECT_RC(A.cuMemFree_v2(0x1234), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(used(), ctx_bytes);
