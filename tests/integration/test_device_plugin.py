@@ -1549,7 +1549,7 @@ class TestStress(AllocateCase):
         rest_threads = thread_count(pid)
         stop = threading.Event()
         errors = []
-        counts = {"streams": 0, "calls": 0, "flips": 0, "pods": 0}
+        counts = {"streams": 0, "calls": 0, "flips": 0, "pods": 0, "refused": 0}
 
         def guard(fn):
             def run():
@@ -1642,9 +1642,14 @@ class TestStress(AllocateCase):
                 try:
                     r = self.kubelet.allocate(MEM, self.free_ids(MEM)[:units])
                 except grpc.RpcError as e:
-                    if e.code() not in CUT_SHORT:
+                    # GPU 1 flaps: a pod whose GPU is Unhealthy right now is refused, never
+                    # handed a broken GPU.
+                    flapped = e.code() == grpc.StatusCode.FAILED_PRECONDITION and \
+                        g is gpus[1] and "turned unhealthy" in e.details()
+                    if e.code() not in CUT_SHORT and not flapped:
                         raise
-                    # Cut by a kubelet restart: kubelet would fail this admission.
+                    # Cut by a kubelet restart, or refused: kubelet fails this admission.
+                    counts["refused"] += flapped
                     API.delete_pod(name)
                     continue
                 env = r.container_responses[0].envs
@@ -1675,10 +1680,14 @@ class TestStress(AllocateCase):
         if os.environ.get("KGPU_TEST_VERBOSE"):
             sys.stderr.write("stress: %r\n" % counts)
         for name, n in counts.items():
-            self.assertGreater(n, 3, "too little %s happened: %r" % (name, counts))
+            if name != "refused":  # depends on timing: GPU 1 is Unhealthy half the time
+                self.assertGreater(n, 3, "too little %s happened: %r" % (name, counts))
         # Still exact afterwards: the final health reaches kubelet, a good Allocate works.
-        self.kubelet.wait_list(MEM, lambda d: all(x.health == "Healthy" for x in d.values())
-                               and len(d) == 30, timeout=2)
+        def newest_all_healthy():
+            with self.kubelet.cond:
+                d = self.kubelet.lists.get(MEM, {})
+                return len(d) == 30 and all(x.health == "Healthy" for x in d.values())
+        wait_for(newest_all_healthy, 2, what="the final, healthy list at kubelet")
         self.used.clear()
         pod = self.one_gpu_pod("after", gpus[1], units=2)
         _, r = self.admit(MEM, 2)
