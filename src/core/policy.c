@@ -18,6 +18,7 @@ extern const kgpu_policy_ops kgpu__policy_bestfit;
 extern const kgpu_policy_ops kgpu__policy_fgd;
 extern const kgpu_policy_ops kgpu__policy_binpack;
 extern const kgpu_policy_ops kgpu__policy_spread;
+extern const kgpu_policy_ops kgpu__policy_kgpu;
 
 /* The registry: one line per policy. */
 static const kgpu_policy_ops *const policies[] = {
@@ -29,6 +30,7 @@ static const kgpu_policy_ops *const policies[] = {
     &kgpu__policy_fgd,
     &kgpu__policy_binpack,
     &kgpu__policy_spread,
+    &kgpu__policy_kgpu,
     NULL,
 };
 

@@ -149,7 +149,8 @@ static void study_workload(const kgpu_cluster *c, kgpu_workload *w)
 }
 
 static const char *const policy_names[] = {"random",  "dotprod", "clustering", "packing",
-                                           "bestfit", "fgd",     "binpack",    "spread"};
+                                           "bestfit", "fgd",     "binpack",    "spread",
+                                           "kgpu"};
 #define NPOLICIES ((int)(sizeof(policy_names) / sizeof(policy_names[0])))
 
 /* ---- what the extender adds: several requests at once, NUMA, binpack/spread ------------- */
@@ -328,7 +329,8 @@ static void test_registry(void **state)
     kgpu_workload w;
     study_workload(c, &w);
     for (int i = 0; i < NPOLICIES; i++) {
-        kgpu_policy *p = policy_new(policy_names[i], c, strcmp(policy_names[i], "fgd") ? NULL : &w);
+        bool needs_target = !strcmp(policy_names[i], "fgd") || !strcmp(policy_names[i], "kgpu");
+        kgpu_policy *p = policy_new(policy_names[i], c, needs_target ? &w : NULL);
         assert_string_equal(kgpu_policy_name(p), policy_names[i]);
         kgpu_policy_free(p);
     }
@@ -765,7 +767,8 @@ static void test_policy_gpu_choice(void **state)
         kgpu_policy *p = policy_new(policy_names[i], c, &w);
         bool spread = strcmp(policy_names[i], "spread") == 0;
         bool bestfit_pick = strcmp(policy_names[i], "random") != 0 &&
-                            strcmp(policy_names[i], "fgd") != 0 && !spread;
+                            strcmp(policy_names[i], "fgd") != 0 &&
+                            strcmp(policy_names[i], "kgpu") != 0 && !spread;
         for (size_t k = 0; k < sizeof(reqs) / sizeof(reqs[0]); k++) {
             int got[KGPU_MAX_GPUS_PER_NODE], want[KGPU_MAX_GPUS_PER_NODE];
             assert_int_equal(select_node(p, c, &reqs[k], NULL, 0, k, got), node);
