@@ -39,6 +39,8 @@
 #define KG_PACK_MILLI 20.0
 /* Snapshot the learned demand when the count of pods seen has grown by this fraction. */
 #define KG_SNAPSHOT_GROWTH 0.10
+/* Shapes of the target considered (the heaviest; a longer tail weighs next to nothing). */
+#define KG_MAX_SHAPES 512
 /* Scores are kept in micro-GPU: fine enough that only truly equal placements tie. */
 #define KG_SCALE 1000.0
 
@@ -70,6 +72,7 @@ typedef struct kg_state {
     double demand[KGPU_MAX_MODELS];     /* GPU milli of constrained pods, spread over their models */
     double demand_total;                /* GPU milli of all pods seen */
     long pods, pods_at_snapshot;
+    int lost[KG_MAX_SHAPES], usable[KG_MAX_SHAPES]; /* scratch of kg_base_of */
 } kg_state;
 
 static int kg_grow(kg_state *st, int need)
@@ -182,31 +185,96 @@ static void kg_observe(void *state, const kgpu_cluster *c, const kgpu_request *r
         kg_invalidate(st);
 }
 
-/* Fragmentation plus stranded GPU milli of node n with the given free GPU milli and CPU. */
-static double kg_value(const kg_state *st, const kgpu_node *n, const int *free_milli,
-                       int64_t cpu_free)
+/*
+ * The node as it is, per shape of the target: free milli on GPUs the shape
+ * cannot use (lost) and GPUs it can (usable), as kgpu_node_frag counts them.
+ * A placement changes one or a few GPUs, so its value follows from these in
+ * O(shapes) instead of O(shapes x GPUs) per GPU tried.
+ */
+typedef struct kg_base {
+    int total; /* free milli on healthy GPUs */
+} kg_base;
+
+static int kg_shapes(const kg_state *st)
 {
-    double v = kgpu_node_frag(n, st->target, free_milli, cpu_free);
-    if (st->cpu_per_milli > 0) {
-        double idle = 0;
-        for (int i = 0; i < n->ngpus; i++)
-            idle += n->gpus[i].healthy ? free_milli[i] : 0;
-        double served = (double)cpu_free / st->cpu_per_milli;
-        if (served < idle)
-            v += KG_STRAND_WEIGHT * (idle - served);
-    }
-    return v;
+    return st->target->n < KG_MAX_SHAPES ? st->target->n : KG_MAX_SHAPES;
 }
 
-static double current_value(kg_state *st, const kgpu_node *n, int node)
+static void kg_base_of(kg_state *st, const kgpu_node *n, kg_base *b)
+{
+    const kgpu_workload *w = st->target;
+    b->total = 0;
+    for (int i = 0; i < n->ngpus; i++)
+        b->total += n->gpus[i].healthy ? n->gpus[i].free_milli : 0;
+    for (int s = 0; s < kg_shapes(st); s++) {
+        const kgpu_shape *sh = &w->shapes[s];
+        int lost = 0, usable = 0;
+        if (sh->gpu_milli > 0) {
+            for (int i = 0; i < n->ngpus; i++) {
+                const kgpu_gpu *g = &n->gpus[i];
+                int fm = g->healthy ? g->free_milli : 0;
+                if (fm >= sh->gpu_milli && ((sh->models >> g->model) & 1))
+                    usable++;
+                else
+                    lost += fm;
+            }
+        }
+        st->lost[s] = lost;
+        st->usable[s] = usable;
+    }
+}
+
+/*
+ * Fragmentation plus stranded GPU milli of node n after taking take[k] milli
+ * from GPU gpus[k] (k < nchg) and leaving cpu_after CPU: the same figure as
+ * kgpu_node_frag on the changed node, plus the stranded term.
+ */
+static double kg_after(const kg_state *st, const kgpu_node *n, const kg_base *b, const int *gpus,
+                       const int *take, int nchg, int64_t cpu_after)
+{
+    int total = b->total;
+    for (int k = 0; k < nchg; k++)
+        total -= take[k];
+    if (total == 0)
+        return 0; /* no idle GPU: nothing fragmented, nothing stranded */
+    const kgpu_workload *w = st->target;
+    double frag = 0;
+    for (int s = 0; s < kg_shapes(st); s++) {
+        const kgpu_shape *sh = &w->shapes[s];
+        if (sh->gpu_milli == 0 || cpu_after < sh->cpu_milli) {
+            frag += sh->p * total; /* CPU-only shape, or the shape cannot run here at all */
+            continue;
+        }
+        int lost = st->lost[s], usable = st->usable[s];
+        for (int k = 0; k < nchg; k++) {
+            const kgpu_gpu *g = &n->gpus[gpus[k]];
+            bool model = (sh->models >> g->model) & 1;
+            int was = g->free_milli, now = was - take[k];
+            if (model && was >= sh->gpu_milli)
+                usable--;
+            else
+                lost -= was;
+            if (model && now >= sh->gpu_milli)
+                usable++;
+            else
+                lost += now;
+        }
+        frag += sh->p * (usable < sh->gpu_count ? total : lost);
+    }
+    if (st->cpu_per_milli > 0) {
+        double served = (double)cpu_after / st->cpu_per_milli;
+        if (served < total)
+            frag += KG_STRAND_WEIGHT * ((double)total - served);
+    }
+    return frag;
+}
+
+static double current_value(kg_state *st, const kgpu_node *n, int node, const kg_base *b)
 {
     kg_node *kn = node < st->cap ? &st->nodes[node] : NULL; /* no cache when growth failed */
     if (kn != NULL && kn->version == n->version + 1)
         return kn->value;
-    int fm[KGPU_MAX_GPUS_PER_NODE] = {0};
-    for (int i = 0; i < n->ngpus; i++)
-        fm[i] = n->gpus[i].free_milli;
-    double v = kg_value(st, n, fm, n->cpu_free);
+    double v = kg_after(st, n, b, NULL, NULL, 0, n->cpu_free);
     if (kn != NULL) {
         kn->version = n->version + 1;
         kn->value = v;
@@ -215,25 +283,26 @@ static double current_value(kg_state *st, const kgpu_node *n, int node)
 }
 
 /* How used the node is after the placement, 0..1: GPU and CPU half each (CPU alone without GPUs). */
-static double used_after(const kgpu_node *n, const int *free_after, int64_t cpu_after)
+static double used_after(const kgpu_node *n, int idle_after, int64_t cpu_after)
 {
     double cu = n->cpu_milli > 0 ? 1.0 - (double)cpu_after / (double)n->cpu_milli : 1.0;
     if (n->ngpus == 0)
         return cu;
-    double idle = 0;
-    for (int i = 0; i < n->ngpus; i++)
-        idle += free_after[i];
-    return 0.5 * (1.0 - idle / ((double)n->ngpus * KGPU_MILLI)) + 0.5 * cu;
+    return 0.5 * (1.0 - (double)idle_after / ((double)n->ngpus * KGPU_MILLI)) + 0.5 * cu;
 }
 
-static int64_t kg_placement(const kg_state *st, const kgpu_node *n, double before,
-                            const int *free_after, int64_t cpu_after)
+static int64_t kg_placement(const kg_state *st, const kgpu_node *n, const kg_base *b,
+                            double before, const int *gpus, const int *take, int nchg,
+                            int64_t cpu_after)
 {
-    double after = kg_value(st, n, free_after, cpu_after);
+    double after = kg_after(st, n, b, gpus, take, nchg, cpu_after);
     double scarce = 0;
-    for (int i = 0; i < n->ngpus; i++)
-        scarce += st->scarcity[n->gpus[i].model] * (double)(n->gpus[i].free_milli - free_after[i]);
-    double s = before - after - scarce + KG_PACK_MILLI * used_after(n, free_after, cpu_after);
+    int idle_after = b->total;
+    for (int k = 0; k < nchg; k++) {
+        scarce += st->scarcity[n->gpus[gpus[k]].model] * (double)take[k];
+        idle_after -= take[k];
+    }
+    double s = before - after - scarce + KG_PACK_MILLI * used_after(n, idle_after, cpu_after);
     return (int64_t)llround(s * KG_SCALE);
 }
 
@@ -245,14 +314,13 @@ static int64_t kg_placement(const kg_state *st, const kgpu_node *n, double befor
 static int64_t kg_eval(kg_state *st, const kgpu_node *n, int node, const kgpu_request *req,
                        int *gpu_out)
 {
-    double before = current_value(st, n, node);
+    kg_base b;
+    kg_base_of(st, n, &b);
+    double before = current_value(st, n, node, &b);
     int64_t cpu_after = n->cpu_free - req->cpu_milli;
-    int free_after[KGPU_MAX_GPUS_PER_NODE] = {0};
-    for (int i = 0; i < n->ngpus; i++)
-        free_after[i] = n->gpus[i].free_milli;
     *gpu_out = -1;
     if (req->gpu_count <= 0)
-        return kg_placement(st, n, before, free_after, cpu_after);
+        return kg_placement(st, n, &b, before, NULL, NULL, 0, cpu_after);
     if (req->gpu_count == 1 && !req->exclusive) {
         int64_t best = 0;
         for (int i = 0; i < n->ngpus; i++) {
@@ -261,13 +329,11 @@ static int64_t kg_eval(kg_state *st, const kgpu_node *n, int node, const kgpu_re
             /* GPUs of one model with equal free compute score the same: try each value once. */
             bool seen = false;
             for (int j = 0; j < i && !seen; j++)
-                seen = free_after[j] == n->gpus[i].free_milli &&
+                seen = n->gpus[j].free_milli == n->gpus[i].free_milli &&
                        n->gpus[j].model == n->gpus[i].model && kgpu_gpu_usable(n, &n->gpus[j], req);
             if (seen)
                 continue;
-            free_after[i] -= req->gpu_milli;
-            int64_t s = kg_placement(st, n, before, free_after, cpu_after);
-            free_after[i] += req->gpu_milli;
+            int64_t s = kg_placement(st, n, &b, before, &i, &req->gpu_milli, 1, cpu_after);
             if (*gpu_out < 0 || s > best) {
                 best = s;
                 *gpu_out = i;
@@ -275,13 +341,12 @@ static int64_t kg_eval(kg_state *st, const kgpu_node *n, int node, const kgpu_re
         }
         return best;
     }
-    int gpus[KGPU_MAX_GPUS_PER_NODE];
+    int gpus[KGPU_MAX_GPUS_PER_NODE], take[KGPU_MAX_GPUS_PER_NODE];
     if (kgpu__pick_best_fit(n, req, gpus) != 0)
         return INT64_MIN / 2;
-    int take = req->exclusive ? KGPU_MILLI : req->gpu_milli;
     for (int k = 0; k < req->gpu_count; k++)
-        free_after[gpus[k]] -= take;
-    return kg_placement(st, n, before, free_after, cpu_after);
+        take[k] = req->exclusive ? KGPU_MILLI : req->gpu_milli;
+    return kg_placement(st, n, &b, before, gpus, take, req->gpu_count, cpu_after);
 }
 
 static int64_t kg_cached(kg_state *st, const kgpu_cluster *c, int node, const kgpu_request *req,
