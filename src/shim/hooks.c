@@ -78,8 +78,15 @@ static CUresult where_stream(CUstream s, where *w)
     return r;
 }
 
+/*
+ * Reserves `bytes` on limits index li: CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY
+ * over the limit, or CUDA_ERROR_NOT_INITIALIZED before cuInit (devices not
+ * matched yet, li -2), as the driver would answer then.
+ */
 static CUresult charge(int li, uint64_t bytes)
 {
+    if (li == -2)
+        return CUDA_ERROR_NOT_INITIALIZED;
     int rc = kgpu_shim_region_reserve(kgpu__shim.region, li, bytes, kgpu__limit(li));
     if (rc == KGPU_ESTATE && atomic_exchange(&kgpu__shim.told, 1) == 0) {
         static const char line[] = "kgpu-limit: the accounting region has no free process slot "
@@ -89,6 +96,13 @@ static CUresult charge(int li, uint64_t bytes)
     }
     return rc == KGPU_OK ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
+
+#define CHARGE_OR_RETURN(li, bytes)                                                                \
+    do {                                                                                           \
+        CUresult charged_ = charge(li, bytes);                                                     \
+        if (charged_ != CUDA_SUCCESS)                                                              \
+            return charged_;                                                                       \
+    } while (0)
 
 static void uncharge(int li, uint64_t bytes)
 {
@@ -238,8 +252,7 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     KGPU_ENTER(cuCtxCreate_v2, (pctx, flags, dev));
     int li = kgpu__dev_index(dev);
-    if (charge(li, kgpu__shim.context_bytes) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);
     return ctx_created(real_(pctx, flags, dev), pctx, li);
 }
 
@@ -248,8 +261,7 @@ CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsig
 {
     KGPU_ENTER(cuCtxCreate_v3, (pctx, paramsArray, numParams, flags, dev));
     int li = kgpu__dev_index(dev);
-    if (charge(li, kgpu__shim.context_bytes) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);
     return ctx_created(real_(pctx, paramsArray, numParams, flags, dev), pctx, li);
 }
 
@@ -257,8 +269,7 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int fla
 {
     KGPU_ENTER(cuCtxCreate_v4, (pctx, ctxCreateParams, flags, dev));
     int li = kgpu__dev_index(dev);
-    if (charge(li, kgpu__shim.context_bytes) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);
     return ctx_created(real_(pctx, ctxCreateParams, flags, dev), pctx, li);
 }
 
@@ -365,8 +376,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     CUresult r = where_current(&w);
     if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
         return r != CUDA_SUCCESS ? r : real_(dptr, bytesize);
-    if (charge(w.li, bytesize) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(w.li, bytesize);
     r = real_(dptr, bytesize);
     return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
 }
@@ -385,8 +395,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
     if (pitch < WidthInBytes || pitch > UINT64_MAX / Height)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t est = pitch * Height;
-    if (charge(w.li, est) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(w.li, est);
     r = real_(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (r != CUDA_SUCCESS)
         return settle(r, KGPU_TRACK_MEM, 0, est, &w);
@@ -408,8 +417,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     CUresult r = where_current(&w);
     if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
         return r != CUDA_SUCCESS ? r : real_(dptr, bytesize, flags);
-    if (charge(w.li, bytesize) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(w.li, bytesize);
     r = real_(dptr, bytesize, flags);
     return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
 }
@@ -421,8 +429,7 @@ static CUresult alloc_async(kgpu__pfn_cuMemAllocAsync real, CUdeviceptr *dptr, s
     CUresult r = where_stream(stream, &w);
     if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
         return r != CUDA_SUCCESS ? r : real(dptr, bytesize, stream);
-    if (charge(w.li, bytesize) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(w.li, bytesize);
     r = real(dptr, bytesize, stream);
     return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
 }
@@ -447,8 +454,7 @@ static CUresult alloc_from_pool(kgpu__pfn_cuMemAllocFromPoolAsync real, CUdevice
     CUresult r = where_stream(stream, &w);
     if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
         return r != CUDA_SUCCESS ? r : real(dptr, bytesize, pool, stream);
-    if (charge(w.li, bytesize) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(w.li, bytesize);
     r = real(dptr, bytesize, pool, stream);
     return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
 }
@@ -476,8 +482,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         size == 0)
         return real_(handle, size, prop, flags);
     where w = {.li = kgpu__dev_index(prop->location.id), .ctx = NULL};
-    if (charge(w.li, size) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(w.li, size);
     CUresult r = real_(handle, size, prop, flags);
     return settle(r, KGPU_TRACK_HANDLE, r == CUDA_SUCCESS ? *handle : 0, size, &w);
 }
@@ -492,8 +497,7 @@ CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAlloca
     const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
     uint64_t bytes =
         kgpu_track_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, 0, 1);
-    if (charge(w.li, bytes) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(w.li, bytes);
     r = real_(pHandle, pAllocateArray);
     return settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes, &w);
 }
@@ -508,8 +512,7 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAl
     const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
     uint64_t bytes = kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
                                             d->NumChannels, d->Flags, 1);
-    if (charge(w.li, bytes) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(w.li, bytes);
     r = real_(pHandle, pAllocateArray);
     return settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes, &w);
 }
@@ -526,8 +529,7 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
     uint64_t bytes = kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
                                             d->NumChannels, d->Flags, numMipmapLevels);
-    if (charge(w.li, bytes) != CUDA_SUCCESS)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CHARGE_OR_RETURN(w.li, bytes);
     r = real_(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     return settle(r, KGPU_TRACK_MIPMAP, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes, &w);
 }

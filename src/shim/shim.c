@@ -448,8 +448,9 @@ void kgpu__map_devices(void)
 int kgpu__dev_index(CUdevice dev)
 {
     kgpu__map_devices();
-    if (dev < 0 || dev >= KGPU_SHIM_MAX_CUDA_DEVICES ||
-        !atomic_load_explicit(&kgpu__shim.dev_mapped, memory_order_acquire))
+    if (!atomic_load_explicit(&kgpu__shim.dev_mapped, memory_order_acquire))
+        return -2;
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_CUDA_DEVICES)
         return -1;
     return kgpu__shim.devmap[dev];
 }

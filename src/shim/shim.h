@@ -113,7 +113,10 @@ CUresult kgpu__refuse(void);
 /* Maps CUDA ordinals to limits entries if not done yet (needs cuInit to have succeeded). */
 void kgpu__map_devices(void);
 
-/* Limits index of CUDA device `dev`, or -1 (nothing may be allocated there). */
+/*
+ * Limits index of CUDA device `dev`; -1: on no line, nothing may be
+ * allocated there; -2: not known before cuInit has succeeded.
+ */
 int kgpu__dev_index(CUdevice dev);
 
 /* Limit of limits index li in bytes (0 for -1). */

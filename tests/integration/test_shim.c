@@ -293,6 +293,17 @@ static void uuids_pick_the_line(void **state)
                     "file");
 }
 
+static void before_cuinit_the_driver_answers(void **state)
+{
+    /* Devices are matched at cuInit: before it, the driver's own error, not an invented OOM. */
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    env_add("PROBE_SKIP_INIT=1");
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("retain=3\n");
+    expect_out("alloc=3\n");
+    assert_string_equal(err, "");
+}
+
 /* ---- no limits: nothing happens ---- */
 
 static void without_limits_nothing_changes(void **state)
@@ -458,6 +469,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(nvml_shows_the_share, setup, teardown),
         cmocka_unit_test_setup_teardown(the_region_is_private, setup, teardown),
         cmocka_unit_test_setup_teardown(uuids_pick_the_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(before_cuinit_the_driver_answers, setup, teardown),
         cmocka_unit_test_setup_teardown(without_limits_nothing_changes, setup, teardown),
         cmocka_unit_test_setup_teardown(unparsable_limits_fail_closed, setup, teardown),
         cmocka_unit_test_setup_teardown(unreadable_limits_fail_closed, setup, teardown),
