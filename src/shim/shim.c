@@ -224,18 +224,19 @@ static uint64_t context_bytes(void)
     return mib << 20;
 }
 
+/* The order every path takes these locks in: prim_mu, then dev_mu, then the table's. */
 static void fork_prepare(void)
 {
-    pthread_mutex_lock(&kgpu__shim.dev_mu);
     pthread_mutex_lock(&kgpu__shim.prim_mu);
+    pthread_mutex_lock(&kgpu__shim.dev_mu);
     pthread_mutex_lock(&kgpu__shim.track.mu);
 }
 
 static void fork_parent(void)
 {
     pthread_mutex_unlock(&kgpu__shim.track.mu);
-    pthread_mutex_unlock(&kgpu__shim.prim_mu);
     pthread_mutex_unlock(&kgpu__shim.dev_mu);
+    pthread_mutex_unlock(&kgpu__shim.prim_mu);
 }
 
 /*

@@ -241,6 +241,12 @@ static void contexts(void **state)
     expect_run(KGPU_SHIM_PROBE, "ctx", 0);
 }
 
+static void forked_children_account_for_themselves(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "fork", 0);
+}
+
 static void nvml_shows_the_share(void **state)
 {
     env_container(KGPU_SHIM_LIB, "full", 1024);
@@ -466,6 +472,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(context_charge_is_configurable_upwards_only, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(contexts, setup, teardown),
+        cmocka_unit_test_setup_teardown(forked_children_account_for_themselves, setup, teardown),
         cmocka_unit_test_setup_teardown(nvml_shows_the_share, setup, teardown),
         cmocka_unit_test_setup_teardown(the_region_is_private, setup, teardown),
         cmocka_unit_test_setup_teardown(uuids_pick_the_line, setup, teardown),

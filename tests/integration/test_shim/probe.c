@@ -14,6 +14,7 @@
  *   probe info      prints what cuInit, an allocation and cuMemGetInfo say
  *   probe nvml      NVML's memory figures show the share
  *   probe tamper    raising the limit in the region changes nothing
+ *   probe fork      a forked child accounts for itself
  *   probe race      processes allocate and free at random against one
  *                   limit; some are killed; their memory comes back
  *
@@ -570,6 +571,36 @@ static int cmd_tamper(void)
     return failures != 0;
 }
 
+/* A child after fork() is a process of its own: its own context, slot and allocations. */
+static int cmd_fork(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p, q;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    EXPECT_RC(A.cuMemAlloc_v2(&p, 100 * MIB), CUDA_SUCCESS);
+    pid_t pid = fork();
+    if (pid == 0) {
+        CUcontext c2;
+        if (setup(&c2) != 0)
+            exit(1);
+        EXPECT_RC(A.cuMemAlloc_v2(&q, 50 * MIB), CUDA_SUCCESS);
+        EXPECT_EQ(used(), 2 * ctx_bytes + 150 * MIB);
+        /* The parent's allocation is not the child's to give back. */
+        A.cuMemFree_v2(p);
+        EXPECT_EQ(used(), 2 * ctx_bytes + 150 * MIB);
+        exit(failures != 0); /* leaves its slot: context and 50 MiB */
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("the child failed (status %d)", status);
+    EXPECT_EQ(used(), ctx_bytes + 100 * MIB);
+    EXPECT_RC(A.cuMemFree_v2(p), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    return failures != 0;
+}
+
 /* ---- the race ---- */
 
 static uint64_t splitmix(uint64_t *x)
@@ -732,7 +763,7 @@ static int cmd_race(void)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: probe enforce|ctx|info|nvml|tamper|race\n");
+        fprintf(stderr, "usage: probe enforce|ctx|info|nvml|tamper|fork|race\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -747,6 +778,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "info") == 0   ? cmd_info()
              : strcmp(cmd, "nvml") == 0   ? cmd_nvml()
              : strcmp(cmd, "tamper") == 0 ? cmd_tamper()
+             : strcmp(cmd, "fork") == 0   ? cmd_fork()
              : strcmp(cmd, "race") == 0   ? cmd_race()
                                           : 2;
     return rc;
