@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "compat.h"
 #include "shim.h"
 
 /*

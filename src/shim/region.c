@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "compat.h"
 #include "region.h"
 
 _Static_assert(offsetof(kgpu_region_file, lock) == 64, "region header is 64 bytes");
@@ -365,7 +366,7 @@ int kgpu_shim_region_attach(const char *dir, const char *name, const kgpu_shim_l
         goto fail;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+    if (kgpu_shim_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
         (st.st_mode & 077) != 0) {
         rc = kgpu_error_set(err, KGPU_ESTATE,
                             "%s must be a regular file of uid %d with mode 0600; it has uid %d, "
@@ -416,7 +417,7 @@ int kgpu_shim_region_view(const char *path, const kgpu_region_file **view, kgpu_
     if (fd < 0)
         return kgpu_error_set(err, KGPU_EIO, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(kgpu_region_file)) {
+    if (kgpu_shim_fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(kgpu_region_file)) {
         close(fd);
         return kgpu_error_set(err, KGPU_ESTATE, "%s is not an accounting region", path);
     }

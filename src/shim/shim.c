@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "compat.h"
 #include "shim.h"
 
 #define LIMITS_PATH     "/etc/kgpu/limits"
@@ -157,7 +158,7 @@ static int limits_path(char *out, size_t size)
 #endif
     snprintf(out, size, "%s%s", root, LIMITS_PATH);
     struct stat st;
-    if (lstat(out, &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
+    if (kgpu_shim_lstat(out, &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
         return 1;
     const char *alt = env("KGPU_LIMITS_FILE");
     if (alt == NULL)
