@@ -126,6 +126,8 @@ json_t *kgpu_study_json(const kgpu_study *s, bool timing)
         json_object_set_new(o, "alloc_curve", real_array(row->curve, KGPU_SIM_CURVE_MAX + 1));
         json_object_set_new(o, "pods", json_real(row->pods));
         json_object_set_new(o, "pods_failed", json_real(row->pods_failed));
+        json_object_set_new(o, "constrained_pods", json_real(row->constrained_pods));
+        json_object_set_new(o, "constrained_pods_failed", json_real(row->constrained_failed));
         json_object_set_new(o, "wall_s", json_real(timing ? row->wall_s_total : 0.0));
         json_array_append_new(results, o);
     }

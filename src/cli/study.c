@@ -105,6 +105,7 @@ static void average(kgpu_study *s)
         double n = s->nseeds;
         row->alloc_pct_100 = row->alloc_pct_130 = row->unallocated_gpus = 0;
         row->frag_ratio_pct_90 = row->pods_failed = row->pods = row->wall_s_total = 0;
+        row->constrained_pods = row->constrained_failed = 0;
         memset(row->curve, 0, sizeof(row->curve));
         for (int k = 0; k < s->nseeds; k++) {
             const kgpu_sim_result *x = &row->runs[k];
@@ -114,6 +115,8 @@ static void average(kgpu_study *s)
             row->frag_ratio_pct_90 += x->frag_ratio_pct_90 / n;
             row->pods_failed += (double)x->pods_failed / n;
             row->pods += (double)x->pods / n;
+            row->constrained_pods += (double)x->constrained_pods / n;
+            row->constrained_failed += (double)x->constrained_failed / n;
             row->wall_s_total += row->wall_s[k];
             for (int i = 0; i <= KGPU_SIM_CURVE_MAX; i++)
                 row->curve[i] += x->curve[i] / n;

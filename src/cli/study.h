@@ -19,6 +19,7 @@ typedef struct kgpu_study_row {
     kgpu_sim_result *runs; /* one per seed */
     double *wall_s;        /* per seed */
     double alloc_pct_100, alloc_pct_130, unallocated_gpus, frag_ratio_pct_90, pods_failed, pods;
+    double constrained_pods, constrained_failed;
     double curve[KGPU_SIM_CURVE_MAX + 1];
     double wall_s_total; /* sum over seeds of the run times */
 } kgpu_study_row;

@@ -215,6 +215,9 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     }
     if (!cfg->random_ties)
         kgpu_policy_set_tie_order(p, rank, nn);
+    uint64_t present = 0;
+    for (int i = 0; i < nn; i++)
+        present |= kgpu_cluster_node(c, i)->model_mask;
     double cap = (double)in->capacity_milli;
     int64_t arrived = 0;
     int next = 1; /* next curve point to fill */
@@ -223,6 +226,8 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     for (size_t k = 0; k < len; k++) {
         const kgpu_request *req = &in->requests[order[k]];
         arrived += kgpu__gpu_demand(req);
+        bool constrained = req->gpu_count > 0 && (req->models & present) != present;
+        out->constrained_pods += constrained;
         if (learner != NULL) {
             rc = kgpu_learner_observe(learner, req);
             if (rc < 0) {
@@ -242,6 +247,7 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         } else if (rc == KGPU_ENOFIT) {
             out->pods_failed++;
             out->gpu_pods_failed += req->gpu_count > 0;
+            out->constrained_failed += constrained;
             rc = 0;
         } else {
             goto done;
