@@ -142,37 +142,50 @@ static const char *env(const char *name)
     return v != NULL && v[0] != '\0' ? v : NULL;
 }
 
+/* Where the limits came from. */
+enum { LIMITS_NONE, LIMITS_MOUNTED, LIMITS_ENV };
+
+/* The fixed paths, under $KGPU_TEST_ROOT in test builds (the installed library has no such
+ * variable). */
+static const char *root(void)
+{
+#ifdef KGPU_SHIM_TEST_ROOT
+    if (env("KGPU_TEST_ROOT") != NULL)
+        return env("KGPU_TEST_ROOT");
+#endif
+    return "";
+}
+
 /*
  * Where the limits come from: /etc/kgpu/limits whenever anything exists at
  * that path (lstat, so neither a dangling link nor an unreadable file lets
  * KGPU_LIMITS_FILE in); otherwise KGPU_LIMITS_FILE; otherwise nowhere.
- * Test builds (KGPU_SHIM_TEST_ROOT) put the fixed path under $KGPU_TEST_ROOT;
- * the installed library has no such variable.
  */
 static int limits_path(char *out, size_t size)
 {
-    const char *root = "";
-#ifdef KGPU_SHIM_TEST_ROOT
-    if (env("KGPU_TEST_ROOT") != NULL)
-        root = env("KGPU_TEST_ROOT");
-#endif
-    snprintf(out, size, "%s%s", root, LIMITS_PATH);
+    snprintf(out, size, "%s%s", root(), LIMITS_PATH);
     struct stat st;
     if (kgpu_shim_lstat(out, &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
-        return 1;
+        return LIMITS_MOUNTED;
     const char *alt = env("KGPU_LIMITS_FILE");
     if (alt == NULL)
-        return 0;
+        return LIMITS_NONE;
     snprintf(out, size, "%s", alt);
-    return 1;
+    return LIMITS_ENV;
 }
 
-static int read_limits(const char *path)
+/* Reads and parses the limits file; *id gets its device and inode. */
+static int read_limits(const char *path, struct stat *id)
 {
     char *buf = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
         set_failed("cannot open limits file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (kgpu_shim_fstat(fd, id) != 0) {
+        set_failed("cannot stat limits file %s: %s", path, strerror(errno));
+        close(fd);
         return -1;
     }
     buf = malloc(LIMITS_MAX_SIZE + 1);
@@ -268,12 +281,14 @@ __attribute__((destructor)) static void leave_region(void)
 
 static void config_once(void)
 {
-    char path[4096];
-    if (!limits_path(path, sizeof(path))) {
+    char path[4096], dir[4096], name[64];
+    struct stat id;
+    int from = limits_path(path, sizeof(path));
+    if (from == LIMITS_NONE) {
         atomic_store(&kgpu__shim.mode, KGPU_MODE_PASS);
         return;
     }
-    if (read_limits(path) != 0)
+    if (read_limits(path, &id) != 0)
         return;
     for (int i = 0; i < kgpu__shim.limits.ndevices; i++)
         kgpu__shim.limit_bytes[i] = kgpu__shim.limits.dev[i].memory_mib << 20;
@@ -281,8 +296,23 @@ static void config_once(void)
     for (int i = 0; i < KGPU_SHIM_MAX_CUDA_DEVICES; i++)
         kgpu__shim.devmap[i] = -1;
 
-    const char *dir = env("KGPU_SHARED_DIR") ? env("KGPU_SHARED_DIR") : SHARED_DIR;
-    const char *name = env("KGPU_CONTAINER") ? env("KGPU_CONTAINER") : "default";
+    /*
+     * Which region. With the mounted limits file, nothing a process can set
+     * decides it, or a process could account apart from its container (a
+     * fresh region: a second full share): the plugin's fixed directory, and
+     * a name from the limits file's identity, which is one host file per
+     * container. Otherwise (KGPU_LIMITS_FILE) the environment names both.
+     */
+    if (from == LIMITS_MOUNTED) {
+        snprintf(dir, sizeof(dir), "%s%s", root(), SHARED_DIR);
+        snprintf(name, sizeof(name), "limits-%llx-%llx", (unsigned long long)id.st_dev,
+                 (unsigned long long)id.st_ino);
+    } else {
+        snprintf(dir, sizeof(dir), "%s",
+                 env("KGPU_SHARED_DIR") ? env("KGPU_SHARED_DIR") : SHARED_DIR);
+        snprintf(name, sizeof(name), "%.63s",
+                 env("KGPU_CONTAINER") ? env("KGPU_CONTAINER") : "default");
+    }
     kgpu_error err = {0};
     if (kgpu_shim_region_attach(dir, name, &kgpu__shim.limits, &kgpu__shim.region, &err) !=
         KGPU_OK) {

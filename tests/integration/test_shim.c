@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -398,16 +399,43 @@ static void unusable_region_fails_closed(void **state)
 
 /* ---- limits cannot be raised from inside ---- */
 
+/* Starts `prog cmd` with envv, its stdout in `file`; returns once it printed `ready`. */
+static pid_t start(const char *prog, const char *cmd, const char *file, const char *ready)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        char *argv[] = {(char *)prog, (char *)cmd, NULL};
+        execve(prog, argv, envv);
+        _exit(127);
+    }
+    for (int i = 0; i < 10000; i++) {
+        char buf[256];
+        slurp(file, buf, sizeof(buf));
+        if (strstr(buf, ready) != NULL)
+            return pid;
+        usleep(1000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fail_msg("%s %s never said '%s'", prog, cmd, ready);
+    return -1;
+}
+
 static void the_mounted_file_wins(void **state)
 {
-    char root[300], etc[320], fixed[340];
+    char root[300], dir[340], fixed[340], region[420], hold[320];
     snprintf(root, sizeof(root), "%s/root", tmp);
-    snprintf(etc, sizeof(etc), "%s/etc", root);
-    mkdir(root, 0700);
-    mkdir(etc, 0700);
-    snprintf(etc, sizeof(etc), "%s/etc/kgpu", root);
-    mkdir(etc, 0700);
-    snprintf(fixed, sizeof(fixed), "%s/limits", etc);
+    const char *parts[] = {"", "/etc", "/etc/kgpu", "/var", "/var/run", "/var/run/kgpu"};
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+        snprintf(dir, sizeof(dir), "%s%s", root, parts[i]);
+        mkdir(dir, 0700);
+    }
+    snprintf(fixed, sizeof(fixed), "%s/etc/kgpu/limits", root);
     write_limits(limits, 8192); /* what a process would like: KGPU_LIMITS_FILE */
 
     /* No file at /etc/kgpu/limits: KGPU_LIMITS_FILE applies (use outside Kubernetes). */
@@ -416,13 +444,40 @@ static void the_mounted_file_wins(void **state)
     expect_run(KGPU_SHIM_PROBE, "info", 0);
     expect_out("total_mib=8192\n");
 
-    /* The mounted file exists: it alone counts. */
+    /* The mounted file exists: it alone counts... */
     write_limits(fixed, 1024);
     expect_run(KGPU_SHIM_PROBE, "info", 0);
     expect_out("total_mib=1024\n");
+    /*
+     * ...and it alone places the region: in the plugin's directory, named
+     * after the limits file, whatever KGPU_SHARED_DIR and KGPU_CONTAINER say.
+     */
+    struct stat st;
+    assert_int_equal(stat(fixed, &st), 0);
+    snprintf(region, sizeof(region), "%s/var/run/kgpu/limits-%llx-%llx.acct", root,
+             (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
     env_container(KGPU_SHIM_TESTROOT_LIB, "full", 1024);
     env_add("KGPU_TEST_ROOT=%s", root);
+    env_add("PROBE_REGION=%s", region);
     expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+
+    /* So a process cannot get a share of its own by renaming its container or directory. */
+    env_add("PROBE_HOLD_MIB=600");
+    snprintf(hold, sizeof(hold), "%s/hold.out", tmp);
+    pid_t holder = start(KGPU_SHIM_PROBE, "hold", hold, "holding\n"); /* 300 + 600 of 1024 */
+    env_drop("KGPU_CONTAINER");
+    env_drop("KGPU_SHARED_DIR");
+    env_add("KGPU_CONTAINER=another");
+    env_add("KGPU_SHARED_DIR=%s", tmp);
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("retain=2\n"); /* its context does not fit next to the holder's 900 MiB */
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("retain=0\n"); /* the holder's share came back */
+    char other[340];
+    snprintf(other, sizeof(other), "%s/another.acct", tmp);
+    assert_int_equal(access(other, F_OK), -1);
 
     /* Present but unusable: refused, not replaced by KGPU_LIMITS_FILE. */
     unlink(fixed);

@@ -15,6 +15,7 @@
  *   probe nvml      NVML's memory figures show the share
  *   probe tamper    raising the limit in the region changes nothing
  *   probe fork      a forked child accounts for itself
+ *   probe hold      allocates PROBE_HOLD_MIB and waits to be killed
  *   probe race      processes allocate and free at random against one
  *                   limit; some are killed; their memory comes back
  *
@@ -188,12 +189,15 @@ static unsigned long long pool(void)
     return u;
 }
 
+/* The region: PROBE_REGION, or where KGPU_SHARED_DIR and KGPU_CONTAINER put it. */
 static int open_region(void)
 {
     char path[4096];
     const char *dir = getenv("KGPU_SHARED_DIR"), *name = getenv("KGPU_CONTAINER");
     snprintf(path, sizeof(path), "%s/%s.acct", dir ? dir : "/var/run/kgpu",
              name ? name : "default");
+    if (getenv("PROBE_REGION") != NULL)
+        snprintf(path, sizeof(path), "%s", getenv("PROBE_REGION"));
     kgpu_error err;
     if (kgpu_shim_region_view(path, &region, &err) != KGPU_OK) {
         fail("observer: %s", err.msg);
@@ -601,6 +605,20 @@ static int cmd_fork(void)
     return failures != 0;
 }
 
+/* Holds PROBE_HOLD_MIB until killed, for tests that need another process's use. */
+static int cmd_hold(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    if (setup(&ctx) != 0)
+        return 1;
+    EXPECT_RC(A.cuMemAlloc_v2(&p, env_mib("PROBE_HOLD_MIB", 100)), CUDA_SUCCESS);
+    printf("holding\n");
+    fflush(stdout);
+    for (;;)
+        pause();
+}
+
 /* ---- the race ---- */
 
 static uint64_t splitmix(uint64_t *x)
@@ -763,7 +781,7 @@ static int cmd_race(void)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: probe enforce|ctx|info|nvml|tamper|fork|race\n");
+        fprintf(stderr, "usage: probe enforce|ctx|info|nvml|tamper|fork|hold|race\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -779,6 +797,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "nvml") == 0   ? cmd_nvml()
              : strcmp(cmd, "tamper") == 0 ? cmd_tamper()
              : strcmp(cmd, "fork") == 0   ? cmd_fork()
+             : strcmp(cmd, "hold") == 0   ? cmd_hold()
              : strcmp(cmd, "race") == 0   ? cmd_race()
                                           : 2;
     return rc;
