@@ -14,6 +14,10 @@ echo "== bench_sim"
 "$BUILD"/bench/bench_sim "$TRACE"
 echo "== bench_extender"
 "$BUILD"/bench/bench_extender "$BUILD"/kgpu-extender 5 2
+echo "== bench_policy (one decision on a 5,000-node cluster)"
+"$BUILD"/bench/bench_policy 5000 9
+echo "== bench_shim (cuMemAlloc+cuMemFree pair, with and without libkgpu-limit.so)"
+"$BUILD"/bench/bench_shim
 
 if [ -f "$TRACE/openb_pod_list_default.csv" ]; then
   for f in default cpu050 gpushare40 gpuspec20 multigpu20; do
