@@ -13,17 +13,19 @@
  *   per GPU milli the learned workload asks for. FGD sees CPU only as a cliff
  *   (a shape fits or not); this term sees it coming, and sends CPU-only pods
  *   to nodes with CPU to spare instead of to nodes whose GPUs need it.
- * - scarcity: for each GPU milli taken from model M, the fraction of M the
- *   pods that can only run on M (and models like it) have been asking for.
- *   Unconstrained pods then leave scarce models to the pods that need them.
+ * - scarcity: for each GPU milli taken from model M, the share of the GPU
+ *   demand seen that only M (and models like it) can serve, divided by M's
+ *   share of the cluster's free GPU compute. Unconstrained pods then leave a
+ *   model to the pods that need it, the more so the faster it runs out.
  * - packing: a small preference (at most KG_PACK_MILLI) for fuller nodes, so
  *   that equal placements go to nodes already in use and whole nodes stay
  *   free for multi-GPU pods, whatever order ties are broken in.
  *
  * Speed: as fgd, a node's current value is cached against the node's version
- * and so is each (node, pod shape) score; a placement rescans one node. The
- * learned quantities change only at snapshots (each time the count of pods
- * seen grows by a tenth), which drop the caches.
+ * and so is each (node, pod shape) score without its scarcity term; a
+ * placement rescans one node. Scarcity is a per-model rate applied to the
+ * cached figure (nodes with several models are not cached), so refreshing it
+ * drops nothing; only a new target workload (kgpu_policy_invalidate) does.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -37,8 +39,8 @@
 #define KG_STRAND_WEIGHT 1.0
 /* Packing only breaks near-ties: worth at most this many milli-GPU of fragmentation. */
 #define KG_PACK_MILLI 20.0
-/* Snapshot the learned demand when the count of pods seen has grown by this fraction. */
-#define KG_SNAPSHOT_GROWTH 0.10
+/* Free GPU compute per model is recounted every this many pods (once constrained pods are seen). */
+#define KG_SCARCITY_EVERY 64
 /* Shapes of the target considered (the heaviest; a longer tail weighs next to nothing). */
 #define KG_MAX_SHAPES 512
 /* Scores are kept in micro-GPU: fine enough that only truly equal placements tie. */
@@ -47,8 +49,9 @@
 typedef struct kg_slot {
     uint64_t version; /* node version + 1; 0 = empty */
     int shape;
-    int gpu; /* chosen GPU for a single share, -1 otherwise */
-    int64_t score;
+    int gpu;        /* chosen GPU for a single share, -1 otherwise */
+    int take;       /* GPU milli the placement takes (of the node's one model) */
+    int64_t score;  /* without the scarcity term */
 } kg_slot;
 
 typedef struct kg_node {
@@ -62,16 +65,15 @@ typedef struct kg_state {
     int cap;                     /* nodes the caches have room for */
     kg_node *nodes;
     kg_slot *cache; /* cap x slots */
-    /* Learned at the last snapshot. */
-    double cpu_per_milli;               /* CPU milli asked per GPU milli (0: unknown) */
-    double scarcity[KGPU_MAX_MODELS];   /* see the file comment */
-    /* Counted at every arrival. */
-    uint64_t present;                   /* models in the cluster */
-    double supply[KGPU_MAX_MODELS];     /* GPUs per model */
-    double supply_total;
-    double demand[KGPU_MAX_MODELS];     /* GPU milli of constrained pods, spread over their models */
-    double demand_total;                /* GPU milli of all pods seen */
-    long pods, pods_at_snapshot;
+    double cpu_per_milli; /* CPU milli the target asks per GPU milli (0: unknown) */
+    double scarcity[KGPU_MAX_MODELS]; /* see the file comment; per GPU milli taken */
+    uint64_t present;                 /* models in the cluster */
+    double free[KGPU_MAX_MODELS];     /* free GPU milli per model at the last count */
+    double free_total;
+    double demand[KGPU_MAX_MODELS]; /* GPU milli of constrained pods, spread over their models */
+    double demand_total;            /* GPU milli of all pods seen */
+    bool constrained_seen;
+    long pods, pods_at_count;
     int lost[KG_MAX_SHAPES], usable[KG_MAX_SHAPES]; /* scratch of kg_base_of */
 } kg_state;
 
@@ -97,8 +99,8 @@ static int kg_grow(kg_state *st, int need)
     return 0;
 }
 
-/* Takes what the scores depend on from the current workload and counts. */
-static void kg_snapshot(kg_state *st)
+/* CPU asked per GPU milli by the target workload: what the stranded term measures against. */
+static void kg_learn(kg_state *st)
 {
     double cpu = 0, gpu = 0;
     for (int s = 0; s < st->target->n; s++) {
@@ -109,11 +111,26 @@ static void kg_snapshot(kg_state *st)
         gpu += sh->p * (double)sh->gpu_milli * sh->gpu_count;
     }
     st->cpu_per_milli = gpu > 0 ? cpu / gpu : 0;
+}
+
+/* Counts free GPU compute per model and derives each model's scarcity from it. */
+static void kg_count(kg_state *st, const kgpu_cluster *c)
+{
+    memset(st->free, 0, sizeof(st->free));
+    st->free_total = 0;
+    for (int i = 0; i < kgpu_cluster_node_count(c); i++) {
+        const kgpu_node *n = kgpu_cluster_node(c, i);
+        for (int g = 0; g < n->ngpus; g++)
+            if (n->gpus[g].healthy) {
+                st->free[n->gpus[g].model] += n->gpus[g].free_milli;
+                st->free_total += n->gpus[g].free_milli;
+            }
+    }
     for (int m = 0; m < KGPU_MAX_MODELS; m++)
-        st->scarcity[m] = st->demand_total > 0 && st->supply[m] > 0
-                              ? st->demand[m] / st->demand_total * st->supply_total / st->supply[m]
+        st->scarcity[m] = st->demand_total > 0 && st->free[m] > 0
+                              ? st->demand[m] / st->demand_total * st->free_total / st->free[m]
                               : 0;
-    st->pods_at_snapshot = st->pods;
+    st->pods_at_count = st->pods;
 }
 
 static void kg_invalidate(void *state)
@@ -123,7 +140,7 @@ static void kg_invalidate(void *state)
         memset(st->nodes, 0, (size_t)st->cap * sizeof(*st->nodes));
         memset(st->cache, 0, (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
     }
-    kg_snapshot(st);
+    kg_learn(st);
 }
 
 static int kg_init(void *state, const kgpu_cluster *c, const kgpu_workload *target, kgpu_error *err)
@@ -139,15 +156,10 @@ static int kg_init(void *state, const kgpu_cluster *c, const kgpu_workload *targ
         st->slots /= 2;
     if (kg_grow(st, nodes) != 0)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory for kgpu caches");
-    for (int i = 0; i < nodes; i++) {
-        const kgpu_node *n = kgpu_cluster_node(c, i);
-        for (int g = 0; g < n->ngpus; g++) {
-            st->supply[n->gpus[g].model] += 1;
-            st->supply_total += 1;
-            st->present |= 1ULL << n->gpus[g].model;
-        }
-    }
-    kg_snapshot(st);
+    for (int i = 0; i < nodes; i++)
+        st->present |= kgpu_cluster_node(c, i)->model_mask;
+    kg_learn(st);
+    kg_count(st, c);
     return 0;
 }
 
@@ -160,29 +172,33 @@ static void kg_fini(void *state)
 
 /*
  * Counts the pod's GPU demand; a pod that allows only some of the cluster's
- * models spreads its demand over them by their supply.
+ * models spreads its demand over them by their free compute. Once such pods
+ * have been seen, free compute per model is recounted every
+ * KG_SCARCITY_EVERY pods: O(GPUs), and no cache is dropped.
  */
 static void kg_observe(void *state, const kgpu_cluster *c, const kgpu_request *req)
 {
     kg_state *st = state;
-    (void)c;
+    bool first = false;
     st->pods++;
     if (req->gpu_count > 0) {
         double d = (double)kgpu__gpu_demand(req);
         st->demand_total += d;
         uint64_t allowed = req->models & st->present;
         if (allowed != st->present && allowed != 0) {
-            double supply = 0;
+            double free = 0;
             for (int m = 0; m < KGPU_MAX_MODELS; m++)
                 if ((allowed >> m) & 1)
-                    supply += st->supply[m];
+                    free += st->free[m];
             for (int m = 0; m < KGPU_MAX_MODELS; m++)
                 if ((allowed >> m) & 1)
-                    st->demand[m] += d * st->supply[m] / supply;
+                    st->demand[m] += free > 0 ? d * st->free[m] / free : d / __builtin_popcountll(allowed);
+            first = !st->constrained_seen;
+            st->constrained_seen = true;
         }
     }
-    if ((double)(st->pods - st->pods_at_snapshot) >= KG_SNAPSHOT_GROWTH * (double)st->pods_at_snapshot)
-        kg_invalidate(st);
+    if (first || (st->constrained_seen && st->pods - st->pods_at_count >= KG_SCARCITY_EVERY))
+        kg_count(st, c);
 }
 
 /*
@@ -291,36 +307,57 @@ static double used_after(const kgpu_node *n, int idle_after, int64_t cpu_after)
     return 0.5 * (1.0 - (double)idle_after / ((double)n->ngpus * KGPU_MILLI)) + 0.5 * cu;
 }
 
+/* The scarcity term of taking take[k] milli from GPU gpus[k], in micro-GPU. */
+static int64_t kg_scarce(const kg_state *st, const kgpu_node *n, const int *gpus, const int *take,
+                         int nchg)
+{
+    if (nchg == 0)
+        return 0;
+    if ((n->model_mask & (n->model_mask - 1)) == 0) { /* one model: exactly as kg_cached adds it */
+        int total = 0;
+        for (int k = 0; k < nchg; k++)
+            total += take[k];
+        int model = __builtin_ctzll(n->model_mask);
+        return (int64_t)llround(st->scarcity[model] * (double)total * KG_SCALE);
+    }
+    double scarce = 0;
+    for (int k = 0; k < nchg; k++)
+        scarce += st->scarcity[n->gpus[gpus[k]].model] * (double)take[k];
+    return (int64_t)llround(scarce * KG_SCALE);
+}
+
+/* The score of a placement without its scarcity term, in micro-GPU. */
 static int64_t kg_placement(const kg_state *st, const kgpu_node *n, const kg_base *b,
                             double before, const int *gpus, const int *take, int nchg,
                             int64_t cpu_after)
 {
     double after = kg_after(st, n, b, gpus, take, nchg, cpu_after);
-    double scarce = 0;
     int idle_after = b->total;
-    for (int k = 0; k < nchg; k++) {
-        scarce += st->scarcity[n->gpus[gpus[k]].model] * (double)take[k];
+    for (int k = 0; k < nchg; k++)
         idle_after -= take[k];
-    }
-    double s = before - after - scarce + KG_PACK_MILLI * used_after(n, idle_after, cpu_after);
+    double s = before - after + KG_PACK_MILLI * used_after(n, idle_after, cpu_after);
     return (int64_t)llround(s * KG_SCALE);
 }
 
 /*
  * Score of req on node n, and for a single GPU share the GPU that earns it
  * (first of the best): a share tries every GPU with room, several or whole
- * GPUs take the tightest that suffice, CPU-only pods just CPU.
+ * GPUs take the tightest that suffice, CPU-only pods just CPU. Also returns
+ * the score without scarcity and the GPU milli taken, for the cache.
  */
 static int64_t kg_eval(kg_state *st, const kgpu_node *n, int node, const kgpu_request *req,
-                       int *gpu_out)
+                       int *gpu_out, int64_t *base_out, int *take_out)
 {
     kg_base b;
     kg_base_of(st, n, &b);
     double before = current_value(st, n, node, &b);
     int64_t cpu_after = n->cpu_free - req->cpu_milli;
     *gpu_out = -1;
-    if (req->gpu_count <= 0)
-        return kg_placement(st, n, &b, before, NULL, NULL, 0, cpu_after);
+    *take_out = 0;
+    if (req->gpu_count <= 0) {
+        *base_out = kg_placement(st, n, &b, before, NULL, NULL, 0, cpu_after);
+        return *base_out;
+    }
     if (req->gpu_count == 1 && !req->exclusive) {
         int64_t best = 0;
         for (int i = 0; i < n->ngpus; i++) {
@@ -333,42 +370,61 @@ static int64_t kg_eval(kg_state *st, const kgpu_node *n, int node, const kgpu_re
                        n->gpus[j].model == n->gpus[i].model && kgpu_gpu_usable(n, &n->gpus[j], req);
             if (seen)
                 continue;
-            int64_t s = kg_placement(st, n, &b, before, &i, &req->gpu_milli, 1, cpu_after);
+            int64_t base = kg_placement(st, n, &b, before, &i, &req->gpu_milli, 1, cpu_after);
+            int64_t s = base - kg_scarce(st, n, &i, &req->gpu_milli, 1);
             if (*gpu_out < 0 || s > best) {
                 best = s;
                 *gpu_out = i;
+                *base_out = base;
             }
         }
+        *take_out = req->gpu_milli;
         return best;
     }
     int gpus[KGPU_MAX_GPUS_PER_NODE], take[KGPU_MAX_GPUS_PER_NODE];
-    if (kgpu__pick_best_fit(n, req, gpus) != 0)
+    if (kgpu__pick_best_fit(n, req, gpus) != 0) {
+        *base_out = INT64_MIN / 2;
         return INT64_MIN / 2;
+    }
     for (int k = 0; k < req->gpu_count; k++)
         take[k] = req->exclusive ? KGPU_MILLI : req->gpu_milli;
-    return kg_placement(st, n, &b, before, gpus, take, req->gpu_count, cpu_after);
+    *base_out = kg_placement(st, n, &b, before, gpus, take, req->gpu_count, cpu_after);
+    *take_out = take[0] * req->gpu_count;
+    return *base_out - kg_scarce(st, n, gpus, take, req->gpu_count);
 }
 
+/*
+ * kg_eval through the (node, shape) cache. The cache holds the score without
+ * scarcity, which changes without the node changing; a node of one model
+ * adds it back from the milli taken. Nodes of several models, where scarcity
+ * can change which GPU is best, are evaluated afresh each time.
+ */
 static int64_t kg_cached(kg_state *st, const kgpu_cluster *c, int node, const kgpu_request *req,
                          int *gpu_out)
 {
     const kgpu_node *n = kgpu_cluster_node(c, node);
+    int64_t base;
+    int take;
+    bool one_model = (n->model_mask & (n->model_mask - 1)) == 0;
     if (node >= st->cap && kg_grow(st, kgpu_cluster_node_count(c)) != 0)
-        return kg_eval(st, n, node, req, gpu_out); /* no room to cache: still correct */
-    if (req->shape < 0)
-        return kg_eval(st, n, node, req, gpu_out);
+        return kg_eval(st, n, node, req, gpu_out, &base, &take); /* no room to cache */
+    if (req->shape < 0 || !one_model)
+        return kg_eval(st, n, node, req, gpu_out, &base, &take);
     kg_slot *slot = &st->cache[(size_t)node * (size_t)st->slots +
                                ((size_t)req->shape & (size_t)(st->slots - 1))];
-    if (slot->version == n->version + 1 && slot->shape == req->shape) {
-        *gpu_out = slot->gpu;
-        return slot->score;
+    if (slot->version != n->version + 1 || slot->shape != req->shape) {
+        kg_eval(st, n, node, req, gpu_out, &base, &take);
+        slot->version = n->version + 1;
+        slot->shape = req->shape;
+        slot->gpu = *gpu_out;
+        slot->take = take;
+        slot->score = base;
     }
-    int64_t s = kg_eval(st, n, node, req, gpu_out);
-    slot->version = n->version + 1;
-    slot->shape = req->shape;
-    slot->gpu = *gpu_out;
-    slot->score = s;
-    return s;
+    *gpu_out = slot->gpu;
+    if (slot->take == 0 || slot->score == INT64_MIN / 2)
+        return slot->score;
+    int model = __builtin_ctzll(n->model_mask);
+    return slot->score - (int64_t)llround(st->scarcity[model] * (double)slot->take * KG_SCALE);
 }
 
 static int64_t kg_score(void *state, const kgpu_cluster *c, int node, const kgpu_request *req)

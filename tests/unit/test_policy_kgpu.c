@@ -585,6 +585,71 @@ static void test_cache_matches_uncached_and_reference(void **state)
     kgpu_cluster_free(c);
 }
 
+/*
+ * Scarcity changes without any node changing: the cache must not serve stale
+ * scores. Cached (shape ids) and uncached states see the same arrivals,
+ * constrained ones among them, and must agree on every node, mixed-model
+ * nodes included; the T4 node's scores must drop once T4-only pods are seen.
+ */
+static void test_scarcity_bypasses_the_cache(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    int t4 = add_node(c, "t4", 64000, 4, T4);
+    add_node(c, "v100", 64000, 4, V100);
+    const char *mixed[] = {V100, T4};
+    kgpu_gpu_spec gs[2];
+    for (int i = 0; i < 2; i++)
+        gs[i] = (kgpu_gpu_spec){
+            .index = i, .model = mixed[i], .memory_mib = 32768, .numa = -1, .healthy = true};
+    kgpu_node_spec ms = {
+        .name = "mix", .cpu_milli = 64000, .memory_mib = 1 << 20, .gpus = gs, .ngpus = 2};
+    assert_true(kgpu_cluster_add_node(c, &ms, NULL) >= 0);
+    const char *only_t4[] = {T4};
+    kgpu_request kinds[] = {share_req(c, 2000, 500), whole_req(c, 8000, 1), cpu_req(c, 4000)};
+    enum { NK = sizeof(kinds) / sizeof(kinds[0]) };
+    kgpu_request t4_pod = {.cpu_milli = 8000,
+                           .gpu_count = 1,
+                           .gpu_milli = KGPU_MILLI,
+                           .exclusive = true,
+                           .allow = only_t4,
+                           .nallow = 1,
+                           .shape = -1};
+    compile(c, &t4_pod);
+    kgpu_workload w;
+    kgpu_error e;
+    assert_int_equal(kgpu_workload_build(kinds, NK, 1.0, &w, &e), 0);
+    handle cached = open_state(c, &w), plain = open_state(c, &w);
+    int64_t before[NK];
+    for (int round = 0; round < 200; round++) {
+        for (int k = 0; k < NK; k++) {
+            kgpu_request shaped = kinds[k];
+            shaped.shape = k;
+            for (int i = 0; i < kgpu_cluster_node_count(c); i++) {
+                if (!kgpu__fit(kgpu_cluster_node(c, i), &kinds[k]))
+                    continue;
+                int64_t s1 = cached.ops->score(cached.state, c, i, &shaped);
+                int64_t s2 = plain.ops->score(plain.state, c, i, &kinds[k]);
+                if (s1 != s2)
+                    fail_msg("round %d kind %d node %d: cached %lld, uncached %lld", round, k, i,
+                             (long long)s1, (long long)s2);
+                if (round == 0 && i == t4)
+                    before[k] = s1;
+                if (round == 199 && i == t4 && kinds[k].gpu_count > 0)
+                    assert_true(s1 < before[k]); /* T4 got dearer for unconstrained pods */
+                if (round == 199 && i == t4 && kinds[k].gpu_count == 0)
+                    assert_true(s1 == before[k]); /* CPU takes no GPU model */
+            }
+        }
+        const kgpu_request *arrived = round % 5 == 4 ? &t4_pod : &kinds[round % NK];
+        cached.ops->observe(cached.state, c, arrived);
+        plain.ops->observe(plain.state, c, arrived);
+    }
+    close_state(&cached);
+    close_state(&plain);
+    kgpu_workload_free(&w);
+    kgpu_cluster_free(c);
+}
+
 /* ---- the registry and the simulator ------------------------------------------------------- */
 
 static void test_registered_online_only(void **state)
@@ -673,6 +738,7 @@ int main(void)
         cmocka_unit_test(test_share_completes_a_gpu),
         cmocka_unit_test(test_spares_scarce_models),
         cmocka_unit_test(test_cache_matches_uncached_and_reference),
+        cmocka_unit_test(test_scarcity_bypasses_the_cache),
         cmocka_unit_test(test_registered_online_only),
         cmocka_unit_test(test_simulated_run_is_deterministic),
     };
