@@ -310,6 +310,55 @@ static int parse_gpu_spec(const json_t *v, size_t i, kgpu_node_store *store, kgp
     return 0;
 }
 
+static int item_error(kgpu_error *err, const char *where, const char *field, const char *what)
+{
+    return kgpu_error_set(err, KGPU_EPARSE, "%s.%s: %s", where, field, what);
+}
+
+int kgpu_gpu_item_parse(const json_t *v, const char *where, int position, bool index_required,
+                        bool uuid_required, kgpu_gpu_spec *g, char *uuid, char *model,
+                        kgpu_error *err)
+{
+    if (!json_is_object(v))
+        return kgpu_error_set(err, KGPU_EPARSE, "%s: not a mapping", where);
+    const json_t *x = json_object_get(v, "index");
+    if (x == NULL && !index_required) {
+        g->index = position;
+    } else if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+               json_integer_value(x) > MAX_GPU_INDEX) {
+        return item_error(err, where, "index", "needs an integer 0..1023");
+    } else {
+        g->index = (int)json_integer_value(x);
+    }
+    const char *s = json_string_value(json_object_get(v, "uuid"));
+    if ((s == NULL && uuid_required) || (s != NULL && uuid_required && *s == '\0') ||
+        (s != NULL && strlen(s) >= KGPU_UUID_MAX) ||
+        (json_object_get(v, "uuid") != NULL && s == NULL))
+        return item_error(err, where, "uuid", "needs a non-empty string (< 80 bytes)");
+    snprintf(uuid, KGPU_UUID_MAX, "%s", s != NULL ? s : "");
+    s = json_string_value(json_object_get(v, "model"));
+    if (s == NULL || *s == '\0' || strlen(s) >= KGPU_MODEL_NAME_MAX)
+        return item_error(err, where, "model", "needs a non-empty string (< 64 bytes)");
+    snprintf(model, KGPU_MODEL_NAME_MAX, "%s", s);
+    x = json_object_get(v, "memory_mib");
+    if (!json_is_integer(x) || json_integer_value(x) <= 0 ||
+        json_integer_value(x) > (INT64_C(1) << 30))
+        return item_error(err, where, "memory_mib", "needs a positive integer");
+    g->memory_mib = json_integer_value(x);
+    x = json_object_get(v, "numa");
+    if (x != NULL &&
+        (!json_is_integer(x) || json_integer_value(x) < -1 || json_integer_value(x) > MAX_NUMA))
+        return item_error(err, where, "numa", "needs an integer -1..1023");
+    g->numa = x != NULL ? (int)json_integer_value(x) : -1;
+    x = json_object_get(v, "healthy");
+    if (x != NULL && !json_is_boolean(x))
+        return item_error(err, where, "healthy", "needs true or false");
+    g->healthy = x == NULL || json_is_true(x);
+    g->uuid = uuid;
+    g->model = model;
+    return 0;
+}
+
 int kgpu_gpus_annotation_parse(const char *text, kgpu_node_store *store, int *n, kgpu_error *err)
 {
     *n = 0;

@@ -135,6 +135,20 @@ int kgpu_node_from_json(const json_t *node, kgpu_node_spec *spec, kgpu_node_stor
 /* The kgpu.io/gpus annotation value for n GPU specs; malloc'd string or NULL. */
 char *kgpu_gpus_annotation_format(const kgpu_gpu_spec *gpus, int n);
 
+/*
+ * One GPU of a hand-written inventory (the extender's --cluster-file, the
+ * device plugin's --fake-gpus): an object with `model` and `memory_mib`,
+ * `index` (0..1023; when absent and not required, `position`), `uuid`
+ * (required when uuid_required), and optional `numa` (-1..1023, default -1)
+ * and `healthy` (a boolean, default true). Strings are copied into `uuid` and
+ * `model` (KGPU_UUID_MAX and KGPU_MODEL_NAME_MAX bytes), which g points to.
+ * Errors name `where` and the field: "cluster.yaml: nodes[0].gpus[1].healthy:
+ * needs true or false".
+ */
+int kgpu_gpu_item_parse(const json_t *v, const char *where, int position, bool index_required,
+                        bool uuid_required, kgpu_gpu_spec *g, char *uuid, char *model,
+                        kgpu_error *err);
+
 /* Parses a kgpu.io/gpus annotation into store->gpus (and its strings). */
 int kgpu_gpus_annotation_parse(const char *text, kgpu_node_store *store, int *n, kgpu_error *err);
 

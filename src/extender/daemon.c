@@ -52,7 +52,12 @@ static int load_cluster_file(ext_daemon *d, kgpu_error *err)
     kgpu_node_spec *specs = calloc(n + 1, sizeof(*specs));
     kgpu_gpu_spec(*gpus)[KGPU_MAX_GPUS_PER_NODE] = calloc(n + 1, sizeof(*gpus));
     kgpu_label(*labels)[32] = calloc(n + 1, sizeof(*labels));
-    if (specs == NULL || gpus == NULL || labels == NULL) {
+    /* The GPUs' strings, copied by kgpu_gpu_item_parse (ext_state_set_nodes copies them again). */
+    struct gpu_strings {
+        char uuid[KGPU_UUID_MAX];
+        char model[KGPU_MODEL_NAME_MAX];
+    }(*strings)[KGPU_MAX_GPUS_PER_NODE] = calloc(n + 1, sizeof(*strings));
+    if (specs == NULL || gpus == NULL || labels == NULL || strings == NULL) {
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto out;
     }
@@ -97,22 +102,10 @@ static int load_cluster_file(ext_daemon *d, kgpu_error *err)
         s->ngpus = (int)json_array_size(gl);
         s->gpus = gpus[i];
         for (int g = 0; g < s->ngpus && rc == 0; g++) {
-            json_t *gj = json_array_get(gl, (size_t)g);
             char gw[1300];
             snprintf(gw, sizeof(gw), "%s.gpus[%d]", where, g);
-            kgpu_gpu_spec *gs = &gpus[i][g];
-            int64_t index = g, mem = 0, numa = -1;
-            gs->model = json_string_value(json_object_get(gj, "model"));
-            gs->uuid = json_string_value(json_object_get(gj, "uuid"));
-            if (gs->model == NULL || gs->model[0] == '\0')
-                rc = kgpu_error_set(err, KGPU_EPARSE, "%s.model is missing", gw);
-            else if ((rc = int_field(gj, "index", gw, &index, false, err)) == 0 &&
-                     (rc = int_field(gj, "memory_mib", gw, &mem, true, err)) == 0)
-                rc = int_field(gj, "numa", gw, &numa, false, err);
-            gs->index = (int)index;
-            gs->memory_mib = mem;
-            gs->numa = (int)numa;
-            gs->healthy = !json_is_false(json_object_get(gj, "healthy"));
+            rc = kgpu_gpu_item_parse(json_array_get(gl, (size_t)g), gw, g, false, false,
+                                     &gpus[i][g], strings[i][g].uuid, strings[i][g].model, err);
         }
     }
     if (rc == 0) {
@@ -127,6 +120,7 @@ out:
     free(specs);
     free(gpus);
     free(labels);
+    free(strings);
     json_decref(root);
     /* The parsed file was many small blocks; give that memory back to the system. */
     malloc_trim(0);

@@ -5,45 +5,25 @@
 
 #include "gpu.h"
 #include "kgpu/model.h"
+#include "podspec.h"
 #include "yamljson.h"
-
-static int field_error(kgpu_error *err, const char *path, size_t i, const char *field,
-                       const char *what)
-{
-    return kgpu_error_set(err, KGPU_EPARSE, "%s: gpus[%zu].%s: %s", path, i, field, what);
-}
 
 /* One item of the list; `i` is its position, for errors. */
 static int gpu_from_json(json_t *g, const char *path, size_t i, kgpu_gpu_info *o, kgpu_error *err)
 {
-    if (!json_is_object(g))
-        return kgpu_error_set(err, KGPU_EPARSE, "%s: gpus[%zu]: not a mapping", path, i);
-    json_t *v = json_object_get(g, "index");
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1023)
-        return field_error(err, path, i, "index", "needs an integer 0..1023");
-    o->index = (int)json_integer_value(v);
-    const char *s = json_string_value(json_object_get(g, "uuid"));
-    if (s == NULL || !*s || strlen(s) >= KGPU_UUID_MAX)
-        return field_error(err, path, i, "uuid", "needs a non-empty string (< 80 bytes)");
-    snprintf(o->uuid, sizeof(o->uuid), "%s", s);
-    s = json_string_value(json_object_get(g, "model"));
-    if (s == NULL || !*s || strlen(s) >= KGPU_MODEL_NAME_MAX)
-        return field_error(err, path, i, "model", "needs a non-empty string (< 64 bytes)");
-    snprintf(o->model, sizeof(o->model), "%s", s);
-    v = json_object_get(g, "memory_mib");
-    if (!json_is_integer(v) || json_integer_value(v) <= 0 ||
-        json_integer_value(v) > (INT64_C(1) << 30))
-        return field_error(err, path, i, "memory_mib", "needs a positive integer");
-    o->memory_mib = json_integer_value(v);
-    v = json_object_get(g, "numa");
-    if (v != NULL &&
-        (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > 1023))
-        return field_error(err, path, i, "numa", "needs an integer -1..1023");
-    o->numa = v != NULL ? (int)json_integer_value(v) : -1;
-    v = json_object_get(g, "healthy");
-    if (v != NULL && !json_is_boolean(v))
-        return field_error(err, path, i, "healthy", "needs true or false");
-    o->healthy = v == NULL || json_is_true(v);
+    char where[1200], uuid[KGPU_UUID_MAX], model[KGPU_MODEL_NAME_MAX];
+    snprintf(where, sizeof(where), "%s: gpus[%zu]", path, i);
+    kgpu_gpu_spec spec;
+    int rc = kgpu_gpu_item_parse(g, where, (int)i, true, true, &spec, uuid, model, err);
+    if (rc != 0)
+        return rc;
+    memset(o, 0, sizeof(*o));
+    o->index = spec.index;
+    snprintf(o->uuid, sizeof(o->uuid), "%s", uuid);
+    snprintf(o->model, sizeof(o->model), "%s", model);
+    o->memory_mib = spec.memory_mib;
+    o->numa = spec.numa;
+    o->healthy = spec.healthy;
     return KGPU_OK;
 }
 

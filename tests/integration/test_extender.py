@@ -2285,12 +2285,23 @@ class TestClusterFile(ExtenderTest):
 
     def test_bad_cluster_file(self):
         path = os.path.join(self.tmp, "bad.yaml")
-        with open(path, "w") as f:
-            f.write("nodes:\n- name: n\n  gpus: [{model: T4}]\n")
-        out = subprocess.run([EXTENDER_BIN, "--cluster-file", path, "--listen", "127.0.0.1:0"],
-                             capture_output=True, text=True, timeout=30)
-        self.assertNotEqual(out.returncode, 0)
-        self.assertIn("memory_mib", out.stderr)
+        # Each GPU field is checked by kind and range; the message names file, item and field.
+        cases = [("{model: T4}", "nodes[0].gpus[0].memory_mib"),
+                 ("{model: T4, memory_mib: 15360, healthy: 'false'}",
+                  "nodes[0].gpus[0].healthy: needs true or false"),
+                 ("{model: T4, memory_mib: 15360, index: 4294967296}",
+                  "nodes[0].gpus[0].index: needs an integer 0..1023"),
+                 ("{model: T4, memory_mib: 15360, numa: -2}", "nodes[0].gpus[0].numa"),
+                 ("{model: T4, memory_mib: 15360, uuid: 7}", "nodes[0].gpus[0].uuid"),
+                 ("{memory_mib: 15360}", "nodes[0].gpus[0].model")]
+        for gpu, want in cases:
+            with open(path, "w") as f:
+                f.write("nodes:\n- name: n\n  gpus: [%s]\n" % gpu)
+            out = subprocess.run([EXTENDER_BIN, "--cluster-file", path, "--listen",
+                                  "127.0.0.1:0"], capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(out.returncode, 0, gpu)
+            self.assertIn(want, out.stderr, gpu)
+            self.assertIn("bad.yaml", out.stderr, gpu)
 
 
 # ---------------------------------------------------------------------------
