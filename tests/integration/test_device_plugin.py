@@ -42,6 +42,8 @@ import threading
 import time
 import unittest
 
+from harness import Child, run_tests, wait_for
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.dirname(os.path.dirname(HERE))
 API_STANDIN = os.path.join(HERE, "apiserver_standin.py")
@@ -58,11 +60,7 @@ SOCKETS = {MEM: "kgpu-gpu-mem.sock", CORE: "kgpu-gpu-core.sock", WHOLE: "kgpu-nv
            ALIAS: "kgpu-aliyun-gpu-mem.sock"}
 SHIM_IN_CONTAINER = "/usr/lib/kgpu/libkgpu-limit.so"
 
-SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
-                   "WARNING: ThreadSanitizer", "SUMMARY: UndefinedBehaviorSanitizer")
 
-_CHILDREN = set()
-_CHILDREN_LOCK = threading.Lock()
 
 try:
     import grpc
@@ -80,83 +78,6 @@ def known_bug(description):
             return fn
         return unittest.expectedFailure(fn)
     return wrap
-
-
-# ---------------------------------------------------------------------------
-# Processes
-# ---------------------------------------------------------------------------
-
-class Child:
-    """A child process in its own process group, its output in a log file."""
-
-    def __init__(self, argv, log_path, env=None):
-        self.argv = argv
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        with _CHILDREN_LOCK:
-            _CHILDREN.add(self)
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def signal_group(self, sig):
-        if self.proc.returncode is not None:  # reaped: the id may be someone else's now
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stop(self, sig=signal.SIGTERM, timeout=20.0):
-        """Signals the group and waits (SIGKILL if it lingers); the exit status."""
-        if self.alive():
-            self.signal_group(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.signal_group(signal.SIGKILL)
-                self.proc.wait(10)
-        if not self._log.closed:
-            self._log.close()
-        with _CHILDREN_LOCK:
-            _CHILDREN.discard(self)
-        return self.proc.returncode
-
-    def wait_exit(self, timeout):
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def log(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, n=30):
-        return "\n".join(self.log().splitlines()[-n:])
-
-
-def kill_all_children():
-    with _CHILDREN_LOCK:
-        children = list(_CHILDREN)
-    for c in children:
-        c.signal_group(signal.SIGKILL)
-
-
-def wait_for(predicate, timeout, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
-        time.sleep(interval)
 
 
 # ---------------------------------------------------------------------------
@@ -349,12 +270,7 @@ class Plugin:
         self.stopped = False
 
     def sanitizer_report(self):
-        text = self.child.log()
-        for mark in SANITIZER_MARKS:
-            at = text.find(mark)
-            if at >= 0:
-                return text[max(0, at - 300):at + 4000]
-        return None
+        return self.child.sanitizer_report()
 
     def stop(self):
         """SIGTERM: exit 0, sockets gone, no sanitizer report (asserted)."""
@@ -1638,7 +1554,7 @@ class TestStress(AllocateCase):
                 g = gpus[k % 2]
                 units = 1 + k % 4
                 name = "s%d" % k
-                pod = self.one_gpu_pod(name, g, units=units)
+                self.one_gpu_pod(name, g, units=units)
                 try:
                     r = self.kubelet.allocate(MEM, self.free_ids(MEM)[:units])
                 except grpc.RpcError as e:
@@ -1659,7 +1575,6 @@ class TestStress(AllocateCase):
                 if "kgpu.io/allocated" not in annotations(API.pod(name)):
                     raise AssertionError("pod %s not marked allocated" % name)
                 API.delete_pod(name)
-                del pod
                 counts["pods"] += 1
 
         workers = [threading.Thread(target=guard(f), daemon=True)
@@ -1721,16 +1636,7 @@ def main():
     PROTOC = protoc
     PB = load_messages(SOURCE_DIR, PROTOC)
 
-    def on_signal(signum, frame):
-        kill_all_children()
-        os._exit(128 + signum)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    try:
-        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    finally:
-        kill_all_children()
-    return 0 if prog.result.wasSuccessful() else 1
+    return run_tests(sys.argv[0], rest)
 
 
 if __name__ == "__main__":

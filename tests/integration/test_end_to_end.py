@@ -55,6 +55,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import harness                    # noqa: E402
 import test_device_plugin as tdp  # noqa: E402  (its grpc import may fail: main() skips)
 import test_extender as te        # noqa: E402
 
@@ -905,20 +906,8 @@ def main():
     tdp.PROTOC = protoc
     tdp.PB = tdp.load_messages(SOURCE_DIR, protoc)
 
-    def kill_children():
-        te.kill_all_children()
-        tdp.kill_all_children()
-
-    def on_signal(signum, frame):
-        kill_children()
-        os._exit(128 + signum)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    try:
-        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    finally:
-        kill_children()
-    return 0 if prog.result.wasSuccessful() else 1
+    # Both suites' children are harness.Child: run_tests kills them all.
+    return harness.run_tests(sys.argv[0], rest)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ import time
 import unittest
 import urllib.parse
 
+from harness import SANITIZER_MARKS, Child, run_tests, wait_for
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.dirname(os.path.dirname(HERE))
 STANDIN = os.path.join(HERE, "apiserver_standin.py")
@@ -52,13 +54,7 @@ TOKEN = "kgpu-test-token-0123456789"
 EXTENDER_BIN = None
 KGPU_BIN = None
 
-SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
-                   "WARNING: ThreadSanitizer", "SUMMARY: UndefinedBehaviorSanitizer")
 
-# Every child started and not yet reaped, so that a signal to this script
-# still takes them down (see main()).
-_CHILDREN = set()
-_CHILDREN_LOCK = threading.Lock()
 
 
 def known_bug(description):
@@ -102,82 +98,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout, interval=0.05, what="condition"):
-    """Polls predicate() until it returns a true value; returns it, or raises AssertionError."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
-        time.sleep(interval)
-
-
-class Child:
-    """A child process in its own process group, its output in a log file."""
-
-    def __init__(self, argv, log_path, env=None):
-        self.argv = argv
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        with _CHILDREN_LOCK:
-            _CHILDREN.add(self)
-
-    @property
-    def pid(self):
-        return self.proc.pid
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def signal_group(self, sig):
-        # Only while the leader is not reaped: after that its id may name someone else.
-        if self.proc.returncode is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stop(self, sig=signal.SIGTERM, timeout=20.0):
-        """Signals the group, waits; SIGKILL if it lingers. Returns the exit status."""
-        if self.alive():
-            self.signal_group(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.signal_group(signal.SIGKILL)
-                self.proc.wait(10)
-        self._log.close()
-        with _CHILDREN_LOCK:
-            _CHILDREN.discard(self)
-        return self.proc.returncode
-
-    def kill(self):
-        return self.stop(signal.SIGKILL)
-
-    def log(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, n=40):
-        return "\n".join(self.log().splitlines()[-n:])
-
-
-def kill_all_children():
-    with _CHILDREN_LOCK:
-        children = list(_CHILDREN)
-    for c in children:
-        c.signal_group(signal.SIGKILL)
 
 
 def read_port_file(path, child, timeout=20.0):
@@ -2408,18 +2328,7 @@ def main():
             return 77
     EXTENDER_BIN, KGPU_BIN = os.path.abspath(args.extender), os.path.abspath(args.kgpu)
 
-    def on_signal(signum, frame):
-        # unittest would record an exception raised here as one test's error and go on:
-        # take the children down and leave at once instead.
-        kill_all_children()
-        os._exit(128 + signum)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    try:
-        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    finally:
-        kill_all_children()
-    return 0 if prog.result.wasSuccessful() else 1
+    return run_tests(sys.argv[0], rest)
 
 
 if __name__ == "__main__":
