@@ -24,8 +24,8 @@ static const struct {
     int gpus, cores, mem_gib;
     double share;
 } node_mix[] = {
-    {"G2", 8, 96, 384, 0.45},  {"T4", 2, 104, 384, 0.32},     {"P100", 2, 16, 128, 0.09},
-    {"G3", 8, 128, 768, 0.04}, {"V100M16", 4, 32, 128, 0.04}, {"V100M32", 8, 96, 768, 0.03},
+    {"G2", 8, 96, 384, 0.45},   {"T4", 2, 104, 384, 0.32},     {"P100", 2, 16, 128, 0.09},
+    {"G3", 8, 128, 768, 0.04},  {"V100M16", 4, 32, 128, 0.04}, {"V100M32", 8, 96, 768, 0.03},
     {"A10", 1, 128, 512, 0.03},
 };
 
@@ -153,8 +153,8 @@ static figures measure(const char *policy, const kgpu_cluster *filled, const kgp
         all[i] = i;
     double t[64];
     /* The costliest kind of pod: a GPU share, which tries each GPU of each node. */
-    kgpu_request share = {.cpu_milli = 1000, .memory_mib = 1024, .gpu_count = 1, .gpu_milli = 470,
-                      .shape = NSHAPES};
+    kgpu_request share = {
+        .cpu_milli = 1000, .memory_mib = 1024, .gpu_count = 1, .gpu_milli = 470, .shape = NSHAPES};
     kgpu_request_compile(c, &share, &err);
     for (int i = 0; i < n; i++)
         f.fitting += kgpu_fit(c, i, &share, NULL, 0);
@@ -216,7 +216,8 @@ int main(int argc, char **argv)
     kgpu_rng_seed(&rng, 42, 1);
     kgpu_cluster *c = make_cluster(nodes, &rng);
     int gpus = kgpu_cluster_gpu_count(c);
-    /* Fill to 60 % of the GPU capacity with random placements of the same mix: most nodes stay candidates. */
+    /* Fill to 60 % of the GPU capacity with random placements of the same mix: most nodes stay
+     * candidates. */
     kgpu_policy *filler = kgpu_policy_new("random", c, NULL, NULL);
     kgpu_error err;
     while ((double)kgpu_cluster_gpu_milli_allocated(c) < 0.6 * gpus * KGPU_MILLI) {
@@ -235,10 +236,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < 2; i++) {
         figures f = measure(policies[i], c, NULL, reps, 7);
         printf("%-8s %8d %14.3f %14.1f %14.1f %16.3f\n", policies[i], f.fitting, f.cold_ms,
-               f.steady_us,
-               f.steady_p99_us, f.scores_ms);
+               f.steady_us, f.steady_p99_us, f.scores_ms);
     }
-    printf("cold: one GPU share (470 milli, 1 core), every cache dropped; steady: observe + select per arriving pod, caches warm;\n"
+    printf("cold: one GPU share (470 milli, 1 core), every cache dropped; steady: observe + select "
+           "per arriving pod, caches warm;\n"
            "node_scores: prioritize over all nodes, caches warm.\n");
     kgpu_cluster_free(c);
     return 0;

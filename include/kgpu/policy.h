@@ -77,7 +77,7 @@ void kgpu_learner_free(kgpu_learner *l);
  */
 int kgpu_learner_observe(kgpu_learner *l, const kgpu_request *req);
 
-/* The current workload, never empty. Borrowed; its address stays the same for the learner's life. */
+/* The current workload, never empty. Borrowed; its address is fixed for the learner's life. */
 const kgpu_workload *kgpu_learner_workload(const kgpu_learner *l);
 
 /* Pods observed so far. */

@@ -65,9 +65,9 @@ typedef struct kgpu_sim_result {
     long pods;                            /* arrivals */
     long pods_failed;
     long gpu_pods_failed;
-    long constrained_pods;  /* arrivals allowed on only some of the cluster's GPU models */
+    long constrained_pods;   /* arrivals allowed on only some of the cluster's GPU models */
     long constrained_failed; /* of which failed */
-    bool online; /* the policy's target was learned online */
+    bool online;             /* the policy's target was learned online */
 } kgpu_sim_result;
 
 /* Builds a prepared input from a parsed node list and pod list. Free with kgpu_sim_input_free. */

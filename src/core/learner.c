@@ -88,7 +88,8 @@ static int rebuild(kgpu_learner *l)
 {
     const kgpu_shape *prior = l->prior ? l->prior : generic_prior;
     int nprior = l->prior ? l->nprior : (int)(sizeof(generic_prior) / sizeof(generic_prior[0]));
-    /* The generic guess only stands in while nothing is known; an operator's prior keeps its weight. */
+    /* The generic guess only stands in while nothing is known; an operator's prior keeps its
+     * weight. */
     double pw = l->prior ? l->prior_pods : (l->observed == 0 ? 1.0 : 0.0);
     kgpu_shape *groups = malloc((l->used + (size_t)nprior + 1) * sizeof(*groups));
     if (groups == NULL)
@@ -179,8 +180,7 @@ int kgpu_learner_observe(kgpu_learner *l, const kgpu_request *req)
     }
     slot->s.p += 1;
     l->observed++;
-    if ((double)(l->observed - l->at_build) < LEARN_GROWTH * (double)l->at_build &&
-        l->at_build > 0)
+    if ((double)(l->observed - l->at_build) < LEARN_GROWTH * (double)l->at_build && l->at_build > 0)
         return 0;
     int rc = rebuild(l);
     return rc != 0 ? rc : 1;

@@ -49,9 +49,9 @@
 typedef struct kg_slot {
     uint64_t version; /* node version + 1; 0 = empty */
     int shape;
-    int gpu;        /* chosen GPU for a single share, -1 otherwise */
-    int take;       /* GPU milli the placement takes (of the node's one model) */
-    int64_t score;  /* without the scarcity term */
+    int gpu;       /* chosen GPU for a single share, -1 otherwise */
+    int take;      /* GPU milli the placement takes (of the node's one model) */
+    int64_t score; /* without the scarcity term */
 } kg_slot;
 
 typedef struct kg_node {
@@ -64,8 +64,8 @@ typedef struct kg_state {
     int slots;                   /* cache entries per node, a power of two */
     int cap;                     /* nodes the caches have room for */
     kg_node *nodes;
-    kg_slot *cache; /* cap x slots */
-    double cpu_per_milli; /* CPU milli the target asks per GPU milli (0: unknown) */
+    kg_slot *cache;                   /* cap x slots */
+    double cpu_per_milli;             /* CPU milli the target asks per GPU milli (0: unknown) */
     double scarcity[KGPU_MAX_MODELS]; /* see the file comment; per GPU milli taken */
     uint64_t present;                 /* models in the cluster */
     double free[KGPU_MAX_MODELS];     /* free GPU milli per model at the last count */
@@ -192,7 +192,8 @@ static void kg_observe(void *state, const kgpu_cluster *c, const kgpu_request *r
                     free += st->free[m];
             for (int m = 0; m < KGPU_MAX_MODELS; m++)
                 if ((allowed >> m) & 1)
-                    st->demand[m] += free > 0 ? d * st->free[m] / free : d / __builtin_popcountll(allowed);
+                    st->demand[m] +=
+                        free > 0 ? d * st->free[m] / free : d / __builtin_popcountll(allowed);
             first = !st->constrained_seen;
             st->constrained_seen = true;
         }
@@ -298,7 +299,8 @@ static double current_value(kg_state *st, const kgpu_node *n, int node, const kg
     return v;
 }
 
-/* How used the node is after the placement, 0..1: GPU and CPU half each (CPU alone without GPUs). */
+/* How used the node is after the placement, 0..1: GPU and CPU half each (CPU alone without GPUs).
+ */
 static double used_after(const kgpu_node *n, int idle_after, int64_t cpu_after)
 {
     double cu = n->cpu_milli > 0 ? 1.0 - (double)cpu_after / (double)n->cpu_milli : 1.0;
@@ -327,9 +329,8 @@ static int64_t kg_scarce(const kg_state *st, const kgpu_node *n, const int *gpus
 }
 
 /* The score of a placement without its scarcity term, in micro-GPU. */
-static int64_t kg_placement(const kg_state *st, const kgpu_node *n, const kg_base *b,
-                            double before, const int *gpus, const int *take, int nchg,
-                            int64_t cpu_after)
+static int64_t kg_placement(const kg_state *st, const kgpu_node *n, const kg_base *b, double before,
+                            const int *gpus, const int *take, int nchg, int64_t cpu_after)
 {
     double after = kg_after(st, n, b, gpus, take, nchg, cpu_after);
     int idle_after = b->total;

@@ -158,8 +158,8 @@ static void test_learner(void **state)
     kgpu_learner_free(l);
 
     /* An operator's prior counts as prior_pods pods and keeps its weight. */
-    kgpu_shape ps[] = {{.cpu_milli = 4000, .gpu_milli = 250, .gpu_count = 1, .models = ~0ULL,
-                        .p = 1.0}};
+    kgpu_shape ps[] = {
+        {.cpu_milli = 4000, .gpu_milli = 250, .gpu_count = 1, .models = ~0ULL, .p = 1.0}};
     kgpu_workload prior = {ps, 1};
     kgpu_error e;
     l = kgpu_learner_new(1.0, &prior, 100, &e);
@@ -465,8 +465,8 @@ static int64_t ref_score(const kgpu_node *n, const kgpu_workload *w, const int *
     double used = 1.0 - (double)cpu_after / (double)n->cpu_milli;
     if (n->ngpus > 0)
         used = 0.5 * (1.0 - idle / (n->ngpus * 1000.0)) + 0.5 * used;
-    double s = ref_value(n, w, before, n->cpu_free) - ref_value(n, w, after, cpu_after) +
-               20.0 * used;
+    double s =
+        ref_value(n, w, before, n->cpu_free) - ref_value(n, w, after, cpu_after) + 20.0 * used;
     return (int64_t)llround(s * 1000.0);
 }
 
