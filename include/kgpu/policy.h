@@ -108,6 +108,14 @@ typedef struct kgpu_policy_ops {
      * shape mix of a whole trace, and pass each arriving pod to kgpu_policy_observe.
      */
     bool online_only;
+    /*
+     * kgpu_policy_node_scores ranks instead of scaling: the best node gets 10,
+     * the next distinct score 9 and so on (see there). For policies whose raw
+     * scores differ by little between good nodes, so that linear scaling would
+     * round the best few into one 10 and kube-scheduler would pick among them
+     * at random.
+     */
+    bool rank_scores;
 } kgpu_policy_ops;
 
 typedef struct kgpu_policy kgpu_policy;
@@ -148,6 +156,17 @@ bool kgpu_policy_online_only(const kgpu_policy *p);
 void kgpu_policy_set_tie_order(kgpu_policy *p, const uint32_t *rank, int n);
 
 /*
+ * Whether kgpu_policy_select and kgpu_policy_node_scores require the node's
+ * free CPU and memory to cover the request's (the default, as the
+ * simulator needs). Off, only GPUs decide whether a node fits, and the
+ * request's CPU and memory serve the scores alone: the extender's case,
+ * where kube-scheduler is the authority on CPU and memory and the node's
+ * free CPU may even be short of the request. Apply such a placement with the
+ * CPU clamped to what is free (kgpu_cluster_apply checks it).
+ */
+void kgpu_policy_set_fit_cpu(kgpu_policy *p, bool check);
+
+/*
  * Chooses where req goes: among `nodes` (n indices; NULL = every node) the
  * fitting node with the highest score, ties broken as set above, and its
  * GPUs. Fills *node_out and gpus (req->gpu_count entries).
@@ -158,12 +177,17 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
                        kgpu_error *err);
 
 /*
- * Node-level scores 0-10 for the extender's prioritize: raw scores of the
- * fitting nodes scaled linearly so the best is 10 and the worst 0 (all 10
- * when equal); nodes that do not fit get 0.
+ * Node-level scores 0-10 for the extender's prioritize; nodes that do not fit
+ * get 0. By default the raw scores of the fitting nodes are scaled linearly so
+ * the best is 10 and the worst 0 (all 10 when equal). Policies with
+ * rank_scores (kgpu) rank instead: 10 minus the number of distinct better raw
+ * scores, at least 0, so the best node alone (or the nodes tied with it) gets
+ * 10 however close the runner-up is. kgpu_policy_set_linear_scores forces
+ * linear scaling (for measuring the difference).
  */
 int kgpu_policy_node_scores(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
                             const int *nodes, int n, int *scores, kgpu_error *err);
+void kgpu_policy_set_linear_scores(kgpu_policy *p, bool linear);
 
 #ifdef __cplusplus
 }

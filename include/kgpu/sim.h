@@ -53,6 +53,14 @@ typedef struct kgpu_sim_config {
      * online_only (kgpu) always run online.
      */
     bool online;
+    /*
+     * 0 (the study): each pod goes to the policy's best node. 1: as under
+     * kube-scheduler with the extender: the policy's 0-10 prioritize scores
+     * (kgpu_policy_node_scores) over every node, the highest wins, ties at
+     * random. 2: the same with linear 0-10 scores for every policy (what the
+     * extender did before rank_scores), to measure what the mapping costs.
+     */
+    int extender_scores;
 } kgpu_sim_config;
 
 typedef struct kgpu_sim_result {

@@ -39,6 +39,8 @@ struct kgpu_policy {
     void *state;
     const uint32_t *rank; /* tie order, or NULL for random ties */
     int nrank;
+    bool no_fit_cpu; /* fit by GPUs alone (kgpu_policy_set_fit_cpu) */
+    bool linear;     /* linear 0-10 scores even for rank_scores policies */
 };
 
 const kgpu_policy_ops *const *kgpu_policy_list(void)
@@ -118,6 +120,28 @@ void kgpu_policy_set_tie_order(kgpu_policy *p, const uint32_t *rank, int n)
     p->nrank = rank ? n : 0;
 }
 
+void kgpu_policy_set_fit_cpu(kgpu_policy *p, bool check)
+{
+    p->no_fit_cpu = !check;
+}
+
+void kgpu_policy_set_linear_scores(kgpu_policy *p, bool linear)
+{
+    p->linear = linear;
+}
+
+/* The request the fit checks see: without CPU and memory when those are not ours to check. */
+static const kgpu_request *fit_request(const kgpu_policy *p, const kgpu_request *req,
+                                       kgpu_request *tmp)
+{
+    if (!p->no_fit_cpu || (req->cpu_milli == 0 && req->memory_mib == 0))
+        return req;
+    *tmp = *req;
+    tmp->cpu_milli = 0;
+    tmp->memory_mib = 0;
+    return tmp;
+}
+
 const char *kgpu_policy_name(const kgpu_policy *p)
 {
     return p->ops->name;
@@ -134,12 +158,14 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
     int chosen = -1;
     uint64_t ties = 0;
     const uint32_t *rank = p->ops->random_ties ? NULL : p->rank;
+    kgpu_request tmp;
+    const kgpu_request *fit = fit_request(p, req, &tmp);
     for (int k = 0; k < n; k++) {
         int i = nodes ? nodes[k] : k;
         if (i < 0 || i >= total)
             return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", i);
         const kgpu_node *node = kgpu_cluster_node(c, i);
-        if (!kgpu__fit(node, req))
+        if (!kgpu__fit(node, fit))
             continue;
         int64_t s = p->ops->score(p->state, c, i, req);
         if (s > best) {
@@ -171,37 +197,73 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
     return 0;
 }
 
+static int cmp_desc(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return a < b ? 1 : a > b ? -1 : 0;
+}
+
 int kgpu_policy_node_scores(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
                             const int *nodes, int n, int *scores, kgpu_error *err)
 {
     int total = kgpu_cluster_node_count(c);
-    int64_t *raw = malloc((size_t)(n > 0 ? n : 1) * sizeof(*raw));
+    bool ranked = p->ops->rank_scores && !p->linear;
+    size_t cells = (size_t)(n > 0 ? n : 1) * (ranked ? 2 : 1);
+    int64_t *raw = malloc(cells * sizeof(*raw));
     if (raw == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory scoring %d nodes", n);
+    kgpu_request tmp;
+    const kgpu_request *fit = fit_request(p, req, &tmp);
     int64_t lo = INT64_MAX, hi = INT64_MIN;
+    int nfit = 0;
     for (int k = 0; k < n; k++) {
         int i = nodes[k];
         if (i < 0 || i >= total) {
             free(raw);
             return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", i);
         }
-        if (!kgpu__fit(kgpu_cluster_node(c, i), req)) {
+        if (!kgpu__fit(kgpu_cluster_node(c, i), fit)) {
             raw[k] = INT64_MIN;
             continue;
         }
         raw[k] = p->ops->score(p->state, c, i, req);
+        if (raw[k] == INT64_MIN)
+            raw[k] = INT64_MIN + 1; /* fits: keep it apart from the nodes that do not */
+        if (ranked)
+            raw[n + nfit] = raw[k];
+        nfit++;
         if (raw[k] < lo)
             lo = raw[k];
         if (raw[k] > hi)
             hi = raw[k];
     }
+    /*
+     * Ranked: the ten best distinct raw scores, best first, give 10, 9, ... 1;
+     * anything worse 0. A node's score is found by a scan of those ten.
+     */
+    int64_t top[10];
+    int ntop = 0;
+    if (ranked && nfit > 0) {
+        qsort(raw + n, (size_t)nfit, sizeof(*raw), cmp_desc);
+        for (int k = 0; k < nfit && ntop < 10; k++)
+            if (ntop == 0 || raw[n + k] != top[ntop - 1])
+                top[ntop++] = raw[n + k];
+    }
     for (int k = 0; k < n; k++) {
-        if (raw[k] == INT64_MIN)
+        if (raw[k] == INT64_MIN) {
             scores[k] = 0;
-        else if (hi == lo)
+        } else if (ranked) {
+            scores[k] = 0;
+            for (int t = 0; t < ntop; t++)
+                if (raw[k] == top[t]) {
+                    scores[k] = 10 - t;
+                    break;
+                }
+        } else if (hi == lo) {
             scores[k] = 10;
-        else
+        } else {
             scores[k] = (int)((double)(raw[k] - lo) * 10.0 / (double)(hi - lo) + 0.5);
+        }
     }
     free(raw);
     return 0;

@@ -462,4 +462,5 @@ const kgpu_policy_ops kgpu__policy_kgpu = {
     .pick_gpus = kg_pick,
     .observe = kg_observe,
     .online_only = true,
+    .rank_scores = true,
 };

@@ -166,6 +166,36 @@ static int build_workload(const kgpu_sim_input *in, double inflate, kgpu_rng *rn
     return 0;
 }
 
+/*
+ * kube-scheduler's choice with the extender as the only scorer: the highest
+ * 0-10 score over the fitting nodes, ties uniformly at random (selectHost),
+ * then the policy's GPUs on that node.
+ */
+static int extender_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                           const int *all, int *scores, int nn, kgpu_rng *rng, int *node_out,
+                           int *gpus, kgpu_error *err)
+{
+    int rc = kgpu_policy_node_scores(p, c, req, all, nn, scores, err);
+    if (rc != 0)
+        return rc;
+    int best = -1, chosen = -1;
+    uint64_t ties = 0;
+    for (int i = 0; i < nn; i++) {
+        if (!kgpu_fit(c, i, req, NULL, 0))
+            continue;
+        if (scores[i] > best) {
+            best = scores[i];
+            chosen = i;
+            ties = 1;
+        } else if (scores[i] == best && kgpu_rng_below(rng, ++ties) == 0) {
+            chosen = i;
+        }
+    }
+    if (chosen < 0)
+        return kgpu_error_set(err, KGPU_ENOFIT, "no node fits");
+    return kgpu_policy_select(p, c, req, &chosen, 1, rng, node_out, gpus, err);
+}
+
 int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_result *out,
                  kgpu_error *err)
 {
@@ -183,6 +213,7 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     kgpu_policy *p = NULL;
     kgpu_learner *learner = NULL;
     uint32_t *rank = NULL;
+    int *all = NULL, *scores = NULL; /* extender_scores: every node, and its 0-10 score */
     if (c == NULL) {
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
@@ -218,6 +249,17 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     uint64_t present = 0;
     for (int i = 0; i < nn; i++)
         present |= kgpu_cluster_node(c, i)->model_mask;
+    if (cfg->extender_scores) {
+        all = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*all));
+        scores = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*scores));
+        if (all == NULL || scores == NULL) {
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < nn; i++)
+            all[i] = i;
+        kgpu_policy_set_linear_scores(p, cfg->extender_scores == 2);
+    }
     double cap = (double)in->capacity_milli;
     int64_t arrived = 0;
     int next = 1; /* next curve point to fill */
@@ -239,7 +281,10 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         }
         kgpu_policy_observe(p, c, req);
         int node, gpus[KGPU_MAX_GPUS_PER_NODE];
-        rc = kgpu_policy_select(p, c, req, NULL, 0, &srng, &node, gpus, err);
+        if (all != NULL)
+            rc = extender_select(p, c, req, all, scores, nn, &srng, &node, gpus, err);
+        else
+            rc = kgpu_policy_select(p, c, req, NULL, 0, &srng, &node, gpus, err);
         if (rc == 0) {
             rc = kgpu_cluster_apply(c, req, node, gpus, NULL, err);
             if (rc != 0)
@@ -277,6 +322,8 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     out->unallocated_gpus = (cap - (double)kgpu_cluster_gpu_milli_allocated(c)) / KGPU_MILLI;
     out->pods = (long)len;
 done:
+    free(all);
+    free(scores);
     free(rank);
     kgpu_policy_free(p);
     kgpu_learner_free(learner);
