@@ -7,6 +7,8 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 
 #include "cli.h"
 #include "fileio.h"
+#include "kgpu/churn.h"
 #include "plot.h"
 #include "study.h"
 
@@ -184,6 +187,311 @@ static int write_plot(const char *path, const kgpu_study *s, kgpu_error *err)
     return rc;
 }
 
+/* ---- --churn: the simulator with time (kgpu/churn.h) ---------------------------------------- */
+
+/* Both inputs of a churn study: the prepared simulator input and the times. */
+static int load_churn_input(const char *nodes_path, const char *pods_path, kgpu_sim_input *in,
+                            kgpu_churn_input *ch, kgpu_error *err)
+{
+    char *nb = NULL, *pb = NULL;
+    size_t nl = 0, pl = 0;
+    kgpu_trace nodes, pods;
+    memset(&nodes, 0, sizeof(nodes));
+    memset(&pods, 0, sizeof(pods));
+    int rc = kgpu_read_file(nodes_path, &nb, &nl, err);
+    if (rc == 0)
+        rc = kgpu_read_file(pods_path, &pb, &pl, err);
+    if (rc == 0)
+        rc = kgpu_trace_parse_nodes(nb, nl, nodes_path, &nodes, err);
+    if (rc == 0)
+        rc = kgpu_trace_parse_pods(pb, pl, pods_path, &pods, err);
+    if (rc == 0)
+        rc = kgpu_sim_prepare(&nodes, &pods, in, err);
+    if (rc == 0)
+        rc = kgpu_churn_prepare(in, &pods, pods_path, ch, err);
+    kgpu_trace_free(&nodes);
+    kgpu_trace_free(&pods);
+    free(nb);
+    free(pb);
+    return rc;
+}
+
+/* Means over seeds of one policy's churn runs. */
+typedef struct churn_row {
+    const char *policy; /* borrowed */
+    kgpu_churn_result *runs;
+    double *wall_s;
+    double alloc_mean, alloc_peak, wait_median, wait_p99, wait_mean, waited, never_placed,
+        max_queue, retries, wall_s_total;
+    double alloc[KGPU_CHURN_SAMPLES];
+} churn_row;
+
+typedef struct churn_study {
+    const kgpu_churn_input *in;
+    const uint64_t *seeds;
+    int nseeds;
+    churn_row *rows;
+    int nrows;
+    double speedup;
+    bool random_ties, online;
+    atomic_int next, failed;
+    kgpu_error first_err;
+} churn_study;
+
+static void *churn_worker(void *arg)
+{
+    churn_study *s = arg;
+    int jobs = s->nrows * s->nseeds;
+    for (;;) {
+        int j = atomic_fetch_add(&s->next, 1);
+        if (j >= jobs || atomic_load(&s->failed))
+            break;
+        churn_row *row = &s->rows[j / s->nseeds];
+        int k = j % s->nseeds;
+        kgpu_churn_config cfg = {.policy = row->policy,
+                                 .seed = s->seeds[k],
+                                 .random_ties = s->random_ties,
+                                 .online = s->online,
+                                 .speedup = s->speedup};
+        kgpu_error err;
+        kgpu_error_clear(&err);
+        double t0 = kgpu_now();
+        int rc = kgpu_churn_run(s->in, &cfg, &row->runs[k], &err);
+        row->wall_s[k] = kgpu_now() - t0;
+        int expected = 0;
+        if (rc != 0 && atomic_compare_exchange_strong(&s->failed, &expected, 1))
+            s->first_err = err;
+    }
+    return NULL;
+}
+
+static int churn_study_run(churn_study *s, int threads, kgpu_error *err)
+{
+    int jobs = s->nrows * s->nseeds;
+    if (threads <= 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cpus > 0 ? (int)cpus : 1;
+    }
+    if (threads > jobs)
+        threads = jobs;
+    pthread_t tid[256];
+    int started = 0;
+    for (; started < threads - 1; started++)
+        if (pthread_create(&tid[started], NULL, churn_worker, s) != 0)
+            break; /* fewer workers: the calling thread still runs every job left */
+    churn_worker(s);
+    for (int i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
+    if (atomic_load(&s->failed)) {
+        *err = s->first_err;
+        return err->code ? err->code : KGPU_EINVAL;
+    }
+    for (int r = 0; r < s->nrows; r++) {
+        churn_row *row = &s->rows[r];
+        double n = s->nseeds;
+        for (int k = 0; k < s->nseeds; k++) {
+            const kgpu_churn_result *x = &row->runs[k];
+            row->alloc_mean += x->alloc_mean_pct / n;
+            row->alloc_peak += x->alloc_peak_pct / n;
+            row->wait_median += x->wait_median_s / n;
+            row->wait_p99 += x->wait_p99_s / n;
+            row->wait_mean += x->wait_mean_s / n;
+            row->waited += (double)x->waited / n;
+            row->never_placed += (double)x->never_placed / n;
+            row->max_queue += (double)x->max_queue / n;
+            row->retries += (double)x->retries / n;
+            row->wall_s_total += row->wall_s[k];
+            for (int i = 0; i < KGPU_CHURN_SAMPLES; i++)
+                row->alloc[i] += x->alloc_pct[i] / n;
+        }
+    }
+    return 0;
+}
+
+static json_t *churn_json(const churn_study *s, bool timing)
+{
+    const kgpu_sim_input *in = s->in->sim;
+    const kgpu_churn_result *r0 = &s->rows[0].runs[0];
+    json_t *root = json_object();
+    json_object_set_new(root, "mode", json_string("churn"));
+    json_object_set_new(root, "nodes", json_integer(kgpu_cluster_node_count(in->cluster)));
+    json_object_set_new(root, "gpus", json_integer(in->gpus));
+    json_object_set_new(root, "pods_in_file", json_integer((json_int_t)in->nrequests));
+    json_object_set_new(root, "speedup", json_real(s->speedup));
+    json_object_set_new(root, "tie_break", json_string(s->random_ties ? "random" : "seeded-order"));
+    json_object_set_new(root, "target", json_string(s->online ? "online" : "trace"));
+    json_object_set_new(root, "offered_load_pct", json_real(r0->offered_load_pct));
+    json_object_set_new(root, "t_first_s", json_real(r0->t_first));
+    json_object_set_new(root, "t_last_s", json_real(r0->t_last));
+    json_object_set_new(root, "sample_t_s", real_array(r0->sample_t, KGPU_CHURN_SAMPLES));
+    json_t *results = json_array();
+    for (int r = 0; r < s->nrows; r++) {
+        const churn_row *row = &s->rows[r];
+        json_t *o = json_object(), *seeds = json_array();
+        double by_seed[MAX_SEEDS];
+        for (int k = 0; k < s->nseeds; k++) {
+            json_array_append_new(seeds, json_integer((json_int_t)s->seeds[k]));
+            by_seed[k] = row->runs[k].alloc_mean_pct;
+        }
+        json_object_set_new(o, "policy", json_string(row->policy));
+        json_object_set_new(o, "online", json_boolean(row->runs[0].online));
+        json_object_set_new(o, "seeds", seeds);
+        json_object_set_new(o, "alloc_mean_pct", json_real(row->alloc_mean));
+        json_object_set_new(o, "alloc_mean_pct_by_seed", real_array(by_seed, s->nseeds));
+        json_object_set_new(o, "alloc_peak_pct", json_real(row->alloc_peak));
+        json_object_set_new(o, "wait_median_s", json_real(row->wait_median));
+        json_object_set_new(o, "wait_p99_s", json_real(row->wait_p99));
+        json_object_set_new(o, "wait_mean_s", json_real(row->wait_mean));
+        json_object_set_new(o, "pods", json_integer(row->runs[0].pods));
+        json_object_set_new(o, "waited", json_real(row->waited));
+        json_object_set_new(o, "never_placed", json_real(row->never_placed));
+        json_object_set_new(o, "max_queue", json_real(row->max_queue));
+        json_object_set_new(o, "retries", json_real(row->retries));
+        json_object_set_new(o, "alloc_over_time", real_array(row->alloc, KGPU_CHURN_SAMPLES));
+        json_object_set_new(o, "wall_s", json_real(timing ? row->wall_s_total : 0.0));
+        json_array_append_new(results, o);
+    }
+    json_object_set_new(root, "results", results);
+    return root;
+}
+
+static void churn_table(FILE *f, const churn_study *s, const char *pods_path)
+{
+    const kgpu_sim_input *in = s->in->sim;
+    const kgpu_churn_result *r0 = &s->rows[0].runs[0];
+    fprintf(f,
+            "cluster: %d nodes, %d GPUs   workload: %s (%zu pods), trace times, arrivals "
+            "x%g\noffered load %.1f%% of GPU capacity over %.1f h of arrivals\n",
+            kgpu_cluster_node_count(in->cluster), in->gpus, pods_path, in->nrequests, s->speedup,
+            r0->offered_load_pct, (r0->t_last - r0->t_first) / 3600.0);
+    fprintf(f, "seeds: %" PRIu64, s->seeds[0]);
+    if (s->nseeds > 1)
+        fprintf(f, "..%" PRIu64 " (%d runs each, means shown)", s->seeds[s->nseeds - 1], s->nseeds);
+    fprintf(f, "\n\n%-16s %10s %10s %11s %11s %9s %8s %9s %8s\n", "policy", "alloc mean",
+            "alloc peak", "wait p50 s", "wait p99 s", "waited", "never", "max queue", "wall s");
+    for (int r = 0; r < s->nrows; r++) {
+        const churn_row *row = &s->rows[r];
+        char name[64];
+        snprintf(name, sizeof(name), "%s%s", row->policy, row->runs[0].online ? " (online)" : "");
+        fprintf(f, "%-16s %9.2f%% %9.2f%% %11.1f %11.1f %9.1f %8.1f %9.1f %8.2f\n", name,
+                row->alloc_mean, row->alloc_peak, row->wait_median, row->wait_p99, row->waited,
+                row->never_placed, row->max_queue, row->wall_s_total);
+    }
+    fprintf(f, "\nalloc mean: GPU allocated / capacity, time-weighted over the arrival span.\n"
+               "wait: arrival to placement, over placed pods; waited: pods that queued; never:\n"
+               "pods still queued when every placed pod had left.\n");
+}
+
+static int churn_plot(const char *path, const churn_study *s, kgpu_error *err)
+{
+    kgpu_plot_series series[MAX_POLICIES];
+    double hours[KGPU_CHURN_SAMPLES];
+    const kgpu_churn_result *r0 = &s->rows[0].runs[0];
+    for (int i = 0; i < KGPU_CHURN_SAMPLES; i++)
+        hours[i] = (r0->sample_t[i] - r0->t_first) / 3600.0;
+    for (int r = 0; r < s->nrows; r++)
+        series[r] = (kgpu_plot_series){.label = s->rows[r].policy,
+                                       .x = hours,
+                                       .y = s->rows[r].alloc,
+                                       .n = KGPU_CHURN_SAMPLES};
+    char title[128];
+    snprintf(title, sizeof(title), "GPU allocation over time, trace times, arrivals x%g (mean over seeds)",
+             s->speedup);
+    kgpu_plot plot = {.title = title,
+                      .xlabel = "hours since the first arrival",
+                      .ylabel = "GPU allocated (% of capacity)",
+                      .xmin = 0,
+                      .xmax = hours[KGPU_CHURN_SAMPLES - 1],
+                      .ymin = 0,
+                      .ymax = 100,
+                      .series = series,
+                      .nseries = s->nrows};
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return kgpu_error_set(err, KGPU_EIO, "cannot write %s: %s", path, strerror(errno));
+    int rc = kgpu_plot_svg(f, &plot, err);
+    if (fclose(f) != 0 && rc == 0)
+        rc = kgpu_error_set(err, KGPU_EIO, "cannot write %s: %s", path, strerror(errno));
+    return rc;
+}
+
+typedef struct churn_opts {
+    const char *nodes_path, *pods_path, *plot_path;
+    const char *const *policies;
+    int npolicies, threads;
+    const uint64_t *seeds;
+    int nseeds;
+    double speedup;
+    bool json, timing, random_ties, online;
+} churn_opts;
+
+/* The whole --churn run; returns the exit status. */
+static int run_churn(const churn_opts *o)
+{
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    kgpu_sim_input in;
+    kgpu_churn_input ch;
+    memset(&in, 0, sizeof(in));
+    memset(&ch, 0, sizeof(ch));
+    churn_study s;
+    memset(&s, 0, sizeof(s));
+    int status = 1;
+    if (load_churn_input(o->nodes_path, o->pods_path, &in, &ch, &err) != 0)
+        goto out;
+    s.in = &ch;
+    s.seeds = o->seeds;
+    s.nseeds = o->nseeds;
+    s.speedup = o->speedup;
+    s.random_ties = o->random_ties;
+    s.online = o->online;
+    atomic_init(&s.next, 0);
+    atomic_init(&s.failed, 0);
+    s.rows = calloc((size_t)o->npolicies, sizeof(*s.rows));
+    if (s.rows == NULL) {
+        kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
+        goto out;
+    }
+    s.nrows = o->npolicies;
+    for (int r = 0; r < s.nrows; r++) {
+        s.rows[r].policy = o->policies[r];
+        s.rows[r].runs = calloc((size_t)o->nseeds, sizeof(*s.rows[r].runs));
+        s.rows[r].wall_s = calloc((size_t)o->nseeds, sizeof(*s.rows[r].wall_s));
+        if (s.rows[r].runs == NULL || s.rows[r].wall_s == NULL) {
+            kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
+            goto out;
+        }
+    }
+    if (churn_study_run(&s, o->threads, &err) != 0)
+        goto out;
+    if (o->json) {
+        json_t *root = churn_json(&s, o->timing);
+        json_dumpf(root, stdout, JSON_PRESERVE_ORDER | JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+        fputc('\n', stdout);
+        json_decref(root);
+    } else {
+        churn_table(stdout, &s, o->pods_path);
+    }
+    if (o->plot_path != NULL && churn_plot(o->plot_path, &s, &err) != 0)
+        goto out;
+    if (fflush(stdout) != 0) {
+        kgpu_error_set(&err, KGPU_EIO, "cannot write the results: %s", strerror(errno));
+        goto out;
+    }
+    status = 0;
+out:
+    if (status != 0)
+        fprintf(stderr, "kgpu simulate: %s\n", err.msg[0] ? err.msg : kgpu_strerror(err.code));
+    for (int r = 0; r < s.nrows; r++) {
+        free(s.rows[r].runs);
+        free(s.rows[r].wall_s);
+    }
+    free(s.rows);
+    kgpu_churn_input_free(&ch);
+    kgpu_sim_input_free(&in);
+    return status;
+}
+
 static void simulate_usage(FILE *f)
 {
     fprintf(f, "usage: kgpu simulate --nodes NODES.csv --pods PODS.csv [options]\n"
@@ -206,7 +514,12 @@ static void simulate_usage(FILE *f)
                "                    instead of the study's fixed per-seed node order\n"
                "  --online          policies learn the workload from the pods arrived so far\n"
                "                    instead of the whole file's shape mix (kgpu always does)\n"
-               "  --plot FILE.svg   write allocation %% against arrival %% for each policy\n");
+               "  --plot FILE.svg   write allocation %% against arrival %% for each policy\n"
+               "  --churn           replay the trace's creation and deletion times: pods that\n"
+               "                    fit nowhere wait in a queue; reports allocation over time,\n"
+               "                    waiting times and pods never placed (--plot: over time)\n"
+               "  --speedup X       with --churn: arrivals X times as fast as recorded,\n"
+               "                    lifetimes kept (default 1)\n");
 }
 
 int kgpu_cmd_simulate(int argc, char **argv)
@@ -218,14 +531,16 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"json", no_argument, NULL, 'j'},          {"no-timing", no_argument, NULL, 'T'},
         {"plot", required_argument, NULL, 'o'},    {"help", no_argument, NULL, 'h'},
         {"random-ties", no_argument, NULL, 'R'},   {"online", no_argument, NULL, 'O'},
+        {"churn", no_argument, NULL, 'C'},         {"speedup", required_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL;
     char *policy_text = NULL;
     const char *seeds_text = "42-51";
-    double inflate = 1.3;
+    double inflate = 1.3, speedup = 1;
     int threads = 0;
     bool json = false, timing = true, random_ties = false, online = false;
+    bool churn = false, inflate_set = false, speedup_set = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -252,6 +567,20 @@ int kgpu_cmd_simulate(int argc, char **argv)
                 free(policy_text);
                 return 2;
             }
+            inflate_set = true;
+            break;
+        case 'S':
+            speedup = strtod(optarg, &end);
+            if (end == optarg || *end != '\0' || !(speedup > 0 && speedup <= 1e6)) {
+                fprintf(stderr, "kgpu simulate: --speedup '%s': expected a number in (0, 1e6]\n",
+                        optarg);
+                free(policy_text);
+                return 2;
+            }
+            speedup_set = true;
+            break;
+        case 'C':
+            churn = true;
             break;
         case 't':
             threads = (int)strtol(optarg, &end, 10);
@@ -285,6 +614,14 @@ int kgpu_cmd_simulate(int argc, char **argv)
             free(policy_text);
             return 2;
         }
+    }
+    if (churn ? inflate_set : speedup_set) {
+        fprintf(stderr, "kgpu simulate: %s\n",
+                churn ? "--inflate does not apply to --churn (the trace's own pods and times are "
+                        "replayed; use --speedup)"
+                      : "--speedup needs --churn");
+        free(policy_text);
+        return 2;
     }
     if (nodes_path == NULL || pods_path == NULL || optind < argc) {
         fprintf(stderr, "kgpu simulate: %s\n",
@@ -329,6 +666,24 @@ int kgpu_cmd_simulate(int argc, char **argv)
     }
     if (kgpu_parse_seeds(seeds_text, seeds, MAX_SEEDS, &nseeds, &err) != 0)
         goto out;
+    if (churn) {
+        churn_opts co = {.nodes_path = nodes_path,
+                         .pods_path = pods_path,
+                         .plot_path = plot_path,
+                         .policies = policies,
+                         .npolicies = npolicies,
+                         .threads = threads,
+                         .seeds = seeds,
+                         .nseeds = nseeds,
+                         .speedup = speedup,
+                         .json = json,
+                         .timing = timing,
+                         .random_ties = random_ties,
+                         .online = online};
+        status = run_churn(&co);
+        free(policy_text);
+        return status;
+    }
     if (kgpu_load_input(nodes_path, pods_path, &in, &err) != 0)
         goto out;
     if (kgpu_study_init(&study, &in, policies, npolicies, seeds, nseeds, inflate, &err) != 0)

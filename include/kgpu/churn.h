@@ -1,0 +1,93 @@
+/*
+ * The trace simulator with time: pods arrive at their trace creation times
+ * (optionally compressed), run for their trace lifetime (deletion - creation)
+ * once placed, and leave. A pod that fits nowhere waits in a FIFO queue and
+ * is retried whenever departures free room; what is reported is GPU
+ * allocation over time, waiting times and pods never placed.
+ *
+ * Built on a prepared kgpu_sim_input (same cluster, requests and shapes);
+ * kgpu_churn_prepare adds the times. kgpu_churn_run is pure and thread-safe
+ * on a shared prepared input, like kgpu_sim_run.
+ */
+#ifndef KGPU_CHURN_H
+#define KGPU_CHURN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kgpu/sim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Allocation samples, evenly spaced over the measured span: from the arrival
+ * of the pod at 5 % of the arrival order to the last arrival.
+ */
+#define KGPU_CHURN_SAMPLES 201
+
+typedef struct kgpu_churn_input {
+    const kgpu_sim_input *sim; /* borrowed; must outlive this input */
+    double *creation;          /* seconds, one per sim->requests entry (owned) */
+    double *lifetime;          /* deletion - creation, seconds (owned) */
+    size_t *order;             /* request indices by creation time, file order on ties (owned) */
+} kgpu_churn_input;
+
+typedef struct kgpu_churn_config {
+    const char *policy;
+    uint64_t seed;     /* tie order (as kgpu_sim_config) and the random policy's draws */
+    bool random_ties;  /* see kgpu_sim_config */
+    bool online;       /* see kgpu_sim_config; kgpu always runs online */
+    /*
+     * Arrivals come `speedup` times as fast as in the trace (creation / speedup);
+     * lifetimes are kept. 1 replays the trace as recorded.
+     */
+    double speedup;
+    /*
+     * Optional (tests, tracing): called each time a pod is shown to the
+     * policy and its learner, with the request index and the simulated time.
+     */
+    void (*on_observe)(void *ctx, size_t request, double now);
+    void *ctx;
+} kgpu_churn_config;
+
+typedef struct kgpu_churn_result {
+    double t_first, t_last; /* the measured span (5 % of arrivals to the last), simulated s */
+    double t_end;                            /* the last departure (or last event) */
+    double sample_t[KGPU_CHURN_SAMPLES];     /* sample times over [t_first, t_last] */
+    double alloc_pct[KGPU_CHURN_SAMPLES];    /* GPU allocated / capacity after events <= t */
+    double alloc_mean_pct;                   /* time-weighted over [t_first, t_last] */
+    double alloc_peak_pct;
+    double offered_load_pct; /* mean GPU demand present in the span were every pod placed at once */
+    long pods;               /* arrivals */
+    long placed_at_once;     /* placed on arrival */
+    long waited;             /* placed after waiting in the queue */
+    long never_placed;       /* still queued when nothing was left to depart */
+    long max_queue;
+    double wait_median_s, wait_p99_s, wait_mean_s; /* over all placed pods (0 for the prompt) */
+    long retries;            /* placement attempts made for queued pods */
+    bool online;             /* the policy's target was learned online */
+} kgpu_churn_result;
+
+/*
+ * Adds the times of `pods` (the list `sim` was prepared from, same order) to a
+ * churn input. `file` names the pod list in errors ("pods.csv:12: deletion_time
+ * 5 before creation_time 9"). Both times are required. Free with kgpu_churn_input_free.
+ */
+int kgpu_churn_prepare(const kgpu_sim_input *sim, const kgpu_trace *pods, const char *file,
+                       kgpu_churn_input *in, kgpu_error *err);
+void kgpu_churn_input_free(kgpu_churn_input *in);
+
+/*
+ * One run. Deterministic for (input, policy, seed, speedup, ties, online).
+ * Policies that learn see each pod once, when it arrives, never before.
+ */
+int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg,
+                   kgpu_churn_result *out, kgpu_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

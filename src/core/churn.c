@@ -1,0 +1,420 @@
+/*
+ * The simulator with time (see kgpu/churn.h): an event loop over arrivals in
+ * creation order and departures from a min-heap, with a FIFO queue of pods
+ * that fit nowhere. Pure and reentrant, like sim.c.
+ *
+ * Retrying the queue is what could make this slow, so it rests on one
+ * invariant: a queued pod fit no node when it was last tried, and since then
+ * nodes only lost room except those that departures freed. So after a batch
+ * of departures (all those at one instant) a queued pod can only fit one of
+ * the freed nodes; each queued pod is checked against those nodes alone, in
+ * arrival order (no head-of-line blocking: a big pod at the head does not stop
+ * a small one behind it), and the policy is asked to choose among them. A
+ * shape that failed in a batch fails for every later pod of that shape in the
+ * same batch with as much memory, so the scan costs little per queued pod.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "kgpu/churn.h"
+
+int kgpu_churn_prepare(const kgpu_sim_input *sim, const kgpu_trace *pods, const char *file,
+                       kgpu_churn_input *in, kgpu_error *err)
+{
+    memset(in, 0, sizeof(*in));
+    if (pods->npods != sim->nrequests)
+        return kgpu_error_set(err, KGPU_EINVAL, "%s: %zu pods, but the input was prepared from %zu",
+                              file, pods->npods, sim->nrequests);
+    if (pods->columns != 11)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "%s: no creation or deletion times (the %d-column layout); time "
+                              "replay needs the 11-column layout",
+                              file, pods->columns);
+    size_t n = pods->npods;
+    in->sim = sim;
+    in->creation = malloc(n * sizeof(*in->creation));
+    in->lifetime = malloc(n * sizeof(*in->lifetime));
+    in->order = malloc(n * sizeof(*in->order));
+    if (in->creation == NULL || in->lifetime == NULL || in->order == NULL) {
+        kgpu_churn_input_free(in);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        const kgpu_trace_pod *p = &pods->pods[i];
+        if (p->creation < 0 || p->deletion < 0) {
+            kgpu_churn_input_free(in);
+            return kgpu_error_set(err, KGPU_EPARSE, "%s:%d: %s is empty; time replay needs both",
+                                  file, p->line,
+                                  p->creation < 0 ? "creation_time" : "deletion_time");
+        }
+        if (p->deletion < p->creation) {
+            kgpu_churn_input_free(in);
+            return kgpu_error_set(err, KGPU_EPARSE,
+                                  "%s:%d: deletion_time %lld before creation_time %lld", file,
+                                  p->line, (long long)p->deletion, (long long)p->creation);
+        }
+        in->creation[i] = (double)p->creation;
+        in->lifetime[i] = (double)(p->deletion - p->creation);
+        in->order[i] = i;
+    }
+    /* Insertion sort by creation, stable: trace files are already in order, so this is linear. */
+    for (size_t i = 1; i < n; i++) {
+        size_t v = in->order[i], j = i;
+        while (j > 0 && in->creation[in->order[j - 1]] > in->creation[v]) {
+            in->order[j] = in->order[j - 1];
+            j--;
+        }
+        in->order[j] = v;
+    }
+    return 0;
+}
+
+void kgpu_churn_input_free(kgpu_churn_input *in)
+{
+    free(in->creation);
+    free(in->lifetime);
+    free(in->order);
+    memset(in, 0, sizeof(*in));
+}
+
+/* A departure: when, and which running pod (index into the run's pod slots). */
+typedef struct departure {
+    double t;
+    size_t pod;
+} departure;
+
+typedef struct heap {
+    departure *v;
+    size_t n;
+} heap;
+
+/* Earlier first; equal times by pod index, so the order never depends on the heap's layout. */
+static bool dep_before(const departure *a, const departure *b)
+{
+    return a->t < b->t || (a->t == b->t && a->pod < b->pod);
+}
+
+static void heap_push(heap *h, departure d)
+{
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t up = (i - 1) / 2;
+        if (!dep_before(&d, &h->v[up]))
+            break;
+        h->v[i] = h->v[up];
+        i = up;
+    }
+    h->v[i] = d;
+}
+
+static departure heap_pop(heap *h)
+{
+    departure top = h->v[0], last = h->v[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t m = 2 * i + 1;
+        if (m >= h->n)
+            break;
+        if (m + 1 < h->n && dep_before(&h->v[m + 1], &h->v[m]))
+            m++;
+        if (!dep_before(&h->v[m], &last))
+            break;
+        h->v[i] = h->v[m];
+        i = m;
+    }
+    if (h->n > 0)
+        h->v[i] = last;
+    return top;
+}
+
+/* The state of one run. */
+typedef struct run {
+    const kgpu_churn_input *in;
+    const kgpu_churn_config *cfg;
+    kgpu_churn_result *out;
+    kgpu_cluster *c;
+    kgpu_policy *p;
+    kgpu_rng rng;
+    double cap;
+    kgpu_assignment *placed; /* per request-order slot k: where it runs */
+    double *arrive;          /* per slot: simulated arrival time */
+    double *waits;           /* per placed pod */
+    size_t nwaits;
+    size_t *queue; /* slots waiting, in arrival order */
+    size_t nqueue;
+    heap deps;
+    /* Sampling. */
+    int next_sample;
+    double last_t, area;
+    /* Retry memo, per departure batch. */
+    uint32_t *memo_batch;
+    int64_t *memo_mem; /* smallest memory that failed for the shape in this batch */
+    int nshapes;
+    uint32_t batch;
+} run;
+
+static double alloc_pct(const run *r)
+{
+    return (double)kgpu_cluster_gpu_milli_allocated(r->c) * 100.0 / r->cap;
+}
+
+/* Time moves to t: samples before t take the current state; the mean integrates it. */
+static void advance(run *r, double t)
+{
+    kgpu_churn_result *o = r->out;
+    double a = alloc_pct(r);
+    while (r->next_sample < KGPU_CHURN_SAMPLES && o->sample_t[r->next_sample] < t)
+        o->alloc_pct[r->next_sample++] = a;
+    double from = r->last_t > o->t_first ? r->last_t : o->t_first;
+    double to = t < o->t_last ? t : o->t_last;
+    if (to > from)
+        r->area += a * (to - from);
+    if (t > r->last_t)
+        r->last_t = t;
+}
+
+/* Places slot k chosen among nodes (NULL = all) at time t. 1 placed, 0 no fit, <0 error. */
+static int try_place(run *r, size_t k, const int *nodes, int nn, double t, kgpu_error *err)
+{
+    const kgpu_request *req = &r->in->sim->requests[r->in->order[k]];
+    int node, gpus[KGPU_MAX_GPUS_PER_NODE];
+    int rc = kgpu_policy_select(r->p, r->c, req, nodes, nn, &r->rng, &node, gpus, err);
+    if (rc == KGPU_ENOFIT)
+        return 0;
+    if (rc != 0)
+        return rc;
+    if ((rc = kgpu_cluster_apply(r->c, req, node, gpus, &r->placed[k], err)) != 0)
+        return rc; /* a policy chose something that does not fit: a bug */
+    r->waits[r->nwaits++] = t - r->arrive[k];
+    heap_push(&r->deps, (departure){t + r->in->lifetime[r->in->order[k]], k});
+    double a = alloc_pct(r);
+    if (a > r->out->alloc_peak_pct)
+        r->out->alloc_peak_pct = a;
+    return 1;
+}
+
+/* Every departure at the heap's earliest time, then the queue against the freed nodes. */
+static int depart_batch(run *r, int *freed, bool *is_freed, kgpu_error *err)
+{
+    double t = r->deps.v[0].t;
+    advance(r, t);
+    int nf = 0;
+    while (r->deps.n > 0 && r->deps.v[0].t == t) {
+        departure d = heap_pop(&r->deps);
+        int rc = kgpu_cluster_release(r->c, &r->placed[d.pod], err);
+        if (rc != 0)
+            return rc;
+        int node = r->placed[d.pod].node;
+        if (!is_freed[node]) {
+            is_freed[node] = true;
+            freed[nf++] = node;
+        }
+    }
+    r->batch++;
+    size_t keep = 0;
+    for (size_t q = 0; q < r->nqueue; q++) {
+        size_t k = r->queue[q];
+        const kgpu_request *req = &r->in->sim->requests[r->in->order[k]];
+        int s = req->shape;
+        bool known_fail = s >= 0 && s < r->nshapes && r->memo_batch[s] == r->batch &&
+                          req->memory_mib >= r->memo_mem[s];
+        bool fits = false;
+        for (int i = 0; !known_fail && !fits && i < nf; i++)
+            fits = kgpu__fit(kgpu_cluster_node(r->c, freed[i]), req);
+        int placed = 0;
+        if (fits) {
+            r->out->retries++;
+            if ((placed = try_place(r, k, freed, nf, t, err)) < 0)
+                return placed;
+        }
+        if (placed) {
+            r->out->waited++;
+            continue;
+        }
+        if (s >= 0 && s < r->nshapes &&
+            (r->memo_batch[s] != r->batch || req->memory_mib < r->memo_mem[s])) {
+            r->memo_batch[s] = r->batch;
+            r->memo_mem[s] = req->memory_mib;
+        }
+        r->queue[keep++] = k;
+    }
+    r->nqueue = keep;
+    for (int i = 0; i < nf; i++)
+        is_freed[freed[i]] = false;
+    return 0;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Nearest-rank quantile of sorted v[0..n). */
+static double quantile(const double *v, size_t n, double q)
+{
+    if (n == 0)
+        return 0;
+    size_t i = (size_t)ceil(q * (double)n);
+    return v[i > 0 ? i - 1 : 0];
+}
+
+int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg,
+                   kgpu_churn_result *out, kgpu_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    if (!(cfg->speedup > 0 && cfg->speedup <= 1e6))
+        return kgpu_error_set(err, KGPU_EINVAL, "speedup %g outside (0, 1e6]", cfg->speedup);
+    const kgpu_sim_input *sim = in->sim;
+    size_t n = sim->nrequests;
+    run r;
+    memset(&r, 0, sizeof(r));
+    r.in = in;
+    r.cfg = cfg;
+    r.out = out;
+    r.cap = (double)sim->capacity_milli;
+    int rc = 0;
+    kgpu_learner *learner = NULL;
+    uint32_t *rank = NULL;
+    int *freed = NULL;
+    bool *is_freed = NULL;
+    kgpu_rng trng;
+    kgpu_rng_seed(&r.rng, cfg->seed, 2);
+    kgpu_rng_seed(&trng, cfg->seed, 3);
+    r.c = kgpu_cluster_clone(sim->cluster);
+    int nn = r.c ? kgpu_cluster_node_count(r.c) : 0;
+    for (size_t i = 0; i < n; i++)
+        if (sim->requests[i].shape >= r.nshapes)
+            r.nshapes = sim->requests[i].shape + 1;
+    r.placed = calloc(n ? n : 1, sizeof(*r.placed));
+    r.arrive = calloc(n ? n : 1, sizeof(*r.arrive));
+    r.waits = calloc(n ? n : 1, sizeof(*r.waits));
+    r.queue = calloc(n ? n : 1, sizeof(*r.queue));
+    r.deps.v = calloc(n ? n : 1, sizeof(*r.deps.v));
+    r.memo_batch = calloc((size_t)r.nshapes + 1, sizeof(*r.memo_batch));
+    r.memo_mem = calloc((size_t)r.nshapes + 1, sizeof(*r.memo_mem));
+    rank = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*rank));
+    freed = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*freed));
+    is_freed = calloc((size_t)(nn > 0 ? nn : 1), sizeof(*is_freed));
+    if (r.c == NULL || r.placed == NULL || r.arrive == NULL || r.waits == NULL ||
+        r.queue == NULL || r.deps.v == NULL || r.memo_batch == NULL || r.memo_mem == NULL ||
+        rank == NULL || freed == NULL || is_freed == NULL) {
+        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        goto done;
+    }
+    const kgpu_policy_ops *ops = kgpu_policy_find(cfg->policy);
+    out->online = cfg->online || (ops != NULL && ops->online_only);
+    if (out->online && (learner = kgpu_learner_new(0.95, NULL, 0, err)) == NULL) {
+        rc = err ? err->code : KGPU_ENOMEM;
+        goto done;
+    }
+    const kgpu_workload *target = learner ? kgpu_learner_workload(learner) : &sim->target;
+    if ((r.p = kgpu_policy_new(cfg->policy, r.c, target, err)) == NULL) {
+        rc = err ? err->code : KGPU_EINVAL;
+        goto done;
+    }
+    for (int i = 0; i < nn; i++)
+        rank[i] = (uint32_t)i;
+    for (int i = nn; i > 1; i--) { /* the study's per-seed tie order */
+        int j = (int)kgpu_rng_below(&trng, (uint64_t)i);
+        uint32_t t = rank[i - 1];
+        rank[i - 1] = rank[j];
+        rank[j] = t;
+    }
+    if (!cfg->random_ties)
+        kgpu_policy_set_tie_order(r.p, rank, nn);
+
+    /* Times and the sampling grid. */
+    for (size_t k = 0; k < n; k++)
+        r.arrive[k] = in->creation[in->order[k]] / cfg->speedup;
+    out->pods = (long)n;
+    /*
+     * The measured span starts when 5 % of the pods have arrived: trace files
+     * open with a few long-lived pods spread over months before the bulk
+     * arrives (the default trace: 33 pods over 77 % of its time), and a mean
+     * over that lead-in says nothing about placement.
+     */
+    out->t_first = n ? r.arrive[n / 20] : 0;
+    out->t_last = n ? r.arrive[n - 1] : 0;
+    double span = out->t_last - out->t_first;
+    /* Demand present in the arrival span if every pod ran at once: what the cluster is offered. */
+    double demand_time = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = in->order[k];
+        double end = r.arrive[k] + in->lifetime[i];
+        double from = r.arrive[k] > out->t_first ? r.arrive[k] : out->t_first;
+        double overlap = (end < out->t_last ? end : out->t_last) - from;
+        if (overlap > 0)
+            demand_time += (double)kgpu__gpu_demand(&sim->requests[i]) * overlap;
+    }
+    for (int s = 0; s < KGPU_CHURN_SAMPLES; s++)
+        out->sample_t[s] = out->t_first + span * s / (KGPU_CHURN_SAMPLES - 1);
+    out->offered_load_pct = span > 0 ? demand_time * 100.0 / (span * r.cap) : 0;
+    r.last_t = n ? r.arrive[0] : 0;
+
+    size_t k = 0;
+    while (k < n || r.deps.n > 0) {
+        if (r.deps.n > 0 && (k == n || r.deps.v[0].t <= r.arrive[k])) {
+            /* Departures first at equal times: they make room for the arrival. */
+            if ((rc = depart_batch(&r, freed, is_freed, err)) != 0)
+                goto done;
+            continue;
+        }
+        double t = r.arrive[k];
+        advance(&r, t);
+        const kgpu_request *req = &sim->requests[in->order[k]];
+        if (learner != NULL) {
+            int lr = kgpu_learner_observe(learner, req);
+            if (lr < 0) {
+                rc = kgpu_error_set(err, lr, "out of memory learning the workload");
+                goto done;
+            }
+            if (lr == 1)
+                kgpu_policy_invalidate(r.p);
+        }
+        kgpu_policy_observe(r.p, r.c, req);
+        if (cfg->on_observe != NULL)
+            cfg->on_observe(cfg->ctx, in->order[k], t);
+        int placed = try_place(&r, k, NULL, 0, t, err);
+        if (placed < 0) {
+            rc = placed;
+            goto done;
+        }
+        if (placed) {
+            out->placed_at_once++;
+        } else {
+            r.queue[r.nqueue++] = k;
+            if ((long)r.nqueue > out->max_queue)
+                out->max_queue = (long)r.nqueue;
+        }
+        k++;
+    }
+    out->t_end = r.last_t;
+    advance(&r, INFINITY);
+    out->alloc_mean_pct = span > 0 ? r.area / span : out->alloc_peak_pct;
+    out->never_placed = (long)r.nqueue;
+    qsort(r.waits, r.nwaits, sizeof(*r.waits), cmp_double);
+    double sum = 0;
+    for (size_t i = 0; i < r.nwaits; i++)
+        sum += r.waits[i];
+    out->wait_mean_s = r.nwaits ? sum / (double)r.nwaits : 0;
+    out->wait_median_s = quantile(r.waits, r.nwaits, 0.5);
+    out->wait_p99_s = quantile(r.waits, r.nwaits, 0.99);
+done:
+    free(rank);
+    free(freed);
+    free(is_freed);
+    free(r.placed);
+    free(r.arrive);
+    free(r.waits);
+    free(r.queue);
+    free(r.deps.v);
+    free(r.memo_batch);
+    free(r.memo_mem);
+    kgpu_policy_free(r.p);
+    kgpu_learner_free(learner);
+    kgpu_cluster_free(r.c);
+    return rc;
+}
