@@ -36,9 +36,9 @@ typedef struct kgpu_churn_input {
 
 typedef struct kgpu_churn_config {
     const char *policy;
-    uint64_t seed;     /* tie order (as kgpu_sim_config) and the random policy's draws */
-    bool random_ties;  /* see kgpu_sim_config */
-    bool online;       /* see kgpu_sim_config; kgpu always runs online */
+    uint64_t seed;    /* tie order (as kgpu_sim_config) and the random policy's draws */
+    bool random_ties; /* see kgpu_sim_config */
+    bool online;      /* see kgpu_sim_config; kgpu always runs online */
     /*
      * Arrivals come `speedup` times as fast as in the trace (creation / speedup);
      * lifetimes are kept. 1 replays the trace as recorded.
@@ -54,10 +54,10 @@ typedef struct kgpu_churn_config {
 
 typedef struct kgpu_churn_result {
     double t_first, t_last; /* the measured span (5 % of arrivals to the last), simulated s */
-    double t_end;                            /* the last departure (or last event) */
-    double sample_t[KGPU_CHURN_SAMPLES];     /* sample times over [t_first, t_last] */
-    double alloc_pct[KGPU_CHURN_SAMPLES];    /* GPU allocated / capacity after events <= t */
-    double alloc_mean_pct;                   /* time-weighted over [t_first, t_last] */
+    double t_end;           /* the last departure (or last event) */
+    double sample_t[KGPU_CHURN_SAMPLES];  /* sample times over [t_first, t_last] */
+    double alloc_pct[KGPU_CHURN_SAMPLES]; /* GPU allocated / capacity after events <= t */
+    double alloc_mean_pct;                /* time-weighted over [t_first, t_last] */
     double alloc_peak_pct;
     double offered_load_pct; /* mean GPU demand present in the span were every pod placed at once */
     long pods;               /* arrivals */
@@ -66,8 +66,8 @@ typedef struct kgpu_churn_result {
     long never_placed;       /* still queued when nothing was left to depart */
     long max_queue;
     double wait_median_s, wait_p99_s, wait_mean_s; /* over all placed pods (0 for the prompt) */
-    long retries;            /* placement attempts made for queued pods */
-    bool online;             /* the policy's target was learned online */
+    long retries;                                  /* placement attempts made for queued pods */
+    bool online;                                   /* the policy's target was learned online */
 } kgpu_churn_result;
 
 /*
@@ -83,8 +83,8 @@ void kgpu_churn_input_free(kgpu_churn_input *in);
  * One run. Deterministic for (input, policy, seed, speedup, ties, online).
  * Policies that learn see each pod once, when it arrives, never before.
  */
-int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg,
-                   kgpu_churn_result *out, kgpu_error *err);
+int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgpu_churn_result *out,
+                   kgpu_error *err);
 
 #ifdef __cplusplus
 }

@@ -355,15 +355,33 @@ static json_t *churn_json(const churn_study *s, bool timing)
     return root;
 }
 
+/* A readable unit for a span of simulated seconds: seconds per unit, and its name. */
+static double time_unit(double span_s, const char **name)
+{
+    if (span_s >= 2 * 3600.0) {
+        *name = "hours";
+        return 3600.0;
+    }
+    if (span_s >= 120.0) {
+        *name = "minutes";
+        return 60.0;
+    }
+    *name = "seconds";
+    return 1.0;
+}
+
 static void churn_table(FILE *f, const churn_study *s, const char *pods_path)
 {
     const kgpu_sim_input *in = s->in->sim;
     const kgpu_churn_result *r0 = &s->rows[0].runs[0];
+    const char *unit;
+    double scale = time_unit(r0->t_last - r0->t_first, &unit);
     fprintf(f,
             "cluster: %d nodes, %d GPUs   workload: %s (%zu pods), trace times, arrivals "
-            "x%g\noffered load %.1f%% of GPU capacity over %.1f h of arrivals\n",
+            "x%g\noffered load %.1f%% of GPU capacity over %.1f %s (from 5%% of arrivals to "
+            "the last)\n",
             kgpu_cluster_node_count(in->cluster), in->gpus, pods_path, in->nrequests, s->speedup,
-            r0->offered_load_pct, (r0->t_last - r0->t_first) / 3600.0);
+            r0->offered_load_pct, (r0->t_last - r0->t_first) / scale, unit);
     fprintf(f, "seeds: %" PRIu64, s->seeds[0]);
     if (s->nseeds > 1)
         fprintf(f, "..%" PRIu64 " (%d runs each, means shown)", s->seeds[s->nseeds - 1], s->nseeds);
@@ -377,7 +395,7 @@ static void churn_table(FILE *f, const churn_study *s, const char *pods_path)
                 row->alloc_mean, row->alloc_peak, row->wait_median, row->wait_p99, row->waited,
                 row->never_placed, row->max_queue, row->wall_s_total);
     }
-    fprintf(f, "\nalloc mean: GPU allocated / capacity, time-weighted over the arrival span.\n"
+    fprintf(f, "\nalloc mean: GPU allocated / capacity, time-weighted over that span.\n"
                "wait: arrival to placement, over placed pods; waited: pods that queued; never:\n"
                "pods still queued when every placed pod had left.\n");
 }
@@ -387,18 +405,19 @@ static int churn_plot(const char *path, const churn_study *s, kgpu_error *err)
     kgpu_plot_series series[MAX_POLICIES];
     double hours[KGPU_CHURN_SAMPLES];
     const kgpu_churn_result *r0 = &s->rows[0].runs[0];
+    const char *unit;
+    double scale = time_unit(r0->t_last - r0->t_first, &unit);
     for (int i = 0; i < KGPU_CHURN_SAMPLES; i++)
-        hours[i] = (r0->sample_t[i] - r0->t_first) / 3600.0;
+        hours[i] = (r0->sample_t[i] - r0->t_first) / scale;
     for (int r = 0; r < s->nrows; r++)
-        series[r] = (kgpu_plot_series){.label = s->rows[r].policy,
-                                       .x = hours,
-                                       .y = s->rows[r].alloc,
-                                       .n = KGPU_CHURN_SAMPLES};
-    char title[128];
-    snprintf(title, sizeof(title), "GPU allocation over time, trace times, arrivals x%g (mean over seeds)",
-             s->speedup);
+        series[r] = (kgpu_plot_series){
+            .label = s->rows[r].policy, .x = hours, .y = s->rows[r].alloc, .n = KGPU_CHURN_SAMPLES};
+    char title[128], xlabel[96];
+    snprintf(title, sizeof(title),
+             "GPU allocation over time, trace times, arrivals x%g (mean over seeds)", s->speedup);
+    snprintf(xlabel, sizeof(xlabel), "%s since 5%% of the pods had arrived", unit);
     kgpu_plot plot = {.title = title,
-                      .xlabel = "hours since the first arrival",
+                      .xlabel = xlabel,
                       .ylabel = "GPU allocated (% of capacity)",
                       .xmin = 0,
                       .xmax = hours[KGPU_CHURN_SAMPLES - 1],

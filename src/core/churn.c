@@ -261,8 +261,8 @@ static double quantile(const double *v, size_t n, double q)
     return v[i > 0 ? i - 1 : 0];
 }
 
-int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg,
-                   kgpu_churn_result *out, kgpu_error *err)
+int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgpu_churn_result *out,
+                   kgpu_error *err)
 {
     memset(out, 0, sizeof(*out));
     if (!(cfg->speedup > 0 && cfg->speedup <= 1e6))
@@ -298,9 +298,9 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg,
     rank = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*rank));
     freed = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*freed));
     is_freed = calloc((size_t)(nn > 0 ? nn : 1), sizeof(*is_freed));
-    if (r.c == NULL || r.placed == NULL || r.arrive == NULL || r.waits == NULL ||
-        r.queue == NULL || r.deps.v == NULL || r.memo_batch == NULL || r.memo_mem == NULL ||
-        rank == NULL || freed == NULL || is_freed == NULL) {
+    if (r.c == NULL || r.placed == NULL || r.arrive == NULL || r.waits == NULL || r.queue == NULL ||
+        r.deps.v == NULL || r.memo_batch == NULL || r.memo_mem == NULL || rank == NULL ||
+        freed == NULL || is_freed == NULL) {
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
     }

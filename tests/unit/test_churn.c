@@ -147,9 +147,9 @@ static char *busy_trace(void)
     n += (size_t)snprintf(buf + n, sizeof(buf) - n, POD_HEADER);
     for (int i = 0; i < 120; i++) {
         int gpus = i % 7 == 0 ? 2 : 1, milli = i % 3 == 0 ? 1000 : 250 + (i * 37) % 600;
-        n += (size_t)snprintf(buf + n, sizeof(buf) - n, "q%d,%d,%d,%d,%d,,LS,Running,%d,%d,%d\n",
-                              i, 2000 + (i % 5) * 1000, 4096, gpus, gpus > 1 ? 1000 : milli,
-                              i * 3, i * 3 + 40 + (i * 53) % 200, i * 3);
+        n += (size_t)snprintf(buf + n, sizeof(buf) - n, "q%d,%d,%d,%d,%d,,LS,Running,%d,%d,%d\n", i,
+                              2000 + (i % 5) * 1000, 4096, gpus, gpus > 1 ? 1000 : milli, i * 3,
+                              i * 3 + 40 + (i * 53) % 200, i * 3);
     }
     return buf;
 }
