@@ -22,8 +22,9 @@ extern "C" {
 #endif
 
 /*
- * Allocation samples, evenly spaced over the measured span: from the arrival
- * of the pod at 5 % of the arrival order to the last arrival.
+ * Allocation samples, evenly spaced from the arrival of the pod at 5 % of
+ * the arrival order to a quarter of that span past the last arrival (the
+ * queue draining shows).
  */
 #define KGPU_CHURN_SAMPLES 201
 
@@ -55,7 +56,7 @@ typedef struct kgpu_churn_config {
 typedef struct kgpu_churn_result {
     double t_first, t_last; /* the measured span (5 % of arrivals to the last), simulated s */
     double t_end;           /* the last departure (or last event) */
-    double sample_t[KGPU_CHURN_SAMPLES];  /* sample times over [t_first, t_last] */
+    double sample_t[KGPU_CHURN_SAMPLES];  /* t_first .. t_last + (t_last - t_first) / 4 */
     double alloc_pct[KGPU_CHURN_SAMPLES]; /* GPU allocated / capacity after events <= t */
     double alloc_mean_pct;                /* time-weighted over [t_first, t_last] */
     double alloc_peak_pct;

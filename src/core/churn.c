@@ -350,7 +350,7 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
             demand_time += (double)kgpu__gpu_demand(&sim->requests[i]) * overlap;
     }
     for (int s = 0; s < KGPU_CHURN_SAMPLES; s++)
-        out->sample_t[s] = out->t_first + span * s / (KGPU_CHURN_SAMPLES - 1);
+        out->sample_t[s] = out->t_first + 1.25 * span * s / (KGPU_CHURN_SAMPLES - 1);
     out->offered_load_pct = span > 0 ? demand_time * 100.0 / (span * r.cap) : 0;
     r.last_t = n ? r.arrive[0] : 0;
 

@@ -1,0 +1,166 @@
+/*
+ * Black-box tests of `kgpu simulate --churn` on the bundled example: the
+ * JSON fields, determinism, the table and the plot, and the errors an
+ * operator can make (options that do not mix, times that make no sense).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "cli.h"
+#include "kgpu/churn.h"
+
+static char tmp[256];
+
+typedef struct run_result {
+    int status; /* exit code, or -1 */
+    char *out, *err;
+} run_result;
+
+static char *slurp(const char *path)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    if (kgpu_read_file(path, &buf, &len, NULL) != 0)
+        return strdup("");
+    char *s = realloc(buf, len + 1);
+    s[len] = '\0';
+    return s;
+}
+
+/* Runs `kgpu <args>` from the source tree, capturing stdout and stderr. */
+static run_result run(const char *args)
+{
+    char cmd[8192], out[300], err[300];
+    snprintf(out, sizeof(out), "%s/stdout", tmp);
+    snprintf(err, sizeof(err), "%s/stderr", tmp);
+    snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' %s >'%s' 2>'%s' </dev/null", KGPU_SOURCE_DIR,
+             KGPU_BIN, args, out, err);
+    int st = system(cmd);
+    run_result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+    return r;
+}
+
+static void run_free(run_result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+#define EXAMPLE "--nodes examples/nodes.csv --pods examples/pods.csv"
+
+static void test_json_fields_and_determinism(void **state)
+{
+    run_result a = run("simulate --churn --speedup 1000 " EXAMPLE
+                       " --policy fgd,kgpu --seeds 1-2 --json --no-timing");
+    run_result b = run("simulate --churn --speedup 1000 " EXAMPLE
+                       " --policy fgd,kgpu --seeds 1-2 --json --no-timing --threads 1");
+    assert_int_equal(a.status, 0);
+    assert_string_equal(a.out, b.out); /* same seeds, any thread count: same bytes */
+    json_error_t jerr;
+    json_t *root = json_loads(a.out, 0, &jerr);
+    assert_non_null(root);
+    assert_string_equal(json_string_value(json_object_get(root, "mode")), "churn");
+    assert_true(json_real_value(json_object_get(root, "speedup")) == 1000);
+    assert_int_equal(json_array_size(json_object_get(root, "sample_t_s")), KGPU_CHURN_SAMPLES);
+    json_t *results = json_object_get(root, "results");
+    assert_int_equal(json_array_size(results), 2);
+    const char *fields[] = {"alloc_mean_pct", "alloc_peak_pct", "wait_median_s", "wait_p99_s",
+                            "wait_mean_s",    "waited",         "never_placed",  "max_queue"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *o = json_array_get(results, i);
+        for (size_t f = 0; f < sizeof(fields) / sizeof(*fields); f++)
+            assert_true(json_is_real(json_object_get(o, fields[f])));
+        assert_int_equal(json_array_size(json_object_get(o, "alloc_over_time")),
+                         KGPU_CHURN_SAMPLES);
+        assert_int_equal(json_integer_value(json_object_get(o, "pods")), 257);
+    }
+    assert_true(json_is_true(json_object_get(json_array_get(results, 1), "online")));
+    json_decref(root);
+    run_free(&a);
+    run_free(&b);
+}
+
+static void test_table_and_plot(void **state)
+{
+    char args[600];
+    snprintf(args, sizeof(args), "simulate --churn " EXAMPLE " --seeds 42 --plot '%s/c.svg'", tmp);
+    run_result r = run(args);
+    assert_int_equal(r.status, 0);
+    for (const kgpu_policy_ops *const *p = kgpu_policy_list(); *p; p++) {
+        char row[64];
+        snprintf(row, sizeof(row), "\n%s ", (*p)->name);
+        assert_non_null(strstr(r.out, row));
+    }
+    assert_non_null(strstr(r.out, "wait p99 s"));
+    char path[300];
+    snprintf(path, sizeof(path), "%s/c.svg", tmp);
+    char *svg = slurp(path);
+    assert_non_null(strstr(svg, "<svg"));
+    assert_non_null(strstr(svg, "over time"));
+    assert_non_null(strstr(svg, "</svg>"));
+    free(svg);
+    run_free(&r);
+}
+
+static void test_errors(void **state)
+{
+    run_result r = run("simulate --speedup 10 " EXAMPLE);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--speedup needs --churn"));
+    run_free(&r);
+    r = run("simulate --churn --inflate 1.3 " EXAMPLE);
+    assert_int_equal(r.status, 2);
+    run_free(&r);
+    r = run("simulate --churn --speedup 0 " EXAMPLE);
+    assert_int_equal(r.status, 2);
+    run_free(&r);
+
+    char path[300], args[700];
+    snprintf(path, sizeof(path), "%s/bad.csv", tmp);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+          "deletion_time,scheduled_time\n"
+          "a,1000,1024,1,500,,LS,Running,5,10,5\n"
+          "b,1000,1024,1,500,,LS,Running,20,10,20\n",
+          f);
+    fclose(f);
+    snprintf(args, sizeof(args), "simulate --churn --nodes examples/nodes.csv --pods '%s'", path);
+    r = run(args);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "bad.csv:3: deletion_time 10 before creation_time 20"));
+    run_free(&r);
+}
+
+static int setup(void **state)
+{
+    snprintf(tmp, sizeof(tmp), "/tmp/kgpu-churn-XXXXXX");
+    return mkdtemp(tmp) == NULL ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_fields_and_determinism),
+        cmocka_unit_test(test_table_and_plot),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
