@@ -37,7 +37,7 @@ typedef struct kgpu_churn_input {
 
 typedef struct kgpu_churn_config {
     const char *policy;
-    uint64_t seed;    /* tie order (as kgpu_sim_config) and the random policy's draws */
+    uint64_t seed;    /* tie order (as kgpu_sim_config), random draws, the inflated workload */
     bool random_ties; /* see kgpu_sim_config */
     bool online;      /* see kgpu_sim_config; kgpu always runs online */
     /*
@@ -45,6 +45,13 @@ typedef struct kgpu_churn_config {
      * lifetimes are kept. 1 replays the trace as recorded.
      */
     double speedup;
+    /*
+     * 0: the file's pods as recorded. Otherwise the study's volume: pods
+     * drawn with replacement (seeded) until GPU demand reaches inflate x
+     * capacity (or random pods dropped); a drawn pod arrives with its
+     * original and lives as long.
+     */
+    double inflate;
     /*
      * Optional (tests, tracing): called each time a pod is shown to the
      * policy and its learner, with the request index and the simulated time.
@@ -81,7 +88,7 @@ int kgpu_churn_prepare(const kgpu_sim_input *sim, const kgpu_trace *pods, const 
 void kgpu_churn_input_free(kgpu_churn_input *in);
 
 /*
- * One run. Deterministic for (input, policy, seed, speedup, ties, online).
+ * One run. Deterministic for (input, policy, seed, speedup, inflate, ties, online).
  * Policies that learn see each pod once, when it arrives, never before.
  */
 int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgpu_churn_result *out,

@@ -221,7 +221,7 @@ typedef struct churn_row {
     const char *policy; /* borrowed */
     kgpu_churn_result *runs;
     double *wall_s;
-    double alloc_mean, alloc_peak, wait_median, wait_p99, wait_mean, waited, never_placed,
+    double pods, alloc_mean, alloc_peak, wait_median, wait_p99, wait_mean, waited, never_placed,
         max_queue, retries, wall_s_total;
     double alloc[KGPU_CHURN_SAMPLES];
 } churn_row;
@@ -232,7 +232,7 @@ typedef struct churn_study {
     int nseeds;
     churn_row *rows;
     int nrows;
-    double speedup;
+    double speedup, inflate;
     bool random_ties, online;
     atomic_int next, failed;
     kgpu_error first_err;
@@ -252,7 +252,8 @@ static void *churn_worker(void *arg)
                                  .seed = s->seeds[k],
                                  .random_ties = s->random_ties,
                                  .online = s->online,
-                                 .speedup = s->speedup};
+                                 .speedup = s->speedup,
+                                 .inflate = s->inflate};
         kgpu_error err;
         kgpu_error_clear(&err);
         double t0 = kgpu_now();
@@ -291,6 +292,7 @@ static int churn_study_run(churn_study *s, int threads, kgpu_error *err)
         double n = s->nseeds;
         for (int k = 0; k < s->nseeds; k++) {
             const kgpu_churn_result *x = &row->runs[k];
+            row->pods += (double)x->pods / n;
             row->alloc_mean += x->alloc_mean_pct / n;
             row->alloc_peak += x->alloc_peak_pct / n;
             row->wait_median += x->wait_median_s / n;
@@ -318,6 +320,7 @@ static json_t *churn_json(const churn_study *s, bool timing)
     json_object_set_new(root, "gpus", json_integer(in->gpus));
     json_object_set_new(root, "pods_in_file", json_integer((json_int_t)in->nrequests));
     json_object_set_new(root, "speedup", json_real(s->speedup));
+    json_object_set_new(root, "inflate", json_real(s->inflate));
     json_object_set_new(root, "tie_break", json_string(s->random_ties ? "random" : "seeded-order"));
     json_object_set_new(root, "target", json_string(s->online ? "online" : "trace"));
     json_object_set_new(root, "offered_load_pct", json_real(r0->offered_load_pct));
@@ -342,7 +345,7 @@ static json_t *churn_json(const churn_study *s, bool timing)
         json_object_set_new(o, "wait_median_s", json_real(row->wait_median));
         json_object_set_new(o, "wait_p99_s", json_real(row->wait_p99));
         json_object_set_new(o, "wait_mean_s", json_real(row->wait_mean));
-        json_object_set_new(o, "pods", json_integer(row->runs[0].pods));
+        json_object_set_new(o, "pods", json_real(row->pods));
         json_object_set_new(o, "waited", json_real(row->waited));
         json_object_set_new(o, "never_placed", json_real(row->never_placed));
         json_object_set_new(o, "max_queue", json_real(row->max_queue));
@@ -378,9 +381,13 @@ static void churn_table(FILE *f, const churn_study *s, const char *pods_path)
     double scale = time_unit(r0->t_last - r0->t_first, &unit);
     fprintf(f,
             "cluster: %d nodes, %d GPUs   workload: %s (%zu pods), trace times, arrivals "
-            "x%g\noffered load %.1f%% of GPU capacity over %.1f %s (from 5%% of arrivals to "
-            "the last)\n",
-            kgpu_cluster_node_count(in->cluster), in->gpus, pods_path, in->nrequests, s->speedup,
+            "x%g\n",
+            kgpu_cluster_node_count(in->cluster), in->gpus, pods_path, in->nrequests, s->speedup);
+    if (s->inflate > 0)
+        fprintf(f, "inflated to %.2fx capacity: %.1f pods (mean over seeds)\n", s->inflate,
+                s->rows[0].pods);
+    fprintf(f,
+            "offered load %.1f%% of GPU capacity over %.1f %s (from 5%% of arrivals to the last)\n",
             r0->offered_load_pct, (r0->t_last - r0->t_first) / scale, unit);
     fprintf(f, "seeds: %" PRIu64, s->seeds[0]);
     if (s->nseeds > 1)
@@ -440,7 +447,7 @@ typedef struct churn_opts {
     int npolicies, threads;
     const uint64_t *seeds;
     int nseeds;
-    double speedup;
+    double speedup, inflate;
     bool json, timing, random_ties, online;
 } churn_opts;
 
@@ -462,6 +469,7 @@ static int run_churn(const churn_opts *o)
     s.seeds = o->seeds;
     s.nseeds = o->nseeds;
     s.speedup = o->speedup;
+    s.inflate = o->inflate;
     s.random_ties = o->random_ties;
     s.online = o->online;
     atomic_init(&s.next, 0);
@@ -538,7 +546,9 @@ static void simulate_usage(FILE *f)
                "                    fit nowhere wait in a queue; reports allocation over time,\n"
                "                    waiting times and pods never placed (--plot: over time)\n"
                "  --speedup X       with --churn: arrivals X times as fast as recorded,\n"
-               "                    lifetimes kept (default 1)\n");
+               "                    lifetimes kept (default 1)\n"
+               "                    (--inflate with --churn: drawn pods arrive with their\n"
+               "                    originals; without it the file's pods as recorded)\n");
 }
 
 int kgpu_cmd_simulate(int argc, char **argv)
@@ -634,11 +644,8 @@ int kgpu_cmd_simulate(int argc, char **argv)
             return 2;
         }
     }
-    if (churn ? inflate_set : speedup_set) {
-        fprintf(stderr, "kgpu simulate: %s\n",
-                churn ? "--inflate does not apply to --churn (the trace's own pods and times are "
-                        "replayed; use --speedup)"
-                      : "--speedup needs --churn");
+    if (speedup_set && !churn) {
+        fprintf(stderr, "kgpu simulate: --speedup needs --churn\n");
         free(policy_text);
         return 2;
     }
@@ -695,6 +702,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
                          .seeds = seeds,
                          .nseeds = nseeds,
                          .speedup = speedup,
+                         .inflate = inflate_set ? inflate : 0,
                          .json = json,
                          .timing = timing,
                          .random_ties = random_ties,

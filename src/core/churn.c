@@ -138,7 +138,8 @@ typedef struct run {
     kgpu_policy *p;
     kgpu_rng rng;
     double cap;
-    kgpu_assignment *placed; /* per request-order slot k: where it runs */
+    size_t *slot;            /* per arrival k (in time order): its request index */
+    kgpu_assignment *placed; /* per arrival: where it runs */
     double *arrive;          /* per slot: simulated arrival time */
     double *waits;           /* per placed pod */
     size_t nwaits;
@@ -178,7 +179,7 @@ static void advance(run *r, double t)
 /* Places slot k chosen among nodes (NULL = all) at time t. 1 placed, 0 no fit, <0 error. */
 static int try_place(run *r, size_t k, const int *nodes, int nn, double t, kgpu_error *err)
 {
-    const kgpu_request *req = &r->in->sim->requests[r->in->order[k]];
+    const kgpu_request *req = &r->in->sim->requests[r->slot[k]];
     int node, gpus[KGPU_MAX_GPUS_PER_NODE];
     int rc = kgpu_policy_select(r->p, r->c, req, nodes, nn, &r->rng, &node, gpus, err);
     if (rc == KGPU_ENOFIT)
@@ -188,7 +189,7 @@ static int try_place(run *r, size_t k, const int *nodes, int nn, double t, kgpu_
     if ((rc = kgpu_cluster_apply(r->c, req, node, gpus, &r->placed[k], err)) != 0)
         return rc; /* a policy chose something that does not fit: a bug */
     r->waits[r->nwaits++] = t - r->arrive[k];
-    heap_push(&r->deps, (departure){t + r->in->lifetime[r->in->order[k]], k});
+    heap_push(&r->deps, (departure){t + r->in->lifetime[r->slot[k]], k});
     double a = alloc_pct(r);
     if (a > r->out->alloc_peak_pct)
         r->out->alloc_peak_pct = a;
@@ -216,7 +217,7 @@ static int depart_batch(run *r, int *freed, bool *is_freed, kgpu_error *err)
     size_t keep = 0;
     for (size_t q = 0; q < r->nqueue; q++) {
         size_t k = r->queue[q];
-        const kgpu_request *req = &r->in->sim->requests[r->in->order[k]];
+        const kgpu_request *req = &r->in->sim->requests[r->slot[k]];
         int s = req->shape;
         bool known_fail = s >= 0 && s < r->nshapes && r->memo_batch[s] == r->batch &&
                           req->memory_mib >= r->memo_mem[s];
@@ -261,14 +262,96 @@ static double quantile(const double *v, size_t n, double q)
     return v[i > 0 ? i - 1 : 0];
 }
 
+/* Arrival k of a run in time order; equal times keep the file's order, copies after their original.
+ */
+typedef struct slot_key {
+    double t;
+    size_t req, k;
+} slot_key;
+
+static int slot_cmp(const void *x, const void *y)
+{
+    const slot_key *a = x, *b = y;
+    if (a->t != b->t)
+        return a->t < b->t ? -1 : 1;
+    if (a->req != b->req)
+        return a->req < b->req ? -1 : 1;
+    return a->k < b->k ? -1 : a->k > b->k;
+}
+
+/*
+ * The run's arrivals. inflate 0: the file's pods as recorded. Otherwise the
+ * study's volume (kgpu_sim_run): pods drawn with replacement (seeded) until
+ * the next would push GPU demand past inflate x capacity, or random pods
+ * dropped while over it; a drawn pod arrives with its original, at the same
+ * time, and lives as long. Caller frees *slots.
+ */
+static int build_slots(const kgpu_churn_input *in, double inflate, kgpu_rng *rng, size_t **slots,
+                       size_t *len, kgpu_error *err)
+{
+    const kgpu_sim_input *sim = in->sim;
+    size_t n = sim->nrequests, cap = n + n / 2 + 16, k = n;
+    size_t *o = malloc(cap * sizeof(*o));
+    if (o == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the workload");
+    int64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        o[i] = i;
+        total += kgpu__gpu_demand(&sim->requests[i]);
+    }
+    double target = inflate * (double)sim->capacity_milli;
+    if (inflate > 0 && (double)total > target) {
+        while (k > 0 && (double)total > target) {
+            size_t j = (size_t)kgpu_rng_below(rng, k);
+            total -= kgpu__gpu_demand(&sim->requests[o[j]]);
+            o[j] = o[--k];
+        }
+    } else if (inflate > 0 && total > 0) {
+        for (;;) {
+            size_t j = (size_t)kgpu_rng_below(rng, n);
+            int64_t d = kgpu__gpu_demand(&sim->requests[j]);
+            if ((double)(total + d) > target)
+                break;
+            if (k == cap) {
+                size_t *g = cap < ((size_t)1 << 26) ? realloc(o, 2 * cap * sizeof(*o)) : NULL;
+                if (g == NULL) {
+                    free(o);
+                    return kgpu_error_set(err, KGPU_ENOMEM,
+                                          "workload too large reaching %.2fx capacity", inflate);
+                }
+                o = g;
+                cap *= 2;
+            }
+            o[k++] = j;
+            total += d;
+        }
+    }
+    slot_key *keys = malloc((k ? k : 1) * sizeof(*keys));
+    if (keys == NULL) {
+        free(o);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the workload");
+    }
+    for (size_t i = 0; i < k; i++)
+        keys[i] = (slot_key){in->creation[o[i]], o[i], i};
+    qsort(keys, k, sizeof(*keys), slot_cmp);
+    for (size_t i = 0; i < k; i++)
+        o[i] = keys[i].req;
+    free(keys);
+    *slots = o;
+    *len = k;
+    return 0;
+}
+
 int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgpu_churn_result *out,
                    kgpu_error *err)
 {
     memset(out, 0, sizeof(*out));
     if (!(cfg->speedup > 0 && cfg->speedup <= 1e6))
         return kgpu_error_set(err, KGPU_EINVAL, "speedup %g outside (0, 1e6]", cfg->speedup);
+    if (!(cfg->inflate >= 0 && cfg->inflate <= 100))
+        return kgpu_error_set(err, KGPU_EINVAL, "inflate %g outside [0, 100]", cfg->inflate);
     const kgpu_sim_input *sim = in->sim;
-    size_t n = sim->nrequests;
+    size_t n = 0;
     run r;
     memset(&r, 0, sizeof(r));
     r.in = in;
@@ -280,12 +363,15 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
     uint32_t *rank = NULL;
     int *freed = NULL;
     bool *is_freed = NULL;
-    kgpu_rng trng;
+    kgpu_rng trng, wrng;
     kgpu_rng_seed(&r.rng, cfg->seed, 2);
     kgpu_rng_seed(&trng, cfg->seed, 3);
+    kgpu_rng_seed(&wrng, cfg->seed, 1);
+    if ((rc = build_slots(in, cfg->inflate, &wrng, &r.slot, &n, err)) != 0)
+        return rc;
     r.c = kgpu_cluster_clone(sim->cluster);
     int nn = r.c ? kgpu_cluster_node_count(r.c) : 0;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < sim->nrequests; i++)
         if (sim->requests[i].shape >= r.nshapes)
             r.nshapes = sim->requests[i].shape + 1;
     r.placed = calloc(n ? n : 1, sizeof(*r.placed));
@@ -328,7 +414,7 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
 
     /* Times and the sampling grid. */
     for (size_t k = 0; k < n; k++)
-        r.arrive[k] = in->creation[in->order[k]] / cfg->speedup;
+        r.arrive[k] = in->creation[r.slot[k]] / cfg->speedup;
     out->pods = (long)n;
     /*
      * The measured span starts when 5 % of the pods have arrived: trace files
@@ -342,7 +428,7 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
     /* Demand present in the arrival span if every pod ran at once: what the cluster is offered. */
     double demand_time = 0;
     for (size_t k = 0; k < n; k++) {
-        size_t i = in->order[k];
+        size_t i = r.slot[k];
         double end = r.arrive[k] + in->lifetime[i];
         double from = r.arrive[k] > out->t_first ? r.arrive[k] : out->t_first;
         double overlap = (end < out->t_last ? end : out->t_last) - from;
@@ -364,7 +450,7 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
         }
         double t = r.arrive[k];
         advance(&r, t);
-        const kgpu_request *req = &sim->requests[in->order[k]];
+        const kgpu_request *req = &sim->requests[r.slot[k]];
         if (learner != NULL) {
             int lr = kgpu_learner_observe(learner, req);
             if (lr < 0) {
@@ -376,7 +462,7 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
         }
         kgpu_policy_observe(r.p, r.c, req);
         if (cfg->on_observe != NULL)
-            cfg->on_observe(cfg->ctx, in->order[k], t);
+            cfg->on_observe(cfg->ctx, r.slot[k], t);
         int placed = try_place(&r, k, NULL, 0, t, err);
         if (placed < 0) {
             rc = placed;
@@ -406,6 +492,7 @@ done:
     free(rank);
     free(freed);
     free(is_freed);
+    free(r.slot);
     free(r.placed);
     free(r.arrive);
     free(r.waits);

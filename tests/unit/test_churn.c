@@ -241,6 +241,31 @@ static void test_speedup_and_bad_config(void **state)
     unload(&f);
 }
 
+/* --inflate under churn: the study's volume, drawn pods arriving with their originals. */
+static void test_inflate(void **state)
+{
+    fixture f;
+    kgpu_error err;
+    assert_int_equal(load(&f, five_nodes_csv, busy_trace(), &err), 0);
+    kgpu_churn_config cfg = {.policy = "fgd", .seed = 5, .speedup = 1, .inflate = 0};
+    kgpu_churn_result base, more, again;
+    assert_int_equal(kgpu_churn_run(&f.in, &cfg, &base, &err), 0);
+    assert_int_equal(base.pods, 120);
+    cfg.inflate = 10; /* the trace asks about 4.5x the 24 GPUs' capacity */
+    assert_int_equal(kgpu_churn_run(&f.in, &cfg, &more, &err), 0);
+    assert_int_equal(kgpu_churn_run(&f.in, &cfg, &again, &err), 0);
+    assert_true(more.pods > 2 * base.pods);
+    assert_int_equal(more.pods, again.pods);
+    assert_true(more.waited > base.waited);
+    assert_true(more.wait_p99_s == again.wait_p99_s);
+    cfg.inflate = 2; /* under it: random pods dropped */
+    assert_int_equal(kgpu_churn_run(&f.in, &cfg, &more, &err), 0);
+    assert_true(more.pods < base.pods);
+    cfg.inflate = -1;
+    assert_int_equal(kgpu_churn_run(&f.in, &cfg, &more, &err), KGPU_EINVAL);
+    unload(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -250,6 +275,7 @@ int main(void)
         cmocka_unit_test(test_deterministic_per_seed),
         cmocka_unit_test(test_online_sees_only_arrived_pods),
         cmocka_unit_test(test_speedup_and_bad_config),
+        cmocka_unit_test(test_inflate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
