@@ -222,7 +222,7 @@ static void usage(FILE *f)
            "  --cluster-file FILE    run without an API server: inventory from FILE, binds kept\n"
            "                         in memory\n"
            "  --kubeconfig FILE      API server from a kubeconfig (default: in-cluster)\n"
-           "  --policy NAME          default placement policy: fgd, binpack, spread, bestfit, ...\n"
+           "  --policy NAME          default placement policy: fgd, kgpu, binpack, spread, ...\n"
            "  --memory-unit QTY      size of one kgpu.io/gpu-mem unit (default 1Gi)\n"
            "  --tls-cert FILE --tls-key FILE   serve HTTPS\n"
            "  --tls-client-ca FILE   require client certificates signed by this CA\n"

@@ -131,6 +131,7 @@ typedef struct ext_orphan {
     char uid[64], ns[64];
     char name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
     double since;
+    int64_t cpu_milli, memory_mib; /* the pod's requests, counted once it is adopted */
     int n;
     kgpu_assigned_part parts[];
 } ext_orphan;
@@ -205,7 +206,10 @@ typedef struct ext_state {
     kgpu_strmap pending;   /* uid -> ext_filtered*, from filter, for bind */
     char **pending_order;  /* FIFO of pending uids, for eviction */
     int pending_head, pending_len;
-    kgpu_strmap awaiting; /* uid -> ext_await*: pods kubelet has yet to allocate devices for */
+    kgpu_strmap awaiting;  /* uid -> ext_await*: pods kubelet has yet to allocate devices for */
+    kgpu_strmap observed;  /* uids counted by observe(), at most OBSERVED_MAX (state.c) */
+    char **observed_order; /* FIFO of observed uids (owned; the map's keys are copies) */
+    int observed_head, observed_len;
     kgpu_strmap ns_usage; /* namespace -> ext_ns_usage* */
     double usage_at;      /* monotonic seconds of the last integration */
     kgpu_rng rng;
@@ -246,8 +250,17 @@ void ext_state_pod_gone(ext_state *st, const char *uid);
  */
 void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t *nsuspects);
 
-/* Compiles the pod's requests against the cluster and gives them shape ids. Caller holds st->mu. */
+/*
+ * Compiles the pod's requests against the cluster and gives them shape ids.
+ * The first part keeps the pod's CPU and memory requests: the policies score
+ * with them (kgpu's stranded GPU), but kube-scheduler is the authority on
+ * CPU and memory, so fit checks take ext_fit_requests and placements are
+ * applied with CPU and memory clamped to what the node has free. Caller holds st->mu.
+ */
 int ext_state_compile(ext_state *st, kgpu_pod *pod, kgpu_error *err);
+
+/* The pod's requests without CPU and memory, for fit checks: tmp and out have pod->nparts room. */
+void ext_fit_requests(const kgpu_pod *pod, kgpu_request *tmp, const kgpu_request **out);
 
 /* The policy for a pod: its kgpu.io/policy annotation, else the configured default. */
 kgpu_policy *ext_state_policy(ext_state *st, const kgpu_pod *pod, kgpu_error *err);

@@ -438,8 +438,8 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
             ext_await_clashing_nodes(&d->state, pod->uid, &asks, &awaiting);
         }
     }
-    for (int k = 0; k < pod->nparts; k++)
-        reqs[k] = &pod->parts[k].req;
+    kgpu_request fitreq[KGPU_MAX_PARTS]; /* GPUs only: CPU and memory are kube-scheduler's */
+    ext_fit_requests(pod, fitreq, reqs);
     for (int i = 0; i < n && rc == 0 && pass != NULL; i++) {
         if (pod->nparts == 0) {
             pass[i] = true; /* no GPU asked: not kgpu's business */
@@ -889,8 +889,8 @@ static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
                         release[nr++] = p->part[k].a;
             }
             const kgpu_request *reqs[KGPU_MAX_PARTS];
-            for (int k = 0; k < pod->nparts; k++)
-                reqs[k] = &pod->parts[k].req;
+            kgpu_request fitreq[KGPU_MAX_PARTS];
+            ext_fit_requests(pod, fitreq, reqs);
             keep = release != NULL &&
                    kgpu_fit_all(d->state.cluster, idx, release, nr, reqs, pod->nparts, NULL, 0);
             free(release);

@@ -15,6 +15,10 @@
 
 #define TARGET_REBUILD_MIN 32 /* observations between rebuilds of fgd's target workload */
 #define MAX_SHAPES         4096
+/* Pod uids remembered as observed: a pod is counted once unless this many newer pods came since. */
+#define OBSERVED_MAX 16384
+/* Observations replayed into a policy created afresh (after a node rebuild), in proportion. */
+#define REPLAY_MAX 4096
 
 double ext_now(void)
 {
@@ -70,9 +74,12 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->pending);
     kgpu_strmap_init(&st->awaiting);
     kgpu_strmap_init(&st->ns_usage);
+    kgpu_strmap_init(&st->observed);
+    st->observed_order = calloc(OBSERVED_MAX, sizeof(char *));
     st->pending_order = calloc((size_t)cfg->pending_pods_max, sizeof(char *));
     st->cluster = kgpu_cluster_new();
-    if (st->cluster == NULL || st->pending_order == NULL || set_prior(st) != 0) {
+    if (st->cluster == NULL || st->pending_order == NULL || st->observed_order == NULL ||
+        set_prior(st) != 0) {
         ext_state_destroy(st);
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
@@ -109,6 +116,10 @@ void ext_state_destroy(ext_state *st)
     kgpu_strmap_clear(&st->pending);
     kgpu_strmap_clear(&st->ns_usage);
     kgpu_strmap_clear(&st->shapes);
+    kgpu_strmap_clear(&st->observed);
+    for (int j = 0; st->observed_order != NULL && j < OBSERVED_MAX; j++)
+        free(st->observed_order[j]);
+    free(st->observed_order);
     if (st->pending_order != NULL)
         for (int j = 0; j < st->cfg->pending_pods_max; j++)
             free(st->pending_order[j]);
@@ -242,11 +253,54 @@ static void rebuild_target(ext_state *st)
             kgpu_policy_invalidate(st->policies[i]);
 }
 
+/*
+ * Whether uid was observed already; if not, remembers it (forgetting the
+ * oldest of OBSERVED_MAX). A pod reaches observe() from its first filter and,
+ * when bound before this extender started (or by another replica), from the
+ * pod list or watch: the set keeps it from being counted on both paths, or
+ * again when it falls out of the pending pods and is filtered once more.
+ */
+static bool observed_before(ext_state *st, const char *uid)
+{
+    if (uid[0] == '\0' || kgpu_strmap_get(&st->observed, uid) != NULL)
+        return uid[0] != '\0';
+    char *copy = strdup(uid);
+    if (copy == NULL)
+        return false;
+    int slot = (st->observed_head + st->observed_len) % OBSERVED_MAX;
+    if (st->observed_len == OBSERVED_MAX) {
+        slot = st->observed_head;
+        kgpu_strmap_del(&st->observed, st->observed_order[slot]);
+        free(st->observed_order[slot]);
+        st->observed_head = (st->observed_head + 1) % OBSERVED_MAX;
+        st->observed_len--;
+    }
+    if (!kgpu_strmap_put(&st->observed, copy, (void *)1, NULL)) {
+        free(copy);
+        st->observed_order[slot] = NULL;
+        return false;
+    }
+    st->observed_order[slot] = copy;
+    st->observed_len++;
+    return false;
+}
+
+/*
+ * Counts an arrived pod, once per uid: its shapes into fgd's target (the
+ * online learner) and its GPU requests into every policy that learns from
+ * arrivals (kgpu's scarcity: kgpu_policy_observe).
+ */
 static void observe(ext_state *st, const kgpu_pod *pod)
 {
-    for (int i = 0; i < pod->nparts; i++)
+    if (observed_before(st, pod->uid))
+        return;
+    for (int i = 0; i < pod->nparts; i++) {
         if (pod->parts[i].req.shape >= 0)
             st->shape_info[pod->parts[i].req.shape].count++;
+        for (size_t k = 0; k < sizeof(st->policies) / sizeof(st->policies[0]); k++)
+            if (st->policies[k] != NULL)
+                kgpu_policy_observe(st->policies[k], st->cluster, &pod->parts[i].req);
+    }
     st->observations++;
     long since = st->observations - st->observations_at_build;
     if (since >= TARGET_REBUILD_MIN && since * 10 >= st->observations_at_build)
@@ -257,15 +311,68 @@ int ext_state_compile(ext_state *st, kgpu_pod *pod, kgpu_error *err)
 {
     for (int i = 0; i < pod->nparts; i++) {
         kgpu_request *r = &pod->parts[i].req;
-        /* CPU and memory are kube-scheduler's to check: it sees every pod, kgpu only GPU pods. */
-        r->cpu_milli = 0;
-        r->memory_mib = 0;
+        /* CPU and memory stay (on the first part: the pod's): scores use them, fit does not. */
         int rc = kgpu_request_compile(st->cluster, r, err);
         if (rc != 0)
             return rc;
         r->shape = shape_id(st, r);
     }
     return 0;
+}
+
+void ext_fit_requests(const kgpu_pod *pod, kgpu_request *tmp, const kgpu_request **out)
+{
+    for (int i = 0; i < pod->nparts; i++) {
+        tmp[i] = pod->parts[i].req;
+        tmp[i].cpu_milli = 0;
+        tmp[i].memory_mib = 0;
+        out[i] = &tmp[i];
+    }
+}
+
+/* Applies req with its CPU and memory clamped to what node idx has free (see ext_fit_requests). */
+static int apply_clamped(kgpu_cluster *c, const kgpu_request *req, int idx, const int *gpus,
+                         kgpu_assignment *out, kgpu_error *err)
+{
+    const kgpu_node *n = kgpu_cluster_node(c, idx);
+    kgpu_request r = *req;
+    if (n != NULL) {
+        int64_t cpu = n->cpu_free > 0 ? n->cpu_free : 0,
+                mem = n->memory_free > 0 ? n->memory_free : 0;
+        r.cpu_milli = r.cpu_milli < cpu ? r.cpu_milli : cpu;
+        r.memory_mib = r.memory_mib < mem ? r.memory_mib : mem;
+    }
+    return kgpu_cluster_apply(c, &r, idx, gpus, out, err);
+}
+
+/*
+ * A policy created afresh (first use, or after a node rebuild dropped the
+ * old one) learns the arrivals seen so far from the shape counts: each
+ * shape's count, scaled down to REPLAY_MAX observations in all, keeps the
+ * proportions that scarcity is made of at a bounded cost.
+ */
+static void replay(ext_state *st, kgpu_policy *p)
+{
+    long total = 0;
+    for (int i = 0; i < st->nshapes; i++)
+        total += st->shape_info[i].count;
+    if (total == 0)
+        return;
+    double scale = total > REPLAY_MAX ? (double)REPLAY_MAX / (double)total : 1.0;
+    for (int i = 0; i < st->nshapes; i++) {
+        const kgpu_shape *sh = &st->shape_info[i].s;
+        long times = (long)((double)st->shape_info[i].count * scale + 0.5);
+        kgpu_request r;
+        memset(&r, 0, sizeof(r));
+        r.cpu_milli = sh->cpu_milli;
+        r.gpu_count = sh->gpu_count;
+        r.gpu_milli = sh->gpu_milli;
+        r.exclusive = sh->gpu_milli >= KGPU_MILLI;
+        r.models = sh->models;
+        r.shape = -1;
+        for (long k = 0; k < times; k++)
+            kgpu_policy_observe(p, st->cluster, &r);
+    }
 }
 
 kgpu_policy *ext_state_policy(ext_state *st, const kgpu_pod *pod, kgpu_error *err)
@@ -276,8 +383,11 @@ kgpu_policy *ext_state_policy(ext_state *st, const kgpu_pod *pod, kgpu_error *er
          i++) {
         if (strcmp(list[i]->name, name) != 0)
             continue;
-        if (st->policies[i] == NULL)
-            st->policies[i] = kgpu_policy_new(name, st->cluster, &st->target, err);
+        if (st->policies[i] == NULL &&
+            (st->policies[i] = kgpu_policy_new(name, st->cluster, &st->target, err)) != NULL) {
+            kgpu_policy_set_fit_cpu(st->policies[i], false); /* kube-scheduler's to check */
+            replay(st, st->policies[i]);
+        }
         return st->policies[i];
     }
     kgpu_error_set(err, KGPU_EINVAL, "unknown policy '%s' (annotation %s)", name, KGPU_ANN_POLICY);
@@ -396,12 +506,14 @@ int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, cons
         rc = kgpu_policy_select(pol, st->cluster, r, &idx, 1, &st->rng, &chosen, gpus, err);
         if (rc == KGPU_ENOFIT) {
             char why[256];
-            kgpu_fit(st->cluster, idx, r, why, sizeof(why));
+            kgpu_request fr = *r;
+            fr.cpu_milli = fr.memory_mib = 0;
+            kgpu_fit(st->cluster, idx, &fr, why, sizeof(why));
             kgpu_error_set(err, rc, "container %s does not fit node %s: %s",
                            pod->parts[i].container, node, why);
         }
         if (rc == 0)
-            rc = kgpu_cluster_apply(st->cluster, r, idx, gpus, &p->part[i].a, err);
+            rc = apply_clamped(st->cluster, r, idx, gpus, &p->part[i].a, err);
         if (rc != 0)
             break;
         snprintf(p->part[i].container, sizeof(p->part[i].container), "%.63s",
@@ -458,7 +570,8 @@ static void drop_orphan(ext_state *st, const char *uid)
 
 /* Remembers a bound pod whose assignment cannot be applied now; `why` is logged once. */
 static void keep_orphan(ext_state *st, const char *uid, const char *ns, const char *name,
-                        const char *node, const kgpu_assigned_part *parts, int n, const char *why)
+                        const char *node, const kgpu_assigned_part *parts, int n, int64_t cpu_milli,
+                        int64_t memory_mib, const char *why)
 {
     if (kgpu_strmap_get(&st->orphans, uid) != NULL)
         return;
@@ -470,6 +583,8 @@ static void keep_orphan(ext_state *st, const char *uid, const char *ns, const ch
     snprintf(o->name, sizeof(o->name), "%s", name);
     snprintf(o->node, sizeof(o->node), "%s", node);
     o->since = ext_now();
+    o->cpu_milli = cpu_milli;
+    o->memory_mib = memory_mib;
     o->n = n;
     memcpy(o->parts, parts, (size_t)n * sizeof(*parts));
     if (!kgpu_strmap_put(&st->orphans, uid, o, NULL)) {
@@ -489,7 +604,7 @@ static void keep_orphan(ext_state *st, const char *uid, const char *ns, const ch
  */
 static const char *try_adopt(ext_state *st, const char *uid, const char *ns, const char *name,
                              const char *nodename, const kgpu_assigned_part *parts, int n,
-                             bool *conflict)
+                             int64_t cpu_milli, int64_t memory_mib, bool *conflict)
 {
     static __thread char problem[300];
     *conflict = false;
@@ -527,8 +642,11 @@ static const char *try_adopt(ext_state *st, const char *uid, const char *ns, con
                                         ap->gpus[g].memory_mib != r.gpu_memory_mib))
                 why = "it gives its GPUs unequal amounts";
         }
-        if (why == NULL &&
-            kgpu_cluster_apply(st->cluster, &r, idx, pos, &p->part[i].a, &err) != 0) {
+        if (i == 0) { /* the pod's CPU and memory, for the scores (clamped: not ours to check) */
+            r.cpu_milli = cpu_milli;
+            r.memory_mib = memory_mib;
+        }
+        if (why == NULL && apply_clamped(st->cluster, &r, idx, pos, &p->part[i].a, &err) != 0) {
             snprintf(problem, sizeof(problem), "%.290s", err.msg);
             why = problem;
             *conflict = true;
@@ -562,7 +680,8 @@ static void retry_orphans(ext_state *st)
     while (done != NULL && kgpu_strmap_next(&st->orphans, &it, &k, &v)) {
         ext_orphan *o = v;
         bool conflict;
-        if (try_adopt(st, o->uid, o->ns, o->name, o->node, o->parts, o->n, &conflict) == NULL) {
+        if (try_adopt(st, o->uid, o->ns, o->name, o->node, o->parts, o->n, o->cpu_milli,
+                      o->memory_mib, &conflict) == NULL) {
             ext_log(EXT_INFO, "pod %s/%s: its GPUs on %s are counted again", o->ns, o->name,
                     o->node);
             snprintf(done[ndone++], sizeof(done[0]), "%s", o->uid);
@@ -622,11 +741,13 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
     }
     if (kgpu_strmap_get(&st->orphans, pod.uid) == NULL) {
         bool conflict;
-        const char *why = try_adopt(st, pod.uid, pod.ns, pod.name, pod.node, parts, n, &conflict);
+        const char *why = try_adopt(st, pod.uid, pod.ns, pod.name, pod.node, parts, n,
+                                    pod.cpu_milli, pod.memory_mib, &conflict);
         if (why != NULL) {
             if (conflict)
                 atomic_fetch_add(&st->metrics->assignment_conflicts, 1);
-            keep_orphan(st, pod.uid, pod.ns, pod.name, pod.node, parts, n, why);
+            keep_orphan(st, pod.uid, pod.ns, pod.name, pod.node, parts, n, pod.cpu_milli,
+                        pod.memory_mib, why);
         }
     }
     free(parts);
@@ -798,10 +919,12 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
             r.gpu_memory_mib = p->part[i].a.exclusive ? 0 : p->part[i].a.gpu_memory_mib;
             r.models = ~0ULL;
             r.shape = -1;
+            r.cpu_milli = p->part[i].a.cpu_milli;
+            r.memory_mib = p->part[i].a.memory_mib;
             int pos[KGPU_MAX_GPUS_PER_NODE];
             for (int g = 0; g < r.gpu_count && ok; g++)
                 ok = (pos[g] = gpu_position(node, refs[j].index[i][g], NULL)) >= 0;
-            ok = ok && kgpu_cluster_apply(c, &r, idx, pos, &p->part[i].a, NULL) == 0;
+            ok = ok && apply_clamped(c, &r, idx, pos, &p->part[i].a, NULL) == 0;
             applied += ok;
         }
         if (!ok) {
@@ -829,6 +952,7 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
             kgpu_strmap_del(&st->pods, p->uid);
             if (parts != NULL)
                 keep_orphan(st, p->uid, p->ns, p->name, p->node, parts, p->nparts,
+                            p->part[0].a.cpu_milli, p->part[0].a.memory_mib,
                             "its GPUs left the node's inventory");
             free(parts);
             free(p);

@@ -1002,6 +1002,86 @@ class TestHappyPath(ExtenderTest):
 # 2. Faults
 # ---------------------------------------------------------------------------
 
+class TestKgpuPolicy(ExtenderTest):
+    """The kgpu policy inside the extender: rank scores, CPU seen, scarcity learned."""
+
+    def setUp(self):
+        super().setUp()
+        s = self.standin = self.start_standin()
+        s.add_node("roomy-0", gpu_list("roomy-0", A100, 81920, 4), cpu="64")
+        s.add_node("tight-0", gpu_list("tight-0", A100, 81920, 4), cpu="64")
+        s.add_node("t4-0", gpu_list("t4-0", "T4", 15360, 4))
+        self.ext = self.start_extender_for(s)
+
+    def new_pod(self, name, containers, annotations=None):
+        ann = {"kgpu.io/policy": "kgpu"}
+        ann.update(annotations or {})
+        return self.standin.add_pod(pod_object(name, containers, ann))
+
+    def scores(self, pod, names):
+        self.assertEqual(sorted(self.ext.filter(pod, names)["NodeNames"]), sorted(names))
+        return {r["Host"]: r["Score"] for r in self.ext.prioritize(pod, names)}
+
+    def place(self, name, node, cpu="100m", annotations=None):
+        pod = self.new_pod(name, [container("main", whole(1), cpu=cpu)], annotations)
+        self.assertIn(node, self.ext.filter(pod, [node])["NodeNames"])
+        self.assertEqual(self.ext.bind(pod, node), "")
+        return pod
+
+    def test_kgpu_pod_is_scored_and_bound(self):
+        self.place("first", "roomy-0")
+        pod = self.new_pod("share", [container("main", share(mem=8, core=30))])
+        names = ["roomy-0", "tight-0", "t4-0"]
+        sc = self.scores(pod, names)
+        self.assertEqual(sorted(sc), sorted(names))
+        self.assertTrue(all(0 <= v <= 10 for v in sc.values()), sc)
+        self.assertEqual(max(sc.values()), 10, sc)
+        node, err = self.ext.schedule(pod, names)
+        self.assertEqual(err, "")
+        self.assertEqual(sc[node], 10)
+        part = self.parse_assignment(self.standin.get_pod("default", "share"))[0]
+        self.assertEqual(part["gpus"][0]["milli"], 300)
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_cpu_heavy_node_is_avoided(self):
+        # tight-0 gives most of its CPU to one GPU pod; both A100 nodes keep free GPUs.
+        self.place("cpu-hog", "tight-0", cpu="56")
+        pod = self.new_pod("gpu-pod", [container("main", whole(1), cpu="16")])
+        # Filter does not refuse tight-0 for CPU: kube-scheduler is the authority there.
+        sc = self.scores(pod, ["roomy-0", "tight-0"])
+        # Without CPU, packing would prefer tight-0 (one GPU in use already); with it,
+        # tight-0's free GPUs would be stranded without CPU to serve them.
+        self.assertEqual(sc["roomy-0"], 10, sc)
+        self.assertLess(sc["tight-0"], 10, sc)
+        self.assertEqual(self.ext.schedule(pod, ["roomy-0", "tight-0"]), ("roomy-0", ""))
+        # A CPU-light GPU pod still packs onto tight-0: only CPU made the difference.
+        light = self.new_pod("light", [container("main", whole(1), cpu="100m")])
+        sc = self.scores(light, ["tight-0", "t4-0"])
+        self.assertEqual(sc["tight-0"], 10, sc)
+        # What tight-0 holds is still bound and released as before.
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_scarcity_follows_observed_constrained_pods(self):
+        self.place("t4-user", "t4-0")
+        names = ["roomy-0", "tight-0", "t4-0"]
+        before = self.scores(self.new_pod("u-before", [container("main", whole(1))]), names)
+        # The T4 node, already in use, is where a whole GPU fragments least.
+        self.assertEqual(before["t4-0"], 10, before)
+        # Pods that only T4s can serve arrive (filtered, each counted once).
+        for i in range(6):
+            pod = self.new_pod("t4-only-%d" % i, [container("main", whole(1))],
+                               {"kgpu.io/gpu-type": "T4"})
+            for _ in range(2):  # a filter retry is not a second arrival
+                self.assertEqual(self.ext.filter(pod, names)["NodeNames"], ["t4-0"])
+        after = self.scores(self.new_pod("u-after", [container("main", whole(1))]), names)
+        self.assertLess(after["t4-0"], 10, after)
+        self.assertEqual(max(after["roomy-0"], after["tight-0"]), 10, after)
+        # A default-policy (fgd) pod is scored as before: linear 0-10 scores.
+        fgd = self.standin.add_pod(pod_object("fgd-pod", [container("main", whole(1))]))
+        self.assertEqual(sorted(self.ext.filter(fgd, names)["NodeNames"]), sorted(names))
+        self.assertTrue(all(0 <= r["Score"] <= 10 for r in self.ext.prioritize(fgd, names)))
+
+
 class TestFaults(ExtenderTest):
 
     def setUp(self):
