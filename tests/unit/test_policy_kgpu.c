@@ -326,6 +326,64 @@ static void test_packs_onto_nodes_in_use(void **state)
 }
 
 /*
+ * The extender's 0-10 scores for kgpu are ranks: the best node 10, the next
+ * distinct raw score 9... (linear when forced). With the fit check's CPU off
+ * (the extender: kube-scheduler checks CPU), a node short of CPU is still
+ * scored and selectable, only worse.
+ */
+static void test_rank_scores_and_fit_without_cpu(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        add_node(c, name, 64000, 4, V100);
+    }
+    kgpu_request whole = whole_req(c, 1000, 1), hog = cpu_req(c, 60000);
+    apply_ok(c, &whole, 1, (int[]){0});
+    apply_ok(c, &whole, 2, (int[]){0});
+    apply_ok(c, &whole, 2, (int[]){1});
+    apply_ok(c, &hog, 3, NULL);
+    kgpu_learner *l = learner_new();
+    kgpu_policy *p = kgpu_after(c, l, NULL, 0);
+    kgpu_request r = share_req(c, 8000, 250);
+    int all[4] = {0, 1, 2, 3}, sc[4];
+    kgpu_error e;
+    assert_int_equal(kgpu_policy_node_scores(p, c, &r, all, 4, sc, &e), 0);
+    assert_int_equal(sc[3], 0); /* 4000 CPU free of 8000 asked: does not fit */
+    int sorted[3] = {sc[0], sc[1], sc[2]};
+    for (int i = 0; i < 3; i++)
+        for (int j = i + 1; j < 3; j++)
+            if (sorted[j] > sorted[i]) {
+                int t = sorted[i];
+                sorted[i] = sorted[j];
+                sorted[j] = t;
+            }
+    assert_int_equal(sorted[0], 10);
+    assert_int_equal(sorted[1], 9);
+    assert_int_equal(sorted[2], 8);
+    kgpu_policy_set_linear_scores(p, true);
+    assert_int_equal(kgpu_policy_node_scores(p, c, &r, all, 3, sc, &e), 0);
+    assert_true(sc[0] == 10 || sc[1] == 10 || sc[2] == 10);
+    assert_true(sc[0] == 0 || sc[1] == 0 || sc[2] == 0); /* the worst is 0 when scaled */
+    kgpu_policy_set_linear_scores(p, false);
+
+    int node, gpus[KGPU_MAX_GPUS_PER_NODE];
+    kgpu_rng rng;
+    kgpu_rng_seed(&rng, 1, 0);
+    assert_int_equal(kgpu_policy_select(p, c, &r, (int[]){3}, 1, &rng, &node, gpus, &e),
+                     KGPU_ENOFIT);
+    kgpu_policy_set_fit_cpu(p, false);
+    assert_int_equal(kgpu_policy_node_scores(p, c, &r, all, 4, sc, &e), 0);
+    assert_true(sc[3] > 0 && sc[3] < 10); /* scored, and worse than the best */
+    assert_int_equal(kgpu_policy_select(p, c, &r, (int[]){3}, 1, &rng, &node, gpus, &e), 0);
+    assert_int_equal(node, 3);
+    kgpu_policy_free(p);
+    kgpu_learner_free(l);
+    kgpu_cluster_free(c);
+}
+
+/*
  * On one node, a half-GPU share goes to the GPU it completes (500 free of a
  * half already taken), not to a fresh GPU that whole-GPU pods could use.
  */
@@ -715,6 +773,16 @@ static void test_simulated_run_is_deterministic(void **state)
         assert_true(a.online); /* whatever cfg.online says */
         assert_true(a.alloc_pct_final > 50);
     }
+    /* Choosing by 0-10 scores as kube-scheduler does (ranks, or linear): deterministic too. */
+    for (int mode = 1; mode <= 2; mode++) {
+        kgpu_sim_config cfg = {
+            .policy = "kgpu", .seed = 11, .inflate = 1.3, .extender_scores = mode};
+        kgpu_sim_result a, b;
+        assert_int_equal(kgpu_sim_run(&in, &cfg, &a, &e), 0);
+        assert_int_equal(kgpu_sim_run(&in, &cfg, &b, &e), 0);
+        assert_memory_equal(&a, &b, sizeof(a));
+        assert_true(a.alloc_pct_final > 50);
+    }
     /* fgd runs online only when asked. */
     kgpu_sim_config cfg = {.policy = "fgd", .seed = 11, .inflate = 1.3};
     kgpu_sim_result r;
@@ -735,6 +803,7 @@ int main(void)
         cmocka_unit_test(test_learns_only_the_past),
         cmocka_unit_test(test_cpu_pod_goes_where_cpu_is_spare),
         cmocka_unit_test(test_packs_onto_nodes_in_use),
+        cmocka_unit_test(test_rank_scores_and_fit_without_cpu),
         cmocka_unit_test(test_share_completes_a_gpu),
         cmocka_unit_test(test_spares_scarce_models),
         cmocka_unit_test(test_cache_matches_uncached_and_reference),
