@@ -419,9 +419,12 @@ static int churn_plot(const char *path, const churn_study *s, kgpu_error *err)
     for (int r = 0; r < s->nrows; r++)
         series[r] = (kgpu_plot_series){
             .label = s->rows[r].policy, .x = hours, .y = s->rows[r].alloc, .n = KGPU_CHURN_SAMPLES};
-    char title[128], xlabel[96];
+    char title[160], xlabel[96], volume[48] = "";
+    if (s->inflate > 0)
+        snprintf(volume, sizeof(volume), ", inflated %gx", s->inflate);
     snprintf(title, sizeof(title),
-             "GPU allocation over time, trace times, arrivals x%g (mean over seeds)", s->speedup);
+             "GPU allocation over time: trace times, arrivals x%g%s (mean over seeds)", s->speedup,
+             volume);
     snprintf(xlabel, sizeof(xlabel), "%s since 5%% of the pods had arrived", unit);
     kgpu_plot plot = {.title = title,
                       .xlabel = xlabel,

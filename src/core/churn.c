@@ -196,6 +196,12 @@ static int try_place(run *r, size_t k, const int *nodes, int nn, double t, kgpu_
     return 1;
 }
 
+static int cmp_int(const void *x, const void *y)
+{
+    int a = *(const int *)x, b = *(const int *)y;
+    return a < b ? -1 : a > b;
+}
+
 /* Every departure at the heap's earliest time, then the queue against the freed nodes. */
 static int depart_batch(run *r, int *freed, bool *is_freed, kgpu_error *err)
 {
@@ -213,6 +219,8 @@ static int depart_batch(run *r, int *freed, bool *is_freed, kgpu_error *err)
             freed[nf++] = node;
         }
     }
+    /* In node order, as a choice among all nodes would see them (the random policy's draws). */
+    qsort(freed, (size_t)nf, sizeof(*freed), cmp_int);
     r->batch++;
     size_t keep = 0;
     for (size_t q = 0; q < r->nqueue; q++) {
