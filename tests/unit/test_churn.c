@@ -112,6 +112,9 @@ static void test_never_placed_and_no_head_of_line_blocking(void **state)
     assert_int_equal(r.never_placed, 2); /* p1 (GPUs) and p3 (CPU) fit no node, ever */
     assert_int_equal(r.max_queue, 3);
     assert_true(r.wait_p99_s == 80); /* p2: arrived 20, placed 100 */
+    /* The bound: queued pods are tried only on freed nodes that fit them, so p1 and p3 cost none.
+     */
+    assert_int_equal(r.retries, 1);
     assert_true(r.t_end == 110);
     unload(&f);
 }
