@@ -298,42 +298,11 @@ static int build_slots(const kgpu_churn_input *in, double inflate, kgpu_rng *rng
                        size_t *len, kgpu_error *err)
 {
     const kgpu_sim_input *sim = in->sim;
-    size_t n = sim->nrequests, cap = n + n / 2 + 16, k = n;
-    size_t *o = malloc(cap * sizeof(*o));
-    if (o == NULL)
-        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the workload");
-    int64_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        o[i] = i;
-        total += kgpu__gpu_demand(&sim->requests[i]);
-    }
-    double target = inflate * (double)sim->capacity_milli;
-    if (inflate > 0 && (double)total > target) {
-        while (k > 0 && (double)total > target) {
-            size_t j = (size_t)kgpu_rng_below(rng, k);
-            total -= kgpu__gpu_demand(&sim->requests[o[j]]);
-            o[j] = o[--k];
-        }
-    } else if (inflate > 0 && total > 0) {
-        for (;;) {
-            size_t j = (size_t)kgpu_rng_below(rng, n);
-            int64_t d = kgpu__gpu_demand(&sim->requests[j]);
-            if ((double)(total + d) > target)
-                break;
-            if (k == cap) {
-                size_t *g = cap < ((size_t)1 << 26) ? realloc(o, 2 * cap * sizeof(*o)) : NULL;
-                if (g == NULL) {
-                    free(o);
-                    return kgpu_error_set(err, KGPU_ENOMEM,
-                                          "workload too large reaching %.2fx capacity", inflate);
-                }
-                o = g;
-                cap *= 2;
-            }
-            o[k++] = j;
-            total += d;
-        }
-    }
+    size_t *o, k;
+    int rc = kgpu__workload_draw(sim->requests, sim->nrequests, sim->capacity_milli, inflate, rng,
+                                 &o, &k, err);
+    if (rc != 0)
+        return rc;
     slot_key *keys = malloc((k ? k : 1) * sizeof(*keys));
     if (keys == NULL) {
         free(o);

@@ -37,6 +37,17 @@ kgpu_shape kgpu__shape_of(const kgpu_request *r);
  */
 int kgpu__workload_from_weights(kgpu_shape *groups, size_t ng, double coverage, kgpu_workload *out);
 
+/*
+ * The FGD study's volume, shared by kgpu_sim_run and kgpu_churn_run: indices
+ * into reqs[0..n), the file's order first. inflate 0: the pods as given.
+ * Otherwise random pods dropped (seeded) while GPU demand is over inflate x
+ * capacity_milli, or pods drawn with replacement until the next would pass
+ * it. The caller orders the result. Caller frees *order; 0, KGPU_ENOMEM, or
+ * KGPU_ERANGE when the workload grows past its bound first.
+ */
+int kgpu__workload_draw(const kgpu_request *reqs, size_t n, int64_t capacity_milli, double inflate,
+                        kgpu_rng *rng, size_t **order, size_t *len, kgpu_error *err);
+
 /* Total free milli over the node's healthy GPUs. */
 int kgpu__node_free_milli(const kgpu_node *n);
 

@@ -108,32 +108,31 @@ void kgpu_sim_input_free(kgpu_sim_input *in)
     memset(in, 0, sizeof(*in));
 }
 
-/* The arrival sequence: indices into in->requests. Caller frees *order. */
-static int build_workload(const kgpu_sim_input *in, double inflate, kgpu_rng *rng, size_t **order,
-                          size_t *len, kgpu_error *err)
+int kgpu__workload_draw(const kgpu_request *reqs, size_t n, int64_t capacity_milli, double inflate,
+                        kgpu_rng *rng, size_t **order, size_t *len, kgpu_error *err)
 {
-    size_t n = in->nrequests, cap = n + n / 2 + 16, k = n;
+    size_t cap = n + n / 2 + 16, k = n;
     size_t *o = malloc(cap * sizeof(*o));
     if (o == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the workload");
     int64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         o[i] = i;
-        total += kgpu__gpu_demand(&in->requests[i]);
+        total += kgpu__gpu_demand(&reqs[i]);
     }
-    double target = inflate * (double)in->capacity_milli;
-    if ((double)total > target) {
+    double target = inflate * (double)capacity_milli;
+    if (inflate > 0 && (double)total > target) {
         /* Over the target already: drop random pods until it fits. */
         while (k > 0 && (double)total > target) {
             size_t j = (size_t)kgpu_rng_below(rng, k);
-            total -= kgpu__gpu_demand(&in->requests[o[j]]);
+            total -= kgpu__gpu_demand(&reqs[o[j]]);
             o[j] = o[--k];
         }
-    } else if (total > 0) {
+    } else if (inflate > 0 && total > 0) {
         /* Sample with replacement until the next pod would pass the target. */
         for (;;) {
             size_t j = (size_t)kgpu_rng_below(rng, n);
-            int64_t d = kgpu__gpu_demand(&in->requests[j]);
+            int64_t d = kgpu__gpu_demand(&reqs[j]);
             if ((double)(total + d) > target)
                 break;
             if (k == cap) {
@@ -155,6 +154,20 @@ static int build_workload(const kgpu_sim_input *in, double inflate, kgpu_rng *rn
             total += d;
         }
     }
+    *order = o;
+    *len = k;
+    return 0;
+}
+
+/* The arrival sequence: indices into in->requests, shuffled. Caller frees *order. */
+static int build_workload(const kgpu_sim_input *in, double inflate, kgpu_rng *rng, size_t **order,
+                          size_t *len, kgpu_error *err)
+{
+    size_t *o, k;
+    int rc = kgpu__workload_draw(in->requests, in->nrequests, in->capacity_milli, inflate, rng, &o,
+                                 &k, err);
+    if (rc != 0)
+        return rc;
     for (size_t i = k; i > 1; i--) { /* Fisher-Yates */
         size_t j = (size_t)kgpu_rng_below(rng, i);
         size_t t = o[i - 1];
