@@ -68,4 +68,13 @@ int kgpu__pick_gpus_best_fit(void *state, const kgpu_cluster *c, int node, const
 /* GPU choice: uniformly random among usable GPUs. */
 int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng, int *gpus);
 
+/*
+ * Per-node score caches of the fragmentation policies (FGD, kgpu): grow
+ * *nodes (node_size bytes each) and *cache (slots x slot_size bytes per node)
+ * to at least `need` nodes, doubling from 64; the new part is zeroed. *cap is
+ * raised only on success. 0 or KGPU_ENOMEM (either array may have moved).
+ */
+int kgpu__grow_node_cache(void **nodes, size_t node_size, void **cache, size_t slot_size, int slots,
+                          int *cap, int need);
+
 #endif

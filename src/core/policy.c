@@ -383,3 +383,26 @@ int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng
     }
     return 0;
 }
+
+int kgpu__grow_node_cache(void **nodes, size_t node_size, void **cache, size_t slot_size, int slots,
+                          int *cap, int need)
+{
+    if (need <= *cap)
+        return 0;
+    int old = *cap, grown = old ? old : 64;
+    while (grown < need)
+        grown *= 2;
+    void *n = realloc(*nodes, (size_t)grown * node_size);
+    if (n == NULL)
+        return KGPU_ENOMEM;
+    *nodes = n;
+    void *c = realloc(*cache, (size_t)grown * (size_t)slots * slot_size);
+    if (c == NULL)
+        return KGPU_ENOMEM;
+    *cache = c;
+    memset((char *)n + (size_t)old * node_size, 0, (size_t)(grown - old) * node_size);
+    memset((char *)c + (size_t)old * (size_t)slots * slot_size, 0,
+           (size_t)(grown - old) * (size_t)slots * slot_size);
+    *cap = grown;
+    return 0;
+}

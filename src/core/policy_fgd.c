@@ -45,24 +45,12 @@ typedef struct fgd_state {
 
 static int fgd_grow(fgd_state *st, int need)
 {
-    if (need <= st->cap)
-        return 0;
-    int cap = st->cap ? st->cap : 64;
-    while (cap < need)
-        cap *= 2;
-    fgd_node *nodes = realloc(st->nodes, (size_t)cap * sizeof(*nodes));
-    if (nodes == NULL)
-        return KGPU_ENOMEM;
+    void *nodes = st->nodes, *cache = st->cache;
+    int rc = kgpu__grow_node_cache(&nodes, sizeof(*st->nodes), &cache, sizeof(*st->cache),
+                                   st->slots, &st->cap, need);
     st->nodes = nodes;
-    fgd_slot *cache = realloc(st->cache, (size_t)cap * (size_t)st->slots * sizeof(*cache));
-    if (cache == NULL)
-        return KGPU_ENOMEM;
     st->cache = cache;
-    memset(st->nodes + st->cap, 0, (size_t)(cap - st->cap) * sizeof(*nodes));
-    memset(st->cache + (size_t)st->cap * (size_t)st->slots, 0,
-           (size_t)(cap - st->cap) * (size_t)st->slots * sizeof(*cache));
-    st->cap = cap;
-    return 0;
+    return rc;
 }
 
 static int fgd_init(void *state, const kgpu_cluster *c, const kgpu_workload *target,

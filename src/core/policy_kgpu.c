@@ -79,24 +79,12 @@ typedef struct kg_state {
 
 static int kg_grow(kg_state *st, int need)
 {
-    if (need <= st->cap)
-        return 0;
-    int cap = st->cap ? st->cap : 64;
-    while (cap < need)
-        cap *= 2;
-    kg_node *nodes = realloc(st->nodes, (size_t)cap * sizeof(*nodes));
-    if (nodes == NULL)
-        return KGPU_ENOMEM;
+    void *nodes = st->nodes, *cache = st->cache;
+    int rc = kgpu__grow_node_cache(&nodes, sizeof(*st->nodes), &cache, sizeof(*st->cache),
+                                   st->slots, &st->cap, need);
     st->nodes = nodes;
-    kg_slot *cache = realloc(st->cache, (size_t)cap * (size_t)st->slots * sizeof(*cache));
-    if (cache == NULL)
-        return KGPU_ENOMEM;
     st->cache = cache;
-    memset(st->nodes + st->cap, 0, (size_t)(cap - st->cap) * sizeof(*nodes));
-    memset(st->cache + (size_t)st->cap * (size_t)st->slots, 0,
-           (size_t)(cap - st->cap) * (size_t)st->slots * sizeof(*cache));
-    st->cap = cap;
-    return 0;
+    return rc;
 }
 
 /* CPU asked per GPU milli by the target workload: what the stranded term measures against. */
