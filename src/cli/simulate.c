@@ -66,8 +66,12 @@ int kgpu_parse_seeds(const char *text, uint64_t *seeds, int max, int *n, kgpu_er
     return 0;
 }
 
-int kgpu_load_input(const char *nodes_path, const char *pods_path, kgpu_sim_input *in,
-                    kgpu_error *err)
+/*
+ * Reads and parses the node and pod lists and prepares the simulator input;
+ * with ch, also the pods' times for a churn study (kgpu/churn.h).
+ */
+static int load_traces(const char *nodes_path, const char *pods_path, kgpu_sim_input *in,
+                       kgpu_churn_input *ch, kgpu_error *err)
 {
     char *nb = NULL, *pb = NULL;
     size_t nl = 0, pl = 0;
@@ -83,11 +87,19 @@ int kgpu_load_input(const char *nodes_path, const char *pods_path, kgpu_sim_inpu
         rc = kgpu_trace_parse_pods(pb, pl, pods_path, &pods, err);
     if (rc == 0)
         rc = kgpu_sim_prepare(&nodes, &pods, in, err);
+    if (rc == 0 && ch != NULL)
+        rc = kgpu_churn_prepare(in, &pods, pods_path, ch, err);
     kgpu_trace_free(&nodes);
     kgpu_trace_free(&pods);
     free(nb);
     free(pb);
     return rc;
+}
+
+int kgpu_load_input(const char *nodes_path, const char *pods_path, kgpu_sim_input *in,
+                    kgpu_error *err)
+{
+    return load_traces(nodes_path, pods_path, in, NULL, err);
 }
 
 static json_t *real_array(const double *v, int n)
@@ -188,33 +200,6 @@ static int write_plot(const char *path, const kgpu_study *s, kgpu_error *err)
 }
 
 /* ---- --churn: the simulator with time (kgpu/churn.h) ---------------------------------------- */
-
-/* Both inputs of a churn study: the prepared simulator input and the times. */
-static int load_churn_input(const char *nodes_path, const char *pods_path, kgpu_sim_input *in,
-                            kgpu_churn_input *ch, kgpu_error *err)
-{
-    char *nb = NULL, *pb = NULL;
-    size_t nl = 0, pl = 0;
-    kgpu_trace nodes, pods;
-    memset(&nodes, 0, sizeof(nodes));
-    memset(&pods, 0, sizeof(pods));
-    int rc = kgpu_read_file(nodes_path, &nb, &nl, err);
-    if (rc == 0)
-        rc = kgpu_read_file(pods_path, &pb, &pl, err);
-    if (rc == 0)
-        rc = kgpu_trace_parse_nodes(nb, nl, nodes_path, &nodes, err);
-    if (rc == 0)
-        rc = kgpu_trace_parse_pods(pb, pl, pods_path, &pods, err);
-    if (rc == 0)
-        rc = kgpu_sim_prepare(&nodes, &pods, in, err);
-    if (rc == 0)
-        rc = kgpu_churn_prepare(in, &pods, pods_path, ch, err);
-    kgpu_trace_free(&nodes);
-    kgpu_trace_free(&pods);
-    free(nb);
-    free(pb);
-    return rc;
-}
 
 /* Means over seeds of one policy's churn runs. */
 typedef struct churn_row {
@@ -466,7 +451,7 @@ static int run_churn(const churn_opts *o)
     churn_study s;
     memset(&s, 0, sizeof(s));
     int status = 1;
-    if (load_churn_input(o->nodes_path, o->pods_path, &in, &ch, &err) != 0)
+    if (load_traces(o->nodes_path, o->pods_path, &in, &ch, &err) != 0)
         goto out;
     s.in = &ch;
     s.seeds = o->seeds;
