@@ -17,45 +17,7 @@
 #include <jansson.h>
 
 #include "cli.h"
-
-static char tmp[256];
-
-typedef struct run_result {
-    int status; /* exit code, or -1 */
-    char *out, *err;
-} run_result;
-
-static char *slurp(const char *path)
-{
-    char *buf = NULL;
-    size_t len = 0;
-    if (kgpu_read_file(path, &buf, &len, NULL) != 0)
-        return strdup("");
-    char *s = realloc(buf, len + 1);
-    s[len] = '\0';
-    return s;
-}
-
-/* Runs `kgpu <args>` from the source tree, capturing stdout and stderr. */
-static run_result run(const char *args)
-{
-    char cmd[8192], out[300], err[300];
-    snprintf(out, sizeof(out), "%s/stdout", tmp);
-    snprintf(err, sizeof(err), "%s/stderr", tmp);
-    snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' %s >'%s' 2>'%s' </dev/null", KGPU_SOURCE_DIR,
-             KGPU_BIN, args, out, err);
-    int st = system(cmd);
-    run_result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
-    return r;
-}
-
-static void run_free(run_result *r)
-{
-    free(r->out);
-    free(r->err);
-}
-
-#define EXAMPLE "--nodes examples/nodes.csv --pods examples/pods.csv"
+#include "cli_run.h"
 
 static void test_json_shape(void **state)
 {
@@ -238,15 +200,7 @@ static void test_parse_seeds(void **state)
 
 static int setup(void **state)
 {
-    snprintf(tmp, sizeof(tmp), "/tmp/kgpu-cli-XXXXXX");
-    return mkdtemp(tmp) == NULL ? -1 : 0;
-}
-
-static int teardown(void **state)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-    return system(cmd) == 0 ? 0 : -1;
+    return cli_tmp_make("kgpu-cli");
 }
 
 int main(void)
@@ -257,5 +211,5 @@ int main(void)
         cmocka_unit_test(test_example_reproduces), cmocka_unit_test(test_version_help),
         cmocka_unit_test(test_parse_seeds),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, cli_tmp_remove);
 }
