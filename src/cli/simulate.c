@@ -173,6 +173,18 @@ static void print_table(FILE *f, const kgpu_study *s, const char *pods_path)
                "capacity.\nfrag@90%%: share of idle GPU compute the target workload cannot use.\n");
 }
 
+/* The plot as an SVG file at path; a write that fails is an error. */
+static int write_svg(const char *path, const kgpu_plot *plot, kgpu_error *err)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return kgpu_error_set(err, KGPU_EIO, "cannot write %s: %s", path, strerror(errno));
+    int rc = kgpu_plot_svg(f, plot, err);
+    if (fclose(f) != 0 && rc == 0)
+        rc = kgpu_error_set(err, KGPU_EIO, "cannot write %s: %s", path, strerror(errno));
+    return rc;
+}
+
 static int write_plot(const char *path, const kgpu_study *s, kgpu_error *err)
 {
     kgpu_plot_series series[MAX_POLICIES];
@@ -190,13 +202,7 @@ static int write_plot(const char *path, const kgpu_study *s, kgpu_error *err)
                       .ymax = 100,
                       .series = series,
                       .nseries = s->nrows};
-    FILE *f = fopen(path, "w");
-    if (f == NULL)
-        return kgpu_error_set(err, KGPU_EIO, "cannot write %s: %s", path, strerror(errno));
-    int rc = kgpu_plot_svg(f, &plot, err);
-    if (fclose(f) != 0 && rc == 0)
-        rc = kgpu_error_set(err, KGPU_EIO, "cannot write %s: %s", path, strerror(errno));
-    return rc;
+    return write_svg(path, &plot, err);
 }
 
 /* ---- --churn: the simulator with time (kgpu/churn.h) ---------------------------------------- */
@@ -420,13 +426,7 @@ static int churn_plot(const char *path, const churn_study *s, kgpu_error *err)
                       .ymax = 100,
                       .series = series,
                       .nseries = s->nrows};
-    FILE *f = fopen(path, "w");
-    if (f == NULL)
-        return kgpu_error_set(err, KGPU_EIO, "cannot write %s: %s", path, strerror(errno));
-    int rc = kgpu_plot_svg(f, &plot, err);
-    if (fclose(f) != 0 && rc == 0)
-        rc = kgpu_error_set(err, KGPU_EIO, "cannot write %s: %s", path, strerror(errno));
-    return rc;
+    return write_svg(path, &plot, err);
 }
 
 typedef struct churn_opts {
