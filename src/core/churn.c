@@ -367,17 +367,9 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
     }
-    const kgpu_policy_ops *ops = kgpu_policy_find(cfg->policy);
-    out->online = cfg->online || (ops != NULL && ops->online_only);
-    if (out->online && (learner = kgpu_learner_new(0.95, NULL, 0, err)) == NULL) {
-        rc = err ? err->code : KGPU_ENOMEM;
+    if ((rc = kgpu__policy_open(cfg->policy, cfg->online, r.c, &sim->target, &r.p, &learner,
+                                &out->online, err)) != 0)
         goto done;
-    }
-    const kgpu_workload *target = learner ? kgpu_learner_workload(learner) : &sim->target;
-    if ((r.p = kgpu_policy_new(cfg->policy, r.c, target, err)) == NULL) {
-        rc = err ? err->code : KGPU_EINVAL;
-        goto done;
-    }
     for (int i = 0; i < nn; i++)
         rank[i] = (uint32_t)i;
     for (int i = nn; i > 1; i--) { /* the study's per-seed tie order */
@@ -428,16 +420,8 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
         double t = r.arrive[k];
         advance(&r, t);
         const kgpu_request *req = &sim->requests[r.slot[k]];
-        if (learner != NULL) {
-            int lr = kgpu_learner_observe(learner, req);
-            if (lr < 0) {
-                rc = kgpu_error_set(err, lr, "out of memory learning the workload");
-                goto done;
-            }
-            if (lr == 1)
-                kgpu_policy_invalidate(r.p);
-        }
-        kgpu_policy_observe(r.p, r.c, req);
+        if ((rc = kgpu__policy_learn(r.p, learner, r.c, req, err)) != 0)
+            goto done;
         if (cfg->on_observe != NULL)
             cfg->on_observe(cfg->ctx, r.slot[k], t);
         int placed = try_place(&r, k, NULL, 0, t, err);

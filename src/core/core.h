@@ -48,6 +48,20 @@ int kgpu__workload_from_weights(kgpu_shape *groups, size_t ng, double coverage, 
 int kgpu__workload_draw(const kgpu_request *reqs, size_t n, int64_t capacity_milli, double inflate,
                         kgpu_rng *rng, size_t **order, size_t *len, kgpu_error *err);
 
+/*
+ * A run's policy, shared by kgpu_sim_run and kgpu_churn_run: online when asked
+ * or when the policy is online_only (*online_out), with a fresh learner's
+ * target (*learner), else `fixed`. On failure *p or *learner may still be set:
+ * the caller frees both. 0 or the error's code.
+ */
+int kgpu__policy_open(const char *policy, bool online, const kgpu_cluster *c,
+                      const kgpu_workload *fixed, kgpu_policy **p, kgpu_learner **learner,
+                      bool *online_out, kgpu_error *err);
+
+/* An arrival seen by the run's learner (NULL: offline) and then by p. 0 or KGPU_ENOMEM. */
+int kgpu__policy_learn(kgpu_policy *p, kgpu_learner *learner, const kgpu_cluster *c,
+                       const kgpu_request *req, kgpu_error *err);
+
 /* Total free milli over the node's healthy GPUs. */
 int kgpu__node_free_milli(const kgpu_node *n);
 

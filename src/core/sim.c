@@ -159,6 +159,34 @@ int kgpu__workload_draw(const kgpu_request *reqs, size_t n, int64_t capacity_mil
     return 0;
 }
 
+int kgpu__policy_open(const char *policy, bool online, const kgpu_cluster *c,
+                      const kgpu_workload *fixed, kgpu_policy **p, kgpu_learner **learner,
+                      bool *online_out, kgpu_error *err)
+{
+    const kgpu_policy_ops *ops = kgpu_policy_find(policy);
+    *online_out = online || (ops != NULL && ops->online_only);
+    if (*online_out && (*learner = kgpu_learner_new(0.95, NULL, 0, err)) == NULL)
+        return err ? err->code : KGPU_ENOMEM;
+    const kgpu_workload *target = *learner ? kgpu_learner_workload(*learner) : fixed;
+    if ((*p = kgpu_policy_new(policy, c, target, err)) == NULL)
+        return err ? err->code : KGPU_EINVAL;
+    return 0;
+}
+
+int kgpu__policy_learn(kgpu_policy *p, kgpu_learner *learner, const kgpu_cluster *c,
+                       const kgpu_request *req, kgpu_error *err)
+{
+    if (learner != NULL) {
+        int lr = kgpu_learner_observe(learner, req);
+        if (lr < 0)
+            return kgpu_error_set(err, lr, "out of memory learning the workload");
+        if (lr == 1)
+            kgpu_policy_invalidate(p);
+    }
+    kgpu_policy_observe(p, c, req);
+    return 0;
+}
+
 /* The arrival sequence: indices into in->requests, shuffled. Caller frees *order. */
 static int build_workload(const kgpu_sim_input *in, double inflate, kgpu_rng *rng, size_t **order,
                           size_t *len, kgpu_error *err)
@@ -231,17 +259,9 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
     }
-    const kgpu_policy_ops *ops = kgpu_policy_find(cfg->policy);
-    out->online = cfg->online || (ops != NULL && ops->online_only);
-    if (out->online && (learner = kgpu_learner_new(0.95, NULL, 0, err)) == NULL) {
-        rc = err ? err->code : KGPU_ENOMEM;
+    if ((rc = kgpu__policy_open(cfg->policy, cfg->online, c, &in->target, &p, &learner,
+                                &out->online, err)) != 0)
         goto done;
-    }
-    const kgpu_workload *target = learner ? kgpu_learner_workload(learner) : &in->target;
-    if ((p = kgpu_policy_new(cfg->policy, c, target, err)) == NULL) {
-        rc = err ? err->code : KGPU_EINVAL;
-        goto done;
-    }
     /* The study's tie order: a random node permutation per seed. */
     int nn = kgpu_cluster_node_count(c);
     rank = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*rank));
@@ -283,16 +303,8 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         arrived += kgpu__gpu_demand(req);
         bool constrained = req->gpu_count > 0 && (req->models & present) != present;
         out->constrained_pods += constrained;
-        if (learner != NULL) {
-            rc = kgpu_learner_observe(learner, req);
-            if (rc < 0) {
-                kgpu_error_set(err, rc, "out of memory learning the workload");
-                goto done;
-            }
-            if (rc == 1)
-                kgpu_policy_invalidate(p);
-        }
-        kgpu_policy_observe(p, c, req);
+        if ((rc = kgpu__policy_learn(p, learner, c, req, err)) != 0)
+            goto done;
         int node, gpus[KGPU_MAX_GPUS_PER_NODE];
         if (all != NULL)
             rc = extender_select(p, c, req, all, scores, nn, &srng, &node, gpus, err);
