@@ -19,28 +19,13 @@
 #include "kgpu/model.h"
 #include "kgpu/policy.h"
 #include "kgpu/rng.h"
+#include "policy_fixtures.h"
 
 #define V100 "V100-SXM2-32GB"
 #define A100 "A100-SXM4-80GB"
 #define T4   "T4"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-/* Adds a node with `ngpus` healthy GPUs of one model (32 GiB each); fails the test on error. */
-static int add_node(kgpu_cluster *c, const char *name, int64_t cpu, int ngpus, const char *model)
-{
-    kgpu_gpu_spec g[KGPU_MAX_GPUS_PER_NODE];
-    for (int i = 0; i < ngpus; i++)
-        g[i] = (kgpu_gpu_spec){
-            .index = i, .model = model, .memory_mib = 32768, .numa = -1, .healthy = true};
-    kgpu_node_spec s = {
-        .name = name, .cpu_milli = cpu, .memory_mib = 1 << 20, .gpus = g, .ngpus = ngpus};
-    kgpu_error e;
-    int rc = kgpu_cluster_add_node(c, &s, &e);
-    if (rc < 0)
-        fail_msg("add_node %s: %s", name, e.msg);
-    return rc;
-}
 
 /* Adds a node whose GPU i has model models[i]. */
 static int add_node_mixed(kgpu_cluster *c, const char *name, int64_t cpu, int ngpus,
@@ -59,45 +44,11 @@ static int add_node_mixed(kgpu_cluster *c, const char *name, int64_t cpu, int ng
     return rc;
 }
 
-static void compile(const kgpu_cluster *c, kgpu_request *r)
-{
-    kgpu_error e;
-    if (kgpu_request_compile(c, r, &e) != 0)
-        fail_msg("compile: %s", e.msg);
-}
-
-static kgpu_request cpu_req(const kgpu_cluster *c, int64_t cpu)
-{
-    kgpu_request r = {.cpu_milli = cpu, .shape = -1};
-    compile(c, &r);
-    return r;
-}
-
 static kgpu_request share_req(const kgpu_cluster *c, int64_t cpu, int count, int milli)
 {
     kgpu_request r = {.cpu_milli = cpu, .gpu_count = count, .gpu_milli = milli, .shape = -1};
     compile(c, &r);
     return r;
-}
-
-static kgpu_request whole_req(const kgpu_cluster *c, int64_t cpu, int count)
-{
-    kgpu_request r = {.cpu_milli = cpu,
-                      .gpu_count = count,
-                      .gpu_milli = KGPU_MILLI,
-                      .exclusive = true,
-                      .shape = -1};
-    compile(c, &r);
-    return r;
-}
-
-static kgpu_assignment apply_ok(kgpu_cluster *c, const kgpu_request *r, int node, const int *gpus)
-{
-    kgpu_assignment a;
-    kgpu_error e;
-    if (kgpu_cluster_apply(c, r, node, gpus, &a, &e) != 0)
-        fail_msg("apply on node %d: %s", node, e.msg);
-    return a;
 }
 
 static kgpu_policy *policy_new(const char *name, const kgpu_cluster *c, const kgpu_workload *w)
@@ -1168,30 +1119,6 @@ static void test_workload_build(void **state)
 
 /* ---- fgd caches --------------------------------------------------------------------------- */
 
-/* An fgd state driven through the public ops table, so raw scores can be compared. */
-typedef struct fgd_handle {
-    const kgpu_policy_ops *ops;
-    void *state;
-} fgd_handle;
-
-static fgd_handle fgd_open(const kgpu_cluster *c, const kgpu_workload *w)
-{
-    fgd_handle h = {kgpu_policy_find("fgd"), NULL};
-    assert_non_null(h.ops);
-    h.state = calloc(1, h.ops->state_size);
-    assert_non_null(h.state);
-    kgpu_error e;
-    if (h.ops->init(h.state, c, w, &e) != 0)
-        fail_msg("fgd init: %s", e.msg);
-    return h;
-}
-
-static void fgd_close(fgd_handle *h)
-{
-    h->ops->fini(h->state);
-    free(h->state);
-}
-
 static void test_fgd_cache_matches_uncached(void **state)
 {
     kgpu_cluster *c = kgpu_cluster_new();
@@ -1229,7 +1156,7 @@ static void test_fgd_cache_matches_uncached(void **state)
     kgpu_error e;
     assert_int_equal(kgpu_workload_build(wreqs, 40, 0.95, &w, &e), 0);
 
-    fgd_handle cached = fgd_open(c, &w), warm = fgd_open(c, &w);
+    state_handle cached = state_open("fgd", c, &w), warm = state_open("fgd", c, &w);
     kgpu_policy *pc = policy_new("fgd", c, &w), *pu = policy_new("fgd", c, &w);
     kgpu_assignment held[256];
     int nheld = 0, compared = 0;
@@ -1237,7 +1164,7 @@ static void test_fgd_cache_matches_uncached(void **state)
     kgpu_rng_seed(&rng, 77, 0);
     for (int step = 0; step < 400; step++) {
         /* Scores and GPU picks: cached (shape ids), warm uncached, and from a fresh state. */
-        fgd_handle fresh = fgd_open(c, &w);
+        state_handle fresh = state_open("fgd", c, &w);
         for (int k = 0; k < NK; k++) {
             for (int i = 0; i < kgpu_cluster_node_count(c); i++) {
                 if (!kgpu__fit(kgpu_cluster_node(c, i), &plain[k]))
@@ -1260,7 +1187,7 @@ static void test_fgd_cache_matches_uncached(void **state)
                 compared++;
             }
         }
-        fgd_close(&fresh);
+        state_close(&fresh);
 
         /* Whole selections agree too (same seed, same ties). */
         int k = (int)kgpu_rng_below(&rng, NK);
@@ -1290,8 +1217,8 @@ static void test_fgd_cache_matches_uncached(void **state)
         }
     }
     assert_true(compared > 5000);
-    fgd_close(&cached);
-    fgd_close(&warm);
+    state_close(&cached);
+    state_close(&warm);
     kgpu_policy_free(pc);
     kgpu_policy_free(pu);
     kgpu_workload_free(&w);

@@ -21,66 +21,18 @@
 #include "kgpu/policy.h"
 #include "kgpu/rng.h"
 #include "kgpu/sim.h"
+#include "policy_fixtures.h"
 
 #define V100 "V100"
 #define T4   "T4"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static int add_node(kgpu_cluster *c, const char *name, int64_t cpu, int ngpus, const char *model)
-{
-    kgpu_gpu_spec g[KGPU_MAX_GPUS_PER_NODE];
-    for (int i = 0; i < ngpus; i++)
-        g[i] = (kgpu_gpu_spec){
-            .index = i, .model = model, .memory_mib = 32768, .numa = -1, .healthy = true};
-    kgpu_node_spec s = {
-        .name = name, .cpu_milli = cpu, .memory_mib = 1 << 20, .gpus = g, .ngpus = ngpus};
-    kgpu_error e;
-    int rc = kgpu_cluster_add_node(c, &s, &e);
-    if (rc < 0)
-        fail_msg("add_node %s: %s", name, e.msg);
-    return rc;
-}
-
-static void compile(const kgpu_cluster *c, kgpu_request *r)
-{
-    kgpu_error e;
-    if (kgpu_request_compile(c, r, &e) != 0)
-        fail_msg("compile: %s", e.msg);
-}
-
-static kgpu_request cpu_req(const kgpu_cluster *c, int64_t cpu)
-{
-    kgpu_request r = {.cpu_milli = cpu, .shape = -1};
-    compile(c, &r);
-    return r;
-}
-
 static kgpu_request share_req(const kgpu_cluster *c, int64_t cpu, int milli)
 {
     kgpu_request r = {.cpu_milli = cpu, .gpu_count = 1, .gpu_milli = milli, .shape = -1};
     compile(c, &r);
     return r;
-}
-
-static kgpu_request whole_req(const kgpu_cluster *c, int64_t cpu, int count)
-{
-    kgpu_request r = {.cpu_milli = cpu,
-                      .gpu_count = count,
-                      .gpu_milli = KGPU_MILLI,
-                      .exclusive = true,
-                      .shape = -1};
-    compile(c, &r);
-    return r;
-}
-
-static kgpu_assignment apply_ok(kgpu_cluster *c, const kgpu_request *r, int node, const int *gpus)
-{
-    kgpu_assignment a;
-    kgpu_error e;
-    if (kgpu_cluster_apply(c, r, node, gpus, &a, &e) != 0)
-        fail_msg("apply on node %d: %s", node, e.msg);
-    return a;
 }
 
 static kgpu_learner *learner_new(void)
@@ -462,30 +414,6 @@ static void test_spares_scarce_models(void **state)
 
 /* ---- caches and arithmetic ---------------------------------------------------------------- */
 
-/* A kgpu state driven through the public ops table, so raw scores can be compared. */
-typedef struct handle {
-    const kgpu_policy_ops *ops;
-    void *state;
-} handle;
-
-static handle open_state(const kgpu_cluster *c, const kgpu_workload *w)
-{
-    handle h = {kgpu_policy_find("kgpu"), NULL};
-    assert_non_null(h.ops);
-    h.state = calloc(1, h.ops->state_size);
-    assert_non_null(h.state);
-    kgpu_error e;
-    if (h.ops->init(h.state, c, w, &e) != 0)
-        fail_msg("kgpu init: %s", e.msg);
-    return h;
-}
-
-static void close_state(handle *h)
-{
-    h->ops->fini(h->state);
-    free(h->state);
-}
-
 /* CPU milli the workload asks per GPU milli, as kgpu learns it. */
 static double cpu_per_milli(const kgpu_workload *w)
 {
@@ -569,13 +497,13 @@ static void test_cache_matches_uncached_and_reference(void **state)
     kgpu_error e;
     assert_int_equal(kgpu_workload_build(wreqs, 40, 0.95, &w, &e), 0);
 
-    handle cached = open_state(c, &w), warm = open_state(c, &w);
+    state_handle cached = state_open("kgpu", c, &w), warm = state_open("kgpu", c, &w);
     kgpu_assignment held[256];
     int nheld = 0, compared = 0;
     kgpu_rng rng;
     kgpu_rng_seed(&rng, 77, 0);
     for (int step = 0; step < 300; step++) {
-        handle fresh = open_state(c, &w);
+        state_handle fresh = state_open("kgpu", c, &w);
         for (int k = 0; k < NK; k++) {
             for (int i = 0; i < kgpu_cluster_node_count(c); i++) {
                 const kgpu_node *n = kgpu_cluster_node(c, i);
@@ -615,7 +543,7 @@ static void test_cache_matches_uncached_and_reference(void **state)
                 compared++;
             }
         }
-        close_state(&fresh);
+        state_close(&fresh);
 
         int k = (int)kgpu_rng_below(&rng, NK);
         uint64_t op = kgpu_rng_below(&rng, 10);
@@ -637,8 +565,8 @@ static void test_cache_matches_uncached_and_reference(void **state)
         }
     }
     assert_true(compared > 3000);
-    close_state(&cached);
-    close_state(&warm);
+    state_close(&cached);
+    state_close(&warm);
     kgpu_workload_free(&w);
     kgpu_cluster_free(c);
 }
@@ -676,7 +604,7 @@ static void test_scarcity_bypasses_the_cache(void **state)
     kgpu_workload w;
     kgpu_error e;
     assert_int_equal(kgpu_workload_build(kinds, NK, 1.0, &w, &e), 0);
-    handle cached = open_state(c, &w), plain = open_state(c, &w);
+    state_handle cached = state_open("kgpu", c, &w), plain = state_open("kgpu", c, &w);
     int64_t before[NK];
     for (int round = 0; round < 200; round++) {
         for (int k = 0; k < NK; k++) {
@@ -702,8 +630,8 @@ static void test_scarcity_bypasses_the_cache(void **state)
         cached.ops->observe(cached.state, c, arrived);
         plain.ops->observe(plain.state, c, arrived);
     }
-    close_state(&cached);
-    close_state(&plain);
+    state_close(&cached);
+    state_close(&plain);
     kgpu_workload_free(&w);
     kgpu_cluster_free(c);
 }
