@@ -91,4 +91,16 @@ int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng
 int kgpu__grow_node_cache(void **nodes, size_t node_size, void **cache, size_t slot_size, int slots,
                           int *cap, int need);
 
+/* A policy's score that also names the GPU it would take for the request (-1: none). */
+typedef int64_t (*kgpu__scored_fn)(void *state, const kgpu_cluster *c, int node,
+                                   const kgpu_request *req, int *gpu_out);
+
+/*
+ * pick_gpus of a policy whose score chooses the GPU of a one-GPU share (FGD,
+ * kgpu): that GPU, from the policy's cache, or KGPU_ENOFIT when there is none;
+ * best fit for whole GPUs and several GPUs.
+ */
+int kgpu__pick_scored(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
+                      kgpu__scored_fn scored, int *gpus);
+
 #endif

@@ -406,3 +406,17 @@ int kgpu__grow_node_cache(void **nodes, size_t node_size, void **cache, size_t s
     *cap = grown;
     return 0;
 }
+
+int kgpu__pick_scored(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
+                      kgpu__scored_fn scored, int *gpus)
+{
+    if (req->gpu_count == 1 && !req->exclusive) {
+        int gpu;
+        scored(state, c, node, req, &gpu);
+        if (gpu < 0)
+            return KGPU_ENOFIT;
+        gpus[0] = gpu;
+        return 0;
+    }
+    return kgpu__pick_best_fit(kgpu_cluster_node(c, node), req, gpus);
+}

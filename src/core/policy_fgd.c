@@ -152,9 +152,10 @@ static int64_t fgd_eval(fgd_state *st, const kgpu_node *n, int node, const kgpu_
     return quantise(before, kgpu_node_frag(n, st->target, free_after, cpu_after));
 }
 
-static int64_t fgd_cached(fgd_state *st, const kgpu_cluster *c, int node, const kgpu_request *req,
+static int64_t fgd_cached(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
                           int *gpu_out)
 {
+    fgd_state *st = state;
     const kgpu_node *n = kgpu_cluster_node(c, node);
     if (node >= st->cap && fgd_grow(st, kgpu_cluster_node_count(c)) != 0)
         return fgd_eval(st, n, node, req, gpu_out); /* no room to cache: still correct */
@@ -183,16 +184,7 @@ static int64_t fgd_score(void *state, const kgpu_cluster *c, int node, const kgp
 static int fgd_pick(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
                     kgpu_rng *rng, int *gpus)
 {
-    const kgpu_node *n = kgpu_cluster_node(c, node);
-    if (req->gpu_count == 1 && !req->exclusive) {
-        int gpu;
-        fgd_cached(state, c, node, req, &gpu);
-        if (gpu < 0)
-            return KGPU_ENOFIT;
-        gpus[0] = gpu;
-        return 0;
-    }
-    return kgpu__pick_best_fit(n, req, gpus);
+    return kgpu__pick_scored(state, c, node, req, fgd_cached, gpus);
 }
 
 const kgpu_policy_ops kgpu__policy_fgd = {

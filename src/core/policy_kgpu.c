@@ -388,9 +388,10 @@ static int64_t kg_eval(kg_state *st, const kgpu_node *n, int node, const kgpu_re
  * adds it back from the milli taken. Nodes of several models, where scarcity
  * can change which GPU is best, are evaluated afresh each time.
  */
-static int64_t kg_cached(kg_state *st, const kgpu_cluster *c, int node, const kgpu_request *req,
+static int64_t kg_cached(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
                          int *gpu_out)
 {
+    kg_state *st = state;
     const kgpu_node *n = kgpu_cluster_node(c, node);
     int64_t base;
     int take;
@@ -425,17 +426,7 @@ static int64_t kg_score(void *state, const kgpu_cluster *c, int node, const kgpu
 static int kg_pick(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
                    kgpu_rng *rng, int *gpus)
 {
-    (void)rng;
-    const kgpu_node *n = kgpu_cluster_node(c, node);
-    if (req->gpu_count == 1 && !req->exclusive) {
-        int gpu;
-        kg_cached(state, c, node, req, &gpu);
-        if (gpu < 0)
-            return KGPU_ENOFIT;
-        gpus[0] = gpu;
-        return 0;
-    }
-    return kgpu__pick_best_fit(n, req, gpus);
+    return kgpu__pick_scored(state, c, node, req, kg_cached, gpus);
 }
 
 const kgpu_policy_ops kgpu__policy_kgpu = {
