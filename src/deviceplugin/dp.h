@@ -223,8 +223,6 @@ dp_server *dp_server_start(const char *path, dp_res r, dp_snapshot *snap, dp_una
                            void *ctx, kgpu_error *err);
 /* Cancels every call, waits for workers and removes the socket. */
 void dp_server_stop(dp_server *s);
-/* Streams currently open (for logs and tests). */
-int dp_server_streams(dp_server *s);
 
 /* Calls kubelet's Registration/Register on `kubelet_sock`. */
 int dp_register(const char *kubelet_sock, const char *endpoint, dp_res r, bool preferred,

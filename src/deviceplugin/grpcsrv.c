@@ -65,7 +65,6 @@ struct dp_server {
     atomic_bool stopping;
     int live; /* call structs allocated; queue thread only */
     rpc *streams;
-    atomic_int nstreams;
     tag t_shutdown;
 };
 
@@ -156,7 +155,6 @@ static void unlink_stream(dp_server *s, rpc *c)
     for (rpc **p = &s->streams; *p != NULL; p = &(*p)->next)
         if (*p == c) {
             *p = c->next;
-            atomic_fetch_sub(&s->nstreams, 1);
             return;
         }
 }
@@ -227,7 +225,6 @@ static void on_new(dp_server *s, rpc *c, bool ok)
         c->stream = true;
         c->next = s->streams;
         s->streams = c;
-        atomic_fetch_add(&s->nstreams, 1);
         grpc_op op;
         memset(&op, 0, sizeof(op));
         op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -430,11 +427,6 @@ void dp_server_stop(dp_server *s)
     grpc_completion_queue_destroy(s->cq);
     unlink(s->path);
     free(s);
-}
-
-int dp_server_streams(dp_server *s)
-{
-    return s != NULL ? atomic_load(&s->nstreams) : 0;
 }
 
 #include "deviceplugin.pb-c.h"

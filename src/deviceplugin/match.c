@@ -31,6 +31,7 @@ typedef struct container_need {
     bool init;
     int64_t count[DP_NRES]; /* devices kubelet hands out per resource */
     int64_t gpu_count;      /* kgpu.io/gpu-count, 1 when absent */
+    bool served[DP_NRES];   /* listed in the pod's kgpu.io/allocating */
 } container_need;
 
 typedef struct pod_view {
@@ -65,23 +66,11 @@ static bool not_awaiting(const json_t *pod)
     return json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp") != NULL;
 }
 
-/* Whether "<container>:<resource>" is listed in the progress annotation. */
-static bool served(const char *progress, const char *container, dp_res r)
-{
-    char item[160];
-    int len = snprintf(item, sizeof(item), "%s:%s", container, dp_res_name(r));
-    for (const char *p = progress; p != NULL && *p != '\0';) {
-        const char *end = strchr(p, ',');
-        size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
-        if (n == (size_t)len && memcmp(p, item, n) == 0)
-            return true;
-        p = end != NULL ? end + 1 : NULL;
-    }
-    return false;
-}
-
-/* Checks the progress annotation: items "<container>:<resource>" of known containers. */
-static int check_progress(const pod_view *v, kgpu_error *err)
+/*
+ * Reads the progress annotation, items "<container>:<resource>" of known
+ * containers, into each container's `served`.
+ */
+static int read_progress(pod_view *v, kgpu_error *err)
 {
     for (const char *p = v->progress; *p != '\0';) {
         const char *end = strchr(p, ',');
@@ -91,13 +80,18 @@ static int check_progress(const pod_view *v, kgpu_error *err)
         if (colon != NULL) {
             char res[64];
             size_t rl = n - (size_t)(colon - p) - 1;
+            int r = -1;
             if (rl < sizeof(res)) {
                 memcpy(res, colon + 1, rl);
                 res[rl] = '\0';
-                for (int i = 0; i < v->ncontainers && dp_res_from_name(res) >= 0; i++)
-                    ok |= strlen(v->c[i].name) == (size_t)(colon - p) &&
-                          memcmp(v->c[i].name, p, (size_t)(colon - p)) == 0;
+                r = dp_res_from_name(res);
             }
+            for (int i = 0; i < v->ncontainers && r >= 0; i++)
+                if (strlen(v->c[i].name) == (size_t)(colon - p) &&
+                    memcmp(v->c[i].name, p, (size_t)(colon - p)) == 0) {
+                    v->c[i].served[r] = true;
+                    ok = true;
+                }
         }
         if (!ok)
             return kgpu_error_set(err, KGPU_EPARSE,
@@ -186,13 +180,13 @@ static int view_pod(const json_t *pod, dp_res r, unsigned registered, pod_view *
     int rc;
     if ((rc = read_containers(v, "initContainers", true, err)) != 0 ||
         (rc = read_containers(v, "containers", false, err)) != 0 ||
-        (rc = check_progress(v, err)) != 0)
+        (rc = read_progress(v, err)) != 0)
         return rc;
     v->next = -1;
     if (!(registered & (1u << r)))
         return 0;
     for (int i = 0; i < v->ncontainers; i++)
-        if (v->c[i].count[r] > 0 && !served(v->progress, v->c[i].name, r)) {
+        if (v->c[i].count[r] > 0 && !v->c[i].served[r]) {
             v->next = i;
             break;
         }
@@ -217,8 +211,8 @@ static void append(char *buf, size_t cap, const char *fmt, ...)
 }
 
 /* The GPUs of the matched container from the assignment. */
-static int fill_gpus(const pod_view *v, const container_need *cn, dp_res r, int64_t unit_mib,
-                     dp_match *out, kgpu_error *err)
+static int fill_gpus(const pod_view *v, const container_need *cn, int64_t unit_mib, dp_match *out,
+                     kgpu_error *err)
 {
     kgpu_assigned_part parts[KGPU_MAX_PARTS];
     int n = 0;
@@ -286,7 +280,6 @@ static int fill_gpus(const pod_view *v, const container_need *cn, dp_res r, int6
         }
         return 0;
     }
-    (void)r;
     return kgpu_error_set(err, KGPU_EINVAL,
                           "pod %s/%s: annotation %s has no entry that holds init container %s",
                           v->ns, v->name, KGPU_ANN_ASSIGNMENT, cn->name);
@@ -311,7 +304,7 @@ static void finish(const pod_view *v, int ci, dp_res r, unsigned registered, dp_
     for (int i = 0; i < v->ncontainers; i++)
         for (int q = 0; q < DP_NRES; q++)
             if ((registered & (1u << q)) && v->c[i].count[q] > 0 && !(i == ci && q == (int)r) &&
-                !served(v->progress, v->c[i].name, (dp_res)q))
+                !v->c[i].served[q])
                 out->complete = false;
     for (int i = 0; i < v->ncontainers; i++)
         if (!v->c[i].init)
@@ -390,7 +383,7 @@ int dp_match_find(const json_t *items, const char *node, dp_res r, int64_t count
         snprintf(out->container, sizeof(out->container), "%s", cn->name);
         out->init = cn->init;
         out->count = count;
-        rc = fill_gpus(best, cn, r, unit_mib, out, err);
+        rc = fill_gpus(best, cn, unit_mib, out, err);
         if (rc == 0)
             finish(best, best->next, r, registered, out);
     }

@@ -514,7 +514,7 @@ out:
 }
 
 /* The GPUs and device counts the matched container should get for resource r. */
-static void want_of(const dp_match *m, const dp_inventory *inv, dp_res r, dp_want *w)
+static void want_of(const dp_match *m, const dp_inventory *inv, dp_want *w)
 {
     w->n = 0;
     for (int i = 0; i < m->ngpus; i++) {
@@ -528,7 +528,6 @@ static void want_of(const dp_match *m, const dp_inventory *inv, dp_res r, dp_wan
         w->gpu[w->n] = g;
         w->count[w->n++] = share;
     }
-    (void)r;
 }
 
 static void preferred(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t **out,
@@ -570,7 +569,7 @@ static void preferred(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_
             json_t *list = list_node_pods(p, &e);
             if (list != NULL && dp_match_find(json_object_get(list, "items"), p->cfg->node_name, r,
                                               size, p->registered, inv.unit_mib, &m, &e) == 0)
-                want_of(&m, &inv, r, &want);
+                want_of(&m, &inv, &want);
             else
                 dp_log(DP_DEBUG, "GetPreferredAllocation: packing (%s)", e.msg);
             pthread_mutex_unlock(&p->alloc_mu);
