@@ -67,6 +67,9 @@ double kgpu_cluster_frag(const kgpu_cluster *c, const kgpu_workload *w, double *
  */
 typedef struct kgpu_learner kgpu_learner;
 
+/* The generic mix used before any pod is seen (static storage; *n shapes). */
+const kgpu_shape *kgpu_generic_prior(int *n);
+
 kgpu_learner *kgpu_learner_new(double coverage, const kgpu_workload *prior, double prior_pods,
                                kgpu_error *err);
 void kgpu_learner_free(kgpu_learner *l);

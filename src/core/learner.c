@@ -83,6 +83,12 @@ static int grow(kgpu_learner *l)
     return 0;
 }
 
+const kgpu_shape *kgpu_generic_prior(int *n)
+{
+    *n = (int)(sizeof(generic_prior) / sizeof(generic_prior[0]));
+    return generic_prior;
+}
+
 /* Rebuilds l->w from the counts and the prior's pseudo-counts. */
 static int rebuild(kgpu_learner *l)
 {

@@ -27,19 +27,6 @@ double ext_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/*
- * Until pods have been seen, fgd assumes a generic mix of whole GPUs and
- * shares; from then on, the shapes actually requested (online: only what has
- * arrived, never the future).
- */
-static const kgpu_shape prior[] = {
-    {.gpu_milli = 1000, .gpu_count = 1, .models = ~0ULL, .p = 0.35},
-    {.gpu_milli = 500, .gpu_count = 1, .models = ~0ULL, .p = 0.25},
-    {.gpu_milli = 250, .gpu_count = 1, .models = ~0ULL, .p = 0.15},
-    {.gpu_milli = 1000, .gpu_count = 2, .models = ~0ULL, .p = 0.15},
-    {.gpu_milli = 1000, .gpu_count = 4, .models = ~0ULL, .p = 0.10},
-};
-
 typedef ext_shape_info shape_info;
 
 static void free_policies(ext_state *st)
@@ -50,15 +37,22 @@ static void free_policies(ext_state *st)
     }
 }
 
+/*
+ * Until pods have been seen, fgd assumes the learner's generic mix of whole
+ * GPUs and shares; from then on, the shapes actually requested (online: only
+ * what has arrived, never the future).
+ */
 static int set_prior(ext_state *st)
 {
-    kgpu_shape *s = malloc(sizeof(prior));
+    int n;
+    const kgpu_shape *prior = kgpu_generic_prior(&n);
+    kgpu_shape *s = malloc((size_t)n * sizeof(*s));
     if (s == NULL)
         return KGPU_ENOMEM;
-    memcpy(s, prior, sizeof(prior));
+    memcpy(s, prior, (size_t)n * sizeof(*s));
     kgpu_workload_free(&st->target);
     st->target.shapes = s;
-    st->target.n = (int)(sizeof(prior) / sizeof(prior[0]));
+    st->target.n = n;
     return 0;
 }
 
