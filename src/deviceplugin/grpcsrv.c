@@ -360,6 +360,20 @@ static void *serve(void *arg)
     return NULL;
 }
 
+/* Destroys a server whose calls are all done, drains its queue, and frees it. */
+static void server_free(dp_server *s, bool remove_socket)
+{
+    grpc_server_destroy(s->srv);
+    grpc_completion_queue_shutdown(s->cq);
+    while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(s->cq);
+    if (remove_socket)
+        unlink(s->path);
+    free(s);
+}
+
 dp_server *dp_server_start(const char *path, dp_res r, dp_snapshot *snap, dp_unary_fn unary,
                            void *ctx, kgpu_error *err)
 {
@@ -385,13 +399,7 @@ dp_server *dp_server_start(const char *path, dp_res r, dp_snapshot *snap, dp_una
     grpc_server_credentials_release(cr);
     if (port == 0) {
         kgpu_error_set(err, KGPU_EIO, "cannot listen on %s", path);
-        grpc_server_destroy(s->srv);
-        grpc_completion_queue_shutdown(s->cq);
-        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-               GRPC_QUEUE_SHUTDOWN) {
-        }
-        grpc_completion_queue_destroy(s->cq);
-        free(s);
+        server_free(s, false);
         return NULL;
     }
     grpc_server_start(s->srv);
@@ -400,14 +408,7 @@ dp_server *dp_server_start(const char *path, dp_res r, dp_snapshot *snap, dp_una
         atomic_store(&s->stopping, true);
         grpc_server_shutdown_and_notify(s->srv, s->cq, &s->t_shutdown);
         grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        grpc_server_destroy(s->srv);
-        grpc_completion_queue_shutdown(s->cq);
-        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-               GRPC_QUEUE_SHUTDOWN) {
-        }
-        grpc_completion_queue_destroy(s->cq);
-        unlink(path);
-        free(s);
+        server_free(s, true);
         return NULL;
     }
     return s;
@@ -419,14 +420,7 @@ void dp_server_stop(dp_server *s)
         return;
     atomic_store(&s->stopping, true);
     pthread_join(s->thread, NULL);
-    grpc_server_destroy(s->srv);
-    grpc_completion_queue_shutdown(s->cq);
-    while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN) {
-    }
-    grpc_completion_queue_destroy(s->cq);
-    unlink(s->path);
-    free(s);
+    server_free(s, true);
 }
 
 #include "deviceplugin.pb-c.h"
