@@ -13,6 +13,17 @@
 /* The fit check without the reason text: the hot path of every policy. */
 bool kgpu__fit(const kgpu_node *n, const kgpu_request *req);
 
+/*
+ * kgpu_gpu_usable for a request that is not exclusive, without branches: the
+ * policies' loops over a node's GPUs, where which GPUs qualify follows no
+ * pattern a branch predictor could learn.
+ */
+static inline bool kgpu__share_usable(const kgpu_gpu *g, const kgpu_request *req)
+{
+    return (int)g->healthy & (int)((req->models >> g->model) & 1) &
+           (g->free_milli >= req->gpu_milli) & (g->free_memory_mib >= req->gpu_memory_mib);
+}
+
 /* Number of GPUs of n usable by req right now. */
 int kgpu__usable_gpus(const kgpu_node *n, const kgpu_request *req);
 
@@ -79,6 +90,13 @@ int kgpu__pick_loosest(const kgpu_node *n, const kgpu_request *req, int *gpus);
 int kgpu__pick_gpus_best_fit(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
                              kgpu_rng *rng, int *gpus);
 
+/*
+ * The GPUs a one-GPU share could take on n, one of each kind: the usable
+ * GPUs, the first of each (free compute, model), which score alike for the
+ * fragmentation policies. Into cand in index order; returns how many.
+ */
+int kgpu__share_candidates(const kgpu_node *n, const kgpu_request *req, int *cand);
+
 /* GPU choice: uniformly random among usable GPUs. */
 int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng, int *gpus);
 
@@ -90,6 +108,66 @@ int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng
  */
 int kgpu__grow_node_cache(void **nodes, size_t node_size, void **cache, size_t slot_size, int slots,
                           int *cap, int need);
+
+/*
+ * kgpu_node_frag by parts, for policies that try several placements on one
+ * node: the node as it is, per shape of the workload (free milli the shape
+ * cannot use, GPUs it can), from which the measure after taking from a few
+ * GPUs follows in O(shapes) per placement instead of O(shapes x GPUs). The
+ * figures are kgpu_node_frag's, bit for bit: the same integers, and the same
+ * products summed in the same order.
+ *
+ * The workload's shapes are read once into a table of per-shape columns, so
+ * that the integer work runs over several shapes at a time in vector code;
+ * only the floating-point sum, whose order fixes its rounding, goes shape by
+ * shape. The table also holds the scratch of the node being evaluated: one
+ * node at a time per table.
+ */
+typedef struct kgpu__frag_table {
+    const kgpu_workload *w;   /* borrowed */
+    const kgpu_shape *shapes; /* w->shapes when loaded: a rebuilt workload has new ones */
+    int n;                    /* shapes considered: the first n of w */
+    bool cpu_int;             /* every shape's CPU fits an int: the vector path may run */
+    int *gm, *count, *cpu;    /* per shape: GPU milli, GPUs, CPU milli (when cpu_int) */
+    int *ok, *lost, *usable;  /* per shape, of the node: model allowed (-1/0), and as above */
+    int *counted;             /* per shape, of a placement: the milli it counts as lost */
+} kgpu__frag_table;
+
+/* Ints of storage a table of n shapes needs. */
+#define KGPU__FRAG_TABLE_INTS(n) (7 * (size_t)(n))
+
+/*
+ * Reads the first n shapes of w into t, in `ints` (KGPU__FRAG_TABLE_INTS(n),
+ * borrowed by t). Again whenever the workload changes.
+ */
+void kgpu__frag_table_load(kgpu__frag_table *t, const kgpu_workload *w, int n, int *ints);
+
+/* Whether t still holds the first n shapes of w (by address: see kgpu__frag_table.shapes). */
+static inline bool kgpu__frag_table_fresh(const kgpu__frag_table *t, const kgpu_workload *w, int n)
+{
+    return t->w == w && t->shapes == w->shapes && t->n == n;
+}
+
+typedef struct kgpu__frag_node {
+    kgpu__frag_table *t; /* whose scratch holds the per-shape figures */
+    int total;           /* free milli on healthy GPUs */
+    int ngpus;
+    bool one_model;
+    int fm[KGPU_MAX_GPUS_PER_NODE];    /* free milli, 0 on an unhealthy GPU */
+    int model[KGPU_MAX_GPUS_PER_NODE]; /* model id of each GPU */
+} kgpu__frag_node;
+
+/* Fills *b for node n against the shapes of t (into t's scratch: valid until the next call). */
+void kgpu__frag_node_of(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node *b);
+
+/*
+ * Fragmentation of the node of b after taking take[k] milli from GPU gpus[k]
+ * (k < nchg; usable, hence healthy, GPUs) with cpu_after CPU left (taken as
+ * is, unlike kgpu_node_frag's negative): kgpu_node_frag of the changed node
+ * over the table's shapes. *total_after (may be NULL) gets the free milli left.
+ */
+double kgpu__frag_after(const kgpu__frag_node *b, const int *gpus, const int *take, int nchg,
+                        int64_t cpu_after, int *total_after);
 
 /* A policy's score that also names the GPU it would take for the request (-1: none). */
 typedef int64_t (*kgpu__scored_fn)(void *state, const kgpu_cluster *c, int node,

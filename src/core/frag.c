@@ -1,8 +1,11 @@
 /*
  * The fragmentation measure of the FGD study (ATC '23): how much of a node's
  * free GPU compute the expected workload could not use. It is the yardstick
- * of placement quality and the objective of the fgd policy.
+ * of placement quality and the objective of the fgd policy. The policies
+ * that try placements node by node take it by parts (kgpu__frag_node_of,
+ * see core.h): the cold path of a decision over every node.
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,6 +143,159 @@ double kgpu_node_frag(const kgpu_node *n, const kgpu_workload *w, const int *fre
                 lost += fm[i];
         }
         frag += sh->p * (usable < sh->gpu_count ? total : lost);
+    }
+    return frag;
+}
+
+void kgpu__frag_table_load(kgpu__frag_table *t, const kgpu_workload *w, int n, int *ints)
+{
+    size_t len = (size_t)n;
+    t->w = w;
+    t->shapes = w->shapes;
+    t->n = n;
+    t->gm = ints;
+    t->count = ints + len;
+    t->cpu = ints + 2 * len;
+    t->ok = ints + 3 * len;
+    t->lost = ints + 4 * len;
+    t->usable = ints + 5 * len;
+    t->counted = ints + 6 * len;
+    t->cpu_int = true;
+    for (int s = 0; s < n; s++) {
+        const kgpu_shape *sh = &w->shapes[s];
+        t->gm[s] = sh->gpu_milli;
+        t->count[s] = sh->gpu_count;
+        t->cpu_int &= sh->cpu_milli >= INT_MIN && sh->cpu_milli <= INT_MAX;
+        t->cpu[s] = t->cpu_int ? (int)sh->cpu_milli : 0;
+    }
+}
+
+void kgpu__frag_node_of(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node *b)
+{
+    int ng = n->ngpus, total = 0;
+    for (int i = 0; i < ng; i++) {
+        const kgpu_gpu *g = &n->gpus[i];
+        b->fm[i] = g->healthy ? g->free_milli : 0;
+        b->model[i] = g->model;
+        total += b->fm[i];
+    }
+    b->t = t;
+    b->total = total;
+    b->ngpus = ng;
+    b->one_model = (n->model_mask & (n->model_mask - 1)) == 0;
+    if (total == 0)
+        return; /* kgpu__frag_after returns 0 before it reads a shape */
+    /*
+     * The cold path of the fragmentation policies: every node, every shape.
+     * Without branches (which GPUs a shape can use follows no pattern a
+     * predictor learns), over the table's columns: vector code.
+     */
+    int ns = t->n;
+    const kgpu_shape *shapes = t->shapes;
+    const int *restrict gm = t->gm;
+    int *restrict ok = t->ok, *restrict lost = t->lost, *restrict usable = t->usable;
+    for (int s = 0; s < ns; s++) {
+        lost[s] = 0;
+        usable[s] = 0;
+    }
+    if (b->one_model) { /* most nodes: the model test once per shape */
+        int m0 = b->model[0];
+        for (int s = 0; s < ns; s++)
+            ok[s] = -(int)((shapes[s].models >> m0) & 1);
+        for (int i = 0; i < ng; i++) {
+            int fm = b->fm[i];
+            for (int s = 0; s < ns; s++) {
+                int fits = -(fm >= gm[s]); /* all ones or zero */
+                usable[s] -= fits;
+                lost[s] += fm & ~fits;
+            }
+        }
+        /* A shape that cannot use the model loses all. */
+        for (int s = 0; s < ns; s++) {
+            lost[s] = (lost[s] & ok[s]) | (total & ~ok[s]);
+            usable[s] &= ok[s];
+        }
+        return;
+    }
+    for (int i = 0; i < ng; i++) {
+        int fm = b->fm[i], model = b->model[i];
+        for (int s = 0; s < ns; s++) {
+            int fits = -((fm >= gm[s]) & (int)((shapes[s].models >> model) & 1));
+            usable[s] -= fits;
+            lost[s] += fm & ~fits;
+        }
+    }
+}
+
+/*
+ * The milli each shape counts as lost after taking `take` from GPU gpu
+ * (-1: nothing) with cpu CPU left, into counted[]: the integer half of
+ * kgpu__frag_after, for a node of one model and a table of int CPU figures,
+ * over all shapes at a time in vector code. A CPU figure outside the ints
+ * compares with every shape's as its nearest int does.
+ */
+static void frag_counts(const kgpu__frag_node *b, int gpu, int take, int64_t cpu_after, int total,
+                        int *restrict counted)
+{
+    const kgpu__frag_table *t = b->t;
+    int was = gpu >= 0 ? b->fm[gpu] : 0, now = gpu >= 0 ? was - take : 0; /* 0 to 0: no change */
+    int cpu = cpu_after < INT_MIN ? INT_MIN : cpu_after > INT_MAX ? INT_MAX : (int)cpu_after;
+    const int *restrict gm = t->gm, *restrict count = t->count, *restrict cpus = t->cpu;
+    const int *restrict ok = t->ok, *restrict lost = t->lost, *restrict usable = t->usable;
+    for (int s = 0; s < t->n; s++) {
+        int was_ok = ok[s] & -(was >= gm[s]), now_ok = ok[s] & -(now >= gm[s]);
+        int u = usable[s] + was_ok - now_ok;
+        int l = lost[s] + (now & ~now_ok) - (was & ~was_ok);
+        /* CPU-only shape, or the shape cannot run here at all: all of it is lost. */
+        int none = -((gm[s] == 0) | (cpu < cpus[s]) | (u < count[s]));
+        counted[s] = (total & none) | (l & ~none);
+    }
+}
+
+/* Whether frag_counts serves b. */
+static bool frag_vector(const kgpu__frag_node *b)
+{
+    return b->one_model && b->t->cpu_int;
+}
+
+double kgpu__frag_after(const kgpu__frag_node *b, const int *gpus, const int *take, int nchg,
+                        int64_t cpu_after, int *total_after)
+{
+    int total = b->total;
+    for (int k = 0; k < nchg; k++)
+        total -= take[k];
+    if (total_after != NULL)
+        *total_after = total;
+    if (total == 0)
+        return 0;
+    const kgpu__frag_table *t = b->t;
+    int ns = t->n;
+    const kgpu_shape *shapes = t->shapes;
+    double frag = 0;
+    /*
+     * p times the count chosen is the product kgpu_node_frag takes in
+     * whichever of its branches applies, and the sum runs in the same order:
+     * the same figure to the last bit.
+     */
+    if (nchg <= 1 && frag_vector(b)) {
+        frag_counts(b, nchg ? gpus[0] : -1, nchg ? take[0] : 0, cpu_after, total, t->counted);
+        for (int s = 0; s < ns; s++)
+            frag += shapes[s].p * t->counted[s];
+        return frag;
+    }
+    /* Several GPUs, several models or CPU beyond an int: shape by shape, still without branches. */
+    for (int s = 0; s < ns; s++) {
+        const kgpu_shape *sh = &shapes[s];
+        int gm = sh->gpu_milli, lost = t->lost[s], usable = t->usable[s];
+        for (int k = 0; k < nchg; k++) {
+            int g = gpus[k], was = b->fm[g], now = was - take[k];
+            int model = (int)((sh->models >> b->model[g]) & 1);
+            int was_ok = -(model & (was >= gm)), now_ok = -(model & (now >= gm));
+            usable += was_ok - now_ok;
+            lost += (now & ~now_ok) - (was & ~was_ok);
+        }
+        int none = -((gm == 0) | (cpu_after < sh->cpu_milli) | (usable < sh->gpu_count));
+        frag += sh->p * ((total & none) | (lost & ~none));
     }
     return frag;
 }

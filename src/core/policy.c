@@ -363,6 +363,30 @@ int kgpu__pick_gpus_best_fit(void *state, const kgpu_cluster *c, int node, const
     return kgpu__pick_best_fit(kgpu_cluster_node(c, node), req, gpus);
 }
 
+int kgpu__share_candidates(const kgpu_node *n, const kgpu_request *req, int *cand)
+{
+    /*
+     * Without branches: which GPUs qualify follows no pattern a predictor
+     * learns. Each GPU against those before it, from compact copies.
+     */
+    int ng = n->ngpus, m = 0;
+    int ok[KGPU_MAX_GPUS_PER_NODE], milli[KGPU_MAX_GPUS_PER_NODE], model[KGPU_MAX_GPUS_PER_NODE];
+    for (int i = 0; i < ng; i++) {
+        const kgpu_gpu *g = &n->gpus[i];
+        ok[i] = kgpu__share_usable(g, req);
+        milli[i] = g->free_milli;
+        model[i] = g->model;
+    }
+    for (int i = 0; i < ng; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++)
+            seen |= ok[j] & (milli[j] == milli[i]) & (model[j] == model[i]);
+        cand[m] = i;
+        m += ok[i] & !seen;
+    }
+    return m;
+}
+
 int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng, int *gpus)
 {
     if (req->exclusive)

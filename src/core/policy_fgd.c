@@ -7,7 +7,8 @@
  *
  * Speed: a node's current fragmentation is cached with the node's version,
  * and so is each (node, request shape) score, so a placement rescans only
- * the node it changed.
+ * the node it changed. A node is evaluated by parts (kgpu__frag_node_of):
+ * each GPU tried costs O(shapes), not O(shapes x GPUs).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -26,12 +27,14 @@
 typedef struct fgd_slot {
     uint64_t version; /* node version + 1; 0 = empty */
     int shape;
-    int gpu; /* chosen GPU for a single share, -1 otherwise */
+    int16_t gpu;  /* chosen GPU for a single share, -1 otherwise */
+    uint16_t gen; /* fgd_state.gen when filled: older ones are stale */
     int64_t score;
 } fgd_slot;
 
 typedef struct fgd_node {
     uint64_t version; /* + 1; 0 = not computed */
+    uint16_t gen;     /* fgd_state.gen when computed */
     double frag;
 } fgd_node;
 
@@ -39,8 +42,13 @@ typedef struct fgd_state {
     const kgpu_workload *target;
     int slots; /* per node, a power of two */
     int cap;
+    uint16_t gen; /* cache generation (see fgd_invalidate); 0 never valid. 16 bits: slots stay 24
+                     bytes */
     fgd_node *nodes;
-    fgd_slot *cache; /* cap x slots */
+    fgd_slot *cache;        /* cap x slots */
+    kgpu__frag_table table; /* the target's shapes for kgpu__frag_node_of; stale: w NULL */
+    int *table_ints;        /* its storage, table_cap shapes' worth */
+    int table_cap;
 } fgd_state;
 
 static int fgd_grow(fgd_state *st, int need)
@@ -60,6 +68,7 @@ static int fgd_init(void *state, const kgpu_cluster *c, const kgpu_workload *tar
     if (target == NULL || target->n == 0)
         return kgpu_error_set(err, KGPU_EINVAL, "fgd needs a target workload");
     st->target = target;
+    st->gen = 1; /* zeroed entries (gen 0) are empty */
     int nodes = kgpu_cluster_node_count(c);
     st->slots = FGD_SLOTS_MAX;
     while (st->slots > 16 && (long)st->slots * nodes > FGD_CACHE_SLOTS)
@@ -74,15 +83,43 @@ static void fgd_fini(void *state)
     fgd_state *st = state;
     free(st->nodes);
     free(st->cache);
+    free(st->table_ints);
 }
 
+/*
+ * Drops every cached figure by starting a new generation: O(1) instead of
+ * clearing megabytes in the arrival that rebuilt the workload, which also
+ * evicted the cluster from the CPU caches just before the decision that
+ * rescans it. The arrays are cleared only when the counter wraps.
+ */
 static void fgd_invalidate(void *state)
 {
     fgd_state *st = state;
-    if (st->cap > 0) {
-        memset(st->nodes, 0, (size_t)st->cap * sizeof(*st->nodes));
-        memset(st->cache, 0, (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
+    if (++st->gen == 0) {
+        if (st->cap > 0) {
+            memset(st->nodes, 0, (size_t)st->cap * sizeof(*st->nodes));
+            memset(st->cache, 0, (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
+        }
+        st->gen = 1;
     }
+    st->table.w = NULL; /* the target changed in place: read it again */
+}
+
+/* The target's shapes in st->table, read again when stale; false when out of memory. */
+static bool fgd_table(fgd_state *st)
+{
+    int n = st->target->n;
+    if (kgpu__frag_table_fresh(&st->table, st->target, n))
+        return true;
+    if (n > st->table_cap) {
+        int *ints = realloc(st->table_ints, KGPU__FRAG_TABLE_INTS(n) * sizeof(*ints));
+        if (ints == NULL)
+            return false;
+        st->table_ints = ints;
+        st->table_cap = n;
+    }
+    kgpu__frag_table_load(&st->table, st->target, n, st->table_ints);
+    return true;
 }
 
 /* The study's score: 100 x sigmoid((before - after) / 1000), truncated to an integer. */
@@ -92,14 +129,38 @@ static int64_t quantise(double before, double after)
     return (int64_t)(100.0 / (1.0 + exp(-x)));
 }
 
-static double current_frag(fgd_state *st, const kgpu_node *n, int node)
+/*
+ * kgpu_node_frag of n after taking `take` milli from GPU gpus[k] (k < nchg)
+ * and leaving cpu_after CPU: by parts through b, or afresh when there is no
+ * b (no memory for the shape table). The same figure either way.
+ */
+static double fgd_after(const fgd_state *st, const kgpu_node *n, const kgpu__frag_node *b,
+                        const int *gpus, int take, int nchg, int64_t cpu_after)
+{
+    if (b != NULL) { /* kgpu_node_frag reads a negative CPU figure as the node's own */
+        int takes[KGPU_MAX_GPUS_PER_NODE];
+        for (int k = 0; k < nchg; k++)
+            takes[k] = take;
+        return kgpu__frag_after(b, gpus, nchg > 0 ? takes : NULL, nchg,
+                                cpu_after < 0 ? n->cpu_free : cpu_after, NULL);
+    }
+    int free_after[KGPU_MAX_GPUS_PER_NODE];
+    for (int i = 0; i < n->ngpus; i++)
+        free_after[i] = n->gpus[i].free_milli;
+    for (int k = 0; k < nchg; k++)
+        free_after[gpus[k]] -= take;
+    return kgpu_node_frag(n, st->target, free_after, cpu_after);
+}
+
+static double current_frag(fgd_state *st, const kgpu_node *n, int node, const kgpu__frag_node *b)
 {
     fgd_node *fn = node < st->cap ? &st->nodes[node] : NULL; /* no cache when growth failed */
-    if (fn != NULL && fn->version == n->version + 1)
+    if (fn != NULL && fn->version == n->version + 1 && fn->gen == st->gen)
         return fn->frag;
-    double f = kgpu_node_frag(n, st->target, NULL, -1);
+    double f = fgd_after(st, n, b, NULL, 0, 0, n->cpu_free);
     if (fn != NULL) {
         fn->version = n->version + 1;
+        fn->gen = st->gen;
         fn->frag = f;
     }
     return f;
@@ -113,32 +174,26 @@ static double current_frag(fgd_state *st, const kgpu_node *n, int node)
 static int64_t fgd_eval(fgd_state *st, const kgpu_node *n, int node, const kgpu_request *req,
                         int *gpu_out)
 {
-    double before = current_frag(st, n, node);
+    kgpu__frag_node parts, *b = NULL;
+    if (fgd_table(st)) {
+        kgpu__frag_node_of(n, &st->table, &parts);
+        b = &parts;
+    }
+    double before = current_frag(st, n, node, b);
     int64_t cpu_after = n->cpu_free - req->cpu_milli;
-    int free_after[KGPU_MAX_GPUS_PER_NODE];
-    for (int i = 0; i < n->ngpus; i++)
-        free_after[i] = n->gpus[i].free_milli;
     *gpu_out = -1;
     if (req->gpu_count <= 0)
-        return quantise(before, kgpu_node_frag(n, st->target, free_after, cpu_after));
+        return quantise(before, fgd_after(st, n, b, NULL, 0, 0, cpu_after));
     if (req->gpu_count == 1 && !req->exclusive) {
+        /* GPUs with equal free compute give equal scores: evaluate each value once. */
+        int cand[KGPU_MAX_GPUS_PER_NODE], m = kgpu__share_candidates(n, req, cand);
         int64_t best = 0;
-        for (int i = 0; i < n->ngpus; i++) {
-            if (!kgpu_gpu_usable(n, &n->gpus[i], req))
-                continue;
-            /* GPUs with equal free compute give equal scores: evaluate each value once. */
-            bool seen = false;
-            for (int j = 0; j < i && !seen; j++)
-                seen = free_after[j] == n->gpus[i].free_milli &&
-                       n->gpus[j].model == n->gpus[i].model && kgpu_gpu_usable(n, &n->gpus[j], req);
-            if (seen)
-                continue;
-            free_after[i] -= req->gpu_milli;
-            int64_t s = quantise(before, kgpu_node_frag(n, st->target, free_after, cpu_after));
-            free_after[i] += req->gpu_milli;
+        for (int j = 0; j < m; j++) {
+            int64_t s =
+                quantise(before, fgd_after(st, n, b, &cand[j], req->gpu_milli, 1, cpu_after));
             if (*gpu_out < 0 || s > best) {
                 best = s;
-                *gpu_out = i;
+                *gpu_out = cand[j];
             }
         }
         return best;
@@ -147,9 +202,7 @@ static int64_t fgd_eval(fgd_state *st, const kgpu_node *n, int node, const kgpu_
     if (kgpu__pick_best_fit(n, req, gpus) != 0)
         return INT64_MIN / 2;
     int take = req->exclusive ? KGPU_MILLI : req->gpu_milli;
-    for (int k = 0; k < req->gpu_count; k++)
-        free_after[gpus[k]] -= take;
-    return quantise(before, kgpu_node_frag(n, st->target, free_after, cpu_after));
+    return quantise(before, fgd_after(st, n, b, gpus, take, req->gpu_count, cpu_after));
 }
 
 static int64_t fgd_cached(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
@@ -163,14 +216,15 @@ static int64_t fgd_cached(void *state, const kgpu_cluster *c, int node, const kg
         return fgd_eval(st, n, node, req, gpu_out);
     fgd_slot *slot = &st->cache[(size_t)node * (size_t)st->slots +
                                 ((size_t)req->shape & (size_t)(st->slots - 1))];
-    if (slot->version == n->version + 1 && slot->shape == req->shape) {
+    if (slot->version == n->version + 1 && slot->shape == req->shape && slot->gen == st->gen) {
         *gpu_out = slot->gpu;
         return slot->score;
     }
     int64_t s = fgd_eval(st, n, node, req, gpu_out);
     slot->version = n->version + 1;
     slot->shape = req->shape;
-    slot->gpu = *gpu_out;
+    slot->gen = st->gen;
+    slot->gpu = (int16_t)*gpu_out;
     slot->score = s;
     return s;
 }

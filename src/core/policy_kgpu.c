@@ -25,7 +25,9 @@
  * and so is each (node, pod shape) score without its scarcity term; a
  * placement rescans one node. Scarcity is a per-model rate applied to the
  * cached figure (nodes with several models are not cached), so refreshing it
- * drops nothing; only a new target workload (kgpu_policy_invalidate) does.
+ * drops nothing; only a new target workload (kgpu_policy_invalidate) does,
+ * in O(1) (a new cache generation). The rescan of every node that follows
+ * takes fragmentation by parts (kgpu__frag_node_of): O(shapes) per GPU tried.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -49,6 +51,7 @@
 typedef struct kg_slot {
     uint64_t version; /* node version + 1; 0 = empty */
     int shape;
+    uint32_t gen;  /* kg_state.gen when filled: older ones are stale */
     int gpu;       /* chosen GPU for a single share, -1 otherwise */
     int take;      /* GPU milli the placement takes (of the node's one model) */
     int64_t score; /* without the scarcity term */
@@ -56,12 +59,14 @@ typedef struct kg_slot {
 
 typedef struct kg_node {
     uint64_t version; /* + 1; 0 = not computed */
+    uint32_t gen;     /* kg_state.gen when computed */
     double value;     /* frag + stranded of the node as it is */
 } kg_node;
 
 typedef struct kg_state {
     const kgpu_workload *target; /* borrowed: learned online by the caller */
     int slots;                   /* cache entries per node, a power of two */
+    uint32_t gen;                /* cache generation: entries of another are stale; 0 never valid */
     int cap;                     /* nodes the caches have room for */
     kg_node *nodes;
     kg_slot *cache;                   /* cap x slots */
@@ -74,7 +79,8 @@ typedef struct kg_state {
     double demand_total;            /* GPU milli of all pods seen */
     bool constrained_seen;
     long pods, pods_at_count;
-    int lost[KG_MAX_SHAPES], usable[KG_MAX_SHAPES]; /* scratch of kg_base_of */
+    kgpu__frag_table table; /* the target's shapes for kgpu__frag_node_of; stale: w NULL */
+    int table_ints[KGPU__FRAG_TABLE_INTS(KG_MAX_SHAPES)];
 } kg_state;
 
 static int kg_grow(kg_state *st, int need)
@@ -121,13 +127,23 @@ static void kg_count(kg_state *st, const kgpu_cluster *c)
     st->pods_at_count = st->pods;
 }
 
+/*
+ * Drops every cached figure by starting a new generation: O(1) instead of
+ * clearing megabytes of cache in the arrival that rebuilt the workload (and
+ * evicting the cluster from the CPU caches just before the decision that has
+ * to rescan it). The arrays are cleared only when the counter wraps.
+ */
 static void kg_invalidate(void *state)
 {
     kg_state *st = state;
-    if (st->cap > 0) {
-        memset(st->nodes, 0, (size_t)st->cap * sizeof(*st->nodes));
-        memset(st->cache, 0, (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
+    if (++st->gen == 0) {
+        if (st->cap > 0) {
+            memset(st->nodes, 0, (size_t)st->cap * sizeof(*st->nodes));
+            memset(st->cache, 0, (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
+        }
+        st->gen = 1;
     }
+    st->table.w = NULL; /* the target changed in place: read it again */
     kg_learn(st);
 }
 
@@ -138,6 +154,7 @@ static int kg_init(void *state, const kgpu_cluster *c, const kgpu_workload *targ
         return kgpu_error_set(err, KGPU_EINVAL,
                               "kgpu needs a target workload (learned online, or a prior)");
     st->target = target;
+    st->gen = 1; /* zeroed entries (gen 0) are empty */
     int nodes = kgpu_cluster_node_count(c);
     st->slots = KG_SLOTS_MAX;
     while (st->slots > 16 && (long)st->slots * nodes > KG_CACHE_SLOTS)
@@ -190,98 +207,46 @@ static void kg_observe(void *state, const kgpu_cluster *c, const kgpu_request *r
         kg_count(st, c);
 }
 
-/*
- * The node as it is, per shape of the target: free milli on GPUs the shape
- * cannot use (lost) and GPUs it can (usable), as kgpu_node_frag counts them.
- * A placement changes one or a few GPUs, so its value follows from these in
- * O(shapes) instead of O(shapes x GPUs) per GPU tried.
- */
-typedef struct kg_base {
-    int total; /* free milli on healthy GPUs */
-} kg_base;
-
 static int kg_shapes(const kg_state *st)
 {
     return st->target->n < KG_MAX_SHAPES ? st->target->n : KG_MAX_SHAPES;
 }
 
-static void kg_base_of(kg_state *st, const kgpu_node *n, kg_base *b)
+/* frag of a node left with `total` free GPU milli and cpu_after CPU, plus its stranded term. */
+static double kg_strand(const kg_state *st, int total, int64_t cpu_after, double frag)
 {
-    const kgpu_workload *w = st->target;
-    b->total = 0;
-    for (int i = 0; i < n->ngpus; i++)
-        b->total += n->gpus[i].healthy ? n->gpus[i].free_milli : 0;
-    for (int s = 0; s < kg_shapes(st); s++) {
-        const kgpu_shape *sh = &w->shapes[s];
-        int lost = 0, usable = 0;
-        if (sh->gpu_milli > 0) {
-            for (int i = 0; i < n->ngpus; i++) {
-                const kgpu_gpu *g = &n->gpus[i];
-                int fm = g->healthy ? g->free_milli : 0;
-                if (fm >= sh->gpu_milli && ((sh->models >> g->model) & 1))
-                    usable++;
-                else
-                    lost += fm;
-            }
-        }
-        st->lost[s] = lost;
-        st->usable[s] = usable;
-    }
-}
-
-/*
- * Fragmentation plus stranded GPU milli of node n after taking take[k] milli
- * from GPU gpus[k] (k < nchg) and leaving cpu_after CPU: the same figure as
- * kgpu_node_frag on the changed node, plus the stranded term.
- */
-static double kg_after(const kg_state *st, const kgpu_node *n, const kg_base *b, const int *gpus,
-                       const int *take, int nchg, int64_t cpu_after)
-{
-    int total = b->total;
-    for (int k = 0; k < nchg; k++)
-        total -= take[k];
     if (total == 0)
         return 0; /* no idle GPU: nothing fragmented, nothing stranded */
-    const kgpu_workload *w = st->target;
-    double frag = 0;
-    for (int s = 0; s < kg_shapes(st); s++) {
-        const kgpu_shape *sh = &w->shapes[s];
-        if (sh->gpu_milli == 0 || cpu_after < sh->cpu_milli) {
-            frag += sh->p * total; /* CPU-only shape, or the shape cannot run here at all */
-            continue;
-        }
-        int lost = st->lost[s], usable = st->usable[s];
-        for (int k = 0; k < nchg; k++) {
-            const kgpu_gpu *g = &n->gpus[gpus[k]];
-            bool model = (sh->models >> g->model) & 1;
-            int was = g->free_milli, now = was - take[k];
-            if (model && was >= sh->gpu_milli)
-                usable--;
-            else
-                lost -= was;
-            if (model && now >= sh->gpu_milli)
-                usable++;
-            else
-                lost += now;
-        }
-        frag += sh->p * (usable < sh->gpu_count ? total : lost);
-    }
     if (st->cpu_per_milli > 0) {
         double served = (double)cpu_after / st->cpu_per_milli;
-        if (served < total)
-            frag += KG_STRAND_WEIGHT * ((double)total - served);
+        double stranded = frag + KG_STRAND_WEIGHT * ((double)total - served);
+        frag = served < total ? stranded : frag; /* a select: no branch to mispredict */
     }
     return frag;
 }
 
-static double current_value(kg_state *st, const kgpu_node *n, int node, const kg_base *b)
+/*
+ * Fragmentation plus stranded GPU milli of the node of b after taking
+ * take[k] milli from GPU gpus[k] (k < nchg) and leaving cpu_after CPU: the
+ * same figure as kgpu_node_frag on the changed node, plus the stranded term.
+ */
+static double kg_after(const kg_state *st, const kgpu__frag_node *b, const int *gpus,
+                       const int *take, int nchg, int64_t cpu_after)
+{
+    int total;
+    double frag = kgpu__frag_after(b, gpus, take, nchg, cpu_after, &total);
+    return kg_strand(st, total, cpu_after, frag);
+}
+
+static double current_value(kg_state *st, const kgpu_node *n, int node, const kgpu__frag_node *b)
 {
     kg_node *kn = node < st->cap ? &st->nodes[node] : NULL; /* no cache when growth failed */
-    if (kn != NULL && kn->version == n->version + 1)
+    if (kn != NULL && kn->version == n->version + 1 && kn->gen == st->gen)
         return kn->value;
-    double v = kg_after(st, n, b, NULL, NULL, 0, n->cpu_free);
+    double v = kg_after(st, b, NULL, NULL, 0, n->cpu_free);
     if (kn != NULL) {
         kn->version = n->version + 1;
+        kn->gen = st->gen;
         kn->value = v;
     }
     return v;
@@ -317,10 +282,11 @@ static int64_t kg_scarce(const kg_state *st, const kgpu_node *n, const int *gpus
 }
 
 /* The score of a placement without its scarcity term, in micro-GPU. */
-static int64_t kg_placement(const kg_state *st, const kgpu_node *n, const kg_base *b, double before,
-                            const int *gpus, const int *take, int nchg, int64_t cpu_after)
+static int64_t kg_placement(const kg_state *st, const kgpu_node *n, const kgpu__frag_node *b,
+                            double before, const int *gpus, const int *take, int nchg,
+                            int64_t cpu_after)
 {
-    double after = kg_after(st, n, b, gpus, take, nchg, cpu_after);
+    double after = kg_after(st, b, gpus, take, nchg, cpu_after);
     int idle_after = b->total;
     for (int k = 0; k < nchg; k++)
         idle_after -= take[k];
@@ -337,8 +303,10 @@ static int64_t kg_placement(const kg_state *st, const kgpu_node *n, const kg_bas
 static int64_t kg_eval(kg_state *st, const kgpu_node *n, int node, const kgpu_request *req,
                        int *gpu_out, int64_t *base_out, int *take_out)
 {
-    kg_base b;
-    kg_base_of(st, n, &b);
+    if (!kgpu__frag_table_fresh(&st->table, st->target, kg_shapes(st)))
+        kgpu__frag_table_load(&st->table, st->target, kg_shapes(st), st->table_ints);
+    kgpu__frag_node b;
+    kgpu__frag_node_of(n, &st->table, &b);
     double before = current_value(st, n, node, &b);
     int64_t cpu_after = n->cpu_free - req->cpu_milli;
     *gpu_out = -1;
@@ -348,24 +316,24 @@ static int64_t kg_eval(kg_state *st, const kgpu_node *n, int node, const kgpu_re
         return *base_out;
     }
     if (req->gpu_count == 1 && !req->exclusive) {
-        int64_t best = 0;
-        for (int i = 0; i < n->ngpus; i++) {
-            if (!kgpu_gpu_usable(n, &n->gpus[i], req))
-                continue;
-            /* GPUs of one model with equal free compute score the same: try each value once. */
-            bool seen = false;
-            for (int j = 0; j < i && !seen; j++)
-                seen = n->gpus[j].free_milli == n->gpus[i].free_milli &&
-                       n->gpus[j].model == n->gpus[i].model && kgpu_gpu_usable(n, &n->gpus[j], req);
-            if (seen)
-                continue;
-            int64_t base = kg_placement(st, n, &b, before, &i, &req->gpu_milli, 1, cpu_after);
-            int64_t s = base - kg_scarce(st, n, &i, &req->gpu_milli, 1);
-            if (*gpu_out < 0 || s > best) {
-                best = s;
-                *gpu_out = i;
-                *base_out = base;
-            }
+        /* GPUs of one model with equal free compute score the same: try each value once. */
+        int cand[KGPU_MAX_GPUS_PER_NODE], m = kgpu__share_candidates(n, req, cand);
+        int idle_after = b.total - req->gpu_milli;
+        double packing = KG_PACK_MILLI * used_after(n, idle_after, cpu_after);
+        int64_t best = 0, best_base = 0;
+        int best_gpu = -1;
+        for (int j = 0; j < m; j++) {
+            double after = kg_after(st, &b, &cand[j], &req->gpu_milli, 1, cpu_after);
+            int64_t base = (int64_t)llround((before - after + packing) * KG_SCALE);
+            int64_t s = base - kg_scarce(st, n, &cand[j], &req->gpu_milli, 1);
+            bool better = (j == 0) | (s > best); /* the first of the best */
+            best = better ? s : best;
+            best_base = better ? base : best_base;
+            best_gpu = better ? cand[j] : best_gpu;
+        }
+        if (m > 0) {
+            *gpu_out = best_gpu;
+            *base_out = best_base;
         }
         *take_out = req->gpu_milli;
         return best;
@@ -402,10 +370,11 @@ static int64_t kg_cached(void *state, const kgpu_cluster *c, int node, const kgp
         return kg_eval(st, n, node, req, gpu_out, &base, &take);
     kg_slot *slot = &st->cache[(size_t)node * (size_t)st->slots +
                                ((size_t)req->shape & (size_t)(st->slots - 1))];
-    if (slot->version != n->version + 1 || slot->shape != req->shape) {
+    if (slot->version != n->version + 1 || slot->shape != req->shape || slot->gen != st->gen) {
         kg_eval(st, n, node, req, gpu_out, &base, &take);
         slot->version = n->version + 1;
         slot->shape = req->shape;
+        slot->gen = st->gen;
         slot->gpu = *gpu_out;
         slot->take = take;
         slot->score = base;
