@@ -48,7 +48,7 @@ void ext_config_defaults(ext_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     snprintf(cfg->listen, sizeof(cfg->listen), "0.0.0.0:12346");
-    snprintf(cfg->policy, sizeof(cfg->policy), "fgd");
+    snprintf(cfg->policy, sizeof(cfg->policy), "kgpu");
     cfg->memory_unit_mib = 1024;
     cfg->log_level = EXT_INFO;
     cfg->max_body_bytes = 16L << 20;

@@ -1076,8 +1076,12 @@ class TestKgpuPolicy(ExtenderTest):
         after = self.scores(self.new_pod("u-after", [container("main", whole(1))]), names)
         self.assertLess(after["t4-0"], 10, after)
         self.assertEqual(max(after["roomy-0"], after["tight-0"]), 10, after)
-        # A default-policy (fgd) pod is scored as before: linear 0-10 scores.
-        fgd = self.standin.add_pod(pod_object("fgd-pod", [container("main", whole(1))]))
+        # A pod without kgpu.io/policy gets the default policy, kgpu: the same scores.
+        plain = self.standin.add_pod(pod_object("plain-pod", [container("main", whole(1))]))
+        self.assertEqual(self.scores(plain, names), after)
+        # An fgd pod is scored by fgd, with linear 0-10 scores.
+        fgd = self.standin.add_pod(pod_object("fgd-pod", [container("main", whole(1))],
+                                              {"kgpu.io/policy": "fgd"}))
         self.assertEqual(sorted(self.ext.filter(fgd, names)["NodeNames"]), sorted(names))
         self.assertTrue(all(0 <= r["Score"] <= 10 for r in self.ext.prioritize(fgd, names)))
 
