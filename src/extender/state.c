@@ -936,6 +936,17 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
     kgpu_cluster *c = kgpu_cluster_new();
     if (c == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    /*
+     * Model ids stay what they were: learned shapes, remembered pods and the
+     * policies' replay hold model masks. Models are never forgotten (at most
+     * KGPU_MAX_MODELS names over the extender's life).
+     */
+    for (int i = 0; i < kgpu_cluster_model_count(st->cluster); i++) {
+        if (kgpu_cluster_model_id(c, kgpu_cluster_model_name(st->cluster, i), true) != i) {
+            kgpu_cluster_free(c);
+            return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        }
+    }
     for (int i = 0; i < n; i++) {
         if (kgpu_cluster_add_node(c, &specs[i], err) < 0) {
             kgpu_cluster_free(c);

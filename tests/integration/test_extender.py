@@ -1146,6 +1146,18 @@ class TestKgpuPolicy(ExtenderTest):
         # A pod without kgpu.io/policy gets the default policy, kgpu: the same scores.
         plain = self.standin.add_pod(pod_object("plain-pod", [container("main", whole(1))]))
         self.assertEqual(self.scores(plain, names), after)
+        # The A100 nodes leave and come back: numbered afresh, T4 would become model 0
+        # and A100 model 1, and what was learned about T4 would land on A100.
+        for n in ("roomy-0", "tight-0"):
+            self.standin.delete_node(n)
+        wait_for(lambda: [n["name"] for n in self.ext.inspect()["nodes"]] == ["t4-0"], 10,
+                 what="the A100 nodes gone")
+        self.standin.add_node("roomy-0", gpu_list("roomy-0", A100, 81920, 4), cpu="64")
+        self.standin.add_node("tight-0", gpu_list("tight-0", A100, 81920, 4), cpu="64")
+        wait_for(lambda: len(self.ext.inspect()["nodes"]) == 3, 10, what="the A100 nodes back")
+        back = self.scores(self.new_pod("u-back", [container("main", whole(1))]), names)
+        self.assertLess(back["t4-0"], 10, back)
+        self.assertEqual(max(back["roomy-0"], back["tight-0"]), 10, back)
         # An fgd pod is scored by fgd, with linear 0-10 scores.
         fgd = self.standin.add_pod(pod_object("fgd-pod", [container("main", whole(1))],
                                               {"kgpu.io/policy": "fgd"}))
