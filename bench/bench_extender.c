@@ -6,7 +6,10 @@
  * percentiles per call, calls per second, and the extender's resident memory.
  * Asserts nothing.
  *
- *   bench_extender PATH/TO/kgpu-extender [SECONDS] [CLIENT_THREADS]
+ *   bench_extender PATH/TO/kgpu-extender [SECONDS] [CLIENT_THREADS] [POLICY]
+ *
+ * POLICY is the extender's default policy for the run (default: its own
+ * default); run it once per policy to compare them on the same machine.
  */
 #include <curl/curl.h>
 #include <pthread.h>
@@ -141,11 +144,13 @@ static long rss_kb(pid_t pid, const char *field)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_extender PATH/TO/kgpu-extender [SECONDS] [THREADS]\n");
+        fprintf(stderr,
+                "usage: bench_extender PATH/TO/kgpu-extender [SECONDS] [THREADS] [POLICY]\n");
         return 2;
     }
     double seconds = argc > 2 ? atof(argv[2]) : 5;
     int threads = argc > 3 ? atoi(argv[3]) : 2;
+    const char *policy = argc > 4 ? argv[4] : NULL;
     if (seconds <= 0 || threads < 1 || threads > 64)
         return 2;
     char dir[] = "/tmp/kgpu-bench-XXXXXX";
@@ -166,8 +171,12 @@ int main(int argc, char **argv)
     fclose(f);
     pid_t pid = fork();
     if (pid == 0) {
-        execl(argv[1], argv[1], "--cluster-file", cluster, "--listen", "127.0.0.1:0", "--port-file",
-              portfile, "--log-level", "warn", (char *)NULL);
+        if (policy != NULL)
+            execl(argv[1], argv[1], "--cluster-file", cluster, "--listen", "127.0.0.1:0",
+                  "--port-file", portfile, "--log-level", "warn", "--policy", policy, (char *)NULL);
+        else
+            execl(argv[1], argv[1], "--cluster-file", cluster, "--listen", "127.0.0.1:0",
+                  "--port-file", portfile, "--log-level", "warn", (char *)NULL);
         _exit(127);
     }
     int port = 0;
@@ -209,6 +218,7 @@ int main(int argc, char **argv)
         bound++;
     }
     curl_easy_cleanup(h);
+    printf("policy: %s\n", policy ? policy : "the extender's default");
     printf("state: %d nodes, %d GPUs, %d pods bound in %.1f s\n", NODES, NODES * GPUS, bound,
            now() - t0);
     printf("extender RSS with that state: %.1f MB\n", rss_kb(pid, "VmRSS:") / 1024.0);

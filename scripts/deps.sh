@@ -17,6 +17,7 @@ PACKAGES=(
   libcmocka-dev                      # unit test framework
   libxml2-utils                      # xmllint: tests check the SVG plot is well-formed XML
   python3                            # the API server stand-in and load drivers of integration tests
+  python3-scipy                      # bench/share_bound.py: LP bound on packing a run's GPU shares
   prometheus                         # promtool and a real server scrape /metrics in a test
   openssl                            # throwaway certificates for the TLS test
 )

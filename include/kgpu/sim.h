@@ -76,6 +76,17 @@ typedef struct kgpu_sim_result {
     long constrained_pods;   /* arrivals allowed on only some of the cluster's GPU models */
     long constrained_failed; /* of which failed */
     bool online;             /* the policy's target was learned online */
+    /*
+     * How the GPU shares (pods taking under 1000 milli of a GPU) were packed,
+     * at the end: GPUs holding shares; the fewest GPUs that any placement of
+     * the same shares could use (a proven lower bound: nodes, CPU and models
+     * ignored); and what offline best-fit decreasing of them uses. Idle GPU
+     * inside share GPUs is share_gpus - share_compute_gpus.
+     */
+    long share_pods, share_pods_failed; /* placed, and failed for want of room */
+    double share_compute_gpus;
+    long share_gpus, share_gpus_bound, share_gpus_bfd;
+    long share_sizes[KGPU_MILLI]; /* shares placed, by milli (1..999) */
 } kgpu_sim_result;
 
 /* Builds a prepared input from a parsed node list and pod list. Free with kgpu_sim_input_free. */

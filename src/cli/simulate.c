@@ -143,6 +143,29 @@ json_t *kgpu_study_json(const kgpu_study *s, bool timing)
         json_object_set_new(o, "pods_failed", json_real(row->pods_failed));
         json_object_set_new(o, "constrained_pods", json_real(row->constrained_pods));
         json_object_set_new(o, "constrained_pods_failed", json_real(row->constrained_failed));
+        json_t *sp = json_object();
+        json_object_set_new(sp, "pods", json_real(row->share_pods));
+        json_object_set_new(sp, "pods_failed", json_real(row->share_pods_failed));
+        json_object_set_new(sp, "compute_gpus", json_real(row->share_compute_gpus));
+        json_object_set_new(sp, "gpus", json_real(row->share_gpus));
+        json_object_set_new(sp, "gpus_lower_bound", json_real(row->share_gpus_bound));
+        json_object_set_new(sp, "gpus_best_fit_decreasing", json_real(row->share_gpus_bfd));
+        json_t *sizes = json_array(); /* per seed: {milli: shares placed} */
+        json_t *used = json_array();
+        for (int k = 0; k < s->nseeds; k++) {
+            json_array_append_new(used, json_integer(row->runs[k].share_gpus));
+            json_t *h = json_object();
+            for (int m = 1; m < KGPU_MILLI; m++) {
+                char key[8];
+                snprintf(key, sizeof(key), "%d", m);
+                if (row->runs[k].share_sizes[m] > 0)
+                    json_object_set_new(h, key, json_integer(row->runs[k].share_sizes[m]));
+            }
+            json_array_append_new(sizes, h);
+        }
+        json_object_set_new(sp, "gpus_by_seed", used);
+        json_object_set_new(sp, "sizes_by_seed", sizes);
+        json_object_set_new(o, "share_packing", sp);
         json_object_set_new(o, "wall_s", json_real(timing ? row->wall_s_total : 0.0));
         json_array_append_new(results, o);
     }
@@ -542,13 +565,20 @@ static void simulate_usage(FILE *f)
 int kgpu_cmd_simulate(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"nodes", required_argument, NULL, 'n'},   {"pods", required_argument, NULL, 'p'},
-        {"policy", required_argument, NULL, 'P'},  {"seeds", required_argument, NULL, 's'},
-        {"inflate", required_argument, NULL, 'i'}, {"threads", required_argument, NULL, 't'},
-        {"json", no_argument, NULL, 'j'},          {"no-timing", no_argument, NULL, 'T'},
-        {"plot", required_argument, NULL, 'o'},    {"help", no_argument, NULL, 'h'},
-        {"random-ties", no_argument, NULL, 'R'},   {"online", no_argument, NULL, 'O'},
-        {"churn", no_argument, NULL, 'C'},         {"speedup", required_argument, NULL, 'S'},
+        {"nodes", required_argument, NULL, 'n'},
+        {"pods", required_argument, NULL, 'p'},
+        {"policy", required_argument, NULL, 'P'},
+        {"seeds", required_argument, NULL, 's'},
+        {"inflate", required_argument, NULL, 'i'},
+        {"threads", required_argument, NULL, 't'},
+        {"json", no_argument, NULL, 'j'},
+        {"no-timing", no_argument, NULL, 'T'},
+        {"plot", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {"random-ties", no_argument, NULL, 'R'},
+        {"online", no_argument, NULL, 'O'},
+        {"churn", no_argument, NULL, 'C'},
+        {"speedup", required_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL;

@@ -106,6 +106,9 @@ static void average(kgpu_study *s)
         row->alloc_pct_100 = row->alloc_pct_130 = row->unallocated_gpus = 0;
         row->frag_ratio_pct_90 = row->pods_failed = row->pods = row->wall_s_total = 0;
         row->constrained_pods = row->constrained_failed = 0;
+        row->share_compute_gpus = row->share_gpus = row->share_gpus_bound = 0;
+        row->share_pods = row->share_pods_failed = 0;
+        row->share_gpus_bfd = 0;
         memset(row->curve, 0, sizeof(row->curve));
         for (int k = 0; k < s->nseeds; k++) {
             const kgpu_sim_result *x = &row->runs[k];
@@ -117,6 +120,12 @@ static void average(kgpu_study *s)
             row->pods += (double)x->pods / n;
             row->constrained_pods += (double)x->constrained_pods / n;
             row->constrained_failed += (double)x->constrained_failed / n;
+            row->share_pods += (double)x->share_pods / n;
+            row->share_pods_failed += (double)x->share_pods_failed / n;
+            row->share_compute_gpus += x->share_compute_gpus / n;
+            row->share_gpus += (double)x->share_gpus / n;
+            row->share_gpus_bound += (double)x->share_gpus_bound / n;
+            row->share_gpus_bfd += (double)x->share_gpus_bfd / n;
             row->wall_s_total += row->wall_s[k];
             for (int i = 0; i <= KGPU_SIM_CURVE_MAX; i++)
                 row->curve[i] += x->curve[i] / n;

@@ -20,6 +20,8 @@ typedef struct kgpu_study_row {
     double *wall_s;        /* per seed */
     double alloc_pct_100, alloc_pct_130, unallocated_gpus, frag_ratio_pct_90, pods_failed, pods;
     double constrained_pods, constrained_failed;
+    double share_pods, share_pods_failed, share_compute_gpus, share_gpus, share_gpus_bound,
+        share_gpus_bfd; /* see kgpu_sim_result */
     double curve[KGPU_SIM_CURVE_MAX + 1];
     double wall_s_total; /* sum over seeds of the run times */
 } kgpu_study_row;

@@ -73,6 +73,14 @@ int kgpu__policy_open(const char *policy, bool online, const kgpu_cluster *c,
 int kgpu__policy_learn(kgpu_policy *p, kgpu_learner *learner, const kgpu_cluster *c,
                        const kgpu_request *req, kgpu_error *err);
 
+/*
+ * GPU shares as a histogram h[1..KGPU_MILLI-1] of items by milli: a lower
+ * bound on the GPUs that any packing of them needs (nodes, CPU and models
+ * ignored), and the GPUs best-fit decreasing packs them into (sharepack.c).
+ */
+long kgpu__share_lower_bound(const long *h);
+long kgpu__share_bfd(const long *h);
+
 /* Total free milli over the node's healthy GPUs. */
 int kgpu__node_free_milli(const kgpu_node *n);
 

@@ -255,6 +255,8 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     kgpu_learner *learner = NULL;
     uint32_t *rank = NULL;
     int *all = NULL, *scores = NULL; /* extender_scores: every node, and its 0-10 score */
+    long *shares = out->share_sizes; /* placed shares by milli */
+    long whole_gpus = 0;             /* GPUs taken whole */
     if (c == NULL) {
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
@@ -314,10 +316,19 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
             rc = kgpu_cluster_apply(c, req, node, gpus, NULL, err);
             if (rc != 0)
                 goto done; /* a policy chose something that does not fit: a bug */
+            if (req->gpu_count > 0 && !req->exclusive && req->gpu_milli > 0 &&
+                req->gpu_milli < KGPU_MILLI) {
+                shares[req->gpu_milli] += req->gpu_count;
+                out->share_pods++;
+            } else if (req->gpu_count > 0 && (req->exclusive || req->gpu_milli == KGPU_MILLI)) {
+                whole_gpus += req->gpu_count;
+            }
         } else if (rc == KGPU_ENOFIT) {
             out->pods_failed++;
             out->gpu_pods_failed += req->gpu_count > 0;
             out->constrained_failed += constrained;
+            out->share_pods_failed += req->gpu_count > 0 && !req->exclusive && req->gpu_milli > 0 &&
+                                      req->gpu_milli < KGPU_MILLI;
             rc = 0;
         } else {
             goto done;
@@ -346,6 +357,19 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     out->arrival_pct_final = (double)arrived * 100.0 / cap;
     out->unallocated_gpus = (cap - (double)kgpu_cluster_gpu_milli_allocated(c)) / KGPU_MILLI;
     out->pods = (long)len;
+    long used = 0;
+    int64_t share_milli = 0;
+    for (int i = 0; i < nn; i++) {
+        const kgpu_node *n = kgpu_cluster_node(c, i);
+        for (int g = 0; g < n->ngpus; g++)
+            used += n->gpus[g].placements > 0;
+    }
+    for (int m = 1; m < KGPU_MILLI; m++)
+        share_milli += (int64_t)m * shares[m];
+    out->share_compute_gpus = (double)share_milli / KGPU_MILLI;
+    out->share_gpus = used - whole_gpus;
+    out->share_gpus_bound = kgpu__share_lower_bound(shares);
+    out->share_gpus_bfd = kgpu__share_bfd(shares);
 done:
     free(all);
     free(scores);

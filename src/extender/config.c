@@ -48,7 +48,7 @@ void ext_config_defaults(ext_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     snprintf(cfg->listen, sizeof(cfg->listen), "0.0.0.0:12346");
-    snprintf(cfg->policy, sizeof(cfg->policy), "fgd");
+    snprintf(cfg->policy, sizeof(cfg->policy), "kgpu");
     cfg->memory_unit_mib = 1024;
     cfg->log_level = EXT_INFO;
     cfg->max_body_bytes = 16L << 20;
@@ -210,35 +210,35 @@ out:
 
 static void usage(FILE *f)
 {
-    fprintf(
-        f, "usage: kgpu-extender [options]\n"
-           "\n"
-           "The kube-scheduler HTTP extender of kgpu: filter, prioritize, bind and preempt\n"
-           "for pods that ask for nvidia.com/gpu, kgpu.io/gpu-mem (or aliyun.com/gpu-mem),\n"
-           "kgpu.io/gpu-core and kgpu.io/gpu-count.\n"
-           "\n"
-           "  --listen ADDR:PORT     where to serve (default 0.0.0.0:12346)\n"
-           "  --config FILE          YAML configuration (flags override it)\n"
-           "  --cluster-file FILE    run without an API server: inventory from FILE, binds kept\n"
-           "                         in memory\n"
-           "  --kubeconfig FILE      API server from a kubeconfig (default: in-cluster)\n"
-           "  --policy NAME          default placement policy: fgd, kgpu, binpack, spread, ...\n"
-           "  --memory-unit QTY      size of one kgpu.io/gpu-mem unit (default 1Gi)\n"
-           "  --tls-cert FILE --tls-key FILE   serve HTTPS\n"
-           "  --tls-client-ca FILE   require client certificates signed by this CA\n"
-           "  --log-level LEVEL      error, warn, info (default) or debug\n"
-           "  --max-body-bytes N     largest request body accepted (default 16 MiB)\n"
-           "  --leader-elect         only the holder of a Lease binds (run several replicas)\n"
-           "  --lease-namespace NS --lease-name NAME   the Lease (default: the pod's\n"
-           "                         namespace, else kgpu-system; kgpu-extender)\n"
-           "  --lease-duration S     seconds a standby waits after the last renewal (default 15)\n"
-           "  --allocate-wait S      seconds a bound pod, until kubelet has allocated its\n"
-           "                         devices, keeps pods asking the same amount off its node\n"
-           "                         (default 120; 0 turns this off)\n"
-           "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
-           "  --help                 this text\n"
-           "  --port-file FILE       write the port served once listening (for --listen :0)\n"
-           "  --version              print the version\n");
+    fprintf(f,
+            "usage: kgpu-extender [options]\n"
+            "\n"
+            "The kube-scheduler HTTP extender of kgpu: filter, prioritize, bind and preempt\n"
+            "for pods that ask for nvidia.com/gpu, kgpu.io/gpu-mem (or aliyun.com/gpu-mem),\n"
+            "kgpu.io/gpu-core and kgpu.io/gpu-count.\n"
+            "\n"
+            "  --listen ADDR:PORT     where to serve (default 0.0.0.0:12346)\n"
+            "  --config FILE          YAML configuration (flags override it)\n"
+            "  --cluster-file FILE    run without an API server: inventory from FILE, binds kept\n"
+            "                         in memory\n"
+            "  --kubeconfig FILE      API server from a kubeconfig (default: in-cluster)\n"
+            "  --policy NAME          default placement policy (default kgpu): fgd, binpack, ...\n"
+            "  --memory-unit QTY      size of one kgpu.io/gpu-mem unit (default 1Gi)\n"
+            "  --tls-cert FILE --tls-key FILE   serve HTTPS\n"
+            "  --tls-client-ca FILE   require client certificates signed by this CA\n"
+            "  --log-level LEVEL      error, warn, info (default) or debug\n"
+            "  --max-body-bytes N     largest request body accepted (default 16 MiB)\n"
+            "  --leader-elect         only the holder of a Lease binds (run several replicas)\n"
+            "  --lease-namespace NS --lease-name NAME   the Lease (default: the pod's\n"
+            "                         namespace, else kgpu-system; kgpu-extender)\n"
+            "  --lease-duration S     seconds a standby waits after the last renewal (default 15)\n"
+            "  --allocate-wait S      seconds a bound pod, until kubelet has allocated its\n"
+            "                         devices, keeps pods asking the same amount off its node\n"
+            "                         (default 120; 0 turns this off)\n"
+            "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
+            "  --help                 this text\n"
+            "  --port-file FILE       write the port served once listening (for --listen :0)\n"
+            "  --version              print the version\n");
 }
 
 int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *err)

@@ -136,6 +136,17 @@ typedef struct ext_orphan {
     kgpu_assigned_part parts[];
 } ext_orphan;
 
+/*
+ * A pod bound to an inventory node without a kgpu assignment (CPU-only, or
+ * placed without kgpu): its CPU and memory, taken from its node so that the
+ * policies' scores see the node's free CPU as kube-scheduler does.
+ */
+typedef struct ext_cpu_pod {
+    char node[KGPU_NAME_MAX + 1];
+    int64_t cpu_milli, memory_mib; /* the pod's requests */
+    kgpu_assignment a;             /* what was taken: clamped to what the node had free */
+} ext_cpu_pod;
+
 /* Per-namespace GPU-hours, integrated over time. */
 typedef struct ext_ns_usage {
     double gpus; /* held now */
@@ -202,6 +213,7 @@ typedef struct ext_state {
     long observations, observations_at_build;
     kgpu_strmap pods;      /* uid -> ext_pod* */
     kgpu_strmap orphans;   /* uid -> ext_orphan* */
+    kgpu_strmap cpu_pods;  /* uid -> ext_cpu_pod*: bound pods without kgpu GPUs */
     double relist_started; /* when the pod relist in progress was asked for (0: first list) */
     kgpu_strmap pending;   /* uid -> ext_filtered*, from filter, for bind */
     char **pending_order;  /* FIFO of pending uids, for eviction */

@@ -1002,11 +1002,12 @@ json_t *ext_inspect_json(ext_daemon *d, const char *only)
         t_milli_alloc += milli_alloc;
         json_t *waiting = kgpu_strmap_del(&awaiting, n->name);
         json_array_append_new(
-            nodes,
-            json_pack("{s:s,s:i,s:I,s:I,s:I,s:o,s:o}", "name", n->name, "gpus_total", n->ngpus,
-                      "memory_mib", (json_int_t)mem, "memory_allocated_mib", (json_int_t)mem_alloc,
-                      "milli_allocated", (json_int_t)milli_alloc, "gpus", gpus,
-                      "awaiting_allocation", waiting != NULL ? waiting : json_array()));
+            nodes, json_pack("{s:s,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o}", "name", n->name, "gpus_total",
+                             n->ngpus, "memory_mib", (json_int_t)mem, "memory_allocated_mib",
+                             (json_int_t)mem_alloc, "milli_allocated", (json_int_t)milli_alloc,
+                             "cpu_milli", (json_int_t)n->cpu_milli, "cpu_free_milli",
+                             (json_int_t)n->cpu_free, "gpus", gpus, "awaiting_allocation",
+                             waiting != NULL ? waiting : json_array()));
     }
     wi = 0;
     while (kgpu_strmap_next(&awaiting, &wi, &wk, &wv)) /* nodes not in the inventory (any more) */

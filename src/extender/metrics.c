@@ -246,6 +246,7 @@ char *ext_metrics_render(ext_daemon *d)
     long pods = (long)st->pods.len;
     ext_await_expire(st);
     long awaiting = (long)st->awaiting.len;
+    long cpu_pods = (long)st->cpu_pods.len;
     pthread_mutex_unlock(&st->mu);
     if (ok) {
         gpu_family(&b, &snap, "kgpu_gpu_memory_allocated_mib", "GPU memory allocated to pods, MiB.",
@@ -276,6 +277,11 @@ char *ext_metrics_render(ext_daemon *d)
         "# HELP kgpu_extender_pods Pods holding GPUs.\n# TYPE kgpu_extender_pods gauge\n"
         "kgpu_extender_pods %ld\n",
         pods);
+    put(&b,
+        "# HELP kgpu_extender_cpu_pods Pods bound to GPU nodes without kgpu GPUs, whose CPU "
+        "and memory the policies count on their node.\n"
+        "# TYPE kgpu_extender_cpu_pods gauge\nkgpu_extender_cpu_pods %ld\n",
+        cpu_pods);
     put(&b,
         "# HELP kgpu_pods_awaiting_allocation Pods bound by kgpu whose devices kubelet has not "
         "asked for yet; each keeps pods of the same size off its node until then.\n"

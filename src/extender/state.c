@@ -65,6 +65,7 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->shapes);
     kgpu_strmap_init(&st->pods);
     kgpu_strmap_init(&st->orphans);
+    kgpu_strmap_init(&st->cpu_pods);
     kgpu_strmap_init(&st->pending);
     kgpu_strmap_init(&st->awaiting);
     kgpu_strmap_init(&st->ns_usage);
@@ -104,6 +105,10 @@ void ext_state_destroy(ext_state *st)
     i = 0;
     while (kgpu_strmap_next(&st->awaiting, &i, &k, &v))
         free(v);
+    i = 0;
+    while (kgpu_strmap_next(&st->cpu_pods, &i, &k, &v))
+        free(v);
+    kgpu_strmap_clear(&st->cpu_pods);
     kgpu_strmap_clear(&st->awaiting);
     kgpu_strmap_clear(&st->orphans);
     kgpu_strmap_clear(&st->pods);
@@ -542,6 +547,57 @@ void ext_state_release(ext_state *st, const char *uid)
     free(p);
 }
 
+/* ---- pods without kgpu GPUs: their CPU and memory ---- */
+
+/* Takes p's CPU and memory from its node in c (clamped to what is free). false: no such node. */
+static bool cpu_take(kgpu_cluster *c, ext_cpu_pod *p)
+{
+    int idx = kgpu_cluster_find_node(c, p->node);
+    if (idx < 0)
+        return false;
+    kgpu_request r;
+    memset(&r, 0, sizeof(r));
+    r.cpu_milli = p->cpu_milli;
+    r.memory_mib = p->memory_mib;
+    r.models = ~0ULL;
+    r.shape = -1;
+    return apply_clamped(c, &r, idx, NULL, &p->a, NULL) == 0;
+}
+
+/*
+ * A bound pod with no kgpu assignment. Counted once, with the requests it had
+ * when first seen bound; only on nodes of the inventory (a pod on a node that
+ * joins the inventory later is counted at the next relist).
+ */
+static void cpu_pod_seen(ext_state *st, const kgpu_pod *pod)
+{
+    if (kgpu_strmap_get(&st->cpu_pods, pod->uid) != NULL ||
+        (pod->cpu_milli <= 0 && pod->memory_mib <= 0) ||
+        kgpu_cluster_find_node(st->cluster, pod->node) < 0)
+        return;
+    ext_cpu_pod *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return;
+    snprintf(p->node, sizeof(p->node), "%s", pod->node);
+    p->cpu_milli = pod->cpu_milli;
+    p->memory_mib = pod->memory_mib;
+    if (!cpu_take(st->cluster, p) || !kgpu_strmap_put(&st->cpu_pods, pod->uid, p, NULL)) {
+        free(p);
+        return;
+    }
+}
+
+static void cpu_pod_gone(ext_state *st, const char *uid)
+{
+    ext_cpu_pod *p = kgpu_strmap_del(&st->cpu_pods, uid);
+    if (p == NULL)
+        return;
+    kgpu_error err;
+    if (kgpu_cluster_release(st->cluster, &p->a, &err) != 0)
+        ext_log(EXT_ERROR, "release of the CPU of pod %s failed: %s", uid, err.msg);
+    free(p);
+}
+
 /* ---- what the API server says ---- */
 
 /* Position of GPU `index` (or `uuid`) on node n, or -1. */
@@ -700,8 +756,12 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
         ext_state_pod_gone(st, pod.uid);
         return;
     }
+    if (pod.node[0] != '\0' && !pod.has_assignment && held == NULL) {
+        cpu_pod_seen(st, &pod); /* bound without kgpu: its CPU still counts on the node */
+        return;
+    }
     if (pod.node[0] == '\0' || !pod.has_assignment)
-        return; /* not bound, or not by kgpu: a reservation in flight stays as it is */
+        return; /* not bound, or a reservation in flight: it stays as it is */
     if (held != NULL) {
         if (held->status == POD_RESERVED && strcmp(held->node, pod.node) == 0)
             held->status = POD_BOUND; /* our bind, confirmed by the watch */
@@ -750,6 +810,7 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
 void ext_state_pod_gone(ext_state *st, const char *uid)
 {
     bool held = kgpu_strmap_get(&st->pods, uid) != NULL;
+    cpu_pod_gone(st, uid);
     ext_state_release(st, uid);
     drop_orphan(st, uid);
     ext_await_drop(st, uid);
@@ -812,6 +873,10 @@ void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t
         push_owned(&gone, &ngone, strdup(k));
     }
     it = 0;
+    while (kgpu_strmap_next(&st->cpu_pods, &it, &k, &v))
+        if (kgpu_strmap_get(&present, k) == NULL)
+            push_owned(&gone, &ngone, strdup(k));
+    it = 0;
     while (kgpu_strmap_next(&st->orphans, &it, &k, &v)) {
         const ext_orphan *o = v;
         if (kgpu_strmap_get(&present, k) != NULL)
@@ -823,6 +888,7 @@ void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t
         push_owned(&gone, &ngone, strdup(k));
     }
     for (size_t j = 0; j < ngone; j++) {
+        cpu_pod_gone(st, gone[j]);
         ext_state_release(st, gone[j]);
         drop_orphan(st, gone[j]);
         free(gone[j]);
@@ -870,6 +936,17 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
     kgpu_cluster *c = kgpu_cluster_new();
     if (c == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    /*
+     * Model ids stay what they were: learned shapes, remembered pods and the
+     * policies' replay hold model masks. Models are never forgotten (at most
+     * KGPU_MAX_MODELS names over the extender's life).
+     */
+    for (int i = 0; i < kgpu_cluster_model_count(st->cluster); i++) {
+        if (kgpu_cluster_model_id(c, kgpu_cluster_model_name(st->cluster, i), true) != i) {
+            kgpu_cluster_free(c);
+            return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        }
+    }
     for (int i = 0; i < n; i++) {
         if (kgpu_cluster_add_node(c, &specs[i], err) < 0) {
             kgpu_cluster_free(c);
@@ -953,6 +1030,18 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
         }
     }
     free(refs);
+    /* Pods without kgpu GPUs: taken again by node name, dropped with their node. */
+    char **dropped = NULL;
+    size_t ndropped = 0;
+    it = 0;
+    while (kgpu_strmap_next(&st->cpu_pods, &it, &key, &v))
+        if (!cpu_take(c, v))
+            push_owned(&dropped, &ndropped, strdup(key));
+    for (size_t j = 0; j < ndropped; j++) {
+        free(kgpu_strmap_del(&st->cpu_pods, dropped[j]));
+        free(dropped[j]);
+    }
+    free(dropped);
     kgpu_cluster_free(old);
     retry_orphans(st); /* GPUs that came back, or a node that reappeared */
     return 0;

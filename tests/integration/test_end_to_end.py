@@ -5,7 +5,7 @@ One Kubernetes API server stand-in (apiserver_standin.py); two fake GPU nodes,
 each with its own kgpu-device-plugin (--fake-gpus, --node-name, --kubeconfig to
 the stand-in, its own --plugin-dir and --state-dir) and its own kubelet
 stand-in (kubelet_standin.py, Python grpcio); one kgpu-extender with
---kubeconfig and the shipped configuration (deploy/extender/config.yaml: fgd,
+--kubeconfig and the shipped configuration (deploy/extender/config.yaml: kgpu,
 1Gi unit, allocateWaitSeconds 120). The test plays kube-scheduler (filter,
 prioritize, bind in its JSON, NodeNames as with nodeCacheCapable) and kubelet
 (GetPreferredAllocation with the node's free IDs, then Allocate with the
@@ -601,7 +601,7 @@ class TestEndToEnd(unittest.TestCase):
         return [(got1, assign1, answers1), (got2, assign2, answers2)]
 
     def test_3a_same_size_pods_at_once(self):
-        """gpu-mem 4 twice: the policy may put both on one GPU (fgd packs them)."""
+        """gpu-mem 4 twice: the policy may put both on one GPU (kgpu packs them)."""
         self.race("e2e-race", te.share(mem=4))
 
     def test_3b_same_size_pods_at_once_on_two_gpus(self):
@@ -710,7 +710,7 @@ class TestEndToEnd(unittest.TestCase):
                 for node, why in (res["FailedNodes"] or {}).items():
                     if "waiting for kubelet to allocate" in why:
                         refused[0] += 1
-                    elif "memory free" not in why:  # e2e-t4 may fill up: fgd packs
+                    elif "memory free" not in why:  # e2e-t4 may fill up: kgpu packs
                         problems.append("filter %s: %s: %s" % (pod["metadata"]["name"], node,
                                                               why))
                 if not fits:

@@ -1061,6 +1061,73 @@ class TestKgpuPolicy(ExtenderTest):
         # What tight-0 holds is still bound and released as before.
         self.assert_state_matches(self.ext, self.standin)
 
+    def test_cpu_of_pods_without_kgpu_counts(self):
+        """Pods bound without kgpu (CPU-only, or by another scheduler) take their node's
+        CPU in the scores, and give it back when they end, are deleted, or only a relist
+        shows they are gone."""
+        def cpu_free(node):
+            return next(n for n in self.ext.inspect()["nodes"]
+                        if n["name"] == node)["cpu_free_milli"]
+
+        def cpu_free_becomes(node, value, what):
+            wait_for(lambda: cpu_free(node) == value, 10, what=what)
+
+        self.place("user", "tight-0")  # one GPU in use there: packing prefers tight-0
+        cpu_free_becomes("tight-0", 64000 - 100, "the GPU pod's CPU counted")
+        names = ["roomy-0", "tight-0"]
+        sc = self.scores(self.new_pod("g-0", [container("main", whole(1), cpu="16")]), names)
+        self.assertEqual(sc["tight-0"], 10, sc)
+
+        def batch(name):
+            return self.standin.add_pod(pod_object(name, [container("main", None, cpu="56")],
+                                                   node_name="tight-0", phase="Running"))
+
+        # A CPU-only pod bound by kube-scheduler alone, and one of another scheduler that
+        # takes nothing kgpu knows of: both count, once.
+        batch("batch-0")
+        other = pod_object("foreign", [container("main", None, cpu="4")], node_name="roomy-0",
+                           phase="Pending")
+        other["spec"]["schedulerName"] = "some-other-scheduler"
+        self.standin.add_pod(other)
+        cpu_free_becomes("tight-0", 64000 - 100 - 56000, "batch-0's CPU counted")
+        cpu_free_becomes("roomy-0", 64000 - 4000, "the foreign pod's CPU counted")
+        self.standin.patch_pod("default", "batch-0", {"metadata": {"labels": {"seen": "again"}}})
+        self.assertEqual(self.ext.metric("kgpu_extender_cpu_pods"), 2)
+        sc = self.scores(self.new_pod("g-1", [container("main", whole(1), cpu="16")]), names)
+        self.assertEqual(sc["roomy-0"], 10, sc)
+        self.assertLess(sc["tight-0"], 10, sc)
+        self.assertEqual(cpu_free("tight-0"), 64000 - 100 - 56000, "counted twice")
+        # A change of tight-0's inventory rebuilds the cluster: the CPU is carried over.
+        self.standin.set_node_gpus("tight-0", gpu_list("tight-0", A100, 81920, 5))
+        wait_for(lambda: next(n for n in self.ext.inspect()["nodes"]
+                              if n["name"] == "tight-0")["gpus_total"] == 5, 10,
+                 what="the inventory change")
+        self.assertEqual(cpu_free("tight-0"), 64000 - 100 - 56000)
+        self.assertEqual(self.ext.metric("kgpu_extender_cpu_pods"), 2)
+
+        # Ended, then deleted: the CPU is back each time.
+        self.standin.patch_pod("default", "batch-0", {"status": {"phase": "Succeeded"}})
+        cpu_free_becomes("tight-0", 64000 - 100, "batch-0's CPU back when it ended")
+        self.standin.delete_pod("default", "foreign")
+        cpu_free_becomes("roomy-0", 64000, "the foreign pod's CPU back")
+        sc = self.scores(self.new_pod("g-2", [container("main", whole(1), cpu="16")]), names)
+        self.assertEqual(sc["tight-0"], 10, sc)
+
+        # Deleted while the watch is down and the history is gone: the relist finds it.
+        batch("batch-1")
+        cpu_free_becomes("tight-0", 64000 - 100 - 56000, "batch-1's CPU counted")
+        restarts = sum(self.ext.metric("kgpu_extender_watch_restarts_total", {"resource": r})
+                       or 0 for r in ("nodes", "pods"))
+        self.standin.control(drop_watches=True)
+        self.standin.delete_pod("default", "batch-1")
+        self.standin.control(expire_history=True)
+        wait_for(lambda: sum(self.ext.metric("kgpu_extender_watch_restarts_total",
+                                             {"resource": r}) or 0
+                             for r in ("nodes", "pods")) > restarts, 10, what="a watch restart")
+        cpu_free_becomes("tight-0", 64000 - 100, "batch-1's CPU back after the relist")
+        self.assertEqual(self.ext.metric("kgpu_extender_cpu_pods"), 0)
+        self.assert_state_matches(self.ext, self.standin)
+
     def test_scarcity_follows_observed_constrained_pods(self):
         self.place("t4-user", "t4-0")
         names = ["roomy-0", "tight-0", "t4-0"]
@@ -1076,8 +1143,24 @@ class TestKgpuPolicy(ExtenderTest):
         after = self.scores(self.new_pod("u-after", [container("main", whole(1))]), names)
         self.assertLess(after["t4-0"], 10, after)
         self.assertEqual(max(after["roomy-0"], after["tight-0"]), 10, after)
-        # A default-policy (fgd) pod is scored as before: linear 0-10 scores.
-        fgd = self.standin.add_pod(pod_object("fgd-pod", [container("main", whole(1))]))
+        # A pod without kgpu.io/policy gets the default policy, kgpu: the same scores.
+        plain = self.standin.add_pod(pod_object("plain-pod", [container("main", whole(1))]))
+        self.assertEqual(self.scores(plain, names), after)
+        # The A100 nodes leave and come back: numbered afresh, T4 would become model 0
+        # and A100 model 1, and what was learned about T4 would land on A100.
+        for n in ("roomy-0", "tight-0"):
+            self.standin.delete_node(n)
+        wait_for(lambda: [n["name"] for n in self.ext.inspect()["nodes"]] == ["t4-0"], 10,
+                 what="the A100 nodes gone")
+        self.standin.add_node("roomy-0", gpu_list("roomy-0", A100, 81920, 4), cpu="64")
+        self.standin.add_node("tight-0", gpu_list("tight-0", A100, 81920, 4), cpu="64")
+        wait_for(lambda: len(self.ext.inspect()["nodes"]) == 3, 10, what="the A100 nodes back")
+        back = self.scores(self.new_pod("u-back", [container("main", whole(1))]), names)
+        self.assertLess(back["t4-0"], 10, back)
+        self.assertEqual(max(back["roomy-0"], back["tight-0"]), 10, back)
+        # An fgd pod is scored by fgd, with linear 0-10 scores.
+        fgd = self.standin.add_pod(pod_object("fgd-pod", [container("main", whole(1))],
+                                              {"kgpu.io/policy": "fgd"}))
         self.assertEqual(sorted(self.ext.filter(fgd, names)["NodeNames"]), sorted(names))
         self.assertTrue(all(0 <= r["Score"] <= 10 for r in self.ext.prioritize(fgd, names)))
 

@@ -99,6 +99,22 @@ static void test_run_basic(void **state)
         for (int i = 1; i <= KGPU_SIM_CURVE_MAX; i++)
             assert_true(r.curve[i] >= r.curve[i - 1]);
         assert_float_equal(r.curve[KGPU_SIM_CURVE_MAX], r.alloc_pct_final, 1e-12);
+        /* Share packing: the file's shares are 250, 300, 500 and 700 milli. */
+        long placed = 0, milli = 0;
+        for (int m = 1; m < KGPU_MILLI; m++) {
+            if (m != 250 && m != 300 && m != 500 && m != 700)
+                assert_int_equal(r.share_sizes[m], 0);
+            placed += r.share_sizes[m];
+            milli += m * r.share_sizes[m];
+        }
+        assert_true(placed > 0);
+        assert_int_equal(placed, r.share_pods);
+        assert_float_equal(r.share_compute_gpus, milli / 1000.0, 1e-9);
+        assert_true(r.share_compute_gpus <= (double)r.share_gpus_bound);
+        assert_true(r.share_gpus_bound <= r.share_gpus && r.share_gpus_bound <= r.share_gpus_bfd);
+        /* The idle compute inside share GPUs is part of the unallocated GPUs. */
+        assert_true((double)r.share_gpus - r.share_compute_gpus <= r.unallocated_gpus + 1e-9);
+        assert_true(r.share_pods_failed >= 0 && r.share_pods_failed <= r.pods_failed);
     }
 }
 
