@@ -81,6 +81,13 @@ int kgpu__policy_learn(kgpu_policy *p, kgpu_learner *learner, const kgpu_cluster
 long kgpu__share_lower_bound(const long *h);
 long kgpu__share_bfd(const long *h);
 
+/*
+ * The extender's 0-10 scores from raw policy scores (INT64_MIN: the node does
+ * not fit, 0). Linear: min-max scaled and rounded. Ranked: the best distinct
+ * raw score 10, the next 9, ... the tenth 1, equal raw scores equal, the rest 0.
+ */
+void kgpu__zero_to_ten(const int64_t *raw, int n, bool ranked, int *scores);
+
 /* Total free milli over the node's healthy GPUs. */
 int kgpu__node_free_milli(const kgpu_node *n);
 

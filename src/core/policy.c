@@ -22,16 +22,11 @@ extern const kgpu_policy_ops kgpu__policy_kgpu;
 
 /* The registry: one line per policy. */
 static const kgpu_policy_ops *const policies[] = {
-    &kgpu__policy_random,
-    &kgpu__policy_dotprod,
-    &kgpu__policy_clustering,
-    &kgpu__policy_packing,
-    &kgpu__policy_bestfit,
-    &kgpu__policy_fgd,
-    &kgpu__policy_binpack,
-    &kgpu__policy_spread,
-    &kgpu__policy_kgpu,
-    NULL,
+    &kgpu__policy_random,     &kgpu__policy_dotprod,
+    &kgpu__policy_clustering, &kgpu__policy_packing,
+    &kgpu__policy_bestfit,    &kgpu__policy_fgd,
+    &kgpu__policy_binpack,    &kgpu__policy_spread,
+    &kgpu__policy_kgpu,       NULL,
 };
 
 struct kgpu_policy {
@@ -197,57 +192,35 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
     return 0;
 }
 
-static int cmp_desc(const void *x, const void *y)
+/* Keeps top[0..*ntop) the (at most 10) best distinct values seen, best first. */
+static void keep_top(int64_t *top, int *ntop, int64_t v)
 {
-    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
-    return a < b ? 1 : a > b ? -1 : 0;
+    int k = *ntop;
+    if (k == 10 && v <= top[9])
+        return; /* the usual case once ten are held: one comparison */
+    while (k > 0 && top[k - 1] < v)
+        k--;
+    if (k > 0 && top[k - 1] == v)
+        return; /* already held */
+    int last = *ntop < 10 ? *ntop : 9;
+    for (int j = last; j > k; j--)
+        top[j] = top[j - 1];
+    top[k] = v;
+    if (*ntop < 10)
+        (*ntop)++;
 }
 
-int kgpu_policy_node_scores(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
-                            const int *nodes, int n, int *scores, kgpu_error *err)
+void kgpu__zero_to_ten(const int64_t *raw, int n, bool ranked, int *scores)
 {
-    int total = kgpu_cluster_node_count(c);
-    bool ranked = p->ops->rank_scores && !p->linear;
-    size_t cells = (size_t)(n > 0 ? n : 1) * (ranked ? 2 : 1);
-    int64_t *raw = malloc(cells * sizeof(*raw));
-    if (raw == NULL)
-        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory scoring %d nodes", n);
-    kgpu_request tmp;
-    const kgpu_request *fit = fit_request(p, req, &tmp);
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
-    int nfit = 0;
-    for (int k = 0; k < n; k++) {
-        int i = nodes[k];
-        if (i < 0 || i >= total) {
-            free(raw);
-            return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", i);
-        }
-        if (!kgpu__fit(kgpu_cluster_node(c, i), fit)) {
-            raw[k] = INT64_MIN;
-            continue;
-        }
-        raw[k] = p->ops->score(p->state, c, i, req);
-        if (raw[k] == INT64_MIN)
-            raw[k] = INT64_MIN + 1; /* fits: keep it apart from the nodes that do not */
-        if (ranked)
-            raw[n + nfit] = raw[k];
-        nfit++;
-        if (raw[k] < lo)
-            lo = raw[k];
-        if (raw[k] > hi)
-            hi = raw[k];
-    }
-    /*
-     * Ranked: the ten best distinct raw scores, best first, give 10, 9, ... 1;
-     * anything worse 0. A node's score is found by a scan of those ten.
-     */
-    int64_t top[10];
+    int64_t lo = INT64_MAX, hi = INT64_MIN, top[10];
     int ntop = 0;
-    if (ranked && nfit > 0) {
-        qsort(raw + n, (size_t)nfit, sizeof(*raw), cmp_desc);
-        for (int k = 0; k < nfit && ntop < 10; k++)
-            if (ntop == 0 || raw[n + k] != top[ntop - 1])
-                top[ntop++] = raw[n + k];
+    for (int k = 0; k < n; k++) {
+        if (raw[k] == INT64_MIN)
+            continue;
+        if (ranked)
+            keep_top(top, &ntop, raw[k]);
+        lo = raw[k] < lo ? raw[k] : lo;
+        hi = raw[k] > hi ? raw[k] : hi;
     }
     for (int k = 0; k < n; k++) {
         if (raw[k] == INT64_MIN) {
@@ -262,9 +235,37 @@ int kgpu_policy_node_scores(kgpu_policy *p, const kgpu_cluster *c, const kgpu_re
         } else if (hi == lo) {
             scores[k] = 10;
         } else {
-            scores[k] = (int)((double)(raw[k] - lo) * 10.0 / (double)(hi - lo) + 0.5);
+            /* In doubles: exact for any realistic score, no overflow near INT64_MIN. */
+            scores[k] =
+                (int)(((double)raw[k] - (double)lo) * 10.0 / ((double)hi - (double)lo) + 0.5);
         }
     }
+}
+
+int kgpu_policy_node_scores(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                            const int *nodes, int n, int *scores, kgpu_error *err)
+{
+    int total = kgpu_cluster_node_count(c);
+    int64_t *raw = malloc((size_t)(n > 0 ? n : 1) * sizeof(*raw));
+    if (raw == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory scoring %d nodes", n);
+    kgpu_request tmp;
+    const kgpu_request *fit = fit_request(p, req, &tmp);
+    for (int k = 0; k < n; k++) {
+        int i = nodes[k];
+        if (i < 0 || i >= total) {
+            free(raw);
+            return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", i);
+        }
+        if (!kgpu__fit(kgpu_cluster_node(c, i), fit)) {
+            raw[k] = INT64_MIN;
+            continue;
+        }
+        raw[k] = p->ops->score(p->state, c, i, req);
+        if (raw[k] == INT64_MIN)
+            raw[k] = INT64_MIN + 1; /* fits: keep it apart from the nodes that do not */
+    }
+    kgpu__zero_to_ten(raw, n, p->ops->rank_scores && !p->linear, scores);
     free(raw);
     return 0;
 }
@@ -293,12 +294,12 @@ static int pick_in(const kgpu_node *n, const kgpu_request *req, int only, bool l
                 continue;
             }
             const kgpu_gpu *b = &n->gpus[best];
-            bool better = loosest ? g->free_milli > b->free_milli ||
-                                        (g->free_milli == b->free_milli &&
-                                         g->free_memory_mib > b->free_memory_mib)
-                                  : g->free_milli < b->free_milli ||
-                                        (g->free_milli == b->free_milli &&
-                                         g->free_memory_mib < b->free_memory_mib);
+            bool better =
+                loosest
+                    ? g->free_milli > b->free_milli || (g->free_milli == b->free_milli &&
+                                                        g->free_memory_mib > b->free_memory_mib)
+                    : g->free_milli < b->free_milli || (g->free_milli == b->free_milli &&
+                                                        g->free_memory_mib < b->free_memory_mib);
             if (better)
                 best = i;
         }

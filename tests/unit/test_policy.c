@@ -99,9 +99,8 @@ static void study_workload(const kgpu_cluster *c, kgpu_workload *w)
     assert_int_equal(w->n, 3);
 }
 
-static const char *const policy_names[] = {"random",  "dotprod", "clustering", "packing",
-                                           "bestfit", "fgd",     "binpack",    "spread",
-                                           "kgpu"};
+static const char *const policy_names[] = {"random", "dotprod", "clustering", "packing", "bestfit",
+                                           "fgd",    "binpack", "spread",     "kgpu"};
 #define NPOLICIES ((int)(sizeof(policy_names) / sizeof(policy_names[0])))
 
 /* ---- what the extender adds: several requests at once, NUMA, binpack/spread ------------- */
@@ -1257,6 +1256,64 @@ static void test_fgd_grows_with_cluster(void **state)
     kgpu_cluster_free(c);
 }
 
+static int cmp_i64_desc(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return a < b ? 1 : a > b ? -1 : 0;
+}
+
+/*
+ * 0-10 scores against a plain reference: ranks from the sorted distinct raw
+ * scores, linear from min and max. Few distinct values (ties), many, huge
+ * ones, nodes that do not fit.
+ */
+static void test_zero_to_ten(void **state)
+{
+    (void)state;
+    kgpu_rng rng;
+    kgpu_rng_seed(&rng, 21, 0);
+    for (int round = 0; round < 3000; round++) {
+        int n = (int)kgpu_rng_below(&rng, 60);
+        int64_t raw[60], sorted[60];
+        int spread = 1 + (int)kgpu_rng_below(&rng, round % 3 == 0 ? 5 : 100000);
+        int nfit = 0;
+        for (int k = 0; k < n; k++) {
+            if (kgpu_rng_below(&rng, 6) == 0) {
+                raw[k] = INT64_MIN;
+                continue;
+            }
+            raw[k] = (int64_t)kgpu_rng_below(&rng, (uint64_t)spread) - spread / 2;
+            if (kgpu_rng_below(&rng, 50) == 0)
+                raw[k] = INT64_MIN + 1 + (int64_t)kgpu_rng_below(&rng, 3);
+            sorted[nfit++] = raw[k];
+        }
+        qsort(sorted, (size_t)nfit, sizeof(*sorted), cmp_i64_desc);
+        int64_t distinct[60];
+        int nd = 0;
+        for (int k = 0; k < nfit; k++)
+            if (nd == 0 || sorted[k] != distinct[nd - 1])
+                distinct[nd++] = sorted[k];
+        int ranked[60], linear[60];
+        kgpu__zero_to_ten(raw, n, true, ranked);
+        kgpu__zero_to_ten(raw, n, false, linear);
+        for (int k = 0; k < n; k++) {
+            int want = 0;
+            for (int d = 0; raw[k] != INT64_MIN && d < nd && d < 10; d++)
+                if (distinct[d] == raw[k])
+                    want = 10 - d;
+            assert_int_equal(ranked[k], want);
+            if (raw[k] == INT64_MIN) {
+                assert_int_equal(linear[k], 0);
+            } else if (nd == 1) {
+                assert_int_equal(linear[k], 10);
+            } else {
+                double lo = (double)distinct[nd - 1], hi = (double)distinct[0];
+                assert_int_equal(linear[k], (int)(((double)raw[k] - lo) * 10.0 / (hi - lo) + 0.5));
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1274,6 +1331,7 @@ int main(void)
         cmocka_unit_test(test_select_errors_and_subsets),
         cmocka_unit_test(test_tie_order),
         cmocka_unit_test(test_node_scores),
+        cmocka_unit_test(test_zero_to_ten),
         cmocka_unit_test(test_node_frag),
         cmocka_unit_test(test_workload_build),
         cmocka_unit_test(test_fit_all),
