@@ -121,6 +121,18 @@ int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng
  * to at least `need` nodes, doubling from 64; the new part is zeroed. *cap is
  * raised only on success. 0 or KGPU_ENOMEM (either array may have moved).
  */
+/*
+ * Drops every entry of those caches by starting a new generation in *gen:
+ * entries carry the generation they were filled in, so this is O(1) instead
+ * of clearing megabytes in the arrival that rebuilt the workload (which also
+ * evicted the cluster from the CPU caches just before the rescan that
+ * follows). Past `max` (the widest stamp the entries hold) the counter wraps
+ * to 1 and the arrays (node_bytes and cache_bytes long) are cleared; 0 is
+ * never a valid generation, so zeroed entries are empty.
+ */
+void kgpu__cache_new_generation(uint32_t *gen, uint32_t max, void *nodes, size_t node_bytes,
+                                void *cache, size_t cache_bytes);
+
 int kgpu__grow_node_cache(void **nodes, size_t node_size, void **cache, size_t slot_size, int slots,
                           int *cap, int need);
 

@@ -409,6 +409,20 @@ int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng
     return 0;
 }
 
+void kgpu__cache_new_generation(uint32_t *gen, uint32_t max, void *nodes, size_t node_bytes,
+                                void *cache, size_t cache_bytes)
+{
+    if (*gen < max) {
+        ++*gen;
+        return;
+    }
+    if (nodes != NULL)
+        memset(nodes, 0, node_bytes);
+    if (cache != NULL)
+        memset(cache, 0, cache_bytes);
+    *gen = 1;
+}
+
 int kgpu__grow_node_cache(void **nodes, size_t node_size, void **cache, size_t slot_size, int slots,
                           int *cap, int need)
 {

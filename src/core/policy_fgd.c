@@ -42,8 +42,7 @@ typedef struct fgd_state {
     const kgpu_workload *target;
     int slots; /* per node, a power of two */
     int cap;
-    uint16_t gen; /* cache generation (see fgd_invalidate); 0 never valid. 16 bits: slots stay 24
-                     bytes */
+    uint32_t gen; /* cache generation, at most UINT16_MAX: slots stamp 16 bits to stay 24 bytes */
     fgd_node *nodes;
     fgd_slot *cache;        /* cap x slots */
     kgpu__frag_table table; /* the target's shapes for kgpu__frag_node_of; stale: w NULL */
@@ -86,22 +85,12 @@ static void fgd_fini(void *state)
     free(st->table_ints);
 }
 
-/*
- * Drops every cached figure by starting a new generation: O(1) instead of
- * clearing megabytes in the arrival that rebuilt the workload, which also
- * evicted the cluster from the CPU caches just before the decision that
- * rescans it. The arrays are cleared only when the counter wraps.
- */
 static void fgd_invalidate(void *state)
 {
     fgd_state *st = state;
-    if (++st->gen == 0) {
-        if (st->cap > 0) {
-            memset(st->nodes, 0, (size_t)st->cap * sizeof(*st->nodes));
-            memset(st->cache, 0, (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
-        }
-        st->gen = 1;
-    }
+    kgpu__cache_new_generation(&st->gen, UINT16_MAX, st->nodes,
+                               (size_t)st->cap * sizeof(*st->nodes), st->cache,
+                               (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
     st->table.w = NULL; /* the target changed in place: read it again */
 }
 

@@ -127,22 +127,12 @@ static void kg_count(kg_state *st, const kgpu_cluster *c)
     st->pods_at_count = st->pods;
 }
 
-/*
- * Drops every cached figure by starting a new generation: O(1) instead of
- * clearing megabytes of cache in the arrival that rebuilt the workload (and
- * evicting the cluster from the CPU caches just before the decision that has
- * to rescan it). The arrays are cleared only when the counter wraps.
- */
 static void kg_invalidate(void *state)
 {
     kg_state *st = state;
-    if (++st->gen == 0) {
-        if (st->cap > 0) {
-            memset(st->nodes, 0, (size_t)st->cap * sizeof(*st->nodes));
-            memset(st->cache, 0, (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
-        }
-        st->gen = 1;
-    }
+    kgpu__cache_new_generation(&st->gen, UINT32_MAX, st->nodes,
+                               (size_t)st->cap * sizeof(*st->nodes), st->cache,
+                               (size_t)st->cap * (size_t)st->slots * sizeof(*st->cache));
     st->table.w = NULL; /* the target changed in place: read it again */
     kg_learn(st);
 }

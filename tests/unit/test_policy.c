@@ -1314,6 +1314,28 @@ static void test_zero_to_ten(void **state)
     }
 }
 
+/* Cache generations: O(1) until the stamp's width runs out, then a real clear. */
+static void test_cache_generation(void **state)
+{
+    (void)state;
+    uint16_t nodes[4] = {1, 2, 3, 4}, cache[8] = {5, 6, 7, 8, 9, 10, 11, 12};
+    uint32_t gen = 1;
+    for (uint32_t want = 2; want <= UINT16_MAX; want++) {
+        kgpu__cache_new_generation(&gen, UINT16_MAX, nodes, sizeof(nodes), cache, sizeof(cache));
+        assert_int_equal(gen, want);
+    }
+    assert_int_equal(nodes[3], 4); /* untouched so far */
+    kgpu__cache_new_generation(&gen, UINT16_MAX, nodes, sizeof(nodes), cache, sizeof(cache));
+    assert_int_equal(gen, 1); /* never 0: zeroed entries stay empty */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(nodes[i], 0);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(cache[i], 0);
+    gen = UINT32_MAX;
+    kgpu__cache_new_generation(&gen, UINT32_MAX, NULL, 0, NULL, 0); /* no arrays yet */
+    assert_int_equal(gen, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1332,6 +1354,7 @@ int main(void)
         cmocka_unit_test(test_tie_order),
         cmocka_unit_test(test_node_scores),
         cmocka_unit_test(test_zero_to_ten),
+        cmocka_unit_test(test_cache_generation),
         cmocka_unit_test(test_node_frag),
         cmocka_unit_test(test_workload_build),
         cmocka_unit_test(test_fit_all),
