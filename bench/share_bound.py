@@ -19,8 +19,11 @@ import json
 import math
 import sys
 
-import numpy as np
-from scipy.optimize import linprog
+try:
+    import numpy as np
+    from scipy.optimize import linprog
+except ImportError as e:
+    sys.exit("share_bound.py needs SciPy (Debian: apt-get install python3-scipy): %s" % e)
 
 CAP = 1000
 
@@ -85,8 +88,28 @@ def lp_bound(hist):
     return lp, math.ceil(lp - 1e-6), bins + len(free)
 
 
+def load(path):
+    """The simulator's JSON, checked for what this script reads; exits naming what is wrong."""
+    where = path or "standard input"
+    try:
+        doc = json.load(open(path) if path else sys.stdin)
+    except (OSError, ValueError) as e:
+        sys.exit("%s: %s" % (where, e))
+    need = ("seeds", "alloc_pct_130_by_seed", "share_packing")
+    for i, r in enumerate(doc.get("results", []) if isinstance(doc, dict) else []):
+        sp = r.get("share_packing", {}) if isinstance(r, dict) else {}
+        missing = [k for k in need if k not in r] + \
+            [k for k in ("gpus_by_seed", "sizes_by_seed") if k not in sp]
+        if missing:
+            sys.exit("%s: results[%d] has no %s: is it `kgpu simulate --json` output (not "
+                     "--churn) from a kgpu with share_packing?" % (where, i, ", ".join(missing)))
+    if not isinstance(doc, dict) or "gpus" not in doc or not doc.get("results"):
+        sys.exit("%s: not `kgpu simulate --json` output (no gpus or results)" % where)
+    return doc
+
+
 def main():
-    doc = json.load(open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin)
+    doc = load(sys.argv[1] if len(sys.argv) > 1 else None)
     gpus = doc["gpus"]
     print("per policy and seed: the shares placed, their compute, the GPUs they took, the")
     print("fewest GPUs any packing of them needs (LP bound, and the best packing found),")

@@ -79,6 +79,20 @@ class TestShareBound(unittest.TestCase):
         self.assertIn("kgpu       mean", rep)
 
 
+    def test_bad_input_is_named(self):
+        tool = os.path.join(ARGS.source, "bench/share_bound.py")
+        churn = subprocess.run(
+            [ARGS.kgpu, "simulate", "--churn", "--nodes",
+             os.path.join(ARGS.source, "examples/nodes.csv"), "--pods",
+             os.path.join(ARGS.source, "examples/pods.csv"), "--policy", "kgpu", "--seeds", "1",
+             "--json", "--no-timing"], check=True, capture_output=True, text=True).stdout
+        for text, said in ((churn, "results[0] has no"), ("{]", "standard input:"),
+                           ('{"results": []}', "not `kgpu simulate --json` output")):
+            p = subprocess.run([sys.executable, tool], input=text, capture_output=True, text=True)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn(said, p.stderr)
+            self.assertNotIn("Traceback", p.stderr)
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--kgpu", required=True)
