@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kgpu/policy.h"
 
 /* The scratch folder: set by cli_tmp_make, removed by cli_tmp_remove. */
 static char tmp[256];
@@ -69,5 +70,37 @@ static inline int cli_tmp_remove(void **state)
 }
 
 #define EXAMPLE "--nodes examples/nodes.csv --pods examples/pods.csv"
+
+/*
+ * `kgpu simulate <mode> EXAMPLE --seeds 42 --plot tmp/<svg>`: exits 0, prints
+ * a row for every policy and `column` in its header, and writes a
+ * well-formed SVG (xmllint where installed) that contains `in_svg`.
+ */
+static inline void check_table_and_plot(const char *mode, const char *svg, const char *column,
+                                        const char *in_svg)
+{
+    char args[600], path[300];
+    snprintf(path, sizeof(path), "%s/%s", tmp, svg);
+    snprintf(args, sizeof(args), "simulate %s " EXAMPLE " --seeds 42 --plot '%s'", mode, path);
+    run_result r = run(args);
+    assert_int_equal(r.status, 0);
+    for (const kgpu_policy_ops *const *p = kgpu_policy_list(); *p; p++) {
+        char row[64];
+        snprintf(row, sizeof(row), "\n%s ", (*p)->name);
+        assert_non_null(strstr(r.out, row));
+    }
+    assert_non_null(strstr(r.out, column));
+    char *text = slurp(path);
+    assert_non_null(strstr(text, "<svg"));
+    assert_non_null(strstr(text, in_svg));
+    assert_non_null(strstr(text, "</svg>"));
+    if (system("command -v xmllint >/dev/null 2>&1") == 0) {
+        char cmd[400];
+        snprintf(cmd, sizeof(cmd), "xmllint --noout '%s'", path);
+        assert_int_equal(system(cmd), 0);
+    }
+    free(text);
+    run_free(&r);
+}
 
 #endif

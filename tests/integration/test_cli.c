@@ -74,29 +74,7 @@ static void test_json_deterministic(void **state)
 
 static void test_table_and_plot(void **state)
 {
-    char args[600];
-    snprintf(args, sizeof(args), "simulate " EXAMPLE " --seeds 42 --plot '%s/p.svg'", tmp);
-    run_result r = run(args);
-    assert_int_equal(r.status, 0);
-    for (const kgpu_policy_ops *const *p = kgpu_policy_list(); *p; p++) {
-        char row[64];
-        snprintf(row, sizeof(row), "\n%s ", (*p)->name);
-        assert_non_null(strstr(r.out, row));
-    }
-    assert_non_null(strstr(r.out, "alloc@130%"));
-    char path[300];
-    snprintf(path, sizeof(path), "%s/p.svg", tmp);
-    char *svg = slurp(path);
-    assert_non_null(strstr(svg, "<svg"));
-    assert_non_null(strstr(svg, "fgd"));
-    assert_non_null(strstr(svg, "</svg>"));
-    if (system("command -v xmllint >/dev/null 2>&1") == 0) {
-        char cmd[400];
-        snprintf(cmd, sizeof(cmd), "xmllint --noout '%s'", path);
-        assert_int_equal(system(cmd), 0);
-    }
-    free(svg);
-    run_free(&r);
+    check_table_and_plot("", "p.svg", "alloc@130%", "fgd");
 }
 
 static void test_bad_input(void **state)

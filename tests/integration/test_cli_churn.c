@@ -54,24 +54,7 @@ static void test_json_fields_and_determinism(void **state)
 
 static void test_table_and_plot(void **state)
 {
-    char args[600];
-    snprintf(args, sizeof(args), "simulate --churn " EXAMPLE " --seeds 42 --plot '%s/c.svg'", tmp);
-    run_result r = run(args);
-    assert_int_equal(r.status, 0);
-    for (const kgpu_policy_ops *const *p = kgpu_policy_list(); *p; p++) {
-        char row[64];
-        snprintf(row, sizeof(row), "\n%s ", (*p)->name);
-        assert_non_null(strstr(r.out, row));
-    }
-    assert_non_null(strstr(r.out, "wait p99 s"));
-    char path[300];
-    snprintf(path, sizeof(path), "%s/c.svg", tmp);
-    char *svg = slurp(path);
-    assert_non_null(strstr(svg, "<svg"));
-    assert_non_null(strstr(svg, "over time"));
-    assert_non_null(strstr(svg, "</svg>"));
-    free(svg);
-    run_free(&r);
+    check_table_and_plot("--churn", "c.svg", "wait p99 s", "over time");
 }
 
 static void test_errors(void **state)
