@@ -237,6 +237,13 @@ static int extender_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_req
     return kgpu_policy_select(p, c, req, &chosen, 1, rng, node_out, gpus, err);
 }
 
+/* A GPU share: under 1000 milli of each GPU it takes (what share_packing measures). */
+static bool is_share(const kgpu_request *req)
+{
+    return req->gpu_count > 0 && !req->exclusive && req->gpu_milli > 0 &&
+           req->gpu_milli < KGPU_MILLI;
+}
+
 int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_result *out,
                  kgpu_error *err)
 {
@@ -316,8 +323,7 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
             rc = kgpu_cluster_apply(c, req, node, gpus, NULL, err);
             if (rc != 0)
                 goto done; /* a policy chose something that does not fit: a bug */
-            if (req->gpu_count > 0 && !req->exclusive && req->gpu_milli > 0 &&
-                req->gpu_milli < KGPU_MILLI) {
+            if (is_share(req)) {
                 shares[req->gpu_milli] += req->gpu_count;
                 out->share_pods++;
             } else if (req->gpu_count > 0 && (req->exclusive || req->gpu_milli == KGPU_MILLI)) {
@@ -327,8 +333,7 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
             out->pods_failed++;
             out->gpu_pods_failed += req->gpu_count > 0;
             out->constrained_failed += constrained;
-            out->share_pods_failed += req->gpu_count > 0 && !req->exclusive && req->gpu_milli > 0 &&
-                                      req->gpu_milli < KGPU_MILLI;
+            out->share_pods_failed += is_share(req);
             rc = 0;
         } else {
             goto done;
