@@ -562,6 +562,20 @@ static void simulate_usage(FILE *f)
                "                    originals; without it the file's pods as recorded)\n");
 }
 
+/* --flag's number in (0, max] into *out; false after saying on stderr what was expected. */
+static bool number_arg(const char *flag, const char *text, double max, const char *range,
+                       double *out)
+{
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0' || !(v > 0 && v <= max)) {
+        fprintf(stderr, "kgpu simulate: --%s '%s': expected a number in %s\n", flag, text, range);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
 int kgpu_cmd_simulate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -607,20 +621,14 @@ int kgpu_cmd_simulate(int argc, char **argv)
             seeds_text = optarg;
             break;
         case 'i':
-            inflate = strtod(optarg, &end);
-            if (end == optarg || *end != '\0' || !(inflate > 0 && inflate <= 100)) {
-                fprintf(stderr, "kgpu simulate: --inflate '%s': expected a number in (0, 100]\n",
-                        optarg);
+            if (!number_arg("inflate", optarg, 100, "(0, 100]", &inflate)) {
                 free(policy_text);
                 return 2;
             }
             inflate_set = true;
             break;
         case 'S':
-            speedup = strtod(optarg, &end);
-            if (end == optarg || *end != '\0' || !(speedup > 0 && speedup <= 1e6)) {
-                fprintf(stderr, "kgpu simulate: --speedup '%s': expected a number in (0, 1e6]\n",
-                        optarg);
+            if (!number_arg("speedup", optarg, 1e6, "(0, 1e6]", &speedup)) {
                 free(policy_text);
                 return 2;
             }
