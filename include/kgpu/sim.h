@@ -94,6 +94,16 @@ int kgpu_sim_prepare(const kgpu_trace *nodes, const kgpu_trace *pods, kgpu_sim_i
                      kgpu_error *err);
 void kgpu_sim_input_free(kgpu_sim_input *in);
 
+/*
+ * The arrival sequence kgpu_sim_run replays for (input, seed, inflate): *len
+ * indices into in->requests (which are in pod-file order), the seeded draws and
+ * the shuffle included, byte for byte what a run of that seed uses. For tools
+ * that replay the same workload elsewhere (bench/e2e_trace.sh through a real
+ * kube-scheduler). The caller frees *order.
+ */
+int kgpu_sim_workload(const kgpu_sim_input *in, uint64_t seed, double inflate, size_t **order,
+                      size_t *len, kgpu_error *err);
+
 /* One run. Deterministic for (input, policy, seed, inflate). */
 int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_result *out,
                  kgpu_error *err);

@@ -120,6 +120,8 @@ json_t *kgpu_study_json(const kgpu_study *s, bool timing)
     json_object_set_new(root, "target_shapes", json_integer(s->in->target.n));
     json_object_set_new(root, "tie_break", json_string(s->random_ties ? "random" : "seeded-order"));
     json_object_set_new(root, "target", json_string(s->online ? "online" : "trace"));
+    if (s->extender_scores)
+        json_object_set_new(root, "choice", json_string("extender-scores"));
     json_t *results = json_array();
     for (int r = 0; r < s->nrows; r++) {
         const kgpu_study_row *row = &s->rows[r];
@@ -530,6 +532,58 @@ out:
     return status;
 }
 
+/*
+ * --workload: the arrival sequence of one seed as CSV on stdout, one line per
+ * arrival in order: `seq,pod,name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec`
+ * (pod: 0-based row of the pod file; gpu_spec as written). It is the sequence
+ * every policy's run of that seed replays (kgpu_sim_workload), so a benchmark can
+ * send the same pods through a real kube-scheduler without re-implementing the
+ * draws and the shuffle. Returns the exit status.
+ */
+static int print_workload(const char *nodes_path, const char *pods_path, uint64_t seed,
+                          double inflate)
+{
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    char *nb = NULL, *pb = NULL;
+    size_t nl = 0, pl = 0, *order = NULL, len = 0;
+    kgpu_trace nodes, pods;
+    memset(&nodes, 0, sizeof(nodes));
+    memset(&pods, 0, sizeof(pods));
+    kgpu_sim_input in;
+    memset(&in, 0, sizeof(in));
+    int rc = kgpu_read_file(nodes_path, &nb, &nl, &err);
+    if (rc == 0)
+        rc = kgpu_read_file(pods_path, &pb, &pl, &err);
+    if (rc == 0)
+        rc = kgpu_trace_parse_nodes(nb, nl, nodes_path, &nodes, &err);
+    if (rc == 0)
+        rc = kgpu_trace_parse_pods(pb, pl, pods_path, &pods, &err);
+    if (rc == 0)
+        rc = kgpu_sim_prepare(&nodes, &pods, &in, &err);
+    if (rc == 0)
+        rc = kgpu_sim_workload(&in, seed, inflate, &order, &len, &err);
+    if (rc == 0) {
+        printf("seq,pod,name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n");
+        for (size_t k = 0; k < len; k++) {
+            const kgpu_trace_pod *p = &pods.pods[order[k]];
+            printf("%zu,%zu,%s,%" PRId64 ",%" PRId64 ",%d,%d,%s\n", k, order[k], p->name,
+                   p->cpu_milli, p->memory_mib, p->num_gpu, p->gpu_milli, p->spec_text);
+        }
+        if (fflush(stdout) != 0)
+            rc = kgpu_error_set(&err, KGPU_EIO, "cannot write the workload: %s", strerror(errno));
+    }
+    if (rc != 0)
+        fprintf(stderr, "kgpu simulate: %s\n", err.msg[0] ? err.msg : kgpu_strerror(err.code));
+    free(order);
+    kgpu_sim_input_free(&in);
+    kgpu_trace_free(&nodes);
+    kgpu_trace_free(&pods);
+    free(nb);
+    free(pb);
+    return rc == 0 ? 0 : 1;
+}
+
 static void simulate_usage(FILE *f)
 {
     fprintf(f, "usage: kgpu simulate --nodes NODES.csv --pods PODS.csv [options]\n"
@@ -552,6 +606,12 @@ static void simulate_usage(FILE *f)
                "                    instead of the study's fixed per-seed node order\n"
                "  --online          policies learn the workload from the pods arrived so far\n"
                "                    instead of the whole file's shape mix (kgpu always does)\n"
+               "  --extender-scores choose as kube-scheduler with the extender does: the\n"
+               "                    highest of the policy's 0-10 prioritize scores over every\n"
+               "                    node that fits, ties at random\n"
+               "  --workload        print the arrival sequence of the (one) seed as CSV\n"
+               "                    (seq,pod,name,cpu_milli,memory_mib,num_gpu,gpu_milli,\n"
+               "                    gpu_spec) instead of simulating\n"
                "  --plot FILE.svg   write allocation %% against arrival %% for each policy\n"
                "  --churn           replay the trace's creation and deletion times: pods that\n"
                "                    fit nowhere wait in a queue; reports allocation over time,\n"
@@ -593,6 +653,8 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"online", no_argument, NULL, 'O'},
         {"churn", no_argument, NULL, 'C'},
         {"speedup", required_argument, NULL, 'S'},
+        {"extender-scores", no_argument, NULL, 'E'},
+        {"workload", no_argument, NULL, 'W'},
         {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL;
@@ -602,6 +664,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
     int threads = 0;
     bool json = false, timing = true, random_ties = false, online = false;
     bool churn = false, inflate_set = false, speedup_set = false;
+    bool extender_scores = false, workload = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -659,6 +722,12 @@ int kgpu_cmd_simulate(int argc, char **argv)
             break;
         case 'O':
             online = true;
+            break;
+        case 'E':
+            extender_scores = true;
+            break;
+        case 'W':
+            workload = true;
             break;
         case 'h':
             simulate_usage(stdout);
@@ -718,6 +787,19 @@ int kgpu_cmd_simulate(int argc, char **argv)
     }
     if (kgpu_parse_seeds(seeds_text, seeds, MAX_SEEDS, &nseeds, &err) != 0)
         goto out;
+    if (workload) {
+        if (nseeds != 1 || churn) {
+            kgpu_error_set(&err, KGPU_EINVAL, "--workload takes one seed and no --churn");
+            goto out;
+        }
+        status = print_workload(nodes_path, pods_path, seeds[0], inflate);
+        free(policy_text);
+        return status;
+    }
+    if (extender_scores && churn) {
+        kgpu_error_set(&err, KGPU_EINVAL, "--extender-scores does not work with --churn yet");
+        goto out;
+    }
     if (churn) {
         churn_opts co = {.nodes_path = nodes_path,
                          .pods_path = pods_path,
@@ -744,6 +826,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
     study.threads = threads;
     study.random_ties = random_ties;
     study.online = online;
+    study.extender_scores = extender_scores ? 1 : 0;
     study.progress = isatty(STDERR_FILENO);
     if (kgpu_study_run(&study, &err) != 0)
         goto out;

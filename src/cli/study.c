@@ -82,7 +82,8 @@ static void *worker(void *arg)
                                .seed = s->seeds[k],
                                .inflate = s->inflate,
                                .random_ties = s->random_ties,
-                               .online = s->online};
+                               .online = s->online,
+                               .extender_scores = s->extender_scores};
         kgpu_error err;
         kgpu_error_clear(&err);
         double t0 = kgpu_now();

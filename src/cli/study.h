@@ -37,6 +37,7 @@ typedef struct kgpu_study {
     bool progress;    /* draw a progress line on stderr */
     bool random_ties; /* see kgpu_sim_config */
     bool online;      /* see kgpu_sim_config */
+    int extender_scores; /* see kgpu_sim_config */
     double elapsed_s; /* wall time of the whole study */
 } kgpu_study;
 

@@ -207,6 +207,16 @@ static int build_workload(const kgpu_sim_input *in, double inflate, kgpu_rng *rn
     return 0;
 }
 
+int kgpu_sim_workload(const kgpu_sim_input *in, uint64_t seed, double inflate, size_t **order,
+                      size_t *len, kgpu_error *err)
+{
+    if (!(inflate > 0 && inflate <= 100))
+        return kgpu_error_set(err, KGPU_EINVAL, "inflate %.3f outside (0, 100]", inflate);
+    kgpu_rng wrng; /* seeded as kgpu_sim_run seeds its workload stream */
+    kgpu_rng_seed(&wrng, seed, 1);
+    return build_workload(in, inflate, &wrng, order, len, err);
+}
+
 /*
  * kube-scheduler's choice with the extender as the only scorer: the highest
  * 0-10 score over the fitting nodes, ties uniformly at random (selectHost),
