@@ -8,8 +8,25 @@ selectors (a watched object that stops matching is DELETED, one that starts
 matching is ADDED), JSON merge patch, and pod binding with its conflicts.
 Tests inject faults over a side channel (POST /_control), see usage below.
 
+Lists page as the real server's do from etcd: `limit=N` answers at most N
+items of one snapshot (the store at the list's resourceVersion, objects in
+key order "namespace/name"), with `metadata.continue`, a token encoding that
+resourceVersion and the last key, and `metadata.remainingItemCount` when the
+list has no selector; `continue=TOKEN` (the same selectors repeated, no
+resourceVersion: 400 otherwise) reads on in that snapshot. Snapshots live
+until a compaction (--compaction-interval, etcd's 5 minutes; or
+`compact`): then a token of an older resourceVersion answers 410 Expired,
+its Status carrying in metadata.continue an inconsistent token that reads on
+in the newest state. No limit, `resourceVersion=0` (the watch cache) or
+`ignore_limit` answer the whole list at once, as older servers do.
+
     python3 apiserver_standin.py --port 0 --portfile FILE [--token T]
-                                 [--bookmark-interval S] [--history N] [-v]
+                                 [--bookmark-interval S] [--history N]
+                                 [--compaction-interval S] [--load FILE] [-v]
+
+--load FILE creates the objects of a JSON file {"nodes": [...], "pods": [...]}
+before serving (pods in their metadata.namespace, default "default"), each as
+a POST would: a large cluster in a second instead of one request per object.
 
 /_control (JSON, no token needed) takes any of:
     bind_status: N       answer binds with this HTTP status instead of binding
@@ -22,12 +39,24 @@ Tests inject faults over a side channel (POST /_control), see usage below.
                          resourceVersion gets the 410 ERROR event
     expire_watches: true send every open watch the 410 ERROR event and end it,
                          as the server does to a watcher that fell behind
-    fail_lists: N        answer the next N lists with 500
-    reset_stats: true    zero the counters
-GET /_control/stats returns the counters and the current resourceVersion.
+    fail_lists: N        answer the next N lists with 500 (each page is a list request)
+    ignore_limit: B      answer every list whole, ignoring limit and continue (B true)
+    expire_continues: N  answer the next N continued list pages 410 Expired, as if
+                         etcd had compacted their snapshot (it has not: see compact)
+    hold_continues: K    hold every continued page of kind K ("pods", "nodes") until
+                         set to "" again; stats' continues_held counts the held ones
+    compact: true        compact now at the current resourceVersion, as etcd does:
+                         every older list snapshot is gone (its tokens get 410)
+    load: {...}          create objects as --load does
+    reset_stats: true    zero the counters and forget the request log
+GET /_control/stats returns the counters and the current resourceVersion;
+GET /_control/requests the last 5000 list and watch requests, each with the
+query it came with and, for lists, what it was answered.
 """
 
 import argparse
+import base64
+import bisect
 import copy
 import datetime
 import json
@@ -39,7 +68,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -51,14 +80,15 @@ class ApiError(Exception):
                409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType",
                422: "Invalid", 500: "InternalError"}
 
-    def __init__(self, code, message, reason=None):
+    def __init__(self, code, message, reason=None, body=None):
         super().__init__(message)
         self.code = code
         self.message = message
         self.reason = reason or self.REASONS.get(code, "Unknown")
+        self.body = body
 
     def status(self):
-        return status_object(self.code, self.reason, self.message)
+        return self.body or status_object(self.code, self.reason, self.message)
 
 
 def status_object(code, reason, message):
@@ -141,13 +171,58 @@ class Selector:
         return True
 
 
+SNAPSHOTS_MAX = 64  # list snapshots kept; an older one is gone as if compacted
+REQUEST_LOG_MAX = 5000
+INCONSISTENT_CONTINUE = -1  # a token's resourceVersion for "read on in the newest state"
+CONTINUE_EXPIRED = ("The provided continue parameter is too old to display a consistent list "
+                    "result. You can start a new list without the continue parameter, or use the "
+                    "continue token in this response to retrieve the remainder of the results. "
+                    "Continuing with the provided token results in an inconsistent list - objects "
+                    "that were created, modified, or deleted between the time the first chunk was "
+                    "returned and now may show up in the list.")
+
+
+def encode_continue(rv, start):
+    """The real server's token: base64url (no padding) of {"v", "rv", "start"}."""
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode_continue(token):
+    """(rv, start key relative to the list's prefix) of a token; ApiError 400 if malformed."""
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (ValueError, TypeError) as e:
+        raise ApiError(400, "invalid continue token: continue key is not valid: %s" % e)
+    if not isinstance(doc, dict) or doc.get("v") != "meta.k8s.io/v1":
+        raise ApiError(400, "invalid continue token: continue key is not valid: server does not "
+                       "recognize this encoded key")
+    rv, start = doc.get("rv"), doc.get("start")
+    if not isinstance(rv, int) or isinstance(rv, bool) or (rv <= 0 and
+                                                           rv != INCONSISTENT_CONTINUE):
+        raise ApiError(400, "invalid continue token: continue key is not valid: incorrect "
+                       "encoded start resourceVersion (version meta.k8s.io/v1)")
+    if not isinstance(start, str) or not start or start.startswith("/") or ".." in start:
+        raise ApiError(400, "invalid continue token: continue key is not valid: encoded start "
+                       "key is not valid")
+    return rv, start
+
+
+def key_of(kind, key):
+    """The object's storage key within its kind, sorted as etcd sorts: ns/name or name."""
+    ns, name = key
+    return "%s/%s" % (ns, name) if kind == "pods" else name
+
+
 class Store:
     """Nodes and pods, the resourceVersion counter, event history and faults.
 
     Everything is guarded by one condition variable; watchers wait on it.
+    Stored objects are replaced, never changed in place, so a list snapshot
+    may hold them by reference.
     """
 
-    def __init__(self, history):
+    def __init__(self, history, compaction_interval=300.0):
         self.cond = threading.Condition()
         self.rv = 0
         self.objects = {"nodes": {}, "pods": {}}  # kind -> {(ns, name): obj}
@@ -158,14 +233,28 @@ class Store:
         self.expire_gen = 0     # bumped by expire_watches
         self.closing = False
         self.faults = {"bind_status": 0, "bind_count": 0, "bind_delay_ms": 0, "fail_lists": 0,
-                       "patch_delay_ms": 0}
+                       "patch_delay_ms": 0, "ignore_limit": False, "expire_continues": 0,
+                       "hold_continues": ""}
+        # List snapshots by (kind, resourceVersion): (sorted keys, objects), oldest first.
+        self.snapshots = OrderedDict()
+        self.compacted = 0      # snapshots older than this resourceVersion are gone
+        self.compaction_interval = compaction_interval
+        self.compact_mark = 0   # compacted to at the next interval, as kube-apiserver does
+        self.last_compaction = time.monotonic()
         self.stats = {}
+        self.request_log = deque(maxlen=REQUEST_LOG_MAX)
         self.reset_stats()
 
     def reset_stats(self):
         self.stats = {k: 0 for k in ("requests", "unauthorized", "lists", "gets", "watches_opened",
                                      "watches_active", "binds", "binds_ok", "binds_failed",
-                                     "creates", "updates", "patches", "deletes")}
+                                     "creates", "updates", "patches", "deletes", "list_continues",
+                                     "lists_expired", "continues_held", "compactions")}
+        self.request_log.clear()
+
+    def log_request(self, entry):
+        with self.cond:
+            self.request_log.append(entry)
 
     def count(self, key, delta=1):
         with self.cond:
@@ -267,6 +356,7 @@ class Store:
             obj = self.objects[kind].pop((ns, name), None)
             if obj is None:
                 raise ApiError(404, '%s "%s" not found' % (kind, name))
+            obj = copy.deepcopy(obj)  # list snapshots may still hold the stored one
             self._bump(obj)
             self._record("DELETED", kind, obj, None)
             return copy.deepcopy(obj)
@@ -311,11 +401,123 @@ class Store:
                      if sel.matches(sel.kind, o)]
             return items, str(self.rv)
 
-    def control(self, req):
+    # Paged lists: snapshots and compaction, as etcd keeps revisions.
+
+    def _snapshot(self, kind):
+        """The snapshot of kind at the current resourceVersion (lock held)."""
+        at = (kind, self.rv)
+        snap = self.snapshots.get(at)
+        if snap is None:
+            pairs = sorted(((key_of(kind, k), o) for k, o in self.objects[kind].items()),
+                           key=lambda p: p[0])
+            snap = ([p[0] for p in pairs], [p[1] for p in pairs])
+            self.snapshots[at] = snap
+            while len(self.snapshots) > SNAPSHOTS_MAX:
+                self.snapshots.popitem(last=False)
+        else:
+            self.snapshots.move_to_end(at)
+        return snap
+
+    def compact(self, rv):
+        """Forgets every snapshot older than rv (lock held)."""
+        self.compacted = max(self.compacted, rv)
+        for at in [at for at in self.snapshots if at[1] < self.compacted]:
+            del self.snapshots[at]
+        self.stats["compactions"] += 1
+
+    def _maybe_compact(self):
+        """kube-apiserver compacts every interval to the revision it saw the interval before."""
+        now = time.monotonic()
+        if self.compaction_interval > 0 and now - self.last_compaction >= self.compaction_interval:
+            self.compact(self.compact_mark)
+            self.compact_mark = self.rv
+            self.last_compaction = now
+
+    def _hold_continue(self, kind):
+        """Waits while continued pages of kind are held (lock held)."""
+        if self.faults["hold_continues"] != kind:
+            return
+        self.stats["continues_held"] += 1
+        try:
+            while self.faults["hold_continues"] == kind and not self.closing:
+                self.cond.wait(0.1)
+        finally:
+            self.stats["continues_held"] -= 1
+
+    def list_page(self, sel, limit, token):
+        """One page: (items, rv, continue token or None, remainingItemCount or None).
+
+        Raises ApiError 410 Expired (with an inconsistent token) when the token's
+        snapshot is gone, 400 for a token that is not one.
+        """
+        kind = sel.kind
         with self.cond:
-            for key in ("bind_status", "bind_delay_ms", "fail_lists", "patch_delay_ms"):
+            self._maybe_compact()
+            if token:
+                rv, start = decode_continue(token)
+                self.stats["list_continues"] += 1
+                self._hold_continue(kind)
+                snap = None
+                if rv == INCONSISTENT_CONTINUE:
+                    rv, snap = self.rv, self._snapshot(kind)
+                elif self.faults["expire_continues"] > 0:
+                    self.faults["expire_continues"] -= 1
+                elif rv >= self.compacted:
+                    snap = self.snapshots.get((kind, rv))
+                    if snap is not None:
+                        self.snapshots.move_to_end((kind, rv))
+                if snap is None:
+                    self.stats["lists_expired"] += 1
+                    st = status_object(410, "Expired", CONTINUE_EXPIRED)
+                    st["metadata"]["continue"] = encode_continue(INCONSISTENT_CONTINUE, start)
+                    raise ApiError(410, CONTINUE_EXPIRED, "Expired", st)
+            else:
+                rv, start, snap = self.rv, "", self._snapshot(kind)
+        keys, objs = snap
+        prefix = sel.namespace + "/" if kind == "pods" and sel.namespace is not None else ""
+        i = bisect.bisect_left(keys, prefix + start)
+        # The first key past the prefix: "ns0" follows every "ns/..." ('0' follows '/').
+        end = bisect.bisect_left(keys, prefix[:-1] + "0") if prefix else len(keys)
+        items = []
+        while i < end and len(items) < limit:
+            if sel.matches(kind, objs[i]):
+                items.append(objs[i])
+            i += 1
+        if i >= end:
+            return items, str(rv), None, None
+        cont = encode_continue(rv, keys[i - 1][len(prefix):] + "\x00")
+        # Counted only without selectors, as the real server does (it would have to filter).
+        remaining = end - i if not sel.fields and not sel.labels else None
+        return items, str(rv), cont, remaining
+
+    def load(self, doc):
+        """Creates the nodes and pods of {"nodes": [...], "pods": [...]}; returns the count."""
+        if not isinstance(doc, dict):
+            raise ApiError(400, "load takes {\"nodes\": [...], \"pods\": [...]}")
+        n = 0
+        for kind in ("nodes", "pods"):
+            for obj in doc.get(kind) or []:
+                if not isinstance(obj, dict):
+                    raise ApiError(400, "load: %s holds a non-object" % kind)
+                ns = (obj.get("metadata") or {}).get("namespace") or "default"
+                self.create(kind, ns if kind == "pods" else None, obj)
+                n += 1
+        return n
+
+    def control(self, req):
+        if "load" in req:
+            self.load(req["load"])
+        with self.cond:
+            for key in ("bind_status", "bind_delay_ms", "fail_lists", "patch_delay_ms",
+                        "expire_continues"):
                 if key in req:
                     self.faults[key] = int(req[key])
+            if "ignore_limit" in req:
+                self.faults["ignore_limit"] = bool(req["ignore_limit"])
+            if "hold_continues" in req:
+                self.faults["hold_continues"] = str(req["hold_continues"] or "")
+            if req.get("compact"):
+                self.compact(self.rv)
             if "bind_status" in req:
                 self.faults["bind_count"] = int(req.get("bind_count", 1))
             elif "bind_count" in req:
@@ -456,12 +658,46 @@ class Handler(BaseHTTPRequestHandler):
         if one.get("watch") in ("1", "true"):
             return self.watch(sel, one)
         self.store.count("lists")
+        entry = {"type": "list", "kind": kind, "namespace": ns, "limit": one.get("limit"),
+                 "continue": bool(one.get("continue")),
+                 "fieldSelector": one.get("fieldSelector"),
+                 "labelSelector": one.get("labelSelector"),
+                 "resourceVersion": one.get("resourceVersion"), "status": 200}
+        try:
+            meta, items = self.list_answer(sel, one)
+        except ApiError as e:
+            entry["status"] = e.code
+            raise
+        finally:
+            self.store.log_request(entry)
+        entry.update(rv=meta["resourceVersion"], items=len(items), more="continue" in meta,
+                     remainingItemCount=meta.get("remainingItemCount"))
+        self.send_json(200, {"kind": "PodList" if kind == "pods" else "NodeList",
+                             "apiVersion": "v1", "metadata": meta, "items": items})
+
+    def list_answer(self, sel, one):
+        """(list metadata, items) for a list request's query `one`."""
         if self.store.take_list_fault():
             raise ApiError(500, "injected list failure")
-        items, rv = self.store.list(sel)
-        self.send_json(200, {"kind": "PodList" if kind == "pods" else "NodeList",
-                             "apiVersion": "v1", "metadata": {"resourceVersion": rv},
-                             "items": items})
+        token, rv_param = one.get("continue") or "", one.get("resourceVersion") or ""
+        try:
+            limit = int(one.get("limit") or 0)
+        except ValueError:
+            raise ApiError(400, "invalid limit %r" % one.get("limit"))
+        with self.store.cond:
+            whole = self.store.faults["ignore_limit"]
+        if token and rv_param not in ("", "0") and not whole:
+            raise ApiError(400, "specifying resource version is not allowed when using continue")
+        if whole or limit <= 0 or (rv_param == "0" and not token):
+            items, rv = self.store.list(sel)
+            return {"resourceVersion": rv}, items
+        items, rv, cont, remaining = self.store.list_page(sel, limit, token)
+        meta = {"resourceVersion": rv}
+        if cont:
+            meta["continue"] = cont
+        if remaining is not None:
+            meta["remainingItemCount"] = remaining
+        return meta, items
 
     def do_post_api(self, kind, ns, name, sub):
         body = self.read_body()
@@ -570,6 +806,11 @@ class Handler(BaseHTTPRequestHandler):
             with self.store.cond:
                 stats = dict(self.store.stats, resourceVersion=str(self.store.rv))
             return self.send_json(200, stats)
+        if method == "GET" and urlsplit(self.path).path == "/_control/requests":
+            with self.store.cond:
+                log = list(self.store.request_log)
+            return self.send_json(200, {"lists": [e for e in log if e["type"] == "list"],
+                                        "watches": [e for e in log if e["type"] == "watch"]})
         if method != "POST":
             raise ApiError(405, "use POST /_control or GET /_control/stats")
         body = self.read_body()
@@ -604,6 +845,10 @@ class Handler(BaseHTTPRequestHandler):
         timeout = float(query.get("timeoutSeconds") or 0)
         bookmarks = query.get("allowWatchBookmarks") in ("1", "true")
         start_rv = query.get("resourceVersion") or ""
+        store.log_request({"type": "watch", "kind": sel.kind, "namespace": sel.namespace,
+                           "fieldSelector": query.get("fieldSelector"),
+                           "labelSelector": query.get("labelSelector"),
+                           "resourceVersion": query.get("resourceVersion")})
         if start_rv and not start_rv.isdigit():
             raise ApiError(400, "invalid resourceVersion %r" % start_rv)
         self.send_response(200)
@@ -708,10 +953,16 @@ def main():
     ap.add_argument("--token", help="require 'Authorization: Bearer TOKEN'")
     ap.add_argument("--bookmark-interval", type=float, default=1.0)
     ap.add_argument("--history", type=int, default=1000, help="events kept for watches")
+    ap.add_argument("--compaction-interval", type=float, default=300.0,
+                    help="seconds between compactions of list snapshots (0: never)")
+    ap.add_argument("--load", help="create the objects of this JSON file before serving")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
 
-    store = Store(args.history)
+    store = Store(args.history, args.compaction_interval)
+    if args.load:
+        with open(args.load) as f:
+            store.load(json.load(f))
     Handler.store = store
     Handler.token = args.token
     Handler.bookmark_interval = args.bookmark_interval
