@@ -129,6 +129,44 @@ out:
 
 /* ---- API server watches ---- */
 
+/*
+ * A listed object cut down, as its page arrives, to what the readers here use
+ * (kgpu_node_from_json, kgpu_pod_from_json and the state's annotations): a
+ * 20,000-pod list then fits the extender's memory limit. Goes: managedFields,
+ * kubectl's copy of the whole object, and every status member but `keep`.
+ */
+static void trim_listed(json_t *obj, const char *const *keep)
+{
+    json_t *meta = json_object_get(obj, "metadata");
+    json_object_del(meta, "managedFields");
+    json_object_del(json_object_get(meta, "annotations"),
+                    "kubectl.kubernetes.io/last-applied-configuration");
+    json_t *status = json_object_get(obj, "status");
+    const char *key;
+    void *tmp;
+    json_t *v;
+    json_object_foreach_safe(status, tmp, key, v)
+    {
+        bool kept = false;
+        for (const char *const *k = keep; *k != NULL && !kept; k++)
+            kept = strcmp(key, *k) == 0;
+        if (!kept)
+            json_object_del(status, key);
+    }
+}
+
+static void nodes_trim(void *ctx, json_t *node)
+{
+    static const char *const keep[] = {"allocatable", "capacity", NULL};
+    trim_listed(node, keep);
+}
+
+static void pods_trim(void *ctx, json_t *pod)
+{
+    static const char *const keep[] = {"phase", NULL};
+    trim_listed(pod, keep);
+}
+
 static void nodes_reset(void *ctx, json_t *items)
 {
     ext_daemon *d = ctx;
@@ -280,7 +318,7 @@ static void pods_restart(void *ctx, const char *why)
 static void *watch_nodes(void *arg)
 {
     ext_daemon *d = arg;
-    static const kgpu_reflector_ops ops = {nodes_reset, nodes_event, nodes_restart};
+    static const kgpu_reflector_ops ops = {nodes_reset, nodes_event, nodes_restart, nodes_trim};
     kgpu_reflector_run(d->k8s, "/api/v1/nodes", NULL, &ops, d, &d->stop);
     return NULL;
 }
@@ -297,7 +335,7 @@ static void *watch_pods(void *arg)
             break;
         usleep(50 * 1000);
     }
-    static const kgpu_reflector_ops ops = {pods_reset, pods_event, pods_restart};
+    static const kgpu_reflector_ops ops = {pods_reset, pods_event, pods_restart, pods_trim};
     kgpu_reflector_run(d->k8s, "/api/v1/pods",
                        "fieldSelector=status.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed", &ops,
                        d, &d->stop);

@@ -454,6 +454,14 @@ void kgpu__k8s_status_message(const char *body, size_t len, char *out, size_t ou
     json_decref(st);
 }
 
+void kgpu__k8s_status_reason(const char *body, size_t len, char *out, size_t outsz)
+{
+    json_t *st = body != NULL ? json_loadb(body, len, 0, NULL) : NULL;
+    const char *reason = json_string_value(json_object_get(st, "reason"));
+    snprintf(out, outsz, "%s", reason != NULL ? reason : "");
+    json_decref(st);
+}
+
 /* /api/v1/namespaces/{ns}/pods/{name}{suffix}, segments escaped. */
 static int pod_path(const char *ns, const char *name, const char *suffix, char *out, size_t outsz,
                     kgpu_error *err)

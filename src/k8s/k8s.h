@@ -1,7 +1,8 @@
 /*
  * A small Kubernetes API client over libcurl: configuration (in-cluster
- * service account or a kubeconfig), JSON requests, and list-then-watch
- * ("reflector") with relist on 410 Gone or a broken stream, with backoff.
+ * service account or a kubeconfig), JSON requests, paged lists, and
+ * list-then-watch ("reflector") with relist on 410 Gone or a broken stream,
+ * with backoff.
  *
  * Threads: a kgpu_k8s is immutable after kgpu_k8s_new and may be used from
  * any number of threads at once; each call uses its own curl handle. The
@@ -73,9 +74,56 @@ int kgpu_k8s_request(kgpu_k8s *k, const char *method, const char *path, const ch
 /*
  * GET path and parse the answer. *status is the HTTP status (0 when none
  * arrived); the result is a new reference when the status is 200 and the
- * body is JSON, else NULL.
+ * body is JSON, else NULL. For one object; a collection is read with
+ * kgpu_k8s_list, which pages.
  */
 json_t *kgpu_k8s_get_json(kgpu_k8s *k, const char *path, long *status, kgpu_error *err);
+
+#define KGPU_K8S_LIST_PAGE     500 /* items asked for per page, as client-go's pager */
+#define KGPU_K8S_LIST_RESTARTS 3   /* fresh starts of one list after its token expired */
+#define KGPU_K8S_RV_MAX        128 /* room for a resourceVersion and its NUL */
+
+/* How a list is read; a NULL kgpu_k8s_list_opts means all defaults. */
+typedef struct kgpu_k8s_list_opts {
+    long limit;        /* items per page; 0 = KGPU_K8S_LIST_PAGE */
+    int restarts;      /* fresh starts after 410 Expired; 0 = KGPU_K8S_LIST_RESTARTS, <0 = none */
+    atomic_bool *stop; /* give up within 100 ms of *stop becoming true; NULL = never */
+    /*
+     * Optional, called on the caller's thread once per item as its page
+     * arrives, before the item is kept: it may delete members the caller
+     * never reads (managedFields, status details), so the peak of a big
+     * list is what is kept plus one page. It must not keep `item` itself.
+     */
+    void (*trim)(void *ctx, json_t *item);
+    void *trim_ctx;
+} kgpu_k8s_list_opts;
+
+/* What a list took; for logs and tests. */
+typedef struct kgpu_k8s_list_stats {
+    unsigned pages;    /* pages answered 200, over every start */
+    unsigned restarts; /* fresh starts after 410 Expired */
+} kgpu_k8s_list_stats;
+
+/*
+ * Lists `collection` (e.g. "/api/v1/pods"; `query` such as
+ * "fieldSelector=spec.nodeName%3Dn1", already escaped, may be NULL) page by
+ * page: `limit=N`, then `limit=N&continue=TOKEN` with the same query and no
+ * resourceVersion, until a page comes without a continue token. A server that
+ * ignores limit answers everything in one page (up to 64 MiB); that is fine.
+ * All pages come from one snapshot of the server; if it expires during the
+ * list (410, etcd compacted it) the list starts again from the first page,
+ * at most opts->restarts times, then fails with KGPU_EIO naming the
+ * collection, the pages read and the server's reason. A page whose
+ * resourceVersion differs from the first's, or a token repeated, fails.
+ *
+ * On success *items is a new array of every item (trimmed when opts->trim is
+ * set; the caller decrefs) and `rv` (rvsz bytes, KGPU_K8S_RV_MAX is enough)
+ * holds the snapshot's resourceVersion, from which a watch continues. On
+ * error *items is NULL. `stats` may be NULL. Thread-safe like every call.
+ */
+int kgpu_k8s_list(kgpu_k8s *k, const char *collection, const char *query,
+                  const kgpu_k8s_list_opts *opts, json_t **items, char *rv, size_t rvsz,
+                  kgpu_k8s_list_stats *stats, kgpu_error *err);
 
 /* POST .../pods/{name}/binding with annotations (an object of strings, borrowed). */
 int kgpu_k8s_bind(kgpu_k8s *k, const char *ns, const char *name, const char *uid, const char *node,
@@ -93,12 +141,14 @@ typedef struct kgpu_reflector_ops {
     void (*event)(void *ctx, const char *type, json_t *object);
     /* A relist is coming (410, broken stream, error); `why` says which. Optional. */
     void (*restart)(void *ctx, const char *why);
+    /* Trims each listed item as its page arrives (kgpu_k8s_list_opts.trim). Optional. */
+    void (*trim)(void *ctx, json_t *item);
 } kgpu_reflector_ops;
 
 /*
- * Lists `collection` (e.g. "/api/v1/pods"; `query` such as
- * "fieldSelector=spec.nodeName!=" may be NULL), then watches from the list's
- * resourceVersion with bookmarks, forever: on 410 Gone, an ERROR event, a
+ * Lists `collection` with kgpu_k8s_list (pages of KGPU_K8S_LIST_PAGE; `query`
+ * such as "fieldSelector=spec.nodeName!=" may be NULL), then watches from the
+ * list's resourceVersion with bookmarks, forever: on 410 Gone, an ERROR event, a
  * broken stream or a failed request it backs off (100 ms doubling to 30 s,
  * jittered, reset after a healthy watch) and relists. Returns when *stop
  * becomes true (checked at least every 500 ms) with 0.

@@ -1,6 +1,7 @@
 /*
- * Internals shared by the API client's files (k8s.c, reflector.c): the client
- * object and one request's curl handle. Not part of the public API.
+ * Internals shared by the API client's files (k8s.c, list.c, reflector.c):
+ * the client object, one request's curl handle, and the readers of what the
+ * server answers. Not part of the public API.
  */
 #ifndef KGPU_K8S_INTERNAL_H
 #define KGPU_K8S_INTERNAL_H
@@ -63,5 +64,30 @@ int kgpu__k8s_escape(const char *s, char *out, size_t outsz);
 
 /* The message of a Kubernetes Status body, or a prefix of the body; writes into `out`. */
 void kgpu__k8s_status_message(const char *body, size_t len, char *out, size_t outsz);
+
+/* The `reason` of a Kubernetes Status body ("Expired", "NotFound"), or "" when it has none. */
+void kgpu__k8s_status_reason(const char *body, size_t len, char *out, size_t outsz);
+
+#define KGPU__K8S_CONTINUE_MAX 8192 /* the longest continue token taken from a server */
+
+/*
+ * One page of a list as the API server sent it (a v1 List: metadata and
+ * items). Everything but `doc` is borrowed from `doc`, which the caller
+ * decrefs once done with the page.
+ */
+typedef struct kgpu__k8s_page {
+    json_t *doc;
+    json_t *items;       /* an array, or NULL when the server sent none or null */
+    const char *rv;      /* metadata.resourceVersion: non-empty, < KGPU_K8S_RV_MAX bytes */
+    const char *cont;    /* metadata.continue; NULL when absent or "" (the last page) */
+    long long remaining; /* metadata.remainingItemCount; -1 when absent */
+} kgpu__k8s_page;
+
+/*
+ * Reads one page from a 200 answer's body (outside input: checked
+ * throughout). KGPU_EPARSE with what is wrong ("metadata.continue is not a
+ * string"), and out->doc NULL, when it is not such a page.
+ */
+int kgpu__k8s_page_parse(const char *body, size_t len, kgpu__k8s_page *out, kgpu_error *err);
 
 #endif

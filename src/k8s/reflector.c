@@ -1,9 +1,9 @@
 /*
- * List-then-watch ("reflector"): list a collection, hand the items over, then
- * stream newline-delimited watch events from the list's resourceVersion. Any
- * end of the stream (410 Gone, an ERROR event, a break, a clean close) leads
- * to a fresh list after a jittered, doubling backoff, so the caller's view
- * never silently drifts. Every wait looks at *stop at least every 100 ms.
+ * List-then-watch ("reflector"): list a collection in pages (list.c), hand the
+ * items over, then stream newline-delimited watch events from the list's
+ * resourceVersion. Any end of the stream (410 Gone, an ERROR event, a break, a
+ * clean close) leads to a fresh list after a jittered, doubling backoff, so the
+ * caller's view never silently drifts. Every wait looks at *stop at least every 100 ms.
  */
 #include <stdarg.h>
 #include <stdint.h>
@@ -61,46 +61,18 @@ static int build_path(char *out, size_t outsz, const char *collection, const cha
     return n < 0 || (size_t)n >= outsz ? -1 : 0;
 }
 
-/* Lists; on success *items (owned by the caller) and rv are set, else `why`. */
-static int list(kgpu_k8s *k, const char *path, atomic_bool *stop, json_t **items, char *rv,
-                size_t rvsz, char *why)
+/* Lists, page by page; on success *items (owned by the caller) and rv are set, else `why`. */
+static int list(kgpu_k8s *k, const char *collection, const char *query,
+                const kgpu_reflector_ops *ops, void *ctx, atomic_bool *stop, json_t **items,
+                char *rv, size_t rvsz, char *why)
 {
-    kgpu_http_resp resp;
+    kgpu_k8s_list_opts opts = {.stop = stop, .trim = ops->trim, .trim_ctx = ctx};
     kgpu_error err;
-    *items = NULL;
-    if (kgpu__k8s_request_ex(k, "GET", path, NULL, NULL, stop, &resp, &err) != 0) {
-        snprintf(why, WHY_MAX, "list: %s", err.msg);
+    if (kgpu_k8s_list(k, collection, query, &opts, items, rv, rvsz, NULL, &err) != 0) {
+        snprintf(why, WHY_MAX, "%s", err.msg);
         return -1;
     }
-    int rc = -1;
-    json_t *doc = NULL;
-    if (resp.status != 200) {
-        char msg[300];
-        kgpu__k8s_status_message(resp.body, resp.len, msg, sizeof(msg));
-        snprintf(why, WHY_MAX, "list %.400s: HTTP %ld: %s", path, resp.status, msg);
-        goto out;
-    }
-    json_error_t jerr;
-    doc = json_loadb(resp.body, resp.len, 0, &jerr);
-    const char *v =
-        json_string_value(json_object_get(json_object_get(doc, "metadata"), "resourceVersion"));
-    json_t *it = json_object_get(doc, "items");
-    if (doc == NULL) {
-        snprintf(why, WHY_MAX, "list %.400s: not JSON: %s (line %d)", path, jerr.text, jerr.line);
-    } else if (v == NULL || v[0] == '\0' || strlen(v) >= rvsz) {
-        snprintf(why, WHY_MAX, "list %.400s: no metadata.resourceVersion", path);
-    } else if (it != NULL && !json_is_null(it) && !json_is_array(it)) {
-        snprintf(why, WHY_MAX, "list %.400s: items is not an array", path);
-    } else {
-        snprintf(rv, rvsz, "%s", v);
-        /* An empty list may come as "items": null. */
-        *items = json_is_array(it) ? json_incref(it) : json_array();
-        rc = 0;
-    }
-out:
-    json_decref(doc);
-    free(resp.body);
-    return rc;
+    return 0;
 }
 
 /* One watch stream being read. */
@@ -287,10 +259,10 @@ int kgpu_reflector_run(kgpu_k8s *k, const char *collection, const char *query,
         return KGPU_EINVAL;
     uint64_t rng = now_ms() ^ (uint64_t)(uintptr_t)&rng;
     long backoff = BACKOFF_MIN_MS;
-    char why[WHY_MAX], rv[128];
+    char why[WHY_MAX], rv[KGPU_K8S_RV_MAX];
     while (!atomic_load(stop)) {
         json_t *items;
-        if (list(k, path, stop, &items, rv, sizeof(rv), why) != 0) {
+        if (list(k, collection, query, ops, ctx, stop, &items, rv, sizeof(rv), why) != 0) {
             if (atomic_load(stop))
                 break;
             if (ops->restart != NULL)

@@ -1,8 +1,10 @@
 /*
  * The Kubernetes API client (src/k8s) against apiserver_standin.py, a stand-in
  * with the real server's semantics: token auth, bind and its conflicts, merge
- * patch, list-then-watch with relists after dropped and expired watches, and
- * prompt stops. Also kubeconfig and in-cluster configuration from temp files.
+ * patch, paged lists (limit/continue from one snapshot, 410 Expired after a
+ * compaction), list-then-watch with relists after dropped and expired
+ * watches, and prompt stops. Also kubeconfig and in-cluster configuration
+ * from temp files.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -473,7 +475,7 @@ static void rec_restart(void *ctx, const char *why)
     pthread_mutex_unlock(&r->mu);
 }
 
-static const kgpu_reflector_ops rec_ops = {rec_reset, rec_event, rec_restart};
+static const kgpu_reflector_ops rec_ops = {rec_reset, rec_event, rec_restart, NULL};
 
 static void *reflector_main(void *arg)
 {
@@ -676,7 +678,8 @@ static void test_reflector_stop_in_backoff(void **state)
     assert_non_null(k);
     reflector *f = reflector_start(k, "/api/v1/pods", NULL);
     WAIT_FOR(&f->rec, f->rec.restarts >= 4 && /* backoff now 1.6 s */
-                          strstr(f->rec.why, "list: GET http://127.0.0.1:1/api/v1/pods") != NULL);
+                          strstr(f->rec.why,
+                                 "list /api/v1/pods: GET http://127.0.0.1:1/api/v1/pods") != NULL);
     assert_true(reflector_stop(f) < 0.5);
     assert_int_equal(f->rec.resets, 0);
     kgpu_k8s_free(k);
@@ -684,6 +687,304 @@ static void test_reflector_stop_in_backoff(void **state)
     atomic_bool stop = false;
     assert_int_equal(kgpu_reflector_run(api, "api/v1/pods", NULL, &rec_ops, NULL, &stop),
                      KGPU_EINVAL);
+}
+
+/* ---- paged lists ---- */
+
+#define PAGED_NS "pages"
+#define PAGED_N  1234 /* pods in PAGED_NS: p-0000..p-1233; the first 100 on node-p */
+
+/* Creates the PAGED_NS pods in one go (the stand-in's load), once. */
+static void load_paged_pods(void)
+{
+    static bool loaded;
+    if (loaded)
+        return;
+    json_t *pods = json_array();
+    for (int i = 0; i < PAGED_N; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "p-%04d", i);
+        json_t *pod = json_pack("{s:{s:s, s:s}, s:{s:[{s:s, s:s}]}, s:{s:s, s:[{s:s, s:s}]}}",
+                                "metadata", "name", name, "namespace", PAGED_NS, "spec",
+                                "containers", "name", "c", "image", "x", "status", "phase",
+                                "Running", "conditions", "type", "Ready", "status", "True");
+        if (i < 100)
+            json_object_set_new(json_object_get(pod, "spec"), "nodeName", json_string("node-p"));
+        json_array_append_new(pods, pod);
+    }
+    json_t *req = json_pack("{s:{s:o}}", "load", "pods", pods);
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    control(body);
+    free(body);
+    loaded = true;
+}
+
+static char *standin_rv(void)
+{
+    json_t *stats = call("GET", "/_control/stats", NULL, NULL, 200);
+    char *rv = strdup(json_string_value(json_object_get(stats, "resourceVersion")));
+    json_decref(stats);
+    return rv;
+}
+
+/* The last `n` list requests the stand-in logged (a new array), oldest first. */
+static json_t *last_lists(size_t n)
+{
+    json_t *log = call("GET", "/_control/requests", NULL, NULL, 200);
+    json_t *lists = json_object_get(log, "lists");
+    assert_true(json_array_size(lists) >= n);
+    json_t *out = json_array();
+    for (size_t i = json_array_size(lists) - n; i < json_array_size(lists); i++)
+        json_array_append(out, json_array_get(lists, i));
+    json_decref(log);
+    return out;
+}
+
+/* Asserts `items` holds exactly the pods p-<first>..p-<first+n-1>, each once. */
+static void assert_names(json_t *items, int first, int n)
+{
+    assert_int_equal(json_array_size(items), (size_t)n);
+    json_t *seen = json_object();
+    size_t i;
+    json_t *it;
+    json_array_foreach(items, i, it)
+    {
+        const char *name =
+            json_string_value(json_object_get(json_object_get(it, "metadata"), "name"));
+        assert_non_null(name);
+        assert_null(json_object_get(seen, name));
+        json_object_set_new(seen, name, json_true());
+    }
+    for (int k = first; k < first + n; k++) {
+        char name[32];
+        snprintf(name, sizeof(name), "p-%04d", k);
+        if (json_object_get(seen, name) == NULL)
+            fail_msg("%s missing from the list", name);
+    }
+    json_decref(seen);
+}
+
+static void test_list_pages(void **state)
+{
+    load_paged_pods();
+    char *want_rv = standin_rv();
+    json_t *items = NULL;
+    char rv[KGPU_K8S_RV_MAX];
+    kgpu_k8s_list_stats st;
+    kgpu_error err = {0};
+
+    /* Pages of 100: 13 requests, every one of the same snapshot, no resourceVersion sent. */
+    kgpu_k8s_list_opts opts = {.limit = 100};
+    if (kgpu_k8s_list(api, "/api/v1/namespaces/" PAGED_NS "/pods", NULL, &opts, &items, rv,
+                      sizeof(rv), &st, &err) != 0)
+        fail_msg("list: %s", err.msg);
+    assert_names(items, 0, PAGED_N);
+    json_decref(items);
+    assert_int_equal(st.pages, 13);
+    assert_int_equal(st.restarts, 0);
+    assert_string_equal(rv, want_rv);
+    json_t *log = last_lists(13);
+    size_t i;
+    json_t *e;
+    json_array_foreach(log, i, e)
+    {
+        assert_string_equal(json_string_value(json_object_get(e, "limit")), "100");
+        assert_true(json_is_null(json_object_get(e, "resourceVersion")));
+        assert_true(json_is_null(json_object_get(e, "fieldSelector")));
+        assert_int_equal(json_is_true(json_object_get(e, "continue")), i > 0);
+        assert_string_equal(json_string_value(json_object_get(e, "rv")), want_rv);
+        /* No selector: the server counts what remains, as the real one does. */
+        if (i < 12)
+            assert_int_equal(json_integer_value(json_object_get(e, "remainingItemCount")),
+                             PAGED_N - 100 * (i + 1));
+    }
+    json_decref(log);
+
+    /* The default page size is client-go's 500. */
+    assert_int_equal(kgpu_k8s_list(api, "/api/v1/namespaces/" PAGED_NS "/pods", NULL, NULL, &items,
+                                   rv, sizeof(rv), &st, &err),
+                     0);
+    assert_int_equal(json_array_size(items), PAGED_N);
+    json_decref(items);
+    assert_int_equal(st.pages, 3);
+
+    /* A field selector is repeated on every page, unchanged. */
+    opts.limit = 30;
+    assert_int_equal(kgpu_k8s_list(api, "/api/v1/namespaces/" PAGED_NS "/pods",
+                                   "fieldSelector=spec.nodeName%3Dnode-p", &opts, &items, rv,
+                                   sizeof(rv), &st, &err),
+                     0);
+    assert_names(items, 0, 100);
+    json_decref(items);
+    assert_true(st.pages >= 4);
+    log = last_lists(st.pages);
+    json_array_foreach(log, i, e)
+    {
+        assert_string_equal(json_string_value(json_object_get(e, "fieldSelector")),
+                            "spec.nodeName=node-p");
+        assert_true(json_is_null(json_object_get(e, "resourceVersion")));
+        assert_int_equal(json_is_true(json_object_get(e, "continue")), i > 0);
+    }
+    json_decref(log);
+
+    /* A server that ignores limit answers everything at once: that is a list too. */
+    control("{\"ignore_limit\":true}");
+    opts.limit = 100;
+    int rc = kgpu_k8s_list(api, "/api/v1/namespaces/" PAGED_NS "/pods", NULL, &opts, &items, rv,
+                           sizeof(rv), &st, &err);
+    control("{\"ignore_limit\":false}");
+    assert_int_equal(rc, 0);
+    assert_names(items, 0, PAGED_N);
+    json_decref(items);
+    assert_int_equal(st.pages, 1);
+
+    /* The query is the caller's, paging is the list's. */
+    assert_int_equal(
+        kgpu_k8s_list(api, "/api/v1/pods", "limit=5", NULL, &items, rv, sizeof(rv), NULL, &err),
+        KGPU_EINVAL);
+    assert_null(items);
+    assert_int_equal(kgpu_k8s_list(api, "/api/v1/pods", "a=b&resourceVersion=1", NULL, &items, rv,
+                                   sizeof(rv), NULL, &err),
+                     KGPU_EINVAL);
+    assert_int_equal(
+        kgpu_k8s_list(api, "api/v1/pods", NULL, NULL, &items, rv, sizeof(rv), NULL, &err),
+        KGPU_EINVAL);
+    /* An error names the list and the page. */
+    control("{\"fail_lists\":1}");
+    assert_int_equal(kgpu_k8s_list(api, "/api/v1/namespaces/" PAGED_NS "/pods", NULL, NULL, &items,
+                                   rv, sizeof(rv), NULL, &err),
+                     KGPU_EIO);
+    assert_null(items);
+    assert_non_null(strstr(err.msg, "list /api/v1/namespaces/" PAGED_NS "/pods: page 1: HTTP 500"));
+    free(want_rv);
+}
+
+/* The trim hook of test_list_expired: the first time, changes the namespace and compacts. */
+static int trims;
+static void change_and_compact(void *ctx, json_t *item)
+{
+    if (trims++ == 0) {
+        json_decref(call("DELETE", "/api/v1/namespaces/" PAGED_NS "/pods/p-0000", NULL, NULL, 200));
+        json_decref(call("POST", "/api/v1/namespaces/" PAGED_NS "/pods", NULL,
+                         "{\"metadata\":{\"name\":\"zz-new\"}}", 201));
+        control("{\"compact\":true}");
+    }
+    json_object_del(item, "status");
+}
+
+static void test_list_expired(void **state)
+{
+    load_paged_pods();
+    const char *ns_pods = "/api/v1/namespaces/" PAGED_NS "/pods";
+    json_t *items = NULL;
+    char rv[KGPU_K8S_RV_MAX];
+    kgpu_k8s_list_stats st;
+    kgpu_error err = {0};
+    long expired = standin_stat("lists_expired");
+
+    /* One token expired on the way: the list starts again, and has everything once. */
+    control("{\"expire_continues\":1}");
+    kgpu_k8s_list_opts opts = {.limit = 100};
+    assert_int_equal(kgpu_k8s_list(api, ns_pods, NULL, &opts, &items, rv, sizeof(rv), &st, &err),
+                     0);
+    assert_names(items, 0, PAGED_N);
+    json_decref(items);
+    assert_int_equal(st.restarts, 1);
+    assert_int_equal(st.pages, 14); /* one, then 13 */
+    assert_int_equal(standin_stat("lists_expired"), expired + 1);
+
+    /* A real compaction after the first page, with the namespace changed in between: the
+     * result is the new snapshot, exactly, not the first page stitched to the rest. */
+    trims = 0;
+    opts.trim = change_and_compact;
+    assert_int_equal(kgpu_k8s_list(api, ns_pods, NULL, &opts, &items, rv, sizeof(rv), &st, &err),
+                     0);
+    char *now = standin_rv();
+    assert_string_equal(rv, now);
+    free(now);
+    assert_int_equal(st.restarts, 1);
+    assert_int_equal(json_array_size(items), PAGED_N);
+    size_t i;
+    json_t *it;
+    bool new_seen = false;
+    json_array_foreach(items, i, it)
+    {
+        const char *name =
+            json_string_value(json_object_get(json_object_get(it, "metadata"), "name"));
+        assert_string_not_equal(name, "p-0000");
+        new_seen |= strcmp(name, "zz-new") == 0;
+        assert_null(json_object_get(it, "status")); /* trimmed as the pages came */
+    }
+    assert_true(new_seen);
+    json_decref(items);
+    assert_int_equal(standin_stat("lists_expired"), expired + 2);
+
+    /* Expiring for ever: a bounded number of starts, then an error that says what failed. */
+    control("{\"expire_continues\":1000}");
+    opts = (kgpu_k8s_list_opts){.limit = 100, .restarts = 2};
+    int rc = kgpu_k8s_list(api, ns_pods, NULL, &opts, &items, rv, sizeof(rv), &st, &err);
+    control("{\"expire_continues\":0}");
+    assert_int_equal(rc, KGPU_EIO);
+    assert_null(items);
+    assert_int_equal(st.restarts, 2);
+    assert_int_equal(standin_stat("lists_expired"), expired + 5);
+    if (strstr(err.msg, "list /api/v1/namespaces/" PAGED_NS "/pods: ") != err.msg ||
+        strstr(err.msg, "HTTP 410 Expired") == NULL || strstr(err.msg, "3 times") == NULL ||
+        strstr(err.msg, "after 1 pages and 100 items (1134 more to come)") == NULL)
+        fail_msg("unclear error: %s", err.msg);
+
+    /* Told to stop: no list. */
+    atomic_bool stop = true;
+    opts = (kgpu_k8s_list_opts){.stop = &stop};
+    double t0 = now_s();
+    assert_int_not_equal(
+        kgpu_k8s_list(api, ns_pods, NULL, &opts, &items, rv, sizeof(rv), NULL, &err), 0);
+    assert_true(now_s() - t0 < 1.0);
+    assert_null(items);
+}
+
+/* The reflector lists in pages of 500, then watches from the list's resourceVersion. */
+static void test_reflector_pages(void **state)
+{
+    load_paged_pods();
+    json_t *items = NULL;
+    char rv[KGPU_K8S_RV_MAX];
+    assert_int_equal(kgpu_k8s_list(api, "/api/v1/namespaces/" PAGED_NS "/pods", NULL, NULL, &items,
+                                   rv, sizeof(rv), NULL, NULL),
+                     0);
+    size_t want = json_array_size(items);
+    json_decref(items);
+    control("{\"reset_stats\":true}");
+    reflector *f = reflector_start(api, "/api/v1/namespaces/" PAGED_NS "/pods", NULL);
+    recorder *r = &f->rec;
+    WAIT_FOR(r, r->resets == 1 && json_object_size(r->cache) == want);
+    wait_watches_opened(1);
+    json_t *log = call("GET", "/_control/requests", NULL, NULL, 200);
+    json_t *lists = json_object_get(log, "lists"), *watches = json_object_get(log, "watches");
+    assert_int_equal(json_array_size(lists), (want + 499) / 500);
+    size_t i;
+    json_t *e;
+    json_array_foreach(lists, i, e)
+    {
+        assert_string_equal(json_string_value(json_object_get(e, "limit")), "500");
+        assert_int_equal(json_is_true(json_object_get(e, "continue")), i > 0);
+        assert_true(json_is_null(json_object_get(e, "resourceVersion")));
+    }
+    const char *list_rv = json_string_value(json_object_get(json_array_get(lists, 0), "rv"));
+    assert_int_equal(json_array_size(watches), 1);
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(watches, 0), "resourceVersion")), list_rv);
+    json_decref(log);
+
+    /* A relist whose token expires half-way still ends with everything, once. */
+    control("{\"expire_continues\":1,\"drop_watches\":true}");
+    WAIT_FOR(r, r->resets == 2 && json_object_size(r->cache) == want);
+    assert_int_equal(standin_stat("lists_expired"), 1);
+    json_decref(create_pod(PAGED_NS, "after", NULL));
+    WAIT_FOR(r, json_object_size(r->cache) == want + 1);
+    assert_true(reflector_stop(f) < 1.0);
+    json_decref(call("DELETE", "/api/v1/namespaces/" PAGED_NS "/pods/after", NULL, NULL, 200));
 }
 
 /* ---- configuration ---- */
@@ -939,6 +1240,9 @@ int main(void)
         cmocka_unit_test_teardown(test_reflector, reflectors_teardown),
         cmocka_unit_test_teardown(test_reflector_huge_event, reflectors_teardown),
         cmocka_unit_test_teardown(test_reflector_stop_in_backoff, reflectors_teardown),
+        cmocka_unit_test(test_list_pages),
+        cmocka_unit_test(test_list_expired),
+        cmocka_unit_test_teardown(test_reflector_pages, reflectors_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
