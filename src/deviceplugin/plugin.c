@@ -297,17 +297,17 @@ static int publish_node(plugin *p, const dp_inventory *inv, double backoff)
 
 /* ---- Allocate and GetPreferredAllocation ---- */
 
+/* The node's pods (a new array; NULL on error), in pages like every list. */
 static json_t *list_node_pods(plugin *p, kgpu_error *err)
 {
-    char path[KGPU_K8S_PATH_MAX];
-    snprintf(path, sizeof(path), "/api/v1/pods?fieldSelector=spec.nodeName%%3D%s",
-             p->cfg->node_name);
-    long status = 0;
-    json_t *list = kgpu_k8s_get_json(p->k8s, path, &status, err);
-    if (list == NULL && status != 0)
-        kgpu_error_set(err, KGPU_EIO, "listing the pods of node %s: HTTP %ld", p->cfg->node_name,
-                       status);
-    return list;
+    char query[KGPU_K8S_PATH_MAX];
+    snprintf(query, sizeof(query), "fieldSelector=spec.nodeName%%3D%s", p->cfg->node_name);
+    json_t *items = NULL;
+    char rv[KGPU_K8S_RV_MAX];
+    kgpu_error e;
+    if (kgpu_k8s_list(p->k8s, "/api/v1/pods", query, NULL, &items, rv, sizeof(rv), NULL, &e) != 0)
+        kgpu_error_set(err, e.code, "listing the pods of node %s: %s", p->cfg->node_name, e.msg);
+    return items;
 }
 
 /* Records progress (or completion) in the pod; the uid guards against a namesake. */
@@ -485,8 +485,8 @@ static void allocate(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t
         inv = p->inv;
         pthread_mutex_unlock(&p->inv_mu);
         int rc = list == NULL ? (e.code ? e.code : KGPU_EIO)
-                              : dp_match_find(json_object_get(list, "items"), p->cfg->node_name, r,
-                                              (int64_t)count, p->registered, inv.unit_mib, &m, &e);
+                              : dp_match_find(list, p->cfg->node_name, r, (int64_t)count,
+                                              p->registered, inv.unit_mib, &m, &e);
         json_decref(list);
         if (rc == 0)
             rc = check_assigned_gpus(p, &m, &inv, &e);
@@ -567,8 +567,8 @@ static void preferred(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_
             dp_match m;
             pthread_mutex_lock(&p->alloc_mu);
             json_t *list = list_node_pods(p, &e);
-            if (list != NULL && dp_match_find(json_object_get(list, "items"), p->cfg->node_name, r,
-                                              size, p->registered, inv.unit_mib, &m, &e) == 0)
+            if (list != NULL && dp_match_find(list, p->cfg->node_name, r, size, p->registered,
+                                              inv.unit_mib, &m, &e) == 0)
                 want_of(&m, &inv, &want);
             else
                 dp_log(DP_DEBUG, "GetPreferredAllocation: packing (%s)", e.msg);
@@ -728,7 +728,7 @@ static void gc_pods(plugin *p)
         if (de->d_name[0] == '.')
             continue;
         bool live = false;
-        const json_t *items = json_object_get(list, "items");
+        const json_t *items = list;
         for (size_t i = 0; i < json_array_size(items) && !live; i++) {
             const char *uid = json_string_value(
                 json_object_get(json_object_get(json_array_get(items, i), "metadata"), "uid"));
