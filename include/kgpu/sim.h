@@ -61,7 +61,29 @@ typedef struct kgpu_sim_config {
      * extender did before rank_scores), to measure what the mapping costs.
      */
     int extender_scores;
+    /*
+     * With extender_scores 1, kube-scheduler's own part of the choice too
+     * (kgpu_sim_k8s): nodes sampled as percentageOfNodesToScore does, its
+     * default score plugins added to the extender's weighted score, pods
+     * without a GPU placed by those plugins alone and never shown to the
+     * policy. NULL: the extender's score alone over every node.
+     */
+    const struct kgpu_sim_k8s *k8s;
 } kgpu_sim_config;
+
+/* kube-scheduler's side of a placement (kubescheduler.config.k8s.io/v1 defaults shown). */
+typedef struct kgpu_sim_k8s {
+    int extender_weight;   /* extenders[].weight (5 shipped); the score counts x weight x 10 */
+    int nodes_to_score;    /* percentageOfNodesToScore: 0 adaptive (50 - nodes/125, >= 5) */
+    int fit_weight;        /* NodeResourcesFit score weight (1; 0 = off) */
+    bool most_allocated;   /* NodeResourcesFit strategy MostAllocated (default LeastAllocated) */
+    int balanced_weight;   /* NodeResourcesBalancedAllocation weight (1; 0 = off) */
+    /*
+     * Pods without a GPU go through the extender's prioritize too (an extender
+     * entry without managedResources), so the policy sees and scores them.
+     */
+    bool all_pods;
+} kgpu_sim_k8s;
 
 typedef struct kgpu_sim_result {
     double alloc_pct_100;   /* allocation % when arrival reached 100 % */

@@ -121,7 +121,18 @@ json_t *kgpu_study_json(const kgpu_study *s, bool timing)
     json_object_set_new(root, "tie_break", json_string(s->random_ties ? "random" : "seeded-order"));
     json_object_set_new(root, "target", json_string(s->online ? "online" : "trace"));
     if (s->extender_scores)
-        json_object_set_new(root, "choice", json_string("extender-scores"));
+        json_object_set_new(root, "choice", json_string(s->k8s ? "kube-scheduler" : "extender-scores"));
+    if (s->k8s) {
+        json_t *k = json_object();
+        json_object_set_new(k, "extender_weight", json_integer(s->k8s->extender_weight));
+        json_object_set_new(k, "nodes_to_score", json_integer(s->k8s->nodes_to_score));
+        json_object_set_new(k, "fit_weight", json_integer(s->k8s->fit_weight));
+        json_object_set_new(k, "fit", json_string(s->k8s->most_allocated ? "MostAllocated"
+                                                                         : "LeastAllocated"));
+        json_object_set_new(k, "balanced_weight", json_integer(s->k8s->balanced_weight));
+        json_object_set_new(k, "all_pods", json_boolean(s->k8s->all_pods));
+        json_object_set_new(root, "kube_scheduler", k);
+    }
     json_t *results = json_array();
     for (int r = 0; r < s->nrows; r++) {
         const kgpu_study_row *row = &s->rows[r];
@@ -609,6 +620,13 @@ static void simulate_usage(FILE *f)
                "  --extender-scores choose as kube-scheduler with the extender does: the\n"
                "                    highest of the policy's 0-10 prioritize scores over every\n"
                "                    node that fits, ties at random\n"
+               "  --kube-scheduler SPEC  as --extender-scores, with kube-scheduler's own part:\n"
+               "                    its node sample, its default score plugins beside the\n"
+               "                    extender's, pods without GPU placed by them alone. SPEC:\n"
+               "                    default, or a comma list of weight=N (extender weight,\n"
+               "                    5), score=PCT (percentageOfNodesToScore, 0 adaptive),\n"
+               "                    fit=least|most|off, fit-weight=N, balanced=N (weights 1),\n"
+               "                    all-pods (pods without GPU get the extender's scores too)\n"
                "  --workload        print the arrival sequence of the (one) seed as CSV\n"
                "                    (seq,pod,name,cpu_milli,memory_mib,num_gpu,gpu_milli,\n"
                "                    gpu_spec) instead of simulating\n"
@@ -620,6 +638,50 @@ static void simulate_usage(FILE *f)
                "                    lifetimes kept (default 1)\n"
                "                    (--inflate with --churn: drawn pods arrive with their\n"
                "                    originals; without it the file's pods as recorded)\n");
+}
+
+/*
+ * --kube-scheduler SPEC: comma-separated `default` (the shipped configuration
+ * on kube-scheduler's defaults), `weight=N`, `score=PCT` (percentageOfNodesToScore,
+ * 0 adaptive), `fit=least|most|off`, `fit-weight=N`, `balanced=N`. Later items
+ * override earlier ones. False after saying on stderr what was wrong.
+ */
+static bool k8s_arg(const char *text, kgpu_sim_k8s *k)
+{
+    *k = (kgpu_sim_k8s){.extender_weight = 5, .nodes_to_score = 0, .fit_weight = 1,
+                        .most_allocated = false, .balanced_weight = 1};
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", text);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        char *end = NULL;
+        long v = eq ? strtol(eq + 1, &end, 10) : 0;
+        bool num = eq && end != eq + 1 && *end == '\0' && v >= 0 && v <= 1000000;
+        if (strcmp(t, "default") == 0)
+            continue;
+        if (strncmp(t, "weight=", 7) == 0 && num && v > 0)
+            k->extender_weight = (int)v;
+        else if (strncmp(t, "score=", 6) == 0 && num && v <= 100)
+            k->nodes_to_score = (int)v;
+        else if (strcmp(t, "fit=least") == 0)
+            k->most_allocated = false;
+        else if (strcmp(t, "fit=most") == 0)
+            k->most_allocated = true;
+        else if (strcmp(t, "fit=off") == 0)
+            k->fit_weight = 0;
+        else if (strncmp(t, "fit-weight=", 11) == 0 && num)
+            k->fit_weight = (int)v;
+        else if (strncmp(t, "balanced=", 9) == 0 && num)
+            k->balanced_weight = (int)v;
+        else if (strcmp(t, "all-pods") == 0)
+            k->all_pods = true;
+        else {
+            fprintf(stderr, "kgpu simulate: --kube-scheduler '%s': unknown item '%s'\n", text,
+                    t);
+            return false;
+        }
+    }
+    return true;
 }
 
 /* --flag's number in (0, max] into *out; false after saying on stderr what was expected. */
@@ -655,6 +717,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"speedup", required_argument, NULL, 'S'},
         {"extender-scores", no_argument, NULL, 'E'},
         {"workload", no_argument, NULL, 'W'},
+        {"kube-scheduler", required_argument, NULL, 'K'},
         {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL;
@@ -664,7 +727,8 @@ int kgpu_cmd_simulate(int argc, char **argv)
     int threads = 0;
     bool json = false, timing = true, random_ties = false, online = false;
     bool churn = false, inflate_set = false, speedup_set = false;
-    bool extender_scores = false, workload = false;
+    bool extender_scores = false, workload = false, k8s_set = false;
+    kgpu_sim_k8s k8s;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -728,6 +792,13 @@ int kgpu_cmd_simulate(int argc, char **argv)
             break;
         case 'W':
             workload = true;
+            break;
+        case 'K':
+            if (!k8s_arg(optarg, &k8s)) {
+                free(policy_text);
+                return 2;
+            }
+            k8s_set = extender_scores = true;
             break;
         case 'h':
             simulate_usage(stdout);
@@ -827,6 +898,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
     study.random_ties = random_ties;
     study.online = online;
     study.extender_scores = extender_scores ? 1 : 0;
+    study.k8s = k8s_set ? &k8s : NULL;
     study.progress = isatty(STDERR_FILENO);
     if (kgpu_study_run(&study, &err) != 0)
         goto out;

@@ -83,7 +83,8 @@ static void *worker(void *arg)
                                .inflate = s->inflate,
                                .random_ties = s->random_ties,
                                .online = s->online,
-                               .extender_scores = s->extender_scores};
+                               .extender_scores = s->extender_scores,
+                               .k8s = s->k8s};
         kgpu_error err;
         kgpu_error_clear(&err);
         double t0 = kgpu_now();

@@ -38,6 +38,7 @@ typedef struct kgpu_study {
     bool random_ties; /* see kgpu_sim_config */
     bool online;      /* see kgpu_sim_config */
     int extender_scores; /* see kgpu_sim_config */
+    const kgpu_sim_k8s *k8s; /* see kgpu_sim_config; borrowed */
     double elapsed_s; /* wall time of the whole study */
 } kgpu_study;
 

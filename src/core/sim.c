@@ -247,6 +247,100 @@ static int extender_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_req
     return kgpu_policy_select(p, c, req, &chosen, 1, rng, node_out, gpus, err);
 }
 
+/*
+ * kube-scheduler's node sample (numFeasibleNodesToFind): every node under 100,
+ * else pct % of them (adaptive when 0: 50 - nodes/125, at least 5), at least 100.
+ */
+static int k8s_nodes_to_find(int nn, int pct)
+{
+    if (nn < 100)
+        return nn;
+    if (pct <= 0) {
+        pct = 50 - nn / 125;
+        if (pct < 5)
+            pct = 5;
+    }
+    if (pct >= 100)
+        return nn;
+    int k = (int)((int64_t)nn * pct / 100);
+    return k < 100 ? 100 : k;
+}
+
+/* One resource of NodeResourcesFit's score, 0-100, as kube-scheduler computes it. */
+static int64_t k8s_fit_score(int64_t requested, int64_t capacity, bool most)
+{
+    if (capacity <= 0 || requested > capacity)
+        return 0;
+    return most ? requested * 100 / capacity : (capacity - requested) * 100 / capacity;
+}
+
+/* kube-scheduler's default plugin scores for req on node i: NodeResourcesFit + Balanced. */
+static int64_t k8s_plugin_score(const kgpu_cluster *c, int i, const kgpu_request *req,
+                                const kgpu_sim_k8s *k)
+{
+    const kgpu_node *n = kgpu_cluster_node(c, i);
+    int64_t cpu = n->cpu_milli - n->cpu_free + req->cpu_milli;
+    int64_t mem = n->memory_mib - n->memory_free + req->memory_mib;
+    int64_t total = 0;
+    if (k->fit_weight > 0)
+        total += k->fit_weight * ((k8s_fit_score(cpu, n->cpu_milli, k->most_allocated) +
+                                   k8s_fit_score(mem, n->memory_mib, k->most_allocated)) /
+                                  2);
+    if (k->balanced_weight > 0 && n->cpu_milli > 0 && n->memory_mib > 0) {
+        double fc = (double)cpu / (double)n->cpu_milli, fm = (double)mem / (double)n->memory_mib;
+        fc = fc > 1 ? 1 : fc;
+        fm = fm > 1 ? 1 : fm;
+        double sd = fabs(fc - fm) / 2;
+        total += k->balanced_weight * (int64_t)((1 - sd) * 100);
+    }
+    return total;
+}
+
+/*
+ * kube-scheduler with the extender (kgpu_sim_k8s): filter from the rotating
+ * start until the sample is full, the extender's 0-10 scores (for pods that ask
+ * for a GPU) times weight x 10 plus the default score plugins, the highest
+ * total wins, ties at random; then the policy's GPUs on that node. `feasible`
+ * and `scores` have room for every node; *start is nextStartNodeIndex.
+ */
+static int k8s_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                      const kgpu_sim_k8s *k, int *feasible, int *scores, int nn, int *start,
+                      kgpu_rng *rng, int *node_out, int *gpus, kgpu_error *err)
+{
+    int want = k8s_nodes_to_find(nn, k->nodes_to_score), nf = 0, processed = 0;
+    for (int j = 0; j < nn && nf < want; j++) {
+        int i = (*start + j) % nn;
+        processed++;
+        if (kgpu_fit(c, i, req, NULL, 0))
+            feasible[nf++] = i;
+    }
+    *start = (*start + processed) % nn;
+    if (nf == 0)
+        return kgpu_error_set(err, KGPU_ENOFIT, "no node fits");
+    bool managed = req->gpu_count > 0 || k->all_pods;
+    if (managed) {
+        int rc = kgpu_policy_node_scores(p, c, req, feasible, nf, scores, err);
+        if (rc != 0)
+            return rc;
+    }
+    int64_t best = -1;
+    int chosen = -1;
+    uint64_t ties = 0;
+    for (int j = 0; j < nf; j++) {
+        int64_t t = k8s_plugin_score(c, feasible[j], req, k);
+        if (managed)
+            t += (int64_t)scores[j] * k->extender_weight * 10;
+        if (t > best) {
+            best = t;
+            chosen = feasible[j];
+            ties = 1;
+        } else if (t == best && kgpu_rng_below(rng, ++ties) == 0) {
+            chosen = feasible[j];
+        }
+    }
+    return kgpu_policy_select(p, c, req, &chosen, 1, rng, node_out, gpus, err);
+}
+
 /* A GPU share: under 1000 milli of each GPU it takes (what share_packing measures). */
 static bool is_share(const kgpu_request *req)
 {
@@ -301,8 +395,9 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     uint64_t present = 0;
     for (int i = 0; i < nn; i++)
         present |= kgpu_cluster_node(c, i)->model_mask;
+    int k8s_start = 0; /* kube-scheduler's nextStartNodeIndex */
     if (cfg->extender_scores) {
-        all = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*all));
+        all = malloc((size_t)(nn > 0 ? nn : 1) * 2 * sizeof(*all)); /* and k8s_select's sample */
         scores = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*scores));
         if (all == NULL || scores == NULL) {
             rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
@@ -322,10 +417,15 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         arrived += kgpu__gpu_demand(req);
         bool constrained = req->gpu_count > 0 && (req->models & present) != present;
         out->constrained_pods += constrained;
-        if ((rc = kgpu__policy_learn(p, learner, c, req, err)) != 0)
+        /* Under kube-scheduler the extender never sees a pod without a GPU arrive. */
+        if ((cfg->k8s == NULL || cfg->k8s->all_pods || req->gpu_count > 0) &&
+            (rc = kgpu__policy_learn(p, learner, c, req, err)) != 0)
             goto done;
         int node, gpus[KGPU_MAX_GPUS_PER_NODE];
-        if (all != NULL)
+        if (all != NULL && cfg->k8s != NULL)
+            rc = k8s_select(p, c, req, cfg->k8s, all + nn, scores, nn, &k8s_start, &srng, &node,
+                            gpus, err);
+        else if (all != NULL)
             rc = extender_select(p, c, req, all, scores, nn, &srng, &node, gpus, err);
         else
             rc = kgpu_policy_select(p, c, req, NULL, 0, &srng, &node, gpus, err);

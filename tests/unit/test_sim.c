@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -202,6 +203,59 @@ static void test_cpu_only_workload(void **state)
     kgpu_trace_free(&pods);
 }
 
+/* kgpu_sim_workload is the sequence a run replays: same length, demand to the target. */
+static void test_workload_export(void **state)
+{
+    fixture *f = *state;
+    for (uint64_t seed = 40; seed < 44; seed++) {
+        size_t *order = NULL, len = 0;
+        kgpu_error err;
+        assert_int_equal(kgpu_sim_workload(&f->in, seed, 1.3, &order, &len, &err), 0);
+        kgpu_sim_config cfg = {.policy = "fgd", .seed = seed, .inflate = 1.3};
+        kgpu_sim_result r;
+        assert_int_equal(kgpu_sim_run(&f->in, &cfg, &r, &err), 0);
+        assert_int_equal((long)len, r.pods);
+        long demand = 0;
+        for (size_t k = 0; k < len; k++) {
+            assert_true(order[k] < f->in.nrequests);
+            const kgpu_request *q = &f->in.requests[order[k]];
+            demand += (long)q->gpu_count * q->gpu_milli;
+        }
+        assert_float_equal(demand * 100.0 / 24000, r.arrival_pct_final, 1e-9);
+        /* The same seed gives the same sequence. */
+        size_t *again = NULL, len2 = 0;
+        assert_int_equal(kgpu_sim_workload(&f->in, seed, 1.3, &again, &len2, &err), 0);
+        assert_int_equal(len, len2);
+        assert_memory_equal(order, again, len * sizeof(*order));
+        free(again);
+        free(order);
+    }
+    size_t *order = NULL, len = 0;
+    kgpu_error err;
+    assert_int_equal(kgpu_sim_workload(&f->in, 1, 0, &order, &len, &err), KGPU_EINVAL);
+}
+
+/* The kube-scheduler model: deterministic, every mode valid, all-pods shows CPU pods to kgpu. */
+static void test_kube_scheduler_model(void **state)
+{
+    fixture *f = *state;
+    kgpu_sim_k8s modes[] = {
+        {.extender_weight = 5, .fit_weight = 1, .balanced_weight = 1},
+        {.extender_weight = 5, .nodes_to_score = 100, .fit_weight = 1, .most_allocated = true},
+        {.extender_weight = 50, .all_pods = true},
+    };
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        kgpu_sim_config cfg = {
+            .policy = "kgpu", .seed = 5, .inflate = 1.3, .extender_scores = 1, .k8s = &modes[m]};
+        kgpu_sim_result a, b;
+        kgpu_error err;
+        assert_int_equal(kgpu_sim_run(&f->in, &cfg, &a, &err), 0);
+        assert_int_equal(kgpu_sim_run(&f->in, &cfg, &b, &err), 0);
+        assert_memory_equal(&a, &b, sizeof(a));
+        assert_true(a.alloc_pct_final > 0 && a.alloc_pct_final <= a.arrival_pct_final + 1e-9);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -209,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_determinism),       cmocka_unit_test(test_random_ties_option),
         cmocka_unit_test(test_deflate),           cmocka_unit_test(test_errors),
         cmocka_unit_test(test_cpu_only_workload),
+        cmocka_unit_test(test_workload_export),   cmocka_unit_test(test_kube_scheduler_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
