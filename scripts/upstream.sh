@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Builds the upstream components the end-to-end suites run -- etcd,
+# kube-apiserver, kube-scheduler, kubectl, kubelet and helm -- from their
+# published Go modules at the versions pinned below, into a cache outside
+# the source tree keyed by version. A second run with the same versions
+# builds nothing. Nothing of theirs enters this repository.
+#
+#   scripts/upstream.sh            build what is missing, print the bin dir
+#   scripts/upstream.sh --check    exit 0 if everything is built, 1 if not,
+#                                  2 if this machine's Go is too old
+#
+# A version bump is one line: K8S_VERSION (the staging modules k8s.io/* are
+# pinned to the matching v0.x.y by reading k8s.io/kubernetes's own go.mod),
+# ETCD_VERSION (the etcd that release's build/dependencies.yaml names) or
+# HELM_VERSION.
+set -euo pipefail
+
+K8S_VERSION=v1.37.2
+ETCD_VERSION=v3.7.0
+HELM_VERSION=v4.3.1
+GO_MIN=1.26       # what k8s.io/kubernetes ${K8S_VERSION}'s go.mod asks for
+
+CACHE=${KGPU_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kgpu-upstream}
+BIN="$CACHE/bin-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
+TOOLS=(etcd kube-apiserver kube-scheduler kubectl kubelet helm)
+
+say() { echo "upstream: $*" >&2; }
+
+go_ok() {
+    command -v go >/dev/null 2>&1 || { say "no Go on PATH (need >= $GO_MIN)"; return 1; }
+    local v
+    v=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+    if [ "$(printf '%s\n%s\n' "$GO_MIN" "$v" | sort -V | head -1)" != "$GO_MIN" ]; then
+        say "Go $v is older than the $GO_MIN that Kubernetes $K8S_VERSION needs"
+        return 1
+    fi
+}
+
+all_built() {
+    local t
+    for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done
+}
+
+if [ "${1:-}" = "--check" ]; then
+    all_built && { echo "$BIN"; exit 0; }
+    go_ok || exit 2
+    exit 1
+fi
+if [ "${1:-}" = "--bin" ]; then echo "$BIN"; exit 0; fi
+
+if all_built; then echo "$BIN"; exit 0; fi
+go_ok || exit 2
+
+mkdir -p "$BIN" "$CACHE/src"
+# The module cache and build cache live in the usual Go places (GOMODCACHE,
+# GOCACHE); only the small go.mod files that pin each tool live here.
+export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+
+# --- Kubernetes: one module that requires k8s.io/kubernetes at the pinned
+# tag and replaces each staging module (required there as v0.0.0) with the
+# published v0.<minor>.<patch> of the same release.
+k8s_dir="$CACHE/src/k8s-$K8S_VERSION"
+staging="v0.${K8S_VERSION#v1.}"
+if [ ! -f "$k8s_dir/.resolved" ]; then
+    rm -rf "$k8s_dir"; mkdir -p "$k8s_dir"
+    (
+        cd "$k8s_dir"
+        go mod init kgpu.invalid/upstream-k8s >/dev/null 2>&1
+        go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
+        gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+                sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+        mods=$(sed -n 's/^[[:space:]]*\(k8s\.io\/[a-z0-9-]*\) v0\.0\.0$/\1/p' "$gomod")
+        [ -n "$mods" ] || { say "found no staging modules in $gomod"; exit 1; }
+        for m in $mods; do go mod edit -replace "$m=$m@$staging"; done
+        go mod edit -require "k8s.io/kubernetes@$K8S_VERSION"
+        printf 'package upstream\n' > doc.go
+        go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
+               "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
+               "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" \
+               "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" >&2
+    )
+    touch "$k8s_dir/.resolved"
+fi
+# The version the binaries report (kubectl version, /version, skew checks).
+minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+k8s_ldflags+=" -X k8s.io/component-base/version.gitMajor=1"
+k8s_ldflags+=" -X k8s.io/component-base/version.gitMinor=$minor"
+k8s_ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitMajor=1"
+k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+for t in kube-apiserver kube-scheduler kubectl kubelet; do
+    [ -x "$BIN/$t" ] && continue
+    say "building $t $K8S_VERSION (cold: several minutes)"
+    (cd "$k8s_dir" && go build -trimpath -ldflags "$k8s_ldflags" \
+        -o "$BIN/$t.tmp" "k8s.io/kubernetes/cmd/$t")
+    mv "$BIN/$t.tmp" "$BIN/$t"
+done
+
+# --- etcd: the server module's main package.
+etcd_dir="$CACHE/src/etcd-$ETCD_VERSION"
+if [ ! -x "$BIN/etcd" ]; then
+    mkdir -p "$etcd_dir"
+    (
+        cd "$etcd_dir"
+        [ -f go.mod ] || go mod init kgpu.invalid/upstream-etcd >/dev/null 2>&1
+        printf 'package upstream\n' > doc.go
+        go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
+        say "building etcd $ETCD_VERSION"
+        go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3
+    )
+    mv "$BIN/etcd.tmp" "$BIN/etcd"
+fi
+
+# --- helm: renders deploy/helm/kgpu for the suites.
+helm_dir="$CACHE/src/helm-$HELM_VERSION"
+helm_mod="helm.sh/helm/v${HELM_VERSION#v}"; helm_mod="${helm_mod%%.*}"
+if [ ! -x "$BIN/helm" ]; then
+    mkdir -p "$helm_dir"
+    (
+        cd "$helm_dir"
+        [ -f go.mod ] || go mod init kgpu.invalid/upstream-helm >/dev/null 2>&1
+        printf 'package upstream\n' > doc.go
+        go get "$helm_mod/cmd/helm@$HELM_VERSION" >&2
+        say "building helm $HELM_VERSION"
+        go build -trimpath -ldflags "-s -w -X $helm_mod/internal/version.version=$HELM_VERSION" \
+            -o "$BIN/helm.tmp" "$helm_mod/cmd/helm"
+    )
+    mv "$BIN/helm.tmp" "$BIN/helm"
+fi
+
+all_built || { say "not every tool was built"; exit 1; }
+echo "$BIN"
