@@ -263,7 +263,7 @@ class Store:
     # Changes. Each bumps rv once and records one event; callers hold no lock.
 
     def _record(self, etype, kind, obj, old):
-        self.history.append((self.rv, etype, kind, copy.deepcopy(obj), old))
+        self.history.append((self.rv, etype, kind, obj, old))  # stored objects never change
         while len(self.history) > self.history_max:
             self.floor = self.history.popleft()[0]
         self.cond.notify_all()
@@ -272,7 +272,8 @@ class Store:
         self.rv += 1
         obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
 
-    def create(self, kind, ns, obj):
+    def create(self, kind, ns, obj, copy_out=True):
+        """Stores obj (taken over: the caller must not change it) and returns a copy of it."""
         meta = obj.setdefault("metadata", {})
         with self.cond:
             if not meta.get("name") and meta.get("generateName"):
@@ -298,7 +299,7 @@ class Store:
             self._bump(obj)
             self.objects[kind][key] = obj
             self._record("ADDED", kind, obj, None)
-            return copy.deepcopy(obj)
+            return copy.deepcopy(obj) if copy_out else None
 
     def get(self, kind, ns, name):
         with self.cond:
@@ -397,8 +398,7 @@ class Store:
 
     def list(self, sel):
         with self.cond:
-            items = [copy.deepcopy(o) for o in self.objects[sel.kind].values()
-                     if sel.matches(sel.kind, o)]
+            items = [o for o in self.objects[sel.kind].values() if sel.matches(sel.kind, o)]
             return items, str(self.rv)
 
     # Paged lists: snapshots and compaction, as etcd keeps revisions.
@@ -500,7 +500,7 @@ class Store:
                 if not isinstance(obj, dict):
                     raise ApiError(400, "load: %s holds a non-object" % kind)
                 ns = (obj.get("metadata") or {}).get("namespace") or "default"
-                self.create(kind, ns if kind == "pods" else None, obj)
+                self.create(kind, ns if kind == "pods" else None, obj, copy_out=False)
                 n += 1
         return n
 
