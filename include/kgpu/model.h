@@ -160,15 +160,69 @@ bool kgpu_gpu_usable(const kgpu_node *n, const kgpu_gpu *g, const kgpu_request *
 bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *why, size_t whylen);
 
 /*
- * Would all of `reqs` (e.g. the GPU containers of one pod, in order, GPUs
- * chosen tightest-first) fit node i together, after the placements in
- * `release` (all on that node) were undone? Pure: the cluster is not changed.
- * Serves multi-container pods and preemption ("would evicting these help?").
+ * The placement search: where do all of `reqs` (the GPU containers of one
+ * pod) go on node i together? One search serves every question about a
+ * multi-container pod: filter (does it fit?), bind (where, exactly?),
+ * preemption (would undoing these placements make room?) and "could it ever
+ * fit here?". It is complete: when some assignment of the node's GPUs to the
+ * requests exists, it finds one (within its budget, below).
+ *
+ * First greedy placement in the caller's order (each request on the tightest
+ * GPUs that suffice, as placing containers one at a time always did): where
+ * it finds room, that is the answer, on the same GPUs. Where it does not, an
+ * exact search: requests hardest first, GPUs (and requests) in the same
+ * state tried once, dead ends cut by capacity bounds, at most `budget` steps
+ * (KGPU_PLACE_BUDGET when budget <= 0; a step is one set of GPUs considered
+ * for one request). Past the budget it stops: KGPU_PLACE_UNKNOWN, out->cut
+ * set, and the reason says so. Model.c tells how the search works.
+ */
+#define KGPU_PLACE_MAX_REQS 16    /* requests in one search (GPU containers of one pod) */
+#define KGPU_PLACE_BUDGET   20000 /* default search steps; see kgpu_place_all */
+
+/* kgpu_place_all's answers. */
+enum {
+    KGPU_PLACE_NONE = 0,    /* proven: no placement exists */
+    KGPU_PLACE_FOUND = 1,   /* a placement, in out->gpus */
+    KGPU_PLACE_UNKNOWN = 2, /* the budget ran out before either was found */
+};
+
+/* kgpu_place_all's flags. */
+#define KGPU_PLACE_EMPTY 1u /* search node i as if every GPU were free and healthy */
+
+/* A placement found by kgpu_place_all, and what finding it cost. Caller-owned. */
+typedef struct kgpu_placement {
+    /* GPU positions on the node of each request, in the caller's order (gpu_count of each). */
+    int gpus[KGPU_PLACE_MAX_REQS][KGPU_MAX_GPUS_PER_NODE];
+    long steps; /* search steps taken (0: greedy placement found room) */
+    bool cut;   /* the budget ran out before the search ended */
+} kgpu_placement;
+
+/*
+ * Searches node i for room for all of `reqs` (nreqs <= KGPU_PLACE_MAX_REQS)
+ * together, after the placements in `release` (all on that node) were undone,
+ * or on the node as if empty (flags KGPU_PLACE_EMPTY; release is then
+ * ignored). Pure: the cluster is not changed; deterministic. `out` may be
+ * NULL. Returns KGPU_PLACE_FOUND, _NONE or _UNKNOWN; on the latter two `why`
+ * (may be NULL) says why, e.g. "container 2 of 3: needs 1 whole GPU, 0 are
+ * fully free", naming the first request greedy placement in the caller's
+ * order cannot place, and that the search was cut when it was.
+ */
+int kgpu_place_all(const kgpu_cluster *c, int node, const kgpu_assignment *release, int nrelease,
+                   const kgpu_request *const *reqs, int nreqs, long budget, unsigned flags,
+                   kgpu_placement *out, char *why, size_t whylen);
+
+/*
+ * Would all of `reqs` fit node i together, after the placements in `release`
+ * were undone? kgpu_place_all found a placement; one request and nothing to
+ * release is kgpu_fit, unchanged.
  */
 bool kgpu_fit_all(const kgpu_cluster *c, int node, const kgpu_assignment *release, int nrelease,
                   const kgpu_request *const *reqs, int nreqs, char *why, size_t whylen);
 
-/* The same, on node i as if every GPU were free and healthy: could these ever fit there? */
+/*
+ * Could these ever fit node i, with every GPU free and healthy? False only
+ * when the search proved they cannot (a cut search is no proof: true).
+ */
 bool kgpu_fit_all_empty(const kgpu_cluster *c, int node, const kgpu_request *const *reqs,
                         int nreqs);
 

@@ -1352,6 +1352,388 @@ static void test_property_apply_release(void **state)
         run_property(seeds[i], 3000);
 }
 
+/* ---- the placement search (kgpu_place_all) ------------------------------------------------ */
+
+/* A T4 node as the extender sees one: 15360 MiB per GPU, NUMA 0, 0, 1, 1. */
+static int add_t4_node(kgpu_cluster *c, const char *name)
+{
+    kgpu_gpu_spec g[4];
+    for (int i = 0; i < 4; i++)
+        g[i] = (kgpu_gpu_spec){
+            .index = i, .model = T4, .memory_mib = 15360, .numa = i / 2, .healthy = true};
+    kgpu_node_spec s = {
+        .name = name, .cpu_milli = 64000, .memory_mib = 1 << 18, .gpus = g, .ngpus = 4};
+    int rc = kgpu_cluster_add_node(c, &s, NULL);
+    assert_true(rc >= 0);
+    return rc;
+}
+
+/* Applies every request at the GPUs the search chose, on a copy: the placement is real. */
+static void assert_placement_applies(const kgpu_cluster *c, int node,
+                                     const kgpu_request *const *reqs, int n,
+                                     const kgpu_placement *pl)
+{
+    kgpu_cluster *copy = kgpu_cluster_clone(c);
+    assert_non_null(copy);
+    for (int i = 0; i < n; i++) {
+        kgpu_error e;
+        kgpu_error_clear(&e);
+        if (kgpu_cluster_apply(copy, reqs[i], node, pl->gpus[i], NULL, &e) != 0)
+            fail_msg("request %d of %d at the search's GPUs: %s", i + 1, n, e.msg);
+    }
+    kgpu_cluster_free(copy);
+}
+
+/*
+ * The cases kube-scheduler's real extender client found: containers placed
+ * one at a time on their tightest GPUs refused nodes that hold them.
+ */
+static void test_place_finds_what_greedy_missed(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    int n = add_t4_node(c, "t4");
+    /* GPU 0 held whole, GPU 1 holds a 4 GiB share. */
+    kgpu_request whole = whole_req(c, 0, 1), held4 = share_req(c, 0, 1, 0, 4096);
+    apply_ok(c, &whole, n, (int[]){0});
+    apply_ok(c, &held4, n, (int[]){1});
+    /* [kgpu.io/gpu-mem 2 over kgpu.io/gpu-count 2, nvidia.com/gpu 1] and the reverse. */
+    kgpu_request mem2x2 = share_req(c, 0, 2, 0, 1024);
+    const kgpu_request *pod[] = {&mem2x2, &whole}, *rev[] = {&whole, &mem2x2};
+    char why[256] = "";
+    kgpu_placement pl;
+    assert_true(kgpu_fit_all(c, n, NULL, 0, pod, 2, why, sizeof(why)));
+    assert_int_equal(kgpu_place_all(c, n, NULL, 0, pod, 2, 0, 0, &pl, why, sizeof(why)),
+                     KGPU_PLACE_FOUND);
+    assert_false(pl.cut);
+    assert_placement_applies(c, n, pod, 2, &pl);
+    assert_true(kgpu_fit_all(c, n, NULL, 0, rev, 2, why, sizeof(why)));
+    /* Another whole GPU on top no longer fits: refused with greedy's reason, not cut. */
+    const kgpu_request *three[] = {&mem2x2, &whole, &whole};
+    assert_int_equal(kgpu_place_all(c, n, NULL, 0, three, 3, 0, 0, &pl, why, sizeof(why)),
+                     KGPU_PLACE_NONE);
+    assert_false(pl.cut);
+    assert_string_equal(why, "container 2 of 3: needs 1 whole GPU, 0 are fully free");
+
+    /* An empty node: [mem 8, mem 8 over 2 GPUs, mem 16 over 4 GPUs] fits; it is no lost cause. */
+    int e = add_t4_node(c, "t4-empty");
+    kgpu_request m8 = share_req(c, 0, 1, 0, 8192), m4x2 = share_req(c, 0, 2, 0, 4096),
+                 m4x4 = share_req(c, 0, 4, 0, 4096);
+    const kgpu_request *mixed[] = {&m8, &m4x2, &m4x4};
+    assert_true(kgpu_fit_all(c, e, NULL, 0, mixed, 3, why, sizeof(why)));
+    assert_true(kgpu_fit_all_empty(c, n, mixed, 3));
+    assert_int_equal(kgpu_place_all(c, e, NULL, 0, mixed, 3, 0, 0, &pl, NULL, 0), KGPU_PLACE_FOUND);
+    assert_placement_applies(c, e, mixed, 3, &pl);
+    /* With one more 8 GiB, they never fit, empty or not. */
+    const kgpu_request *too_much[] = {&m8, &m8, &m8, &m4x2, &m4x4};
+    assert_false(kgpu_fit_all_empty(c, e, too_much, 5));
+    /* The cluster is untouched by all of it. */
+    assert_int_equal(kgpu_cluster_node(c, e)->version, 0);
+    assert_int_equal(kgpu_cluster_node(c, e)->gpus[0].free_memory_mib, 15360);
+    kgpu_cluster_free(c);
+}
+
+/* CPU and memory are the node's whatever GPUs are chosen; bad arguments are refused. */
+static void test_place_cpu_and_arguments(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    int n = add_node(c, "n", 4000, 8192, 2, A100, 81920);
+    kgpu_request a = share_req(c, 3000, 1, 100, 0), b = share_req(c, 2000, 1, 100, 0);
+    const kgpu_request *both[] = {&a, &b};
+    char why[256];
+    assert_int_equal(kgpu_place_all(c, n, NULL, 0, both, 2, 0, 0, NULL, why, sizeof(why)),
+                     KGPU_PLACE_NONE);
+    assert_string_equal(why, "container 2 of 2: insufficient CPU: requests 2000m, 1000m free of "
+                             "4000m");
+    assert_true(kgpu_fit_all_empty(c, n, (const kgpu_request *[]){&a}, 1));
+    assert_false(kgpu_fit_all_empty(c, n, both, 2));
+    const kgpu_request *many[KGPU_PLACE_MAX_REQS + 1];
+    for (int i = 0; i <= KGPU_PLACE_MAX_REQS; i++)
+        many[i] = &b;
+    assert_int_equal(
+        kgpu_place_all(c, n, NULL, 0, many, KGPU_PLACE_MAX_REQS + 1, 0, 0, NULL, why, sizeof(why)),
+        KGPU_PLACE_NONE);
+    assert_non_null(strstr(why, "at most 16"));
+    assert_int_equal(kgpu_place_all(c, 7, NULL, 0, both, 2, 0, 0, NULL, why, sizeof(why)),
+                     KGPU_PLACE_NONE);
+    assert_string_equal(why, "no node with index 7");
+    assert_int_equal(kgpu_place_all(c, n, NULL, 0, both, 0, 0, 0, NULL, NULL, 0), KGPU_PLACE_FOUND);
+    kgpu_cluster_free(c);
+}
+
+/* A node of 8 GPUs (NUMA 0-3, 4-7) of `gmem` MiB each, GPU i holding fill[i] MiB already. */
+static int add_filled_node(kgpu_cluster *c, const char *name, const int64_t *gmem,
+                           const int64_t *fill)
+{
+    kgpu_gpu_spec g[8];
+    for (int i = 0; i < 8; i++)
+        g[i] = (kgpu_gpu_spec){
+            .index = i, .model = V100, .memory_mib = gmem[i], .numa = i / 4, .healthy = true};
+    kgpu_node_spec s = {
+        .name = name, .cpu_milli = 64000, .memory_mib = 1 << 20, .gpus = g, .ngpus = 8};
+    int n = kgpu_cluster_add_node(c, &s, NULL);
+    assert_true(n >= 0);
+    for (int i = 0; i < 8; i++)
+        if (fill[i] > 0) {
+            kgpu_request r = share_req(c, 0, 1, 0, fill[i]);
+            apply_ok(c, &r, n, (int[]){i});
+        }
+    return n;
+}
+
+/*
+ * The search's bound: past its budget it stops, refuses as greedy placement
+ * did, says so in the reason, and proves nothing (no "never fits").
+ */
+static void test_place_budget(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    /* The first case of test_place_finds_what_greedy_missed, with a budget of one step. */
+    int t4 = add_t4_node(c, "t4");
+    kgpu_request whole = whole_req(c, 0, 1), held4 = share_req(c, 0, 1, 0, 4096);
+    apply_ok(c, &whole, t4, (int[]){0});
+    apply_ok(c, &held4, t4, (int[]){1});
+    kgpu_request mem2x2 = share_req(c, 0, 2, 0, 1024);
+    const kgpu_request *pod[] = {&mem2x2, &whole};
+    kgpu_placement pl;
+    char why[512];
+    assert_int_equal(kgpu_place_all(c, t4, NULL, 0, pod, 2, 1, 0, &pl, why, sizeof(why)),
+                     KGPU_PLACE_UNKNOWN);
+    assert_true(pl.cut);
+    assert_int_equal(pl.steps, 1);
+    assert_string_equal(why, "container 2 of 2: needs 1 whole GPU, 0 are fully free (kgpu stopped "
+                             "searching for another arrangement of the containers after 1 steps)");
+    assert_int_equal(kgpu_place_all(c, t4, NULL, 0, pod, 2, 0, 0, &pl, NULL, 0), KGPU_PLACE_FOUND);
+    assert_false(pl.cut);
+
+    /*
+     * Sixteen containers of different sizes on eight GPUs with different room
+     * left, two to a GPU at most: greedy placement fails and the search has
+     * more ways to try than its default budget allows.
+     */
+    static const int64_t v100[8] = {16384, 16384, 16384, 16384, 16384, 16384, 16384, 16384};
+    static const int64_t fill[8] = {6176, 6199, 6615, 4113, 4627, 6941, 6979, 6371};
+    static const int64_t sizes[16] = {4056, 4151, 4708, 5276, 5764, 4651, 5577, 4547,
+                                      4547, 4911, 5006, 4562, 4268, 5200, 5424, 4755};
+    int n = add_filled_node(c, "busy", v100, fill);
+    kgpu_request parts[16];
+    const kgpu_request *reqs[16];
+    for (int i = 0; i < 16; i++) {
+        parts[i] = share_req(c, 0, 1, 0, sizes[i]);
+        reqs[i] = &parts[i];
+    }
+    assert_int_equal(kgpu_place_all(c, n, NULL, 0, reqs, 16, 0, 0, &pl, why, sizeof(why)),
+                     KGPU_PLACE_UNKNOWN);
+    assert_true(pl.cut);
+    assert_int_equal(pl.steps, KGPU_PLACE_BUDGET);
+    assert_non_null(strstr(why, "container 16 of 16: "));
+    assert_non_null(strstr(why, "after 20000 steps)"));
+    assert_false(kgpu_fit_all(c, n, NULL, 0, reqs, 16, why, sizeof(why)));
+    assert_non_null(strstr(why, "stopped searching"));
+
+    /* On an empty node the same: a cut search is no proof that they never fit. */
+    static const int64_t mixed[8] = {15150, 17769, 17366, 15999, 15465, 15762, 15572, 15209};
+    static const int64_t none[8] = {0};
+    static const int64_t big[16] = {7882, 8130, 7971, 7546, 8191, 8825, 8334, 8709,
+                                    8776, 7783, 6664, 6200, 8312, 7890, 8611, 6210};
+    int e = add_filled_node(c, "mixed", mixed, none);
+    for (int i = 0; i < 16; i++)
+        parts[i] = share_req(c, 0, 1, 0, big[i]);
+    assert_int_equal(
+        kgpu_place_all(c, e, NULL, 0, reqs, 16, 0, KGPU_PLACE_EMPTY, &pl, why, sizeof(why)),
+        KGPU_PLACE_UNKNOWN);
+    assert_true(pl.cut);
+    assert_int_equal(pl.steps, KGPU_PLACE_BUDGET);
+    assert_true(kgpu_fit_all_empty(c, e, reqs, 16));
+    /* A search that ends within its budget does prove it: no GPU there holds two of 9000 MiB. */
+    kgpu_request large = share_req(c, 0, 1, 0, 9000);
+    const kgpu_request *sixteen[] = {&large, &large, &large, &large, &large, &large,
+                                     &large, &large, &large, &large, &large, &large,
+                                     &large, &large, &large, &large};
+    assert_false(kgpu_fit_all_empty(c, e, sixteen, 16));
+    kgpu_cluster_free(c);
+}
+
+/* ---- an independent statement of "some placement exists": every assignment, tried --------- */
+
+typedef struct ref_gpu {
+    bool healthy;
+    int model, placements, free_milli;
+    int64_t memory_mib, free_mem;
+} ref_gpu;
+
+static bool ref_try(ref_gpu *g, int ng, const kgpu_request *const *reqs, int n, int64_t cpu_left)
+{
+    if (n == 0)
+        return true;
+    const kgpu_request *r = reqs[0];
+    if (r->cpu_milli > cpu_left)
+        return false;
+    if (r->gpu_count <= 0)
+        return ref_try(g, ng, reqs + 1, n - 1, cpu_left - r->cpu_milli);
+    for (unsigned set = 0; set < 1u << ng; set++) {
+        if (__builtin_popcount(set) != r->gpu_count)
+            continue;
+        bool ok = true;
+        for (int i = 0; i < ng && ok; i++) {
+            if (!((set >> i) & 1))
+                continue;
+            ok = g[i].healthy && ((r->models >> g[i].model) & 1) &&
+                 (r->exclusive
+                      ? g[i].placements == 0 && g[i].free_milli == KGPU_MILLI &&
+                            g[i].free_mem == g[i].memory_mib
+                      : g[i].free_milli >= r->gpu_milli && g[i].free_mem >= r->gpu_memory_mib);
+        }
+        if (!ok)
+            continue;
+        ref_gpu saved[KGPU_MAX_GPUS_PER_NODE];
+        memcpy(saved, g, sizeof(*g) * (size_t)ng);
+        for (int i = 0; i < ng; i++) {
+            if (!((set >> i) & 1))
+                continue;
+            g[i].placements++;
+            g[i].free_milli -= r->exclusive ? KGPU_MILLI : r->gpu_milli;
+            g[i].free_mem -= r->exclusive ? g[i].memory_mib : r->gpu_memory_mib;
+        }
+        bool found = ref_try(g, ng, reqs + 1, n - 1, cpu_left - r->cpu_milli);
+        memcpy(g, saved, sizeof(*g) * (size_t)ng);
+        if (found)
+            return true;
+    }
+    return false;
+}
+
+static bool ref_exists(const kgpu_node *n, bool empty, const kgpu_request *const *reqs, int nreqs)
+{
+    ref_gpu g[KGPU_MAX_GPUS_PER_NODE];
+    for (int i = 0; i < n->ngpus; i++) {
+        const kgpu_gpu *x = &n->gpus[i];
+        g[i] = (ref_gpu){.healthy = empty || x->healthy,
+                         .model = x->model,
+                         .placements = empty ? 0 : x->placements,
+                         .free_milli = empty ? KGPU_MILLI : x->free_milli,
+                         .memory_mib = x->memory_mib,
+                         .free_mem = empty ? x->memory_mib : x->free_memory_mib};
+    }
+    return ref_try(g, n->ngpus, reqs, nreqs, empty ? n->cpu_milli : n->cpu_free);
+}
+
+/* A random share or whole-GPU request for a node of at most `ngpus` GPUs. */
+static kgpu_request random_part(const kgpu_cluster *c, kgpu_rng *rng, int ngpus,
+                                const char *const *only)
+{
+    kgpu_request r = {.shape = -1};
+    if (kgpu_rng_below(rng, 4) == 0) {
+        r.exclusive = true;
+        r.gpu_milli = KGPU_MILLI;
+        r.gpu_count = 1 + (int)kgpu_rng_below(rng, 2);
+    } else {
+        r.gpu_count = 1 + (int)kgpu_rng_below(rng, (uint64_t)(ngpus < 3 ? ngpus : 3));
+        r.gpu_milli = 100 * (int)kgpu_rng_below(rng, 7);
+        r.gpu_memory_mib = 1024 * (int64_t)kgpu_rng_below(rng, 11);
+        if (r.gpu_milli == 0 && r.gpu_memory_mib == 0)
+            r.gpu_memory_mib = 1024;
+    }
+    if (kgpu_rng_below(rng, 6) == 0) {
+        r.allow = only;
+        r.nallow = 1;
+    }
+    r.cpu_milli = 500 * (int64_t)kgpu_rng_below(rng, 3);
+    compile(c, &r);
+    return r;
+}
+
+/*
+ * Against every assignment tried one by one, on random small nodes partly
+ * filled: the search finds a placement exactly when one exists, the
+ * placement it gives is real, and "never fits" holds exactly when no
+ * placement exists on the empty node. Also after undoing placements.
+ */
+static void test_place_complete(void **state)
+{
+    static const char *const only_t4[] = {T4};
+    kgpu_rng rng;
+    kgpu_rng_seed(&rng, 7, 3);
+    int found = 0, none = 0, never = 0, greedy_missed = 0;
+    for (int trial = 0; trial < 4000; trial++) {
+        kgpu_cluster *c = kgpu_cluster_new();
+        int ngpus = 2 + (int)kgpu_rng_below(&rng, 5);
+        const char *models[KGPU_MAX_GPUS_PER_NODE];
+        int64_t gmem[KGPU_MAX_GPUS_PER_NODE];
+        bool one_model = kgpu_rng_below(&rng, 2) == 0; /* identical GPUs: symmetric classes */
+        for (int i = 0; i < ngpus; i++) {
+            bool t4 = !one_model && kgpu_rng_below(&rng, 3) == 0;
+            models[i] = t4 ? T4 : V100;
+            gmem[i] = t4 ? 15360 : 16384;
+        }
+        int n = add_node_mixed(c, "n", 4000, 1 << 16, ngpus, models, gmem);
+        /* Partly filled: random requests on random usable GPUs. */
+        kgpu_assignment held[6];
+        int nheld = 0;
+        for (int k = (int)kgpu_rng_below(&rng, 6); k > 0; k--) {
+            kgpu_request r = random_part(c, &rng, ngpus, only_t4);
+            r.cpu_milli = 0;
+            int gpus[KGPU_MAX_GPUS_PER_NODE];
+            if (kgpu__fit(kgpu_cluster_node(c, n), &r) &&
+                kgpu__pick_random(kgpu_cluster_node(c, n), &r, &rng, gpus) == 0)
+                held[nheld++] = apply_ok(c, &r, n, gpus);
+        }
+        if (kgpu_rng_below(&rng, 8) == 0)
+            kgpu_cluster_set_gpu_health(c, n, (int)kgpu_rng_below(&rng, (uint64_t)ngpus), false,
+                                        NULL);
+        kgpu_request parts[4];
+        const kgpu_request *reqs[4];
+        int nreqs = 2 + (int)kgpu_rng_below(&rng, 3);
+        for (int i = 0; i < nreqs; i++) { /* a third the same as one before: symmetric runs */
+            if (i > 0 && kgpu_rng_below(&rng, 3) == 0)
+                parts[i] = parts[kgpu_rng_below(&rng, (uint64_t)i)];
+            else
+                parts[i] = random_part(c, &rng, ngpus, only_t4);
+            reqs[i] = &parts[i];
+        }
+        int nrelease = nheld > 0 ? (int)kgpu_rng_below(&rng, (uint64_t)nheld + 1) : 0;
+        /* The reference sees the node with those placements undone for real. */
+        kgpu_cluster *after = kgpu_cluster_clone(c);
+        for (int i = 0; i < nrelease; i++)
+            release_ok(after, &held[i]);
+        const kgpu_node *node = kgpu_cluster_node(after, n);
+        bool exists = ref_exists(node, false, reqs, nreqs);
+        kgpu_placement pl;
+        char why[256] = "";
+        int rc = kgpu_place_all(c, n, held, nrelease, reqs, nreqs, 0, 0, &pl, why, sizeof(why));
+        if (rc != (exists ? KGPU_PLACE_FOUND : KGPU_PLACE_NONE))
+            fail_msg("trial %d: search says %d, a placement %s (%s)", trial, rc,
+                     exists ? "exists" : "does not exist", why);
+        assert_false(pl.cut);
+        if (exists) {
+            assert_placement_applies(after, n, reqs, nreqs, &pl);
+            found++;
+            /* Would placing them one at a time, in order, tightest first, have found it? */
+            kgpu_cluster *g = kgpu_cluster_clone(after);
+            bool ok = true;
+            for (int i = 0; i < nreqs && ok; i++) {
+                int gpus[KGPU_MAX_GPUS_PER_NODE];
+                ok = kgpu__fit(kgpu_cluster_node(g, n), reqs[i]) &&
+                     kgpu__pick_best_fit(kgpu_cluster_node(g, n), reqs[i], gpus) == 0 &&
+                     kgpu_cluster_apply(g, reqs[i], n, gpus, NULL, NULL) == 0;
+            }
+            greedy_missed += !ok;
+            kgpu_cluster_free(g);
+        } else {
+            assert_true(why[0] != '\0');
+            none++;
+        }
+        bool ever = ref_exists(node, true, reqs, nreqs);
+        assert_int_equal(kgpu_fit_all_empty(c, n, reqs, nreqs), ever);
+        never += !ever;
+        kgpu_cluster_free(after);
+        kgpu_cluster_free(c);
+    }
+    /* The run covered both answers, and cases greedy placement gets wrong. */
+    if (found < 300 || none < 300 || never < 50 || greedy_missed < 10)
+        fail_msg("weak run: found %d none %d never %d greedy missed %d", found, none, never,
+                 greedy_missed);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1370,6 +1752,10 @@ int main(void)
         cmocka_unit_test(test_release_duplicate_gpu),
         cmocka_unit_test(test_gpu_health),
         cmocka_unit_test(test_property_apply_release),
+        cmocka_unit_test(test_place_finds_what_greedy_missed),
+        cmocka_unit_test(test_place_cpu_and_arguments),
+        cmocka_unit_test(test_place_budget),
+        cmocka_unit_test(test_place_complete),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
