@@ -180,6 +180,24 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
                        kgpu_error *err);
 
 /*
+ * Places a pod's GPU requests (one per container, nreqs <= KGPU_PLACE_MAX_REQS)
+ * on `node` together, and applies them to c, in order, into out[0..nreqs)
+ * (release them in reverse order). One request: kgpu_policy_select on that
+ * node. Several: the same placement search as kgpu_fit_all decides whether
+ * they fit, and each request takes the GPUs the policy chooses for it where,
+ * with those taken, the requests after it still fit (kgpu_place_all), else
+ * the GPUs of the search's own placement (also once the look-ahead searches
+ * together spent KGPU_PLACE_BUDGET steps). So whatever kgpu_fit_all passes,
+ * this places, under every policy. CPU and memory as kgpu_policy_select
+ * checks them (kgpu_policy_set_fit_cpu); when they are not checked, each
+ * request is applied with them clamped to what the node has free.
+ * All or nothing: 0, or KGPU_ENOFIT (err says why, as kgpu_fit_all would)
+ * or another negative error with c unchanged.
+ */
+int kgpu_policy_place(kgpu_policy *p, kgpu_cluster *c, int node, const kgpu_request *const *reqs,
+                      int nreqs, kgpu_rng *rng, kgpu_assignment *out, kgpu_error *err);
+
+/*
  * Node-level scores 0-10 for the extender's prioritize; nodes that do not fit
  * get 0. By default the raw scores of the fitting nodes are scaled linearly so
  * the best is 10 and the worst 0 (all 10 when equal). Policies with

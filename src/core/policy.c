@@ -192,6 +192,86 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
     return 0;
 }
 
+/* Applies req on `gpus`, with CPU and memory clamped to what is free when they are not checked. */
+static int place_apply(const kgpu_policy *p, kgpu_cluster *c, const kgpu_request *req, int node,
+                       const int *gpus, kgpu_assignment *out, kgpu_error *err)
+{
+    kgpu_request r = *req;
+    if (p->no_fit_cpu) {
+        const kgpu_node *n = kgpu_cluster_node(c, node);
+        int64_t cpu = n->cpu_free > 0 ? n->cpu_free : 0,
+                mem = n->memory_free > 0 ? n->memory_free : 0;
+        r.cpu_milli = r.cpu_milli < cpu ? r.cpu_milli : cpu;
+        r.memory_mib = r.memory_mib < mem ? r.memory_mib : mem;
+    }
+    return kgpu_cluster_apply(c, &r, node, gpus, out, err);
+}
+
+int kgpu_policy_place(kgpu_policy *p, kgpu_cluster *c, int node, const kgpu_request *const *reqs,
+                      int nreqs, kgpu_rng *rng, kgpu_assignment *out, kgpu_error *err)
+{
+    if (node < 0 || node >= kgpu_cluster_node_count(c))
+        return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", node);
+    if (nreqs < 0 || nreqs > KGPU_PLACE_MAX_REQS)
+        return kgpu_error_set(err, KGPU_EINVAL, "%d GPU requests in one pod (at most %d)", nreqs,
+                              KGPU_PLACE_MAX_REQS);
+    char why[256];
+    kgpu_request tmp[KGPU_PLACE_MAX_REQS];
+    const kgpu_request *fit[KGPU_PLACE_MAX_REQS];
+    for (int i = 0; i < nreqs; i++)
+        fit[i] = fit_request(p, reqs[i], &tmp[i]);
+    /*
+     * plan: a placement of requests i.. on the node as it is before request
+     * i is applied. The policy's choice for request i replaces plan's only
+     * when the search still places the requests after it.
+     */
+    kgpu_placement plan, rest;
+    if (nreqs > 1 && kgpu_place_all(c, node, NULL, 0, fit, nreqs, 0, 0, &plan, why, sizeof(why)) !=
+                         KGPU_PLACE_FOUND)
+        return kgpu_error_set(err, KGPU_ENOFIT, "%s", why);
+    /* The look-ahead searches share one budget: past it the plan's GPUs are taken. */
+    long left = KGPU_PLACE_BUDGET;
+    int rc = 0, done = 0;
+    for (; done < nreqs && rc == 0; done++) {
+        const kgpu_request *r = reqs[done];
+        int chosen, gpus[KGPU_MAX_GPUS_PER_NODE];
+        kgpu_error perr;
+        rc = kgpu_policy_select(p, c, r, &node, 1, rng, &chosen, gpus, &perr);
+        if (rc == 0)
+            rc = place_apply(p, c, r, node, gpus, &out[done], &perr);
+        if (nreqs == 1) {
+            if (rc == KGPU_ENOFIT) {
+                kgpu_fit(c, node, fit[0], why, sizeof(why));
+                kgpu_error_set(err, rc, "%s", why);
+            } else if (rc != 0) {
+                kgpu_error_set(err, rc, "%s", perr.msg);
+            }
+            return rc;
+        }
+        if (rc == 0 && done + 1 < nreqs) {
+            int found = kgpu_place_all(c, node, NULL, 0, fit + done + 1, nreqs - done - 1,
+                                       left > 0 ? left : 1, 0, &rest, NULL, 0);
+            left -= rest.steps;
+            if (found == KGPU_PLACE_FOUND) {
+                memcpy(plan.gpus[done + 1], rest.gpus,
+                       (size_t)(nreqs - done - 1) * sizeof(plan.gpus[0]));
+                continue;
+            }
+            kgpu_cluster_release(c, &out[done], NULL); /* it would strand a later request */
+            rc = KGPU_ENOFIT;
+        }
+        if (rc == 0)
+            continue;
+        /* The search's own GPUs for this request: with them, the rest of the plan still holds. */
+        rc = place_apply(p, c, r, node, plan.gpus[done], &out[done], err);
+    }
+    if (rc != 0) {
+        for (int i = done - 2; i >= 0; i--) /* done - 1 failed and holds nothing */
+            kgpu_cluster_release(c, &out[i], NULL);
+    }
+    return rc;
+}
+
 /* Keeps top[0..*ntop) the (at most 10) best distinct values seen, best first. */
 static void keep_top(int64_t *top, int *ntop, int64_t v)
 {

@@ -329,6 +329,9 @@ void ext_fit_requests(const kgpu_pod *pod, kgpu_request *tmp, const kgpu_request
     }
 }
 
+_Static_assert(KGPU_MAX_PARTS <= KGPU_PLACE_MAX_REQS,
+               "a pod's GPU containers must fit in one placement search");
+
 /* Applies req with its CPU and memory clamped to what node idx has free (see ext_fit_requests). */
 static int apply_clamped(kgpu_cluster *c, const kgpu_request *req, int idx, const int *gpus,
                          kgpu_assignment *out, kgpu_error *err)
@@ -498,23 +501,24 @@ int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, cons
     snprintf(p->name, sizeof(p->name), "%s", pod->name);
     snprintf(p->node, sizeof(p->node), "%s", node);
     p->status = POD_RESERVED;
-    int rc = 0;
-    for (int i = 0; i < pod->nparts; i++) {
-        int chosen, gpus[KGPU_MAX_GPUS_PER_NODE];
-        const kgpu_request *r = &pod->parts[i].req;
-        rc = kgpu_policy_select(pol, st->cluster, r, &idx, 1, &st->rng, &chosen, gpus, err);
-        if (rc == KGPU_ENOFIT) {
-            char why[256];
-            kgpu_request fr = *r;
-            fr.cpu_milli = fr.memory_mib = 0;
-            kgpu_fit(st->cluster, idx, &fr, why, sizeof(why));
-            kgpu_error_set(err, rc, "container %s does not fit node %s: %s",
-                           pod->parts[i].container, node, why);
-        }
-        if (rc == 0)
-            rc = apply_clamped(st->cluster, r, idx, gpus, &p->part[i].a, err);
-        if (rc != 0)
-            break;
+    /* The one placement search decides, as it did for filter; the policy picks within it. */
+    const kgpu_request *reqs[KGPU_MAX_PARTS];
+    kgpu_assignment a[KGPU_MAX_PARTS];
+    for (int i = 0; i < pod->nparts; i++)
+        reqs[i] = &pod->parts[i].req;
+    kgpu_error why;
+    kgpu_error_clear(&why);
+    int rc = kgpu_policy_place(pol, st->cluster, idx, reqs, pod->nparts, &st->rng, a, &why);
+    if (rc == KGPU_ENOFIT && pod->nparts == 1)
+        kgpu_error_set(err, rc, "container %s does not fit node %s: %s", pod->parts[0].container,
+                       node, why.msg);
+    else if (rc == KGPU_ENOFIT)
+        kgpu_error_set(err, rc, "the pod's %d GPU containers do not fit node %s together: %s",
+                       pod->nparts, node, why.msg);
+    else if (rc != 0)
+        kgpu_error_set(err, rc, "%s", why.msg);
+    for (int i = 0; i < pod->nparts && rc == 0; i++) {
+        p->part[i].a = a[i];
         snprintf(p->part[i].container, sizeof(p->part[i].container), "%.63s",
                  pod->parts[i].container);
         p->nparts = i + 1;

@@ -137,6 +137,198 @@ static void test_fit_all(void **state)
     kgpu_cluster_free(c);
 }
 
+/* A node of GPUs with `gmem` MiB each, NUMA node i / 2. */
+static int add_node_gmem(kgpu_cluster *c, const char *name, int ngpus, const int64_t *gmem)
+{
+    kgpu_gpu_spec g[KGPU_MAX_GPUS_PER_NODE];
+    for (int i = 0; i < ngpus; i++)
+        g[i] = (kgpu_gpu_spec){.index = i,
+                               .model = gmem[i] == 15360 ? T4 : V100,
+                               .memory_mib = gmem[i],
+                               .numa = i / 2,
+                               .healthy = true};
+    kgpu_node_spec s = {
+        .name = name, .cpu_milli = 64000, .memory_mib = 1 << 20, .gpus = g, .ngpus = ngpus};
+    int rc = kgpu_cluster_add_node(c, &s, NULL);
+    assert_true(rc >= 0);
+    return rc;
+}
+
+static kgpu_request mem_req(const kgpu_cluster *c, int count, int milli, int64_t mem)
+{
+    kgpu_request r = {.gpu_count = count, .gpu_milli = milli, .gpu_memory_mib = mem, .shape = -1};
+    compile(c, &r);
+    return r;
+}
+
+/* Whether the GPUs, CPU and placements of node n are the same in both clusters. */
+static bool same_node_state(const kgpu_cluster *a, const kgpu_cluster *b, int n)
+{
+    const kgpu_node *x = kgpu_cluster_node(a, n), *y = kgpu_cluster_node(b, n);
+    if (x->cpu_free != y->cpu_free || x->memory_free != y->memory_free ||
+        x->placements != y->placements)
+        return false;
+    for (int g = 0; g < x->ngpus; g++)
+        if (x->gpus[g].free_milli != y->gpus[g].free_milli ||
+            x->gpus[g].free_memory_mib != y->gpus[g].free_memory_mib ||
+            x->gpus[g].placements != y->gpus[g].placements)
+            return false;
+    return true;
+}
+
+/*
+ * What bind did before the one search: each container on its own, with the
+ * policy's GPUs, in order. Whether that placed them all (on a copy of c).
+ */
+static bool one_by_one(const char *policy, const kgpu_cluster *c, const kgpu_workload *w, int n,
+                       const kgpu_request *const *reqs, int nreqs, uint64_t seed)
+{
+    kgpu_cluster *copy = kgpu_cluster_clone(c);
+    kgpu_policy *p = policy_new(policy, copy, w);
+    kgpu_rng rng;
+    kgpu_rng_seed(&rng, seed, 5);
+    bool ok = true;
+    for (int i = 0; i < nreqs && ok; i++) {
+        int node, gpus[KGPU_MAX_GPUS_PER_NODE];
+        ok = kgpu_policy_select(p, copy, reqs[i], &n, 1, &rng, &node, gpus, NULL) == 0 &&
+             kgpu_cluster_apply(copy, reqs[i], n, gpus, NULL, NULL) == 0;
+    }
+    kgpu_policy_free(p);
+    kgpu_cluster_free(copy);
+    return ok;
+}
+
+/*
+ * Filter passed, bind refused: on two V100-16GB GPUs holding 8 GiB and 4 GiB,
+ * [mem 2, mem 11] fits (11 beside the 4, 2 beside the 8), but spread put
+ * mem 2 on the emptier GPU, and mem 11 then fit nowhere. kgpu_policy_place
+ * places whatever kgpu_fit_all passes, under every policy.
+ */
+static void test_place_keeps_later_containers_placeable(void **state)
+{
+    kgpu_cluster *c = kgpu_cluster_new();
+    int n = add_node_gmem(c, "v100", 2, (const int64_t[]){16384, 16384});
+    kgpu_request held8 = mem_req(c, 1, 0, 8192), held4 = mem_req(c, 1, 0, 4096);
+    apply_ok(c, &held8, n, (int[]){0});
+    apply_ok(c, &held4, n, (int[]){1});
+    kgpu_request m2 = mem_req(c, 1, 0, 2048), m11 = mem_req(c, 1, 0, 11264);
+    const kgpu_request *pod[] = {&m2, &m11};
+    assert_true(kgpu_fit_all(c, n, NULL, 0, pod, 2, NULL, 0));
+    kgpu_workload w;
+    study_workload(c, &w);
+    assert_false(one_by_one("spread", c, &w, n, pod, 2, 1));
+    for (const kgpu_policy_ops *const *ops = kgpu_policy_list(); *ops != NULL; ops++) {
+        kgpu_cluster *copy = kgpu_cluster_clone(c);
+        kgpu_policy *p = policy_new((*ops)->name, copy, &w);
+        kgpu_rng rng;
+        kgpu_rng_seed(&rng, 1, 0);
+        kgpu_assignment out[2];
+        kgpu_error e;
+        if (kgpu_policy_place(p, copy, n, pod, 2, &rng, out, &e) != 0)
+            fail_msg("%s: %s", (*ops)->name, e.msg);
+        assert_int_equal(out[0].gpus[0], 0); /* mem 2 beside the 8 GiB */
+        assert_int_equal(out[1].gpus[0], 1); /* mem 11 beside the 4 GiB */
+        kgpu_policy_free(p);
+        kgpu_cluster_free(copy);
+    }
+    /* One more GiB and they do not fit: refused with the search's reason, nothing held. */
+    kgpu_request m12 = mem_req(c, 1, 0, 12288);
+    const kgpu_request *too_big[] = {&m12, &m12};
+    kgpu_policy *p = policy_new("spread", c, &w);
+    kgpu_rng rng;
+    kgpu_rng_seed(&rng, 1, 0);
+    kgpu_assignment out[2];
+    kgpu_error e;
+    assert_int_equal(kgpu_policy_place(p, c, n, too_big, 2, &rng, out, &e), KGPU_ENOFIT);
+    assert_string_equal(e.msg, "container 2 of 2: no single GPU has 12288 MiB memory free; best "
+                               "has 8192");
+    assert_int_equal(kgpu_cluster_node(c, n)->placements, 2);
+    kgpu_policy_free(p);
+    kgpu_workload_free(&w);
+    kgpu_cluster_free(c);
+}
+
+/* A random GPU request for a node of `ngpus` GPUs (a quarter whole GPUs). */
+static kgpu_request random_part(const kgpu_cluster *c, kgpu_rng *rng, int ngpus)
+{
+    if (kgpu_rng_below(rng, 4) == 0)
+        return whole_req(c, 0, 1 + (int)kgpu_rng_below(rng, 2));
+    int count = 1 + (int)kgpu_rng_below(rng, (uint64_t)(ngpus < 3 ? ngpus : 3));
+    int milli = 100 * (int)kgpu_rng_below(rng, 7);
+    int64_t mem = 1024 * (int64_t)kgpu_rng_below(rng, 12);
+    return mem_req(c, count, milli, milli == 0 && mem == 0 ? 1024 : mem);
+}
+
+/*
+ * For every policy, random multi-container pods on random partly filled
+ * nodes: kgpu_policy_place places exactly what kgpu_fit_all passes, applies
+ * all of it or nothing, and gives back exactly what it took. The run must
+ * meet pods that placing containers one at a time with the policy strands.
+ */
+static void test_place_property(void **state)
+{
+    int stranded = 0;
+    for (const kgpu_policy_ops *const *ops = kgpu_policy_list(); *ops != NULL; ops++) {
+        kgpu_rng rng;
+        kgpu_rng_seed(&rng, 99, 1);
+        int placed = 0, refused = 0;
+        for (int trial = 0; trial < 200; trial++) {
+            kgpu_cluster *c = kgpu_cluster_new();
+            int ngpus = 2 + (int)kgpu_rng_below(&rng, 5);
+            int64_t gmem[KGPU_MAX_GPUS_PER_NODE];
+            for (int i = 0; i < ngpus; i++)
+                gmem[i] = kgpu_rng_below(&rng, 4) == 0 ? 15360 : 16384;
+            int n = add_node_gmem(c, "n", ngpus, gmem);
+            for (int k = (int)kgpu_rng_below(&rng, 5); k > 0; k--) {
+                kgpu_request r = random_part(c, &rng, ngpus);
+                int gpus[KGPU_MAX_GPUS_PER_NODE];
+                if (kgpu__fit(kgpu_cluster_node(c, n), &r) &&
+                    kgpu__pick_random(kgpu_cluster_node(c, n), &r, &rng, gpus) == 0)
+                    apply_ok(c, &r, n, gpus);
+            }
+            kgpu_request parts[4];
+            const kgpu_request *reqs[4];
+            int nreqs = 2 + (int)kgpu_rng_below(&rng, 3);
+            for (int i = 0; i < nreqs; i++) {
+                parts[i] = random_part(c, &rng, ngpus);
+                reqs[i] = &parts[i];
+            }
+            parts[0].cpu_milli = 2000; /* the pod's CPU rides on its first container */
+            kgpu_workload w;
+            study_workload(c, &w);
+            bool fits = kgpu_fit_all(c, n, NULL, 0, reqs, nreqs, NULL, 0);
+            kgpu_cluster *before = kgpu_cluster_clone(c);
+            kgpu_policy *p = policy_new((*ops)->name, c, &w);
+            kgpu_assignment out[4];
+            kgpu_error e;
+            int rc = kgpu_policy_place(p, c, n, reqs, nreqs, &rng, out, &e);
+            if ((rc == 0) != fits)
+                fail_msg("%s trial %d: fit_all says %d, place answers %d: %s", (*ops)->name, trial,
+                         fits, rc, rc ? e.msg : "");
+            if (rc == 0) {
+                placed++;
+                for (int i = 0; i < nreqs; i++)
+                    assert_int_equal(out[i].ngpus, reqs[i]->gpu_count);
+                stranded += !one_by_one((*ops)->name, before, &w, n, reqs, nreqs, trial);
+                for (int i = nreqs - 1; i >= 0; i--)
+                    if (kgpu_cluster_release(c, &out[i], &e) != 0)
+                        fail_msg("%s trial %d: release: %s", (*ops)->name, trial, e.msg);
+            } else {
+                refused++;
+            }
+            assert_true(same_node_state(c, before, n));
+            kgpu_policy_free(p);
+            kgpu_workload_free(&w);
+            kgpu_cluster_free(before);
+            kgpu_cluster_free(c);
+        }
+        if (placed < 40 || refused < 40)
+            fail_msg("%s: weak run: placed %d refused %d", (*ops)->name, placed, refused);
+    }
+    if (stranded < 10)
+        fail_msg("weak run: one container at a time stranded only %d pods", stranded);
+}
+
 /* Several GPUs for one request come from one NUMA node when one can serve them. */
 static void test_numa_local(void **state)
 {
@@ -1358,6 +1550,8 @@ int main(void)
         cmocka_unit_test(test_node_frag),
         cmocka_unit_test(test_workload_build),
         cmocka_unit_test(test_fit_all),
+        cmocka_unit_test(test_place_keeps_later_containers_placeable),
+        cmocka_unit_test(test_place_property),
         cmocka_unit_test(test_numa_local),
         cmocka_unit_test(test_binpack_spread),
         cmocka_unit_test(test_fgd_invalidate),
