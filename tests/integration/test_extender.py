@@ -998,6 +998,108 @@ class TestHappyPath(ExtenderTest):
         self.assert_state_matches(self.ext, self.standin)
 
 
+# Every policy a pod may name (kgpu.io/policy): the registry of src/core/policy.c.
+POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "binpack", "spread",
+            "kgpu")
+
+
+class TestMultiContainer(ExtenderTest):
+    """Pods of several GPU containers: filter and bind ask one placement search."""
+
+    def setUp(self):
+        super().setUp()
+        s = self.standin = self.start_standin()
+        s.add_node("v100-16", gpu_list("v100-16", "V100-PCIE-16GB", 16384, 2))
+        s.add_node("t4-busy", gpu_list("t4-busy", "T4", 15360, 4))  # NUMA 0, 0, 1, 1
+        s.add_node("t4-empty", gpu_list("t4-empty", "T4", 15360, 4))
+        # Bound before the extender starts: 8 and 4 GiB on the V100s; on t4-busy, GPU 0
+        # held whole and 4 GiB on GPU 1.
+        for name, node, exclusive, index, mem_mib in (("held-8", "v100-16", False, 0, 8192),
+                                                     ("held-4", "v100-16", False, 1, 4096),
+                                                     ("held-whole", "t4-busy", True, 0, 15360),
+                                                     ("held-t4", "t4-busy", False, 1, 4096)):
+            gpu = (index, "GPU-%s-%d" % (node, index), 1000 if exclusive else 0, mem_mib)
+            ann = {"kgpu.io/assignment": assignment_annotation([("main", exclusive, [gpu])]),
+                   "kgpu.io/node": node, "kgpu.io/bind-time": "2025-01-01T00:00:00.0Z"}
+            limits = whole(1) if exclusive else share(mem=mem_mib // 1024)
+            s.add_pod(pod_object(name, [container("main", limits)], ann, node_name=node,
+                                 phase="Running"))
+        # No pods awaiting allocation: no kubelet here, and this is about the search alone.
+        self.ext = self.start_extender_for(s, ["--allocate-wait", "0"])
+        self.nodes = ["v100-16", "t4-busy", "t4-empty"]
+
+    def new_pod(self, name, limits, policy=None):
+        containers = [container("c%d" % i, lim) for i, lim in enumerate(limits)]
+        ann = {"kgpu.io/policy": policy} if policy else None
+        return self.standin.add_pod(pod_object(name, containers, ann))
+
+    def gpus_of(self, name):
+        parts = self.parse_assignment(self.standin.get_pod("default", name))
+        return {p["container"]: [g["index"] for g in p["gpus"]] for p in parts}
+
+    def test_filter_finds_any_arrangement(self):
+        # Placed in the pod's order, the share took the last untouched GPU the whole one needed.
+        p = self.new_pod("share-then-whole", [share(mem=2, count=2), whole(1)])
+        res = self.ext.filter(p, self.nodes)
+        self.assertIn("t4-busy", res["NodeNames"], res)
+        self.assertEqual(self.ext.bind(p, "t4-busy"), "")
+        got = self.gpus_of("share-then-whole")
+        self.assertEqual(len(got["c1"]), 1)
+        self.assertNotIn(got["c1"][0], got["c0"] + [0])
+        # On an empty node these fit together; they were even reported unresolvable.
+        p = self.new_pod("three-sizes", [share(mem=8), share(mem=8, count=2),
+                                         share(mem=16, count=4)])
+        res = self.ext.filter(p, ["t4-empty"])
+        self.assertEqual(res["NodeNames"], ["t4-empty"], res)
+        self.assertEqual(self.ext.bind(p, "t4-empty"), "")
+        self.assert_state_matches(self.ext, self.standin)
+
+    def test_spread_binds_what_filter_passed(self):
+        # mem 11 fits only beside the 4 GiB; spread put mem 2 there, on the emptier GPU.
+        for policy in ("spread", "random"):
+            p = self.new_pod("two-%s" % policy, [share(mem=2), share(mem=11)], policy)
+            self.assertEqual(self.ext.filter(p, ["v100-16"])["NodeNames"], ["v100-16"])
+            self.assertEqual(self.ext.bind(p, "v100-16"), "")
+            self.assertEqual(self.gpus_of("two-%s" % policy), {"c0": [0], "c1": [1]})
+            self.standin.delete_pod("default", "two-%s" % policy)
+            self.assert_state_matches(self.ext, self.standin)
+
+    def test_filter_passes_iff_bind_places(self):
+        # For every policy, random pods of several containers while the nodes fill up: a
+        # node filter refused, bind refuses; a node filter passed, bind places the pod on.
+        rng = random.Random(4242)
+        passed = refused = 0
+        for policy in POLICIES:
+            bound = []
+            for i in range(10):
+                name = "%s-%d" % (policy, i)
+                limits = [random_limits(rng, max_whole=2, mem_max=8)
+                          for _ in range(rng.randint(2, 4))]
+                p = self.new_pod(name, limits, policy)
+                res = self.ext.filter(p, self.nodes)
+                fits = res["NodeNames"]
+                no = sorted(set(self.nodes) - set(fits))
+                if no:
+                    node = rng.choice(no)
+                    err = self.ext.bind(p, node)
+                    self.assertNotEqual(err, "", "%s: filter refused %s (%s), bind placed it"
+                                        % (name, node, res["FailedNodes"].get(node)))
+                    refused += 1
+                if fits:
+                    node = rng.choice(fits)
+                    err = self.ext.bind(p, node)
+                    self.assertEqual(err, "", "%s %r: filter passed %s, bind refused"
+                                     % (name, limits, node))
+                    bound.append(name)
+                    passed += 1
+            self.assert_state_matches(self.ext, self.standin)
+            for name in bound:
+                self.standin.delete_pod("default", name)
+            self.assert_state_matches(self.ext, self.standin)
+        self.assertGreater(passed, 20)
+        self.assertGreater(refused, 20)
+
+
 # ---------------------------------------------------------------------------
 # 2. Faults
 # ---------------------------------------------------------------------------
