@@ -1,0 +1,517 @@
+"""The control-plane suite: kgpu-extender under the real kube-apiserver and kube-scheduler.
+
+One control plane for the whole suite (setUpClass); tests run in order and
+each leaves the cluster as it found it (its pods deleted), so they can also
+be run one at a time (`scripts/e2e.sh --suite control-plane -k preempt`).
+Nodes have no kubelet: they are Node objects with the capacity and the
+kgpu.io/gpus annotation that kubelet and kgpu's device plugin would write.
+"""
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+import unittest
+
+import cluster
+import kgpu_deploy
+from cluster import CORE, COUNT, E2E_NS, MEM, WHOLE, node_object, pod_object, wait_for
+
+A100, T4, V100 = "NVIDIA A100-SXM4-80GB", "Tesla T4", "Tesla V100-SXM2-16GB"
+NODES = {  # name: (model, GPUs, MiB each, NUMA of each)
+    "gpu-a100-0": (A100, 4, 81920, [0, 0, 1, 1]),
+    "gpu-a100-1": (A100, 4, 81920, [0, 0, 1, 1]),
+    "gpu-t4-0": (T4, 4, 15360, [0, 0, 1, 1]),
+    "gpu-v100-0": (V100, 2, 16384, [0, 0]),
+}
+CONFIG = {}  # filled by e2e.py: bin dir, build dir, work dir
+
+
+def annotations(obj):
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+class ControlPlaneSuite(unittest.TestCase):
+    cp = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cp = cluster.ControlPlane(CONFIG["work"], CONFIG["bin"]).start()
+        try:
+            cls._bring_up()
+        except BaseException:
+            cls.cp.stop()
+            raise
+
+    @classmethod
+    def _bring_up(cls):
+        cp = cls.cp
+        cls.sched_config, ext_config = kgpu_deploy.install(cp, CONFIG["build"], values=[
+            # No kubelet and no device plugin run in this suite, so no pod is ever marked
+            # kgpu.io/allocated: turn off the wait that holds back same-size pods until then.
+            "extender.config.allocateWaitSeconds=0",
+        ])
+        cls.ext_config = ext_config
+        cp.ensure_namespace(E2E_NS)
+        for prio, value in (("kgpu-e2e-low", 100), ("kgpu-e2e-high", 100000)):
+            cp.admin.post("/apis/scheduling.k8s.io/v1/priorityclasses",
+                          {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                           "metadata": {"name": prio}, "value": value})
+        cls.inventory = {}
+        for name, (model, n, mib, numa) in NODES.items():
+            node = node_object(name, model, n, mib, numa)
+            cls.inventory[name] = json.loads(node["metadata"]["annotations"]["kgpu.io/gpus"])
+            cp.add_node(node)
+        cls.ext = kgpu_deploy.Extender(cp, CONFIG["build"], ext_config, name="kgpu-extender-a")
+        cls.ext.start()
+        wait_for(cls.ext.ready, 60, "the extender's /readyz")
+        cls.vip = kgpu_deploy.ServiceVip(cp, [cls.ext], publish_ip=cluster.host_ip())
+        cls.vip.wait_ready(cls.ext)
+        cp.start_scheduler(cls.sched_config, extender_url=cls.vip.url)
+
+    @classmethod
+    def tearDownClass(cls):
+        if getattr(cls, "vip", None):
+            cls.vip.stop()
+        if cls.cp:
+            cls.cp.stop()
+
+    def setUp(self):
+        self.created = []
+
+    def tearDown(self):
+        for ns, name in self.created:
+            self.cp.delete_pod(ns, name)
+        for ns, name in self.created:
+            wait_for(lambda ns=ns, name=name: self.cp.get_pod(ns, name) is None, 30,
+                     "pod %s/%s to go" % (ns, name))
+        for e in [self.ext] + list(getattr(self, "more_extenders", [])):
+            report = e.sanitizer_report()
+            self.assertIsNone(report, "%s: sanitizer report:\n%s" % (e.name, report))
+
+    # -- helpers ------------------------------------------------------------
+
+    def create(self, name, containers, **kw):
+        pod = pod_object(name, containers, **kw)
+        self.cp.create_pod(pod)
+        self.created.append((pod["metadata"]["namespace"], name))
+        return pod
+
+    def wait_bound(self, name, ns=E2E_NS, timeout=60):
+        def bound():
+            p = self.cp.get_pod(ns, name)
+            return p if p and p["spec"].get("nodeName") else None
+        try:
+            return wait_for(bound, timeout, "pod %s/%s to be bound" % (ns, name))
+        except AssertionError:
+            raise AssertionError("pod %s/%s not bound; events: %s\nscheduler log:\n%s" % (
+                ns, name, [e.get("message") for e in self.cp.events_for(ns, name)],
+                self.cp.scheduler.log_tail(30)))
+
+    def assignment(self, pod):
+        ann = annotations(pod)
+        self.assertIn("kgpu.io/assignment", ann, "bound without kgpu's assignment: %r" % ann)
+        return json.loads(ann["kgpu.io/assignment"])
+
+    def gpus_of(self, pod):
+        """[(container, gpu index, uuid, memory MiB, milli)] of a bound pod's assignment."""
+        out = []
+        node = pod["spec"]["nodeName"]
+        uuids = {g["index"]: g["uuid"] for g in self.inventory[node]}
+        for part in self.assignment(pod):
+            for g in part["gpus"]:
+                self.assertEqual(g["uuid"], uuids.get(g["index"]),
+                                 "assignment names a GPU %r that %s does not have" % (g, node))
+                out.append((part["container"], g["index"], g["uuid"], g["memory_mib"],
+                            g["milli"]))
+        return out
+
+    def truth(self):
+        """{(node, gpu index): (memory MiB, milli)} from every bound pod's annotation."""
+        held = {}
+        for pod in self.cp.admin.list_all("/api/v1/pods"):
+            meta, node = pod["metadata"], pod["spec"].get("nodeName")
+            ann = annotations(pod)
+            if not node or "kgpu.io/assignment" not in ann or meta.get("deletionTimestamp"):
+                continue
+            for part in json.loads(ann["kgpu.io/assignment"]):
+                for g in part["gpus"]:
+                    mem, milli = held.get((node, g["index"]), (0, 0))
+                    held[(node, g["index"])] = (mem + g["memory_mib"], milli + g["milli"])
+        return {k: v for k, v in held.items() if v != (0, 0)}
+
+    def overbooked(self, held):
+        bad = []
+        for (node, index), (mem, milli) in held.items():
+            caps = [g for g in self.inventory.get(node, []) if g["index"] == index]
+            if not caps:
+                bad.append((node, index, "no such GPU"))
+            elif mem > caps[0]["memory_mib"] or milli > 1000:
+                bad.append((node, index, mem, milli))
+        return bad
+
+    def assert_state_matches(self, ext=None, timeout=15):
+        """/inspect equals what the API server's pods say; no GPU past its capacity."""
+        ext = ext or self.ext
+        last = {}
+
+        def same():
+            last["held"], last["truth"] = ext.held(), self.truth()
+            return last["held"] == last["truth"]
+        try:
+            wait_for(same, timeout, "/inspect to equal the pods' assignments", interval=0.2)
+        except AssertionError:
+            self.assertEqual(last.get("held"), last.get("truth"),
+                             "%s /inspect (first) differs from the API server (second)" % ext.name)
+        self.assertEqual(self.overbooked(last["truth"]), [])
+        return last["truth"]
+
+    def failed_scheduling(self, name, ns=E2E_NS, timeout=60):
+        def event():
+            for e in self.cp.events_for(ns, name):
+                if e.get("reason") == "FailedScheduling":
+                    return e["message"]
+            return None
+        return wait_for(event, timeout, "a FailedScheduling event for %s" % name, interval=0.2)
+
+    # -- 1. every kind of GPU request, bound by kube-scheduler through kgpu -----
+
+    def test_1_requests_bound_through_kgpu(self):
+        cases = {
+            # name: (containers, annotations, check(pod, gpus))
+            "whole-2": ([("main", {WHOLE: 2})], None,
+                        lambda node, g: [x[4] for x in g] == [1000, 1000]),
+            "mem-8": ([("main", {MEM: 8})], None,
+                      lambda node, g: [x[3] for x in g] == [8192]),
+            "core-30": ([("main", {MEM: 2, CORE: 30})], None,
+                        lambda node, g: [(x[3], x[4]) for x in g] == [(2048, 300)]),
+            "mem-6-over-3": ([("main", {MEM: 6, COUNT: 3})], None,
+                             lambda node, g: sorted(x[3] for x in g) == [2048] * 3 and
+                             len({x[1] for x in g}) == 3),
+            "t4-only": ([("main", {MEM: 4})], {"kgpu.io/gpu-type": "Tesla T4*"},
+                        lambda node, g: NODES[node][0] == T4),
+            "no-a100": ([("main", {MEM: 4})], {"kgpu.io/gpu-type-exclude": "*A100*"},
+                        lambda node, g: NODES[node][0] != A100),
+            "multi": ([("a", {MEM: 3}), ("b", {WHOLE: 1}), ("c", {MEM: 2, CORE: 20})], None,
+                      lambda node, g: {x[0] for x in g} == {"a", "b", "c"}),
+        }
+        for name, (containers, ann, _) in cases.items():
+            self.create(name, containers, annotations=ann)
+        for name, (containers, ann, check) in cases.items():
+            pod = self.wait_bound(name)
+            node = pod["spec"]["nodeName"]
+            gpus = self.gpus_of(pod)
+            self.assertTrue(check(node, gpus), "%s on %s got %r" % (name, node, gpus))
+            self.assertEqual(annotations(pod).get("kgpu.io/node", node), node)
+        self.assert_state_matches()
+
+    # -- 2. a pod that fits nowhere, and an invalid one: kgpu's reason in the event -----
+
+    def test_2_unschedulable_reason_reaches_events(self):
+        self.create("too-big", [("main", {MEM: 100})])
+        msg = self.failed_scheduling("too-big")
+        # Ask the extender for its own reasons for this pod on these nodes.
+        pod = self.cp.get_pod(E2E_NS, "too-big")
+        st, ans = self.ext.post("/filter", {"Pod": pod, "NodeNames": sorted(NODES)})
+        self.assertEqual(st, 200)
+        reasons = set((ans.get("FailedNodes") or {}).values()) | set(
+            (ans.get("FailedAndUnresolvableNodes") or {}).values())
+        self.assertTrue(reasons, ans)
+        self.assertTrue(any(r in msg for r in reasons),
+                        "event %r carries none of kgpu's reasons %r" % (msg, reasons))
+        self.assertIsNone(self.cp.get_pod(E2E_NS, "too-big")["spec"].get("nodeName"))
+
+        self.create("invalid", [("main", {MEM: 2, CORE: 150})])
+        msg = self.failed_scheduling("invalid")
+        self.assertRegex(msg, r"(?i)gpu-core|150", "the invalid request's reason: %r" % msg)
+        self.assertNotIn("code 400", msg)
+
+    # -- 3. preemption through kube-scheduler with kgpu's preempt verb -----------
+
+    def test_3_preemption_frees_the_gpus_the_preemptor_needs(self):
+        v100 = ("kgpu.io/gpu-type", "Tesla V100*")
+        low = []
+        for i in range(2):
+            name = "low-%d" % i
+            self.create(name, [("main", {MEM: 12})], annotations=dict([v100]),
+                        priority_class="kgpu-e2e-low")
+            low.append(name)
+        held = {n: self.gpus_of(self.wait_bound(n))[0][1] for n in low}
+        self.assertEqual(sorted(held.values()), [0, 1], "one 12 GiB pod per 16 GiB V100")
+        preempt_calls = self.ext.metric("kgpu_extender_requests_total", 'verb="preempt"')
+        self.create("high", [("main", {MEM: 10})], annotations=dict([v100]),
+                    priority_class="kgpu-e2e-high")
+        pod = self.wait_bound("high", timeout=90)
+        self.assertEqual(pod["spec"]["nodeName"], "gpu-v100-0")
+        gone = [n for n in low if self.cp.get_pod(E2E_NS, n) is None]
+        self.assertEqual(len(gone), 1, "exactly one victim: %r" % gone)
+        got = self.gpus_of(pod)[0][1]
+        self.assertEqual(got, held[gone[0]], "bound on the GPU its victim freed")
+        self.assertGreater(self.ext.metric("kgpu_extender_requests_total", 'verb="preempt"'),
+                           preempt_calls, "kube-scheduler never called kgpu's preempt verb")
+        self.assert_state_matches()
+
+    # -- 4. deletes free GPUs; nodes added, relabelled, re-annotated, removed -----
+
+    def test_4_deletes_and_node_changes_are_followed(self):
+        self.create("held", [("main", {MEM: 40})])
+        pod = self.wait_bound("held")
+        node, idx = pod["spec"]["nodeName"], self.gpus_of(pod)[0][1]
+        self.assertIn((node, idx), self.assert_state_matches())
+        self.cp.delete_pod(E2E_NS, "held")
+        wait_for(lambda: (node, idx) not in self.ext.held(), 15, "the GPU to be freed")
+
+        # A node joins with a model nobody else has; a pod asking for it lands there.
+        h100 = node_object("gpu-h100-0", "NVIDIA H100 80GB HBM3", 8, 81559)
+        self.inventory["gpu-h100-0"] = json.loads(h100["metadata"]["annotations"]["kgpu.io/gpus"])
+        self.cp.add_node(h100)
+        wait_for(lambda: any(n["name"] == "gpu-h100-0" for n in self.ext.inspect()["nodes"]), 15,
+                 "the new node in /inspect")
+        self.create("on-h100", [("main", {MEM: 8})], annotations={"kgpu.io/gpu-type": "*H100*"})
+        self.assertEqual(self.wait_bound("on-h100")["spec"]["nodeName"], "gpu-h100-0")
+
+        # Relabelled: kube-scheduler's own nodeSelector and kgpu agree on the new label.
+        self.cp.admin.merge_patch("/api/v1/nodes/gpu-h100-0",
+                                  {"metadata": {"labels": {"pool": "e2e-h100"}}})
+        pod = pod_object("by-label", [("main", {MEM: 4})])
+        pod["spec"]["nodeSelector"] = {"pool": "e2e-h100"}
+        self.cp.create_pod(pod)
+        self.created.append((E2E_NS, "by-label"))
+        self.assertEqual(self.wait_bound("by-label")["spec"]["nodeName"], "gpu-h100-0")
+
+        # Re-annotated: GPUs 0-6 turn unhealthy; the next pod must use GPU 7.
+        gpus = self.inventory["gpu-h100-0"]
+        changed = [dict(g, healthy=(g["index"] == 7)) for g in gpus]
+        used = {x[1] for n in ("on-h100", "by-label")
+                for x in self.gpus_of(self.cp.get_pod(E2E_NS, n))}
+        self.cp.admin.merge_patch("/api/v1/nodes/gpu-h100-0", {"metadata": {"annotations": {
+            "kgpu.io/gpus": json.dumps(changed, separators=(",", ":"))}}})
+        wait_for(lambda: [g["healthy"] for n in self.ext.inspect()["nodes"]
+                          if n["name"] == "gpu-h100-0" for g in n["gpus"]] ==
+                 [g["index"] == 7 for g in gpus], 15, "the health change in /inspect")
+        self.create("healthy-only", [("main", {MEM: 30})],
+                    annotations={"kgpu.io/gpu-type": "*H100*"})
+        pod = self.wait_bound("healthy-only")
+        self.assertEqual(pod["spec"]["nodeName"], "gpu-h100-0")
+        self.assertEqual([x[1] for x in self.gpus_of(pod)], [7], "used: %r" % used)
+
+        # Removed: the node leaves the extender's inventory; its pods go with it.
+        for n in ("on-h100", "by-label", "healthy-only"):
+            self.cp.delete_pod(E2E_NS, n)
+        self.cp.admin.delete("/api/v1/nodes/gpu-h100-0")
+        del self.inventory["gpu-h100-0"]
+        wait_for(lambda: all(n["name"] != "gpu-h100-0" for n in self.ext.inspect()["nodes"]),
+                 15, "the node to leave /inspect")
+        self.create("h100-gone", [("main", {MEM: 8})], annotations={"kgpu.io/gpu-type": "*H100*"})
+        self.failed_scheduling("h100-gone")
+        self.assert_state_matches()
+
+    # -- 5. kill -9 with binds in flight; the restarted extender equals the truth -----
+
+    def test_5_restart_with_binds_in_flight(self):
+        names = ["burst-%02d" % i for i in range(24)]
+        stop = threading.Event()
+
+        def create_all():
+            for i, n in enumerate(names):
+                if stop.is_set():
+                    return
+                self.create(n, [("main", {MEM: 1 + i % 5, CORE: 5})])
+        t = threading.Thread(target=create_all)
+        t.start()
+        wait_for(lambda: self.ext.metric("kgpu_extender_requests_total", 'verb="bind"') >= 4,
+                 60, "binds under way")
+        self.ext.kill()
+        time.sleep(0.5)
+        self.ext.start()
+        t.join()
+        for n in names:
+            self.wait_bound(n, timeout=120)
+        truth = self.assert_state_matches()
+        self.assertTrue(truth)
+
+    # -- 6. two replicas, leader election on a real Lease -------------------------
+
+    def test_6_leader_election_handover(self):
+        self.ext.kill()
+        a = kgpu_deploy.Extender(self.cp, CONFIG["build"], self.ext_config,
+                                 name="kgpu-extender-ha-a", leader_elect=True)
+        b = kgpu_deploy.Extender(self.cp, CONFIG["build"], self.ext_config,
+                                 name="kgpu-extender-ha-b", leader_elect=True)
+        self.more_extenders = [a, b]
+        try:
+            self._handover(a, b)
+        finally:
+            # Whatever happened: back to one replica without leader election for what follows.
+            for e in (a, b):
+                if e.child is not None:
+                    e.stop()
+            self.ext.start()
+            wait_for(self.ext.ready, 60, "the single extender ready again")
+            self.vip.set_replicas([self.ext])
+            self.more_extenders = []
+
+    def _handover(self, a, b):
+        a.start()
+        b.start()
+        self.vip.set_replicas([a, b])
+        lease_path = "/apis/coordination.k8s.io/v1/namespaces/kgpu-system/leases/kgpu-extender"
+
+        def holder():
+            lease = self.cp.admin.try_get(lease_path)
+            who = lease and lease["spec"].get("holderIdentity") or ""
+            # The identity is POD_NAME, made unique per process with "_<pid>".
+            return who.split("_")[0]
+        leader_name = wait_for(holder, 60, "a lease holder")
+        self.assertIn(leader_name, (a.name, b.name))
+        leader, standby = (a, b) if leader_name == a.name else (b, a)
+        wait_for(leader.ready, 30, "the leader to be ready")
+        self.assertFalse(standby.ready(), "the standby must not be ready (no Service traffic)")
+        self.vip.wait_ready(leader)
+
+        names = ["ha-%02d" % i for i in range(8)]
+        for n in names[:4]:
+            self.create(n, [("main", {MEM: 3})])
+        for n in names[:4]:
+            self.wait_bound(n)
+        # Only the leader bound them: kube-scheduler's calls reach the ready replica alone.
+        self.assertEqual(standby.metric("kgpu_extender_requests_total", 'verb="bind"'), 0)
+        self.assertGreaterEqual(leader.metric("kgpu_extender_requests_total", 'verb="bind"'), 4)
+        # And a bind sent to the standby anyway is refused, not performed.
+        st, ans = standby.post("/bind", {"PodName": "x", "PodNamespace": E2E_NS, "PodUID": "u",
+                                         "Node": "gpu-t4-0"})
+        self.assertEqual(st, 200)
+        self.assertTrue(ans.get("Error"), "a standby must refuse binds: %r" % ans)
+        self.assert_state_matches(ext=standby)  # the standby's state is current too
+
+        t0 = time.monotonic()
+        leader.kill()
+        for n in names[4:]:
+            self.create(n, [("main", {MEM: 3})])
+        wait_for(lambda: holder() == standby.name, 60, "the standby to take the lease",
+                 interval=0.1)
+        took = time.monotonic() - t0
+        for n in names[4:]:
+            self.wait_bound(n, timeout=90)
+        print("lease handover after kill -9 of the leader: %.1f s" % took)
+        self.assertLess(took, 15 + 2 + 3, "handover took %.1f s (lease 15 s)" % took)
+        self.assert_state_matches(ext=standby)
+        # The old leader comes back as the standby: current, not ready, not binding.
+        leader.start()
+        wait_for(lambda: leader.held() == standby.held(), 30, "the old leader's state")
+        self.assertEqual(holder(), standby.name)
+        self.assertFalse(leader.ready())
+
+    # -- 7. RBAC: the shipped roles suffice, and nothing more is allowed -----------
+
+    def test_7_rbac_is_least_privilege(self):
+        token = self.cp.service_account_token("kgpu-system", "kgpu-extender")
+        me = cluster.Api("127.0.0.1", self.cp.api_port, self.cp.pki.ca_crt, token=token)
+        self.assertIsInstance(me.get("/api/v1/nodes?limit=1"), dict)
+        self.assertIsInstance(me.get("/api/v1/pods?limit=1"), dict)
+        refused = [
+            ("POST", "/api/v1/namespaces/kgpu-system/secrets",
+             {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}}),
+            ("GET", "/api/v1/namespaces/kgpu-system/secrets", None),
+            ("GET", "/api/v1/namespaces/kube-system/configmaps", None),
+            ("POST", "/api/v1/namespaces/e2e/pods", pod_object("sneaky", [("m", {MEM: 1})])),
+            ("PATCH", "/api/v1/nodes/gpu-t4-0", {"metadata": {"labels": {"x": "y"}}}),
+            ("DELETE", "/api/v1/namespaces/e2e/pods/anything", None),
+            ("PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler",
+             {}),
+        ]
+        for method, path, body in refused:
+            ctype = "application/merge-patch+json" if method == "PATCH" else "application/json"
+            st, text = me.raw(method, path, json.dumps(body) if body is not None else None, ctype)
+            self.assertEqual(st, 403, "%s %s answered %d: %s" % (method, path, st, text[:200]))
+        r = self.cp.kubectl("auth", "can-i", "--list", "-n", "kgpu-system",
+                            "--as=system:serviceaccount:kgpu-system:kgpu-extender")
+        self.assertNotIn("secrets", r.stdout)
+
+    # -- 8. kubectl kgpu inspect, through kubectl's plugin mechanism -----------------
+
+    def test_8_kubectl_kgpu_inspect(self):
+        if cluster.host_ip() is None:
+            self.skipTest("no non-loopback address for the API server to proxy to")
+        self.create("seen", [("main", {MEM: 5})])
+        pod = self.wait_bound("seen")
+        plugdir = self.cp.p("plugins")
+        os.makedirs(plugdir, exist_ok=True)
+        link = os.path.join(plugdir, "kubectl-kgpu")
+        if not os.path.lexists(link):
+            os.symlink(os.path.join(CONFIG["build"], "kgpu"), link)
+        env = dict(os.environ, PATH=plugdir + os.pathsep + os.environ.get("PATH", ""),
+                   KUBECONFIG=self.cp.admin_kubeconfig)
+        r = subprocess.run([self.cp.tool("kubectl"), "plugin", "list"], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        self.assertIn("kubectl-kgpu", r.stdout + r.stderr)
+        wait_for(lambda: self.vip.published, 20, "the Service's endpoints")
+        r = subprocess.run([self.cp.tool("kubectl"), "kgpu", "inspect", "--json"], env=env,
+                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual(sorted(n["name"] for n in doc["nodes"]), sorted(self.inventory))
+        node = pod["spec"]["nodeName"]
+        idx = self.gpus_of(pod)[0][1]
+        gpu = [g for n in doc["nodes"] if n["name"] == node for g in n["gpus"]][idx]
+        self.assertIn("seen", [p["pod"] for p in gpu["pods"]])
+        r = subprocess.run([self.cp.tool("kubectl"), "kgpu", "inspect", node, "--detail"],
+                           env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(node, r.stdout)
+        self.assertIn("seen", r.stdout)
+
+    # -- 9. what the stand-ins must agree with: paging through a real list ---------------
+
+    def test_9_restart_pages_through_many_pods(self):
+        """A restarted extender lists 1,200 pods in pages (limit/continue) and accounts for all."""
+        bulk = {}
+        for name in ("gpu-bulk-0", "gpu-bulk-1"):
+            node = node_object(name, "NVIDIA A100-SXM4-80GB", 8, 81920)
+            bulk[name] = json.loads(node["metadata"]["annotations"]["kgpu.io/gpus"])
+            self.inventory[name] = bulk[name]
+            self.cp.add_node(node)
+        made = []
+        for i in range(1200):
+            node = "gpu-bulk-%d" % (i % 2)
+            g = bulk[node][(i // 2) % 8]
+            name = "bulk-%04d" % i
+            pod = pod_object(name, [("main", {MEM: 1})])
+            pod["spec"]["nodeName"] = node  # bound already, as by an earlier scheduler run
+            pod["metadata"]["annotations"] = {
+                "kgpu.io/node": node,
+                "kgpu.io/assignment": json.dumps([{"container": "main", "exclusive": False,
+                                                   "gpus": [{"index": g["index"],
+                                                             "uuid": g["uuid"],
+                                                             "milli": 0,
+                                                             "memory_mib": 1024}]}])}
+            self.cp.create_pod(pod)
+            made.append(name)
+        self.created.extend((E2E_NS, n) for n in made)
+        audit_from = self.cp.audit_size()
+        self.ext.kill()
+        self.ext.start()
+        wait_for(self.ext.ready, 90, "readiness after the relist")
+        truth = self.assert_state_matches(timeout=30)
+        self.assertEqual(truth[("gpu-bulk-0", 0)], (75 * 1024, 0))
+        # What kube-apiserver saw: the extender's pod list came in pages.
+        lists = [e for e in self.cp.audit_events(audit_from)
+                 if e.get("verb") == "list" and e.get("objectRef", {}).get("resource") == "pods"
+                 and e.get("user", {}).get("username") ==
+                 "system:serviceaccount:kgpu-system:kgpu-extender"]
+        uris = [e["requestURI"] for e in lists]
+        self.assertTrue(any("limit=" in u for u in uris), uris)
+        conts = [u for u in uris if "continue=" in u]
+        self.assertGreaterEqual(len(conts), 2, "1,200 pods in pages of at most 500: %r" % uris)
+        self.assertFalse([u for u in conts if "resourceVersion=" in u],
+                         "a continued list must not name a resourceVersion")
+        for name in bulk:
+            del self.inventory[name]
+        for ns, name in self.created:
+            self.cp.delete_pod(ns, name)
+        self.created = []
+        for name in bulk:
+            self.cp.admin.delete("/api/v1/nodes/" + name)
