@@ -52,6 +52,11 @@ if all_built; then echo "$BIN"; exit 0; fi
 go_ok || exit 2
 
 mkdir -p "$BIN" "$CACHE/src"
+# One build at a time: a second caller (a parallel test, a benchmark) waits
+# for the first and then finds everything built.
+exec 9>"$CACHE/.lock"
+flock 9
+if all_built; then echo "$BIN"; exit 0; fi
 # The module cache and build cache live in the usual Go places (GOMODCACHE,
 # GOCACHE); only the small go.mod files that pin each tool live here.
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
@@ -115,7 +120,8 @@ fi
 
 # --- helm: renders deploy/helm/kgpu for the suites.
 helm_dir="$CACHE/src/helm-$HELM_VERSION"
-helm_mod="helm.sh/helm/v${HELM_VERSION#v}"; helm_mod="${helm_mod%%.*}"
+helm_major=${HELM_VERSION#v}; helm_major=${helm_major%%.*}
+helm_mod="helm.sh/helm/v$helm_major"
 if [ ! -x "$BIN/helm" ]; then
     mkdir -p "$helm_dir"
     (
