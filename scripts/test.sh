@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Quick start, second command (and what CI runs): install the Debian
 # packages, build with AddressSanitizer and UndefinedBehaviorSanitizer, and
-# run the whole test suite under CTest. Tests that need the Alibaba trace
-# report themselves skipped when it is absent (set KGPU_TRACE_DIR to point
-# at its csv/ folder).
+# run the whole test suite under CTest, then the end-to-end suites against
+# the real Kubernetes components (scripts/e2e.sh; it builds them from their
+# Go modules once, into a cache outside the tree). Tests that need the
+# Alibaba trace report themselves skipped when it is absent (set
+# KGPU_TRACE_DIR to point at its csv/ folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 BUILD=${TEST_BUILD:-build-test}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKGPU_SANITIZE=ON >/dev/null
 cmake --build "$BUILD" -j"$(nproc)"
-cd "$BUILD"
-ctest --output-on-failure -j"$(nproc)"
+status=0
+(cd "$BUILD" && ctest --output-on-failure -j"$(nproc)") || status=1
+E2E_BUILD="$BUILD" ./scripts/e2e.sh || status=1
+exit "$status"
