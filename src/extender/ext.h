@@ -88,7 +88,8 @@ typedef struct ext_hist {
 
 typedef struct ext_metrics {
     atomic_ullong requests[VERB_COUNT];
-    atomic_ullong bad_requests[VERB_COUNT];
+    atomic_ullong bad_requests[VERB_COUNT]; /* requests kube-scheduler would not send: 400 */
+    atomic_ullong invalid_pods[VERB_COUNT]; /* pods whose GPU request kgpu cannot honour */
     ext_hist latency[VERB_COUNT];
     atomic_ullong bind_failures[BIND_FAIL_COUNT];
     atomic_ullong watch_restarts[2];    /* nodes, pods */

@@ -14,7 +14,8 @@
 #include "ext.h"
 #include "jsonw.h"
 
-#define REASON_MAX 300
+#define REASON_MAX  300
+#define INVALID_MAX (KGPU_ERROR_MSG_MAX + 8) /* "kgpu: " and the pod's error */
 
 static char *dump(json_t *v)
 {
@@ -41,12 +42,49 @@ static void reply_text(ext_response *r, int status, const char *text)
     r->body = strdup(text);
 }
 
-/* 400 with the verb's own reply shape carrying Error, so kube-scheduler logs the reason. */
+/*
+ * Two kinds of wrong input, answered differently.
+ *
+ * A request kube-scheduler could not have sent (a body that is not JSON, an
+ * ExtenderArgs without a Pod object, NodeNames that are not strings) is a
+ * protocol error: HTTP 400 with the verb's reply shape carrying Error, for
+ * whoever sent it by hand. kube-scheduler's extender client drops the body
+ * of any answer but 200, so a reason given that way never reaches a user.
+ *
+ * A pod whose GPU request kgpu cannot honour (kgpu.io/gpu-core 150, an
+ * unknown kgpu.io/ quantity, whole GPUs mixed with a share, an unknown
+ * kgpu.io/policy) is an answer about that pod, always HTTP 200, so that the
+ * reason reaches the pod's FailedScheduling event:
+ * - filter lists every node it was sent in FailedAndUnresolvableNodes with
+ *   "kgpu: <reason>" and passes none. Not Error in a 200: kube-scheduler's
+ *   HTTPExtender.Filter turns a non-empty Error into an error of the whole
+ *   scheduling cycle. An ignorable extender's error is skipped, and the pod
+ *   would be scheduled as if kgpu had passed it; otherwise the pod goes
+ *   back to the backoff queue and is retried every few seconds, forever,
+ *   for a spec that cannot change. Unresolvable nodes make a FitError
+ *   instead ("0/3 nodes are available: 3 kgpu: container main: ..."): the
+ *   pod waits in the unschedulable queue for a cluster change, preemption
+ *   evicts nothing for it, and ignorable or not makes no difference.
+ * - prioritize scores every node 0 (kube-scheduler ignores prioritize
+ *   errors anyway); preempt keeps no node (preemption cannot help the pod);
+ *   bind answers ExtenderBindingResult.Error, which kube-scheduler reports.
+ * Such pods are counted in kgpu_extender_invalid_pods_total and logged.
+ */
+
+/* 400 with the verb's own reply shape carrying Error: a request kube-scheduler would not send. */
 static void bad_request(ext_daemon *d, ext_response *r, enum ext_verb v, const char *msg)
 {
     atomic_fetch_add(&d->metrics.bad_requests[v], 1);
     ext_log(EXT_WARN, "%s: bad request: %s", ext_verb_name(v), msg);
     reply_json(r, 400, json_pack("{s:s}", "Error", msg));
+}
+
+/* Counts and logs a pod whose GPU request kgpu cannot honour; the verb answers 200 for it. */
+static void invalid_pod(ext_daemon *d, enum ext_verb v, const kgpu_pod *pod, const char *why)
+{
+    atomic_fetch_add(&d->metrics.invalid_pods[v], 1);
+    ext_log(EXT_WARN, "%s: pod %s/%s: %s", ext_verb_name(v), pod->ns[0] ? pod->ns : "?",
+            pod->name[0] ? pod->name : "?", why);
 }
 
 int ext_json_depth(const char *text, size_t len, int limit)
@@ -238,9 +276,15 @@ static json_t *parse_body(ext_daemon *d, ext_response *r, enum ext_verb v, const
     return root;
 }
 
-/* The pod of ExtenderArgs / ExtenderPreemptionArgs, read; false after replying 400. */
-static bool read_pod(ext_daemon *d, ext_response *r, enum ext_verb v, json_t *args, kgpu_pod *pod)
+/*
+ * The pod of ExtenderArgs / ExtenderPreemptionArgs, read; false after
+ * replying 400 (no Pod object). A pod kgpu cannot honour is read as far as
+ * it goes and its reason, "kgpu: ...", put in `invalid` (else "").
+ */
+static bool read_pod(ext_daemon *d, ext_response *r, enum ext_verb v, json_t *args, kgpu_pod *pod,
+                     char *invalid, size_t len)
 {
+    invalid[0] = '\0';
     json_t *j = json_object_get(args, "Pod");
     if (!json_is_object(j)) {
         bad_request(d, r, v, "field Pod is missing or not an object");
@@ -249,10 +293,32 @@ static bool read_pod(ext_daemon *d, ext_response *r, enum ext_verb v, json_t *ar
     kgpu_error err;
     kgpu_error_clear(&err);
     if (kgpu_pod_from_json(j, d->cfg.memory_unit_mib, pod, &err) != 0) {
-        bad_request(d, r, v, err.msg);
-        return false;
+        snprintf(invalid, len, "kgpu: %s", err.msg);
+        pod->nparts = 0; /* nothing of it is used but its name */
     }
     return true;
+}
+
+/*
+ * Compiles a readable pod's requests and resolves its policy (caller holds
+ * the state lock). A pod kgpu cannot honour gets its reason in `invalid`;
+ * other failures (out of memory) return their code.
+ */
+static int check_pod(ext_daemon *d, kgpu_pod *pod, kgpu_policy **policy, char *invalid, size_t len)
+{
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    if (invalid[0] != '\0' || pod->nparts == 0)
+        return 0;
+    int rc = ext_state_compile(&d->state, pod, &err);
+    kgpu_policy *p = rc == 0 ? ext_state_policy(&d->state, pod, &err) : NULL;
+    if (policy != NULL)
+        *policy = p;
+    if (rc == KGPU_ENOMEM || (p == NULL && err.code == KGPU_ENOMEM))
+        return KGPU_ENOMEM;
+    if (rc != 0 || p == NULL)
+        snprintf(invalid, len, "kgpu: %s", err.msg);
+    return 0;
 }
 
 /*
@@ -439,7 +505,12 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
     kgpu_pod *pod = malloc(sizeof(*pod));
     const char **names = NULL;
     json_t **objects = NULL;
-    if (pod == NULL || !read_pod(d, r, VERB_FILTER, args, pod))
+    char invalid[INVALID_MAX]; /* "kgpu: <reason>" when kgpu cannot honour the pod's request */
+    if (pod == NULL) {
+        reply_json(r, 500, json_pack("{s:s}", "Error", "out of memory"));
+        goto out;
+    }
+    if (!read_pod(d, r, VERB_FILTER, args, pod, invalid, sizeof(invalid)))
         goto out;
     int n = read_nodes(d, r, VERB_FILTER, args, fast, &names, &objects);
     if (n < 0)
@@ -461,11 +532,10 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
     kgpu_strmap awaiting; /* node -> a pod there that kubelet must allocate before this one */
     kgpu_strmap_init(&awaiting);
     pthread_mutex_lock(&d->state.mu);
-    if (pod->nparts > 0) {
-        rc = ext_state_compile(&d->state, pod, &err);
-        if (rc == 0)
-            ext_state_remember(&d->state, pod, &asks);
-        if (rc == 0 && d->state.awaiting.len > 0) {
+    rc = check_pod(d, pod, NULL, invalid, sizeof(invalid));
+    if (rc == 0 && pod->nparts > 0 && invalid[0] == '\0') {
+        ext_state_remember(&d->state, pod, &asks);
+        if (d->state.awaiting.len > 0) {
             ext_await_expire(&d->state);
             ext_await_clashing_nodes(&d->state, pod->uid, &asks, &awaiting);
         }
@@ -474,6 +544,10 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
     ext_fit_requests(pod, fitreq, reqs);
     long search_left = CALL_SEARCH_STEPS;
     for (int i = 0; i < n && rc == 0 && pass != NULL; i++) {
+        if (invalid[0] != '\0') { /* no node will do: see the comment at bad_request */
+            add_reason(&unresolvable, names[i], invalid);
+            continue;
+        }
         if (pod->nparts == 0) {
             pass[i] = true; /* no GPU asked: not kgpu's business */
             continue;
@@ -517,13 +591,15 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
     }
     pthread_mutex_unlock(&d->state.mu);
     kgpu_strmap_clear(&awaiting);
-    if (rc != 0 || pass == NULL) {
+    if (rc != 0 || pass == NULL) { /* out of memory */
         free(kgpu_jsonw_finish(&failed));
         free(kgpu_jsonw_finish(&unresolvable));
         free(pass);
-        bad_request(d, r, VERB_FILTER, pass == NULL ? "out of memory" : err.msg);
+        reply_json(r, 500, json_pack("{s:s}", "Error", "out of memory"));
         goto out;
     }
+    if (invalid[0] != '\0')
+        invalid_pod(d, VERB_FILTER, pod, invalid);
     kgpu_jsonw w;
     kgpu_jsonw_init(&w, (size_t)n * 24 + failed.len + unresolvable.len + 128);
     if (objects != NULL) {
@@ -581,7 +657,12 @@ static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext
     const char **names = NULL;
     json_t **objects = NULL;
     int *idx = NULL, *scores = NULL;
-    if (pod == NULL || !read_pod(d, r, VERB_PRIORITIZE, args, pod))
+    char invalid[INVALID_MAX]; /* a pod kgpu cannot honour scores 0 everywhere */
+    if (pod == NULL) {
+        reply_json(r, 500, json_pack("{s:s}", "Error", "out of memory"));
+        goto out;
+    }
+    if (!read_pod(d, r, VERB_PRIORITIZE, args, pod, invalid, sizeof(invalid)))
         goto out;
     int n = read_nodes(d, r, VERB_PRIORITIZE, args, fast, &names, &objects);
     if (n < 0)
@@ -591,9 +672,11 @@ static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext
     kgpu_error err;
     kgpu_error_clear(&err);
     int rc = idx == NULL || scores == NULL ? KGPU_ENOMEM : 0;
+    kgpu_policy *p = NULL;
     pthread_mutex_lock(&d->state.mu);
-    if (rc == 0 && pod->nparts > 0 && (rc = ext_state_compile(&d->state, pod, &err)) == 0) {
-        kgpu_policy *p = ext_state_policy(&d->state, pod, &err);
+    if (rc == 0)
+        rc = check_pod(d, pod, &p, invalid, sizeof(invalid));
+    if (rc == 0 && pod->nparts > 0 && invalid[0] == '\0') {
         int m = 0;
         for (int i = 0; i < n; i++) {
             idx[i] = kgpu_cluster_find_node(d->state.cluster, names[i]);
@@ -602,8 +685,8 @@ static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext
         /* Score the known nodes in one call, then spread the scores back. */
         int *known = calloc((size_t)m + 1, sizeof(*known)),
             *ks = calloc((size_t)m + 1, sizeof(*ks));
-        if (p == NULL || known == NULL || ks == NULL) {
-            rc = p == NULL ? err.code : KGPU_ENOMEM;
+        if (known == NULL || ks == NULL) {
+            rc = KGPU_ENOMEM;
         } else {
             for (int i = 0, j = 0; i < n; i++)
                 if (idx[i] >= 0)
@@ -617,10 +700,12 @@ static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext
         free(ks);
     }
     pthread_mutex_unlock(&d->state.mu);
-    if (rc != 0) {
-        bad_request(d, r, VERB_PRIORITIZE, err.msg[0] ? err.msg : "out of memory");
+    if (rc != 0) { /* out of memory; the node indices are the state's own */
+        reply_json(r, 500, json_pack("{s:s}", "Error", err.msg[0] ? err.msg : "out of memory"));
         goto out;
     }
+    if (invalid[0] != '\0')
+        invalid_pod(d, VERB_PRIORITIZE, pod, invalid);
     kgpu_jsonw w;
     kgpu_jsonw_init(&w, (size_t)n * 40 + 16);
     kgpu_jsonw_lit(&w, "[");
@@ -653,10 +738,14 @@ static void bind_failed(ext_daemon *d, ext_response *r, enum ext_bind_fail why, 
     bind_result(r, msg);
 }
 
-/* The pod for a bind, and its asks: remembered from filter, else asked of the API server. */
+/*
+ * The pod for a bind, and its asks: remembered from filter, else asked of the
+ * API server. NULL with msg and *fail saying why.
+ */
 static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const char *uid,
-                          ext_asks *asks, char *msg, size_t len)
+                          ext_asks *asks, char *msg, size_t len, enum ext_bind_fail *fail)
 {
+    *fail = BIND_FAIL_UNKNOWN_POD;
     kgpu_pod *pod = malloc(sizeof(*pod));
     if (pod == NULL)
         return NULL;
@@ -677,12 +766,21 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
         json_t *j = kgpu_k8s_get_json(d->k8s, path, &status, &err);
         if (status == 200) {
             int rc = j ? kgpu_pod_from_json(j, d->cfg.memory_unit_mib, pod, &err) : -1;
+            const char *juid =
+                json_string_value(json_object_get(json_object_get(j, "metadata"), "uid"));
+            bool same = juid != NULL && strcmp(juid, uid) == 0;
             ext_asks_from_json(j, asks);
             json_decref(j);
             if (rc == 0 && strcmp(pod->uid, uid) == 0)
                 return pod;
-            snprintf(msg, len, "pod %s/%s: the API server has another pod of that name (uid %s)",
-                     ns, name, rc == 0 ? pod->uid : "unreadable");
+            if (rc != 0 && same) { /* the pod, but a request kgpu cannot honour */
+                *fail = BIND_FAIL_BAD_REQUEST;
+                snprintf(msg, len, "pod %s/%s: kgpu: %s", ns, name, err.msg);
+            } else {
+                snprintf(msg, len,
+                         "pod %s/%s: the API server has another pod of that name (uid %s)", ns,
+                         name, rc == 0 ? pod->uid : "unreadable");
+            }
             free(pod);
             return NULL;
         }
@@ -748,9 +846,12 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
         return;
     }
     ext_asks asks;
-    kgpu_pod *pod = bind_pod(d, ns, name, uid, &asks, msg, sizeof(msg));
+    enum ext_bind_fail fail;
+    kgpu_pod *pod = bind_pod(d, ns, name, uid, &asks, msg, sizeof(msg), &fail);
     if (pod == NULL) {
-        bind_failed(d, r, BIND_FAIL_UNKNOWN_POD, msg);
+        if (fail == BIND_FAIL_BAD_REQUEST)
+            atomic_fetch_add(&d->metrics.invalid_pods[VERB_BIND], 1);
+        bind_failed(d, r, fail, msg);
         return;
     }
     if (pod->nparts == 0) { /* asks for no GPU (e.g. kgpu.io/gpu-mem: 0): bind, hold nothing */
@@ -885,7 +986,12 @@ static int victim_uids(json_t *entry, bool meta, const char **uids, int max)
 static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
 {
     kgpu_pod *pod = malloc(sizeof(*pod));
-    if (pod == NULL || !read_pod(d, r, VERB_PREEMPT, args, pod)) {
+    char invalid[INVALID_MAX]; /* preemption cannot help a pod kgpu cannot honour: no node kept */
+    if (pod == NULL) {
+        reply_json(r, 500, json_pack("{s:s}", "Error", "out of memory"));
+        return;
+    }
+    if (!read_pod(d, r, VERB_PREEMPT, args, pod, invalid, sizeof(invalid))) {
         free(pod);
         return;
     }
@@ -905,10 +1011,10 @@ static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
     json_t *entry;
     long search_left = CALL_SEARCH_STEPS;
     pthread_mutex_lock(&d->state.mu);
-    int rc = pod->nparts > 0 ? ext_state_compile(&d->state, pod, &err) : 0;
+    int rc = check_pod(d, pod, NULL, invalid, sizeof(invalid));
     json_object_foreach(victims, node, entry)
     {
-        if (rc != 0)
+        if (rc != 0 || invalid[0] != '\0')
             break;
         const char *uids[512];
         int nv = victim_uids(entry, meta, uids, 512);
@@ -944,10 +1050,12 @@ static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
                       (json_int_t)(json_is_integer(pdb) ? json_integer_value(pdb) : 0)));
     }
     pthread_mutex_unlock(&d->state.mu);
+    if (invalid[0] != '\0')
+        invalid_pod(d, VERB_PREEMPT, pod, invalid);
     free(pod);
-    if (rc != 0) {
+    if (rc != 0) { /* out of memory */
         json_decref(out);
-        bad_request(d, r, VERB_PREEMPT, err.msg);
+        reply_json(r, 500, json_pack("{s:s}", "Error", "out of memory"));
         return;
     }
     reply_json(r, 200, json_pack("{s:o}", "NodeNameToMetaVictims", out));

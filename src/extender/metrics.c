@@ -105,6 +105,12 @@ static void render_requests(buf *b, ext_metrics *m)
     for (int v = 0; v < VERB_COUNT - 1; v++)
         put(b, "kgpu_extender_bad_requests_total{verb=\"%s\"} %llu\n", ext_verb_name(v),
             atomic_load(&m->bad_requests[v]));
+    put(b, "# HELP kgpu_extender_invalid_pods_total Calls for pods whose GPU request kgpu cannot "
+           "honour (answered with the reason), by verb.\n"
+           "# TYPE kgpu_extender_invalid_pods_total counter\n");
+    for (int v = 0; v < VERB_COUNT - 1; v++)
+        put(b, "kgpu_extender_invalid_pods_total{verb=\"%s\"} %llu\n", ext_verb_name(v),
+            atomic_load(&m->invalid_pods[v]));
     put(b, "# HELP kgpu_extender_request_duration_seconds Time to answer an extender call.\n"
            "# TYPE kgpu_extender_request_duration_seconds histogram\n");
     for (int v = 0; v < VERB_COUNT - 1; v++) {

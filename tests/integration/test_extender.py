@@ -2061,6 +2061,27 @@ class TestBadInput(ExtenderTest):
         self.assertEqual(self.ext.get("/healthz"), (200, "ok\n"))
         return obj
 
+    def expect_invalid(self, pod, mention, names=("t4-0", "ghost-0")):
+        """A pod kgpu cannot honour: HTTP 200 from every verb, the reason on every node.
+
+        kube-scheduler's extender client drops the body of any other answer, so the reason
+        would never reach the pod's events (docs/install-extender.md, Troubleshooting).
+        """
+        res = self.ext.filter(pod, names)  # fails unless 200
+        self.assertEqual((res["NodeNames"], res["FailedNodes"], res["Error"]), ([], {}, ""))
+        self.assertEqual(sorted(res["FailedAndUnresolvableNodes"]), sorted(names))
+        for why in res["FailedAndUnresolvableNodes"].values():
+            self.assertTrue(why.startswith("kgpu: "), why)
+            self.assertIn(mention, why)
+        res = self.ext.filter(pod, nodes=[node_object("t4-0", gpu_list("t4-0", "T4", 15360, 2))])
+        self.assertEqual(res["Nodes"]["items"], [])
+        self.assertIn(mention, res["FailedAndUnresolvableNodes"]["t4-0"])
+        self.assertEqual(self.ext.prioritize(pod, names),
+                         [{"Host": n, "Score": 0} for n in names])
+        res = self.ext.preempt(pod, {"t4-0": [pod_uid(self.pod)]})
+        self.assertEqual(res["NodeNameToMetaVictims"], {})
+        self.assertEqual(self.ext.get("/healthz"), (200, "ok\n"))
+
     def test_malformed_json(self):
         for verb in ("filter", "prioritize", "bind", "preempt"):
             self.expect(verb, "{", 400, "malformed JSON")
@@ -2120,12 +2141,13 @@ class TestBadInput(ExtenderTest):
                                "NodeNames": None}, 400, "metadata.name")
         self.expect("preempt", {"Pod": self.pod, "NodeNameToVictims": "x"}, 400)
         self.expect("preempt", {"Pod": 7, "NodeNameToMetaVictims": {}}, 400, "Pod")
+        # A Pod object kgpu cannot read is a pod kgpu cannot honour: 200, with the reason.
         p = json.loads(json.dumps(self.pod))
         p["spec"]["containers"] = "main"
-        self.expect("filter", self.args(p), 400, "containers")
+        self.expect_invalid(p, "containers")
         p = json.loads(json.dumps(self.pod))
         p["metadata"] = []
-        self.expect("filter", self.args(p), 400, "metadata")
+        self.expect_invalid(p, "metadata")
 
     def test_bad_gpu_requests(self):
         cases = [
@@ -2143,14 +2165,25 @@ class TestBadInput(ExtenderTest):
             ({"kgpu.io/gpu-mem": "99999999999999999999"}, "kgpu.io/gpu-mem"),
         ]
         for limits, mention in cases:
-            for verb in ("filter", "prioritize", "preempt"):
-                body = self.args(self.pod_with(limits))
-                if verb == "preempt":
-                    body = {"Pod": body["Pod"], "NodeNameToMetaVictims": {}}
-                self.expect(verb, body, 400, mention)
-        self.expect("filter", self.args(self.pod_with(share(mem=4),
-                                                      {"kgpu.io/gpu-type": 5})), 400,
-                    "kgpu.io/gpu-type")
+            self.expect_invalid(self.pod_with(limits), mention)
+        self.expect_invalid(self.pod_with(share(mem=4), {"kgpu.io/gpu-type": 5}),
+                            "kgpu.io/gpu-type")
+        self.expect_invalid(self.pod_with(share(mem=4), {"kgpu.io/policy": "nope"}),
+                            "unknown policy 'nope' (annotation kgpu.io/policy)")
+        # Bind fetches such a pod from the API server (filter remembered none): Error in a 200.
+        bad = self.standin.add_pod(pod_object("bad", [container("main",
+                                                                {"kgpu.io/gpu-core": 150})]))
+        err = self.ext.bind(bad, "t4-0")
+        self.assertIn("kgpu: container main: kgpu.io/gpu-core 150 outside 1..100", err)
+        self.assertEqual(self.ext.metric("kgpu_extender_bind_failures_total",
+                                         {"reason": "bad_request"}), 1)
+        # Counted as invalid pods, not as malformed requests.
+        n = len(cases) + 2
+        for verb, count in (("filter", 2 * n), ("prioritize", n), ("preempt", n), ("bind", 1)):
+            self.assertEqual(self.ext.metric("kgpu_extender_invalid_pods_total", {"verb": verb}),
+                             count, verb)
+            self.assertEqual(self.ext.metric("kgpu_extender_bad_requests_total", {"verb": verb}),
+                             0, verb)
         # Nothing was reserved by any of it.
         self.assertEqual(self.ext.held(), {})
 
