@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Scheduling throughput of the real kube-scheduler without and with kgpu (bench/e2e_scale.sh).
+
+N Node objects of 8 GPUs each (A100-80GB, V100-32GB, T4, A10 in turn), and M
+pods whose shapes (num_gpu, gpu_milli, cpu_milli, memory) are drawn with a
+fixed seed from the Alibaba trace's default pod list, scheduled three ways, on
+a fresh control plane each (etcd, kube-apiserver, kube-scheduler, in that
+order of the same run, so machine noise hits all three alike):
+
+  plain         kube-scheduler alone with the shipped configuration minus its
+                extenders; GPU pods ask for whole GPUs (nvidia.com/gpu: a
+                fractional pod of the trace asks for one);
+  kgpu          the shipped configuration with kgpu-extender (a Release build);
+                the same pods;
+  kgpu_shares   the same with the trace's fractional pods asking for kgpu's
+                shares: kgpu.io/gpu-core (gpu_milli / 10) and kgpu.io/gpu-mem
+                (the same fraction of a 15 GiB card, at least one 1 GiB unit).
+
+Throughput = pods bound / (last bind seen - first creation), binds seen on a
+watch. Pods are created by P processes x T threads, all released at once;
+their own rate (pods / creation span) is reported beside it. CPU seconds of
+every process over the scheduling span, kube-scheduler's own latency
+breakdown (/metrics on its secure port) and the extender's request latency
+histogram (per verb) say where the time goes.
+
+The last line of stdout is one JSON object (medians over --runs, with the
+spread of each figure and every run's details under "runs").
+"""
+
+import argparse
+import csv
+import json
+import os
+import random
+import sys
+import time
+
+import e2e_common as E
+
+MODELS = [  # (model as the device plugin would report it, MiB per GPU)
+    ("NVIDIA A100-SXM4-80GB", 81920),
+    ("Tesla V100-SXM2-32GB", 32768),
+    ("Tesla T4", 15360),
+    ("NVIDIA A10", 23028),
+]
+GPUS_PER_NODE = 8
+NODE_CPU, NODE_MEMORY = "128", "1024Gi"
+SHARE_CARD_GIB = 15  # kgpu.io/gpu-mem of a share: its fraction of the smallest card
+
+
+def trace_shapes(path, n, seed):
+    """n shapes (cpu_milli, memory_mib, num_gpu, gpu_milli) drawn with replacement."""
+    with open(path) as f:
+        rows = [(int(r["cpu_milli"]), int(r["memory_mib"]), int(r["num_gpu"]),
+                 int(r["gpu_milli"])) for r in csv.DictReader(f)]
+    # The bench's nodes have 128 cores and 1 TiB: leave out the few shapes no node could hold.
+    rows = [r for r in rows if r[0] <= 128000 and r[1] <= 1024 * 1024 and r[2] <= GPUS_PER_NODE]
+    rng = random.Random(seed)
+    return [rng.choice(rows) for _ in range(n)]
+
+
+def pods_for(mode, shapes):
+    out = []
+    for i, (cpu, mem, ngpu, milli) in enumerate(shapes):
+        ext = {}
+        if ngpu > 0 and (mode != "kgpu_shares" or milli >= 1000):
+            ext = {E.WHOLE: ngpu}  # a fraction rounds up to one whole GPU
+        elif ngpu > 0:
+            ext = {E.CORE: max(1, milli // 10),
+                   E.MEM: max(1, round(SHARE_CARD_GIB * milli / 1000))}
+        out.append(E.bench_pod("p-%05d" % i, cpu, mem, ext))
+    return out
+
+
+def nodes(n):
+    out = []
+    for i in range(n):
+        model, mib = MODELS[i % len(MODELS)]
+        out.append(E.cluster.node_object("n-%05d" % i, model, GPUS_PER_NODE, mib,
+                                         cpu=NODE_CPU, memory=NODE_MEMORY))
+    return out
+
+
+def run_mode(mode, a, bindir, workdir, shapes):
+    """One mode on a fresh control plane; a dict of figures."""
+    E.log("== %s: starting a control plane in %s" % (mode, workdir))
+    cp = E.start_control_plane(workdir, bindir)
+    ext = None
+    try:
+        t = E.create_all(cp, "/api/v1/nodes", nodes(a.nodes), a.processes, a.threads, "nodes")
+        E.log("%s: %d nodes created in %.1f s" % (mode, a.nodes, t))
+        if mode == "plain":
+            sched_text = E.strip_extenders(E.shipped_scheduler_config())
+            cp.start_scheduler(E.with_qps(sched_text, a.qps), extra=a.scheduler_args)
+        else:
+            sched_text, ext = E.install_kgpu(cp, a.build)
+            cp.start_scheduler(E.with_qps(sched_text, a.qps), extender_url=ext.url,
+                               extra=a.scheduler_args)
+        E.wait_scheduler_leader(cp)
+        pods = pods_for(mode, shapes)
+        managed = sum(1 for p in pods if p["spec"]["containers"][0]["resources"].get("limits"))
+        creators = E.Creators(cp, "/api/v1/namespaces/%s/pods" % E.BENCH_NS, pods,
+                              a.processes, a.threads)
+        watch = E.PodWatch(cp)
+        time.sleep(1.0)  # creator processes up and waiting
+        pids = E.process_table(cp, ext)
+        cpu0 = E.cpu_snapshot(pids)
+        wall0 = time.monotonic()
+        creators.start()
+        created, errors, c0, c1 = creators.wait()
+        if created != len(pods):
+            raise RuntimeError("%s: created %d of %d pods: %s" % (mode, created, len(pods),
+                                                                    errors))
+        E.log("%s: %d pods created in %.1f s (%.0f/s), %d bound so far" % (
+            mode, created, c1 - c0, created / max(c1 - c0, 1e-9), len(watch.bound)))
+        done = watch.wait_count(len(pods), a.stall, progress=lambda n: E.log(
+            "%s: %d of %d pods bound" % (mode, n, len(pods))))
+        cpu1 = E.cpu_snapshot(pids)
+        wall = time.monotonic() - wall0
+        watch.stop()
+        binds = sorted(t for t, _ in watch.bound.values())
+        bound = len(binds)
+        span = (binds[-1] - c0) if binds else None
+        res = {
+            "mode": mode, "pods": len(pods), "pods_to_extender": managed if ext else 0,
+            "bound": bound, "all_bound": done,
+            "pods_per_s": round(bound / span, 1) if span else 0.0,
+            "span_s": round(span, 2) if span else None,
+            "create_s": round(c1 - c0, 2),
+            "create_pods_per_s": round(created / max(c1 - c0, 1e-9), 1),
+            "unschedulable_seen": len(watch.unsched),
+            "cpu_s": E.cpu_delta(cpu0, cpu1), "wall_s": round(wall, 2),
+        }
+        # Bind rate once creation is over: what the scheduler does with a full queue.
+        after = [t for t in binds if t > c1]
+        if len(after) > 1:
+            res["pods_per_s_after_creation"] = round(len(after) / (after[-1] - c1), 1)
+        try:
+            res["scheduler"] = E.scheduler_breakdown(E.scheduler_metrics(cp))
+        except Exception as e:  # noqa: BLE001 -- a figure missing is not a failed run
+            res["scheduler"] = {"error": str(e)[:200]}
+        if ext is not None:
+            res["extender_latency"], res["extender_p99_ms"] = E.extender_latency(ext)
+            res["extender_peak_rss_mb"] = round(E.peak_rss_mb(ext.child.pid) or 0, 1)
+        E.log("%s: %d/%d bound, %.1f pods/s over %.1f s; CPU s %s" % (
+            mode, bound, len(pods), res["pods_per_s"], span or 0, res["cpu_s"]))
+        if not done:
+            E.log("%s: stalled; scheduler log tail:\n%s" % (mode, cp.scheduler.log_tail(20)))
+        return res
+    finally:
+        cp.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="50 nodes, 200 pods")
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--pods", type=int, default=10000)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--processes", type=int, default=2, help="creator processes")
+    ap.add_argument("--threads", type=int, default=8, help="threads per creator process")
+    ap.add_argument("--stall", type=float, default=120,
+                    help="give up when no pod was bound for this many seconds")
+    ap.add_argument("--modes", default="plain,kgpu,kgpu_shares")
+    ap.add_argument("--qps", type=int, default=0,
+                    help="for analysis only: kube-scheduler's clientConnection qps (burst 2x) "
+                         "instead of its default 50 (the shipped configuration sets none)")
+    ap.add_argument("--scheduler-arg", action="append", default=[], dest="scheduler_args",
+                    help="extra kube-scheduler flag, e.g. --scheduler-arg=--v=4")
+    ap.add_argument("--bin", help="upstream bin dir (default: scripts/upstream.sh --check)")
+    ap.add_argument("--build", default=os.path.join(E.REPO, "build-rel"))
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--pod-file", default=os.path.join(E.TRACE_DIR, "openb_pod_list_default.csv"))
+    a = ap.parse_args()
+    if a.smoke:
+        a.nodes, a.pods = 50, 200
+    E.install_signal_handlers()
+    bindir = a.bin or E.upstream_bin()
+    if not bindir:
+        print("e2e_scale: SKIPPED: the upstream components are not built "
+              "(scripts/upstream.sh; --check must exit 0)")
+        return E.SKIP
+    if not os.path.exists(a.pod_file):
+        print("e2e_scale: SKIPPED: no trace pod file %s (KGPU_TRACE_DIR)" % a.pod_file)
+        return E.SKIP
+    if not os.access(os.path.join(a.build, "kgpu-extender"), os.X_OK):
+        print("e2e_scale: no %s/kgpu-extender: build it first" % a.build, file=sys.stderr)
+        return 1
+    shapes = trace_shapes(a.pod_file, a.pods, a.seed)
+    modes = a.modes.split(",")
+    runs = []
+    try:
+        for r in range(a.runs):
+            one = {}
+            for mode in modes:
+                one[mode] = run_mode(mode, a, bindir, os.path.join(a.work, "run%d-%s" % (r, mode)),
+                                     shapes)
+            runs.append(one)
+            E.log("run %d: %s" % (r + 1, {m: one[m]["pods_per_s"] for m in modes}))
+    finally:
+        E.kill_everything()
+
+    def fig(mode, key):
+        return E.median_spread([run[mode].get(key) for run in runs if mode in run])
+
+    out = {"nodes": a.nodes, "gpus": a.nodes * GPUS_PER_NODE, "pods": a.pods, "runs": a.runs,
+           "seed": a.seed, "scheduler_qps": a.qps or "default (50)", "creators": "%d processes x %d threads" % (a.processes, a.threads)}
+    for mode in modes:
+        med, lo, hi = fig(mode, "pods_per_s")
+        out["%s_pods_per_s" % mode] = med
+        out["%s_pods_per_s_range" % mode] = [lo, hi]
+        out["%s_create_pods_per_s" % mode] = fig(mode, "create_pods_per_s")[0]
+    ratios = [run["kgpu"]["pods_per_s"] / run["plain"]["pods_per_s"] for run in runs
+              if "kgpu" in run and "plain" in run and run["plain"]["pods_per_s"]]
+    med, lo, hi = E.median_spread(ratios)
+    out["ratio"] = round(med, 3) if med is not None else None
+    out["ratio_range"] = [round(lo, 3), round(hi, 3)] if med is not None else None
+    shares = [run["kgpu_shares"]["pods_per_s"] / run["plain"]["pods_per_s"] for run in runs
+              if "kgpu_shares" in run and "plain" in run and run["plain"]["pods_per_s"]]
+    if shares:
+        out["shares_ratio"] = round(E.median_spread(shares)[0], 3)
+    p99 = [run[m].get("extender_p99_ms") for run in runs for m in ("kgpu", "kgpu_shares")
+           if m in run]
+    out["extender_p99_ms"] = E.median_spread(p99)[0]
+    for verb in ("filter", "prioritize", "bind"):
+        v = [run[m]["extender_latency"][verb]["p99_ms"] for run in runs
+             for m in ("kgpu", "kgpu_shares")
+             if m in run and verb in run[m].get("extender_latency", {})]
+        out["extender_%s_p99_ms" % verb] = E.median_spread(v)[0]
+    rss = [run[m].get("extender_peak_rss_mb") for run in runs for m in ("kgpu", "kgpu_shares")
+           if m in run]
+    out["extender_peak_rss_mb"] = max([x for x in rss if x is not None], default=None)
+    out["all_bound"] = all(run[m]["all_bound"] for run in runs for m in run)
+    out["runs_detail"] = runs
+    print(json.dumps(out, separators=(",", ":")))
+    return 0 if out["all_bound"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
