@@ -1113,8 +1113,8 @@ int kgpu_place_all(const kgpu_cluster *c, int node, const kgpu_assignment *relea
         size_t len = strlen(why);
         snprintf(why + len, whylen - len,
                  " (kgpu stopped searching for another arrangement of the containers after %ld "
-                 "steps)",
-                 s.budget);
+                 "step%s)",
+                 s.budget, s.budget == 1 ? "" : "s");
     }
     return KGPU_PLACE_UNKNOWN;
 }

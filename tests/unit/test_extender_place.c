@@ -101,7 +101,7 @@ static json_t *pod(const char *uid, const char *policy, json_t *containers)
                      "containers", containers);
 }
 
-/* Filter for node n: passed? Bind to n: the Error ("" on success, malloc'd). */
+/* Filter for node n: passed? Bind to a node: the Error ("" on success, malloc'd). */
 static bool filter_passes(ext_daemon *d, json_t *p)
 {
     json_t *reply =
@@ -111,11 +111,11 @@ static bool filter_passes(ext_daemon *d, json_t *p)
     return pass;
 }
 
-static char *bind(ext_daemon *d, const char *uid)
+static char *bind(ext_daemon *d, const char *uid, const char *node)
 {
     json_t *reply = post(d, "bind",
                          json_pack("{s:s,s:s,s:s,s:s}", "PodName", uid, "PodNamespace", "default",
-                                   "PodUID", uid, "Node", "n"));
+                                   "PodUID", uid, "Node", node));
     char *err = strdup(json_string_value(json_object_get(reply, "Error")));
     json_decref(reply);
     return err;
@@ -162,7 +162,7 @@ static void test_spread_binds_what_filter_passed(void **state)
         pod("p1", "spread",
             json_pack("[o,o]", container(0, false, 1, 0, 2), container(1, false, 1, 0, 11)));
     assert_true(filter_passes(d, p));
-    char *err = bind(d, "p1");
+    char *err = bind(d, "p1", "n");
     assert_string_equal(err, "");
     free(err);
     const ext_pod *held_pod = kgpu_strmap_get(&d->state.pods, "p1");
@@ -209,7 +209,7 @@ static void test_filter_passes_iff_bind_places(void **state)
             snprintf(id, sizeof(id), "pod-%ld", ++uid);
             json_t *p = pod(id, (*ops)->name, containers);
             bool pass = filter_passes(d, p);
-            char *err = bind(d, id);
+            char *err = bind(d, id, "n");
             if (pass != (err[0] == '\0'))
                 fail_msg("%s trial %d: filter %s, bind: \"%s\"\npod: %s", (*ops)->name, trial,
                          pass ? "passed" : "refused", err, json_dumps(p, JSON_COMPACT));
@@ -229,11 +229,80 @@ static void test_filter_passes_iff_bind_places(void **state)
     free(d);
 }
 
+/*
+ * The search's budget per filter call: sixteen containers that defeat greedy
+ * placement on twelve busy nodes. The first ten nodes get a full search
+ * each (20000 steps, cut), the other two what is left of the call's budget
+ * (one step): every node refused, saying the search was cut, and none
+ * unresolvable. Bind then refuses the pod as filter did.
+ */
+static void test_filter_search_budget_per_call(void **state)
+{
+    ext_daemon *d = calloc(1, sizeof(*d));
+    assert_non_null(d);
+    daemon_init(d);
+    d->cfg.memory_unit_mib = 1; /* kgpu.io/gpu-mem in MiB, for sizes that do not round */
+    static const int64_t fill[8] = {6176, 6199, 6615, 4113, 4627, 6941, 6979, 6371};
+    static const int sizes[16] = {4056, 4151, 4708, 5276, 5764, 4651, 5577, 4547,
+                                  4547, 4911, 5006, 4562, 4268, 5200, 5424, 4755};
+    kgpu_gpu_spec g[8];
+    for (int i = 0; i < 8; i++)
+        g[i] = (kgpu_gpu_spec){.index = i,
+                               .model = "V100-PCIE-16GB",
+                               .memory_mib = 16384,
+                               .numa = i / 4,
+                               .healthy = true};
+    kgpu_node_spec specs[12];
+    char names[12][16];
+    for (int k = 0; k < 12; k++) {
+        snprintf(names[k], sizeof(names[k]), "busy-%d", k);
+        specs[k] = (kgpu_node_spec){
+            .name = names[k], .cpu_milli = 64000, .memory_mib = 1 << 18, .gpus = g, .ngpus = 8};
+    }
+    kgpu_error err;
+    if (ext_state_set_nodes(&d->state, specs, 12, &err) != 0)
+        fail_msg("set_nodes: %s", err.msg);
+    for (int k = 0; k < 12; k++)
+        for (int i = 0; i < 8; i++) {
+            kgpu_request r = {.gpu_count = 1, .gpu_memory_mib = fill[i], .shape = -1};
+            kgpu_request_compile(d->state.cluster, &r, NULL);
+            assert_int_equal(kgpu_cluster_apply(d->state.cluster, &r, k, (int[]){i}, NULL, NULL),
+                             0);
+        }
+    json_t *containers = json_array();
+    for (int i = 0; i < 16; i++)
+        json_array_append_new(containers, container(i, false, 1, 0, sizes[i]));
+    json_t *p = pod("sixteen", "binpack", containers);
+    json_t *list = json_array();
+    for (int k = 0; k < 12; k++)
+        json_array_append_new(list, json_string(names[k]));
+    json_t *reply =
+        post(d, "filter", json_pack("{s:O,s:n,s:o}", "Pod", p, "Nodes", "NodeNames", list));
+    assert_int_equal(json_array_size(json_object_get(reply, "NodeNames")), 0);
+    assert_int_equal(json_object_size(json_object_get(reply, "FailedAndUnresolvableNodes")), 0);
+    json_t *failed = json_object_get(reply, "FailedNodes");
+    assert_int_equal(json_object_size(failed), 12);
+    for (int k = 0; k < 12; k++) {
+        const char *why = json_string_value(json_object_get(failed, names[k]));
+        assert_non_null(why);
+        assert_non_null(strstr(why, "container 16 of 16: "));
+        assert_non_null(strstr(why, k < 10 ? "after 20000 steps)" : "after 1 step)"));
+    }
+    json_decref(reply);
+    char *e = bind(d, "sixteen", "busy-0");
+    assert_non_null(strstr(e, "do not fit node busy-0 together: container 16 of 16: "));
+    free(e);
+    json_decref(p);
+    ext_state_destroy(&d->state);
+    free(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spread_binds_what_filter_passed),
         cmocka_unit_test(test_filter_passes_iff_bind_places),
+        cmocka_unit_test(test_filter_search_budget_per_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

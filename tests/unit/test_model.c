@@ -1501,7 +1501,7 @@ static void test_place_budget(void **state)
     assert_true(pl.cut);
     assert_int_equal(pl.steps, 1);
     assert_string_equal(why, "container 2 of 2: needs 1 whole GPU, 0 are fully free (kgpu stopped "
-                             "searching for another arrangement of the containers after 1 steps)");
+                             "searching for another arrangement of the containers after 1 step)");
     assert_int_equal(kgpu_place_all(c, t4, NULL, 0, pod, 2, 0, 0, &pl, NULL, 0), KGPU_PLACE_FOUND);
     assert_false(pl.cut);
 
