@@ -290,7 +290,9 @@ void ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks
 const ext_filtered *ext_state_recall(ext_state *st, const char *uid);
 
 /*
- * Reserves GPUs for `pod` on `node` with its policy. *out points at what the
+ * Reserves GPUs for `pod` on `node` with its policy, within the placement
+ * search filter asked (kgpu_policy_place): a pod filter passed on a node
+ * that has not changed since is placed there. *out points at what the
  * pod now holds (borrowed: valid while st->mu is held). Returns KGPU_EEXIST
  * when the uid already holds GPUs (then *out is what it holds). Caller holds st->mu.
  */
