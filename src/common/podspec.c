@@ -497,3 +497,56 @@ int kgpu_pod_from_json(const json_t *pod, int64_t memory_unit_mib, kgpu_pod *out
     }
     return 0;
 }
+
+/* Deletes every member of object o whose key is not in the NULL-ended `keep`. */
+static void keep_only(json_t *o, const char *const *keep)
+{
+    const char *key;
+    void *tmp;
+    json_t *v;
+    json_object_foreach_safe(o, tmp, key, v)
+    {
+        bool kept = false;
+        for (const char *const *k = keep; *k != NULL && !kept; k++)
+            kept = strcmp(key, *k) == 0;
+        if (!kept)
+            json_object_del(o, key);
+    }
+}
+
+static void trim_containers(json_t *list)
+{
+    static const char *const keep[] = {"name", "resources", "restartPolicy", NULL};
+    size_t i;
+    json_t *c;
+    json_array_foreach(list, i, c) keep_only(c, keep);
+}
+
+void kgpu_pod_json_trim(json_t *pod)
+{
+    static const char *const pod_keep[] = {"metadata", "spec", "status", NULL};
+    static const char *const meta_keep[] = {"name",        "namespace", "uid", "deletionTimestamp",
+                                            "annotations", NULL};
+    static const char *const spec_keep[] = {"nodeName", "overhead", "containers", "initContainers",
+                                            NULL};
+    static const char *const status_keep[] = {"phase", NULL};
+    if (!json_is_object(pod))
+        return;
+    keep_only(pod, pod_keep);
+    json_t *meta = json_object_get(pod, "metadata");
+    keep_only(meta, meta_keep);
+    json_t *ann = json_object_get(meta, "annotations");
+    const char *key;
+    void *tmp;
+    json_t *v;
+    json_object_foreach_safe(ann, tmp, key, v)
+    {
+        if (strncmp(key, "kgpu.io/", 8) != 0)
+            json_object_del(ann, key);
+    }
+    json_t *spec = json_object_get(pod, "spec");
+    keep_only(spec, spec_keep);
+    trim_containers(json_object_get(spec, "containers"));
+    trim_containers(json_object_get(spec, "initContainers"));
+    keep_only(json_object_get(pod, "status"), status_keep);
+}

@@ -80,6 +80,17 @@ typedef struct kgpu_pod {
  */
 int kgpu_pod_from_json(const json_t *pod, int64_t memory_unit_mib, kgpu_pod *out, kgpu_error *err);
 
+/*
+ * Cuts a v1 Pod down, in place, to what kgpu reads of it: metadata name,
+ * namespace, uid, deletionTimestamp and the kgpu.io/ annotations; spec
+ * nodeName, overhead, and each container's and init container's name,
+ * resources and restartPolicy; status phase. kgpu_pod_from_json answers the
+ * same for the result as for the whole pod (fuzz_podspec checks it). For the
+ * extender's pod list, where a few hundred bytes a pod are kept instead of
+ * several KB. Members of the wrong type are left for the reader to refuse.
+ */
+void kgpu_pod_json_trim(json_t *pod);
+
 /* Kubernetes quantity ("500m", "2", "1.5", "4Gi", "128974848", "1e3", "1k") in milli-units. */
 int kgpu_quantity_milli(const char *s, int64_t *out, kgpu_error *err);
 /* The same in whole units, rounded up (memory in bytes, counts). */

@@ -130,41 +130,32 @@ out:
 /* ---- API server watches ---- */
 
 /*
- * A listed object cut down, as its page arrives, to what the readers here use
- * (kgpu_node_from_json, kgpu_pod_from_json and the state's annotations): a
- * 20,000-pod list then fits the extender's memory limit. Goes: managedFields,
- * kubectl's copy of the whole object, and every status member but `keep`.
+ * Listed objects are cut down as their page arrives, so that what the extender
+ * keeps of a 20,000-pod list until its reset fits its memory limit: a pod to
+ * what kgpu_pod_from_json and the state read (kgpu_pod_json_trim); a node
+ * loses managedFields, kubectl's copy of the whole object and every status
+ * member but allocatable and capacity (status.images is most of a node).
  */
-static void trim_listed(json_t *obj, const char *const *keep)
+static void nodes_trim(void *ctx, json_t *node)
 {
-    json_t *meta = json_object_get(obj, "metadata");
+    json_t *meta = json_object_get(node, "metadata");
     json_object_del(meta, "managedFields");
     json_object_del(json_object_get(meta, "annotations"),
                     "kubectl.kubernetes.io/last-applied-configuration");
-    json_t *status = json_object_get(obj, "status");
+    json_t *status = json_object_get(node, "status");
     const char *key;
     void *tmp;
     json_t *v;
     json_object_foreach_safe(status, tmp, key, v)
     {
-        bool kept = false;
-        for (const char *const *k = keep; *k != NULL && !kept; k++)
-            kept = strcmp(key, *k) == 0;
-        if (!kept)
+        if (strcmp(key, "allocatable") != 0 && strcmp(key, "capacity") != 0)
             json_object_del(status, key);
     }
 }
 
-static void nodes_trim(void *ctx, json_t *node)
-{
-    static const char *const keep[] = {"allocatable", "capacity", NULL};
-    trim_listed(node, keep);
-}
-
 static void pods_trim(void *ctx, json_t *pod)
 {
-    static const char *const keep[] = {"phase", NULL};
-    trim_listed(pod, keep);
+    kgpu_pod_json_trim(pod);
 }
 
 static void nodes_reset(void *ctx, json_t *items)
