@@ -201,16 +201,17 @@ def pod_uid(pod):
 class StandIn:
     """apiserver_standin.py as a child process, with a small client for its API."""
 
-    def __init__(self, tmp, name="standin", history=None):
+    def __init__(self, tmp, name="standin", history=None, args=(), start_timeout=20.0):
         self.tmp = tmp
         port_file = os.path.join(tmp, name + ".port")
         argv = [sys.executable, STANDIN, "--port", "0", "--portfile", port_file,
                 "--token", TOKEN]
         if history:
             argv += ["--history", str(history)]
+        argv += list(args)  # more of apiserver_standin.py's options, e.g. --load
         self.child = Child(argv, os.path.join(tmp, name + ".log"))
         try:
-            self.port = read_port_file(port_file, self.child)
+            self.port = read_port_file(port_file, self.child, start_timeout)
         except BaseException:
             self.child.kill()
             raise
