@@ -1,0 +1,83 @@
+{{/*
+Names, labels and derived values shared by kgpu's templates. Object names
+are fixed rather than derived from the release name: kgpu's tools look for
+the Service kgpu-extender, the extender's Lease is called kgpu-extender
+(the leader-election Role names it), and one cluster runs one kgpu.
+*/}}
+
+{{- define "kgpu.extender.name" -}}kgpu-extender{{- end -}}
+{{- define "kgpu.devicePlugin.name" -}}kgpu-device-plugin{{- end -}}
+{{- define "kgpu.schedulerConfig.name" -}}kgpu-scheduler-config{{- end -}}
+{{- define "kgpu.fakeGpus.name" -}}kgpu-device-plugin-fake-gpus{{- end -}}
+
+{{- define "kgpu.extender.namespace" -}}{{ required "namespaces.extender.name is required" .Values.namespaces.extender.name }}{{- end -}}
+{{- define "kgpu.devicePlugin.namespace" -}}{{ required "namespaces.devicePlugin.name is required" .Values.namespaces.devicePlugin.name }}{{- end -}}
+
+{{- define "kgpu.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The labels of every object. Called with a dict: ctx (the root context),
+name (app.kubernetes.io/name, may be empty) and component (may be empty).
+The kustomize manifests carry name, part-of and component; the rest are
+Helm's. Selectors use kgpu.selectorLabels only, which equal the kustomize
+ones, so Helm and kustomize installs select the same pods.
+*/}}
+{{- define "kgpu.labels" -}}
+{{- if .name -}}
+app.kubernetes.io/name: {{ .name }}
+{{ end -}}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: kgpu
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+helm.sh/chart: {{ include "kgpu.chart" .ctx }}
+{{- end -}}
+
+{{- define "kgpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ . }}
+{{- end -}}
+
+{{- define "kgpu.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The Service's port: the extender's listen port. */}}
+{{- define "kgpu.extender.port" -}}
+{{- int64 .Values.extender.config.port -}}
+{{- end -}}
+
+{{/* Where kube-scheduler calls the extender: the Service's name, namespace and port, unless scheduler.urlPrefix says otherwise. */}}
+{{- define "kgpu.scheduler.urlPrefix" -}}
+{{- if .Values.scheduler.urlPrefix -}}
+{{- .Values.scheduler.urlPrefix -}}
+{{- else -}}
+{{- printf "%s://%s.%s.svc:%s" (ternary "https" "http" .Values.extender.tls.enabled) (include "kgpu.extender.name" .) (include "kgpu.extender.namespace" .) (include "kgpu.extender.port" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The memory unit, shared by the extender and the device plugin; a quantity string, never a bare number (which the two would read differently). */}}
+{{- define "kgpu.memoryUnit" -}}
+{{- $u := .Values.extender.config.memoryUnit -}}
+{{- if not (kindIs "string" $u) -}}
+{{- fail (printf "extender.config.memoryUnit must be a quantity string such as 1Gi or 512Mi, not %v" $u) -}}
+{{- end -}}
+{{- $u -}}
+{{- end -}}
+
+{{/* Settings that cannot work together stop the render with a reason. */}}
+{{- define "kgpu.validate" -}}
+{{- if and (not .Values.extender.leaderElection.enabled) (gt (int64 .Values.extender.replicas) 1) -}}
+{{- fail "extender.replicas > 1 needs extender.leaderElection.enabled: without leader election, two replicas could hand out the same GPU twice" -}}
+{{- end -}}
+{{- if and .Values.extender.tls.requireClientCert (not .Values.extender.tls.enabled) -}}
+{{- fail "extender.tls.requireClientCert needs extender.tls.enabled" -}}
+{{- end -}}
+{{- if and .Values.devicePlugin.enabled (eq .Values.namespaces.extender.name .Values.namespaces.devicePlugin.name) -}}
+{{- fail "namespaces.devicePlugin.name must differ from namespaces.extender.name: the device plugin needs host access, which only a privileged namespace of its own should allow" -}}
+{{- end -}}
+{{- end -}}
