@@ -18,6 +18,7 @@ PACKAGES=(
   libxml2-utils                      # xmllint: tests check the SVG plot is well-formed XML
   python3                            # the API server stand-in and load drivers of integration tests
   python3-scipy                      # bench/share_bound.py: LP bound on packing a run's GPU shares
+  python3-yaml                       # the Helm chart test parses helm's and kustomize's output
   prometheus                         # promtool and a real server scrape /metrics in a test
   openssl                            # throwaway certificates for the TLS test
 )

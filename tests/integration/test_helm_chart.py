@@ -1,0 +1,509 @@
+#!/usr/bin/env python3
+"""Checks the Helm chart deploy/helm/kgpu against the kustomize manifests.
+
+Renders the chart with `helm template` and deploy/extender plus
+deploy/device-plugin with `kubectl kustomize` (no cluster involved), then:
+
+- with default values, the chart renders exactly the kustomize objects (kind,
+  namespace, name) with equal contents: everything but labels compared as
+  parsed YAML (ConfigMap data too), labels a superset of kustomize's where
+  the extra keys are Helm's standard ones only;
+- in every variant rendered, each Role and ClusterRole has exactly the
+  kustomize rules, and no other RBAC object exists (least privilege);
+- in every variant, the KubeSchedulerConfiguration in the ConfigMap
+  kgpu-scheduler-config parses and its urlPrefix names the rendered Service
+  (name, namespace, port) and the extender's listen port;
+- value overrides (replicas, policy, port, TLS, namespaces, device plugin
+  switches, leader election) change what they should and nothing else.
+
+helm and kubectl are taken from --helm/--kubectl, else from the bin dir that
+`scripts/upstream.sh --bin` names (which builds nothing), else from PATH.
+This test never builds them. 77 = skipped (helm, kubectl or PyYAML missing).
+"""
+import argparse
+import copy
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from urllib.parse import urlparse
+
+try:
+    import yaml
+except ImportError:
+    print("PyYAML is not installed (Debian: python3-yaml): skipped")
+    sys.exit(77)
+
+ARGS = None
+HELM = KUBECTL = None
+HELM_ENV = None
+CHART = KUSTOMIZE_DIRS = None
+
+# Labels the chart may add to what the kustomize manifests carry.
+HELM_LABELS = {
+    "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "app.kubernetes.io/component",
+    "helm.sh/chart",
+}
+# Pod template annotations the chart may add: the config checksum that rolls
+# the extender's pods when its ConfigMap changes.
+HELM_POD_ANNOTATIONS = {"checksum/config"}
+RBAC_KINDS = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+
+EXT_NS, DP_NS = "kgpu-system", "kgpu-node"
+
+
+def find_tool(name, explicit):
+    """The tool's path, or None. Never builds anything."""
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    script = os.path.join(ARGS.source, "scripts", "upstream.sh")
+    if os.path.exists(script):
+        r = subprocess.run(["bash", script, "--bin"], capture_output=True, text=True)
+        cand = os.path.join(r.stdout.strip(), name)
+        if r.returncode == 0 and r.stdout.strip() and os.access(cand, os.X_OK):
+            return cand
+    return shutil.which(name)
+
+
+def load_docs(text):
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def key(obj):
+    md = obj["metadata"]
+    return (obj["kind"], md.get("namespace", ""), md["name"])
+
+
+def index(objs):
+    out = {}
+    for o in objs:
+        k = key(o)
+        assert k not in out, "rendered twice: %s" % (k,)
+        out[k] = o
+    return out
+
+
+_helm_cache = {}
+
+
+def helm(*values, files=()):
+    """`helm template kgpu deploy/helm/kgpu` with --set VALUES and --set-file FILES,
+    as a dict keyed by (kind, namespace, name). Raises on a failed render."""
+    cache_key = (values, tuple(files))
+    if cache_key not in _helm_cache:
+        cmd = [HELM, "template", "kgpu", CHART]
+        for v in values:
+            cmd += ["--set", v]
+        for f in files:
+            cmd += ["--set-file", f]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=HELM_ENV)
+        if r.returncode != 0:
+            raise AssertionError("%s failed:\n%s" % (" ".join(cmd), r.stderr))
+        _helm_cache[cache_key] = index(load_docs(r.stdout))
+    return copy.deepcopy(_helm_cache[cache_key])
+
+
+def helm_error(*values):
+    """stderr of a render that must fail."""
+    cmd = [HELM, "template", "kgpu", CHART]
+    for v in values:
+        cmd += ["--set", v]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=HELM_ENV)
+    if r.returncode == 0:
+        raise AssertionError("%s rendered, expected a refusal" % " ".join(cmd))
+    return r.stderr
+
+
+_kustomize = None
+
+
+def kustomize():
+    global _kustomize
+    if _kustomize is None:
+        objs = []
+        for d in KUSTOMIZE_DIRS:
+            r = subprocess.run([KUBECTL, "kustomize", d], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise AssertionError("kubectl kustomize %s failed:\n%s" % (d, r.stderr))
+            objs += load_docs(r.stdout)
+        _kustomize = index(objs)
+    return copy.deepcopy(_kustomize)
+
+
+def comparable(obj):
+    """The object without labels and Helm's pod annotations, ConfigMap data parsed."""
+    o = copy.deepcopy(obj)
+    o["metadata"].pop("labels", None)
+    tmpl = o.get("spec", {}).get("template")
+    if tmpl:
+        tmpl["metadata"].pop("labels", None)
+        ann = tmpl["metadata"].get("annotations", {})
+        for a in HELM_POD_ANNOTATIONS:
+            ann.pop(a, None)
+        if not ann:
+            tmpl["metadata"].pop("annotations", None)
+    if o["kind"] == "ConfigMap":
+        o["data"] = {k: yaml.safe_load(v) for k, v in o.get("data", {}).items()}
+    return o
+
+
+def diffs(a, b, path=""):
+    """Every path where a and b differ, e.g. 'spec.replicas: 2 != 3'."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            p = "%s.%s" % (path, k) if path else str(k)
+            if k not in a:
+                out.append("%s: only in second (%r)" % (p, b[k]))
+            elif k not in b:
+                out.append("%s: only in first (%r)" % (p, a[k]))
+            else:
+                out += diffs(a[k], b[k], p)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        out = []
+        for i, (x, y) in enumerate(zip(a, b)):
+            out += diffs(x, y, "%s[%d]" % (path, i))
+        return out
+    return [] if a == b else ["%s: %r != %r" % (path, a, b)]
+
+
+def changed(base, other):
+    """{object key: [differing paths]} between two renders, comparable() form."""
+    out = {}
+    for k in set(base) | set(other):
+        if k not in base or k not in other:
+            out[k] = ["only in %s" % ("second" if k not in base else "first")]
+            continue
+        d = diffs(comparable(base[k]), comparable(other[k]))
+        if d:
+            out[k] = d
+    return out
+
+
+def strings(x):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield str(k)
+            yield from strings(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from strings(v)
+    elif isinstance(x, str):
+        yield x
+
+
+def extender_container(objs, ns=EXT_NS):
+    return objs[("Deployment", ns, "kgpu-extender")]["spec"]["template"]["spec"]["containers"][0]
+
+
+def plugin_pod(objs, ns=DP_NS):
+    return objs[("DaemonSet", ns, "kgpu-device-plugin")]["spec"]["template"]["spec"]
+
+
+def extender_config(objs, ns=EXT_NS):
+    return yaml.safe_load(objs[("ConfigMap", ns, "kgpu-extender")]["data"]["config.yaml"])
+
+
+def scheduler_config(objs, ns=EXT_NS):
+    cm = objs[("ConfigMap", ns, "kgpu-scheduler-config")]
+    return yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+
+
+class HelmChartTest(unittest.TestCase):
+    maxDiff = None
+
+    # --- invariants, checked on every variant rendered -----------------------
+
+    def check_invariants(self, objs, url_from_service=True):
+        self.check_rbac(objs)
+        self.check_wiring(objs, url_from_service)
+
+    def check_rbac(self, objs):
+        """Every Role/ClusterRole has kustomize's rules; no other RBAC object;
+        bindings name the rendered service accounts."""
+        k = kustomize()
+        k_rbac = {(kind, name): o for (kind, _, name), o in k.items() if kind in RBAC_KINDS}
+        accounts = {(ns, name) for (kind, ns, name) in objs if kind == "ServiceAccount"}
+        for (kind, ns, name), o in objs.items():
+            if kind not in RBAC_KINDS:
+                continue
+            with self.subTest(rbac=(kind, ns, name)):
+                self.assertIn((kind, name), k_rbac, "RBAC object the kustomize manifests lack")
+                ref = k_rbac[(kind, name)]
+                if kind in ("Role", "ClusterRole"):
+                    self.assertEqual(o["rules"], ref["rules"])
+                else:
+                    self.assertEqual(o["roleRef"], ref["roleRef"])
+                    self.assertEqual(len(o["subjects"]), len(ref["subjects"]))
+                    for s, rs in zip(o["subjects"], ref["subjects"]):
+                        self.assertEqual((s["kind"], s["name"]), (rs["kind"], rs["name"]))
+                        self.assertIn((s["namespace"], s["name"]), accounts)
+                    if kind == "RoleBinding":
+                        self.assertIn(("Role", ns, o["roleRef"]["name"]), objs)
+
+    def check_wiring(self, objs, url_from_service):
+        """The scheduler config parses; its urlPrefix reaches the Service,
+        the Service reaches the extender's pods and listen port."""
+        svcs = [o for (kind, _, _), o in objs.items() if kind == "Service"]
+        self.assertEqual(len(svcs), 1)
+        svc = svcs[0]
+        ns = svc["metadata"]["namespace"]
+        cfg = scheduler_config(objs, ns)
+        self.assertEqual(cfg["kind"], "KubeSchedulerConfiguration")
+        self.assertTrue(cfg["apiVersion"].startswith("kubescheduler.config.k8s.io/"))
+        self.assertEqual(len(cfg["extenders"]), 1)
+        ext = cfg["extenders"][0]
+        for verb in ("filter", "prioritize", "bind", "preempt"):
+            self.assertEqual(ext[verb + "Verb"], verb)
+        port = svc["spec"]["ports"][0]
+        self.assertEqual(port["targetPort"], "http")
+        if url_from_service:
+            u = urlparse(ext["urlPrefix"])
+            self.assertEqual(u.scheme, "https" if ext["enableHTTPS"] else "http")
+            self.assertEqual(u.hostname, "%s.%s.svc" % (svc["metadata"]["name"], ns))
+            self.assertEqual(u.port, port["port"])
+        dep = objs[("Deployment", ns, "kgpu-extender")]
+        pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+        for sel in (svc["spec"]["selector"], dep["spec"]["selector"]["matchLabels"]):
+            self.assertLessEqual(sel.items(), pod_labels.items())
+        cport = [p for p in extender_container(objs, ns)["ports"] if p["name"] == "http"]
+        self.assertEqual(len(cport), 1)
+        listen = extender_config(objs, ns)["listen"]
+        self.assertEqual(int(listen.rsplit(":", 1)[1]), cport[0]["containerPort"])
+        self.assertEqual(dep["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"],
+                         "kgpu-extender")
+
+    # --- defaults against kustomize -------------------------------------------
+
+    def test_defaults_match_kustomize(self):
+        h, k = helm(), kustomize()
+        self.assertEqual(sorted(h), sorted(k), "objects (kind, namespace, name)")
+        for obj_key in sorted(k):
+            with self.subTest(object=obj_key):
+                self.assertEqual(diffs(comparable(k[obj_key]), comparable(h[obj_key])), [],
+                                 "kustomize != helm")
+                kl = k[obj_key]["metadata"].get("labels", {})
+                hl = h[obj_key]["metadata"].get("labels", {})
+                self.assertLessEqual(kl.items(), hl.items(), "kustomize labels kept")
+                self.assertLessEqual(set(hl) - set(kl), HELM_LABELS, "only Helm's labels added")
+                self.assertEqual(hl.get("app.kubernetes.io/managed-by"), "Helm")
+                self.assertEqual(hl.get("app.kubernetes.io/instance"), "kgpu")
+                tmpl = k[obj_key].get("spec", {}).get("template")
+                if tmpl:
+                    htm = h[obj_key]["spec"]["template"]["metadata"]
+                    self.assertLessEqual(tmpl["metadata"]["labels"].items(), htm["labels"].items())
+                    self.assertLessEqual(set(htm["labels"]) - set(tmpl["metadata"]["labels"]),
+                                         HELM_LABELS)
+        self.check_invariants(h)
+
+    def test_scheduler_config_is_the_shipped_file(self):
+        # The kustomize ConfigMap is generated from scheduler-config.yaml, so
+        # this ties the chart to the file operators copy by hand.
+        with open(os.path.join(ARGS.source, "deploy", "extender", "scheduler-config.yaml")) as f:
+            shipped = yaml.safe_load(f)
+        self.assertEqual(scheduler_config(helm()), shipped)
+
+    def test_lint(self):
+        r = subprocess.run([HELM, "lint", "--strict", CHART], capture_output=True, text=True,
+                           env=HELM_ENV)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    # --- overrides --------------------------------------------------------------
+
+    def test_replicas(self):
+        h = helm("extender.replicas=3")
+        self.assertEqual(changed(helm(), h), {
+            ("Deployment", EXT_NS, "kgpu-extender"): ["spec.replicas: 2 != 3"]})
+        self.check_invariants(h)
+
+    def test_policy(self):
+        base, h = helm(), helm("extender.config.policy=binpack")
+        self.assertEqual(changed(base, h), {
+            ("ConfigMap", EXT_NS, "kgpu-extender"):
+                ["data.config.yaml.policy: 'kgpu' != 'binpack'"]})
+        ann = lambda o: o[("Deployment", EXT_NS, "kgpu-extender")]["spec"]["template"][
+            "metadata"]["annotations"]["checksum/config"]
+        self.assertNotEqual(ann(base), ann(h), "a config change must roll the extender's pods")
+        self.check_invariants(h)
+
+    def test_port(self):
+        h = helm("extender.config.port=8443")
+        self.assertEqual(h[("Service", EXT_NS, "kgpu-extender")]["spec"]["ports"][0]["port"], 8443)
+        self.assertEqual(extender_container(h)["ports"][0]["containerPort"], 8443)
+        self.assertEqual(extender_config(h)["listen"], "0.0.0.0:8443")
+        self.assertEqual(scheduler_config(h)["extenders"][0]["urlPrefix"],
+                         "http://kgpu-extender.kgpu-system.svc:8443")
+        self.check_invariants(h)
+
+    def test_url_prefix_override(self):
+        h = helm("scheduler.urlPrefix=http://10.96.12.34:12346")
+        self.assertEqual(changed(helm(), h), {
+            ("ConfigMap", EXT_NS, "kgpu-scheduler-config"): [
+                "data.scheduler-config.yaml.extenders[0].urlPrefix: "
+                "'http://kgpu-extender.kgpu-system.svc:12346' != 'http://10.96.12.34:12346'"]})
+        self.check_invariants(h, url_from_service=False)
+
+    def test_device_plugin_disabled(self):
+        h = helm("devicePlugin.enabled=false")
+        k = kustomize()
+        extender_only = {kk for kk in k if kk[1] == EXT_NS or
+                         (kk[1] == "" and kk[2] in ("kgpu-extender", EXT_NS))}
+        self.assertEqual(sorted(h), sorted(extender_only))
+        self.assertEqual(changed(helm(), h),
+                         {kk: ["only in first"] for kk in set(k) - extender_only})
+        self.check_invariants(h)
+
+    def test_tls(self):
+        base, h = helm(), helm("extender.tls.enabled=true")
+        self.assertEqual(sorted(changed(base, h)), sorted([
+            ("ConfigMap", EXT_NS, "kgpu-extender"),
+            ("ConfigMap", EXT_NS, "kgpu-scheduler-config"),
+            ("Deployment", EXT_NS, "kgpu-extender")]))
+        self.assertEqual(extender_config(h)["tls"],
+                         {"cert": "/etc/kgpu-tls/tls.crt", "key": "/etc/kgpu-tls/tls.key"})
+        c = extender_container(h)
+        self.assertIn({"name": "tls", "mountPath": "/etc/kgpu-tls", "readOnly": True},
+                      c["volumeMounts"])
+        pod = h[("Deployment", EXT_NS, "kgpu-extender")]["spec"]["template"]["spec"]
+        self.assertIn({"name": "tls", "secret": {"secretName": "kgpu-extender-tls"}},
+                      pod["volumes"])
+        for probe in ("livenessProbe", "readinessProbe"):
+            self.assertEqual(c[probe]["httpGet"]["scheme"], "HTTPS")
+        ext = scheduler_config(h)["extenders"][0]
+        self.assertEqual(ext["urlPrefix"], "https://kgpu-extender.kgpu-system.svc:12346")
+        self.assertIs(ext["enableHTTPS"], True)
+        self.assertEqual(ext["tlsConfig"], {"caFile": "/etc/kubernetes/kgpu/ca.crt",
+                                            "serverName": "kgpu-extender.kgpu-system.svc"})
+        self.check_invariants(h)
+
+    def test_tls_client_certificates(self):
+        h = helm("extender.tls.enabled=true", "extender.tls.requireClientCert=true")
+        self.assertEqual(extender_config(h)["tls"]["clientCA"], "/etc/kgpu-tls/ca.crt")
+        c = extender_container(h)
+        for probe in ("livenessProbe", "readinessProbe"):
+            self.assertEqual(c[probe].get("tcpSocket"), {"port": "http"})
+            self.assertNotIn("httpGet", c[probe])
+        tls = scheduler_config(h)["extenders"][0]["tlsConfig"]
+        self.assertEqual((tls["certFile"], tls["keyFile"]),
+                         ("/etc/kubernetes/kgpu/client.crt", "/etc/kubernetes/kgpu/client.key"))
+        self.check_invariants(h)
+        self.assertIn("requireClientCert needs extender.tls.enabled",
+                      helm_error("extender.tls.requireClientCert=true"))
+
+    def test_custom_namespaces(self):
+        h = helm("namespaces.extender.name=gpu-sched", "namespaces.devicePlugin.name=gpu-node")
+        k = kustomize()
+        rename = {EXT_NS: "gpu-sched", DP_NS: "gpu-node"}
+        expected = set()
+        for kind, ns, name in k:
+            if kind == "Namespace":
+                name = rename[name]
+            expected.add((kind, rename.get(ns, ns), name))
+        self.assertEqual(sorted(h), sorted(expected))
+        for o in h.values():
+            for s in strings(o):
+                self.assertNotIn(EXT_NS, s, "%s still names kgpu-system" % (key(o),))
+                self.assertNotIn(DP_NS, s, "%s still names kgpu-node" % (key(o),))
+        ns = h[("Namespace", "", "gpu-sched")]["metadata"]["labels"]
+        self.assertEqual(ns["pod-security.kubernetes.io/enforce"], "restricted")
+        ns = h[("Namespace", "", "gpu-node")]["metadata"]["labels"]
+        self.assertEqual(ns["pod-security.kubernetes.io/enforce"], "privileged")
+        self.assertEqual(scheduler_config(h, "gpu-sched")["extenders"][0]["urlPrefix"],
+                         "http://kgpu-extender.gpu-sched.svc:12346")
+        self.check_invariants(h)
+        self.assertIn("must differ", helm_error("namespaces.devicePlugin.name=kgpu-system"))
+
+    def test_no_namespaces(self):
+        h = helm("createNamespaces=false")
+        self.assertEqual(sorted(changed(helm(), h)),
+                         [("Namespace", "", DP_NS), ("Namespace", "", EXT_NS)])
+        self.check_invariants(h)
+
+    def test_leader_election_off(self):
+        h = helm("extender.leaderElection.enabled=false", "extender.replicas=1")
+        self.assertEqual(changed(helm(), h), {
+            ("Deployment", EXT_NS, "kgpu-extender"): [
+                "spec.replicas: 2 != 1",
+                "spec.template.spec.containers[0].command: "
+                "['kgpu-extender', '--config', '/etc/kgpu/config.yaml', '--leader-elect'] != "
+                "['kgpu-extender', '--config', '/etc/kgpu/config.yaml']"],
+            ("Role", EXT_NS, "kgpu-extender-leader-election"): ["only in first"],
+            ("RoleBinding", EXT_NS, "kgpu-extender-leader-election"): ["only in first"]})
+        self.check_invariants(h)
+        self.assertIn("leaderElection", helm_error("extender.leaderElection.enabled=false"))
+
+    def test_memory_unit_reaches_both(self):
+        h = helm("extender.config.memoryUnit=512Mi")
+        self.assertEqual(extender_config(h)["memoryUnit"], "512Mi")
+        self.assertIn("--memory-unit=512Mi", plugin_pod(h)["containers"][0]["command"])
+        self.check_invariants(h)
+
+    def test_device_plugin_flags(self):
+        h = helm("devicePlugin.args.wholeGpus=true", "devicePlugin.args.gpushareAlias=true",
+                 "devicePlugin.args.shim=false", "devicePlugin.args.logLevel=debug")
+        self.assertEqual(sorted(changed(helm(), h)), [("DaemonSet", DP_NS, "kgpu-device-plugin")])
+        pod = plugin_pod(h)
+        cmd = pod["containers"][0]["command"]
+        for flag in ("--whole-gpus", "--gpushare-alias", "--shim-lib=none", "--log-level=debug"):
+            self.assertIn(flag, cmd)
+        self.assertNotIn("initContainers", pod)
+        self.check_invariants(h)
+
+    def test_fake_gpus(self):
+        gpus = os.path.join(ARGS.source, "examples", "gpus.yaml")
+        h = helm(files=["devicePlugin.args.fakeGpus=" + gpus])
+        cm = h[("ConfigMap", DP_NS, "kgpu-device-plugin-fake-gpus")]
+        with open(gpus) as f:
+            self.assertEqual(yaml.safe_load(cm["data"]["gpus.yaml"]), yaml.safe_load(f))
+        pod = plugin_pod(h)
+        self.assertIn("--fake-gpus=/etc/kgpu-fake-gpus/gpus.yaml", pod["containers"][0]["command"])
+        self.assertIn({"name": "fake-gpus", "mountPath": "/etc/kgpu-fake-gpus", "readOnly": True},
+                      pod["containers"][0]["volumeMounts"])
+        self.assertIn({"name": "fake-gpus",
+                       "configMap": {"name": "kgpu-device-plugin-fake-gpus"}}, pod["volumes"])
+        self.check_invariants(h)
+
+    def test_image(self):
+        h = helm("image.repository=registry.example/kgpu", "image.tag=dev")
+        self.assertEqual(extender_container(h)["image"], "registry.example/kgpu:dev")
+        pod = plugin_pod(h)
+        self.assertEqual({c["image"] for c in pod["containers"] + pod["initContainers"]},
+                         {"registry.example/kgpu:dev"})
+
+
+def main():
+    global ARGS, HELM, KUBECTL, HELM_ENV, CHART, KUSTOMIZE_DIRS
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--source", required=True, help="the repository root")
+    p.add_argument("--helm", help="helm binary (default: scripts/upstream.sh --bin, then PATH)")
+    p.add_argument("--kubectl", help="kubectl binary, for `kubectl kustomize` (same search)")
+    ARGS, rest = p.parse_known_args()
+    HELM = find_tool("helm", ARGS.helm)
+    KUBECTL = find_tool("kubectl", ARGS.kubectl)
+    for name, path in (("helm", HELM), ("kubectl", KUBECTL)):
+        if not path:
+            print("%s not found (build it with scripts/upstream.sh, or pass --%s): skipped"
+                  % (name, name))
+            sys.exit(77)
+    print("helm: %s\nkubectl: %s" % (HELM, KUBECTL))
+    CHART = os.path.join(ARGS.source, "deploy", "helm", "kgpu")
+    KUSTOMIZE_DIRS = [os.path.join(ARGS.source, "deploy", d) for d in ("extender", "device-plugin")]
+    home = tempfile.mkdtemp(prefix="kgpu-helm-")
+    # Helm's caches and config in a throwaway place: nothing read from or
+    # written to the user's home.
+    HELM_ENV = dict(os.environ, HELM_CACHE_HOME=os.path.join(home, "cache"),
+                    HELM_CONFIG_HOME=os.path.join(home, "config"),
+                    HELM_DATA_HOME=os.path.join(home, "data"))
+    try:
+        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    sys.exit(0 if prog.result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
