@@ -15,6 +15,7 @@
 #include "yamljson.h"
 
 #define ALLOCATE_WAIT_MAX 86400 /* a day: anything longer is a pod that will never start */
+#define MAX_CONNECTIONS   65536 /* descriptors, and libmicrohttpd's buffer each */
 
 static atomic_int log_level = EXT_INFO;
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -51,9 +52,16 @@ void ext_config_defaults(ext_config *cfg)
     snprintf(cfg->policy, sizeof(cfg->policy), "kgpu");
     cfg->memory_unit_mib = 1024;
     cfg->log_level = EXT_INFO;
-    cfg->max_body_bytes = 16L << 20;
+    cfg->max_body_bytes = 8L << 20;
     cfg->max_json_depth = 64;
-    cfg->max_connections = 1024;
+    cfg->max_connections = 2048;
+    snprintf(cfg->probe_listen, sizeof(cfg->probe_listen), "0.0.0.0:12347");
+    cfg->max_connections_per_client = 256;
+    cfg->request_timeout_s = 30;
+    cfg->max_buffered_bytes = 64L << 20;
+    cfg->max_node_names = 20000;
+    cfg->serve_threads = 2;
+    cfg->handler_threads = 16;
     cfg->pending_pods_max = 1024;
     const char *ns = getenv("POD_NAMESPACE");
     snprintf(cfg->lease_ns, sizeof(cfg->lease_ns), "%.63s", ns && *ns ? ns : "kgpu-system");
@@ -91,6 +99,17 @@ static int set_path(char *dst, size_t len, const char *src, const char *what, kg
     if (strlen(src) >= len)
         return kgpu_error_set(err, KGPU_EINVAL, "%s: path too long", what);
     snprintf(dst, len, "%s", src);
+    return 0;
+}
+
+static int int_flag(const char *flag, const char *text, long min, long max, int *out,
+                    kgpu_error *err)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || v < min || v > max)
+        return kgpu_error_set(err, KGPU_EINVAL, "%s '%s': %ld..%ld", flag, text, min, max);
+    *out = (int)v;
     return 0;
 }
 
@@ -140,8 +159,28 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                    json_integer_value(v) >= 4 && json_integer_value(v) <= 1000) {
             cfg->max_json_depth = (int)json_integer_value(v);
         } else if (strcmp(key, "maxConnections") == 0 && json_is_integer(v) &&
-                   json_integer_value(v) >= 1) {
+                   json_integer_value(v) >= 1 && json_integer_value(v) <= MAX_CONNECTIONS) {
             cfg->max_connections = (int)json_integer_value(v);
+        } else if (strcmp(key, "maxConnectionsPerClient") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 1 && json_integer_value(v) <= MAX_CONNECTIONS) {
+            cfg->max_connections_per_client = (int)json_integer_value(v);
+        } else if (strcmp(key, "probeListen") == 0 && s) {
+            rc = set_path(cfg->probe_listen, sizeof(cfg->probe_listen), s, "probeListen", err);
+        } else if (strcmp(key, "requestTimeoutSeconds") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 1 && json_integer_value(v) <= 3600) {
+            cfg->request_timeout_s = (int)json_integer_value(v);
+        } else if (strcmp(key, "maxBufferedBytes") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 1024) {
+            cfg->max_buffered_bytes = (long)json_integer_value(v);
+        } else if (strcmp(key, "maxNodeNames") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 1 && json_integer_value(v) <= 1000000) {
+            cfg->max_node_names = (int)json_integer_value(v);
+        } else if (strcmp(key, "serveThreads") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 0 && json_integer_value(v) <= 64) {
+            cfg->serve_threads = (int)json_integer_value(v);
+        } else if (strcmp(key, "handlerThreads") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 1 && json_integer_value(v) <= 1024) {
+            cfg->handler_threads = (int)json_integer_value(v);
         } else if (strcmp(key, "pendingPods") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 16 && json_integer_value(v) <= 1 << 20) {
             cfg->pending_pods_max = (int)json_integer_value(v);
@@ -187,6 +226,13 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                                           "maxBodyBytes",
                                           "maxJSONDepth",
                                           "maxConnections",
+                                          "maxConnectionsPerClient",
+                                          "probeListen",
+                                          "requestTimeoutSeconds",
+                                          "maxBufferedBytes",
+                                          "maxNodeNames",
+                                          "serveThreads",
+                                          "handlerThreads",
                                           "pendingPods",
                                           "tls",
                                           "leaderElect",
@@ -227,7 +273,20 @@ static void usage(FILE *f)
             "  --tls-cert FILE --tls-key FILE   serve HTTPS\n"
             "  --tls-client-ca FILE   require client certificates signed by this CA\n"
             "  --log-level LEVEL      error, warn, info (default) or debug\n"
-            "  --max-body-bytes N     largest request body accepted (default 16 MiB)\n"
+            "  --max-body-bytes N     largest request body accepted (default 8 MiB)\n"
+            "  --max-buffered-bytes N request bodies held at once, all connections together\n"
+            "                         (default 64 MiB); uploads past it get 503\n"
+            "  --max-connections N    connections on --listen (default 2048)\n"
+            "  --max-connections-per-client N  from one IP address (default 256)\n"
+            "  --request-timeout S    seconds a connection has to send a whole request, from\n"
+            "                         its accept or its previous answer (default 30)\n"
+            "  --max-node-names N     node names per filter, prioritize or preempt call\n"
+            "                         (default 20000)\n"
+            "  --probe-listen ADDR:PORT  serve /healthz and /readyz here too, apart from the\n"
+            "                         scheduling port (default 0.0.0.0:12347; '' none)\n"
+            "  --serve-threads N      epoll threads reading requests (default 2; 0: one\n"
+            "                         thread per connection)\n"
+            "  --handler-threads N    threads answering requests (default 16)\n"
             "  --leader-elect         only the holder of a Lease binds (run several replicas)\n"
             "  --lease-namespace NS --lease-name NAME   the Lease (default: the pod's\n"
             "                         namespace, else kgpu-system; kgpu-extender)\n"
@@ -262,6 +321,14 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"lease-name", required_argument, NULL, 'M'},
         {"lease-duration", required_argument, NULL, 'D'},
         {"allocate-wait", required_argument, NULL, 'W'},
+        {"max-buffered-bytes", required_argument, NULL, 'B'},
+        {"max-connections", required_argument, NULL, 'x'},
+        {"max-connections-per-client", required_argument, NULL, 'X'},
+        {"request-timeout", required_argument, NULL, 'T'},
+        {"max-node-names", required_argument, NULL, 'n'},
+        {"probe-listen", required_argument, NULL, 'R'},
+        {"serve-threads", required_argument, NULL, 't'},
+        {"handler-threads", required_argument, NULL, 'H'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -356,6 +423,36 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
                 cfg->allocate_wait_s = (int)wait;
             break;
         }
+        case 'B':
+            cfg->max_buffered_bytes = strtol(optarg, &end, 10);
+            if (end == optarg || *end || cfg->max_buffered_bytes < 1024)
+                rc = kgpu_error_set(err, KGPU_EINVAL, "--max-buffered-bytes '%s': at least 1024",
+                                    optarg);
+            break;
+        case 'x':
+            rc = int_flag("--max-connections", optarg, 1, MAX_CONNECTIONS, &cfg->max_connections,
+                          err);
+            break;
+        case 'X':
+            rc = int_flag("--max-connections-per-client", optarg, 1, MAX_CONNECTIONS,
+                          &cfg->max_connections_per_client, err);
+            break;
+        case 'T':
+            rc = int_flag("--request-timeout", optarg, 1, 3600, &cfg->request_timeout_s, err);
+            break;
+        case 'n':
+            rc = int_flag("--max-node-names", optarg, 1, 1000000, &cfg->max_node_names, err);
+            break;
+        case 'R':
+            rc = set_path(cfg->probe_listen, sizeof(cfg->probe_listen), optarg, "--probe-listen",
+                          err);
+            break;
+        case 't':
+            rc = int_flag("--serve-threads", optarg, 0, 64, &cfg->serve_threads, err);
+            break;
+        case 'H':
+            rc = int_flag("--handler-threads", optarg, 1, 1024, &cfg->handler_threads, err);
+            break;
         case 'V':
             printf("kgpu-extender %s\n", KGPU_VERSION);
             return 1;
@@ -374,6 +471,19 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
     if (rc == 0 && cfg->leader_elect && cfg->cluster_file[0])
         rc = kgpu_error_set(err, KGPU_EINVAL,
                             "--leader-elect needs an API server, not --cluster-file");
+    /* A limit that cannot hold is refused rather than silently worked around. */
+    if (rc == 0 && cfg->max_buffered_bytes < cfg->max_body_bytes)
+        rc = kgpu_error_set(err, KGPU_EINVAL,
+                            "maxBufferedBytes %ld is less than maxBodyBytes %ld: the largest "
+                            "request could never be read",
+                            cfg->max_buffered_bytes, cfg->max_body_bytes);
+    if (rc == 0 && cfg->max_connections_per_client > cfg->max_connections)
+        cfg->max_connections_per_client = cfg->max_connections;
+    size_t ll = strlen(cfg->listen);
+    bool any_port = ll >= 2 && strcmp(cfg->listen + ll - 2, ":0") == 0;
+    if (rc == 0 && cfg->probe_listen[0] && !any_port && strcmp(cfg->probe_listen, cfg->listen) == 0)
+        rc = kgpu_error_set(err, KGPU_EINVAL, "--probe-listen must differ from --listen (%s)",
+                            cfg->listen);
     if (rc == 0 && cfg->tls_client_ca[0] && !cfg->tls_cert[0])
         rc = kgpu_error_set(err, KGPU_EINVAL, "--tls-client-ca needs --tls-cert and --tls-key");
     return rc;

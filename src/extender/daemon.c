@@ -1,18 +1,13 @@
 /*
  * The kgpu-extender process: inventory from a cluster file or from the API
- * server (list + watch on two reflector threads), and the HTTP(S) server
- * (libmicrohttpd, one thread per connection) that hands each complete,
- * size-checked request to ext_handle.
+ * server (list + watch on two reflector threads); the HTTP(S) serving layer
+ * that hands each complete, size-checked request to ext_handle is http.c.
  */
 #include <errno.h>
 #include <malloc.h>
-#include <gnutls/gnutls.h>
-#include <microhttpd.h>
-#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "ext.h"
@@ -341,158 +336,6 @@ bool ext_daemon_ready(ext_daemon *d)
     return ready && ext_is_leader(d);
 }
 
-/* ---- HTTP ---- */
-
-typedef struct request {
-    char *body;
-    size_t len, cap;
-    bool too_big, refused;
-} request;
-
-/* With a client CA configured, only peers whose certificate it signed get in. */
-static bool client_allowed(ext_daemon *d, struct MHD_Connection *conn)
-{
-    if (d->tls_ca_pem == NULL)
-        return true;
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
-    if (ci == NULL || ci->tls_session == NULL)
-        return false;
-    gnutls_session_t tls = (gnutls_session_t)ci->tls_session;
-    unsigned int n = 0, status = 0;
-    if (gnutls_certificate_get_peers(tls, &n) == NULL || n == 0)
-        return false;
-    return gnutls_certificate_verify_peers2(tls, &status) == 0 && status == 0;
-}
-
-static enum MHD_Result send_reply(struct MHD_Connection *conn, int status, const char *type,
-                                  char *body)
-{
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(body ? strlen(body) : 0, body ? body : (void *)"",
-                                        body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (resp == NULL) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    enum MHD_Result r = MHD_queue_response(conn, (unsigned int)status, resp);
-    MHD_destroy_response(resp);
-    return r;
-}
-
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version, const char *upload_data,
-                                  size_t *upload_data_size, void **con_cls)
-{
-    ext_daemon *d = cls;
-    request *rq = *con_cls;
-    if (rq == NULL) {
-        rq = calloc(1, sizeof(*rq));
-        if (rq == NULL)
-            return MHD_NO;
-        *con_cls = rq;
-        /* Probes carry no client certificate: health and version reveal nothing. */
-        bool probe = strcmp(method, "GET") == 0 &&
-                     (strcmp(url, "/healthz") == 0 || strcmp(url, "/readyz") == 0 ||
-                      strcmp(url, "/version") == 0);
-        if (!probe && !client_allowed(d, conn))
-            rq->refused = true;
-        const char *cl =
-            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl != NULL && strtoll(cl, NULL, 10) > d->cfg.max_body_bytes)
-            rq->too_big = true;
-        return MHD_YES;
-    }
-    if (*upload_data_size > 0) {
-        size_t n = *upload_data_size;
-        *upload_data_size = 0;
-        if (rq->too_big || rq->refused)
-            return MHD_YES; /* drain and drop */
-        if (rq->len + n > (size_t)d->cfg.max_body_bytes) {
-            rq->too_big = true;
-            free(rq->body);
-            rq->body = NULL;
-            rq->len = rq->cap = 0;
-            return MHD_YES;
-        }
-        if (rq->len + n + 1 > rq->cap) {
-            size_t cap = rq->cap ? rq->cap : 4096;
-            while (cap < rq->len + n + 1)
-                cap *= 2;
-            char *b = realloc(rq->body, cap);
-            if (b == NULL)
-                return MHD_NO;
-            rq->body = b;
-            rq->cap = cap;
-        }
-        memcpy(rq->body + rq->len, upload_data, n);
-        rq->len += n;
-        rq->body[rq->len] = '\0';
-        return MHD_YES;
-    }
-    if (rq->refused)
-        return send_reply(conn, 403, "text/plain", strdup("client certificate required\n"));
-    if (rq->too_big) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "{\"Error\":\"request body larger than %ld bytes\"}",
-                 d->cfg.max_body_bytes);
-        return send_reply(conn, 413, "application/json", strdup(msg));
-    }
-    ext_response r;
-    ext_handle(d, method, url, rq->body ? rq->body : "", rq->len, &r);
-    if (r.body == NULL)
-        return send_reply(conn, 500, "text/plain", strdup("out of memory\n"));
-    return send_reply(conn, r.status, r.content_type, r.body);
-}
-
-static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
-                         enum MHD_RequestTerminationCode toe)
-{
-    request *rq = *con_cls;
-    if (rq != NULL) {
-        free(rq->body);
-        free(rq);
-        *con_cls = NULL;
-    }
-}
-
-static char *read_pem(const char *path, kgpu_error *err)
-{
-    char *buf;
-    size_t n;
-    if (kgpu_read_file_max(path, 1 << 20, &buf, &n, err) != 0)
-        return NULL;
-    return buf;
-}
-
-/* "ADDR:PORT", "[V6]:PORT" or ":PORT" -> a socket address. */
-static int parse_listen(const char *text, struct sockaddr_storage *ss, kgpu_error *err)
-{
-    char host[256], port[16];
-    const char *colon = strrchr(text, ':');
-    if (colon == NULL || colon[1] == '\0' || strlen(colon + 1) >= sizeof(port))
-        return kgpu_error_set(err, KGPU_EINVAL, "--listen '%s': expected ADDR:PORT", text);
-    size_t hl = (size_t)(colon - text);
-    if (hl >= sizeof(host))
-        return kgpu_error_set(err, KGPU_EINVAL, "--listen '%s': address too long", text);
-    memcpy(host, text, hl);
-    host[hl] = '\0';
-    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
-        memmove(host, host + 1, hl - 2);
-        host[hl - 2] = '\0';
-    }
-    snprintf(port, sizeof(port), "%s", colon + 1);
-    struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM};
-    struct addrinfo *ai = NULL;
-    int rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai);
-    if (rc != 0 || ai == NULL)
-        return kgpu_error_set(err, KGPU_EINVAL, "--listen '%s': %s", text, gai_strerror(rc));
-    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
-    freeaddrinfo(ai);
-    return 0;
-}
-
 int ext_daemon_start(ext_daemon *d, kgpu_error *err)
 {
     ext_log_set_level(d->cfg.log_level);
@@ -540,59 +383,13 @@ int ext_daemon_start(ext_daemon *d, kgpu_error *err)
         if (d->cfg.leader_elect && (rc = ext_leader_start(d, err)) != 0)
             return rc;
     }
-    struct sockaddr_storage ss;
-    if ((rc = parse_listen(d->cfg.listen, &ss, err)) != 0)
-        return rc;
-    unsigned int flags =
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
-    if (ss.ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    if (d->cfg.tls_cert[0]) {
-        d->tls_cert_pem = read_pem(d->cfg.tls_cert, err);
-        d->tls_key_pem = d->tls_cert_pem ? read_pem(d->cfg.tls_key, err) : NULL;
-        if (d->tls_key_pem == NULL)
-            return err ? err->code : KGPU_EIO;
-        if (d->cfg.tls_client_ca[0] &&
-            (d->tls_ca_pem = read_pem(d->cfg.tls_client_ca, err)) == NULL)
-            return err ? err->code : KGPU_EIO;
-        flags |= MHD_USE_TLS;
-    }
-    struct MHD_OptionItem tls_opts[] = {
-        {d->tls_cert_pem ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, d->tls_cert_pem},
-        {d->tls_key_pem ? MHD_OPTION_HTTPS_MEM_KEY : MHD_OPTION_END, 0, d->tls_key_pem},
-        {d->tls_ca_pem ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0, d->tls_ca_pem},
-        {MHD_OPTION_END, 0, NULL},
-    };
-    /* Compact the option list: MHD stops at the first END. */
-    struct MHD_OptionItem opts[4];
-    int no = 0;
-    for (int i = 0; i < 3; i++)
-        if (tls_opts[i].option != MHD_OPTION_END)
-            opts[no++] = tls_opts[i];
-    opts[no] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
-    d->mhd = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, d, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, d, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned int)d->cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)60,
-        /* Bounds the request line and headers; bodies stream through in pieces. */
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_ARRAY, opts,
-        MHD_OPTION_END);
-    if (d->mhd == NULL)
-        return kgpu_error_set(
-            err, KGPU_EIO, "cannot serve on %s (address in use, or bad TLS files?)", d->cfg.listen);
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    d->port = info ? info->port : 0;
-    ext_log(EXT_INFO, "kgpu-extender %s serving %s on port %d, policy %s", KGPU_VERSION,
-            d->tls_cert_pem ? "HTTPS" : "HTTP", d->port, d->cfg.policy);
-    return 0;
+    return ext_http_start(d, err);
 }
 
 void ext_daemon_stop(ext_daemon *d)
 {
     atomic_store(&d->stop, true);
-    if (d->mhd != NULL)
-        MHD_stop_daemon(d->mhd);
-    d->mhd = NULL;
+    ext_http_stop(d);
     ext_leader_stop(d); /* a leader hands the lease back on its way out */
     for (int i = 0; i < d->nwatch; i++)
         pthread_join(d->watch_threads[i], NULL);

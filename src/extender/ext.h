@@ -3,7 +3,8 @@
  * calls read and change, metrics, the HTTP handlers and server.
  *
  * Threads and ownership:
- * - HTTP requests run on libmicrohttpd's threads (one per connection). They
+ * - HTTP requests run on http.c's handler threads (libmicrohttpd's epoll
+ *   threads only read and write the sockets). They
  *   parse and serialise JSON without any lock, and take the state mutex only
  *   for in-memory work (fit, score, reserve, release): microseconds, never
  *   across I/O. A bind reserves under the lock, calls the API server without
@@ -47,6 +48,14 @@ typedef struct ext_config {
     char lease_ns[64], lease_name[64];
     int lease_duration_s; /* 15 */
     int allocate_wait_s;  /* a bound pod holds back same-size pods on its node this long; 0 off */
+    /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
+    char probe_listen[256];         /* ADDR:PORT of /healthz and /readyz; "" none; :12347 */
+    int max_connections_per_client; /* connections from one IP address; 256 */
+    int request_timeout_s;          /* a whole request, read, within this of its start; 30 */
+    long max_buffered_bytes;        /* request bodies held across all connections; 64 MiB */
+    int max_node_names;             /* NodeNames or Nodes.items per call; 20000 */
+    int serve_threads;              /* epoll I/O threads; 0: one thread per connection; 2 */
+    int handler_threads;            /* threads running the handlers (one more for large bodies); 16 */
 } ext_config;
 
 /* Defaults, then the YAML file (if --config), then flags, as the last word. */
@@ -78,6 +87,13 @@ enum ext_bind_fail {
     BIND_FAIL_AWAITING, /* a same-size pod on the node still waits for kubelet's Allocate */
     BIND_FAIL_COUNT
 };
+enum ext_http_refused {
+    EXT_HTTP_REFUSED_TOO_LARGE,       /* 413: over maxBodyBytes */
+    EXT_HTTP_REFUSED_BUSY,            /* 503: over maxBufferedBytes */
+    EXT_HTTP_REFUSED_BAD_FRAMING,     /* 400: conflicting or malformed Content-Length */
+    EXT_HTTP_REFUSED_UNAUTHENTICATED, /* 403: no client certificate */
+    EXT_HTTP_REFUSED_COUNT
+};
 #define EXT_HIST_BUCKETS 15
 
 typedef struct ext_hist {
@@ -94,6 +110,12 @@ typedef struct ext_metrics {
     atomic_ullong bind_failures[BIND_FAIL_COUNT];
     atomic_ullong watch_restarts[2];    /* nodes, pods */
     atomic_ullong assignment_conflicts; /* annotations that would overbook a GPU */
+    /* The serving layer (http.c). */
+    atomic_ullong http_refused[EXT_HTTP_REFUSED_COUNT]; /* answered before the body was read */
+    atomic_ullong http_deadline_closes; /* connections shut at requestTimeoutSeconds */
+    atomic_llong http_connections;      /* open on the scheduling listener */
+    atomic_llong http_buffered;         /* bytes of request bodies charged now */
+    atomic_llong http_buffered_peak;    /* the most ever charged at once */
 } ext_metrics;
 
 void ext_metrics_observe(ext_metrics *m, enum ext_verb v, double seconds);
@@ -350,14 +372,22 @@ typedef struct ext_daemon {
     atomic_bool stop;
     pthread_t watch_threads[2];
     int nwatch;
-    struct MHD_Daemon *mhd;
-    int port;           /* the port actually bound */
+    struct ext_http *http; /* the serving layer (http.c) */
+    int port;              /* the port actually bound */
+    int probe_port;        /* the probe listener's, 0 without one */
     atomic_bool leader; /* with leader election: this replica holds the lease */
     char identity[256];
     pthread_t leader_thread;
     bool leader_running;
     char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
 } ext_daemon;
+
+/*
+ * The serving layer (http.c): both listeners, their threads and limits.
+ * Start after the configuration is final; stop answers what is queued.
+ */
+int ext_http_start(ext_daemon *d, kgpu_error *err);
+void ext_http_stop(ext_daemon *d);
 
 /* Loads inventory (cluster file) or starts watching (API server), then serves. */
 int ext_daemon_start(ext_daemon *d, kgpu_error *err);

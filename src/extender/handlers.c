@@ -335,6 +335,18 @@ typedef struct fast_names {
 static int read_nodes(ext_daemon *d, ext_response *r, enum ext_verb v, json_t *args,
                       fast_names *fast, const char ***names, json_t ***objects)
 {
+    /* kube-scheduler sends at most the cluster's nodes; a million names is an attack. */
+    size_t count = fast->n >= 0 ? (size_t)fast->n
+                                : json_array_size(json_object_get(args, "NodeNames")) +
+                                      json_array_size(json_object_get(
+                                          json_object_get(args, "Nodes"), "items"));
+    if (count > (size_t)d->cfg.max_node_names) {
+        char msg[REASON_MAX];
+        snprintf(msg, sizeof(msg), "%zu nodes in one call; at most %d (maxNodeNames)", count,
+                 d->cfg.max_node_names);
+        bad_request(d, r, v, msg);
+        return -1;
+    }
     if (fast->n >= 0) {
         *names = fast->names;
         *objects = NULL;
@@ -1265,8 +1277,14 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
     } else if (strcmp(url, "/inspect") == 0) {
         reply_json(r, 200, ext_inspect_json(d, NULL));
     } else if (strncmp(url, "/inspect/", 9) == 0 && url[9] != '\0') {
-        json_t *one = ext_inspect_json(d, url + 9);
-        if (one == NULL)
+        /* The path arrives percent-decoded: %ff is a byte no node name has (nor JSON takes). */
+        bool name_ok = strlen(url + 9) <= KGPU_NAME_MAX;
+        for (const char *c = url + 9; name_ok && *c; c++)
+            name_ok = *c > ' ' && *c < 0x7f;
+        json_t *one = name_ok ? ext_inspect_json(d, url + 9) : NULL;
+        if (!name_ok)
+            reply_text(r, 400, "not a node name: /inspect/NODE takes a node name\n");
+        else if (one == NULL)
             reply_json(r, 404,
                        json_pack("{s:s,s:s}", "Error", "no such GPU node", "node", url + 9));
         else

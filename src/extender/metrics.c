@@ -148,6 +148,30 @@ static void render_requests(buf *b, ext_metrics *m)
            "# TYPE kgpu_extender_assignment_conflicts_total counter\n");
     put(b, "kgpu_extender_assignment_conflicts_total %llu\n",
         atomic_load(&m->assignment_conflicts));
+    static const char *refused[EXT_HTTP_REFUSED_COUNT] = {"too_large", "busy", "bad_framing",
+                                                          "unauthenticated"};
+    put(b, "# HELP kgpu_extender_http_refused_total Requests answered before their body was "
+           "read, by reason.\n"
+           "# TYPE kgpu_extender_http_refused_total counter\n");
+    for (int i = 0; i < EXT_HTTP_REFUSED_COUNT; i++)
+        put(b, "kgpu_extender_http_refused_total{reason=\"%s\"} %llu\n", refused[i],
+            atomic_load(&m->http_refused[i]));
+    put(b, "# HELP kgpu_extender_http_deadline_closes_total Connections closed for not sending "
+           "a whole request (or taking its answer) within requestTimeoutSeconds.\n"
+           "# TYPE kgpu_extender_http_deadline_closes_total counter\n");
+    put(b, "kgpu_extender_http_deadline_closes_total %llu\n",
+        atomic_load(&m->http_deadline_closes));
+    put(b, "# HELP kgpu_extender_http_connections Connections open on the scheduling port.\n"
+           "# TYPE kgpu_extender_http_connections gauge\n");
+    put(b, "kgpu_extender_http_connections %lld\n", atomic_load(&m->http_connections));
+    put(b, "# HELP kgpu_extender_http_buffered_bytes Bytes of request bodies held now, counted "
+           "against maxBufferedBytes.\n"
+           "# TYPE kgpu_extender_http_buffered_bytes gauge\n");
+    put(b, "kgpu_extender_http_buffered_bytes %lld\n", atomic_load(&m->http_buffered));
+    put(b, "# HELP kgpu_extender_http_buffered_bytes_peak The most bytes of request bodies "
+           "ever held at once.\n"
+           "# TYPE kgpu_extender_http_buffered_bytes_peak gauge\n");
+    put(b, "kgpu_extender_http_buffered_bytes_peak %lld\n", atomic_load(&m->http_buffered_peak));
 }
 
 /* Per-GPU figures copied under the state lock, formatted after it is released. */

@@ -1,0 +1,806 @@
+/*
+ * kgpu-extender's HTTP serving layer (libmicrohttpd): the scheduling
+ * listener, the probe listener, and the limits that keep both answering
+ * under attack. It knows nothing of scheduling: a complete, size-checked
+ * request goes to ext_handle, its answer goes back.
+ *
+ * Why it is built this way (docs/install-extender.md, "Limits"):
+ * - epoll with a small pool of I/O threads (serveThreads): a slow client
+ *   costs a descriptor and a connection's buffer, not a thread, and
+ *   descriptors above 1023 work (select() cannot watch them).
+ * - The handlers run on their own pool (handlerThreads): a bind waits for the
+ *   API server, and must not stall the other connections of its I/O thread.
+ *   The connection is suspended while its request is handled. Bodies larger
+ *   than LARGE_BODY go to one dedicated thread, so that their parse trees are
+ *   built one at a time and small calls never queue behind them.
+ * - Every connection must deliver a whole request within requestTimeoutSeconds
+ *   of its accept or of its previous answer, and take its answer within as
+ *   long: libmicrohttpd's own timeout restarts on every byte, so a watchdog
+ *   shuts the socket of a connection past its deadline.
+ * - The bytes of request bodies held in memory, across all connections, stay
+ *   under maxBufferedBytes: an upload that would pass it is refused before
+ *   its body is read (503), one larger than maxBodyBytes too (413).
+ * - /healthz and /readyz are also served on probeListen by a separate small
+ *   daemon: a client that fills the scheduling port cannot fail the probes.
+ */
+#include <errno.h>
+#include <gnutls/gnutls.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ext.h"
+#include "fileio.h"
+
+/* Bodies above this, and the observers, are handled one at a time by the large-body thread. */
+#define LARGE_BODY (1L << 20)
+/* What working_estimate charges per JSON value, and per node of a reply (measured: see there). */
+#define JSON_VALUE_BYTES 160
+#define REPLY_NODE_BYTES 400
+/* libmicrohttpd's buffer per connection: request line, headers, body pieces. */
+#define CONN_MEMORY (16 * 1024)
+/* The probe listener: kubelet's probes and a person with curl, no more. */
+#define PROBE_CONNECTIONS   32
+#define PROBE_PER_CLIENT    8
+#define PROBE_TIMEOUT_S     5
+#define PROBE_CONN_MEMORY   (8 * 1024)
+/* Descriptors besides connections: listeners, epoll, pipes, API client, files. */
+#define FD_SLACK 128
+
+enum slot_phase { SLOT_READING, SLOT_WORKING, SLOT_SENDING };
+
+/*
+ * One per TCP connection of the scheduling listener, from libmicrohttpd's
+ * connection notifications; in the registry the watchdog walks. The
+ * descriptor stays valid while the slot is registered: libmicrohttpd
+ * notifies the close before it closes the socket.
+ */
+typedef struct conn_slot {
+    struct conn_slot *prev, *next;
+    int fd;
+    double since;          /* monotonic start of the current phase */
+    enum slot_phase phase; /* WORKING (a handler runs) has no deadline */
+    bool shut;             /* the watchdog shut it down */
+} conn_slot;
+
+typedef struct request {
+    struct ext_http *h;
+    struct MHD_Connection *conn;
+    conn_slot *slot;
+    const char *method, *url; /* libmicrohttpd's, valid until the request completes */
+    char *body;
+    size_t len, cap;
+    size_t charged; /* bytes charged to the buffer budget */
+    ext_response resp;
+    bool answered; /* resp holds the handler's answer (after a resume) */
+    struct request *qnext;
+} request;
+
+typedef struct job_queue {
+    request *head, *tail;
+    pthread_cond_t cv;
+} job_queue;
+
+typedef struct worker {
+    struct ext_http *h;
+    job_queue *q; /* the one it serves */
+    pthread_t thread;
+} worker;
+
+typedef struct ext_http {
+    ext_daemon *d;
+    struct MHD_Daemon *main, *probe;
+    bool pooled; /* epoll + handler pool; else one thread per connection, handlers inline */
+
+    pthread_mutex_t mu; /* queues, stopping, the registry */
+    job_queue small, large;
+    bool stopping;
+    worker *workers;
+    int nworkers;
+
+    conn_slot registry; /* sentinel of a circular list */
+    pthread_cond_t watch_cv;
+    pthread_t watchdog;
+    bool watchdog_running;
+
+    atomic_llong buffered; /* bytes charged by requests in flight */
+} ext_http;
+
+/* ---- the buffer budget ---- */
+
+static bool budget_take(ext_http *h, size_t n)
+{
+    long long limit = h->d->cfg.max_buffered_bytes;
+    long long cur = atomic_load(&h->buffered);
+    do {
+        if (cur + (long long)n > limit)
+            return false;
+    } while (!atomic_compare_exchange_weak(&h->buffered, &cur, cur + (long long)n));
+    long long now = cur + (long long)n;
+    long long peak = atomic_load(&h->d->metrics.http_buffered_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&h->d->metrics.http_buffered_peak, &peak, now))
+        ;
+    atomic_store(&h->d->metrics.http_buffered, now);
+    return true;
+}
+
+static void budget_give(ext_http *h, size_t n)
+{
+    long long now = atomic_fetch_sub(&h->buffered, (long long)n) - (long long)n;
+    atomic_store(&h->d->metrics.http_buffered, now);
+}
+
+static void request_free_body(request *rq)
+{
+    free(rq->body);
+    rq->body = NULL;
+    rq->len = rq->cap = 0;
+    if (rq->charged > 0)
+        budget_give(rq->h, rq->charged);
+    rq->charged = 0;
+}
+
+/* ---- the connection registry and its watchdog ---- */
+
+static void slot_phase(ext_http *h, conn_slot *s, enum slot_phase phase)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&h->mu);
+    s->phase = phase;
+    s->since = ext_now();
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    ext_http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_slot *s = calloc(1, sizeof(*s));
+        if (s == NULL || ci == NULL) {
+            free(s);
+            *socket_context = NULL; /* on_request refuses a connection without a slot */
+            return;
+        }
+        s->fd = ci->connect_fd;
+        s->since = ext_now();
+        pthread_mutex_lock(&h->mu);
+        s->prev = h->registry.prev;
+        s->next = &h->registry;
+        h->registry.prev->next = s;
+        h->registry.prev = s;
+        pthread_mutex_unlock(&h->mu);
+        atomic_fetch_add(&h->d->metrics.http_connections, 1);
+        *socket_context = s;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context != NULL) {
+        conn_slot *s = *socket_context;
+        pthread_mutex_lock(&h->mu);
+        s->prev->next = s->next;
+        s->next->prev = s->prev;
+        pthread_mutex_unlock(&h->mu);
+        atomic_fetch_sub(&h->d->metrics.http_connections, 1);
+        free(s);
+        *socket_context = NULL;
+    }
+}
+
+/*
+ * Shuts the sockets of connections past their deadline. shutdown() wakes
+ * libmicrohttpd's epoll, which reads the end of the stream and closes the
+ * connection as if the client had left: its thread stays the only one to
+ * touch the connection.
+ */
+static void *watchdog_main(void *arg)
+{
+    ext_http *h = arg;
+    double limit = h->d->cfg.request_timeout_s;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stopping) {
+        double now = ext_now();
+        for (conn_slot *s = h->registry.next; s != &h->registry; s = s->next) {
+            if (s->shut || s->phase == SLOT_WORKING || now - s->since < limit)
+                continue;
+            shutdown(s->fd, SHUT_RDWR);
+            s->shut = true;
+            atomic_fetch_add(&h->d->metrics.http_deadline_closes, 1);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&h->watch_cv, &h->mu, &ts);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* ---- replies ---- */
+
+static enum MHD_Result send_reply(struct MHD_Connection *conn, int status, const char *type,
+                                  char *body)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(body ? strlen(body) : 0, body ? body : (void *)"",
+                                        body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (resp == NULL) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (status == 503)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    enum MHD_Result r = MHD_queue_response(conn, (unsigned int)status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+/* An answer before the body is read: libmicrohttpd then drops the body and closes. */
+static enum MHD_Result refuse(ext_http *h, request *rq, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static enum MHD_Result refuse(ext_http *h, request *rq, int status, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    request_free_body(rq);
+    int why = status == 413 ? EXT_HTTP_REFUSED_TOO_LARGE
+              : status == 503 ? EXT_HTTP_REFUSED_BUSY
+              : status == 403 ? EXT_HTTP_REFUSED_UNAUTHENTICATED
+                              : EXT_HTTP_REFUSED_BAD_FRAMING;
+    atomic_fetch_add(&h->d->metrics.http_refused[why], 1);
+    slot_phase(h, rq->slot, SLOT_SENDING);
+    if (status == 403)
+        return send_reply(rq->conn, status, "text/plain", strdup("client certificate required\n"));
+    char *body = NULL;
+    if (asprintf(&body, "{\"Error\":\"%s\"}", msg) < 0)
+        return MHD_NO;
+    return send_reply(rq->conn, status, "application/json", body);
+}
+
+/* ---- the handler pool ---- */
+
+/*
+ * The most a handler may allocate for a body, charged to the budget while it
+ * runs: jansson's tree (a value of `[]` or `{}` costs more than a hundred
+ * bytes, so a body of them weighs far more than its length), filter's two
+ * copies of the body, and the reply's entry (name and reason) for each node.
+ * The values are counted, not parsed: one pass, outside strings.
+ */
+static size_t working_estimate(const ext_config *cfg, const char *body, size_t len)
+{
+    size_t values = 1;
+    bool in_string = false, escape = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_string) {
+            if (escape)
+                escape = false;
+            else if (c == '\\')
+                escape = true;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == ',' || c == '[' || c == ':') {
+            values++;
+        }
+    }
+    size_t nodes = values < (size_t)cfg->max_node_names ? values : (size_t)cfg->max_node_names;
+    return 3 * len + values * JSON_VALUE_BYTES + nodes * REPLY_NODE_BYTES;
+}
+
+static void handle_now(ext_http *h, request *rq)
+{
+    const ext_config *cfg = &h->d->cfg;
+    size_t est = rq->len > 0 ? working_estimate(cfg, rq->body, rq->len) : 0;
+    char msg[256];
+    if (est > (size_t)cfg->max_buffered_bytes) {
+        snprintf(msg, sizeof(msg),
+                 "{\"Error\":\"request too complex: parsing it could take %zu bytes, more than "
+                 "maxBufferedBytes %ld\"}",
+                 est, cfg->max_buffered_bytes);
+        rq->resp = (ext_response){413, "application/json", strdup(msg)};
+        atomic_fetch_add(&h->d->metrics.http_refused[EXT_HTTP_REFUSED_TOO_LARGE], 1);
+        est = 0;
+    } else if (!budget_take(h, est)) {
+        snprintf(msg, sizeof(msg),
+                 "{\"Error\":\"the extender's request memory (maxBufferedBytes %ld) is in use; "
+                 "retry\"}",
+                 cfg->max_buffered_bytes);
+        rq->resp = (ext_response){503, "application/json", strdup(msg)};
+        atomic_fetch_add(&h->d->metrics.http_refused[EXT_HTTP_REFUSED_BUSY], 1);
+        est = 0;
+    } else {
+        ext_handle(h->d, rq->method, rq->url, rq->body ? rq->body : "", rq->len, &rq->resp);
+        budget_give(h, est);
+    }
+    if (rq->resp.body == NULL) {
+        rq->resp.status = 500;
+        rq->resp.content_type = "text/plain";
+        rq->resp.body = strdup("out of memory\n");
+    }
+    request_free_body(rq); /* the answer is built: the budget is free for other uploads */
+    rq->answered = true;
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    ext_http *h = w->h;
+    job_queue *q = w->q;
+    pthread_mutex_t *mu = &h->mu;
+    pthread_mutex_lock(mu);
+    for (;;) {
+        while (q->head == NULL && !h->stopping)
+            pthread_cond_wait(&q->cv, mu);
+        request *rq = q->head;
+        if (rq == NULL)
+            break; /* stopping, and nothing left to answer */
+        q->head = rq->qnext;
+        if (q->head == NULL)
+            q->tail = NULL;
+        pthread_mutex_unlock(mu);
+        handle_now(h, rq);
+        slot_phase(h, rq->slot, SLOT_SENDING);
+        MHD_resume_connection(rq->conn);
+        pthread_mutex_lock(mu);
+    }
+    pthread_mutex_unlock(mu);
+    return NULL;
+}
+
+/* Hands a complete request to the pool; false when stopping (answer it here). */
+static bool dispatch(ext_http *h, request *rq)
+{
+    /* Observers render the whole state: one at a time, never in the scheduler's way. */
+    bool observer = strncmp(rq->url, "/inspect", 8) == 0 || strcmp(rq->url, "/metrics") == 0;
+    job_queue *q = rq->len > LARGE_BODY || observer ? &h->large : &h->small;
+    pthread_mutex_lock(&h->mu);
+    if (h->stopping) {
+        pthread_mutex_unlock(&h->mu);
+        return false;
+    }
+    if (rq->slot != NULL) {
+        rq->slot->phase = SLOT_WORKING;
+        rq->slot->since = ext_now();
+    }
+    MHD_suspend_connection(rq->conn);
+    rq->qnext = NULL;
+    if (q->tail != NULL)
+        q->tail->qnext = rq;
+    else
+        q->head = rq;
+    q->tail = rq;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&h->mu);
+    return true;
+}
+
+/* ---- the scheduling listener ---- */
+
+/* With a client CA configured, only peers whose certificate it signed get in. */
+static bool client_allowed(ext_daemon *d, struct MHD_Connection *conn)
+{
+    if (d->tls_ca_pem == NULL)
+        return true;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (ci == NULL || ci->tls_session == NULL)
+        return false;
+    gnutls_session_t tls = (gnutls_session_t)ci->tls_session;
+    unsigned int n = 0, status = 0;
+    if (gnutls_certificate_get_peers(tls, &n) == NULL || n == 0)
+        return false;
+    return gnutls_certificate_verify_peers2(tls, &status) == 0 && status == 0;
+}
+
+typedef struct length_headers {
+    int n;
+    bool disagree, malformed;
+    unsigned long long value;
+} length_headers;
+
+static enum MHD_Result count_length(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    length_headers *lh = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) != 0)
+        return MHD_YES;
+    char *end;
+    errno = 0;
+    unsigned long long v = value && *value >= '0' && *value <= '9' ? strtoull(value, &end, 10) : 0;
+    if (value == NULL || *value < '0' || *value > '9' || *end != '\0' || errno != 0)
+        lh->malformed = true;
+    else if (lh->n > 0 && v != lh->value)
+        lh->disagree = true;
+    lh->value = v;
+    lh->n++;
+    return MHD_YES;
+}
+
+/* The first call, headers read: every check that can answer before the body. */
+static enum MHD_Result request_start(ext_http *h, request *rq, const char *method,
+                                     const char *url)
+{
+    ext_daemon *d = h->d;
+    /* Probes carry no client certificate: health and version reveal nothing. */
+    bool probe = strcmp(method, "GET") == 0 &&
+                 (strcmp(url, "/healthz") == 0 || strcmp(url, "/readyz") == 0 ||
+                  strcmp(url, "/version") == 0);
+    if (!probe && !client_allowed(d, rq->conn))
+        return refuse(h, rq, 403, "client certificate required");
+    length_headers lh = {0, false, false, 0};
+    MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, count_length, &lh);
+    /* RFC 9110 8.6: differing lengths leave the message's end unknown. */
+    if (lh.disagree || lh.malformed)
+        return refuse(h, rq, 400, "%s Content-Length headers",
+                      lh.disagree ? "conflicting" : "malformed");
+    if (lh.n > 0 && lh.value > (unsigned long long)d->cfg.max_body_bytes)
+        return refuse(h, rq, 413, "request body larger than %ld bytes", d->cfg.max_body_bytes);
+    if (lh.n > 0 && lh.value > 0) {
+        /* The whole declared body is charged now: a stalled upload holds its share. */
+        if (!budget_take(h, (size_t)lh.value))
+            return refuse(h, rq, 503,
+                          "the extender holds %ld bytes of request bodies already; retry",
+                          d->cfg.max_buffered_bytes);
+        rq->charged = (size_t)lh.value; /* the body; its terminating NUL is not counted */
+        if ((rq->body = malloc((size_t)lh.value + 1)) == NULL)
+            return refuse(h, rq, 503, "out of memory");
+        rq->cap = (size_t)lh.value + 1;
+    }
+    return MHD_YES;
+}
+
+/* A piece of the body: appended within maxBodyBytes and the budget. */
+static enum MHD_Result request_data(ext_http *h, request *rq, const char *data, size_t n)
+{
+    ext_daemon *d = h->d;
+    if (rq->len + n > (size_t)d->cfg.max_body_bytes)
+        return refuse(h, rq, 413, "request body larger than %ld bytes", d->cfg.max_body_bytes);
+    if (rq->len + n + 1 > rq->cap) {
+        /* Chunked (or longer than declared, which libmicrohttpd does not pass on). */
+        size_t cap = rq->cap ? rq->cap : 4096;
+        while (cap < rq->len + n + 1)
+            cap *= 2;
+        if (cap > (size_t)d->cfg.max_body_bytes + 1)
+            cap = (size_t)d->cfg.max_body_bytes + 1;
+        if (!budget_take(h, cap - 1 - rq->charged))
+            return refuse(h, rq, 503,
+                          "the extender holds %ld bytes of request bodies already; retry",
+                          d->cfg.max_buffered_bytes);
+        rq->charged = cap - 1;
+        char *b = realloc(rq->body, cap);
+        if (b == NULL)
+            return refuse(h, rq, 503, "out of memory");
+        rq->body = b;
+        rq->cap = cap;
+    }
+    memcpy(rq->body + rq->len, data, n);
+    rq->len += n;
+    rq->body[rq->len] = '\0';
+    return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    ext_http *h = cls;
+    request *rq = *con_cls;
+    if (rq == NULL) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        conn_slot *slot = ci ? ci->socket_context : NULL;
+        if (slot == NULL && h->pooled)
+            return MHD_NO; /* no deadline could be kept for it */
+        if ((rq = calloc(1, sizeof(*rq))) == NULL)
+            return MHD_NO;
+        rq->h = h;
+        rq->conn = conn;
+        rq->slot = slot;
+        rq->method = method;
+        rq->url = url;
+        *con_cls = rq;
+        return request_start(h, rq, method, url);
+    }
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        return request_data(h, rq, upload_data, n);
+    }
+    if (!rq->answered) {
+        if (h->pooled && dispatch(h, rq))
+            return MHD_YES; /* resumed by the worker; then called again, answered */
+        if (h->pooled) {
+            request_free_body(rq);
+            return send_reply(conn, 503, "application/json",
+                              strdup("{\"Error\":\"the extender is stopping\"}"));
+        }
+        handle_now(h, rq);
+    }
+    slot_phase(h, rq->slot, SLOT_SENDING);
+    ext_response r = rq->resp;
+    rq->resp.body = NULL;
+    return send_reply(conn, r.status, r.content_type, r.body);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    ext_http *h = cls;
+    request *rq = *con_cls;
+    if (rq == NULL)
+        return;
+    /* Kept alive, the connection has until the deadline to send its next request. */
+    slot_phase(h, rq->slot, SLOT_READING);
+    request_free_body(rq);
+    free(rq->resp.body);
+    free(rq);
+    *con_cls = NULL;
+}
+
+/* ---- the probe listener ---- */
+
+static enum MHD_Result on_probe(void *cls, struct MHD_Connection *conn, const char *url,
+                                const char *method, const char *version, const char *upload_data,
+                                size_t *upload_data_size, void **con_cls)
+{
+    ext_http *h = cls;
+    /* Answered as soon as the headers are in: a body, if any, is never read. */
+    if (*con_cls != NULL)
+        return MHD_NO;
+    *con_cls = conn;
+    ext_response r;
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    bool known = strcmp(url, "/healthz") == 0 || strcmp(url, "/readyz") == 0 ||
+                 strcmp(url, "/version") == 0;
+    if (!get) {
+        r.status = 405;
+        r.content_type = "text/plain";
+        r.body = strdup("method not allowed: this port serves GET /healthz, /readyz and /version\n");
+    } else if (known) {
+        ext_handle(h->d, method, url, "", 0, &r);
+    } else {
+        r.status = 404;
+        r.content_type = "text/plain";
+        r.body = strdup("not found: this port serves /healthz, /readyz and /version\n");
+    }
+    if (r.body == NULL)
+        return MHD_NO;
+    return send_reply(conn, r.status, r.content_type, r.body);
+}
+
+/* ---- starting and stopping ---- */
+
+static char *read_pem(const char *path, kgpu_error *err)
+{
+    char *buf;
+    size_t n;
+    if (kgpu_read_file_max(path, 1 << 20, &buf, &n, err) != 0)
+        return NULL;
+    return buf;
+}
+
+/* "ADDR:PORT", "[V6]:PORT" or ":PORT" -> a socket address. */
+static int parse_listen(const char *what, const char *text, struct sockaddr_storage *ss,
+                        kgpu_error *err)
+{
+    char host[256], port[16];
+    const char *colon = strrchr(text, ':');
+    if (colon == NULL || colon[1] == '\0' || strlen(colon + 1) >= sizeof(port))
+        return kgpu_error_set(err, KGPU_EINVAL, "%s '%s': expected ADDR:PORT", what, text);
+    size_t hl = (size_t)(colon - text);
+    if (hl >= sizeof(host))
+        return kgpu_error_set(err, KGPU_EINVAL, "%s '%s': address too long", what, text);
+    memcpy(host, text, hl);
+    host[hl] = '\0';
+    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = '\0';
+    }
+    snprintf(port, sizeof(port), "%s", colon + 1);
+    struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *ai = NULL;
+    int rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai);
+    if (rc != 0 || ai == NULL)
+        return kgpu_error_set(err, KGPU_EINVAL, "%s '%s': %s", what, text, gai_strerror(rc));
+    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+    freeaddrinfo(ai);
+    return 0;
+}
+
+/*
+ * maxConnections is a real limit only if the process may open that many
+ * descriptors: raise the soft RLIMIT_NOFILE to what the limits need, or
+ * refuse to start.
+ */
+static int raise_nofile(const ext_config *cfg, kgpu_error *err)
+{
+    rlim_t need = (rlim_t)cfg->max_connections + PROBE_CONNECTIONS + FD_SLACK;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return kgpu_error_set(err, KGPU_EIO, "getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur >= need)
+        return 0;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "maxConnections %d needs %llu open files, but the hard limit "
+                              "(RLIMIT_NOFILE) is %llu: lower maxConnections or raise the limit",
+                              cfg->max_connections, (unsigned long long)need,
+                              (unsigned long long)rl.rlim_max);
+    rl.rlim_cur = need;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return kgpu_error_set(err, KGPU_EIO, "setrlimit(RLIMIT_NOFILE, %llu): %s",
+                              (unsigned long long)need, strerror(errno));
+    return 0;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && msg[n - 1] == '\n')
+        msg[--n] = '\0';
+    ext_log(EXT_DEBUG, "%s: %s", (const char *)cls, msg);
+}
+
+static int start_probe(ext_http *h, kgpu_error *err)
+{
+    ext_daemon *d = h->d;
+    struct sockaddr_storage ss;
+    int rc = parse_listen("--probe-listen", d->cfg.probe_listen, &ss, err);
+    if (rc != 0)
+        return rc;
+    unsigned int flags = MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    if (ss.ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    h->probe = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_probe, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        (void *)"probe listener", MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)PROBE_CONNECTIONS,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)PROBE_PER_CLIENT,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)PROBE_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)PROBE_CONN_MEMORY, MHD_OPTION_END);
+    if (h->probe == NULL)
+        return kgpu_error_set(err, KGPU_EIO, "cannot serve probes on %s (address in use?)",
+                              d->cfg.probe_listen);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->probe, MHD_DAEMON_INFO_BIND_PORT);
+    d->probe_port = info ? info->port : 0;
+    return 0;
+}
+
+int ext_http_start(ext_daemon *d, kgpu_error *err)
+{
+    ext_http *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    d->http = h;
+    h->d = d;
+    h->pooled = d->cfg.serve_threads > 0;
+    h->registry.next = h->registry.prev = &h->registry;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->small.cv, NULL);
+    pthread_cond_init(&h->large.cv, NULL);
+    pthread_cond_init(&h->watch_cv, NULL);
+    atomic_init(&h->buffered, 0);
+    int rc = raise_nofile(&d->cfg, err);
+    if (rc != 0)
+        return rc;
+    struct sockaddr_storage ss;
+    if ((rc = parse_listen("--listen", d->cfg.listen, &ss, err)) != 0)
+        return rc;
+    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    flags |= h->pooled ? MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME
+                       : MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL;
+    if (ss.ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    if (d->cfg.tls_cert[0]) {
+        d->tls_cert_pem = read_pem(d->cfg.tls_cert, err);
+        d->tls_key_pem = d->tls_cert_pem ? read_pem(d->cfg.tls_key, err) : NULL;
+        if (d->tls_key_pem == NULL)
+            return err ? err->code : KGPU_EIO;
+        if (d->cfg.tls_client_ca[0] &&
+            (d->tls_ca_pem = read_pem(d->cfg.tls_client_ca, err)) == NULL)
+            return err ? err->code : KGPU_EIO;
+        flags |= MHD_USE_TLS;
+    }
+    /* Options that only some configurations set; MHD stops at the first END. */
+    struct MHD_OptionItem opts[8];
+    int no = 0;
+    if (d->tls_cert_pem) {
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, d->tls_cert_pem};
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, d->tls_key_pem};
+    }
+    if (d->tls_ca_pem)
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, d->tls_ca_pem};
+    if (h->pooled)
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE,
+                                             (intptr_t)d->cfg.serve_threads, NULL};
+    opts[no] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    h->main = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        (void *)"listener", MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, h, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)d->cfg.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)d->cfg.max_connections_per_client,
+        /* Idle timeout; the deadline (watchdog) is the one bytes cannot extend. */
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)d->cfg.request_timeout_s,
+        /* Bounds the request line and headers; bodies stream through in pieces. */
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+        (unsigned int)1024, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+    if (h->main == NULL)
+        return kgpu_error_set(
+            err, KGPU_EIO, "cannot serve on %s (address in use, or bad TLS files?)", d->cfg.listen);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->main, MHD_DAEMON_INFO_BIND_PORT);
+    d->port = info ? info->port : 0;
+    if (h->pooled) {
+        h->workers = calloc((size_t)d->cfg.handler_threads + 1, sizeof(*h->workers));
+        if (h->workers == NULL)
+            return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        for (int i = 0; i <= d->cfg.handler_threads; i++) {
+            /* The last one serves the large-body queue alone. */
+            worker *w = &h->workers[i];
+            w->h = h;
+            w->q = i < d->cfg.handler_threads ? &h->small : &h->large;
+            if (pthread_create(&w->thread, NULL, worker_main, w) != 0)
+                return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the handler threads");
+            h->nworkers++;
+        }
+    }
+    if (pthread_create(&h->watchdog, NULL, watchdog_main, h) != 0)
+        return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the connection watchdog");
+    h->watchdog_running = true;
+    if (d->cfg.probe_listen[0] && (rc = start_probe(h, err)) != 0)
+        return rc;
+    ext_log(EXT_INFO,
+            "kgpu-extender %s serving %s on port %d (%s), probes on port %d, policy %s",
+            KGPU_VERSION, d->tls_cert_pem ? "HTTPS" : "HTTP", d->port,
+            h->pooled ? "epoll" : "a thread per connection", d->probe_port, d->cfg.policy);
+    return 0;
+}
+
+void ext_http_stop(ext_daemon *d)
+{
+    ext_http *h = d->http;
+    if (h == NULL)
+        return;
+    if (h->probe != NULL)
+        MHD_stop_daemon(h->probe);
+    /* Workers answer what is queued (resuming each connection), then leave. */
+    pthread_mutex_lock(&h->mu);
+    h->stopping = true;
+    pthread_cond_broadcast(&h->small.cv);
+    pthread_cond_broadcast(&h->large.cv);
+    pthread_cond_broadcast(&h->watch_cv);
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < h->nworkers; i++)
+        pthread_join(h->workers[i].thread, NULL);
+    if (h->watchdog_running)
+        pthread_join(h->watchdog, NULL);
+    if (h->main != NULL)
+        MHD_stop_daemon(h->main);
+    free(h->workers);
+    pthread_cond_destroy(&h->small.cv);
+    pthread_cond_destroy(&h->large.cv);
+    pthread_cond_destroy(&h->watch_cv);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+    d->http = NULL;
+}
