@@ -1,8 +1,11 @@
 /*
  * `kgpu inspect` (also `kubectl kgpu inspect`): what the extender knows about
  * GPU sharing, as a table per node and GPU. Talks to the extender's /inspect
- * directly (--server), or through the API server's service proxy when a
- * kubeconfig is at hand, so it works wherever kubectl does.
+ * directly (--server, with a client certificate when the extender requires
+ * one, as it does by default), or through the API server's service proxy
+ * when a kubeconfig is at hand. The proxy presents no client certificate, so
+ * that way works only with an extender that requires none; the refusal is
+ * explained rather than shown as a bare 403.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -14,16 +17,23 @@
 #include "cli.h"
 #include "k8s.h"
 
-#define PROXY "/api/v1/namespaces/%s/services/%s:%d/proxy"
+/* The service proxy's scheme prefix: https first (the shipped extender serves
+ * HTTPS), http for an extender installed with TLS off. */
+#define PROXY "/api/v1/namespaces/%s/services/%s:%s:%d/proxy"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kgpu inspect [NODE] [--detail] [--server URL | --kubeconfig FILE]\n"
-               "                    [--namespace NS] [--json]\n"
+               "                    [--cacert FILE] [--cert FILE --key FILE] [--namespace NS]\n"
+               "                    [--json]\n"
                "\n"
                "Shows GPU sharing as the extender sees it: memory and compute allocated on each\n"
                "GPU, the pods on it, and cluster totals.\n"
-               "  --server URL      the extender itself, e.g. http://127.0.0.1:12346\n"
+               "  --server URL      the extender itself, e.g. https://127.0.0.1:12346 after\n"
+               "                    kubectl -n kgpu-system port-forward service/kgpu-extender 12346\n"
+               "  --cacert FILE     CA of the extender's serving certificate (with --server)\n"
+               "  --cert, --key FILE  a client certificate the extender accepts (with --server;\n"
+               "                    scripts/make-extender-certs.sh --client NAME makes one)\n"
                "  --kubeconfig FILE reach it through the API server's service proxy\n"
                "                    (default: $KUBECONFIG or ~/.kube/config when --server is not\n"
                "                    given)\n"
@@ -117,12 +127,16 @@ int kgpu_cmd_inspect(int argc, char **argv)
         {"server", required_argument, NULL, 's'},
         {"kubeconfig", required_argument, NULL, 'k'},
         {"namespace", required_argument, NULL, 'n'},
+        {"cacert", required_argument, NULL, 'A'},
+        {"cert", required_argument, NULL, 'C'},
+        {"key", required_argument, NULL, 'K'},
         {"detail", no_argument, NULL, 'd'},
         {"json", no_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *server = getenv("KGPU_EXTENDER"), *kubeconfig = NULL, *ns = "kgpu-system";
+    const char *cacert = NULL, *cert = NULL, *key = NULL;
     bool detail = false, raw = false;
     int c;
     optind = 1;
@@ -136,6 +150,15 @@ int kgpu_cmd_inspect(int argc, char **argv)
             break;
         case 'n':
             ns = optarg;
+            break;
+        case 'A':
+            cacert = optarg;
+            break;
+        case 'C':
+            cert = optarg;
+            break;
+        case 'K':
+            key = optarg;
             break;
         case 'd':
             detail = true;
@@ -156,17 +179,30 @@ int kgpu_cmd_inspect(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if ((cert != NULL) != (key != NULL)) {
+        fprintf(stderr, "kgpu inspect: --cert and --key go together\n");
+        return 2;
+    }
+    bool direct = server != NULL && kubeconfig == NULL;
+    if (!direct && (cacert || cert)) {
+        fprintf(stderr, "kgpu inspect: --cacert, --cert and --key are for --server: the API "
+                        "server's service proxy would not pass them on\n");
+        return 2;
+    }
     kgpu_error err;
     kgpu_error_clear(&err);
     kgpu_k8s_config cfg;
     memset(&cfg, 0, sizeof(cfg));
-    char prefix[512] = "";
+    bool proxied = false;
     int rc;
-    if (server != NULL && kubeconfig == NULL) {
+    if (direct) {
         snprintf(cfg.server, sizeof(cfg.server), "%s", server);
         size_t l = strlen(cfg.server);
         while (l > 0 && cfg.server[l - 1] == '/')
             cfg.server[--l] = '\0';
+        snprintf(cfg.ca_file, sizeof(cfg.ca_file), "%s", cacert ? cacert : "");
+        snprintf(cfg.cert_file, sizeof(cfg.cert_file), "%s", cert ? cert : "");
+        snprintf(cfg.key_file, sizeof(cfg.key_file), "%s", key ? key : "");
         rc = 0;
     } else {
         char path[1024];
@@ -186,7 +222,7 @@ int kgpu_cmd_inspect(int argc, char **argv)
             rc = 0;
         } else {
             rc = kgpu_k8s_config_kubeconfig(kubeconfig, &cfg, &err);
-            snprintf(prefix, sizeof(prefix), PROXY, ns, "kgpu-extender", 12346);
+            proxied = true;
         }
     }
     kgpu_k8s *k = rc == 0 ? kgpu_k8s_new(&cfg, &err) : NULL;
@@ -196,13 +232,35 @@ int kgpu_cmd_inspect(int argc, char **argv)
         return 1;
     }
     char url[1024];
-    snprintf(url, sizeof(url), "%s/inspect%s%s", prefix, node ? "/" : "", node ? node : "");
     kgpu_http_resp resp = {0};
-    rc = kgpu_k8s_request(k, "GET", url, NULL, NULL, &resp, &err);
+    /* Through the proxy: https, then http if the API server could not speak
+     * TLS to it (502/503: an extender with TLS off). */
+    static const char *const schemes[] = {"https", "http"};
+    for (size_t i = 0; i < (proxied ? 2u : 1u); i++) {
+        char prefix[512] = "";
+        if (proxied)
+            snprintf(prefix, sizeof(prefix), PROXY, ns, schemes[i], "kgpu-extender", 12346);
+        snprintf(url, sizeof(url), "%s/inspect%s%s", prefix, node ? "/" : "", node ? node : "");
+        free(resp.body);
+        memset(&resp, 0, sizeof(resp));
+        rc = kgpu_k8s_request(k, "GET", url, NULL, NULL, &resp, &err);
+        if (rc != 0 || (resp.status != 502 && resp.status != 503))
+            break;
+    }
     kgpu_k8s_free(k);
     if (rc != 0 || resp.status != 200) {
         if (rc != 0)
             fprintf(stderr, "kgpu inspect: %s\n", err.msg);
+        else if (resp.status == 403 && proxied && resp.body &&
+                 strstr(resp.body, "client certificate required"))
+            fprintf(stderr,
+                    "kgpu inspect: the extender requires a client certificate, and the API "
+                    "server's service proxy presents none. Reach the extender directly:\n"
+                    "  kubectl -n %s port-forward service/kgpu-extender 12346 &\n"
+                    "  kgpu inspect --server https://127.0.0.1:12346 --cacert ca.crt "
+                    "--cert NAME.crt --key NAME.key\n"
+                    "(scripts/make-extender-certs.sh --client NAME makes the certificate)\n",
+                    ns);
         else
             fprintf(stderr, "kgpu inspect: %s answered %ld: %.300s\n", url, resp.status,
                     resp.body ? resp.body : "");
