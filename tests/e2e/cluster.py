@@ -247,21 +247,23 @@ def _run(argv, **kw):
 
 
 class Pki:
-    """A CA and the certificates the control plane needs, made with the openssl tool."""
+    """A CA and the certificates signed by it, made with the openssl tool: the control
+    plane's (with the service-account signing keys), or another CA of its own (`cn`)."""
 
-    def __init__(self, d):
+    def __init__(self, d, cn="kgpu-e2e-ca", service_account_keys=True):
         self.d = d
         os.makedirs(d, exist_ok=True)
         self.ca_crt, self.ca_key = self.p("ca.crt"), self.p("ca.key")
         _run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
               "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", self.ca_key, "-out",
-              self.ca_crt, "-subj", "/CN=kgpu-e2e-ca", "-days", "3",
+              self.ca_crt, "-subj", "/CN=%s" % cn, "-days", "3",
               "-addext", "basicConstraints=critical,CA:TRUE",
               "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"])
-        # Service-account token signing: RSA, as every issuer supports it.
-        self.sa_key, self.sa_pub = self.p("sa.key"), self.p("sa.pub")
-        _run(["openssl", "genrsa", "-out", self.sa_key, "2048"])
-        _run(["openssl", "rsa", "-in", self.sa_key, "-pubout", "-out", self.sa_pub])
+        if service_account_keys:
+            # Service-account token signing: RSA, as every issuer supports it.
+            self.sa_key, self.sa_pub = self.p("sa.key"), self.p("sa.pub")
+            _run(["openssl", "genrsa", "-out", self.sa_key, "2048"])
+            _run(["openssl", "rsa", "-in", self.sa_key, "-pubout", "-out", self.sa_pub])
 
     def p(self, name):
         return os.path.join(self.d, name)
@@ -470,17 +472,24 @@ class ControlPlane:
 
     def start_scheduler(self, config_text, extender_url=None, extra=(), name="kube-scheduler"):
         """kube-scheduler with the given KubeSchedulerConfiguration, changing only addresses
-        and file paths: clientConnection.kubeconfig and each extender's urlPrefix."""
+        and file paths: clientConnection.kubeconfig, and the host and port of each
+        extender's urlPrefix (its scheme stays: https in the shipped file). Other file
+        paths (tlsConfig's) are the caller's to point at this machine's copies."""
         text = re.sub(r"(?m)^(\s*kubeconfig:\s*).*$",
                       lambda m: m.group(1) + self.scheduler_kubeconfig, config_text)
         if extender_url:
-            text, n = re.subn(r"(?m)^(\s*-?\s*urlPrefix:\s*).*$",
-                              lambda m: m.group(1) + extender_url, text)
+            netloc = urllib.parse.urlsplit(extender_url).netloc
+
+            def readdress(m):
+                old = urllib.parse.urlsplit(m.group(2).strip("'\""))
+                return m.group(1) + urllib.parse.urlunsplit(old._replace(netloc=netloc))
+            text, n = re.subn(r"(?m)^(\s*-?\s*urlPrefix:\s*)(\S+)\s*$", readdress, text)
             if n == 0:
                 raise AssertionError("the scheduler configuration has no urlPrefix")
         path = self.p(name + "-config.yaml")
         with open(path, "w") as f:
             f.write(text)
+        self.scheduler_config_text = text
         port = free_port()
         self.scheduler = self.spawn(name, [
             self.tool("kube-scheduler"), "--config", path,

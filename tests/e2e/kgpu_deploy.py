@@ -6,16 +6,26 @@
   process instead, with what its pod would have — the rendered config.yaml,
   its ServiceAccount's token (TokenRequest API) in a service-account folder,
   KUBERNETES_SERVICE_HOST/PORT, POD_NAME/POD_NAMESPACE.
+- ExtenderTls: what the operator does for the shipped defaults (HTTPS with
+  client certificates): a CA of their own, the extender's serving
+  certificate and kube-scheduler's client certificate; the Secret
+  kgpu-extender-tls the chart mounts, written out as kubelet would mount it;
+  kube-scheduler's tlsConfig files, as copied to a control-plane node. The
+  shipped configurations are changed only in their file paths (the
+  /etc/kgpu-tls/ and /etc/kubernetes/kgpu/ prefixes) and addresses.
 - ServiceVip: what kube-proxy and the endpoints controller do for the
-  kgpu-extender Service: connections go to a ready replica (GET /readyz 200),
-  and the Service's EndpointSlice names the ready replica (through a Pod object), so
-  the API server's service proxy (`kubectl kgpu inspect`) reaches them.
+  kgpu-extender Service: TCP connections go, unchanged (TLS passes through),
+  to a ready replica (kubelet's probe: GET /readyz 200 without a client
+  certificate), and the Service's EndpointSlice names the ready replica
+  (through a Pod object), so the API server's service proxy reaches them.
 """
 
+import base64
 import json
 import os
 import re
 import select
+import ssl
 import subprocess
 import socket
 import threading
@@ -27,6 +37,79 @@ import harness
 
 NS = "kgpu-system"
 SA = "kgpu-extender"
+SERVICE_DNS = "kgpu-extender.%s.svc" % NS
+# Where the shipped configurations expect their TLS files: the Secret's mount in the
+# extender's pod, and kube-scheduler's folder on a control-plane node.
+POD_TLS_DIR = "/etc/kgpu-tls/"
+NODE_SCHED_DIR = "/etc/kubernetes/kgpu/"
+
+
+class ExtenderTls:
+    """The certificates of the shipped defaults, as scripts/make-extender-certs.sh makes
+    them: a CA of the operator's (not the cluster's), the extender's serving certificate
+    for its Service name (and 127.0.0.1, as the script does for port-forwarding), a
+    client certificate for kube-scheduler and one for this harness (an operator's tool,
+    like `kgpu inspect --cert`)."""
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.pki = cluster.Pki(cp.p("extender-pki"), cn="kgpu-extender-ca",
+                               service_account_keys=False)
+        self.ca = self.pki.ca_crt
+        self.server_crt, self.server_key = self.pki.issue(
+            "tls", SERVICE_DNS, server=True,
+            sans=["DNS:" + SERVICE_DNS, "DNS:%s.cluster.local" % SERVICE_DNS, "DNS:localhost",
+                  "IP:127.0.0.1"])
+        self.scheduler_crt, self.scheduler_key = self.pki.issue("client", "kube-scheduler")
+        self.harness_crt, self.harness_key = self.pki.issue("harness", "kgpu-e2e-harness")
+        self.pod_dir = cp.p("kgpu-tls-mount")
+        self.node_dir = cp.p("kgpu-scheduler-node")
+
+    def create_secret(self):
+        """The Secret kgpu-extender-tls as the docs have the operator create it; then its
+        keys written to pod_dir, as kubelet mounts a Secret volume."""
+        data = {}
+        for key, path in (("tls.crt", self.server_crt), ("tls.key", self.server_key),
+                          ("ca.crt", self.ca)):
+            with open(path, "rb") as f:
+                data[key] = base64.b64encode(f.read()).decode()
+        base = "/api/v1/namespaces/%s/secrets" % NS
+        self.cp.admin.delete(base + "/kgpu-extender-tls")
+        self.cp.admin.post(base, {"apiVersion": "v1", "kind": "Secret",
+                                  "type": "kubernetes.io/tls",
+                                  "metadata": {"name": "kgpu-extender-tls", "namespace": NS},
+                                  "data": data})
+        secret = self.cp.admin.get(base + "/kgpu-extender-tls")
+        os.makedirs(self.pod_dir, exist_ok=True)
+        for key, b64 in secret["data"].items():
+            with open(os.path.join(self.pod_dir, key), "wb") as f:
+                f.write(base64.b64decode(b64))
+        os.makedirs(self.node_dir, exist_ok=True)
+        for name, src in (("ca.crt", self.ca), ("client.crt", self.scheduler_crt),
+                          ("client.key", self.scheduler_key)):
+            with open(src, "rb") as f, open(os.path.join(self.node_dir, name), "wb") as d:
+                d.write(f.read())
+
+    def extender_config(self, text):
+        return text.replace(POD_TLS_DIR, self.pod_dir + "/")
+
+    def scheduler_config(self, text):
+        return text.replace(NODE_SCHED_DIR, self.node_dir + "/")
+
+    def context(self, cert=True, ca=None):
+        """A client's TLS context: the extender's CA, this harness's client certificate
+        (cert=True), another one (cert=(crt, key)) or none (cert=False)."""
+        ctx = ssl.create_default_context(cafile=ca or self.ca)
+        if cert is True:
+            ctx.load_cert_chain(self.harness_crt, self.harness_key)
+        elif cert:
+            ctx.load_cert_chain(*cert)
+        return ctx
+
+
+def uses_tls(config_text):
+    """Whether an extender config.yaml serves HTTPS (a top-level tls: block)."""
+    return re.search(r"(?m)^tls:\s*$", config_text) is not None
 
 
 def render(cp, build_dir, values=()):
@@ -43,26 +126,37 @@ def render(cp, build_dir, values=()):
 
 
 def install(cp, build_dir, values=()):
-    """Applies the chart's objects; returns (scheduler-config text, extender config text)."""
+    """Applies the chart's objects and, when its extender serves HTTPS (the default), does
+    the operator's part: certificates, the Secret, kube-scheduler's files (cp.kgpu_tls).
+    Returns (scheduler-config text, extender config text) as read back from their
+    ConfigMaps, with the TLS file paths pointing at this machine's copies; the texts as
+    shipped are kept in cp.kgpu_shipped."""
     if os.environ.get("KGPU_E2E_KUSTOMIZE"):  # while developing the chart: the kustomize tree
-        return install_kustomize(cp)
-    text = render(cp, build_dir, values)
-    with open(cp.p("kgpu-rendered.yaml"), "w") as f:
-        f.write(text)
-    cp.kubectl("apply", "-f", cp.p("kgpu-rendered.yaml"))
-    sched = cp.admin.get("/api/v1/namespaces/%s/configmaps/kgpu-scheduler-config" % NS)
-    ext = cp.admin.get("/api/v1/namespaces/%s/configmaps/kgpu-extender" % NS)
-    return sched["data"]["scheduler-config.yaml"], ext["data"]["config.yaml"]
+        sched, ext = install_kustomize(cp)
+    else:
+        text = render(cp, build_dir, values)
+        with open(cp.p("kgpu-rendered.yaml"), "w") as f:
+            f.write(text)
+        cp.kubectl("apply", "-f", cp.p("kgpu-rendered.yaml"))
+        sched = cp.admin.get("/api/v1/namespaces/%s/configmaps/kgpu-scheduler-config" % NS)
+        ext = cp.admin.get("/api/v1/namespaces/%s/configmaps/kgpu-extender" % NS)
+        sched, ext = sched["data"]["scheduler-config.yaml"], ext["data"]["config.yaml"]
+    cp.kgpu_shipped = (sched, ext)
+    cp.kgpu_tls = None
+    if uses_tls(ext):
+        cp.kgpu_tls = ExtenderTls(cp)
+        cp.kgpu_tls.create_secret()
+        sched, ext = cp.kgpu_tls.scheduler_config(sched), cp.kgpu_tls.extender_config(ext)
+    return sched, ext
 
 
 def install_kustomize(cp):
     for d in ("extender", "device-plugin"):
         cp.kubectl("apply", "-k", os.path.join(cluster.REPO, "deploy", d))
-    with open(os.path.join(cluster.REPO, "deploy", "extender", "scheduler-config.yaml")) as f:
-        sched = f.read()
+    sched = cp.admin.get("/api/v1/namespaces/%s/configmaps/kgpu-scheduler-config" % NS)
     ext = cp.admin.get("/api/v1/namespaces/%s/configmaps/kgpu-extender" % NS)
     text = re.sub(r"(?m)^(\s*allocateWaitSeconds:).*$", r"\1 0", ext["data"]["config.yaml"])
-    return sched, text
+    return sched["data"]["scheduler-config.yaml"], text
 
 
 class Extender:
@@ -73,7 +167,10 @@ class Extender:
         self.cp, self.name = cp, name
         self.binary = os.path.join(build_dir, "kgpu-extender")
         self.port = cluster.free_port()
-        self.url = "http://127.0.0.1:%d" % self.port
+        # HTTPS when its config says so; the harness then speaks as an operator's tool
+        # with a client certificate from the extender's CA.
+        self.tls = getattr(cp, "kgpu_tls", None) if uses_tls(config_text) else None
+        self.url = "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.port)
         self.sa_dir = cp.p(name + "-sa")
         os.makedirs(self.sa_dir, exist_ok=True)
         self.config = cp.p(name + "-config.yaml")
@@ -95,6 +192,27 @@ class Extender:
             d.write(src.read())
 
     def start(self, wait_ready=True):
+        for attempt in range(3):
+            self._spawn()
+            if not wait_ready:
+                return self
+            deadline = time.monotonic() + 60
+            while self.child.alive():
+                if self.probe("/healthz") == 200:
+                    return self
+                if time.monotonic() > deadline:
+                    raise AssertionError("%s: no /healthz after 60 s:\n%s" %
+                                         (self.name, self.child.log_tail(60)))
+                time.sleep(0.1)
+            if attempt == 2 or "address in use" not in self.child.log_tail(20):
+                self.alive_or_raise()
+            # free_port() found the port free a moment ago; on a busy machine another
+            # process can take it before the extender binds. Another port, then.
+            self.port = cluster.free_port()
+            self.url = "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.port)
+        return self
+
+    def _spawn(self):
         self.write_identity()
         env = dict(os.environ, KUBERNETES_SERVICE_HOST="127.0.0.1",
                    KUBERNETES_SERVICE_PORT=str(self.cp.api_port),
@@ -107,10 +225,6 @@ class Extender:
         log = self.cp.p("%s.%d.log" % (self.name, self.starts))  # each run keeps its log
         self.child = harness.Child(argv + self.extra, log, env=env)
         self.cp.children["%s.%d" % (self.name, self.starts)] = self.child
-        if wait_ready:
-            cluster.wait_for(lambda: self.alive_or_raise() and self.get("/healthz")[0] == 200,
-                             60, "%s /healthz" % self.name, interval=0.1)
-        return self
 
     def alive_or_raise(self):
         if not self.child.alive():
@@ -118,26 +232,47 @@ class Extender:
                                                             self.child.log_tail(60)))
         return True
 
-    def get(self, path, timeout=10):
+    def context(self):
+        return self.tls.context() if self.tls else None
+
+    def get(self, path, timeout=10, context=None):
         try:
-            with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            with urllib.request.urlopen(self.url + path, timeout=timeout,
+                                        context=context or self.context()) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
         except OSError:
             return 0, b""
 
-    def post(self, path, doc, timeout=10):
+    def post(self, path, doc, timeout=10, context=None):
         req = urllib.request.Request(self.url + path, data=json.dumps(doc).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
+            with urllib.request.urlopen(req, timeout=timeout,
+                                        context=context or self.context()) as r:
                 return r.status, json.loads(r.read() or b"null")
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
+    def probe(self, path, timeout=2):
+        """kubelet's httpGet probe: no client certificate, and (scheme HTTPS) no check of
+        the serving certificate. The status, 0 when none came."""
+        ctx = None
+        if self.tls:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout, context=ctx) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return 0
+
     def ready(self):
-        return self.get("/readyz", timeout=2)[0] == 200
+        return self.probe("/readyz") == 200
 
     def inspect(self):
         st, body = self.get("/inspect")
@@ -191,7 +326,8 @@ class ServiceVip:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
         self.port = self.sock.getsockname()[1]
-        self.url = "http://127.0.0.1:%d" % self.port
+        tls = any(r.tls for r in self.replicas)
+        self.url = "%s://127.0.0.1:%d" % ("https" if tls else "http", self.port)
         self.ready = []
         self.lock = threading.Lock()
         self.stopping = False
