@@ -107,6 +107,18 @@ class ExtenderTls:
         return ctx
 
 
+_probe_listen = {}
+
+
+def supports_probe_listen(binary):
+    """Whether this kgpu-extender has the probe listener (--probe-listen)."""
+    if binary not in _probe_listen:
+        r = subprocess.run([binary, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=30)
+        _probe_listen[binary] = "--probe-listen" in r.stdout
+    return _probe_listen[binary]
+
+
 def uses_tls(config_text):
     """Whether an extender config.yaml serves HTTPS (a top-level tls: block)."""
     return re.search(r"(?m)^tls:\s*$", config_text) is not None
@@ -171,6 +183,9 @@ class Extender:
         # with a client certificate from the extender's CA.
         self.tls = getattr(cp, "kgpu_tls", None) if uses_tls(config_text) else None
         self.url = "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.port)
+        # kubelet's probes go to the probe listener where the extender has one (the
+        # shipped probes name its port), else to the scheduling port.
+        self.probe_port = cluster.free_port() if supports_probe_listen(self.binary) else None
         self.sa_dir = cp.p(name + "-sa")
         os.makedirs(self.sa_dir, exist_ok=True)
         self.config = cp.p(name + "-config.yaml")
@@ -206,10 +221,12 @@ class Extender:
                 time.sleep(0.1)
             if attempt == 2 or "address in use" not in self.child.log_tail(20):
                 self.alive_or_raise()
-            # free_port() found the port free a moment ago; on a busy machine another
-            # process can take it before the extender binds. Another port, then.
+            # free_port() found the ports free a moment ago; on a busy machine another
+            # process can take one before the extender binds. Other ports, then.
             self.port = cluster.free_port()
             self.url = "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.port)
+            if self.probe_port is not None:
+                self.probe_port = cluster.free_port()
         return self
 
     def _spawn(self):
@@ -219,6 +236,8 @@ class Extender:
                    POD_NAME=self.name, POD_NAMESPACE=NS)
         argv = [self.binary, "--config", self.config, "--listen", "0.0.0.0:%d" % self.port,
                 "--service-account-dir", self.sa_dir]
+        if self.probe_port is not None:
+            argv += ["--probe-listen", "127.0.0.1:%d" % self.probe_port]
         if self.leader_elect:
             argv.append("--leader-elect")
         self.starts += 1
@@ -255,16 +274,21 @@ class Extender:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
-    def probe(self, path, timeout=2):
-        """kubelet's httpGet probe: no client certificate, and (scheme HTTPS) no check of
-        the serving certificate. The status, 0 when none came."""
-        ctx = None
-        if self.tls:
+    def probe(self, path, timeout=2, method="GET"):
+        """kubelet's httpGet probe: plain HTTP to the probe listener; without one, to the
+        scheduling port with no client certificate and (HTTPS) no check of the serving
+        certificate. The status, 0 when none came."""
+        ctx, url = None, self.url
+        if self.probe_port is not None:
+            url = "http://127.0.0.1:%d" % self.probe_port
+        elif self.tls:
             ctx = ssl.create_default_context()
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
+        req = urllib.request.Request(url + path, method=method,
+                                     data=b"{}" if method == "POST" else None)
         try:
-            with urllib.request.urlopen(self.url + path, timeout=timeout, context=ctx) as r:
+            with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
                 return r.status
         except urllib.error.HTTPError as e:
             return e.code
