@@ -7,13 +7,16 @@ Nodes have no kubelet: they are Node objects with the capacity and the
 kgpu.io/gpus annotation that kubelet and kgpu's device plugin would write.
 """
 
+import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
 import unittest
+import urllib.parse
 
 import cluster
 import kgpu_deploy
@@ -433,8 +436,13 @@ class ControlPlaneSuite(unittest.TestCase):
     # -- 8. kubectl kgpu inspect, through kubectl's plugin mechanism -----------------
 
     def test_8_kubectl_kgpu_inspect(self):
+        """With the shipped defaults /inspect needs a client certificate: `kgpu inspect
+        --server` with one works (through the Service, TLS passed through); the API
+        server's service proxy, which has none, is refused and kgpu says what to do."""
         if cluster.host_ip() is None:
             self.skipTest("no non-loopback address for the API server to proxy to")
+        tls = self.cp.kgpu_tls
+        self.assertIsNotNone(tls, "the chart's defaults serve HTTPS")
         self.create("seen", [("main", {MEM: 5})])
         pod = self.wait_bound("seen")
         plugdir = self.cp.p("plugins")
@@ -444,12 +452,18 @@ class ControlPlaneSuite(unittest.TestCase):
             os.symlink(os.path.join(CONFIG["build"], "kgpu"), link)
         env = dict(os.environ, PATH=plugdir + os.pathsep + os.environ.get("PATH", ""),
                    KUBECONFIG=self.cp.admin_kubeconfig)
-        r = subprocess.run([self.cp.tool("kubectl"), "plugin", "list"], env=env, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        env.pop("KGPU_EXTENDER", None)
+
+        def kubectl(*args):
+            return subprocess.run([self.cp.tool("kubectl")] + list(args), env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        r = kubectl("plugin", "list")
         self.assertIn("kubectl-kgpu", r.stdout + r.stderr)
-        wait_for(lambda: self.vip.published, 20, "the Service's endpoints")
-        r = subprocess.run([self.cp.tool("kubectl"), "kgpu", "inspect", "--json"], env=env,
-                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        # As after `kubectl port-forward service/kgpu-extender 12346`: the Service's address,
+        # the serving certificate checked against the operator's CA, a client certificate.
+        direct = ["--server", self.vip.url, "--cacert", tls.ca,
+                  "--cert", tls.harness_crt, "--key", tls.harness_key]
+        r = kubectl("kgpu", "inspect", "--json", *direct)
         self.assertEqual(r.returncode, 0, r.stderr)
         doc = json.loads(r.stdout)
         self.assertEqual(sorted(n["name"] for n in doc["nodes"]), sorted(self.inventory))
@@ -457,12 +471,27 @@ class ControlPlaneSuite(unittest.TestCase):
         idx = self.gpus_of(pod)[0][1]
         gpu = [g for n in doc["nodes"] if n["name"] == node for g in n["gpus"]][idx]
         self.assertIn("seen", [p["pod"] for p in gpu["pods"]])
-        r = subprocess.run([self.cp.tool("kubectl"), "kgpu", "inspect", node, "--detail"],
-                           env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           timeout=60)
+        r = kubectl("kgpu", "inspect", node, "--detail", *direct)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn(node, r.stdout)
         self.assertIn("seen", r.stdout)
+        # Without the client certificate: refused by the extender itself.
+        r = kubectl("kgpu", "inspect", "--server", self.vip.url, "--cacert", tls.ca)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("403", r.stderr)
+
+        # Through the API server's service proxy: the API server authenticates the user,
+        # then reaches the extender without a client certificate. Refused, with the way out.
+        wait_for(lambda: self.vip.published, 20, "the Service's endpoints")
+        r = kubectl("get", "--raw", "/api/v1/namespaces/kgpu-system/services/"
+                    "https:kgpu-extender:12346/proxy/inspect")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertNotIn('"nodes"', r.stdout)
+        r = kubectl("kgpu", "inspect", "--json")
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("requires a client certificate", r.stderr)
+        self.assertIn("--server https://127.0.0.1:12346", r.stderr)
+        self.assertEqual(r.stdout, "")
 
     # -- 9. what the stand-ins must agree with: paging through a real list ---------------
 
@@ -515,3 +544,110 @@ class ControlPlaneSuite(unittest.TestCase):
         self.created = []
         for name in bulk:
             self.cp.admin.delete("/api/v1/nodes/" + name)
+
+    # -- 0. the shipped defaults authenticate: who gets in, who does not ----------------
+
+    def test_0_only_kube_scheduler_gets_in(self):
+        """The extender runs the chart's config (HTTPS, client CA); kube-scheduler runs the
+        shipped tlsConfig. Its calls succeed; a client without a certificate, or with one
+        from another CA (the cluster's own), gets nothing but the probes; plain HTTP gets
+        no answer; a refused call changes nothing."""
+        shipped_sched, shipped_ext = self.cp.kgpu_shipped
+        self.assertRegex(shipped_ext, r"(?m)^  clientCA: /etc/kgpu-tls/ca.crt$")
+        self.assertRegex(shipped_ext, r"(?m)^probeListen: ")
+        ext_cfg = self.cp.scheduler_config_text
+        self.assertIn("enableHTTPS: true", shipped_sched)
+        for key in ("caFile", "serverName", "certFile", "keyFile"):
+            self.assertRegex(shipped_sched, r"(?m)^\s+%s: " % key)
+        self.assertRegex(ext_cfg, r"(?m)^\s*-?\s*urlPrefix: https://127\.0\.0\.1:%d$" %
+                         self.vip.port)
+        tls = self.cp.kgpu_tls
+
+        # kube-scheduler's calls: filter, prioritize and bind all reached the extender.
+        before = {v: self.ext.metric("kgpu_extender_requests_total", 'verb="%s"' % v)
+                  for v in ("filter", "bind")}
+        self.create("authn-ok", [("main", {MEM: 2})])
+        self.wait_bound("authn-ok")
+        for verb, n in before.items():
+            self.assertGreater(self.ext.metric("kgpu_extender_requests_total",
+                                               'verb="%s"' % verb), n, verb)
+
+        held, nodes = self.ext.held(), self.ext.inspect()["nodes"]
+        fake = {"Pod": pod_object("intruder", [("main", {WHOLE: 8})]),
+                "Nodes": {"items": [node_object("fake-node", A100, 32, 81920)]},
+                "NodeNames": None}
+        strangers = {
+            "no certificate": self.cp.kgpu_tls.context(cert=False),
+            "the cluster CA's admin certificate": tls.context(
+                cert=(self.cp.admin_crt, self.cp.admin_key)),
+            "a certificate the cluster CA gave kgpu-extender's own name": tls.context(
+                cert=self.cp.pki.issue("impostor", "kube-scheduler")),
+        }
+        for who, ctx in strangers.items():
+            for url in (self.ext.url, self.vip.url):  # directly, and through the Service
+                with self.subTest(who=who, url=url):
+                    for path in ("/filter", "/prioritize", "/preempt"):
+                        st, body = self._call(url, "POST", path, ctx, fake)
+                        self.assertEqual(st, 403, "%s %s: %r" % (who, path, body))
+                    st, body = self._call(url, "POST", "/bind", ctx, {
+                        "PodName": "authn-ok", "PodNamespace": E2E_NS, "PodUID": "x",
+                        "Node": "gpu-t4-0"})
+                    self.assertEqual(st, 403, body)
+                    for path in ("/inspect", "/metrics", "/inspect/gpu-t4-0"):
+                        st, body = self._call(url, "GET", path, ctx)
+                        self.assertEqual(st, 403, "%s %s: %r" % (who, path, body))
+                        self.assertNotIn(b"gpu-", body)
+                    # /healthz and /readyz need no certificate here either.
+                    self.assertEqual(self._call(url, "GET", "/healthz", ctx)[0], 200)
+                    self.assertEqual(self._call(url, "GET", "/readyz", ctx)[0], 200)
+        # The probe port: plain HTTP, anyone, /healthz and /readyz (kubelet's), nothing more.
+        self.assertIsNotNone(self.ext.probe_port, "the extender has a probe listener")
+        self.assertEqual(self.ext.probe("/healthz"), 200)
+        self.assertEqual(self.ext.probe("/readyz"), 200)
+        for path in ("/inspect", "/metrics", "/inspect/gpu-t4-0"):
+            self.assertEqual(self.ext.probe(path), 404, path)
+        for path in ("/filter", "/bind"):
+            self.assertEqual(self.ext.probe(path, method="POST"), 405, path)
+        # Plain HTTP to the HTTPS port: no HTTP answer at all.
+        st = self._plain(self.vip.port)
+        self.assertIsNone(st, "plain HTTP answered %r" % st)
+        # Nothing they sent changed what the extender knows.
+        self.assertEqual(self.ext.held(), held)
+        self.assertEqual(self.ext.inspect()["nodes"], nodes)
+        self.assertEqual(self.cp.get_pod(E2E_NS, "authn-ok")["spec"]["nodeName"],
+                         self.wait_bound("authn-ok")["spec"]["nodeName"])
+        self.assert_state_matches()
+
+    @staticmethod
+    def _call(url, method, path, ctx, doc=None):
+        """(status, body) of one HTTPS request with TLS context ctx; (0, error) when the
+        TLS handshake or connection failed."""
+        u = urllib.parse.urlsplit(url)
+        c = http.client.HTTPSConnection(u.hostname, u.port, context=ctx, timeout=10)
+        try:
+            body = json.dumps(doc).encode() if doc is not None else None
+            c.request(method, path, body=body,
+                      headers={"Content-Type": "application/json"} if body else {})
+            r = c.getresponse()
+            return r.status, r.read()
+        except (OSError, http.client.HTTPException) as e:
+            return 0, str(e).encode()
+        finally:
+            c.close()
+
+    @staticmethod
+    def _plain(port):
+        """The status line of a plain-HTTP GET /healthz to port, None when none came."""
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = b""
+            try:
+                while True:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:
+                pass
+        return data.split(b"\r\n", 1)[0].decode("latin-1") if data.startswith(b"HTTP/") \
+            else None

@@ -13,8 +13,15 @@ deploy/device-plugin with `kubectl kustomize` (no cluster involved), then:
 - in every variant, the KubeSchedulerConfiguration in the ConfigMap
   kgpu-scheduler-config parses and its urlPrefix names the rendered Service
   (name, namespace, port) and the extender's listen port;
-- value overrides (replicas, policy, port, TLS, namespaces, device plugin
-  switches, leader election) change what they should and nothing else.
+- in every variant, a NetworkPolicy selects the extender's pods, names only
+  its container's ports, and holds a rule without peers (which admits
+  everyone) for the probe port alone; the probes use the probe port, which
+  the extender's probeListen serves;
+- the defaults are authenticated: HTTPS with client certificates on both
+  ends, probes that need no certificate, a NetworkPolicy;
+- value overrides (replicas, policy, port, TLS, network policy, namespaces,
+  device plugin switches, leader election) change what they should and
+  nothing else.
 
 helm and kubectl are taken from --helm/--kubectl, else from the bin dir that
 `scripts/upstream.sh --bin` names (which builds nothing), else from PATH.
@@ -276,6 +283,33 @@ class HelmChartTest(unittest.TestCase):
         self.assertEqual(int(listen.rsplit(":", 1)[1]), cport[0]["containerPort"])
         self.assertEqual(dep["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"],
                          "kgpu-extender")
+        self.check_network_policy(objs, ns, pod_labels)
+        self.check_probes(objs, ns)
+
+    def check_network_policy(self, objs, ns, pod_labels):
+        np = objs.get(("NetworkPolicy", ns, "kgpu-extender"))
+        if np is None:
+            return
+        spec = np["spec"]
+        self.assertLessEqual(spec["podSelector"]["matchLabels"].items(), pod_labels.items())
+        self.assertEqual(spec["policyTypes"], ["Ingress"])
+        names = {p["name"] for p in extender_container(objs, ns)["ports"]}
+        for rule in spec.get("ingress") or []:
+            ports = [p["port"] for p in rule.get("ports") or []]
+            self.assertTrue(ports, "a rule for every port: %r" % rule)
+            for port in ports:
+                self.assertIn(port, names)
+            if not rule.get("from"):
+                self.assertEqual(ports, ["probe"], "a rule without peers admits everyone")
+
+    def check_probes(self, objs, ns):
+        c = extender_container(objs, ns)
+        probe = [p for p in c["ports"] if p["name"] == "probe"]
+        self.assertEqual(len(probe), 1)
+        listen = extender_config(objs, ns)["probeListen"]
+        self.assertEqual(int(listen.rsplit(":", 1)[1]), probe[0]["containerPort"])
+        for kind, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            self.assertEqual(c[kind]["httpGet"], {"path": path, "port": "probe"})
 
     # --- defaults against kustomize -------------------------------------------
 
@@ -335,16 +369,24 @@ class HelmChartTest(unittest.TestCase):
         self.assertEqual(h[("Service", EXT_NS, "kgpu-extender")]["spec"]["ports"][0]["port"], 8443)
         self.assertEqual(extender_container(h)["ports"][0]["containerPort"], 8443)
         self.assertEqual(extender_config(h)["listen"], "0.0.0.0:8443")
+        self.assertEqual(extender_config(h)["probeListen"], "0.0.0.0:12347")
         self.assertEqual(scheduler_config(h)["extenders"][0]["urlPrefix"],
-                         "http://kgpu-extender.kgpu-system.svc:8443")
+                         "https://kgpu-extender.kgpu-system.svc:8443")
+        self.check_invariants(h)
+
+    def test_probe_port(self):
+        h = helm("extender.config.probePort=9000")
+        self.assertEqual(sorted(changed(helm(), h)), [("ConfigMap", EXT_NS, "kgpu-extender"),
+                                                      ("Deployment", EXT_NS, "kgpu-extender")])
+        self.assertEqual(extender_config(h)["probeListen"], "0.0.0.0:9000")
         self.check_invariants(h)
 
     def test_url_prefix_override(self):
-        h = helm("scheduler.urlPrefix=http://10.96.12.34:12346")
+        h = helm("scheduler.urlPrefix=https://10.96.12.34:12346")
         self.assertEqual(changed(helm(), h), {
             ("ConfigMap", EXT_NS, "kgpu-scheduler-config"): [
                 "data.scheduler-config.yaml.extenders[0].urlPrefix: "
-                "'http://kgpu-extender.kgpu-system.svc:12346' != 'http://10.96.12.34:12346'"]})
+                "'https://kgpu-extender.kgpu-system.svc:12346' != 'https://10.96.12.34:12346'"]})
         self.check_invariants(h, url_from_service=False)
 
     def test_device_plugin_disabled(self):
@@ -357,42 +399,83 @@ class HelmChartTest(unittest.TestCase):
                          {kk: ["only in first"] for kk in set(k) - extender_only})
         self.check_invariants(h)
 
-    def test_tls(self):
-        base, h = helm(), helm("extender.tls.enabled=true")
-        self.assertEqual(sorted(changed(base, h)), sorted([
-            ("ConfigMap", EXT_NS, "kgpu-extender"),
-            ("ConfigMap", EXT_NS, "kgpu-scheduler-config"),
-            ("Deployment", EXT_NS, "kgpu-extender")]))
+    def test_defaults_are_authenticated(self):
+        """HTTPS with client certificates both ways, probes without one, a NetworkPolicy."""
+        h = helm()
         self.assertEqual(extender_config(h)["tls"],
-                         {"cert": "/etc/kgpu-tls/tls.crt", "key": "/etc/kgpu-tls/tls.key"})
+                         {"cert": "/etc/kgpu-tls/tls.crt", "key": "/etc/kgpu-tls/tls.key",
+                          "clientCA": "/etc/kgpu-tls/ca.crt"})
         c = extender_container(h)
         self.assertIn({"name": "tls", "mountPath": "/etc/kgpu-tls", "readOnly": True},
                       c["volumeMounts"])
         pod = h[("Deployment", EXT_NS, "kgpu-extender")]["spec"]["template"]["spec"]
         self.assertIn({"name": "tls", "secret": {"secretName": "kgpu-extender-tls"}},
                       pod["volumes"])
-        for probe in ("livenessProbe", "readinessProbe"):
-            self.assertEqual(c[probe]["httpGet"]["scheme"], "HTTPS")
+        # kubelet has no client certificate: the probes use the plain-HTTP probe port
+        # (checked by check_probes). Not tcpSocket: the standby must stay not ready.
         ext = scheduler_config(h)["extenders"][0]
         self.assertEqual(ext["urlPrefix"], "https://kgpu-extender.kgpu-system.svc:12346")
         self.assertIs(ext["enableHTTPS"], True)
-        self.assertEqual(ext["tlsConfig"], {"caFile": "/etc/kubernetes/kgpu/ca.crt",
-                                            "serverName": "kgpu-extender.kgpu-system.svc"})
+        self.assertEqual(ext["tlsConfig"], {
+            "caFile": "/etc/kubernetes/kgpu/ca.crt",
+            "serverName": "kgpu-extender.kgpu-system.svc",
+            "certFile": "/etc/kubernetes/kgpu/client.crt",
+            "keyFile": "/etc/kubernetes/kgpu/client.key"})
+        np = h[("NetworkPolicy", EXT_NS, "kgpu-extender")]["spec"]
+        self.assertEqual(np["ingress"], [
+            {"ports": [{"port": "http", "protocol": "TCP"}],
+             "from": [{"namespaceSelector": {"matchLabels": {
+                 "kubernetes.io/metadata.name": "kube-system"}}}]},
+            {"ports": [{"port": "probe", "protocol": "TCP"}]}])
         self.check_invariants(h)
 
-    def test_tls_client_certificates(self):
-        h = helm("extender.tls.enabled=true", "extender.tls.requireClientCert=true")
-        self.assertEqual(extender_config(h)["tls"]["clientCA"], "/etc/kgpu-tls/ca.crt")
+    def test_tls_off(self):
+        """One value turns TLS off for a try: plain HTTP everywhere, no Secret needed."""
+        base, h = helm(), helm("extender.tls.enabled=false")
+        self.assertEqual(sorted(changed(base, h)), sorted([
+            ("ConfigMap", EXT_NS, "kgpu-extender"),
+            ("ConfigMap", EXT_NS, "kgpu-scheduler-config"),
+            ("Deployment", EXT_NS, "kgpu-extender")]))
+        self.assertNotIn("tls", extender_config(h))
         c = extender_container(h)
-        for probe in ("livenessProbe", "readinessProbe"):
-            self.assertEqual(c[probe].get("tcpSocket"), {"port": "http"})
-            self.assertNotIn("httpGet", c[probe])
-        tls = scheduler_config(h)["extenders"][0]["tlsConfig"]
-        self.assertEqual((tls["certFile"], tls["keyFile"]),
-                         ("/etc/kubernetes/kgpu/client.crt", "/etc/kubernetes/kgpu/client.key"))
+        self.assertNotIn("tls", [m["name"] for m in c["volumeMounts"]])
+        pod = h[("Deployment", EXT_NS, "kgpu-extender")]["spec"]["template"]["spec"]
+        self.assertEqual([v["name"] for v in pod["volumes"]], ["config"])
+        ext = scheduler_config(h)["extenders"][0]
+        self.assertEqual(ext["urlPrefix"], "http://kgpu-extender.kgpu-system.svc:12346")
+        self.assertIs(ext["enableHTTPS"], False)
+        self.assertNotIn("tlsConfig", ext)
         self.check_invariants(h)
-        self.assertIn("requireClientCert needs extender.tls.enabled",
-                      helm_error("extender.tls.requireClientCert=true"))
+
+    def test_tls_without_client_certificates(self):
+        h = helm("extender.tls.requireClientCert=false")
+        self.assertEqual(sorted(changed(helm(), h)), sorted([
+            ("ConfigMap", EXT_NS, "kgpu-extender"),
+            ("ConfigMap", EXT_NS, "kgpu-scheduler-config")]))
+        self.assertEqual(extender_config(h)["tls"],
+                         {"cert": "/etc/kgpu-tls/tls.crt", "key": "/etc/kgpu-tls/tls.key"})
+        self.assertEqual(scheduler_config(h)["extenders"][0]["tlsConfig"],
+                         {"caFile": "/etc/kubernetes/kgpu/ca.crt",
+                          "serverName": "kgpu-extender.kgpu-system.svc"})
+        self.check_invariants(h)
+
+    def test_network_policy(self):
+        h = helm("extender.networkPolicy.controlPlaneCIDRs={10.0.0.0/24,fd00::/64}")
+        self.assertEqual(sorted(changed(helm(), h)), [("NetworkPolicy", EXT_NS, "kgpu-extender")])
+        peers = h[("NetworkPolicy", EXT_NS, "kgpu-extender")]["spec"]["ingress"][0]["from"]
+        self.assertEqual(peers[:2], [{"ipBlock": {"cidr": "10.0.0.0/24"}},
+                                     {"ipBlock": {"cidr": "fd00::/64"}}])
+        self.assertEqual(len(peers), 3, "the kube-system selector stays")
+        self.check_invariants(h)
+        # No peers at all: nothing is admitted but the node, never everyone.
+        h = helm("extender.networkPolicy.from=null")
+        self.assertEqual(h[("NetworkPolicy", EXT_NS, "kgpu-extender")]["spec"]["ingress"],
+                         [{"ports": [{"port": "probe", "protocol": "TCP"}]}])
+        self.check_invariants(h)
+        h = helm("extender.networkPolicy.enabled=false")
+        self.assertEqual(changed(helm(), h),
+                         {("NetworkPolicy", EXT_NS, "kgpu-extender"): ["only in first"]})
+        self.check_invariants(h)
 
     def test_custom_namespaces(self):
         h = helm("namespaces.extender.name=gpu-sched", "namespaces.devicePlugin.name=gpu-node")
@@ -413,7 +496,9 @@ class HelmChartTest(unittest.TestCase):
         ns = h[("Namespace", "", "gpu-node")]["metadata"]["labels"]
         self.assertEqual(ns["pod-security.kubernetes.io/enforce"], "privileged")
         self.assertEqual(scheduler_config(h, "gpu-sched")["extenders"][0]["urlPrefix"],
-                         "http://kgpu-extender.gpu-sched.svc:12346")
+                         "https://kgpu-extender.gpu-sched.svc:12346")
+        self.assertEqual(scheduler_config(h, "gpu-sched")["extenders"][0]["tlsConfig"]
+                         ["serverName"], "kgpu-extender.gpu-sched.svc")
         self.check_invariants(h)
         self.assertIn("must differ", helm_error("namespaces.devicePlugin.name=kgpu-system"))
 

@@ -51,6 +51,11 @@ app.kubernetes.io/name: {{ . }}
 {{- int64 .Values.extender.config.port -}}
 {{- end -}}
 
+{{/* The probe listener's port. */}}
+{{- define "kgpu.extender.probePort" -}}
+{{- int64 .Values.extender.config.probePort -}}
+{{- end -}}
+
 {{/* Where kube-scheduler calls the extender: the Service's name, namespace and port, unless scheduler.urlPrefix says otherwise. */}}
 {{- define "kgpu.scheduler.urlPrefix" -}}
 {{- if .Values.scheduler.urlPrefix -}}
@@ -58,6 +63,11 @@ app.kubernetes.io/name: {{ . }}
 {{- else -}}
 {{- printf "%s://%s.%s.svc:%s" (ternary "https" "http" .Values.extender.tls.enabled) (include "kgpu.extender.name" .) (include "kgpu.extender.namespace" .) (include "kgpu.extender.port" .) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when the extender requires client certificates: TLS on and requireClientCert (which means nothing without TLS, so turning TLS off for a try needs one value). */}}
+{{- define "kgpu.extender.clientCerts" -}}
+{{- if and .Values.extender.tls.enabled .Values.extender.tls.requireClientCert -}}true{{- end -}}
 {{- end -}}
 
 {{/* The memory unit, shared by the extender and the device plugin; a quantity string, never a bare number (which the two would read differently). */}}
@@ -73,9 +83,6 @@ app.kubernetes.io/name: {{ . }}
 {{- define "kgpu.validate" -}}
 {{- if and (not .Values.extender.leaderElection.enabled) (gt (int64 .Values.extender.replicas) 1) -}}
 {{- fail "extender.replicas > 1 needs extender.leaderElection.enabled: without leader election, two replicas could hand out the same GPU twice" -}}
-{{- end -}}
-{{- if and .Values.extender.tls.requireClientCert (not .Values.extender.tls.enabled) -}}
-{{- fail "extender.tls.requireClientCert needs extender.tls.enabled" -}}
 {{- end -}}
 {{- if and .Values.devicePlugin.enabled (eq .Values.namespaces.extender.name .Values.namespaces.devicePlugin.name) -}}
 {{- fail "namespaces.devicePlugin.name must differ from namespaces.extender.name: the device plugin needs host access, which only a privileged namespace of its own should allow" -}}
