@@ -459,6 +459,44 @@ class HelmChartTest(unittest.TestCase):
                           "serverName": "kgpu-extender.kgpu-system.svc"})
         self.check_invariants(h)
 
+    def test_cert_manager(self):
+        """cert-manager's objects instead of a Secret the operator makes: a CA, the Secret
+        the Deployment mounts (serving certificate for the name kube-scheduler checks),
+        kube-scheduler's client certificate from the same CA. Nothing else changes."""
+        h = helm("extender.tls.certManager.enabled=true")
+        added = changed(helm(), h)
+        self.assertEqual(sorted(added), sorted([
+            ("Certificate", EXT_NS, "kgpu-extender-ca"),
+            ("Certificate", EXT_NS, "kgpu-extender-tls"),
+            ("Certificate", EXT_NS, "kgpu-extender-scheduler-client"),
+            ("Issuer", EXT_NS, "kgpu-extender-selfsigned"),
+            ("Issuer", EXT_NS, "kgpu-extender-ca")]))
+        self.assertTrue(all(v == ["only in second"] for v in added.values()))
+        for o in (o for k, o in h.items() if k[0] in ("Certificate", "Issuer")):
+            self.assertEqual(o["apiVersion"], "cert-manager.io/v1")
+        ca = h[("Certificate", EXT_NS, "kgpu-extender-ca")]["spec"]
+        self.assertIs(ca["isCA"], True)
+        self.assertEqual(h[("Issuer", EXT_NS, "kgpu-extender-ca")]["spec"],
+                         {"ca": {"secretName": ca["secretName"]}})
+        server = h[("Certificate", EXT_NS, "kgpu-extender-tls")]["spec"]
+        pod = h[("Deployment", EXT_NS, "kgpu-extender")]["spec"]["template"]["spec"]
+        self.assertIn({"name": "tls", "secret": {"secretName": server["secretName"]}},
+                      pod["volumes"])
+        self.assertIn(scheduler_config(h)["extenders"][0]["tlsConfig"]["serverName"],
+                      server["dnsNames"])
+        self.assertIn("server auth", server["usages"])
+        client = h[("Certificate", EXT_NS, "kgpu-extender-scheduler-client")]["spec"]
+        self.assertEqual(client["usages"], ["client auth", "digital signature"])
+        for cert in (server, client):
+            self.assertEqual(cert["issuerRef"], {"name": "kgpu-extender-ca", "kind": "Issuer"})
+        self.check_invariants(h)
+        h = helm("extender.tls.certManager.enabled=true", "extender.tls.requireClientCert=false")
+        self.assertNotIn(("Certificate", EXT_NS, "kgpu-extender-scheduler-client"), h)
+        h = helm("extender.tls.certManager.enabled=true", "extender.tls.enabled=false")
+        self.assertFalse([k for k in h if k[0] in ("Certificate", "Issuer")])
+        self.assertIn("whole hours", helm_error("extender.tls.certManager.enabled=true",
+                                                "extender.tls.certManager.duration=30d"))
+
     def test_network_policy(self):
         h = helm("extender.networkPolicy.controlPlaneCIDRs={10.0.0.0/24,fd00::/64}")
         self.assertEqual(sorted(changed(helm(), h)), [("NetworkPolicy", EXT_NS, "kgpu-extender")])
