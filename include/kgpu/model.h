@@ -132,10 +132,28 @@ const kgpu_node *kgpu_cluster_node(const kgpu_cluster *c, int i);
 /* Index of the node with that name, or -1. */
 int kgpu_cluster_find_node(const kgpu_cluster *c, const char *name);
 
-/* Model table: id of `name` (adding it when `add`), or -1 (absent, or table full). */
+/*
+ * Model table: id of `name` (adding it when `add`: the lowest free id), or -1
+ * (absent, or table full). Ids are bits of model masks (kgpu_request.models,
+ * kgpu_shape.models), which may outlive the cluster they were compiled for.
+ */
 int kgpu_cluster_model_id(kgpu_cluster *c, const char *name, bool add);
+/*
+ * Gives `name` the id `id`, which must be free (or already be name's): for
+ * a caller rebuilding a cluster that keeps the ids of the models that
+ * remain, so that masks compiled before stay true. Ids left free below the
+ * highest are holes: kgpu_cluster_model_name says "?" for them, no request
+ * compiles to them, and the next new model takes the lowest.
+ * Returns 0, KGPU_EEXIST (id taken by another name, or name has another id),
+ * KGPU_EINVAL or KGPU_ENOMEM.
+ */
+int kgpu_cluster_model_put(kgpu_cluster *c, int id, const char *name);
+/* "?" for an id no model has. */
 const char *kgpu_cluster_model_name(const kgpu_cluster *c, int id);
+/* One past the highest id in use (holes below it included). */
 int kgpu_cluster_model_count(const kgpu_cluster *c);
+/* The ids of the models some node's GPU has. */
+uint64_t kgpu_cluster_models_present(const kgpu_cluster *c);
 
 /* Totals over healthy and unhealthy GPUs alike. */
 int kgpu_cluster_gpu_count(const kgpu_cluster *c);

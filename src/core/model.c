@@ -131,7 +131,7 @@ kgpu_cluster *kgpu_cluster_clone(const kgpu_cluster *src)
     c->gpus = src->gpus;
     c->allocated_milli = src->allocated_milli;
     for (int i = 0; i < src->nmodels; i++) {
-        if ((c->models[i] = strdup(src->models[i])) == NULL)
+        if (src->models[i] != NULL && (c->models[i] = strdup(src->models[i])) == NULL)
             goto fail;
         c->nmodels = i + 1;
     }
@@ -154,21 +154,70 @@ fail:
     return NULL;
 }
 
+/*
+ * The model table may have holes: ids below nmodels whose name is NULL. A
+ * caller rebuilding a cluster keeps each surviving model's id
+ * (kgpu_cluster_model_put) and leaves the ids of models gone as holes, since
+ * ids are bits of masks that outlive one cluster (a learned shape's allowed
+ * models). A new model takes the lowest hole, else the next id.
+ */
 int kgpu_cluster_model_id(kgpu_cluster *c, const char *name, bool add)
 {
-    for (int i = 0; i < c->nmodels; i++)
-        if (strcmp(c->models[i], name) == 0)
+    int hole = -1;
+    for (int i = 0; i < c->nmodels; i++) {
+        if (c->models[i] == NULL) {
+            if (hole < 0)
+                hole = i;
+        } else if (strcmp(c->models[i], name) == 0) {
             return i;
-    if (!add || c->nmodels >= KGPU_MAX_MODELS)
+        }
+    }
+    if (!add)
         return -1;
-    if ((c->models[c->nmodels] = strdup(name)) == NULL)
+    int id = hole >= 0 ? hole : c->nmodels;
+    if (id >= KGPU_MAX_MODELS || (c->models[id] = strdup(name)) == NULL)
         return -1;
-    return c->nmodels++;
+    if (id == c->nmodels)
+        c->nmodels++;
+    return id;
+}
+
+int kgpu_cluster_model_put(kgpu_cluster *c, int id, const char *name)
+{
+    if (id < 0 || id >= KGPU_MAX_MODELS || name == NULL || name[0] == '\0' ||
+        strlen(name) >= KGPU_MODEL_NAME_MAX)
+        return KGPU_EINVAL;
+    if (id < c->nmodels && c->models[id] != NULL)
+        return strcmp(c->models[id], name) == 0 ? 0 : KGPU_EEXIST;
+    if (kgpu_cluster_model_id(c, name, false) >= 0)
+        return KGPU_EEXIST; /* the name has another id */
+    if ((c->models[id] = strdup(name)) == NULL)
+        return KGPU_ENOMEM;
+    if (id >= c->nmodels)
+        c->nmodels = id + 1;
+    return 0;
+}
+
+/* Names in the table (holes not counted). */
+static int models_named(const kgpu_cluster *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->nmodels; i++)
+        n += c->models[i] != NULL;
+    return n;
+}
+
+uint64_t kgpu_cluster_models_present(const kgpu_cluster *c)
+{
+    uint64_t mask = 0;
+    for (int i = 0; i < c->nnodes; i++)
+        mask |= c->nodes[i].model_mask;
+    return mask;
 }
 
 const char *kgpu_cluster_model_name(const kgpu_cluster *c, int id)
 {
-    if (id < 0 || id >= c->nmodels)
+    if (id < 0 || id >= c->nmodels || c->models[id] == NULL)
         return "?";
     return c->models[id];
 }
@@ -230,13 +279,25 @@ int kgpu_cluster_add_node(kgpu_cluster *c, const kgpu_node_spec *spec, kgpu_erro
         return rc;
     if (kgpu_cluster_find_node(c, spec->name) >= 0)
         return kgpu_error_set(err, KGPU_EEXIST, "node %s already exists", spec->name);
+    /* A node whose models would overflow the table is refused before it adds any of them. */
+    const char *fresh[KGPU_MAX_GPUS_PER_NODE];
+    int nfresh = 0;
+    for (int i = 0; i < spec->ngpus; i++) {
+        bool known = kgpu_cluster_model_id(c, spec->gpus[i].model, false) >= 0;
+        for (int k = 0; k < nfresh && !known; k++)
+            known = strcmp(fresh[k], spec->gpus[i].model) == 0;
+        if (!known)
+            fresh[nfresh++] = spec->gpus[i].model;
+    }
+    if (models_named(c) + nfresh > KGPU_MAX_MODELS)
+        return kgpu_error_set(err, KGPU_ERANGE,
+                              "node %s: more than %d distinct GPU models in the cluster",
+                              spec->name, KGPU_MAX_MODELS);
     int models[KGPU_MAX_GPUS_PER_NODE];
     for (int i = 0; i < spec->ngpus; i++) {
         models[i] = kgpu_cluster_model_id(c, spec->gpus[i].model, true);
         if (models[i] < 0)
-            return kgpu_error_set(err, KGPU_ERANGE,
-                                  "node %s: more than %d distinct GPU models in the cluster",
-                                  spec->name, KGPU_MAX_MODELS);
+            return kgpu_error_set(err, KGPU_ENOMEM, "out of memory adding node %s", spec->name);
     }
     if (c->nnodes == c->cap) {
         int cap = c->cap ? c->cap * 2 : 16;
@@ -350,6 +411,8 @@ int kgpu_request_compile(const kgpu_cluster *c, kgpu_request *req, kgpu_error *e
     /* No allow list means any model, including models that appear later. */
     uint64_t mask = req->nallow > 0 ? 0 : ~0ULL;
     for (int i = 0; i < c->nmodels; i++) {
+        if (c->models[i] == NULL)
+            continue; /* a hole: as for an id no model has had yet */
         if (req->nallow > 0 && glob_any(req->allow, req->nallow, c->models[i]))
             mask |= 1ULL << i;
         if (req->nexclude > 0 && glob_any(req->exclude, req->nexclude, c->models[i]))
@@ -440,7 +503,7 @@ static void models_text(const kgpu_cluster *c, uint64_t mask, char *buf, size_t 
     size_t off = 0;
     buf[0] = '\0';
     for (int i = 0; i < c->nmodels && off < len; i++) {
-        if ((mask >> i) & 1) {
+        if (((mask >> i) & 1) && c->models[i] != NULL) {
             int w = snprintf(buf + off, len - off, "%s%s", off ? "," : "", c->models[i]);
             if (w < 0)
                 break;

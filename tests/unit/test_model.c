@@ -534,6 +534,80 @@ static void test_compile_globs(void **state)
     kgpu_cluster_free(c);
 }
 
+/*
+ * A rebuilt cluster keeps the ids of the models that remain and leaves the
+ * others as holes (kgpu_cluster_model_put): no request compiles to a hole
+ * from an allow list, an open request allows it as a model to come, and the
+ * next new model takes the lowest hole.
+ */
+static void test_model_holes(void **state)
+{
+    (void)state;
+    kgpu_cluster *c = kgpu_cluster_new();
+    assert_int_equal(kgpu_cluster_model_put(c, 2, V100), 0);
+    assert_int_equal(kgpu_cluster_model_put(c, 0, T4), 0);
+    assert_int_equal(kgpu_cluster_model_count(c), 3);
+    assert_string_equal(kgpu_cluster_model_name(c, 1), "?");
+    assert_int_equal(kgpu_cluster_model_id(c, "?", false), -1);
+    assert_int_equal(kgpu_cluster_model_id(c, V100, false), 2);
+    /* Refusals: an id taken by another name, a name with another id, out of range. */
+    assert_int_equal(kgpu_cluster_model_put(c, 0, T4), 0);
+    assert_int_equal(kgpu_cluster_model_put(c, 0, A100), KGPU_EEXIST);
+    assert_int_equal(kgpu_cluster_model_put(c, 1, T4), KGPU_EEXIST);
+    assert_int_equal(kgpu_cluster_model_put(c, KGPU_MAX_MODELS, A100), KGPU_EINVAL);
+    assert_int_equal(kgpu_cluster_model_put(c, -1, A100), KGPU_EINVAL);
+    assert_int_equal(kgpu_cluster_model_put(c, 1, ""), KGPU_EINVAL);
+    /* Globs see the models only; exclusions keep the hole allowed for an open request. */
+    const char *any[] = {"*"}, *t4[] = {"T4"};
+    assert_int_equal(compiled_mask(c, any, 1, NULL, 0), 0x05);
+    assert_int_equal(compiled_mask(c, NULL, 0, any, 1), ~0ULL & ~0x05ULL);
+    assert_int_equal(compiled_mask(c, NULL, 0, t4, 1), ~0ULL & ~0x01ULL);
+    /* Nodes name models by name: a V100 node gets id 2. */
+    int v = add_node(c, "v", 1000, 1000, 1, V100, 32768);
+    assert_int_equal(kgpu_cluster_node(c, v)->gpus[0].model, 2);
+    assert_int_equal(kgpu_cluster_models_present(c), 0x04);
+    /* A clone keeps the holes. */
+    kgpu_cluster *d = kgpu_cluster_clone(c);
+    assert_non_null(d);
+    assert_string_equal(kgpu_cluster_model_name(d, 1), "?");
+    assert_string_equal(kgpu_cluster_model_name(d, 2), V100);
+    kgpu_cluster_free(d);
+    /* The next new model takes the hole, the one after it the next id. */
+    int a = add_node(c, "a", 1000, 1000, 1, A100, 81920);
+    assert_int_equal(kgpu_cluster_node(c, a)->gpus[0].model, 1);
+    assert_int_equal(kgpu_cluster_model_id(c, "H100", true), 3);
+    assert_int_equal(kgpu_cluster_model_count(c), 4);
+    assert_int_equal(kgpu_cluster_models_present(c), 0x06);
+    kgpu_cluster_free(c);
+}
+
+/* A node whose models would overflow the table adds none of them. */
+static void test_model_table_full_adds_nothing(void **state)
+{
+    (void)state;
+    kgpu_cluster *c = kgpu_cluster_new();
+    char name[32];
+    for (int i = 0; i < KGPU_MAX_MODELS - 1; i++) {
+        snprintf(name, sizeof(name), "M%d", i);
+        assert_int_equal(kgpu_cluster_model_id(c, name, true), i);
+    }
+    const char *two[] = {"new-a", "new-b"};
+    const int64_t gmem[] = {1024, 1024};
+    kgpu_gpu_spec g[2];
+    for (int i = 0; i < 2; i++)
+        g[i] = (kgpu_gpu_spec){.index = i, .model = two[i], .memory_mib = gmem[i], .healthy = true};
+    kgpu_node_spec s = {.name = "n", .cpu_milli = 1, .memory_mib = 1, .gpus = g, .ngpus = 2};
+    kgpu_error e;
+    assert_int_equal(kgpu_cluster_add_node(c, &s, &e), KGPU_ERANGE);
+    assert_int_equal(kgpu_cluster_model_count(c), KGPU_MAX_MODELS - 1);
+    assert_int_equal(kgpu_cluster_model_id(c, "new-a", false), -1);
+    /* Two GPUs of one new model need one id: that fits. */
+    g[1].model = "new-a";
+    assert_int_equal(kgpu_cluster_add_node(c, &s, &e), 0);
+    assert_int_equal(kgpu_cluster_model_count(c), KGPU_MAX_MODELS);
+    kgpu_cluster_free(c);
+}
+
 static void test_validate_errors(void **state)
 {
     kgpu_cluster *c = glob_cluster();
@@ -1743,6 +1817,8 @@ int main(void)
         cmocka_unit_test(test_find_node_many),
         cmocka_unit_test(test_clone_deep),
         cmocka_unit_test(test_compile_globs),
+        cmocka_unit_test(test_model_holes),
+        cmocka_unit_test(test_model_table_full_adds_nothing),
         cmocka_unit_test(test_validate_errors),
         cmocka_unit_test(test_request_class),
         cmocka_unit_test(test_fit_reasons),
