@@ -179,6 +179,11 @@ typedef struct ext_ns_usage {
 typedef struct ext_shape_info {
     kgpu_shape s;
     long count; /* observations */
+    /* The rest of the shape's key (state.c shape_key) besides s's fields. */
+    bool exclusive;
+    int milli; /* the request's gpu_milli (s.gpu_milli is 1000 for a whole GPU) */
+    int64_t memory_mib;
+    bool open; /* no allow list: a model the mask has no bit for yet counts as allowed */
 } ext_shape_info;
 
 /*
@@ -260,7 +265,9 @@ double ext_now(void);
 /*
  * Replaces the node inventory (cluster-file load, node relist, a node's
  * inventory changing): rebuilds the cluster and re-applies every held pod
- * whose node still exists. Caller holds st->mu.
+ * whose node still exists. Models no node has any more are forgotten (their
+ * ids reclaimed); a node whose models would take the table past
+ * KGPU_MAX_MODELS is left out, logged. Caller holds st->mu.
  */
 int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_error *err);
 

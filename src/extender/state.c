@@ -180,11 +180,25 @@ static double held_gpus(const kgpu_node *n, const kgpu_assignment *a)
 
 /* ---- the workload fgd optimises for ---- */
 
+/* What tells shapes apart, as a key of st->shapes. */
+static void shape_key(const shape_info *si, char *key, size_t len)
+{
+    snprintf(key, len, "%d/%d/%d/%" PRId64 "/%" PRIx64 "/%d/%" PRId64, si->exclusive,
+             si->s.gpu_count, si->milli, si->memory_mib, si->s.models, si->open, si->s.cpu_milli);
+}
+
 static int shape_id(ext_state *st, const kgpu_request *r)
 {
     char key[160];
-    snprintf(key, sizeof(key), "%d/%d/%d/%" PRId64 "/%" PRIx64 "/%" PRId64, r->exclusive,
-             r->gpu_count, r->gpu_milli, r->gpu_memory_mib, r->models, r->cpu_milli);
+    shape_info si = {.s = {.cpu_milli = r->cpu_milli,
+                           .gpu_milli = r->exclusive ? KGPU_MILLI : r->gpu_milli,
+                           .gpu_count = r->gpu_count,
+                           .models = r->models},
+                     .exclusive = r->exclusive,
+                     .milli = r->gpu_milli,
+                     .memory_mib = r->gpu_memory_mib,
+                     .open = r->nallow == 0};
+    shape_key(&si, key, sizeof(key));
     void *v = kgpu_strmap_get(&st->shapes, key);
     if (v != NULL)
         return (int)(intptr_t)v - 1;
@@ -192,20 +206,16 @@ static int shape_id(ext_state *st, const kgpu_request *r)
         return -1; /* no caching for the long tail */
     if (st->nshapes == st->shape_cap) {
         int cap = st->shape_cap ? st->shape_cap * 2 : 64;
-        shape_info *si = realloc(st->shape_info, (size_t)cap * sizeof(*si));
-        if (si == NULL)
+        shape_info *grown = realloc(st->shape_info, (size_t)cap * sizeof(*grown));
+        if (grown == NULL)
             return -1;
-        st->shape_info = si;
+        st->shape_info = grown;
         st->shape_cap = cap;
     }
     int id = st->nshapes;
     if (!kgpu_strmap_put(&st->shapes, key, (void *)(intptr_t)(id + 1), NULL))
         return -1;
-    st->shape_info[id].count = 0;
-    st->shape_info[id].s = (kgpu_shape){.cpu_milli = r->cpu_milli,
-                                        .gpu_milli = r->exclusive ? KGPU_MILLI : r->gpu_milli,
-                                        .gpu_count = r->gpu_count,
-                                        .models = r->models};
+    st->shape_info[id] = si;
     st->nshapes++;
     return id;
 }
@@ -250,6 +260,37 @@ static void rebuild_target(ext_state *st)
     for (size_t i = 0; i < sizeof(st->policies) / sizeof(st->policies[0]); i++)
         if (st->policies[i] != NULL)
             kgpu_policy_invalidate(st->policies[i]);
+}
+
+/*
+ * The model ids in `gone` were reclaimed: no node has those models any
+ * more, and the next new models may take the ids. Each learned shape's bit
+ * for them becomes what compiling it would give for a model it never saw
+ * (allowed when the shape had no allow list), so what was learned about
+ * the old model is not laid on a new one. The keys are rebuilt; shapes
+ * that now coincide are merged into the first (the other keeps a count of
+ * 0, which rebuild_target skips).
+ */
+static void shapes_forget_models(ext_state *st, uint64_t gone)
+{
+    kgpu_strmap_clear(&st->shapes);
+    kgpu_strmap_init(&st->shapes);
+    for (int i = 0; i < st->nshapes; i++) {
+        shape_info *si = &st->shape_info[i];
+        si->s.models = si->open ? si->s.models | gone : si->s.models & ~gone;
+        char key[160];
+        shape_key(si, key, sizeof(key));
+        void *v = kgpu_strmap_get(&st->shapes, key);
+        if (v != NULL) {
+            st->shape_info[(int)(intptr_t)v - 1].count += si->count;
+            si->count = 0;
+        } else {
+            /* Out of memory: the shape is not found again, and a later one takes its place. */
+            kgpu_strmap_put(&st->shapes, key, (void *)(intptr_t)(i + 1), NULL);
+        }
+    }
+    if (st->observations > 0)
+        rebuild_target(st); /* fgd's target holds the shapes' masks */
 }
 
 /*
@@ -941,20 +982,49 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
     if (c == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     /*
-     * Model ids stay what they were: learned shapes, remembered pods and the
-     * policies' replay hold model masks. Models are never forgotten (at most
-     * KGPU_MAX_MODELS names over the extender's life).
+     * Model ids stay what they were for the models some node still has:
+     * learned shapes, remembered pods and the policies' replay hold model
+     * masks. The ids of models no node has any more are reclaimed (`gone`:
+     * holes the next new models take) and forgotten by the learned shapes
+     * below, so that the 64-entry table holds what the inventory has, not
+     * every name it ever had.
      */
-    for (int i = 0; i < kgpu_cluster_model_count(st->cluster); i++) {
-        if (kgpu_cluster_model_id(c, kgpu_cluster_model_name(st->cluster, i), true) != i) {
-            kgpu_cluster_free(c);
-            return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
-        }
+    kgpu_strmap names; /* the models of the new inventory */
+    kgpu_strmap_init(&names);
+    bool oom = false;
+    for (int i = 0; i < n && !oom; i++)
+        for (int g = 0; g < specs[i].ngpus && !oom; g++)
+            oom = specs[i].gpus[g].model != NULL &&
+                  !kgpu_strmap_put(&names, specs[i].gpus[g].model, (void *)1, NULL);
+    uint64_t gone = 0;
+    for (int i = 0; i < kgpu_cluster_model_count(st->cluster) && !oom; i++) {
+        const char *m = kgpu_cluster_model_name(st->cluster, i);
+        if (kgpu_cluster_model_id(st->cluster, m, false) != i)
+            continue; /* a hole */
+        if (kgpu_strmap_get(&names, m) == NULL)
+            gone |= 1ULL << i;
+        else
+            oom = kgpu_cluster_model_put(c, i, m) != 0;
+    }
+    kgpu_strmap_clear(&names);
+    if (oom) {
+        kgpu_cluster_free(c);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
     for (int i = 0; i < n; i++) {
-        if (kgpu_cluster_add_node(c, &specs[i], err) < 0) {
+        kgpu_error why;
+        kgpu_error_clear(&why);
+        int rc = kgpu_cluster_add_node(c, &specs[i], &why);
+        if (rc == KGPU_ERANGE) {
+            /* One node's models must not keep every other node out of the inventory. */
+            ext_log(EXT_ERROR, "%s; the node is left out of the inventory", why.msg);
+            continue;
+        }
+        if (rc < 0) {
             kgpu_cluster_free(c);
-            return err ? err->code : KGPU_EINVAL;
+            if (err != NULL)
+                *err = why;
+            return rc;
         }
     }
     /* Carry every held pod over by GPU device index. */
@@ -979,6 +1049,16 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
     kgpu_cluster *old = st->cluster;
     st->cluster = c;
     free_policies(st); /* their caches are keyed by node positions of the old cluster */
+    if (gone != 0) {
+        char list[512] = "";
+        size_t off = 0;
+        for (int i = 0; i < KGPU_MAX_MODELS && off < sizeof(list); i++)
+            if ((gone >> i) & 1)
+                off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s", off ? ", " : "",
+                                        kgpu_cluster_model_name(old, i));
+        ext_log(EXT_INFO, "GPU models no node has any more are forgotten: %s", list);
+        shapes_forget_models(st, gone);
+    }
     for (size_t j = 0; j < k; j++) {
         ext_pod *p = refs[j].p;
         int idx = kgpu_cluster_find_node(c, p->node);
