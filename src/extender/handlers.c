@@ -414,25 +414,6 @@ static int read_nodes(ext_daemon *d, ext_response *r, enum ext_verb v, json_t *a
     return (int)n;
 }
 
-/* Nodes passed as objects teach kgpu their inventory (nodeCacheCapable: false). */
-static void learn_nodes(ext_daemon *d, json_t **objects, int n)
-{
-    for (int i = 0; i < n; i++) {
-        kgpu_node_spec spec;
-        kgpu_node_store *store = malloc(sizeof(*store));
-        kgpu_error err;
-        if (store == NULL)
-            return;
-        if (kgpu_node_from_json(objects[i], &spec, store, &err) == 0 && spec.ngpus > 0) {
-            pthread_mutex_lock(&d->state.mu);
-            if (kgpu_cluster_find_node(d->state.cluster, spec.name) < 0)
-                ext_state_upsert_node(&d->state, &spec, &err);
-            pthread_mutex_unlock(&d->state.mu);
-        }
-        free(store);
-    }
-}
-
 /* Could the pod ever run on this node, even empty? If not, preemption cannot help. */
 static bool never_fits(const kgpu_node *n, const kgpu_request *req, char *why, size_t len)
 {
@@ -524,11 +505,14 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
     }
     if (!read_pod(d, r, VERB_FILTER, args, pod, invalid, sizeof(invalid)))
         goto out;
+    /*
+     * Nodes.items (nodeCacheCapable: false) name the candidates and nothing
+     * more: inventory comes only from the API server's node watch or the
+     * cluster file, never from a request body that any client can send.
+     */
     int n = read_nodes(d, r, VERB_FILTER, args, fast, &names, &objects);
     if (n < 0)
         goto out;
-    if (objects != NULL)
-        learn_nodes(d, objects, n);
     bool *pass = calloc((size_t)n + 1, sizeof(*pass));
     /* The reply is written directly (see jsonw.h): FailedNodes and FailedAndUnresolvableNodes. */
     kgpu_jsonw failed, unresolvable;

@@ -792,11 +792,19 @@ class TestHappyPath(ExtenderTest):
         self.assertFalse(res.get("NodeNames"))
         self.assertFalse((res.get("Nodes") or {}).get("items"))
 
-        # A node the extender had not heard of teaches it its inventory.
+        # A node object the extender had not heard of teaches it nothing: inventory comes
+        # from the API server's watch (or the cluster file), never from a request body.
         extra = node_object("new-0", gpu_list("new-0", "L4", 23034, 1))
         res = self.ext.filter(pod, nodes=[extra])
+        self.assertEqual(res["Nodes"]["items"], [])
+        self.assertIn("no GPU inventory known", res["FailedAndUnresolvableNodes"]["new-0"])
+        self.assertIsNone(self.ext.gpu("new-0", 0))
+        # Once the node is in the API server, the watch brings it, and Nodes.items works.
+        self.standin.add_node("new-0", gpu_list("new-0", "L4", 23034, 1))
+        wait_for(lambda: self.ext.gpu("new-0", 0), 10, what="new-0 from the node watch")
+        extra = self.standin.get_node("new-0")
+        res = self.ext.filter(pod, nodes=[extra])
         self.assertEqual([n["metadata"]["name"] for n in res["Nodes"]["items"]], ["new-0"])
-        self.assertIsNotNone(self.ext.gpu("new-0", 0))
         huge = self.new_pod("huge", [container("main", share(mem=23))])
         res = self.ext.filter(huge, nodes=[extra])
         self.assertEqual(res["Nodes"]["items"], [])
