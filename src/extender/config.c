@@ -166,6 +166,7 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
             cfg->max_connections_per_client = (int)json_integer_value(v);
         } else if (strcmp(key, "probeListen") == 0 && s) {
             rc = set_path(cfg->probe_listen, sizeof(cfg->probe_listen), s, "probeListen", err);
+            cfg->probe_listen_given = true;
         } else if (strcmp(key, "requestTimeoutSeconds") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 1 && json_integer_value(v) <= 3600) {
             cfg->request_timeout_s = (int)json_integer_value(v);
@@ -446,6 +447,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         case 'R':
             rc = set_path(cfg->probe_listen, sizeof(cfg->probe_listen), optarg, "--probe-listen",
                           err);
+            cfg->probe_listen_given = true;
             break;
         case 't':
             rc = int_flag("--serve-threads", optarg, 0, 64, &cfg->serve_threads, err);
@@ -481,6 +483,10 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         cfg->max_connections_per_client = cfg->max_connections;
     size_t ll = strlen(cfg->listen);
     bool any_port = ll >= 2 && strcmp(cfg->listen + ll - 2, ":0") == 0;
+    /* --listen ...:0 asks for any free port (tests, several extenders on one machine): the
+     * probes then take any free port too, unless told where. */
+    if (rc == 0 && any_port && !cfg->probe_listen_given)
+        snprintf(cfg->probe_listen, sizeof(cfg->probe_listen), "%s", cfg->listen);
     if (rc == 0 && cfg->probe_listen[0] && !any_port && strcmp(cfg->probe_listen, cfg->listen) == 0)
         rc = kgpu_error_set(err, KGPU_EINVAL, "--probe-listen must differ from --listen (%s)",
                             cfg->listen);

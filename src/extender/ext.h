@@ -50,6 +50,7 @@ typedef struct ext_config {
     int allocate_wait_s;  /* a bound pod holds back same-size pods on its node this long; 0 off */
     /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
     char probe_listen[256];         /* ADDR:PORT of /healthz and /readyz; "" none; :12347 */
+    bool probe_listen_given;        /* set by the file or a flag, not the default */
     int max_connections_per_client; /* connections from one IP address; 256 */
     int request_timeout_s;          /* a whole request, read, within this of its start; 30 */
     long max_buffered_bytes;        /* request bodies held across all connections; 64 MiB */
