@@ -226,6 +226,7 @@ typedef struct ext_await {
 typedef struct ext_filtered {
     kgpu_pod pod;
     ext_asks asks;
+    struct ext_filtered *older, *newer; /* by when last filtered: evicted oldest first */
 } ext_filtered;
 
 typedef struct ext_state {
@@ -244,9 +245,8 @@ typedef struct ext_state {
     kgpu_strmap orphans;   /* uid -> ext_orphan* */
     kgpu_strmap cpu_pods;  /* uid -> ext_cpu_pod*: bound pods without kgpu GPUs */
     double relist_started; /* when the pod relist in progress was asked for (0: first list) */
-    kgpu_strmap pending;   /* uid -> ext_filtered*, from filter, for bind */
-    char **pending_order;  /* FIFO of pending uids, for eviction */
-    int pending_head, pending_len;
+    kgpu_strmap pending; /* uid -> ext_filtered*, from filter, for bind; at most pending_pods_max */
+    ext_filtered *pending_oldest, *pending_newest; /* least and most recently filtered */
     kgpu_strmap awaiting;  /* uid -> ext_await*: pods kubelet has yet to allocate devices for */
     kgpu_strmap observed;  /* uids counted by observe(), at most OBSERVED_MAX (state.c) */
     char **observed_order; /* FIFO of observed uids (owned; the map's keys are copies) */
@@ -314,7 +314,12 @@ kgpu_policy *ext_state_policy(ext_state *st, const kgpu_pod *pod, kgpu_error *er
  */
 void ext_pod_copy(kgpu_pod *dst, const kgpu_pod *src);
 
-/* Remembers a pod from filter (copied, with its asks) for its bind. Caller holds st->mu. */
+/*
+ * Remembers a pod from filter (copied, with its asks) for its bind, as the
+ * most recently filtered; past pending_pods_max the least recently filtered
+ * is forgotten (its bind then asks the API server for the pod, see
+ * handlers.c bind_pod). Caller holds st->mu.
+ */
 void ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks);
 /* The remembered pod, or NULL. Borrowed; valid while st->mu is held. */
 const ext_filtered *ext_state_recall(ext_state *st, const char *uid);

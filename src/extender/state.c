@@ -71,9 +71,8 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->ns_usage);
     kgpu_strmap_init(&st->observed);
     st->observed_order = calloc(OBSERVED_MAX, sizeof(char *));
-    st->pending_order = calloc((size_t)cfg->pending_pods_max, sizeof(char *));
     st->cluster = kgpu_cluster_new();
-    if (st->cluster == NULL || st->pending_order == NULL || st->observed_order == NULL ||
+    if (st->cluster == NULL || st->observed_order == NULL ||
         set_prior(st) != 0) {
         ext_state_destroy(st);
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
@@ -119,10 +118,6 @@ void ext_state_destroy(ext_state *st)
     for (int j = 0; st->observed_order != NULL && j < OBSERVED_MAX; j++)
         free(st->observed_order[j]);
     free(st->observed_order);
-    if (st->pending_order != NULL)
-        for (int j = 0; j < st->cfg->pending_pods_max; j++)
-            free(st->pending_order[j]);
-    free(st->pending_order);
     free(st->shape_info);
     pthread_mutex_destroy(&st->mu);
     memset(st, 0, sizeof(*st));
@@ -452,12 +447,57 @@ void ext_pod_copy(kgpu_pod *dst, const kgpu_pod *src)
     }
 }
 
+/* Takes f out of the recency list. */
+static void pending_unlink(ext_state *st, ext_filtered *f)
+{
+    if (f->older != NULL)
+        f->older->newer = f->newer;
+    else
+        st->pending_oldest = f->newer;
+    if (f->newer != NULL)
+        f->newer->older = f->older;
+    else
+        st->pending_newest = f->older;
+    f->older = f->newer = NULL;
+}
+
+static void forget(ext_state *st, const char *uid)
+{
+    ext_filtered *f = kgpu_strmap_del(&st->pending, uid);
+    if (f == NULL)
+        return;
+    pending_unlink(st, f);
+    free(f);
+}
+
+/* Puts f at the recent end of the recency list. */
+static void pending_push(ext_state *st, ext_filtered *f)
+{
+    f->newer = NULL;
+    f->older = st->pending_newest;
+    if (st->pending_newest != NULL)
+        st->pending_newest->newer = f;
+    else
+        st->pending_oldest = f;
+    st->pending_newest = f;
+}
+
+/*
+ * Eviction is by when a pod was last filtered, not first: kube-scheduler
+ * filters a pod again on every retry, right before its bind, so a pod it is
+ * about to bind is among the newest whatever else was filtered before. A
+ * flood of filter calls can still push a pod out between its filter and its
+ * bind; with an API server its bind then fetches the pod (bind_pod), so the
+ * flood costs a GET, not the bind.
+ */
 void ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks)
 {
     ext_filtered *old = kgpu_strmap_get(&st->pending, pod->uid);
     if (old != NULL) {
-        ext_pod_copy(&old->pod, pod); /* a filter retry: newer spec wins, same slot */
+        ext_pod_copy(&old->pod, pod); /* a filter retry: newer spec wins, and it is the newest */
         old->asks = *asks;
+        pending_unlink(st, old);
+        pending_push(st, old);
         return;
     }
     ext_filtered *copy = malloc(sizeof(*copy));
@@ -465,23 +505,13 @@ void ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks
         return;
     ext_pod_copy(&copy->pod, pod);
     copy->asks = *asks;
-    int max = st->cfg->pending_pods_max;
-    if (st->pending_len == max) { /* forget the oldest */
-        char *uid = st->pending_order[st->pending_head];
-        free(kgpu_strmap_del(&st->pending, uid));
-        free(uid);
-        st->pending_order[st->pending_head] = NULL;
-        st->pending_head = (st->pending_head + 1) % max;
-        st->pending_len--;
-    }
-    char *uid = strdup(pod->uid);
-    if (uid == NULL || !kgpu_strmap_put(&st->pending, pod->uid, copy, NULL)) {
-        free(uid);
+    if (st->pending.len >= (size_t)st->cfg->pending_pods_max && st->pending_oldest != NULL)
+        forget(st, st->pending_oldest->pod.uid);
+    if (!kgpu_strmap_put(&st->pending, pod->uid, copy, NULL)) {
         free(copy);
         return;
     }
-    st->pending_order[(st->pending_head + st->pending_len) % max] = uid;
-    st->pending_len++;
+    pending_push(st, copy);
     if (kgpu_strmap_get(&st->pods, pod->uid) == NULL)
         observe(st, &copy->pod);
 }
