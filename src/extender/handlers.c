@@ -752,13 +752,24 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
         *asks = known->asks;
     }
     pthread_mutex_unlock(&d->state.mu);
+    if (known != NULL && (strcmp(pod->ns, ns) != 0 || strcmp(pod->name, name) != 0)) {
+        /* A uid names one pod for its life: kube-scheduler binds the pod it filtered. */
+        *fail = BIND_FAIL_BAD_REQUEST;
+        snprintf(msg, len,
+                 "pod %s/%s (uid %s): that uid was filtered as pod %s/%s; refused to bind it "
+                 "under another name",
+                 ns, name, uid, pod->ns, pod->name);
+        free(pod);
+        return NULL;
+    }
     if (known != NULL)
         return pod;
     if (d->k8s != NULL) {
         char path[KGPU_K8S_PATH_MAX];
         snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
         kgpu_error err;
-        long status;
+        kgpu_error_clear(&err);
+        long status = 0;
         json_t *j = kgpu_k8s_get_json(d->k8s, path, &status, &err);
         if (status == 200) {
             int rc = j ? kgpu_pod_from_json(j, d->cfg.memory_unit_mib, pod, &err) : -1;
@@ -780,11 +791,24 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
             free(pod);
             return NULL;
         }
+        json_decref(j);
+        if (status == 404)
+            snprintf(msg, len, "pod %s/%s (uid %s) is unknown to kgpu: the API server has no such pod",
+                     ns, name, uid);
+        else if (status > 0)
+            snprintf(msg, len, "pod %s/%s (uid %s) is unknown to kgpu, and the API server answered "
+                     "%ld when asked for it", ns, name, uid, status);
+        else
+            snprintf(msg, len, "pod %s/%s (uid %s) is unknown to kgpu, and the API server could "
+                     "not be asked for it: %s", ns, name, uid, err.msg);
+        free(pod);
+        return NULL;
     }
     snprintf(msg, len,
-             "pod %s/%s (uid %s) is unknown to kgpu: kube-scheduler calls filter before bind; "
-             "was the extender restarted in between?",
-             ns, name, uid);
+             "pod %s/%s (uid %s) is unknown to kgpu: kube-scheduler calls filter before bind, "
+             "and without an API server to ask kgpu knows only the last %d pods filtered; was "
+             "the extender restarted, or were more pods filtered, in between?",
+             ns, name, uid, d->cfg.pending_pods_max);
     free(pod);
     return NULL;
 }
@@ -816,6 +840,25 @@ static enum ext_bind_fail post_binding(ext_daemon *d, const char *ns, const char
     return why;
 }
 
+/*
+ * Whether s is a DNS subdomain (RFC 1123: lowercase letters, digits, '-'
+ * and '.', alphanumeric at both ends), as every pod name and namespace is.
+ * Bind puts them in API paths: nothing else may get there.
+ */
+static bool dns_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > KGPU_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+        if (!alnum && ((c != '-' && c != '.') || i == 0 || i == n - 1))
+            return false;
+    }
+    return true;
+}
+
 static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
 {
     const char *name = json_string_value(json_object_get(args, "PodName"));
@@ -830,6 +873,13 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
         bad_request(d, r, VERB_BIND,
                     "ExtenderBindingArgs needs string fields PodName, PodNamespace, PodUID and "
                     "Node");
+        return;
+    }
+    if (!dns_name(name) || !dns_name(ns)) {
+        atomic_fetch_add(&d->metrics.bind_failures[BIND_FAIL_BAD_REQUEST], 1);
+        bad_request(d, r, VERB_BIND,
+                    "PodName and PodNamespace must be DNS names (lowercase letters, digits, "
+                    "'-' and '.'), as every pod's are");
         return;
     }
     if (!ext_is_leader(d)) {
@@ -861,7 +911,7 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
         return;
     }
     const ext_pod *held = NULL;
-    char held_node[KGPU_NAME_MAX + 1] = "";
+    char held_node[KGPU_NAME_MAX + 1] = "", held_ns[64] = "", held_name[KGPU_NAME_MAX + 1] = "";
     bool held_bound = false;
     kgpu_error err;
     kgpu_error_clear(&err);
@@ -883,6 +933,8 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
         rc = ext_state_reserve(&d->state, pod, node, &held, &err);
     if (held != NULL) { /* copied while the lock makes it safe to read */
         snprintf(held_node, sizeof(held_node), "%s", held->node);
+        snprintf(held_ns, sizeof(held_ns), "%s", held->ns);
+        snprintf(held_name, sizeof(held_name), "%s", held->name);
         held_bound = held->status == POD_BOUND;
     }
     if (rc == 0) {
@@ -909,6 +961,14 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
     }
     if (rc == KGPU_EEXIST) {
         free(pod);
+        if (strcmp(held_ns, ns) != 0 || strcmp(held_name, name) != 0) {
+            snprintf(msg, sizeof(msg),
+                     "pod %s/%s (uid %s): that uid holds GPUs as pod %s/%s; refused to bind it "
+                     "under another name",
+                     ns, name, uid, held_ns, held_name);
+            bind_failed(d, r, BIND_FAIL_BAD_REQUEST, msg);
+            return;
+        }
         if (strcmp(held_node, node) == 0 && held_bound) {
             bind_result(r, ""); /* a retry of a bind that went through */
             return;
