@@ -1021,22 +1021,30 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
     bind_result(r, "");
 }
 
-/* Victim UIDs of one node from NodeNameToVictims (full pods) or NodeNameToMetaVictims. */
-static int victim_uids(json_t *entry, bool meta, const char **uids, int max)
+/*
+ * Victim UIDs of one node from NodeNameToVictims (full pods) or
+ * NodeNameToMetaVictims, as many as were sent (borrowed from entry; *uids is
+ * malloc'd, caller frees). -1 when a victim has no UID (kube-scheduler
+ * always sends one), or out of memory (*uids NULL).
+ */
+static int victim_uids(json_t *entry, bool meta, const char ***uids)
 {
     json_t *pods = json_object_get(entry, "Pods");
-    int n = 0;
-    size_t i;
+    size_t n = json_array_size(pods), i;
     json_t *p;
+    *uids = calloc(n + 1, sizeof(**uids));
+    if (*uids == NULL)
+        return -1;
     json_array_foreach(pods, i, p)
     {
         const char *uid =
             meta ? json_string_value(json_object_get(p, "UID"))
                  : json_string_value(json_object_get(json_object_get(p, "metadata"), "uid"));
-        if (uid != NULL && n < max)
-            uids[n++] = uid;
+        if (uid == NULL)
+            return -1;
+        (*uids)[i] = uid;
     }
-    return n;
+    return (int)n;
 }
 
 static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
@@ -1068,12 +1076,22 @@ static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
     long search_left = CALL_SEARCH_STEPS;
     pthread_mutex_lock(&d->state.mu);
     int rc = check_pod(d, pod, NULL, invalid, sizeof(invalid));
+    const char *no_uid = NULL; /* a node with a victim without a UID */
     json_object_foreach(victims, node, entry)
     {
         if (rc != 0 || invalid[0] != '\0')
             break;
-        const char *uids[512];
-        int nv = victim_uids(entry, meta, uids, 512);
+        const char **uids;
+        int nv = victim_uids(entry, meta, &uids);
+        if (nv < 0) {
+            if (uids == NULL) {
+                rc = KGPU_ENOMEM;
+            } else {
+                free(uids);
+                no_uid = node;
+            }
+            break;
+        }
         bool keep = pod->nparts == 0;
         int idx = kgpu_cluster_find_node(d->state.cluster, node);
         if (!keep && idx >= 0) {
@@ -1094,11 +1112,14 @@ static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
                                   &search_left, NULL, 0) == KGPU_PLACE_FOUND;
             free(release);
         }
-        if (!keep)
+        if (!keep) {
+            free(uids);
             continue;
+        }
         json_t *pods = json_array();
         for (int v = 0; v < nv; v++)
             json_array_append_new(pods, json_pack("{s:s}", "UID", uids[v]));
+        free(uids);
         json_t *pdb = json_object_get(entry, "NumPDBViolations");
         json_object_set_new(
             out, node,
@@ -1106,6 +1127,14 @@ static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
                       (json_int_t)(json_is_integer(pdb) ? json_integer_value(pdb) : 0)));
     }
     pthread_mutex_unlock(&d->state.mu);
+    if (no_uid != NULL) {
+        char msg[REASON_MAX];
+        snprintf(msg, sizeof(msg), "a victim on node %.200s has no UID", no_uid);
+        free(pod);
+        json_decref(out);
+        bad_request(d, r, VERB_PREEMPT, msg);
+        return;
+    }
     if (invalid[0] != '\0')
         invalid_pod(d, VERB_PREEMPT, pod, invalid);
     free(pod);
