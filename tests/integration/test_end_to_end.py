@@ -73,15 +73,27 @@ def annotations(obj):
 
 
 def shipped_extender_config(path):
-    """The config.yaml held by the ConfigMap in deploy/extender/config.yaml, written to path."""
+    """The config.yaml held by the ConfigMap in deploy/extender/config.yaml, written to path,
+    without its `tls:` block: this suite plays kube-scheduler over plain HTTP, as an operator
+    trying kgpu without certificates would (the config's own comment says how). The shipped
+    TLS and client-certificate setup is what test_extender_tls and scripts/e2e.sh check."""
     with open(SHIPPED_CONFIG) as f:
         lines = f.read().splitlines()
     start = lines.index("  config.yaml: |") + 1
     body = []
+    in_tls = False
     for line in lines[start:]:
         if line.strip() and not line.startswith("    "):
             break
-        body.append(line[4:])
+        line = line[4:]
+        if line.startswith("tls:"):
+            in_tls = True
+            continue
+        if in_tls and (line.startswith(" ") or not line.strip()):
+            continue
+        in_tls = False
+        body.append(line)
+
     with open(path, "w") as f:
         f.write("\n".join(body) + "\n")
     return path
