@@ -327,10 +327,13 @@ class PodWatch:
                     return None
                 self.cond.wait(left)
 
-    def wait_count(self, n, stall_timeout, progress=None):
-        """Waits until n pods are bound, or none has been bound for stall_timeout s."""
+    def wait_count(self, n, stall_timeout, progress=None, settle=5.0):
+        """Waits until n pods are bound or marked unschedulable (then `settle` seconds more
+        for a marked one to be bound after all), or none has been bound for stall_timeout s.
+        True when every pod was bound."""
         last, last_t = -1, time.monotonic()
         next_report = time.monotonic() + 10
+        settled_at = None
         with self.cond:
             while len(self.bound) < n:
                 now = time.monotonic()
@@ -338,6 +341,10 @@ class PodWatch:
                     last, last_t = len(self.bound), now
                 elif now - last_t > stall_timeout:
                     return False
+                if len(self.bound) + len(set(self.unsched) - set(self.bound)) >= n:
+                    settled_at = settled_at or now
+                    if now - settled_at >= settle:
+                        return False
                 if progress and now >= next_report:
                     progress(len(self.bound))
                     next_report = now + 10

@@ -89,6 +89,15 @@ def run_mode(mode, a, bindir, workdir, shapes):
     try:
         t = E.create_all(cp, "/api/v1/nodes", nodes(a.nodes), a.processes, a.threads, "nodes")
         E.log("%s: %d nodes created in %.1f s" % (mode, a.nodes, t))
+        pods = pods_for(mode, shapes)
+        managed = sum(1 for p in pods if p["spec"]["containers"][0]["resources"].get("limits"))
+        watch = E.PodWatch(cp)
+        creators = E.Creators(cp, "/api/v1/namespaces/%s/pods" % E.BENCH_NS, pods,
+                              a.processes, a.threads)
+        time.sleep(1.0)  # creator processes up and waiting
+        if a.precreate:  # every pod Pending before kube-scheduler starts: its rate alone
+            creators.start()
+            created, errors, c0, c1 = creators.wait()
         if mode == "plain":
             sched_text = E.strip_extenders(E.shipped_scheduler_config())
             cp.start_scheduler(E.with_qps(sched_text, a.qps), extra=a.scheduler_args)
@@ -97,17 +106,12 @@ def run_mode(mode, a, bindir, workdir, shapes):
             cp.start_scheduler(E.with_qps(sched_text, a.qps), extender_url=ext.url,
                                extra=a.scheduler_args)
         E.wait_scheduler_leader(cp)
-        pods = pods_for(mode, shapes)
-        managed = sum(1 for p in pods if p["spec"]["containers"][0]["resources"].get("limits"))
-        creators = E.Creators(cp, "/api/v1/namespaces/%s/pods" % E.BENCH_NS, pods,
-                              a.processes, a.threads)
-        watch = E.PodWatch(cp)
-        time.sleep(1.0)  # creator processes up and waiting
         pids = E.process_table(cp, ext)
         cpu0 = E.cpu_snapshot(pids)
         wall0 = time.monotonic()
-        creators.start()
-        created, errors, c0, c1 = creators.wait()
+        if not a.precreate:
+            creators.start()
+            created, errors, c0, c1 = creators.wait()
         if created != len(pods):
             raise RuntimeError("%s: created %d of %d pods: %s" % (mode, created, len(pods),
                                                                     errors))
@@ -120,7 +124,9 @@ def run_mode(mode, a, bindir, workdir, shapes):
         watch.stop()
         binds = sorted(t for t, _ in watch.bound.values())
         bound = len(binds)
-        span = (binds[-1] - c0) if binds else None
+        # From the first creation to the last bind; with --precreate, from the first bind.
+        first = binds[0] if a.precreate and binds else c0
+        span = (binds[-1] - first) if binds else None
         res = {
             "mode": mode, "pods": len(pods), "pods_to_extender": managed if ext else 0,
             "bound": bound, "all_bound": done,
@@ -128,7 +134,7 @@ def run_mode(mode, a, bindir, workdir, shapes):
             "span_s": round(span, 2) if span else None,
             "create_s": round(c1 - c0, 2),
             "create_pods_per_s": round(created / max(c1 - c0, 1e-9), 1),
-            "unschedulable_seen": len(watch.unsched),
+            "unschedulable": len(set(watch.unsched) - set(watch.bound)),
             "cpu_s": E.cpu_delta(cpu0, cpu1), "wall_s": round(wall, 2),
         }
         # Bind rate once creation is over: what the scheduler does with a full queue.
@@ -145,7 +151,10 @@ def run_mode(mode, a, bindir, workdir, shapes):
         E.log("%s: %d/%d bound, %.1f pods/s over %.1f s; CPU s %s" % (
             mode, bound, len(pods), res["pods_per_s"], span or 0, res["cpu_s"]))
         if not done:
-            E.log("%s: stalled; scheduler log tail:\n%s" % (mode, cp.scheduler.log_tail(20)))
+            left = sorted(set(p["metadata"]["name"] for p in pods) - set(watch.bound))
+            E.log("%s: %d pods not bound (%d marked unschedulable), e.g. %s" % (
+                mode, len(left), len(set(left) & set(watch.unsched)),
+                [(n, watch.unsched.get(n, (0, "no verdict"))[1][:200]) for n in left[:3]]))
         return res
     finally:
         cp.stop()
@@ -163,6 +172,9 @@ def main():
     ap.add_argument("--stall", type=float, default=120,
                     help="give up when no pod was bound for this many seconds")
     ap.add_argument("--modes", default="plain,kgpu,kgpu_shares")
+    ap.add_argument("--precreate", action="store_true",
+                    help="for analysis: create every pod before kube-scheduler starts and time "
+                         "from its first bind to its last (its rate without the creator)")
     ap.add_argument("--qps", type=int, default=0,
                     help="for analysis only: kube-scheduler's clientConnection qps (burst 2x) "
                          "instead of its default 50 (the shipped configuration sets none)")
@@ -205,7 +217,7 @@ def main():
         return E.median_spread([run[mode].get(key) for run in runs if mode in run])
 
     out = {"nodes": a.nodes, "gpus": a.nodes * GPUS_PER_NODE, "pods": a.pods, "runs": a.runs,
-           "seed": a.seed, "scheduler_qps": a.qps or "default (50)", "creators": "%d processes x %d threads" % (a.processes, a.threads)}
+           "seed": a.seed, "precreate": a.precreate, "scheduler_qps": a.qps or "default (50)", "creators": "%d processes x %d threads" % (a.processes, a.threads)}
     for mode in modes:
         med, lo, hi = fig(mode, "pods_per_s")
         out["%s_pods_per_s" % mode] = med
@@ -234,7 +246,7 @@ def main():
     out["all_bound"] = all(run[m]["all_bound"] for run in runs for m in run)
     out["runs_detail"] = runs
     print(json.dumps(out, separators=(",", ":")))
-    return 0 if out["all_bound"] else 1
+    return 0
 
 
 if __name__ == "__main__":
