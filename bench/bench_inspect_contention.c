@@ -239,8 +239,8 @@ int main(int argc, char **argv)
     fclose(f);
     pid_t pid = fork();
     if (pid == 0) {
-        execl(argv[1], argv[1], "--cluster-file", cluster, "--listen", "127.0.0.1:0",
-              "--port-file", portfile, "--log-level", "error", (char *)NULL);
+        execl(argv[1], argv[1], "--cluster-file", cluster, "--listen", "127.0.0.1:0", "--port-file",
+              portfile, "--log-level", "error", (char *)NULL);
         _exit(127);
     }
     int port = 0;

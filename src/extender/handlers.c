@@ -793,14 +793,19 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
         }
         json_decref(j);
         if (status == 404)
-            snprintf(msg, len, "pod %s/%s (uid %s) is unknown to kgpu: the API server has no such pod",
-                     ns, name, uid);
+            snprintf(msg, len,
+                     "pod %s/%s (uid %s) is unknown to kgpu: the API server has no such pod", ns,
+                     name, uid);
         else if (status > 0)
-            snprintf(msg, len, "pod %s/%s (uid %s) is unknown to kgpu, and the API server answered "
-                     "%ld when asked for it", ns, name, uid, status);
+            snprintf(msg, len,
+                     "pod %s/%s (uid %s) is unknown to kgpu, and the API server answered "
+                     "%ld when asked for it",
+                     ns, name, uid, status);
         else
-            snprintf(msg, len, "pod %s/%s (uid %s) is unknown to kgpu, and the API server could "
-                     "not be asked for it: %s", ns, name, uid, err.msg);
+            snprintf(msg, len,
+                     "pod %s/%s (uid %s) is unknown to kgpu, and the API server could "
+                     "not be asked for it: %s",
+                     ns, name, uid, err.msg);
         free(pod);
         return NULL;
     }

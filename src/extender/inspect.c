@@ -240,10 +240,9 @@ static json_t *render(const snapshot *s, bool one)
                 const snap_pod *p = by_gpu[k];
                 json_array_append_new(
                     pods, json_pack("{s:s,s:s,s:s,s:i,s:I,s:s}", "pod", text(s, p->name),
-                                    "namespace", text(s, p->ns), "container",
-                                    text(s, p->container), "milli", p->milli, "memory_mib",
-                                    (json_int_t)p->memory_mib, "status",
-                                    p->bound ? "bound" : "reserved"));
+                                    "namespace", text(s, p->ns), "container", text(s, p->container),
+                                    "milli", p->milli, "memory_mib", (json_int_t)p->memory_mib,
+                                    "status", p->bound ? "bound" : "reserved"));
             }
             int64_t ma = x->memory_mib - x->free_memory_mib;
             mem += x->memory_mib;

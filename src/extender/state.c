@@ -72,8 +72,7 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->observed);
     st->observed_order = calloc(OBSERVED_MAX, sizeof(char *));
     st->cluster = kgpu_cluster_new();
-    if (st->cluster == NULL || st->observed_order == NULL ||
-        set_prior(st) != 0) {
+    if (st->cluster == NULL || st->observed_order == NULL || set_prior(st) != 0) {
         ext_state_destroy(st);
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }

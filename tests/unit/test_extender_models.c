@@ -73,10 +73,10 @@ static void filtered(ext_state *st, const char *uid, const char *allow, const ch
         json_object_set_new(ann, "kgpu.io/gpu-type", json_string(allow));
     if (exclude != NULL)
         json_object_set_new(ann, "kgpu.io/gpu-type-exclude", json_string(exclude));
-    json_t *j = json_pack("{s:{s:s,s:s,s:s,s:o},s:{s:[{s:s,s:{s:{s:s}}}]}}", "metadata", "name",
-                          uid, "namespace", "default", "uid", uid, "annotations", ann, "spec",
-                          "containers", "name", "main", "resources", "limits", "kgpu.io/gpu-mem",
-                          "4");
+    json_t *j =
+        json_pack("{s:{s:s,s:s,s:s,s:o},s:{s:[{s:s,s:{s:{s:s}}}]}}", "metadata", "name", uid,
+                  "namespace", "default", "uid", uid, "annotations", ann, "spec", "containers",
+                  "name", "main", "resources", "limits", "kgpu.io/gpu-mem", "4");
     kgpu_pod *pod = malloc(sizeof(*pod));
     kgpu_error err;
     assert_non_null(pod);
@@ -138,8 +138,7 @@ static void test_models_gone_are_forgotten(void **state)
 
     /* A new model takes the reclaimed id; the A100-only shape does not allow it. */
     kgpu_error err;
-    assert_int_equal(ext_state_upsert_node(&st, node(&h100, "h100", "H100", 2, false, 0), &err),
-                     0);
+    assert_int_equal(ext_state_upsert_node(&st, node(&h100, "h100", "H100", 2, false, 0), &err), 0);
     assert_int_equal(kgpu_cluster_model_id(st.cluster, "H100", false), a100_id);
     assert_non_null(shape_with(&st, false, 0));
     /* The same pod filtered again compiles to the shape merged before. */
@@ -169,8 +168,7 @@ static void test_full_table_is_repaired(void **state)
     const kgpu_node_spec *fixed[] = {junk[2]};
     set_nodes(&st, fixed, 1);
     assert_int_equal(kgpu_cluster_node_count(st.cluster), 1);
-    assert_int_equal(ext_state_upsert_node(&st, node(&h100, "h100", "H100", 2, false, 0), &err),
-                     0);
+    assert_int_equal(ext_state_upsert_node(&st, node(&h100, "h100", "H100", 2, false, 0), &err), 0);
     assert_int_equal(kgpu_cluster_node_count(st.cluster), 2);
     /* A relist where one node would overflow the table leaves that node out, not the rest. */
     const kgpu_node_spec *mixed[] = {node(&j0, "junk-0", "junk", 32, true, 0),
