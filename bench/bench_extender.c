@@ -22,17 +22,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "extender_bench.h"
+
 #define NODES       5000
 #define GPUS        8
 #define CANDIDATES  500
 #define MAX_SAMPLES 4000000
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static size_t sink(char *p, size_t s, size_t n, void *u)
 {
@@ -47,14 +42,6 @@ typedef struct worker {
     long errors;
 } worker;
 
-static unsigned long long splitmix(unsigned long long *x)
-{
-    unsigned long long z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* ExtenderArgs for one pod and 500 random candidate nodes. */
 static int make_args(char *buf, size_t len, unsigned long long *seed, int pod)
 {
@@ -65,10 +52,10 @@ static int make_args(char *buf, size_t len, unsigned long long *seed, int pod)
                        "{\"Pod\":{\"metadata\":{\"name\":\"bench-%d\",\"namespace\":\"bench\","
                        "\"uid\":\"bench-uid-%d\"},\"spec\":{\"containers\":[{\"name\":\"main\","
                        "\"resources\":{\"limits\":{%s}}}]}},\"Nodes\":null,\"NodeNames\":[",
-                       pod, pod, shapes[splitmix(seed) % 4]);
+                       pod, pod, shapes[bench_splitmix(seed) % 4]);
     for (int i = 0; i < CANDIDATES; i++)
         off += snprintf(buf + off, len - (size_t)off, "%s\"node-%04d\"", i ? "," : "",
-                        (int)(splitmix(seed) % NODES));
+                        (int)(bench_splitmix(seed) % NODES));
     off += snprintf(buf + off, len - (size_t)off, "]}");
     return off;
 }
@@ -77,9 +64,9 @@ static double call(CURL *h, const char *url, const char *body, long *status)
 {
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    double t0 = now();
+    double t0 = bench_now();
     CURLcode rc = curl_easy_perform(h);
-    double dt = now() - t0;
+    double dt = bench_now() - t0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
     if (rc != CURLE_OK)
         *status = -1;
@@ -106,7 +93,7 @@ static void *run(void *arg)
         make_args(bodies[i], CANDIDATES * 16 + 1024, &seed, w->id * 1000000 + i);
     }
     int pod = 0;
-    while (now() < w->until && w->n + 2 <= MAX_SAMPLES / 4) {
+    while (bench_now() < w->until && w->n + 2 <= MAX_SAMPLES / 4) {
         const char *body = bodies[pod++ % BODIES];
         long st;
         w->lat[w->n++] = call(h, filter, body, &st);
@@ -121,26 +108,6 @@ static void *run(void *arg)
     return NULL;
 }
 
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static long rss_kb(pid_t pid, const char *field)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    while (f && fgets(line, sizeof(line), f))
-        if (strncmp(line, field, strlen(field)) == 0)
-            kb = strtol(line + strlen(field) + 1, NULL, 10);
-    if (f)
-        fclose(f);
-    return kb;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -153,47 +120,13 @@ int main(int argc, char **argv)
     const char *policy = argc > 4 ? argv[4] : NULL;
     if (seconds <= 0 || threads < 1 || threads > 64)
         return 2;
-    char dir[] = "/tmp/kgpu-bench-XXXXXX";
-    if (mkdtemp(dir) == NULL)
+    char dir[64];
+    const char *extra[] = {"--policy", policy, NULL};
+    int port;
+    pid_t pid = bench_start_extender(argv[1], NODES, GPUS, policy ? extra : NULL, "warn", dir,
+                                     sizeof(dir), &port);
+    if (pid < 0)
         return 1;
-    char cluster[128], portfile[128];
-    snprintf(cluster, sizeof(cluster), "%s/cluster.yaml", dir);
-    snprintf(portfile, sizeof(portfile), "%s/port", dir);
-    FILE *f = fopen(cluster, "w");
-    fprintf(f, "nodes:\n");
-    for (int i = 0; i < NODES; i++) {
-        fprintf(f, "- name: node-%04d\n  gpus:\n", i);
-        for (int g = 0; g < GPUS; g++)
-            fprintf(f, "  - {index: %d, uuid: GPU-%04d-%d, model: %s, memory_mib: %d, numa: %d}\n",
-                    g, i, g, i % 3 ? "A100-SXM4-80GB" : "V100-SXM2-32GB", i % 3 ? 81920 : 32768,
-                    g / 4);
-    }
-    fclose(f);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (policy != NULL)
-            execl(argv[1], argv[1], "--cluster-file", cluster, "--listen", "127.0.0.1:0",
-                  "--port-file", portfile, "--log-level", "warn", "--policy", policy, (char *)NULL);
-        else
-            execl(argv[1], argv[1], "--cluster-file", cluster, "--listen", "127.0.0.1:0",
-                  "--port-file", portfile, "--log-level", "warn", (char *)NULL);
-        _exit(127);
-    }
-    int port = 0;
-    for (int i = 0; i < 200 && port == 0; i++) {
-        usleep(50000);
-        FILE *p = fopen(portfile, "r");
-        if (p) {
-            if (fscanf(p, "%d", &port) != 1)
-                port = 0;
-            fclose(p);
-        }
-    }
-    if (port == 0) {
-        fprintf(stderr, "bench_extender: the extender did not start\n");
-        kill(pid, SIGTERM);
-        return 1;
-    }
     curl_global_init(CURL_GLOBAL_ALL);
     /* Share a quarter of the GPUs first, through the extender's own filter + bind. */
     CURL *h = curl_easy_init();
@@ -202,7 +135,7 @@ int main(int argc, char **argv)
     unsigned long long seed = 1;
     char url[128];
     int bound = 0;
-    double t0 = now();
+    double t0 = bench_now();
     for (int pod = 0; pod < 10000; pod++) {
         make_args(body, sizeof(body), &seed, pod);
         long st;
@@ -212,7 +145,7 @@ int main(int argc, char **argv)
         snprintf(bind, sizeof(bind),
                  "{\"PodName\":\"bench-%d\",\"PodNamespace\":\"bench\",\"PodUID\":\"bench-uid-%d\","
                  "\"Node\":\"node-%04d\"}",
-                 pod, pod, (int)(splitmix(&seed) % NODES));
+                 pod, pod, (int)(bench_splitmix(&seed) % NODES));
         snprintf(url, sizeof(url), "http://127.0.0.1:%d/bind", port);
         call(h, url, bind, &st);
         bound++;
@@ -220,8 +153,8 @@ int main(int argc, char **argv)
     curl_easy_cleanup(h);
     printf("policy: %s\n", policy ? policy : "the extender's default");
     printf("state: %d nodes, %d GPUs, %d pods bound in %.1f s\n", NODES, NODES * GPUS, bound,
-           now() - t0);
-    printf("extender RSS with that state: %.1f MB\n", rss_kb(pid, "VmRSS:") / 1024.0);
+           bench_now() - t0);
+    printf("extender RSS with that state: %.1f MB\n", bench_rss_kb(pid, "VmRSS:") / 1024.0);
 
     /* Baseline in the same run: the HTTP round trip alone (GET /version, one client). */
     {
@@ -233,12 +166,12 @@ int main(int argc, char **argv)
         enum { N = 3000 };
         static double lat[N];
         for (int i = 0; i < N; i++) {
-            double t = now();
+            double t = bench_now();
             curl_easy_perform(b);
-            lat[i] = now() - t;
+            lat[i] = bench_now() - t;
         }
         curl_easy_cleanup(b);
-        qsort(lat, N, sizeof(double), cmp);
+        qsort(lat, N, sizeof(double), bench_cmp_double);
         printf(
             "baseline, HTTP alone (GET /version, 1 client, %d calls): p50 %.3f ms, p99 %.3f ms\n",
             N, lat[N / 2] * 1e3, lat[N * 99 / 100] * 1e3);
@@ -249,7 +182,7 @@ int main(int argc, char **argv)
     for (int round = 0; round < ROUNDS; round++) {
         worker *ws = calloc((size_t)threads, sizeof(*ws));
         pthread_t *tids = calloc((size_t)threads, sizeof(*tids));
-        double until = now() + seconds;
+        double until = bench_now() + seconds;
         for (int i = 0; i < threads; i++) {
             ws[i] = (worker){.port = port, .id = i + 1 + round * 64, .until = until};
             ws[i].lat = malloc(sizeof(double) * (MAX_SAMPLES / 4));
@@ -268,7 +201,7 @@ int main(int argc, char **argv)
             k += ws[i].n;
             free(ws[i].lat);
         }
-        qsort(all, (size_t)total, sizeof(double), cmp);
+        qsort(all, (size_t)total, sizeof(double), bench_cmp_double);
         rate[round] = total / seconds;
         p50[round] = total ? all[total / 2] * 1e3 : 0;
         p99[round] = total ? all[total * 99 / 100] * 1e3 : 0;
@@ -281,20 +214,18 @@ int main(int argc, char **argv)
         free(ws);
         free(tids);
     }
-    qsort(rate, ROUNDS, sizeof(double), cmp);
-    qsort(p50, ROUNDS, sizeof(double), cmp);
-    qsort(p99, ROUNDS, sizeof(double), cmp);
+    qsort(rate, ROUNDS, sizeof(double), bench_cmp_double);
+    qsort(p50, ROUNDS, sizeof(double), bench_cmp_double);
+    qsort(p99, ROUNDS, sizeof(double), bench_cmp_double);
     printf("median of %d rounds: %.0f calls/s (min %.0f, max %.0f), p50 %.3f ms, p99 %.3f ms "
            "(min %.3f, max %.3f)\n",
            ROUNDS, rate[1], rate[0], rate[2], p50[1], p99[1], p99[0], p99[2]);
     printf("extender RSS after load: %.1f MB (peak %.1f MB, reached while loading the cluster "
            "file)\n",
-           rss_kb(pid, "VmRSS:") / 1024.0, rss_kb(pid, "VmHWM:") / 1024.0);
+           bench_rss_kb(pid, "VmRSS:") / 1024.0, bench_rss_kb(pid, "VmHWM:") / 1024.0);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
-    unlink(cluster);
-    unlink(portfile);
-    rmdir(dir);
+    bench_remove_scratch(dir);
     curl_global_cleanup();
     return 0;
 }

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "extender_bench.h"
+
 #define NODES       5000
 #define GPUS        8
 #define PODS        10000
@@ -32,26 +34,11 @@
 #define MAX_SAMPLES 1000000
 #define BODY_MAX    (CANDIDATES * 16 + 1024)
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static size_t count_bytes(char *p, size_t s, size_t n, void *u)
 {
     (void)p;
     *(size_t *)u += s * n;
     return s * n;
-}
-
-static unsigned long long splitmix(unsigned long long *x)
-{
-    unsigned long long z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
 }
 
 static const char *const shapes[] = {"\"kgpu.io/gpu-mem\":\"8\"",
@@ -65,10 +52,10 @@ static int make_args(char *buf, size_t len, unsigned long long *seed, int pod, i
                        "{\"Pod\":{\"metadata\":{\"name\":\"bench-%d\",\"namespace\":\"bench\","
                        "\"uid\":\"bench-uid-%d\"},\"spec\":{\"containers\":[{\"name\":\"main\","
                        "\"resources\":{\"limits\":{%s}}}]}},\"Nodes\":null,\"NodeNames\":[",
-                       pod, pod, shapes[splitmix(seed) % 4]);
+                       pod, pod, shapes[bench_splitmix(seed) % 4]);
     for (int i = 0; i < n; i++)
         off += snprintf(buf + off, len - (size_t)off, "%s\"node-%04d\"", i ? "," : "",
-                        i == 0 ? first : (int)(splitmix(seed) % NODES));
+                        i == 0 ? first : (int)(bench_splitmix(seed) % NODES));
     off += snprintf(buf + off, len - (size_t)off, "]}");
     return off;
 }
@@ -91,9 +78,9 @@ static double call(CURL *h, const char *url, const char *body, long *status, siz
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     else
         curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
-    double t0 = now();
+    double t0 = bench_now();
     CURLcode rc = curl_easy_perform(h);
-    double dt = now() - t0;
+    double dt = bench_now() - t0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
     if (rc != CURLE_OK)
         *status = -1;
@@ -135,12 +122,6 @@ static void *observe(void *arg)
     return NULL;
 }
 
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Filters back to back for `seconds` with observers on `path` (NULL: none); prints a line. */
 static void phase(int port, double seconds, const char *path, int nobs, char **bodies, int nbodies)
 {
@@ -160,8 +141,8 @@ static void phase(int port, double seconds, const char *path, int nobs, char **b
     char url[128];
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/filter", port);
     long n = 0, errors = 0;
-    double until = now() + seconds;
-    while (now() < until && n < MAX_SAMPLES) {
+    double until = bench_now() + seconds;
+    while (bench_now() < until && n < MAX_SAMPLES) {
         long st;
         lat[n] = call(h, url, bodies[n % nbodies], &st, NULL);
         errors += st != 200;
@@ -172,7 +153,7 @@ static void phase(int port, double seconds, const char *path, int nobs, char **b
         pthread_join(tids[i], NULL);
     curl_slist_free_all(hdr);
     curl_easy_cleanup(h);
-    qsort(lat, (size_t)n, sizeof(double), cmp);
+    qsort(lat, (size_t)n, sizeof(double), bench_cmp_double);
     /* One client waits once per stall: the calls over 100 ms and the time spent in them. */
     long slow = 0;
     double stalled = 0;
@@ -219,45 +200,11 @@ int main(int argc, char **argv)
     int nobs = argc > 3 ? atoi(argv[3]) : 1;
     if (seconds <= 0 || nobs < 1 || nobs > 16)
         return 2;
-    char dir[] = "/tmp/kgpu-bench-XXXXXX";
-    if (mkdtemp(dir) == NULL)
+    char dir[64];
+    int port;
+    pid_t pid = bench_start_extender(argv[1], NODES, GPUS, NULL, "error", dir, sizeof(dir), &port);
+    if (pid < 0)
         return 1;
-    char cluster[128], portfile[128];
-    snprintf(cluster, sizeof(cluster), "%s/cluster.yaml", dir);
-    snprintf(portfile, sizeof(portfile), "%s/port", dir);
-    FILE *f = fopen(cluster, "w");
-    if (f == NULL)
-        return 1;
-    fprintf(f, "nodes:\n");
-    for (int i = 0; i < NODES; i++) {
-        fprintf(f, "- name: node-%04d\n  gpus:\n", i);
-        for (int g = 0; g < GPUS; g++)
-            fprintf(f, "  - {index: %d, uuid: GPU-%04d-%d, model: %s, memory_mib: %d, numa: %d}\n",
-                    g, i, g, i % 3 ? "A100-SXM4-80GB" : "V100-SXM2-32GB", i % 3 ? 81920 : 32768,
-                    g / 4);
-    }
-    fclose(f);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl(argv[1], argv[1], "--cluster-file", cluster, "--listen", "127.0.0.1:0", "--port-file",
-              portfile, "--log-level", "error", (char *)NULL);
-        _exit(127);
-    }
-    int port = 0;
-    for (int i = 0; i < 600 && port == 0; i++) {
-        usleep(50000);
-        FILE *p = fopen(portfile, "r");
-        if (p) {
-            if (fscanf(p, "%d", &port) != 1)
-                port = 0;
-            fclose(p);
-        }
-    }
-    if (port == 0) {
-        fprintf(stderr, "bench_inspect_contention: the extender did not start\n");
-        kill(pid, SIGTERM);
-        return 1;
-    }
     curl_global_init(CURL_GLOBAL_ALL);
     /* The state: PODS pods, each filtered on one node and bound there. */
     CURL *h = client();
@@ -269,9 +216,9 @@ int main(int argc, char **argv)
     snprintf(furl, sizeof(furl), "http://127.0.0.1:%d/filter", port);
     snprintf(burl, sizeof(burl), "http://127.0.0.1:%d/bind", port);
     int bound = 0;
-    double t0 = now();
+    double t0 = bench_now();
     for (int pod = 0; pod < PODS; pod++) {
-        int node = (int)(splitmix(&seed) % NODES);
+        int node = (int)(bench_splitmix(&seed) % NODES);
         make_args(body, sizeof(body), &seed, pod, node, 1);
         long st;
         call(h, furl, body, &st, NULL);
@@ -287,13 +234,13 @@ int main(int argc, char **argv)
     curl_slist_free_all(hdr);
     curl_easy_cleanup(h);
     printf("state: %d nodes, %d GPUs, %d of %d pods bound in %.1f s\n", NODES, NODES * GPUS, bound,
-           PODS, now() - t0);
+           PODS, bench_now() - t0);
     /* Filter bodies made up front, for pods never bound (new uids). */
     enum { BODIES = 64 };
     char *bodies[BODIES];
     for (int i = 0; i < BODIES; i++) {
         bodies[i] = malloc(BODY_MAX);
-        make_args(bodies[i], BODY_MAX, &seed, 1000000 + i, (int)(splitmix(&seed) % NODES),
+        make_args(bodies[i], BODY_MAX, &seed, 1000000 + i, (int)(bench_splitmix(&seed) % NODES),
                   CANDIDATES);
     }
     phase(port, seconds, NULL, 0, bodies, BODIES);
@@ -304,9 +251,7 @@ int main(int argc, char **argv)
         free(bodies[i]);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
-    unlink(cluster);
-    unlink(portfile);
-    rmdir(dir);
+    bench_remove_scratch(dir);
     curl_global_cleanup();
     return 0;
 }
