@@ -2627,19 +2627,24 @@ class TestLeaderElection(ExtenderTest):
         self.assertEqual(out.returncode, 2)
         self.assertIn("--leader-elect needs an API server", out.stderr)
 
-def main():
+def main_with_binaries(name, description):
+    """The main() of every suite that runs the extender: --extender and --kgpu (or
+    KGPU_EXTENDER_BIN, KGPU_BIN) name the binaries under test; 77 (skipped) without them."""
     global EXTENDER_BIN, KGPU_BIN
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description.splitlines()[0])
     ap.add_argument("--extender", default=os.environ.get("KGPU_EXTENDER_BIN"))
     ap.add_argument("--kgpu", default=os.environ.get("KGPU_BIN"))
     args, rest = ap.parse_known_args()
     for what, path in (("kgpu-extender", args.extender), ("kgpu", args.kgpu)):
         if not path or not os.access(path, os.X_OK):
-            sys.stderr.write("test_extender: %s binary not found (%r): skipped\n" % (what, path))
+            sys.stderr.write("%s: %s binary not found (%r): skipped\n" % (name, what, path))
             return 77
     EXTENDER_BIN, KGPU_BIN = os.path.abspath(args.extender), os.path.abspath(args.kgpu)
-
     return run_tests(sys.argv[0], rest)
+
+
+def main():
+    return main_with_binaries("test_extender", __doc__)
 
 
 if __name__ == "__main__":

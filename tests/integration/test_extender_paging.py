@@ -23,14 +23,13 @@ The extender's peak resident memory (VmHWM) is printed for each start.
 Exit status: unittest's; 77 when the binaries are missing.
 """
 
-import argparse
 import json
 import os
 import sys
 import time
 
 import test_extender as te
-from harness import run_tests, wait_for
+from harness import wait_for
 from test_extender import (ExtenderTest, assignment_annotation, container, gpu_list,
                            node_object, pod_object, share)
 
@@ -321,17 +320,7 @@ class TestListPaging(ExtenderTest):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--extender", default=os.environ.get("KGPU_EXTENDER_BIN"))
-    ap.add_argument("--kgpu", default=os.environ.get("KGPU_BIN"))
-    args, rest = ap.parse_known_args()
-    for what, path in (("kgpu-extender", args.extender), ("kgpu", args.kgpu)):
-        if not path or not os.access(path, os.X_OK):
-            sys.stderr.write("test_extender_paging: %s binary not found (%r): skipped\n"
-                             % (what, path))
-            return 77
-    te.EXTENDER_BIN, te.KGPU_BIN = os.path.abspath(args.extender), os.path.abspath(args.kgpu)
-    return run_tests(sys.argv[0], rest)
+    return te.main_with_binaries("test_extender_paging", __doc__)
 
 
 if __name__ == "__main__":
