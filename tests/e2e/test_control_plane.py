@@ -19,6 +19,7 @@ import unittest
 import urllib.parse
 
 import cluster
+import harness
 import kgpu_deploy
 from cluster import CORE, COUNT, E2E_NS, MEM, WHOLE, node_object, pod_object, wait_for
 
@@ -133,17 +134,7 @@ class ControlPlaneSuite(unittest.TestCase):
 
     def truth(self):
         """{(node, gpu index): (memory MiB, milli)} from every bound pod's annotation."""
-        held = {}
-        for pod in self.cp.admin.list_all("/api/v1/pods"):
-            meta, node = pod["metadata"], pod["spec"].get("nodeName")
-            ann = annotations(pod)
-            if not node or "kgpu.io/assignment" not in ann or meta.get("deletionTimestamp"):
-                continue
-            for part in json.loads(ann["kgpu.io/assignment"]):
-                for g in part["gpus"]:
-                    mem, milli = held.get((node, g["index"]), (0, 0))
-                    held[(node, g["index"])] = (mem + g["memory_mib"], milli + g["milli"])
-        return {k: v for k, v in held.items() if v != (0, 0)}
+        return harness.held_by_assignments(self.cp.admin.list_all("/api/v1/pods"))
 
     def overbooked(self, held):
         bad = []

@@ -5,6 +5,7 @@ stopped, so that run_tests() can take all of them down whatever happens —
 a failing test, Ctrl-C, or CTest's timeout signal.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -91,6 +92,29 @@ class Child:
             if at >= 0:
                 return text[max(0, at - 300):at + 4000]
         return None
+
+
+def held_by_assignments(pods):
+    """{(node, gpu index): (memory MiB, milli)} summed over bound, live pods' kgpu.io/assignment
+    annotations: the truth an extender's /inspect must agree with. Zeros left out."""
+    held = {}
+    for pod in pods:
+        meta, spec = pod["metadata"], pod.get("spec", {})
+        node = spec.get("nodeName")
+        ann = meta.get("annotations") or {}
+        if not node or "kgpu.io/assignment" not in ann:
+            continue
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        if meta.get("deletionTimestamp"):
+            continue
+        if ann.get("kgpu.io/node", node) != node:
+            continue
+        for part in json.loads(ann["kgpu.io/assignment"]):
+            for g in part["gpus"]:
+                mem, milli = held.get((node, g["index"]), (0, 0))
+                held[(node, g["index"])] = (mem + g["memory_mib"], milli + g["milli"])
+    return {k: v for k, v in held.items() if v != (0, 0)}
 
 
 def kill_all_children():

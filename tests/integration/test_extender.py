@@ -42,7 +42,7 @@ import time
 import unittest
 import urllib.parse
 
-from harness import SANITIZER_MARKS, Child, run_tests, wait_for
+from harness import SANITIZER_MARKS, Child, held_by_assignments, run_tests, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.dirname(os.path.dirname(HERE))
@@ -291,24 +291,7 @@ class StandIn:
 
     def truth(self):
         """{(node, gpu index): (memory MiB, milli)} summed over bound, live pods' assignments."""
-        held = {}
-        for pod in self.pods():
-            meta, spec = pod["metadata"], pod.get("spec", {})
-            node = spec.get("nodeName")
-            ann = meta.get("annotations") or {}
-            if not node or "kgpu.io/assignment" not in ann:
-                continue
-            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            if meta.get("deletionTimestamp"):
-                continue
-            if ann.get("kgpu.io/node", node) != node:
-                continue
-            for part in json.loads(ann["kgpu.io/assignment"]):
-                for g in part["gpus"]:
-                    mem, milli = held.get((node, g["index"]), (0, 0))
-                    held[(node, g["index"])] = (mem + g["memory_mib"], milli + g["milli"])
-        return {k: v for k, v in held.items() if v != (0, 0)}
+        return held_by_assignments(self.pods())
 
     def overbooked(self, held):
         """GPUs of `held` past their capacity, by the node inventories this test created."""
