@@ -91,7 +91,7 @@ enum ext_bind_fail {
 enum ext_http_refused {
     EXT_HTTP_REFUSED_TOO_LARGE,       /* 413: over maxBodyBytes */
     EXT_HTTP_REFUSED_BUSY,            /* 503: over maxBufferedBytes */
-    EXT_HTTP_REFUSED_BAD_FRAMING,     /* 400: conflicting or malformed Content-Length */
+    EXT_HTTP_REFUSED_BAD_FRAMING,     /* 400: bad Content-Length, or one with Transfer-Encoding */
     EXT_HTTP_REFUSED_UNAUTHENTICATED, /* 403: no client certificate */
     EXT_HTTP_REFUSED_COUNT
 };

@@ -413,6 +413,7 @@ static bool client_allowed(ext_daemon *d, struct MHD_Connection *conn)
 typedef struct length_headers {
     int n;
     bool disagree, malformed;
+    bool transfer_encoding; /* any Transfer-Encoding header */
     unsigned long long value;
 } length_headers;
 
@@ -420,6 +421,8 @@ static enum MHD_Result count_length(void *cls, enum MHD_ValueKind kind, const ch
                                     const char *value)
 {
     length_headers *lh = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+        lh->transfer_encoding = true;
     if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) != 0)
         return MHD_YES;
     char *end;
@@ -445,12 +448,19 @@ static enum MHD_Result request_start(ext_http *h, request *rq, const char *metho
                   strcmp(url, "/version") == 0);
     if (!probe && !client_allowed(d, rq->conn))
         return refuse(h, rq, 403, "client certificate required");
-    length_headers lh = {0, false, false, 0};
+    length_headers lh = {0, false, false, false, 0};
     MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, count_length, &lh);
     /* RFC 9110 8.6: differing lengths leave the message's end unknown. */
     if (lh.disagree || lh.malformed)
         return refuse(h, rq, 400, "%s Content-Length headers",
                       lh.disagree ? "conflicting" : "malformed");
+    /*
+     * RFC 9112 6.1: both headers may be a request smuggled past a proxy that
+     * reads the other one. libmicrohttpd follows Transfer-Encoding and keeps
+     * the connection open for what follows; refused, the connection closes.
+     */
+    if (lh.n > 0 && lh.transfer_encoding)
+        return refuse(h, rq, 400, "both Transfer-Encoding and Content-Length headers");
     if (lh.n > 0 && lh.value > (unsigned long long)d->cfg.max_body_bytes)
         return refuse(h, rq, 413, "request body larger than %ld bytes", d->cfg.max_body_bytes);
     if (lh.n > 0 && lh.value > 0) {

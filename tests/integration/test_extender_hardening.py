@@ -9,7 +9,8 @@ serving and that its state stays exact:
   within 1 s, and a filter on the scheduling port is still answered;
 - bytes trickled one at a time cannot extend a connection past
   --request-timeout;
-- HTTP framing: conflicting Content-Length is 400, an oversized one is 413
+- HTTP framing: conflicting Content-Length is 400, so is Transfer-Encoding
+  together with Content-Length; an oversized one is 413
   before any body is sent, a chunked body that never ends is cut off;
 - /inspect/%ff is a 400, not a 500;
 - memory: stalled uploads are refused past --max-buffered-bytes (asserted on
@@ -243,6 +244,19 @@ class TestFraming(HardeningTest):
         self.assertEqual(status_of(reply), 400, reply)
         self.assertGreaterEqual(self.metric("kgpu_extender_http_refused_total",
                                             {"reason": "bad_framing"}), 1)
+
+    def test_chunked_with_content_length_is_refused(self):
+        # RFC 9112 6.1: a proxy reading the other header would see a second,
+        # smuggled request; refused, and nothing after it on the connection is served.
+        body = b'{"PodName":"p","PodNamespace":"d","PodUID":"u","Node":"n"}'
+        reply, took = raw_exchange(self.ext.port, b"POST /bind HTTP/1.1\r\nHost: x\r\n"
+                                   b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"
+                                   b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) +
+                                   b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(status_of(reply), 400, reply)
+        self.assertIn(b"Transfer-Encoding", reply)
+        self.assertEqual(reply.count(b"HTTP/1.1 "), 1, reply)
+        self.assertLess(took, 2.0)
 
     def test_oversized_content_length_is_refused_before_the_body(self):
         for extra in (b"", b"Expect: 100-continue\r\n"):
