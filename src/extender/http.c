@@ -661,6 +661,8 @@ static int raise_nofile(const ext_config *cfg, kgpu_error *err)
     return 0;
 }
 
+/* libmicrohttpd's format strings; the attribute tells clang's -Wformat-nonliteral so. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     char msg[512];
