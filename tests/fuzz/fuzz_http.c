@@ -15,7 +15,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -103,24 +102,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* A non-blocking socket connected to the server, or -1 (then the caller aborts). */
-static int connect_server(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        close(fd);
-        return -1;
-    }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    return fd;
-}
-
 /* Waits for fd to be ready for `events` until `deadline`; false when it passed. */
 static bool wait_for(int fd, short events, double deadline)
 {
@@ -135,6 +116,34 @@ static bool wait_for(int fd, short events, double deadline)
         if (rc < 0 && errno != EINTR)
             return false;
     }
+}
+
+/*
+ * A non-blocking socket connected to the server, or -1 (then the caller
+ * aborts). Connected without blocking: libFuzzer's timer signal interrupts
+ * a blocking connect().
+ */
+static int connect_server(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        int error = errno;
+        socklen_t len = sizeof(error);
+        if ((error != EINPROGRESS && error != EINTR) ||
+            !wait_for(fd, POLLOUT, now_s() + ANSWER_WAIT_S) ||
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0 || error != 0) {
+            close(fd);
+            errno = error;
+            return -1;
+        }
+    }
+    return fd;
 }
 
 /*
