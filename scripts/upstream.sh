@@ -103,38 +103,31 @@ for t in kube-apiserver kube-scheduler kubectl kubelet; do
     mv "$BIN/$t.tmp" "$BIN/$t"
 done
 
-# --- etcd: the server module's main package.
-etcd_dir="$CACHE/src/etcd-$ETCD_VERSION"
-if [ ! -x "$BIN/etcd" ]; then
-    mkdir -p "$etcd_dir"
+# --- One tool from a module of its own: a small go.mod in DIR that requires
+# PACKAGE at VERSION, then the build of PACKAGE with LDFLAGS into $BIN/NAME.
+build_module() { # NAME DIR PACKAGE VERSION LDFLAGS
+    local name=$1 dir=$2 pkg=$3 version=$4 ldflags=$5
+    [ -x "$BIN/$name" ] && return 0
+    mkdir -p "$dir"
     (
-        cd "$etcd_dir"
-        [ -f go.mod ] || go mod init kgpu.invalid/upstream-etcd >/dev/null 2>&1
+        cd "$dir"
+        [ -f go.mod ] || go mod init "kgpu.invalid/upstream-$name" >/dev/null 2>&1
         printf 'package upstream\n' > doc.go
-        go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
-        say "building etcd $ETCD_VERSION"
-        go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3
+        go get "$pkg@$version" >&2
+        say "building $name $version"
+        go build -trimpath -ldflags "$ldflags" -o "$BIN/$name.tmp" "$pkg"
     )
-    mv "$BIN/etcd.tmp" "$BIN/etcd"
-fi
+    mv "$BIN/$name.tmp" "$BIN/$name"
+}
 
-# --- helm: renders deploy/helm/kgpu for the suites.
-helm_dir="$CACHE/src/helm-$HELM_VERSION"
+# etcd: the server module's main package.
+build_module etcd "$CACHE/src/etcd-$ETCD_VERSION" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "-s -w"
+
+# helm: renders deploy/helm/kgpu for the suites.
 helm_major=${HELM_VERSION#v}; helm_major=${helm_major%%.*}
 helm_mod="helm.sh/helm/v$helm_major"
-if [ ! -x "$BIN/helm" ]; then
-    mkdir -p "$helm_dir"
-    (
-        cd "$helm_dir"
-        [ -f go.mod ] || go mod init kgpu.invalid/upstream-helm >/dev/null 2>&1
-        printf 'package upstream\n' > doc.go
-        go get "$helm_mod/cmd/helm@$HELM_VERSION" >&2
-        say "building helm $HELM_VERSION"
-        go build -trimpath -ldflags "-s -w -X $helm_mod/internal/version.version=$HELM_VERSION" \
-            -o "$BIN/helm.tmp" "$helm_mod/cmd/helm"
-    )
-    mv "$BIN/helm.tmp" "$BIN/helm"
-fi
+build_module helm "$CACHE/src/helm-$HELM_VERSION" "$helm_mod/cmd/helm" "$HELM_VERSION" \
+    "-s -w -X $helm_mod/internal/version.version=$HELM_VERSION"
 
 all_built || { say "not every tool was built"; exit 1; }
 echo "$BIN"
