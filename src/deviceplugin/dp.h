@@ -246,6 +246,7 @@ typedef struct dp_config {
     bool whole_gpus;
     bool gpushare_alias;
     bool no_api; /* never talk to an API server (tests) */
+    char watch_config[1024]; /* the watcher's config file (watcher.h); "" = no watcher */
 } dp_config;
 
 /* Runs the daemon until *stop; 0 on a clean stop. */

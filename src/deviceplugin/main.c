@@ -43,6 +43,9 @@ static const char usage[] =
     "  --whole-gpus         also register nvidia.com/gpu (leave off while NVIDIA's plugin owns "
     "it)\n"
     "  --gpushare-alias     also register aliyun.com/gpu-mem for gpushare manifests\n"
+    "  --watch-config FILE  run the watcher: compare each container's real GPU use (NVML)\n"
+    "                       with its share, serve /metrics, post Events, optionally kill\n"
+    "                       (docs/install-device-plugin.md, \"The watcher\")\n"
     "  --log-level LEVEL    debug, info, warn or error (default info)\n"
     "  --version, --help\n";
 
@@ -63,6 +66,7 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
         O_ALIAS,
         O_LOG,
         O_NOAPI,
+        O_WATCH,
         O_VERSION,
         O_HELP
     };
@@ -80,6 +84,7 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
         {"gpushare-alias", no_argument, NULL, O_ALIAS},
         {"log-level", required_argument, NULL, O_LOG},
         {"no-api-server", no_argument, NULL, O_NOAPI},
+        {"watch-config", required_argument, NULL, O_WATCH},
         {"version", no_argument, NULL, O_VERSION},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
@@ -123,6 +128,9 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
             break;
         case O_SHIM:
             dst = cfg->shim_lib, cap = sizeof(cfg->shim_lib);
+            break;
+        case O_WATCH:
+            dst = cfg->watch_config, cap = sizeof(cfg->watch_config);
             break;
         case O_UNIT: {
             int64_t bytes;

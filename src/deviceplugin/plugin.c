@@ -22,6 +22,7 @@
 #include "dp.h"
 #include "k8s.h"
 #include "podspec.h"
+#include "watcher.h"
 
 #define LOOP_MS       200
 #define REGISTER_MS   3000
@@ -78,6 +79,9 @@ typedef struct plugin {
     bool api_stop;    /* under inv_mu */
     char shim[1100];
     dp_paths paths;
+    /* The watcher and its /metrics (watcher.h): their own threads; NULL without --watch-config. */
+    dp_watcher *watcher;
+    dp_metrics_server *metrics;
 } plugin;
 
 static double now_s(void)
@@ -873,6 +877,33 @@ static int write_preload(plugin *p, kgpu_error *err)
     return 0;
 }
 
+/* Starts the watcher and its /metrics when --watch-config names a file. */
+static int start_watcher(plugin *p, kgpu_error *err)
+{
+    if (p->cfg->watch_config[0] == '\0')
+        return 0;
+    dp_watch_config wc;
+    int rc = dp_watch_config_load(p->cfg->watch_config, &wc, err);
+    if (rc != 0)
+        return rc;
+    dp_watch_sources src = {.k8s = p->k8s,
+                            .node_name = p->cfg->node_name,
+                            .state_dir = p->cfg->state_dir,
+                            .nvml_lib = p->cfg->nvml_lib};
+    p->watcher = dp_watcher_new(&wc, &src, err);
+    if (p->watcher == NULL)
+        return err->code ? err->code : KGPU_ENOMEM;
+    if (wc.listen[0] != '\0' &&
+        (p->metrics = dp_metrics_server_start(wc.listen, p->watcher, err)) == NULL)
+        return err->code ? err->code : KGPU_EIO;
+    if ((rc = dp_watcher_start(p->watcher, err)) != 0)
+        return rc;
+    dp_log(DP_INFO, "watcher: every %.1f s, enforce %s, /metrics %s%s", wc.interval_s,
+           wc.enforce == DP_ENFORCE_KILL ? "kill" : "none", wc.listen[0] ? "on " : "off",
+           wc.listen);
+    return 0;
+}
+
 int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
 {
     plugin *p = calloc(1, sizeof(*p));
@@ -941,6 +972,8 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     if (rc == 0)
         rc = start_api_thread(p, err);
     if (rc == 0)
+        rc = start_watcher(p, err);
+    if (rc == 0)
         dp_log(DP_INFO,
                "kgpu-device-plugin %s on node %s: %d GPUs, memory unit %" PRId64 " MiB, %s",
                KGPU_VERSION, cfg->node_name[0] ? cfg->node_name : "(unnamed)", p->inv.ngpus,
@@ -954,6 +987,8 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
         struct timespec ts = {0, LOOP_MS * 1000000L};
         nanosleep(&ts, NULL);
     }
+    dp_metrics_server_stop(p->metrics);
+    dp_watcher_free(p->watcher);
     stop_api_thread(p);
     for (int r = 0; r < DP_NRES; r++)
         dp_server_stop(p->srv[r]);

@@ -5,8 +5,10 @@
  * and demos. Both fill the same kgpu_gpu_info records.
  *
  * Threads: a kgpu_nvml handle is used by one thread at a time (the plugin's
- * discovery thread); NVML itself is thread-safe, but the handle's event set
- * and cached device handles are not shared.
+ * discovery thread, or the watcher's thread, which opens a handle of its
+ * own); NVML itself is thread-safe and counts nvmlInit calls, but the
+ * handle's event set, cached device handles and utilization timestamps are
+ * not shared.
  */
 #ifndef KGPU_GPU_H
 #define KGPU_GPU_H
@@ -70,6 +72,27 @@ const char *kgpu_nvml_skipped(const kgpu_nvml *nv);
 
 /* Whether GPU `index` (the NVML index) still answers (false once NVML reports it lost). */
 bool kgpu_nvml_alive(kgpu_nvml *nv, int index);
+
+/* One process NVML reports on a GPU (the watcher's view, src/deviceplugin/watcher.c). */
+typedef struct kgpu_gpu_proc {
+    unsigned pid;       /* in the PID namespace of the host (the driver's) */
+    int64_t used_bytes; /* GPU memory NVML charges to it; -1 when it cannot tell */
+    int sm_pct;         /* mean SM utilization since the previous call, 0..100; 0 if none */
+} kgpu_gpu_proc;
+
+/* Processes merged per GPU at most (NVML's lists are bounded by the driver's own limit). */
+#define KGPU_GPU_PROCS_MAX 1024
+
+/*
+ * The compute processes on GPU `index` (NVML index, after kgpu_nvml_discover),
+ * MPS clients included, with the memory each holds and its SM utilization
+ * since the previous call for this GPU on this handle. A PID listed twice
+ * (compute and MPS lists) is merged. *n ≤ cap; more processes than cap are
+ * KGPU_ERANGE. A driver without per-process utilization leaves sm_pct 0
+ * and sets *no_util (may be NULL).
+ */
+int kgpu_nvml_processes(kgpu_nvml *nv, int index, kgpu_gpu_proc *out, int cap, int *n,
+                        bool *no_util, kgpu_error *err);
 
 /* ---- fake inventory ---- */
 

@@ -22,9 +22,40 @@ typedef struct nvml_event_set_st *nvml_event_set;
 
 enum {
     NVML_OK = 0,
+    NVML_ERR_NOT_SUPPORTED = 3,
+    NVML_ERR_NOT_FOUND = 6,
+    NVML_ERR_INSUFFICIENT_SIZE = 7,
     NVML_ERR_TIMEOUT = 10,
     NVML_ERR_GPU_IS_LOST = 15,
 };
+
+/* NVML_VALUE_NOT_AVAILABLE: what usedGpuMemory holds when the driver cannot tell. */
+#define NVML_NOT_AVAILABLE_ULL (~0ULL)
+
+/*
+ * nvmlProcessInfo_t as the _v2 and _v3 process lists fill it; the
+ * unversioned (v1) functions fill only the first two members, a 16-byte
+ * record. Which one a resolved function takes is kept beside it.
+ */
+typedef struct {
+    unsigned int pid;
+    unsigned long long used_gpu_memory;
+    unsigned int gpu_instance_id, compute_instance_id;
+} nvml_process_info;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long used_gpu_memory;
+} nvml_process_info_v1;
+
+/* nvmlProcessUtilizationSample_t. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long time_stamp; /* CPU time, microseconds */
+    unsigned int sm_util, mem_util, enc_util, dec_util;
+} nvml_process_sample;
+
+typedef nvml_ret (*nvml_procs_fn)(nvml_device, unsigned int *, void *);
 
 #define NVML_EVENT_XID_CRITICAL 0x8ULL
 
@@ -63,6 +94,11 @@ struct kgpu_nvml {
     nvml_ret (*set_wait)(nvml_event_set, nvml_event_data *, unsigned int);
     nvml_ret (*set_free)(nvml_event_set);
     nvml_event_set events;
+    /* optional: the watcher's per-process figures; *_size is the record size each fills */
+    nvml_procs_fn compute_procs, mps_procs;
+    size_t compute_size, mps_size;
+    nvml_ret (*proc_util)(nvml_device, nvml_process_sample *, unsigned int *, unsigned long long);
+    unsigned long long *util_seen; /* by index: newest utilization sample read so far */
     nvml_device *devices; /* by index, after discover */
     int ndevices;
     char skipped[256]; /* why the last GPU discovery left a GPU out, or "" */
@@ -144,6 +180,28 @@ int kgpu_nvml_open(const char *library, const char *sysfs, kgpu_nvml **out, kgpu
         memcpy(&nv->set_wait, &ev[2], sizeof(void *));
         memcpy(&nv->set_free, &ev[3], sizeof(void *));
     }
+    /* Process lists: newest first; the unversioned one fills the shorter v1 record. */
+    static const struct {
+        const char *name;
+        size_t size;
+        bool mps;
+    } procs[] = {
+        {"nvmlDeviceGetComputeRunningProcesses_v3", sizeof(nvml_process_info), false},
+        {"nvmlDeviceGetComputeRunningProcesses_v2", sizeof(nvml_process_info), false},
+        {"nvmlDeviceGetComputeRunningProcesses", sizeof(nvml_process_info_v1), false},
+        {"nvmlDeviceGetMPSComputeRunningProcesses_v3", sizeof(nvml_process_info), true},
+        {"nvmlDeviceGetMPSComputeRunningProcesses_v2", sizeof(nvml_process_info), true},
+        {"nvmlDeviceGetMPSComputeRunningProcesses", sizeof(nvml_process_info_v1), true},
+    };
+    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+        nvml_procs_fn *slot = procs[i].mps ? &nv->mps_procs : &nv->compute_procs;
+        if (*slot != NULL || (f = dlsym(lib, procs[i].name)) == NULL)
+            continue;
+        memcpy(slot, &f, sizeof(f));
+        *(procs[i].mps ? &nv->mps_size : &nv->compute_size) = procs[i].size;
+    }
+    if ((f = resolve(lib, (const char *const[]){"nvmlDeviceGetProcessUtilization", NULL})) != NULL)
+        memcpy(&nv->proc_util, &f, sizeof(f));
     nvml_ret r = nv->init();
     if (r != NVML_OK) {
         kgpu_error_set(err, KGPU_EIO, "nvmlInit: %s (%d)", nvml_strerror(nv, r), r);
@@ -164,6 +222,7 @@ void kgpu_nvml_close(kgpu_nvml *nv)
     if (nv->initialised)
         nv->shutdown();
     free(nv->devices);
+    free(nv->util_seen);
     dlclose(nv->lib);
     free(nv);
 }
@@ -255,8 +314,16 @@ int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_err
         }
         n++;
     }
+    unsigned long long *seen = calloc(count ? count : 1, sizeof(*seen));
+    if (seen == NULL) {
+        free(out);
+        free(devs);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
     free(nv->devices);
+    free(nv->util_seen);
     nv->devices = devs;
+    nv->util_seen = seen;
     nv->ndevices = (int)count;
     if (nv->set_create != NULL && nv->events == NULL && nv->set_create(&nv->events) != NVML_OK)
         nv->events = NULL;
@@ -306,4 +373,128 @@ bool kgpu_nvml_alive(kgpu_nvml *nv, int index)
         return false;
     char uuid[KGPU_GPU_UUID_MAX];
     return nv->uuid(nv->devices[index], uuid, sizeof(uuid)) != NVML_ERR_GPU_IS_LOST;
+}
+
+/*
+ * One of NVML's process lists into `out` (merged by PID). The list can grow
+ * between the sizing call and the reading call; a few tries absorb that.
+ */
+static int read_procs(kgpu_nvml *nv, int index, nvml_procs_fn fn, size_t size, const char *what,
+                      kgpu_gpu_proc *out, int cap, int *n, kgpu_error *err)
+{
+    nvml_ret r = NVML_OK;
+    unsigned int count = 0;
+    void *buf = NULL;
+    for (int attempt = 0; attempt < 4; attempt++) {
+        count = 0;
+        r = fn(nv->devices[index], &count, NULL);
+        if (r == NVML_OK)
+            return KGPU_OK; /* no process */
+        if (r != NVML_ERR_INSUFFICIENT_SIZE)
+            break;
+        count += 8; /* room for processes that start meanwhile */
+        if (count > KGPU_GPU_PROCS_MAX)
+            count = KGPU_GPU_PROCS_MAX;
+        free(buf);
+        if ((buf = calloc(count, size)) == NULL)
+            return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        r = fn(nv->devices[index], &count, buf);
+        if (r != NVML_ERR_INSUFFICIENT_SIZE)
+            break;
+    }
+    if (r != NVML_OK) {
+        free(buf);
+        return kgpu_error_set(err, KGPU_EIO, "GPU %d: %s: %s", index, what, nvml_strerror(nv, r));
+    }
+    for (unsigned int i = 0; i < count; i++) {
+        const char *rec = (const char *)buf + (size_t)i * size;
+        nvml_process_info_v1 pi; /* the first two members of every version */
+        memcpy(&pi, rec, sizeof(pi));
+        int64_t used = pi.used_gpu_memory == NVML_NOT_AVAILABLE_ULL ||
+                               pi.used_gpu_memory > (unsigned long long)INT64_MAX
+                           ? -1
+                           : (int64_t)pi.used_gpu_memory;
+        int k = 0;
+        while (k < *n && out[k].pid != pi.pid)
+            k++;
+        if (k == *n) {
+            if (*n >= cap) {
+                free(buf);
+                return kgpu_error_set(err, KGPU_ERANGE, "GPU %d: more than %d processes", index,
+                                      cap);
+            }
+            out[k] = (kgpu_gpu_proc){.pid = pi.pid, .used_bytes = used, .sm_pct = 0};
+            (*n)++;
+        } else if (used < 0 || out[k].used_bytes < 0) {
+            out[k].used_bytes = -1;
+        } else {
+            out[k].used_bytes += used;
+        }
+    }
+    free(buf);
+    return KGPU_OK;
+}
+
+/* Mean SM utilization per PID over the samples newer than the last call's. */
+static void read_util(kgpu_nvml *nv, int index, kgpu_gpu_proc *procs, int n, bool *no_util)
+{
+    unsigned int count = 0;
+    nvml_ret r = nv->proc_util(nv->devices[index], NULL, &count, nv->util_seen[index]);
+    if (r == NVML_ERR_NOT_FOUND || (r == NVML_OK && count == 0))
+        return; /* no sample since the last call: every process was idle */
+    if (r != NVML_ERR_INSUFFICIENT_SIZE && r != NVML_OK) {
+        if (no_util != NULL)
+            *no_util = true;
+        return;
+    }
+    count += 8;
+    if (count > 4 * KGPU_GPU_PROCS_MAX)
+        count = 4 * KGPU_GPU_PROCS_MAX;
+    nvml_process_sample *s = calloc(count, sizeof(*s));
+    if (s == NULL)
+        return;
+    r = nv->proc_util(nv->devices[index], s, &count, nv->util_seen[index]);
+    if (r == NVML_OK) {
+        for (int k = 0; k < n; k++) {
+            unsigned long long sum = 0, samples = 0;
+            for (unsigned int i = 0; i < count; i++)
+                if (s[i].pid == procs[k].pid && s[i].time_stamp > nv->util_seen[index]) {
+                    sum += s[i].sm_util > 100 ? 100 : s[i].sm_util;
+                    samples++;
+                }
+            procs[k].sm_pct = samples ? (int)(sum / samples) : 0;
+        }
+        unsigned long long newest = nv->util_seen[index];
+        for (unsigned int i = 0; i < count; i++)
+            if (s[i].time_stamp > newest)
+                newest = s[i].time_stamp;
+        nv->util_seen[index] = newest;
+    }
+    free(s);
+}
+
+int kgpu_nvml_processes(kgpu_nvml *nv, int index, kgpu_gpu_proc *out, int cap, int *n,
+                        bool *no_util, kgpu_error *err)
+{
+    *n = 0;
+    if (no_util != NULL)
+        *no_util = nv->proc_util == NULL;
+    if (index < 0 || index >= nv->ndevices)
+        return kgpu_error_set(err, KGPU_EINVAL, "GPU %d: no such NVML index", index);
+    if (nv->compute_procs == NULL)
+        return kgpu_error_set(err, KGPU_ENOENT,
+                              "this NVML lacks nvmlDeviceGetComputeRunningProcesses: the node "
+                              "cannot see its GPU processes");
+    int rc = read_procs(nv, index, nv->compute_procs, nv->compute_size,
+                        "nvmlDeviceGetComputeRunningProcesses", out, cap, n, err);
+    if (rc == KGPU_OK && nv->mps_procs != NULL) {
+        kgpu_error e = {0};
+        /* MPS clients: a driver without MPS answers NOT_SUPPORTED, which is no error here. */
+        if (read_procs(nv, index, nv->mps_procs, nv->mps_size,
+                       "nvmlDeviceGetMPSComputeRunningProcesses", out, cap, n, &e) == KGPU_ERANGE)
+            rc = kgpu_error_set(err, KGPU_ERANGE, "%s", e.msg);
+    }
+    if (rc == KGPU_OK && nv->proc_util != NULL && *n > 0)
+        read_util(nv, index, out, *n, no_util);
+    return rc;
 }

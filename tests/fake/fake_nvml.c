@@ -8,14 +8,26 @@
  *   FAKE_NVML_INIT   a return code for nvmlInit_v2 (default 0)
  *   FAKE_NVML_XID    "index:xid" delivered by the first wait
  *   FAKE_NVML_LOST   index of a GPU that reports GPU_IS_LOST
+ *   FAKE_NVML_PROCS  a file of GPU processes, read again at every call so a
+ *                    test scripts them as it goes; one per line:
+ *                    "<gpu index> <pid> <used MiB, or - for not available>
+ *                    <SM %> [mps]" ('#' starts a comment). A process with SM
+ *                    above 0 gets one utilization sample stamped with the
+ *                    current time, as a busy process does on the driver.
+ *   FAKE_NVML_NO_UTIL set: nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED
+ * nvmlInit counts its calls and nvmlShutdown only shuts down at the last, as
+ * NVML documents, so two handles in one process (the plugin's discovery and
+ * its watcher) live side by side.
  * nvmlDeviceGetMemoryInfo(_v2) report the whole card free (the interception
  * library's tests check that it reports the container's share instead).
  * Variants built with -DFAKE_NO_EVENTS (no event functions) and
  * -DFAKE_NO_MEMINFO (a required function missing) test the loader.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -38,8 +50,9 @@ typedef struct {
 
 static fake_dev devs[16];
 static unsigned ndevs;
-static int initialised;
+static int initialised; /* nvmlInit calls not yet matched by nvmlShutdown */
 static int xid_sent;
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 
 EXPORT int nvmlInit_v2(void);
 EXPORT int nvmlShutdown(void);
@@ -50,11 +63,15 @@ EXPORT int nvmlDeviceGetUUID(fake_dev *d, char *buf, unsigned int len);
 EXPORT int nvmlDeviceGetName(fake_dev *d, char *buf, unsigned int len);
 EXPORT int nvmlDeviceGetPciInfo_v3(fake_dev *d, fake_pci *p);
 
-int nvmlInit_v2(void)
+static int init_locked(void)
 {
     const char *rc = getenv("FAKE_NVML_INIT");
     if (rc != NULL && atoi(rc) != 0)
         return atoi(rc);
+    if (initialised > 0) {
+        initialised++;
+        return 0;
+    }
     ndevs = 0;
     const char *spec = getenv("FAKE_NVML_GPUS");
     while (spec != NULL && *spec && ndevs < 16) {
@@ -71,12 +88,22 @@ int nvmlInit_v2(void)
     return 0;
 }
 
+int nvmlInit_v2(void)
+{
+    pthread_mutex_lock(&init_mu);
+    int rc = init_locked();
+    pthread_mutex_unlock(&init_mu);
+    return rc;
+}
+
 int nvmlShutdown(void)
 {
-    if (!initialised)
-        return 1; /* UNINITIALIZED */
-    initialised = 0;
-    return 0;
+    pthread_mutex_lock(&init_mu);
+    int rc = initialised > 0 ? 0 : 1; /* UNINITIALIZED */
+    if (initialised > 0)
+        initialised--;
+    pthread_mutex_unlock(&init_mu);
+    return rc;
 }
 
 const char *nvmlErrorString(int r)
@@ -230,3 +257,122 @@ int nvmlEventSetFree(int *set)
     return set == &the_set ? 0 : 2;
 }
 #endif
+
+/* ---- processes (FAKE_NVML_PROCS) ---- */
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long used;
+    unsigned int gi, ci;
+} fake_proc_info; /* nvmlProcessInfo_t (v2, v3) */
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long ts;
+    unsigned int sm, mem, enc, dec;
+} fake_util_sample; /* nvmlProcessUtilizationSample_t */
+
+typedef struct {
+    unsigned gpu, pid, sm;
+    unsigned long long used; /* bytes; ~0ULL = NVML_VALUE_NOT_AVAILABLE */
+    int mps;
+} fake_proc;
+
+#define FAKE_PROCS_MAX 256
+
+/* The script's processes now; a line that does not parse is left out. */
+static unsigned read_script(fake_proc *out)
+{
+    const char *path = getenv("FAKE_NVML_PROCS");
+    FILE *f = path != NULL ? fopen(path, "r") : NULL;
+    unsigned n = 0;
+    char line[256];
+    while (f != NULL && n < FAKE_PROCS_MAX && fgets(line, sizeof(line), f) != NULL) {
+        char used[32], kind[16] = "";
+        fake_proc *p = &out[n];
+        if (line[0] == '#' || sscanf(line, "%u %u %31s %u %15s", &p->gpu, &p->pid, used, &p->sm,
+                                     kind) < 4)
+            continue;
+        p->used = strcmp(used, "-") == 0 ? ~0ULL : strtoull(used, NULL, 10) * 1024 * 1024;
+        p->mps = strcmp(kind, "mps") == 0;
+        n++;
+    }
+    if (f != NULL)
+        fclose(f);
+    return n;
+}
+
+static unsigned dev_index(const fake_dev *d)
+{
+    return (unsigned)(d - devs);
+}
+
+/* A process list: the NVML contract of sizing with *count = 0 and INSUFFICIENT_SIZE. */
+static int list_procs(fake_dev *d, unsigned int *count, fake_proc_info *infos, int mps)
+{
+    if (!initialised)
+        return 1;
+    if (d == NULL || count == NULL || dev_index(d) >= ndevs)
+        return 2;
+    fake_proc all[FAKE_PROCS_MAX];
+    unsigned n = read_script(all), k = 0;
+    for (unsigned i = 0; i < n; i++)
+        if (all[i].gpu == dev_index(d) && all[i].mps == mps)
+            k++;
+    if (k > *count || (k > 0 && infos == NULL)) {
+        *count = k;
+        return 7; /* INSUFFICIENT_SIZE */
+    }
+    *count = 0;
+    for (unsigned i = 0; i < n; i++)
+        if (all[i].gpu == dev_index(d) && all[i].mps == mps)
+            infos[(*count)++] = (fake_proc_info){all[i].pid, all[i].used, ~0u, ~0u};
+    return 0;
+}
+
+EXPORT int nvmlDeviceGetComputeRunningProcesses_v3(fake_dev *d, unsigned int *count,
+                                                   fake_proc_info *infos);
+int nvmlDeviceGetComputeRunningProcesses_v3(fake_dev *d, unsigned int *count, fake_proc_info *infos)
+{
+    return list_procs(d, count, infos, 0);
+}
+
+EXPORT int nvmlDeviceGetMPSComputeRunningProcesses_v3(fake_dev *d, unsigned int *count,
+                                                      fake_proc_info *infos);
+int nvmlDeviceGetMPSComputeRunningProcesses_v3(fake_dev *d, unsigned int *count,
+                                               fake_proc_info *infos)
+{
+    return list_procs(d, count, infos, 1);
+}
+
+EXPORT int nvmlDeviceGetProcessUtilization(fake_dev *d, fake_util_sample *s, unsigned int *count,
+                                           unsigned long long last_seen);
+int nvmlDeviceGetProcessUtilization(fake_dev *d, fake_util_sample *s, unsigned int *count,
+                                    unsigned long long last_seen)
+{
+    if (!initialised)
+        return 1;
+    if (getenv("FAKE_NVML_NO_UTIL") != NULL)
+        return 3; /* NOT_SUPPORTED */
+    if (d == NULL || count == NULL || dev_index(d) >= ndevs)
+        return 2;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    unsigned long long now = (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
+    fake_proc all[FAKE_PROCS_MAX];
+    unsigned n = read_script(all), k = 0;
+    for (unsigned i = 0; i < n; i++)
+        if (all[i].gpu == dev_index(d) && all[i].sm > 0)
+            k++;
+    if (k == 0 || now <= last_seen)
+        return 6; /* NOT_FOUND: no sample newer than last_seen */
+    if (s == NULL || *count < k) {
+        *count = k;
+        return 7;
+    }
+    *count = 0;
+    for (unsigned i = 0; i < n; i++)
+        if (all[i].gpu == dev_index(d) && all[i].sm > 0)
+            s[(*count)++] = (fake_util_sample){all[i].pid, now, all[i].sm, 0, 0, 0};
+    return 0;
+}
