@@ -21,6 +21,12 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUlib_st *CUlibrary;
+typedef unsigned int CUdeviceptr_v1; /* the pre-3.2 entry points' 32-bit pointers */
 
 enum {
     CUDA_SUCCESS = 0,
@@ -30,7 +36,9 @@ enum {
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
 /* cuGetProcAddress flags */
@@ -57,6 +65,22 @@ typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
     unsigned int Flags;
 } CUDA_ARRAY3D_DESCRIPTOR;
 
+typedef struct CUDA_ARRAY_DESCRIPTOR_v1_st {
+    unsigned int Width;
+    unsigned int Height;
+    int Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 
 /* CUmemAllocationProp, up to its location (the device a cuMemCreate charges). */
@@ -68,6 +92,56 @@ typedef struct CUmemAllocationProp_st {
         int id;
     } location;
 } CUmemAllocationProp;
+
+/* CUmemPoolProps: 88 bytes in every CUDA version so far; the shim reads the location. */
+typedef struct CUmemPoolProps_st {
+    int allocType;
+    int handleTypes;
+    struct {
+        int type;
+        int id;
+    } location;
+    void *win32SecurityAttributes;
+    unsigned char rest[64]; /* maxSize, usage, reserved */
+} CUmemPoolProps;
+
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
+    CUmemPoolProps poolProps;
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+/* CUmemPool_attribute (values are cuuint64_t for these) */
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD    4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT     7
+
+/* CUgraphMem_attribute (cuuint64_t values) */
+#define CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT     0
+#define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
+
+/* CUgraphNodeType */
+#define CU_GRAPH_NODE_TYPE_GRAPH     4
+#define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+
+/* CUstreamCaptureStatus */
+#define CU_STREAM_CAPTURE_STATUS_NONE 0
+
+/* CUmemAllocationHandleType */
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+
+/* CUlimit */
+#define CU_LIMIT_STACK_SIZE       0
+#define CU_LIMIT_PRINTF_FIFO_SIZE 1
+#define CU_LIMIT_MALLOC_HEAP_SIZE 2
+
+/* CUdevice_attribute */
+#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT            16
+#define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
+
+typedef void (*CUhostFn)(void *userData);
 
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;

@@ -17,31 +17,8 @@
 #include "compat.h"
 #include "shim.h"
 
-/*
- * Resolves the driver once, then: pass-through without limits, refusal
- * with unusable ones, CUDA_ERROR_NOT_FOUND when the driver lacks the
- * function. Leaves `real_` set to the driver's function.
- */
-#define KGPU_ENTER(name, args)                                                                     \
-    int mode_ = kgpu__cuda();                                                                      \
-    kgpu__pfn_##name real_ = KGPU_REAL(name);                                                      \
-    if (mode_ == KGPU_MODE_PASS)                                                                   \
-        return real_ != NULL ? real_ args : CUDA_ERROR_NOT_FOUND;                                  \
-    if (mode_ != KGPU_MODE_ACTIVE)                                                                 \
-        return kgpu__refuse();                                                                     \
-    if (real_ == NULL)                                                                             \
-    return CUDA_ERROR_NOT_FOUND
 
-#define STREAM_LEGACY     ((CUstream)0x1)
-#define STREAM_PER_THREAD ((CUstream)0x2)
-
-/* Where an allocation lands: the limits index charged and the context it dies with. */
-typedef struct where {
-    int li;
-    CUcontext ctx;
-} where;
-
-static CUresult where_current(where *w)
+CUresult kgpu__where_current(kgpu_where *w)
 {
     CUdevice dev;
     CUresult r = KGPU_REAL(cuCtxGetCurrent)(&w->ctx);
@@ -52,29 +29,32 @@ static CUresult where_current(where *w)
     for (int d = 0; d < n && w->ctx != NULL; d++)
         if (atomic_load_explicit(&kgpu__shim.primary[d].ctx, memory_order_relaxed) == w->ctx) {
             w->li = kgpu__dev_index(d);
+            w->dev = d;
             return CUDA_SUCCESS;
         }
     r = KGPU_REAL(cuCtxGetDevice)(&dev);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         w->li = kgpu__dev_index(dev);
+        w->dev = dev;
+    }
     return r;
 }
 
 /* The device of a stream's context (asynchronous allocations land there). */
-static CUresult where_stream(CUstream s, where *w)
+CUresult kgpu__where_stream(CUstream s, kgpu_where *w)
 {
     kgpu__pfn_cuStreamGetCtx get = KGPU_REAL(cuStreamGetCtx);
     kgpu__pfn_cuCtxPushCurrent_v2 push = KGPU_REAL(cuCtxPushCurrent_v2);
     kgpu__pfn_cuCtxPopCurrent_v2 pop = KGPU_REAL(cuCtxPopCurrent_v2);
     CUcontext ctx, popped;
-    CUresult r = where_current(w);
+    CUresult r = kgpu__where_current(w);
     if (r != CUDA_SUCCESS || s == NULL || s == STREAM_LEGACY || s == STREAM_PER_THREAD ||
         get == NULL || get(s, &ctx) != CUDA_SUCCESS || ctx == w->ctx || push == NULL || pop == NULL)
         return r;
     /* Another context's stream: ask that context for its device. */
     if ((r = push(ctx)) != CUDA_SUCCESS)
         return r;
-    r = where_current(w);
+    r = kgpu__where_current(w);
     pop(&popped);
     return r;
 }
@@ -84,11 +64,20 @@ static CUresult where_stream(CUstream s, where *w)
  * over the limit, or CUDA_ERROR_NOT_INITIALIZED before cuInit (devices not
  * matched yet, li -2), as the driver would answer then.
  */
-static CUresult charge(int li, uint64_t bytes)
+CUresult kgpu__charge(int li, uint64_t bytes)
 {
     if (li == -2)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (li < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* a device on no line of the limits file */
+    if (bytes == 0)
+        return CUDA_SUCCESS;
     int rc = kgpu_shim_region_reserve(kgpu__shim.region, li, bytes, kgpu__limit(li));
+    if (rc == KGPU_ENOFIT) {
+        /* What closed exports, shrunken pools and trimmed graph memory gave up comes back. */
+        kgpu__mem_refresh();
+        rc = kgpu_shim_region_reserve(kgpu__shim.region, li, bytes, kgpu__limit(li));
+    }
     if (rc == KGPU_ESTATE && atomic_exchange(&kgpu__shim.told, 1) == 0) {
         static const char line[] = "kgpu-limit: the accounting region has no free process slot "
                                    "or its lock is unusable: GPU memory is refused\n";
@@ -98,16 +87,23 @@ static CUresult charge(int li, uint64_t bytes)
     return rc == KGPU_OK ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-#define CHARGE_OR_RETURN(li, bytes)                                                                \
-    do {                                                                                           \
-        CUresult charged_ = charge(li, bytes);                                                     \
-        if (charged_ != CUDA_SUCCESS)                                                              \
-            return charged_;                                                                       \
-    } while (0)
 
-static void uncharge(int li, uint64_t bytes)
+void kgpu__charge_anyway(int li, uint64_t bytes)
+{
+    if (bytes != 0 && li >= 0)
+        kgpu_shim_region_reserve(kgpu__shim.region, li, bytes, UINT64_MAX);
+}
+
+void kgpu__uncharge(int li, uint64_t bytes)
 {
     kgpu_shim_region_release(kgpu__shim.region, li, bytes);
+}
+
+void kgpu__uncharge_freed(const kgpu_vmm_freed *f)
+{
+    for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++)
+        if (f->bytes[d] != 0)
+            kgpu__uncharge(d, f->bytes[d]);
 }
 
 /* Frees what a counted call made when it cannot be recorded. */
@@ -135,24 +131,24 @@ static void undo(int kind, uint64_t key)
 }
 
 /* After the driver answered a counted call charged `bytes` at w: keep or give back the charge. */
-static CUresult settle(CUresult r, int kind, uint64_t key, uint64_t bytes, const where *w)
+CUresult kgpu__settle(CUresult r, int kind, uint64_t key, uint64_t bytes, const kgpu_where *w)
 {
     if (r != CUDA_SUCCESS) {
-        uncharge(w->li, bytes);
+        kgpu__uncharge(w->li, bytes);
         return r;
     }
     kgpu_track_rec rec = {
         .key = key, .bytes = bytes, .ctx = (uintptr_t)w->ctx, .dev = (int16_t)w->li, .kind = kind};
     if (kgpu_track_put(&kgpu__shim.track, &rec) != 0) {
         undo(kind, key);
-        uncharge(w->li, bytes);
+        kgpu__uncharge(w->li, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return CUDA_SUCCESS;
 }
 
 /* After the driver answered a free: the charge goes back only if the memory did. */
-static CUresult settle_free(CUresult r, int had, const kgpu_track_rec *rec)
+CUresult kgpu__settle_free(CUresult r, int had, const kgpu_track_rec *rec)
 {
     if (!had)
         return r;
@@ -160,19 +156,18 @@ static CUresult settle_free(CUresult r, int had, const kgpu_track_rec *rec)
         kgpu_track_put(&kgpu__shim.track, rec);
         return r;
     }
-    uncharge(rec->dev, rec->bytes);
+    kgpu__uncharge(rec->dev, rec->bytes);
     return r;
 }
 
-/* Gives back everything recorded under a context that no longer exists. */
-static void drop_ctx(CUcontext ctx)
+void kgpu__drop_ctx(CUcontext ctx)
 {
     uint64_t bytes[KGPU_SHIM_MAX_DEVICES] = {0};
     if (kgpu_track_take_ctx(&kgpu__shim.track, (uintptr_t)ctx, bytes) == 0)
         return;
     for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++)
         if (bytes[d] != 0)
-            uncharge(d, bytes[d]);
+            kgpu__uncharge(d, bytes[d]);
 }
 
 /* ---- initialisation and lookup ---- */
@@ -217,9 +212,9 @@ static uint64_t used_on(int li)
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
     KGPU_ENTER(cuMemGetInfo_v2, (free, total));
-    where w;
+    kgpu_where w;
     CUresult r = real_(free, total);
-    if (r != CUDA_SUCCESS || (r = where_current(&w)) != CUDA_SUCCESS)
+    if (r != CUDA_SUCCESS || (r = kgpu__where_current(&w)) != CUDA_SUCCESS)
         return r;
     uint64_t lim = kgpu__limit(w.li), avail = lim - used_on(w.li);
     /* Never more than the card really has free: other tenants may be using it. */
@@ -244,9 +239,10 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 static CUresult ctx_created(CUresult r, CUcontext *pctx, int li)
 {
-    where w = {.li = li, .ctx = NULL}; /* the footprint dies with the context, recorded by key */
-    return settle(r, KGPU_TRACK_CTX, r == CUDA_SUCCESS ? (uintptr_t)*pctx : 0,
-                  kgpu__shim.context_bytes, &w);
+    /* The footprint dies with the context: recorded by its key, under no context. */
+    kgpu_where w = {.li = li, .ctx = NULL};
+    return kgpu__settle(r, KGPU_TRACK_CTX, r == CUDA_SUCCESS ? (uintptr_t)*pctx : 0,
+                        kgpu__shim.context_bytes, &w);
 }
 
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
@@ -279,9 +275,9 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
     KGPU_ENTER(cuCtxDestroy_v2, (ctx));
     kgpu_track_rec rec;
     int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_CTX, (uintptr_t)ctx, &rec);
-    CUresult r = settle_free(real_(ctx), had, &rec);
+    CUresult r = kgpu__settle_free(real_(ctx), had, &rec);
     if (r == CUDA_SUCCESS)
-        drop_ctx(ctx);
+        kgpu__drop_ctx(ctx);
     return r;
 }
 
@@ -293,7 +289,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     int li = kgpu__dev_index(dev);
     pthread_mutex_lock(&kgpu__shim.prim_mu);
     int first = kgpu__shim.primary[dev].refs == 0;
-    CUresult r = first ? charge(li, kgpu__shim.context_bytes) : CUDA_SUCCESS;
+    CUresult r = first ? kgpu__charge(li, kgpu__shim.context_bytes) : CUDA_SUCCESS;
     if (r == CUDA_SUCCESS) {
         r = real_(pctx, dev);
         if (r == CUDA_SUCCESS) {
@@ -302,7 +298,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             if (atomic_load(&kgpu__shim.nprimary) <= dev)
                 atomic_store(&kgpu__shim.nprimary, dev + 1);
         } else if (first) {
-            uncharge(li, kgpu__shim.context_bytes);
+            kgpu__uncharge(li, kgpu__shim.context_bytes);
         }
     }
     pthread_mutex_unlock(&kgpu__shim.prim_mu);
@@ -324,8 +320,8 @@ static CUresult primary_release(kgpu__pfn_cuDevicePrimaryCtxRelease real, CUdevi
     if (r == CUDA_SUCCESS && kgpu__shim.primary[dev].refs > 0 &&
         --kgpu__shim.primary[dev].refs == 0) {
         /* The last release destroys the context and everything allocated in it. */
-        uncharge(kgpu__dev_index(dev), kgpu__shim.context_bytes);
-        drop_ctx(ctx);
+        kgpu__uncharge(kgpu__dev_index(dev), kgpu__shim.context_bytes);
+        kgpu__drop_ctx(ctx);
     }
     pthread_mutex_unlock(&kgpu__shim.prim_mu);
     return r;
@@ -351,7 +347,7 @@ static CUresult primary_reset(kgpu__pfn_cuDevicePrimaryCtxReset real, CUdevice d
     CUresult r = real(dev);
     CUcontext ctx = atomic_load(&kgpu__shim.primary[dev].ctx);
     if (r == CUDA_SUCCESS && ctx != NULL)
-        drop_ctx(ctx); /* its allocations are gone; it stays retained */
+        kgpu__drop_ctx(ctx); /* its allocations are gone; it stays retained */
     pthread_mutex_unlock(&kgpu__shim.prim_mu);
     return r;
 }
@@ -373,13 +369,13 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     KGPU_ENTER(cuMemAlloc_v2, (dptr, bytesize));
-    where w;
-    CUresult r = where_current(&w);
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
     if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
         return r != CUDA_SUCCESS ? r : real_(dptr, bytesize);
     CHARGE_OR_RETURN(w.li, bytesize);
     r = real_(dptr, bytesize);
-    return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
+    return kgpu__settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
 }
 
 #define PITCH_ALIGN 512 /* the pitch most GPUs choose; corrected from the real one afterwards */
@@ -388,8 +384,8 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
                             unsigned int ElementSizeBytes)
 {
     KGPU_ENTER(cuMemAllocPitch_v2, (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
-    where w;
-    CUresult r = where_current(&w);
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
     if (r != CUDA_SUCCESS || WidthInBytes == 0 || Height == 0 || dptr == NULL || pPitch == NULL)
         return r != CUDA_SUCCESS ? r : real_(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     uint64_t pitch = ((uint64_t)WidthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
@@ -399,100 +395,35 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
     CHARGE_OR_RETURN(w.li, est);
     r = real_(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (r != CUDA_SUCCESS)
-        return settle(r, KGPU_TRACK_MEM, 0, est, &w);
+        return kgpu__settle(r, KGPU_TRACK_MEM, 0, est, &w);
     uint64_t bytes = *pPitch <= UINT64_MAX / Height ? (uint64_t)*pPitch * Height : est;
-    if (bytes > est && charge(w.li, bytes - est) != CUDA_SUCCESS) {
+    if (bytes > est && kgpu__charge(w.li, bytes - est) != CUDA_SUCCESS) {
         KGPU_REAL(cuMemFree_v2)(*dptr);
-        uncharge(w.li, est);
+        kgpu__uncharge(w.li, est);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (bytes < est)
-        uncharge(w.li, est - bytes);
-    return settle(CUDA_SUCCESS, KGPU_TRACK_MEM, *dptr, bytes, &w);
+        kgpu__uncharge(w.li, est - bytes);
+    return kgpu__settle(CUDA_SUCCESS, KGPU_TRACK_MEM, *dptr, bytes, &w);
 }
 
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     KGPU_ENTER(cuMemAllocManaged, (dptr, bytesize, flags));
-    where w;
-    CUresult r = where_current(&w);
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
     if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
         return r != CUDA_SUCCESS ? r : real_(dptr, bytesize, flags);
     CHARGE_OR_RETURN(w.li, bytesize);
     r = real_(dptr, bytesize, flags);
-    return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
-}
-
-static CUresult alloc_async(kgpu__pfn_cuMemAllocAsync real, CUdeviceptr *dptr, size_t bytesize,
-                            CUstream stream)
-{
-    where w;
-    CUresult r = where_stream(stream, &w);
-    if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
-        return r != CUDA_SUCCESS ? r : real(dptr, bytesize, stream);
-    CHARGE_OR_RETURN(w.li, bytesize);
-    r = real(dptr, bytesize, stream);
-    return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
-}
-
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    KGPU_ENTER(cuMemAllocAsync, (dptr, bytesize, hStream));
-    return alloc_async(real_, dptr, bytesize, hStream);
-}
-
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    KGPU_ENTER(cuMemAllocAsync_ptsz, (dptr, bytesize, hStream));
-    return alloc_async(real_, dptr, bytesize, hStream);
-}
-
-/* Charged to the stream's device: a pool on another device is not told apart. */
-static CUresult alloc_from_pool(kgpu__pfn_cuMemAllocFromPoolAsync real, CUdeviceptr *dptr,
-                                size_t bytesize, CUmemoryPool pool, CUstream stream)
-{
-    where w;
-    CUresult r = where_stream(stream, &w);
-    if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
-        return r != CUDA_SUCCESS ? r : real(dptr, bytesize, pool, stream);
-    CHARGE_OR_RETURN(w.li, bytesize);
-    r = real(dptr, bytesize, pool, stream);
-    return settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
-}
-
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                 CUstream hStream)
-{
-    KGPU_ENTER(cuMemAllocFromPoolAsync, (dptr, bytesize, pool, hStream));
-    return alloc_from_pool(real_, dptr, bytesize, pool, hStream);
-}
-
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                      CUstream hStream)
-{
-    KGPU_ENTER(cuMemAllocFromPoolAsync_ptsz, (dptr, bytesize, pool, hStream));
-    return alloc_from_pool(real_, dptr, bytesize, pool, hStream);
-}
-
-/* Physical memory for virtual memory management: device memory only, tied to no context. */
-CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                     const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    KGPU_ENTER(cuMemCreate, (handle, size, prop, flags));
-    if (handle == NULL || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-        size == 0)
-        return real_(handle, size, prop, flags);
-    where w = {.li = kgpu__dev_index(prop->location.id), .ctx = NULL};
-    CHARGE_OR_RETURN(w.li, size);
-    CUresult r = real_(handle, size, prop, flags);
-    return settle(r, KGPU_TRACK_HANDLE, r == CUDA_SUCCESS ? *handle : 0, size, &w);
+    return kgpu__settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
 }
 
 CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
 {
     KGPU_ENTER(cuArrayCreate_v2, (pHandle, pAllocateArray));
-    where w;
-    CUresult r = where_current(&w);
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
     if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
         return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
     const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
@@ -500,14 +431,15 @@ CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAlloca
         kgpu_track_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, 0, 1);
     CHARGE_OR_RETURN(w.li, bytes);
     r = real_(pHandle, pAllocateArray);
-    return settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes, &w);
+    return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
+                        &w);
 }
 
 CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
 {
     KGPU_ENTER(cuArray3DCreate_v2, (pHandle, pAllocateArray));
-    where w;
-    CUresult r = where_current(&w);
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
     if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
         return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
@@ -515,7 +447,8 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAl
                                             d->NumChannels, d->Flags, 1);
     CHARGE_OR_RETURN(w.li, bytes);
     r = real_(pHandle, pAllocateArray);
-    return settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes, &w);
+    return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
+                        &w);
 }
 
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
@@ -523,8 +456,8 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
                                 unsigned int numMipmapLevels)
 {
     KGPU_ENTER(cuMipmappedArrayCreate, (pHandle, pMipmappedArrayDesc, numMipmapLevels));
-    where w;
-    CUresult r = where_current(&w);
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
     if (r != CUDA_SUCCESS || pHandle == NULL || pMipmappedArrayDesc == NULL)
         return r != CUDA_SUCCESS ? r : real_(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
@@ -532,7 +465,8 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
                                             d->NumChannels, d->Flags, numMipmapLevels);
     CHARGE_OR_RETURN(w.li, bytes);
     r = real_(pHandle, pMipmappedArrayDesc, numMipmapLevels);
-    return settle(r, KGPU_TRACK_MIPMAP, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes, &w);
+    return kgpu__settle(r, KGPU_TRACK_MIPMAP, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
+                        &w);
 }
 
 /* ---- what gives memory back ---- */
@@ -543,32 +477,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
     kgpu_track_rec rec;
     /* Forget first: once the driver frees it, another thread may get the same address. */
     int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, dptr, &rec);
-    return settle_free(real_(dptr), had, &rec);
-}
-
-/* The charge goes back when the free is enqueued, not when the stream reaches it. */
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-    KGPU_ENTER(cuMemFreeAsync, (dptr, hStream));
-    kgpu_track_rec rec;
-    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, dptr, &rec);
-    return settle_free(real_(dptr, hStream), had, &rec);
-}
-
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
-{
-    KGPU_ENTER(cuMemFreeAsync_ptsz, (dptr, hStream));
-    kgpu_track_rec rec;
-    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, dptr, &rec);
-    return settle_free(real_(dptr, hStream), had, &rec);
-}
-
-CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    KGPU_ENTER(cuMemRelease, (handle));
-    kgpu_track_rec rec;
-    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_HANDLE, handle, &rec);
-    return settle_free(real_(handle), had, &rec);
+    return kgpu__settle_free(real_(dptr), had, &rec);
 }
 
 CUresult cuArrayDestroy(CUarray hArray)
@@ -576,7 +485,7 @@ CUresult cuArrayDestroy(CUarray hArray)
     KGPU_ENTER(cuArrayDestroy, (hArray));
     kgpu_track_rec rec;
     int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_ARRAY, (uintptr_t)hArray, &rec);
-    return settle_free(real_(hArray), had, &rec);
+    return kgpu__settle_free(real_(hArray), had, &rec);
 }
 
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
@@ -585,7 +494,131 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     kgpu_track_rec rec;
     int had =
         kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MIPMAP, (uintptr_t)hMipmappedArray, &rec);
-    return settle_free(real_(hMipmappedArray), had, &rec);
+    return kgpu__settle_free(real_(hMipmappedArray), had, &rec);
+}
+
+/* ---- the entry points from before CUDA 3.2: 32-bit pointers and sizes ---- */
+
+CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
+{
+    KGPU_ENTER(cuMemGetInfo, (free, total));
+    size_t f = 0, t = 0;
+    CUresult r = cuMemGetInfo_v2(&f, &t); /* the share, from the same figures */
+    if (r != CUDA_SUCCESS || (r = real_(free, total)) != CUDA_SUCCESS)
+        return r;
+    if (free != NULL && f < *free)
+        *free = (unsigned int)f;
+    if (total != NULL && t < *total)
+        *total = (unsigned int)t;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    KGPU_ENTER(cuDeviceTotalMem, (bytes, dev));
+    CUresult r = real_(bytes, dev);
+    uint64_t lim = kgpu__limit(kgpu__dev_index(dev));
+    if (r == CUDA_SUCCESS && bytes != NULL && lim < *bytes)
+        *bytes = (unsigned int)lim;
+    return r;
+}
+
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    KGPU_ENTER(cuMemAlloc, (dptr, bytesize));
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
+    if (r != CUDA_SUCCESS || bytesize == 0 || dptr == NULL)
+        return r != CUDA_SUCCESS ? r : real_(dptr, bytesize);
+    CHARGE_OR_RETURN(w.li, bytesize);
+    r = real_(dptr, bytesize);
+    /* Recorded under the zero-extended address, so cuMemFree_v2 of it finds it too. */
+    return kgpu__settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? (CUdeviceptr)*dptr : 0, bytesize,
+                        &w);
+}
+
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
+                         unsigned int Height, unsigned int ElementSizeBytes)
+{
+    KGPU_ENTER(cuMemAllocPitch, (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
+    if (r != CUDA_SUCCESS || WidthInBytes == 0 || Height == 0 || dptr == NULL || pPitch == NULL)
+        return r != CUDA_SUCCESS ? r : real_(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    uint64_t pitch = ((uint64_t)WidthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    uint64_t est = pitch * Height; /* both below 2^32: no overflow */
+    CHARGE_OR_RETURN(w.li, est);
+    r = real_(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (r != CUDA_SUCCESS)
+        return kgpu__settle(r, KGPU_TRACK_MEM, 0, est, &w);
+    uint64_t bytes = (uint64_t)*pPitch * Height;
+    if (bytes > est && kgpu__charge(w.li, bytes - est) != CUDA_SUCCESS) {
+        KGPU_REAL(cuMemFree_v2)((CUdeviceptr)*dptr);
+        kgpu__uncharge(w.li, est);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (bytes < est)
+        kgpu__uncharge(w.li, est - bytes);
+    return kgpu__settle(CUDA_SUCCESS, KGPU_TRACK_MEM, (CUdeviceptr)*dptr, bytes, &w);
+}
+
+CUresult cuMemFree(CUdeviceptr_v1 dptr)
+{
+    KGPU_ENTER(cuMemFree, (dptr));
+    kgpu_track_rec rec;
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, (CUdeviceptr)dptr, &rec);
+    return kgpu__settle_free(real_(dptr), had, &rec);
+}
+
+CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray)
+{
+    KGPU_ENTER(cuArrayCreate, (pHandle, pAllocateArray));
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
+    if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
+        return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
+    const CUDA_ARRAY_DESCRIPTOR_v1 *d = pAllocateArray;
+    uint64_t bytes =
+        kgpu_track_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, 0, 1);
+    CHARGE_OR_RETURN(w.li, bytes);
+    r = real_(pHandle, pAllocateArray);
+    return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
+                        &w);
+}
+
+CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray)
+{
+    KGPU_ENTER(cuArray3DCreate, (pHandle, pAllocateArray));
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
+    if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
+        return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
+    const CUDA_ARRAY3D_DESCRIPTOR_v1 *d = pAllocateArray;
+    uint64_t bytes = kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
+                                            d->NumChannels, d->Flags, 1);
+    CHARGE_OR_RETURN(w.li, bytes);
+    r = real_(pHandle, pAllocateArray);
+    return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
+                        &w);
+}
+
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    KGPU_ENTER(cuCtxCreate, (pctx, flags, dev));
+    int li = kgpu__dev_index(dev);
+    CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);
+    return ctx_created(real_(pctx, flags, dev), pctx, li);
+}
+
+CUresult cuCtxDestroy(CUcontext ctx)
+{
+    KGPU_ENTER(cuCtxDestroy, (ctx));
+    kgpu_track_rec rec;
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_CTX, (uintptr_t)ctx, &rec);
+    CUresult r = kgpu__settle_free(real_(ctx), had, &rec);
+    if (r == CUDA_SUCCESS)
+        kgpu__drop_ctx(ctx);
+    return r;
 }
 
 /* ---- NVML ---- */

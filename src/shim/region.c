@@ -32,8 +32,28 @@ struct kgpu_shim_region {
     int slot;       /* this process's slot, -1 before its first reservation */
     pid_t pid;      /* the process that owns `slot` */
     uint64_t start; /* its start time */
+    uint32_t pidns; /* its PID namespace */
+    int fd;         /* the region, open: its open file description holds the slot's lock */
+    /*
+     * A page the kernel zeroes in a child (MADV_WIPEONFORK): *mark == 0
+     * means this handle was inherited by a child that did not go through
+     * kgpu_shim_region_forked. NULL where the kernel cannot: getpid() then.
+     */
+    volatile uint8_t *mark;
+    pid_t attacher; /* getpid() when the mark was last set, for the fallback */
     char path[PATH_MAX];
 };
+
+/* Slot s's liveness lock is byte LOCK_BASE + s of the file (past its end: no data is locked). */
+#define LOCK_BASE ((off_t)sizeof(kgpu_region_file))
+
+#ifndef F_OFD_GETLK
+#define F_OFD_GETLK  36
+#define F_OFD_SETLK  37
+#endif
+#ifndef MADV_WIPEONFORK
+#define MADV_WIPEONFORK 18
+#endif
 
 /* Relaxed loads and stores: every writer holds the lock; readers outside it only observe. */
 static uint64_t get(_Atomic uint64_t *a)
@@ -91,6 +111,39 @@ static char read_stat(pid_t pid, uint64_t *start, int *err_no)
     }
     *start = strtoull(p, NULL, 10);
     return state;
+}
+
+/* Inode of this process's PID namespace ("pid:[4026531836]"), or 0. */
+static uint32_t own_pidns(void)
+{
+    char buf[64];
+    ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    const char *p = strchr(buf, '[');
+    return p != NULL ? (uint32_t)strtoul(p + 1, NULL, 10) : 0;
+}
+
+/* The slot lock at byte LOCK_BASE + s through fd: F_WRLCK to take, F_UNLCK to drop. 0 or -1. */
+static int slot_lock(int fd, int s, short type)
+{
+    if (fd < 0)
+        return -1;
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = LOCK_BASE + s, .l_len = 1};
+    return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+/* 1 when some other open file description holds slot s's lock, 0 when none does, -1 unknown. */
+static int slot_locked(int fd, int s)
+{
+    if (fd < 0)
+        return -1;
+    struct flock fl = {
+        .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = LOCK_BASE + s, .l_len = 1};
+    if (fcntl(fd, F_OFD_GETLK, &fl) != 0)
+        return -1;
+    return fl.l_type != F_UNLCK;
 }
 
 uint64_t kgpu_shim_process_start_time(pid_t pid)
@@ -155,18 +208,42 @@ static void free_slot(kgpu_region_file *f, int s)
     atomic_store_explicit(&f->slot[s].pid, 0, memory_order_relaxed);
 }
 
+/*
+ * Lock held. Whether the owner of slot s (pid) still runs. Its slot lock
+ * settles it when held; otherwise a pid of this PID namespace is looked up;
+ * a pid of another namespace means nothing here, so the lock alone decides
+ * (and where locks are unknown, the slot is left alone).
+ */
+static int owner_alive(kgpu_shim_region *r, int s, pid_t pid)
+{
+    const kgpu_region_slot *sl = &r->map->slot[s];
+    int held = slot_locked(r->fd, s);
+    if (held == 1)
+        return 1;
+    if (sl->pidns == 0 || r->pidns == 0 || sl->pidns == r->pidns)
+        return kgpu_shim_process_alive(pid, sl->start_time);
+    return held != 0;
+}
+
 /* Lock held. A slot with this process's pid and start time but not its own is from before an exec.
  */
 static int reclaim_locked(kgpu_shim_region *r)
 {
     kgpu_region_file *f = r->map;
     int n = 0;
+    if (r->pidns == 0)
+        r->pidns = own_pidns();
+    if (r->start == 0) {
+        r->pid = getpid();
+        r->start = kgpu_shim_process_start_time(r->pid);
+    }
     for (int s = 0; s < KGPU_REGION_SLOTS; s++) {
         pid_t pid = atomic_load_explicit(&f->slot[s].pid, memory_order_relaxed);
         if (pid == 0 || s == r->slot)
             continue;
-        int stale = pid == r->pid && f->slot[s].start_time == r->start;
-        if (stale || !kgpu_shim_process_alive(pid, f->slot[s].start_time)) {
+        int stale = pid == r->pid && f->slot[s].start_time == r->start &&
+                    (f->slot[s].pidns == 0 || f->slot[s].pidns == r->pidns);
+        if (stale || !owner_alive(r, s, pid)) {
             free_slot(f, s);
             n++;
         }
@@ -183,18 +260,26 @@ int kgpu_shim_region_reclaim(kgpu_shim_region *r)
     return n;
 }
 
-/* Lock held: takes a free slot for this process, reclaiming dead ones first. */
+/*
+ * Lock held: takes a free slot for this process, reclaiming dead ones
+ * first, and its liveness lock (a slot whose lock someone still holds is
+ * passed over).
+ */
 static int take_slot(kgpu_shim_region *r)
 {
     r->pid = getpid();
     r->start = kgpu_shim_process_start_time(r->pid);
+    r->pidns = own_pidns();
     reclaim_locked(r);
     for (int s = 0; s < KGPU_REGION_SLOTS; s++) {
         kgpu_region_slot *sl = &r->map->slot[s];
         if (atomic_load_explicit(&sl->pid, memory_order_relaxed) != 0)
             continue;
+        if (slot_lock(r->fd, s, F_WRLCK) != 0 && r->fd >= 0 && errno != EINVAL)
+            continue; /* EAGAIN: held by a process that lost the slot but lives */
         for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++)
             put(&sl->bytes[d], 0);
+        sl->pidns = r->pidns;
         sl->start_time = r->start;
         atomic_store_explicit(&sl->pid, r->pid, memory_order_relaxed);
         r->slot = s;
@@ -203,10 +288,32 @@ static int take_slot(kgpu_shim_region *r)
     return -1;
 }
 
+/* Re-arms the fork mark and opens the file again: the inherited description is the parent's. */
+static void become_child(kgpu_shim_region *r)
+{
+    r->slot = -1;
+    r->start = 0;
+    if (r->mark != NULL)
+        *r->mark = 1;
+    r->attacher = getpid();
+    if (r->fd >= 0)
+        close(r->fd);
+    r->fd = open(r->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+}
+
+int kgpu_shim_region_same_process(kgpu_shim_region *r)
+{
+    int same = r->mark != NULL ? *r->mark != 0 : getpid() == r->attacher;
+    if (!same)
+        become_child(r);
+    return same;
+}
+
 int kgpu_shim_region_reserve(kgpu_shim_region *r, int dev, uint64_t bytes, uint64_t limit)
 {
     if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES)
         return KGPU_ENOFIT;
+    kgpu_shim_region_same_process(r);
     if (lock(r) != 0)
         return KGPU_ESTATE;
     int rc = KGPU_OK;
@@ -234,7 +341,8 @@ out:
 
 void kgpu_shim_region_release(kgpu_shim_region *r, int dev, uint64_t bytes)
 {
-    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES || bytes == 0 || r->slot < 0)
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES || bytes == 0 ||
+        !kgpu_shim_region_same_process(r) || r->slot < 0)
         return;
     if (lock(r) != 0)
         return;
@@ -256,25 +364,28 @@ uint64_t kgpu_shim_region_used(const kgpu_shim_region *r, int dev)
     return get(&r->map->dev[dev].used);
 }
 
-uint64_t kgpu_shim_region_mine(const kgpu_shim_region *r, int dev)
+uint64_t kgpu_shim_region_mine(kgpu_shim_region *r, int dev)
 {
-    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES || r->slot < 0)
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES || !kgpu_shim_region_same_process(r) ||
+        r->slot < 0)
         return 0;
     return get(&r->map->slot[r->slot].bytes[dev]);
 }
 
 void kgpu_shim_region_leave(kgpu_shim_region *r)
 {
-    if (r->slot < 0 || lock(r) != 0)
+    /* A child that never said it was one must not free the slot it inherited. */
+    if (!kgpu_shim_region_same_process(r) || r->slot < 0 || lock(r) != 0)
         return;
     free_slot(r->map, r->slot);
+    slot_lock(r->fd, r->slot, F_UNLCK);
     r->slot = -1;
     unlock(r);
 }
 
 void kgpu_shim_region_forked(kgpu_shim_region *r)
 {
-    r->slot = -1;
+    become_child(r);
 }
 
 /* Checks a mapped file's header; 0 if it is this version's layout. */
@@ -350,6 +461,7 @@ int kgpu_shim_region_attach(const char *dir, const char *name, const kgpu_shim_l
     if (r == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     r->slot = -1;
+    r->fd = -1;
     if ((size_t)snprintf(r->path, sizeof(r->path), "%s/%s.acct", dir, name) >= sizeof(r->path)) {
         free(r);
         return kgpu_error_set(err, KGPU_EINVAL, "accounting directory path too long: %s", dir);
@@ -376,14 +488,25 @@ int kgpu_shim_region_attach(const char *dir, const char *name, const kgpu_shim_l
         goto fail;
     }
     r->map = mmap(NULL, sizeof(kgpu_region_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (r->map == MAP_FAILED) {
         rc = kgpu_error_set(err, KGPU_EIO, "cannot map %s: %s", r->path, strerror(errno));
+        close(fd);
         goto fail;
     }
     if ((rc = check_layout(r->map, (size_t)st.st_size, r->path, err)) != KGPU_OK) {
         munmap(r->map, sizeof(kgpu_region_file));
+        close(fd);
         goto fail;
+    }
+    r->fd = fd;
+    r->attacher = getpid();
+    void *page = mmap(NULL, (size_t)sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page != MAP_FAILED && madvise(page, (size_t)sysconf(_SC_PAGESIZE), MADV_WIPEONFORK) == 0) {
+        r->mark = page;
+        *r->mark = 1;
+    } else if (page != MAP_FAILED) {
+        munmap(page, (size_t)sysconf(_SC_PAGESIZE));
     }
     for (int i = 0; i < lim->ndevices; i++) {
         kgpu_region_device *d = &r->map->dev[i];
@@ -407,6 +530,10 @@ void kgpu_shim_region_detach(kgpu_shim_region *r)
     if (r == NULL)
         return;
     munmap(r->map, sizeof(kgpu_region_file));
+    if (r->mark != NULL)
+        munmap((void *)r->mark, (size_t)sysconf(_SC_PAGESIZE));
+    if (r->fd >= 0)
+        close(r->fd);
     free(r);
 }
 

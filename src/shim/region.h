@@ -35,8 +35,8 @@ typedef struct kgpu_region_device {
 } kgpu_region_device;
 
 typedef struct kgpu_region_slot {
-    _Atomic int32_t pid; /* 0: free */
-    uint32_t reserved;
+    _Atomic int32_t pid; /* 0: free; as the process's own PID namespace numbers it */
+    uint32_t pidns;      /* inode of that PID namespace; 0: unknown (read as the reader's own) */
     uint64_t start_time; /* field 22 of /proc/<pid>/stat: tells a reused pid apart */
     _Atomic uint64_t bytes[KGPU_SHIM_MAX_DEVICES]; /* what this process holds, per device */
 } kgpu_region_slot;
@@ -92,7 +92,7 @@ void kgpu_shim_region_release(kgpu_shim_region *r, int dev, uint64_t bytes);
 uint64_t kgpu_shim_region_used(const kgpu_shim_region *r, int dev);
 
 /* Bytes this process holds on `dev`. */
-uint64_t kgpu_shim_region_mine(const kgpu_shim_region *r, int dev);
+uint64_t kgpu_shim_region_mine(kgpu_shim_region *r, int dev);
 
 /*
  * Gives back everything this process holds and frees its slot (at exit).
@@ -103,11 +103,28 @@ void kgpu_shim_region_leave(kgpu_shim_region *r);
 /*
  * In a child after fork(): forgets the parent's slot without touching it
  * (the parent still holds it); the child takes its own at its first
- * reservation. Only async-signal-safe work.
+ * reservation. Only async-signal-safe work. A child made without fork's
+ * handlers (_Fork(), clone(), a raw syscall) is noticed by the region
+ * itself at its next call (a MADV_WIPEONFORK page), so that it can never
+ * give back or free its parent's slot.
  */
 void kgpu_shim_region_forked(kgpu_shim_region *r);
 
-/* Reclaims the slots of dead processes now; returns how many. */
+/*
+ * Whether this handle is still used by the process that attached it or
+ * took its slot (1), or by a child that inherited it without
+ * kgpu_shim_region_forked (0; the handle then forgets the parent's slot).
+ */
+int kgpu_shim_region_same_process(kgpu_shim_region *r);
+
+/*
+ * Reclaims the slots of dead processes now; returns how many. A process is
+ * alive while it holds the open-file-description lock on its slot's byte
+ * (taken with the slot; the kernel drops it when the process is gone,
+ * whatever PID namespace it ran in); where that cannot tell, a process of
+ * the reader's PID namespace is judged by pid and start time, and one of
+ * another namespace is left alone.
+ */
 int kgpu_shim_region_reclaim(kgpu_shim_region *r);
 
 /*

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@
 #define LIMITS_PATH     "/etc/kgpu/limits"
 #define SHARED_DIR      "/var/run/kgpu"
 #define LIMITS_MAX_SIZE (64 * 1024)
+#define MADV_WIPEONFORK_ 18 /* Linux 4.14; older kernels say EINVAL */
 
 kgpu_shim_state kgpu__shim = {
     .config_once = PTHREAD_ONCE_INIT,
@@ -37,6 +39,8 @@ kgpu_shim_state kgpu__shim = {
     .dev_mu = PTHREAD_MUTEX_INITIALIZER,
     .prim_mu = PTHREAD_MUTEX_INITIALIZER,
     .track = KGPU_TRACK_INIT,
+    .vmm = KGPU_VMM_INIT(kgpu__export_open),
+    .pool_mu = PTHREAD_MUTEX_INITIALIZER,
 };
 
 /* ---- the table generated from hooks.def ---- */
@@ -70,6 +74,14 @@ static void *const hooks[KGPU_FN_COUNT] = {
 void *kgpu__hook(int i)
 {
     return i >= 0 && i < KGPU_FN_COUNT ? hooks[i] : NULL;
+}
+
+static int hooked_index(const char *name);
+
+void *kgpu__hook_named(const char *name)
+{
+    int i = hooked_index(name);
+    return i >= 0 ? hooks[i] : NULL;
 }
 
 /* Index of the hooked entry called `name`, or -1. Not a hot path (dlsym). */
@@ -238,17 +250,24 @@ static uint64_t context_bytes(void)
     return mib << 20;
 }
 
-/* The order every path takes these locks in: prim_mu, then dev_mu, then the table's. */
+/*
+ * The order every path takes these locks in: prim_mu, then dev_mu, then
+ * pool_mu, then the virtual memory table's, then the allocation table's.
+ */
 static void fork_prepare(void)
 {
     pthread_mutex_lock(&kgpu__shim.prim_mu);
     pthread_mutex_lock(&kgpu__shim.dev_mu);
+    pthread_mutex_lock(&kgpu__shim.pool_mu);
+    pthread_mutex_lock(&kgpu__shim.vmm.mu);
     pthread_mutex_lock(&kgpu__shim.track.mu);
 }
 
 static void fork_parent(void)
 {
     pthread_mutex_unlock(&kgpu__shim.track.mu);
+    pthread_mutex_unlock(&kgpu__shim.vmm.mu);
+    pthread_mutex_unlock(&kgpu__shim.pool_mu);
     pthread_mutex_unlock(&kgpu__shim.dev_mu);
     pthread_mutex_unlock(&kgpu__shim.prim_mu);
 }
@@ -268,8 +287,25 @@ static void fork_child(void)
     }
     atomic_store(&kgpu__shim.nprimary, 0);
     kgpu_track_forked(&kgpu__shim.track);
+    kgpu_vmm_forked(&kgpu__shim.vmm);
+    pthread_mutex_init(&kgpu__shim.pool_mu, NULL);
+    kgpu__shim.npools = 0; /* the array is the parent's copy: reused */
+    memset(kgpu__shim.graph_charged, 0, sizeof(kgpu__shim.graph_charged));
+    if (kgpu__shim.fork_mark != NULL)
+        *kgpu__shim.fork_mark = 1;
     if (kgpu__shim.region != NULL)
         kgpu_shim_region_forked(kgpu__shim.region);
+}
+
+/*
+ * A child made by _Fork(), clone() or a raw fork syscall ran no fork
+ * handlers: its inherited state is the parent's. The first hooked call that
+ * sees the wiped mark drops it, as fork_child would have.
+ */
+void kgpu__forked_quietly(void)
+{
+    if (__atomic_exchange_n(kgpu__shim.fork_mark, 1, __ATOMIC_ACQ_REL) == 0)
+        fork_child();
 }
 
 /* At exit: what this process holds goes back now rather than when a reservation next fails. */
@@ -323,6 +359,15 @@ static void config_once(void)
         set_failed("cannot register fork handlers");
         return;
     }
+    void *page = mmap(NULL, (size_t)sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page != MAP_FAILED &&
+        madvise(page, (size_t)sysconf(_SC_PAGESIZE), MADV_WIPEONFORK_) == 0) {
+        kgpu__shim.fork_mark = page;
+        *kgpu__shim.fork_mark = 1;
+    } else if (page != MAP_FAILED) {
+        munmap(page, (size_t)sysconf(_SC_PAGESIZE)); /* old kernel: the region still checks pids */
+    }
     atomic_store(&kgpu__shim.mode, KGPU_MODE_ACTIVE);
 }
 
@@ -375,7 +420,11 @@ int kgpu__cuda(void)
         pthread_once(&kgpu__shim.cuda_once, cuda_once);
         atomic_store_explicit(&kgpu__shim.cuda_ready, 1, memory_order_release);
     }
-    return atomic_load_explicit(&kgpu__shim.mode, memory_order_relaxed);
+    int mode = atomic_load_explicit(&kgpu__shim.mode, memory_order_relaxed);
+    if (mode == KGPU_MODE_ACTIVE && kgpu__shim.fork_mark != NULL &&
+        __builtin_expect(*kgpu__shim.fork_mark == 0, 0))
+        kgpu__forked_quietly();
+    return mode;
 }
 
 static void nvml_once(void)
@@ -475,6 +524,17 @@ void kgpu__map_devices(void)
     }
     atomic_store_explicit(&kgpu__shim.dev_mapped, 1, memory_order_release);
     pthread_mutex_unlock(&kgpu__shim.dev_mu);
+}
+
+CUdevice kgpu__cuda_dev(int li)
+{
+    kgpu__map_devices();
+    if (li < 0 || !atomic_load_explicit(&kgpu__shim.dev_mapped, memory_order_acquire))
+        return -1;
+    for (int d = 0; d < KGPU_SHIM_MAX_CUDA_DEVICES; d++)
+        if (kgpu__shim.devmap[d] == li)
+            return d;
+    return -1;
 }
 
 int kgpu__dev_index(CUdevice dev)

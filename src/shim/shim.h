@@ -18,6 +18,7 @@
 #include "shimlimits.h"
 #include "region.h"
 #include "track.h"
+#include "vmm.h"
 
 #define KGPU_EXPORT __attribute__((visibility("default")))
 
@@ -86,6 +87,29 @@ typedef struct kgpu_shim_state {
     _Atomic int nprimary;
 
     kgpu_track track;
+    kgpu_vmm vmm;
+
+    /*
+     * Stream-ordered pools seen in this process, each charged what the
+     * driver says it reserves; and each device's graph memory, likewise.
+     * Under pool_mu.
+     */
+    pthread_mutex_t pool_mu;
+    struct kgpu_shim_pool {
+        CUmemoryPool pool;
+        int li;         /* limits index charged */
+        CUdevice dev;   /* CUDA ordinal */
+        uint64_t charged;
+    } *pools;
+    size_t npools, cap_pools;
+    uint64_t graph_charged[KGPU_SHIM_MAX_CUDA_DEVICES];
+
+    /*
+     * A MADV_WIPEONFORK page: 0 in a child made without fork's handlers
+     * (_Fork, clone), whose inherited state is then dropped at its next
+     * hooked call as fork_child drops it. NULL where the kernel cannot.
+     */
+    volatile uint8_t *fork_mark;
 } kgpu_shim_state;
 
 extern kgpu_shim_state kgpu__shim;
@@ -136,5 +160,91 @@ void *kgpu__proc_substitute(const char *symbol, void *fn, int version, cuuint64_
 
 /* The hook for entry i, or NULL (CALL entries). */
 void *kgpu__hook(int i);
+
+/* The hook called `name` (without dlsym's lookup of the driver), or NULL. */
+void *kgpu__hook_named(const char *name);
+
+/* In a child made without fork's handlers: what fork_child would have done. */
+void kgpu__forked_quietly(void);
+
+/* ---- shared by the hooks (hooks.c, hooks_mem.c) ---- */
+
+/*
+ * Resolves the driver once, then: pass-through without limits, refusal
+ * with unusable ones, CUDA_ERROR_NOT_FOUND when the driver lacks the
+ * function. Leaves `real_` set to the driver's function.
+ */
+#define KGPU_ENTER(name, args)                                                                     \
+    int mode_ = kgpu__cuda();                                                                      \
+    kgpu__pfn_##name real_ = KGPU_REAL(name);                                                      \
+    if (mode_ == KGPU_MODE_PASS)                                                                   \
+        return real_ != NULL ? real_ args : CUDA_ERROR_NOT_FOUND;                                  \
+    if (mode_ != KGPU_MODE_ACTIVE)                                                                 \
+        return kgpu__refuse();                                                                     \
+    if (real_ == NULL)                                                                             \
+    return CUDA_ERROR_NOT_FOUND
+
+#define STREAM_LEGACY     ((CUstream)0x1)
+#define STREAM_PER_THREAD ((CUstream)0x2)
+
+/* Where an allocation lands: limits index charged, CUDA ordinal, the context it dies with. */
+typedef struct kgpu_where {
+    int li;
+    CUdevice dev;
+    CUcontext ctx;
+} kgpu_where;
+
+/* After the driver answered a counted call charged `bytes` at w: keep (recorded) or give back. */
+CUresult kgpu__settle(CUresult r, int kind, uint64_t key, uint64_t bytes, const kgpu_where *w);
+
+/* After the driver answered a free of `rec` (had: it was recorded): back if the memory went. */
+CUresult kgpu__settle_free(CUresult r, int had, const kgpu_track_rec *rec);
+
+/* The current context's device (li -2 before cuInit). */
+CUresult kgpu__where_current(kgpu_where *w);
+
+/* The device of a stream's context. */
+CUresult kgpu__where_stream(CUstream s, kgpu_where *w);
+
+/*
+ * Reserves `bytes` on limits index li: CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY
+ * over the limit (after giving back what dead processes, closed exports and
+ * shrunken pools no longer hold), or CUDA_ERROR_NOT_INITIALIZED for li -2.
+ */
+CUresult kgpu__charge(int li, uint64_t bytes);
+
+/* kgpu__charge, returning its error from the calling hook when it fails. */
+#define CHARGE_OR_RETURN(li, bytes)                                                                \
+    do {                                                                                           \
+        CUresult charged_ = kgpu__charge(li, bytes);                                               \
+        if (charged_ != CUDA_SUCCESS)                                                              \
+            return charged_;                                                                       \
+    } while (0)
+
+/* Records `bytes` the driver already holds, whatever the limit (a pool grew past its estimate). */
+void kgpu__charge_anyway(int li, uint64_t bytes);
+
+/* Gives back `bytes` on li. */
+void kgpu__uncharge(int li, uint64_t bytes);
+
+/* Gives back what a vmm call freed. */
+void kgpu__uncharge_freed(const kgpu_vmm_freed *f);
+
+/* Gives back everything recorded under a context that no longer exists. */
+void kgpu__drop_ctx(CUcontext ctx);
+
+/*
+ * What the driver holds that the shim charged by its own report and that
+ * may have shrunk since (pools, graph memory) or been let go (closed
+ * exports): charges brought down to the driver's figures. Called when a
+ * reservation would fail.
+ */
+void kgpu__mem_refresh(void);
+
+/* Whether an exported descriptor is still open in this process (vmm.h's is_open). */
+int kgpu__export_open(const kgpu_vmm_export *e);
+
+/* The CUDA ordinal of limits index li (first match), or -1. */
+CUdevice kgpu__cuda_dev(int li);
 
 #endif

@@ -94,6 +94,19 @@ out:
     return rc;
 }
 
+int kgpu_track_get(kgpu_track *t, int kind, uint64_t key, kgpu_track_rec *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&t->mu);
+    if (t->cells != NULL) {
+        size_t i = probe(t, kind, key, &found);
+        if (found)
+            *out = t->cells[i];
+    }
+    pthread_mutex_unlock(&t->mu);
+    return found;
+}
+
 int kgpu_track_take(kgpu_track *t, int kind, uint64_t key, kgpu_track_rec *out)
 {
     int found = 0;

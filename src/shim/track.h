@@ -23,6 +23,11 @@ enum kgpu_track_kind {
     KGPU_TRACK_ARRAY,   /* CUarray */
     KGPU_TRACK_MIPMAP,  /* CUmipmappedArray */
     KGPU_TRACK_CTX,     /* CUcontext from cuCtxCreate: its footprint */
+    KGPU_TRACK_GRAPHEXEC, /* CUgraphExec ^ (limits index << 58): its memory nodes' bytes there */
+    KGPU_TRACK_LIMIT,     /* context ^ (CUlimit << 56): what raising that limit was charged */
+    KGPU_TRACK_LIMITBASE, /* same key: the limit's value before it was first raised (in bytes) */
+    KGPU_TRACK_MODULE,    /* CUmodule: its footprint as measured when it loaded */
+    KGPU_TRACK_LIBRARY,   /* CUlibrary: likewise */
 };
 
 typedef struct kgpu_track_rec {
@@ -46,6 +51,9 @@ typedef struct kgpu_track {
 
 /* Records `rec` (replacing a record of the same kind and key). 0, or -1 when out of memory. */
 int kgpu_track_put(kgpu_track *t, const kgpu_track_rec *rec);
+
+/* Copies the record of (kind, key) into *out, leaving it; 1 if there is one, else 0. */
+int kgpu_track_get(kgpu_track *t, int kind, uint64_t key, kgpu_track_rec *out);
 
 /* Removes the record of (kind, key) into *out; 1 if there was one, else 0. */
 int kgpu_track_take(kgpu_track *t, int kind, uint64_t key, kgpu_track_rec *out);
