@@ -527,7 +527,11 @@ static int kill_checked(const dp_watcher *w, unsigned pid, const dp_cgroup_id *w
     return rc;
 }
 
-/* Compares the entry with its share and acts on what changed. */
+/*
+ * Compares the entry with its share and acts on what changed: kills first
+ * (enforce: kill, memory), then Events, so a slow API server delays only
+ * the Event.
+ */
 static void judge(dp_watcher *w, wentry *e)
 {
     const kgpu_gpu_info *g = &w->gpus[e->gpu];
@@ -537,47 +541,47 @@ static void judge(dp_watcher *w, wentry *e)
                     e->sm > e->core_share + w->cfg.core_slack_pct;
     e->core_streak = core_now ? e->core_streak + 1 : 0;
     bool core_over = e->core_streak >= w->cfg.core_grace_scans;
-
-    if (mem_over && !e->mem_over) {
-        e->mem_episodes++;
-        post_event(w, e, "GPUMemoryOverShare",
-                   "uses %" PRId64 " MiB of GPU %d (%s), over its share of %" PRId64
-                   " MiB%s",
-                   e->used / MIB, g->index, g->uuid, e->share / MIB,
-                   w->cfg.enforce == DP_ENFORCE_KILL ? "; its GPU processes are being killed"
-                                                     : "");
-    }
+    bool mem_began = mem_over && !e->mem_over, core_began = core_over && !e->core_over;
+    e->mem_over = mem_over;
+    e->core_over = core_over;
     if (!mem_over)
         e->killed_event = false;
-    e->mem_over = mem_over;
-    if (core_over && !e->core_over) {
+
+    int killed = 0, failed = 0;
+    if (mem_over && w->cfg.enforce == DP_ENFORCE_KILL) {
+        for (int i = 0; i < e->npids; i++) {
+            int r = kill_checked(w, e->pids[i], &e->id);
+            killed += r > 0;
+            failed += r < 0;
+        }
+        e->killed += (uint64_t)killed;
+        w->kills += (uint64_t)killed;
+        w->kill_failures += (uint64_t)failed;
+        if (failed > 0)
+            dp_log(DP_ERROR,
+                   "watcher: %d GPU process(es) of container %s could not be killed (the KILL "
+                   "capability or the host PID namespace missing?)",
+                   failed, e->id.container_id);
+    }
+    if (mem_began) {
+        e->mem_episodes++;
+        post_event(w, e, "GPUMemoryOverShare",
+                   "uses %" PRId64 " MiB of GPU %d (%s), over its share of %" PRId64 " MiB%s",
+                   e->used / MIB, g->index, g->uuid, e->share / MIB,
+                   w->cfg.enforce == DP_ENFORCE_KILL ? "; its GPU processes are killed" : "");
+    }
+    if (killed > 0 && !e->killed_event) {
+        e->killed_event = true;
+        post_event(w, e, "GPUShareEnforced",
+                   "killed %d GPU process(es) on GPU %d (%s): %" PRId64 " MiB used, share %" PRId64
+                   " MiB (enforce: kill)",
+                   killed, g->index, g->uuid, e->used / MIB, e->share / MIB);
+    }
+    if (core_began) {
         e->core_episodes++;
         post_event(w, e, "GPUCoreOverShare",
                    "used %d%% of GPU %d (%s) for %d scans in a row, over its share of %d%%", e->sm,
                    g->index, g->uuid, e->core_streak, e->core_share);
-    }
-    e->core_over = core_over;
-
-    if (!mem_over || w->cfg.enforce != DP_ENFORCE_KILL)
-        return;
-    int killed = 0, failed = 0;
-    for (int i = 0; i < e->npids; i++) {
-        int r = kill_checked(w, e->pids[i], &e->id);
-        killed += r > 0;
-        failed += r < 0;
-    }
-    e->killed += (uint64_t)killed;
-    w->kills += (uint64_t)killed;
-    w->kill_failures += (uint64_t)failed;
-    if (failed > 0)
-        dp_log(DP_ERROR, "watcher: %d GPU process(es) of container %s could not be killed", failed,
-               e->id.container_id);
-    if (killed > 0 && !e->killed_event) {
-        e->killed_event = true;
-        post_event(w, e, "GPUShareEnforced",
-                   "killed %d GPU process(es) on GPU %d (%s): %" PRId64
-                   " MiB used, share %" PRId64 " MiB (enforce: kill)",
-                   killed, g->index, g->uuid, e->used / MIB, e->share / MIB);
     }
 }
 

@@ -26,6 +26,8 @@
 
 #include <cmocka.h>
 
+#include <jansson.h>
+
 #include "gpu.h"
 #include "k8s.h"
 #include "watcher.h"
@@ -792,6 +794,25 @@ static void test_names_and_events_from_the_api(void **state)
     assert_int_equal(atomic_load(&s.events), 1);
     assert_int_equal(atomic_load(&s.lists), 1);
     dp_watcher_free(w);
+    /* enforce: kill: the kill, then its Event after the over-share one. */
+    pid_t p = child_in(UID_A, CID_1);
+    char script[128];
+    snprintf(script, sizeof(script), "0 %d 2000 0\n0 502 1000 0\n", (int)p);
+    procs(script);
+    c = config(DP_ENFORCE_KILL);
+    w = watcher(&c, k);
+    t = scan_text(w);
+    free(t);
+    assert_true(killed(p));
+    assert_int_equal(atomic_load(&s.events), 3);
+    pthread_mutex_lock(&s.mu);
+    ev = json_loads(s.last_event, 0, &je);
+    pthread_mutex_unlock(&s.mu);
+    assert_non_null(ev);
+    assert_string_equal(json_string_value(json_object_get(ev, "reason")), "GPUShareEnforced");
+    assert_non_null(strstr(json_string_value(json_object_get(ev, "message")), "killed 1"));
+    json_decref(ev);
+    dp_watcher_free(w);
     kgpu_k8s_free(k);
     api_stop(&s);
 }
@@ -987,6 +1008,52 @@ static void test_concurrent_metrics_reads(void **state)
     dp_watcher_free(w);
 }
 
+
+/* Every metric the shipped Grafana dashboard queries is one the watcher exports. */
+static void test_dashboard_queries_exported_metrics(void **state)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/deploy/grafana/kgpu-node.json", KGPU_SOURCE_DIR);
+    json_error_t je;
+    json_t *dash = json_load_file(path, 0, &je);
+    if (dash == NULL)
+        fail_msg("%s: %s", path, je.text);
+    dp_watch_config c = config(DP_ENFORCE_NONE);
+    dp_watcher *w = watcher(&c, NULL);
+    size_t len;
+    char *t = dp_watcher_metrics(w, &len);
+    int checked = 0;
+    json_t *panels = json_object_get(dash, "panels");
+    assert_true(json_array_size(panels) >= 6);
+    for (size_t i = 0; i < json_array_size(panels); i++) {
+        json_t *targets = json_object_get(json_array_get(panels, i), "targets");
+        assert_true(json_array_size(targets) >= 1);
+        for (size_t j = 0; j < json_array_size(targets); j++) {
+            const char *expr = json_string_value(json_object_get(json_array_get(targets, j), "expr"));
+            assert_non_null(expr);
+            for (const char *p = strstr(expr, "kgpu_"); p != NULL; p = strstr(p + 1, "kgpu_")) {
+                bool inside = p > expr && (p[-1] == '_' || p[-1] == '"' ||
+                                           (p[-1] >= 'a' && p[-1] <= 'z'));
+                if (inside)
+                    continue;
+                char name[128], want[160];
+                size_t n = 0;
+                while (n + 1 < sizeof(name) && ((p[n] >= 'a' && p[n] <= 'z') || p[n] == '_'))
+                    name[n] = p[n], n++;
+                name[n] = '\0';
+                snprintf(want, sizeof(want), "# TYPE %s ", name);
+                if (strstr(t, want) == NULL)
+                    fail_msg("the dashboard queries %s, which the watcher does not export", name);
+                checked++;
+            }
+        }
+    }
+    assert_true(checked >= 10);
+    free(t);
+    dp_watcher_free(w);
+    json_decref(dash);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1004,6 +1071,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_nvml_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_names_and_events_from_the_api, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_metrics_reads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dashboard_queries_exported_metrics, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
