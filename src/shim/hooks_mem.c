@@ -496,6 +496,79 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
     return r;
 }
 
+/*
+ * Gives back what pools let go since they were last asked (they shrink to
+ * their release threshold at synchronisations). Never raises a charge:
+ * growth is charged where it happens, at allocations.
+ */
+static void pools_refresh(void)
+{
+    for (size_t i = 0;; i++) {
+        pthread_mutex_lock(&kgpu__shim.pool_mu);
+        if (i >= kgpu__shim.npools) {
+            pthread_mutex_unlock(&kgpu__shim.pool_mu);
+            break;
+        }
+        struct kgpu_shim_pool e = kgpu__shim.pools[i];
+        pthread_mutex_unlock(&kgpu__shim.pool_mu);
+        uint64_t reserved;
+        if (pool_attr(e.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != 0 ||
+            reserved >= e.charged)
+            continue;
+        pthread_mutex_lock(&kgpu__shim.pool_mu);
+        uint64_t back = 0;
+        if (i < kgpu__shim.npools && kgpu__shim.pools[i].pool == e.pool &&
+            kgpu__shim.pools[i].charged > reserved) {
+            back = kgpu__shim.pools[i].charged - reserved;
+            kgpu__shim.pools[i].charged = reserved;
+        }
+        pthread_mutex_unlock(&kgpu__shim.pool_mu);
+        kgpu__uncharge(e.li, back);
+    }
+}
+
+/* Whether any pool is charged (read without the lock: a hint for the synchronisations). */
+static int any_pool(void)
+{
+    return __atomic_load_n(&kgpu__shim.npools, __ATOMIC_RELAXED) != 0;
+}
+
+CUresult cuCtxSynchronize(void)
+{
+    KGPU_ENTER(cuCtxSynchronize, ());
+    CUresult r = real_();
+    if (any_pool())
+        pools_refresh();
+    return r;
+}
+
+CUresult cuStreamSynchronize(CUstream hStream)
+{
+    KGPU_ENTER(cuStreamSynchronize, (hStream));
+    CUresult r = real_(hStream);
+    if (any_pool())
+        pools_refresh();
+    return r;
+}
+
+CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+    KGPU_ENTER(cuStreamSynchronize_ptsz, (hStream));
+    CUresult r = real_(hStream);
+    if (any_pool())
+        pools_refresh();
+    return r;
+}
+
+CUresult cuEventSynchronize(void *hEvent)
+{
+    KGPU_ENTER(cuEventSynchronize, (hEvent));
+    CUresult r = real_(hEvent);
+    if (any_pool())
+        pools_refresh();
+    return r;
+}
+
 /* ---- graph memory ---- */
 
 #define GRAPH_KEY(exec, li) ((uint64_t)(uintptr_t)(exec) ^ ((uint64_t)(li) << 58))
@@ -731,29 +804,7 @@ void kgpu__mem_refresh(void)
     kgpu_vmm_freed f = {0};
     if (kgpu_vmm_sweep(&kgpu__shim.vmm, &f) > 0)
         kgpu__uncharge_freed(&f);
-    /* A pool's reservation shrinks at synchronisations, which are not hooked: ask now. */
-    for (size_t i = 0;; i++) {
-        pthread_mutex_lock(&kgpu__shim.pool_mu);
-        if (i >= kgpu__shim.npools) {
-            pthread_mutex_unlock(&kgpu__shim.pool_mu);
-            break;
-        }
-        struct kgpu_shim_pool e = kgpu__shim.pools[i];
-        pthread_mutex_unlock(&kgpu__shim.pool_mu);
-        uint64_t reserved;
-        if (pool_attr(e.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != 0 ||
-            reserved >= e.charged)
-            continue;
-        pthread_mutex_lock(&kgpu__shim.pool_mu);
-        uint64_t back = 0;
-        if (i < kgpu__shim.npools && kgpu__shim.pools[i].pool == e.pool &&
-            kgpu__shim.pools[i].charged > reserved) {
-            back = kgpu__shim.pools[i].charged - reserved;
-            kgpu__shim.pools[i].charged = reserved;
-        }
-        pthread_mutex_unlock(&kgpu__shim.pool_mu);
-        kgpu__uncharge(e.li, back);
-    }
+    pools_refresh();
     for (int li = 0; li < kgpu__shim.limits.ndevices; li++) {
         CUdevice dev = kgpu__cuda_dev(li);
         uint64_t reserved;

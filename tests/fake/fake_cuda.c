@@ -18,15 +18,30 @@
  *   FAKE_CUDA_CTX_MIB   what a context takes from the pool (default 0)
  *   FAKE_CUDA_PROC_INTERNAL  1: cuGetProcAddress hands out internal
  *                       addresses for cuMemAlloc/cuMemFree, not the exports
+ *
+ * What the shim must count as the driver does is modelled after the driver
+ * API's documentation: a stream-ordered pool keeps what it reserved up to
+ * its release threshold, and gives the rest back only at a synchronisation
+ * or a trim; cuMemFreeAsync is done when its stream gets there (a
+ * cuStreamSynchronize or cuCtxSynchronize here); physical memory made by
+ * cuMemCreate lives while a handle, a mapping or an exported descriptor of
+ * it does; graph memory nodes allocate from the device's graph memory when
+ * the graph is launched or uploaded; raising a context's limits, and
+ * loading a module ("KGPUFAKEMOD <MiB>" as the image), take device memory.
+ *
  * Variants: -DFAKE_CUDA_OLD leaves out what drivers before CUDA 11 lack
  * (stream-ordered and virtual memory, cuGetProcAddress, _v2 UUIDs);
  * -DFAKE_CUDA_NO_MEMGETINFO leaves out a function the shim requires.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -58,14 +73,21 @@ typedef struct ctx {
     int alive;
     int primary_refs; /* primary contexts only */
     int is_primary;
+    size_t limits[5];             /* CUlimit 0..4 */
+    unsigned long long limit_mem; /* what limits above their defaults take */
 } ctx;
+
+struct graph;
 
 typedef struct stream {
     ctx *c;
+    struct graph *cap; /* capturing into it */
 } stream;
 
 typedef struct pool {
     int dev;
+    int alive;
+    unsigned long long reserved, used, threshold;
 } pool;
 
 typedef struct dev {
@@ -73,17 +95,31 @@ typedef struct dev {
     char uuid[64];
     ctx primary;
     pool default_pool;
+    pool *current_pool;
     unsigned long long next_addr;
+    unsigned long long graph_reserved, graph_used;
 } dev;
 
-enum kind { K_MEM = 1, K_HANDLE, K_ARRAY, K_MIPMAP };
+enum kind {
+    K_MEM = 1,
+    K_HANDLE,
+    K_ARRAY,
+    K_MIPMAP,
+    K_POOL,     /* from a stream-ordered pool: the pool holds the memory */
+    K_GRAPHMEM, /* a graph's allocation, alive after its launch */
+    K_MODULE,
+    K_LIBRARY,
+    K_MEM32, /* asked for only: recorded as K_MEM at an address below 4 GiB */
+};
 
 typedef struct alloc {
     unsigned long long key;
-    unsigned long long size;
-    ctx *c; /* NULL: not tied to a context */
+    unsigned long long size; /* taken from the device by this allocation itself */
+    ctx *c;                  /* NULL: not tied to a context */
     int dev;
-    int kind; /* 0: empty cell */
+    int kind;                /* 0: empty cell */
+    pool *owner;             /* K_POOL: the pool it came from */
+    unsigned long long part; /* K_POOL, K_GRAPHMEM: its bytes within the pool */
 } alloc;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -93,7 +129,7 @@ static dev devs[MAX_DEVS];
 static ctx ctxs[MAX_CTXS];
 static alloc *table;
 static size_t table_cap;
-static unsigned long long next_handle = 0x1000;
+static unsigned long long next_handle = 0x1000, next_addr32 = 0x10000000;
 static __thread ctx *stack[MAX_STACK];
 static __thread int depth;
 
@@ -189,7 +225,11 @@ static CUresult take(int d, unsigned long long size, ctx *c, int kind, unsigned 
         return INVALID_VALUE;
     if (size > devs[d].total - devs[d].used)
         return OUT_OF_MEMORY;
-    if (kind == K_MEM) {
+    if (kind == K_MEM32) { /* the pre-3.2 entry points: addresses below 4 GiB */
+        *key = next_addr32;
+        next_addr32 += (size + 511) / 512 * 512;
+        kind = K_MEM;
+    } else if (kind == K_MEM) {
         *key = devs[d].next_addr;
         devs[d].next_addr += (size + 511) / 512 * 512;
     } else {
@@ -263,6 +303,8 @@ CUresult cuInit(unsigned int flags)
             devs[d].primary.dev = d;
             devs[d].primary.is_primary = 1;
             devs[d].default_pool.dev = d;
+            devs[d].default_pool.alive = 1;
+            devs[d].current_pool = &devs[d].default_pool;
             snprintf(devs[d].uuid, sizeof(devs[d].uuid),
                      "GPU-fa4e0000-0000-0000-0000-0000000000%02d", d);
             if (uuids != NULL && *uuids) {
@@ -278,6 +320,14 @@ CUresult cuInit(unsigned int flags)
 }
 
 /* Not a driver function: lets tests see the pool itself, past any interception. */
+#ifndef FAKE_CUDA_OLD
+static void phys_sweep(void);
+#else
+static void phys_sweep(void)
+{
+}
+#endif
+
 EXPORT CUresult fakeCudaPoolUsed(int d, unsigned long long *used);
 CUresult fakeCudaPoolUsed(int d, unsigned long long *used)
 {
@@ -285,6 +335,7 @@ CUresult fakeCudaPoolUsed(int d, unsigned long long *used)
     if (d < 0 || d >= ndevs || used == NULL)
         return INVALID_VALUE;
     pthread_mutex_lock(&mu);
+    phys_sweep();
     *used = devs[d].used;
     pthread_mutex_unlock(&mu);
     return OK;
@@ -418,7 +469,7 @@ CUresult cuCtxDestroy_v2(ctx *c)
         return INVALID_CONTEXT;
     }
     free_ctx_allocs(c);
-    devs[c->dev].used -= ctx_bytes;
+    devs[c->dev].used -= ctx_bytes + c->limit_mem;
     c->alive = 0;
     for (int i = 0; i < depth; i++)
         if (stack[i] == c)
@@ -462,7 +513,9 @@ static CUresult primary_release(CUdevice d)
         r = OK;
         if (--p->primary_refs == 0) {
             free_ctx_allocs(p);
-            devs[d].used -= ctx_bytes;
+            devs[d].used -= ctx_bytes + p->limit_mem;
+            p->limit_mem = 0;
+            memset(p->limits, 0, sizeof(p->limits));
         }
     }
     pthread_mutex_unlock(&mu);
@@ -565,7 +618,7 @@ CUresult cuStreamCreate(stream **ps, unsigned int flags)
 {
     NEED_CTX(c);
     pthread_mutex_unlock(&mu);
-    *ps = malloc(sizeof(stream));
+    *ps = calloc(1, sizeof(stream));
     if (*ps == NULL)
         return OUT_OF_MEMORY;
     (*ps)->c = c;
@@ -603,6 +656,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
         pthread_mutex_unlock(&mu);
         return INVALID_VALUE;
     }
+    phys_sweep();
     *free_bytes = (size_t)(devs[c->dev].total - devs[c->dev].used);
     *total = (size_t)devs[c->dev].total;
     pthread_mutex_unlock(&mu);
@@ -659,17 +713,487 @@ CUresult cuMemFree_v2(CUdeviceptr p)
     return r;
 }
 
+/* ---- synchronisation: what a stream does when it gets there ---- */
+
+#define GRAN (2 * MIB) /* pools and graph memory grow and shrink by this */
+
+enum op_kind { OP_FREE = 1, OP_HOSTFN };
+
+typedef struct op {
+    stream *s; /* NULL: a default stream */
+    int kind;
+    unsigned long long ptr;
+    void (*fn)(void *);
+    void *data;
+} op;
+
+static op *ops;
+static size_t nops, cap_ops;
+
+static unsigned long long round_up(unsigned long long n)
+{
+    return (n + GRAN - 1) / GRAN * GRAN;
+}
+
+static stream *stream_key(stream *s)
+{
+    return (uintptr_t)s <= 2 ? NULL : s;
+}
+
+/* mu held. 0, or OUT_OF_MEMORY. (Unused by the pre-CUDA-11 variant, which queues nothing.) */
+__attribute__((unused)) static CUresult enqueue(stream *s, int kind, unsigned long long ptr,
+                                               void (*fn)(void *), void *data)
+{
+    if (nops == cap_ops) {
+        size_t cap = cap_ops ? cap_ops * 2 : 64;
+        op *p = realloc(ops, cap * sizeof(*ops));
+        if (p == NULL)
+            return OUT_OF_MEMORY;
+        ops = p;
+        cap_ops = cap;
+    }
+    ops[nops++] = (op){.s = stream_key(s), .kind = kind, .ptr = ptr, .fn = fn, .data = data};
+    return OK;
+}
+
+/* A pool gives back what it holds above max(what is in use, keep). mu held. */
+static void pool_shrink(pool *p, unsigned long long keep)
+{
+    unsigned long long floor = round_up(p->used);
+    if (floor < keep)
+        floor = keep;
+    if (p->reserved > floor) {
+        devs[p->dev].used -= p->reserved - floor;
+        p->reserved = floor;
+    }
+}
+
+#define MAX_POOLS 64
+static pool pools[MAX_POOLS];
+
+/* At a synchronisation, every pool holding more than its release threshold lets the rest go. */
+static void sync_pools(void)
+{
+    for (int d = 0; d < ndevs; d++)
+        if (devs[d].default_pool.reserved > devs[d].default_pool.threshold)
+            pool_shrink(&devs[d].default_pool, devs[d].default_pool.threshold);
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (pools[i].alive && pools[i].reserved > pools[i].threshold)
+            pool_shrink(&pools[i], pools[i].threshold);
+}
+
+/* Frees what an OP_FREE names. mu held. */
+static void do_free(unsigned long long ptr)
+{
+    alloc *a = find(ptr, K_POOL);
+    if (a != NULL) {
+        a->owner->used -= a->part;
+        erase(a);
+        return;
+    }
+    if ((a = find(ptr, K_GRAPHMEM)) != NULL) {
+        devs[a->dev].graph_used -= a->part;
+        erase(a);
+        return;
+    }
+    give(ptr, K_MEM);
+}
+
+/* Runs the queued work of stream s (all streams when `all`), in order; host functions unlocked. */
+static void run_ops(stream *s, int all)
+{
+    s = stream_key(s);
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        size_t i = 0;
+        while (i < nops && !all && ops[i].s != s)
+            i++;
+        if (i == nops) {
+            sync_pools();
+            pthread_mutex_unlock(&mu);
+            return;
+        }
+        op o = ops[i];
+        memmove(&ops[i], &ops[i + 1], (nops - i - 1) * sizeof(*ops));
+        nops--;
+        if (o.kind == OP_FREE)
+            do_free(o.ptr);
+        pthread_mutex_unlock(&mu);
+        if (o.kind == OP_HOSTFN)
+            o.fn(o.data);
+    }
+}
+
+EXPORT CUresult cuStreamSynchronize(stream *s);
+CUresult cuStreamSynchronize(stream *s)
+{
+    NEED_INIT();
+    run_ops(s, 0);
+    return OK;
+}
+
+EXPORT CUresult cuCtxSynchronize(void);
+CUresult cuCtxSynchronize(void)
+{
+    NEED_INIT();
+    run_ops(NULL, 1);
+    return OK;
+}
+
 #ifndef FAKE_CUDA_OLD
+/* ---- graphs (what memory nodes need) ---- */
+
+enum { NODE_HOST = 3, NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11 };
+
+typedef struct gnode {
+    int type;
+    int dev;
+    unsigned long long bytes, dptr;
+} gnode;
+
+#define MAX_NODES 64
+
+typedef struct graph {
+    gnode *nodes[MAX_NODES];
+    int n;
+} graph;
+
+typedef struct gexec {
+    gnode nodes[MAX_NODES];
+    int n;
+} gexec;
+
+static CUresult add_node(graph *g, gnode **out, int type, int d, unsigned long long bytes,
+                         unsigned long long dptr)
+{
+    if (g == NULL || g->n == MAX_NODES)
+        return INVALID_VALUE;
+    gnode *n = calloc(1, sizeof(*n));
+    if (n == NULL)
+        return OUT_OF_MEMORY;
+    *n = (gnode){.type = type, .dev = d, .bytes = bytes, .dptr = dptr};
+    g->nodes[g->n++] = n;
+    if (out != NULL)
+        *out = n;
+    return OK;
+}
+
+EXPORT CUresult cuGraphCreate(graph **pg, unsigned int flags);
+CUresult cuGraphCreate(graph **pg, unsigned int flags)
+{
+    NEED_INIT();
+    if (pg == NULL || (*pg = calloc(1, sizeof(graph))) == NULL)
+        return INVALID_VALUE;
+    return OK;
+}
+
+EXPORT CUresult cuGraphDestroy(graph *g);
+CUresult cuGraphDestroy(graph *g)
+{
+    NEED_INIT();
+    for (int i = 0; g != NULL && i < g->n; i++)
+        free(g->nodes[i]);
+    free(g);
+    return OK;
+}
+
+/* A memory node's address: fixed when it is added, backed only while the graph's memory is. */
+static unsigned long long graph_va(int d, unsigned long long bytes)
+{
+    unsigned long long va = devs[d].next_addr;
+    devs[d].next_addr += round_up(bytes);
+    return va;
+}
+
+typedef struct {
+    int alloc_type, handle_types;
+    struct {
+        int type, id;
+    } location;
+    void *win32;
+    unsigned char rest[64];
+} pool_props;
+
+typedef struct {
+    pool_props props;
+    const void *access;
+    size_t naccess;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} alloc_node_params;
+
+EXPORT CUresult cuGraphAddMemAllocNode(gnode **node, graph *g, void *deps, size_t ndeps,
+                                       alloc_node_params *params);
+CUresult cuGraphAddMemAllocNode(gnode **node, graph *g, void *deps, size_t ndeps,
+                                alloc_node_params *params)
+{
+    NEED_INIT();
+    if (params == NULL || params->bytesize == 0 || params->props.location.type != 1 ||
+        params->props.location.id < 0 || params->props.location.id >= ndevs)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    int d = params->props.location.id;
+    params->dptr = graph_va(d, params->bytesize);
+    CUresult r = add_node(g, node, NODE_MEM_ALLOC, d, params->bytesize, params->dptr);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuGraphAddMemFreeNode(gnode **node, graph *g, void *deps, size_t ndeps,
+                                      CUdeviceptr dptr);
+CUresult cuGraphAddMemFreeNode(gnode **node, graph *g, void *deps, size_t ndeps, CUdeviceptr dptr)
+{
+    NEED_INIT();
+    return add_node(g, node, NODE_MEM_FREE, 0, 0, dptr);
+}
+
+EXPORT CUresult cuGraphGetNodes(graph *g, gnode **nodes, size_t *n);
+CUresult cuGraphGetNodes(graph *g, gnode **nodes, size_t *n)
+{
+    NEED_INIT();
+    if (g == NULL || n == NULL)
+        return INVALID_VALUE;
+    if (nodes != NULL)
+        for (size_t i = 0; i < *n && i < (size_t)g->n; i++)
+            nodes[i] = g->nodes[i];
+    *n = (size_t)g->n;
+    return OK;
+}
+
+EXPORT CUresult cuGraphNodeGetType(gnode *node, int *type);
+CUresult cuGraphNodeGetType(gnode *node, int *type)
+{
+    NEED_INIT();
+    if (node == NULL || type == NULL)
+        return INVALID_VALUE;
+    *type = node->type;
+    return OK;
+}
+
+EXPORT CUresult cuGraphMemAllocNodeGetParams(gnode *node, alloc_node_params *params);
+CUresult cuGraphMemAllocNodeGetParams(gnode *node, alloc_node_params *params)
+{
+    NEED_INIT();
+    if (node == NULL || params == NULL || node->type != NODE_MEM_ALLOC)
+        return INVALID_VALUE;
+    memset(params, 0, sizeof(*params));
+    params->props.alloc_type = 1;
+    params->props.location.type = 1;
+    params->props.location.id = node->dev;
+    params->bytesize = node->bytes;
+    params->dptr = node->dptr;
+    return OK;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(gexec **pe, graph *g, unsigned long long flags);
+CUresult cuGraphInstantiateWithFlags(gexec **pe, graph *g, unsigned long long flags)
+{
+    NEED_INIT();
+    if (pe == NULL || g == NULL || (*pe = calloc(1, sizeof(gexec))) == NULL)
+        return INVALID_VALUE;
+    for (int i = 0; i < g->n; i++)
+        (*pe)->nodes[i] = *g->nodes[i];
+    (*pe)->n = g->n;
+    return OK;
+}
+
+/*
+ * Maps the graph's memory: the device's graph memory grows to hold every
+ * allocation node at once. mu held.
+ */
+static CUresult graph_map(const gexec *e)
+{
+    unsigned long long need[MAX_DEVS] = {0};
+    for (int i = 0; i < e->n; i++)
+        if (e->nodes[i].type == NODE_MEM_ALLOC)
+            need[e->nodes[i].dev] += e->nodes[i].bytes;
+    for (int d = 0; d < ndevs; d++) {
+        unsigned long long spare = devs[d].graph_reserved - devs[d].graph_used;
+        if (need[d] <= spare)
+            continue;
+        unsigned long long grow = round_up(need[d] - spare);
+        if (grow > devs[d].total - devs[d].used)
+            return OUT_OF_MEMORY;
+        devs[d].used += grow;
+        devs[d].graph_reserved += grow;
+    }
+    return OK;
+}
+
+EXPORT CUresult cuGraphUpload(gexec *e, stream *s);
+CUresult cuGraphUpload(gexec *e, stream *s)
+{
+    NEED_INIT();
+    if (e == NULL)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = graph_map(e);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* Allocations the graph does not free itself outlive the launch, until freed outside it. */
+EXPORT CUresult cuGraphLaunch(gexec *e, stream *s);
+CUresult cuGraphLaunch(gexec *e, stream *s)
+{
+    NEED_INIT();
+    if (e == NULL)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = graph_map(e);
+    for (int i = 0; r == OK && i < e->n; i++) {
+        const gnode *n = &e->nodes[i];
+        int freed = 0;
+        for (int k = 0; n->type == NODE_MEM_ALLOC && k < e->n; k++)
+            freed |= e->nodes[k].type == NODE_MEM_FREE && e->nodes[k].dptr == n->dptr;
+        if (n->type != NODE_MEM_ALLOC || freed || find(n->dptr, K_GRAPHMEM) != NULL)
+            continue;
+        devs[n->dev].graph_used += n->bytes;
+        alloc a = {.key = n->dptr, .dev = n->dev, .kind = K_GRAPHMEM, .part = n->bytes};
+        insert(&a);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuGraphExecDestroy(gexec *e);
+CUresult cuGraphExecDestroy(gexec *e)
+{
+    NEED_INIT();
+    free(e);
+    return OK;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, unsigned long long *value);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, unsigned long long *value)
+{
+    NEED_INIT();
+    if (d < 0 || d >= ndevs || value == NULL || attr < 0 || attr > 3)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    *value = attr < 2 ? devs[d].graph_used : devs[d].graph_reserved;
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d);
+CUresult cuDeviceGraphMemTrim(CUdevice d)
+{
+    NEED_INIT();
+    if (d < 0 || d >= ndevs)
+        return INVALID_DEVICE;
+    run_ops(NULL, 1); /* the driver synchronises first */
+    pthread_mutex_lock(&mu);
+    unsigned long long floor = round_up(devs[d].graph_used);
+    if (devs[d].graph_reserved > floor) {
+        devs[d].used -= devs[d].graph_reserved - floor;
+        devs[d].graph_reserved = floor;
+    }
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+/* ---- stream capture ---- */
+
+EXPORT CUresult cuStreamBeginCapture_v2(stream *s, int mode);
+CUresult cuStreamBeginCapture_v2(stream *s, int mode)
+{
+    NEED_INIT();
+    if ((uintptr_t)s <= 2 || s->cap != NULL)
+        return INVALID_VALUE; /* the default streams cannot be captured */
+    return cuGraphCreate(&s->cap, 0);
+}
+
+EXPORT CUresult cuStreamEndCapture(stream *s, graph **pg);
+CUresult cuStreamEndCapture(stream *s, graph **pg)
+{
+    NEED_INIT();
+    if ((uintptr_t)s <= 2 || s->cap == NULL || pg == NULL)
+        return INVALID_VALUE;
+    *pg = s->cap;
+    s->cap = NULL;
+    return OK;
+}
+
+EXPORT CUresult cuStreamIsCapturing(stream *s, int *status);
+CUresult cuStreamIsCapturing(stream *s, int *status)
+{
+    NEED_INIT();
+    if (status == NULL)
+        return INVALID_VALUE;
+    *status = (uintptr_t)s > 2 && s->cap != NULL;
+    return OK;
+}
+
+static graph *capturing(stream *s)
+{
+    return (uintptr_t)s > 2 ? s->cap : NULL;
+}
+
+EXPORT CUresult cuLaunchHostFunc(stream *s, void (*fn)(void *), void *data);
+CUresult cuLaunchHostFunc(stream *s, void (*fn)(void *), void *data)
+{
+    NEED_INIT();
+    if (fn == NULL)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = capturing(s) != NULL ? add_node(capturing(s), NULL, NODE_HOST, 0, 0, 0)
+                                      : enqueue(s, OP_HOSTFN, 0, fn, data);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* ---- stream-ordered pools ---- */
+
+/* From pool p: what it has free first, else it grows by whole granules. mu held. */
+static CUresult pool_take(pool *p, unsigned long long size, CUdeviceptr *out)
+{
+    if (size == 0)
+        return INVALID_VALUE;
+    unsigned long long spare = p->reserved - p->used;
+    if (size > spare) {
+        unsigned long long grow = round_up(size - spare);
+        if (grow > devs[p->dev].total - devs[p->dev].used)
+            return OUT_OF_MEMORY;
+        devs[p->dev].used += grow;
+        p->reserved += grow;
+    }
+    p->used += size;
+    *out = devs[p->dev].next_addr;
+    devs[p->dev].next_addr += (size + 511) / 512 * 512;
+    alloc a = {.key = *out, .dev = p->dev, .kind = K_POOL, .owner = p, .part = size};
+    insert(&a);
+    return OK;
+}
+
+static CUresult alloc_from(pool *p, CUdeviceptr *out, size_t size, stream *s)
+{
+    NEED_INIT();
+    if (out == NULL || p == NULL || !p->alive)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    ctx *c = stream_ctx(s);
+    graph *g = capturing(s);
+    CUresult r;
+    if (!valid_ctx(c))
+        r = INVALID_CONTEXT;
+    else if (g != NULL) { /* captured: a memory node of the graph, no memory now */
+        *out = graph_va(p->dev, size);
+        r = add_node(g, NULL, NODE_MEM_ALLOC, p->dev, size, *out);
+    } else
+        r = pool_take(p, size, out);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 static CUresult alloc_async(CUdeviceptr *p, size_t size, stream *s)
 {
     NEED_INIT();
     pthread_mutex_lock(&mu);
     ctx *c = stream_ctx(s);
-    CUresult r = !valid_ctx(c) ? INVALID_CONTEXT
-                 : p == NULL   ? INVALID_VALUE
-                               : take(c->dev, size, c, K_MEM, p);
+    pool *pl = valid_ctx(c) ? devs[c->dev].current_pool : NULL;
     pthread_mutex_unlock(&mu);
-    return r;
+    return pl == NULL ? INVALID_CONTEXT : alloc_from(pl, p, size, s);
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, stream *s);
@@ -694,48 +1218,243 @@ CUresult cuDeviceGetDefaultMemPool(pool **pp, CUdevice d)
     return OK;
 }
 
-static CUresult alloc_from_pool(CUdeviceptr *p, size_t size, pool *pl, stream *s)
+EXPORT CUresult cuDeviceGetMemPool(pool **pp, CUdevice d);
+CUresult cuDeviceGetMemPool(pool **pp, CUdevice d)
 {
     NEED_INIT();
-    if (pl == NULL || p == NULL)
+    if (d < 0 || d >= ndevs || pp == NULL)
+        return INVALID_DEVICE;
+    *pp = devs[d].current_pool;
+    return OK;
+}
+
+EXPORT CUresult cuDeviceSetMemPool(CUdevice d, pool *p);
+CUresult cuDeviceSetMemPool(CUdevice d, pool *p)
+{
+    NEED_INIT();
+    if (d < 0 || d >= ndevs || p == NULL || p->dev != d)
+        return INVALID_VALUE;
+    devs[d].current_pool = p;
+    return OK;
+}
+
+EXPORT CUresult cuMemPoolCreate(pool **pp, const pool_props *props);
+CUresult cuMemPoolCreate(pool **pp, const pool_props *props)
+{
+    NEED_INIT();
+    if (pp == NULL || props == NULL || props->location.type != 1 || props->location.id < 0 ||
+        props->location.id >= ndevs)
         return INVALID_VALUE;
     pthread_mutex_lock(&mu);
-    ctx *c = stream_ctx(s);
-    CUresult r = !valid_ctx(c) ? INVALID_CONTEXT : take(pl->dev, size, c, K_MEM, p);
+    CUresult r = OUT_OF_MEMORY;
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (!pools[i].alive) {
+            pools[i] = (pool){.dev = props->location.id, .alive = 1};
+            *pp = &pools[i];
+            r = OK;
+            break;
+        }
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+EXPORT CUresult cuMemPoolDestroy(pool *p);
+CUresult cuMemPoolDestroy(pool *p)
+{
+    NEED_INIT();
+    if (p == NULL || p < pools || p >= pools + MAX_POOLS || !p->alive)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    if (devs[p->dev].current_pool == p)
+        devs[p->dev].current_pool = &devs[p->dev].default_pool;
+    if (p->used == 0) { /* otherwise it lives on until its allocations are freed */
+        pool_shrink(p, 0);
+        p->alive = 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(pool *p, size_t keep);
+CUresult cuMemPoolTrimTo(pool *p, size_t keep)
+{
+    NEED_INIT();
+    if (p == NULL)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    pool_shrink(p, keep);
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+enum { ATTR_THRESHOLD = 4, ATTR_RESERVED, ATTR_RESERVED_HIGH, ATTR_USED, ATTR_USED_HIGH };
+
+EXPORT CUresult cuMemPoolSetAttribute(pool *p, int attr, void *value);
+CUresult cuMemPoolSetAttribute(pool *p, int attr, void *value)
+{
+    NEED_INIT();
+    if (p == NULL || value == NULL || attr != ATTR_THRESHOLD)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    p->threshold = *(unsigned long long *)value;
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(pool *p, int attr, void *value);
+CUresult cuMemPoolGetAttribute(pool *p, int attr, void *value)
+{
+    NEED_INIT();
+    if (p == NULL || value == NULL || attr < ATTR_THRESHOLD || attr > ATTR_USED_HIGH)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    unsigned long long v = attr == ATTR_THRESHOLD ? p->threshold
+                           : attr <= ATTR_RESERVED_HIGH ? p->reserved
+                                                        : p->used;
+    pthread_mutex_unlock(&mu);
+    *(unsigned long long *)value = v;
+    return OK;
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, pool *pl, stream *s);
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, pool *pl, stream *s)
 {
-    return alloc_from_pool(p, size, pl, s);
+    return alloc_from(pl, p, size, s);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, pool *pl, stream *s);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, pool *pl, stream *s)
 {
-    return alloc_from_pool(p, size, pl, s);
+    return alloc_from(pl, p, size, s);
+}
+
+/* Done when the stream gets there, not now; captured, a node of the graph. */
+static CUresult free_async(CUdeviceptr p, stream *s)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    graph *g = capturing(s);
+    CUresult r;
+    if (g != NULL)
+        r = add_node(g, NULL, NODE_MEM_FREE, 0, 0, p);
+    else if (find(p, K_POOL) == NULL && find(p, K_GRAPHMEM) == NULL && find(p, K_MEM) == NULL)
+        r = INVALID_VALUE;
+    else
+        r = enqueue(s, OP_FREE, p, NULL, NULL);
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, stream *s);
 CUresult cuMemFreeAsync(CUdeviceptr p, stream *s)
 {
-    return cuMemFree_v2(p);
+    return free_async(p, s);
 }
 
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, stream *s);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, stream *s)
 {
-    return cuMemFree_v2(p);
+    return free_async(p, s);
 }
+
+/* ---- virtual memory management ---- */
 
 typedef struct {
     int type, handle_types;
     struct {
         int type, id;
     } location;
+    void *win32;
+    unsigned char flags[8];
 } mem_prop;
+
+#define MAX_PHYS    1024
+#define MAX_EXPORTS 8
+
+/* Physical memory: alive while a handle, a mapping or an exported descriptor of it is. */
+typedef struct phys {
+    int alive, dev, foreign;
+    unsigned long long size;
+    int refs, maps, nexp;
+    int exp_fd[MAX_EXPORTS];
+    unsigned long long exp_ino[MAX_EXPORTS];
+} phys;
+
+typedef struct hmap {
+    unsigned long long h;
+    int p, refs;
+} hmap;
+
+typedef struct vmap {
+    unsigned long long va, size, h;
+    int p;
+} vmap;
+
+static phys physs[MAX_PHYS];
+static hmap hmaps[4 * MAX_PHYS];
+static vmap vmaps[4 * MAX_PHYS];
+static int nhmaps, nvmaps;
+static unsigned long long next_va = 0x7f0000000000ULL;
+
+static int export_open(const phys *p, int k)
+{
+    struct stat st;
+    return fcntl(p->exp_fd[k], F_GETFD) != -1 && fstat(p->exp_fd[k], &st) == 0 &&
+           (unsigned long long)st.st_ino == p->exp_ino[k];
+}
+
+/* Frees physical memory nothing refers to any more. mu held. */
+static void phys_settle(int i)
+{
+    phys *p = &physs[i];
+    if (!p->alive || p->refs > 0 || p->maps > 0)
+        return;
+    for (int k = 0; k < p->nexp; k++)
+        if (export_open(p, k))
+            return;
+    if (!p->foreign)
+        devs[p->dev].used -= p->size;
+    p->alive = 0;
+}
+
+/* A closed export is noticed when the driver is next asked about memory. mu held. */
+static void phys_sweep(void)
+{
+    for (int i = 0; i < MAX_PHYS; i++)
+        if (physs[i].alive && physs[i].nexp > 0)
+            phys_settle(i);
+}
+
+static hmap *handle_of(unsigned long long h)
+{
+    for (int i = 0; i < nhmaps; i++)
+        if (hmaps[i].h == h)
+            return &hmaps[i];
+    return NULL;
+}
+
+/* One more reference of handle h to physical memory p. mu held. */
+static CUresult handle_ref(unsigned long long h, int p)
+{
+    hmap *m = handle_of(h);
+    if (m == NULL) {
+        if (nhmaps == 4 * MAX_PHYS)
+            return OUT_OF_MEMORY;
+        m = &hmaps[nhmaps++];
+        *m = (hmap){.h = h, .p = p};
+    }
+    m->refs++;
+    physs[p].refs++;
+    return OK;
+}
+
+static int new_phys(void)
+{
+    for (int i = 0; i < MAX_PHYS; i++)
+        if (!physs[i].alive)
+            return i;
+    return -1;
+}
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const mem_prop *prop,
                             unsigned long long flags);
@@ -743,12 +1462,21 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const mem_pro
                      unsigned long long flags)
 {
     NEED_INIT();
-    if (h == NULL || prop == NULL || prop->location.type != 1 || flags != 0)
+    if (h == NULL || prop == NULL || prop->location.type != 1 || flags != 0 || size == 0)
         return INVALID_VALUE;
     if (prop->location.id < 0 || prop->location.id >= ndevs)
         return INVALID_DEVICE;
+    int d = prop->location.id;
     pthread_mutex_lock(&mu);
-    CUresult r = take(prop->location.id, size, NULL, K_HANDLE, h);
+    phys_sweep();
+    int i = new_phys();
+    CUresult r = OUT_OF_MEMORY;
+    if (i >= 0 && size <= devs[d].total - devs[d].used) {
+        devs[d].used += size;
+        physs[i] = (phys){.alive = 1, .dev = d, .size = size};
+        *h = next_handle++;
+        r = handle_ref(*h, i);
+    }
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -758,7 +1486,323 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     NEED_INIT();
     pthread_mutex_lock(&mu);
-    CUresult r = give(h, K_HANDLE);
+    hmap *m = handle_of(h);
+    CUresult r = INVALID_VALUE;
+    if (m != NULL) {
+        int p = m->p;
+        physs[p].refs--;
+        if (--m->refs == 0)
+            *m = hmaps[--nhmaps];
+        phys_settle(p);
+        r = OK;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags);
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                             unsigned long long flags)
+{
+    NEED_INIT();
+    if (ptr == NULL || size == 0)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    *ptr = next_va;
+    next_va += round_up(size);
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    NEED_INIT();
+    return OK;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle h, unsigned long long flags);
+CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                  unsigned long long flags)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    hmap *m = handle_of(h);
+    CUresult r = INVALID_VALUE;
+    if (m != NULL && size != 0 && offset + size <= physs[m->p].size && nvmaps < 4 * MAX_PHYS) {
+        vmaps[nvmaps++] = (vmap){.va = va, .size = size, .h = h, .p = m->p};
+        physs[m->p].maps++;
+        r = OK;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr va, size_t size);
+CUresult cuMemUnmap(CUdeviceptr va, size_t size)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    int n = 0;
+    for (int i = 0; i < nvmaps;) {
+        if (vmaps[i].va >= va && vmaps[i].va < va + size) {
+            int p = vmaps[i].p;
+            vmaps[i] = vmaps[--nvmaps];
+            physs[p].maps--;
+            phys_settle(p);
+            n++;
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return n > 0 ? OK : INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
+{
+    NEED_INIT();
+    unsigned long long a = (uintptr_t)addr;
+    pthread_mutex_lock(&mu);
+    CUresult r = INVALID_VALUE;
+    for (int i = 0; i < nvmaps && h != NULL; i++)
+        if (a >= vmaps[i].va && a < vmaps[i].va + vmaps[i].size) {
+            *h = vmaps[i].h; /* the very handle it was mapped with */
+            r = handle_ref(*h, vmaps[i].p);
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                             unsigned long long flags);
+CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                      unsigned long long flags)
+{
+    NEED_INIT();
+    if (out == NULL || type != 1 /* POSIX file descriptor */)
+        return NOT_SUPPORTED;
+    pthread_mutex_lock(&mu);
+    hmap *m = handle_of(h);
+    CUresult r = INVALID_VALUE;
+    phys *p = m != NULL ? &physs[m->p] : NULL;
+    struct stat st;
+    if (p != NULL && p->nexp < MAX_EXPORTS) {
+        /* A descriptor any process can import: its size is the allocation's. */
+        int fd = memfd_create("fake-cuda-export", MFD_CLOEXEC);
+        if (fd >= 0 && ftruncate(fd, (off_t)p->size) == 0 && fstat(fd, &st) == 0) {
+            p->exp_fd[p->nexp] = fd;
+            p->exp_ino[p->nexp++] = (unsigned long long)st.st_ino;
+            *(int *)out = fd;
+            r = OK;
+        } else if (fd >= 0) {
+            close(fd);
+            r = OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type)
+{
+    NEED_INIT();
+    struct stat st;
+    int fd = (int)(intptr_t)os;
+    if (h == NULL || type != 1 || fstat(fd, &st) != 0)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    int found = -1;
+    for (int i = 0; i < MAX_PHYS && found < 0; i++)
+        for (int k = 0; physs[i].alive && k < physs[i].nexp; k++)
+            if (physs[i].exp_ino[k] == (unsigned long long)st.st_ino)
+                found = i;
+    CUresult r = OUT_OF_MEMORY;
+    if (found < 0 && (found = new_phys()) >= 0) /* another process's: not this one's memory */
+        physs[found] =
+            (phys){.alive = 1, .foreign = 1, .size = (unsigned long long)st.st_size};
+    if (found >= 0) {
+        *h = next_handle++; /* a handle of its own, to the same memory */
+        r = handle_ref(*h, found);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(mem_prop *prop,
+                                                       CUmemGenericAllocationHandle h);
+CUresult cuMemGetAllocationPropertiesFromHandle(mem_prop *prop, CUmemGenericAllocationHandle h)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    hmap *m = handle_of(h);
+    if (m != NULL && prop != NULL) {
+        memset(prop, 0, sizeof(*prop));
+        prop->type = 1;
+        prop->location.type = 1;
+        prop->location.id = physs[m->p].dev;
+    }
+    pthread_mutex_unlock(&mu);
+    return m != NULL && prop != NULL ? OK : INVALID_VALUE;
+}
+#endif
+
+/* ---- context limits ---- */
+
+static const size_t limit_default[5] = {1024, 1 << 20, 8 << 20, 2, 2048};
+
+/* Device memory a limit of value v takes: the stack for every resident thread (4 SMs x 2048). */
+static unsigned long long limit_mem(int limit, size_t v)
+{
+    switch (limit) {
+    case 0:
+        return (unsigned long long)v * 4 * 2048;
+    case 1:
+    case 2:
+        return v;
+    case 4:
+        return (unsigned long long)v * 1024; /* pending launches: 1 KiB each */
+    default:
+        return 0;
+    }
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *v, int limit);
+CUresult cuCtxGetLimit(size_t *v, int limit)
+{
+    NEED_CTX(c);
+    CUresult r = INVALID_VALUE;
+    if (v != NULL && limit >= 0 && limit < 5) {
+        *v = c->limits[limit] ? c->limits[limit] : limit_default[limit];
+        r = OK;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuCtxSetLimit(int limit, size_t v);
+CUresult cuCtxSetLimit(int limit, size_t v)
+{
+    NEED_CTX(c);
+    CUresult r = INVALID_VALUE;
+    if (limit >= 0 && limit < 5) {
+        size_t old = c->limits[limit] ? c->limits[limit] : limit_default[limit];
+        unsigned long long was = limit_mem(limit, old), now = limit_mem(limit, v),
+                           base = limit_mem(limit, limit_default[limit]);
+        was = was > base ? was - base : 0;
+        now = now > base ? now - base : 0;
+        r = OK;
+        if (now > was && now - was > devs[c->dev].total - devs[c->dev].used)
+            r = OUT_OF_MEMORY;
+        if (r == OK) {
+            devs[c->dev].used = devs[c->dev].used + now - was;
+            c->limit_mem = c->limit_mem + now - was;
+            c->limits[limit] = v;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d);
+CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
+{
+    NEED_INIT();
+    if (v == NULL || d < 0 || d >= ndevs)
+        return INVALID_VALUE;
+    *v = attr == 16 ? 4 : attr == 39 ? 2048 : 0; /* multiprocessors, threads per multiprocessor */
+    return OK;
+}
+
+/* ---- modules and libraries: the image "KGPUFAKEMOD <MiB>" takes that much ---- */
+
+static CUresult load_image(const char *image, void **out, int kind)
+{
+    unsigned long long mib, key;
+    if (image == NULL || out == NULL || sscanf(image, "KGPUFAKEMOD %llu", &mib) != 1)
+        return 200; /* CUDA_ERROR_INVALID_IMAGE */
+    NEED_CTX(c);
+    CUresult r = take(c->dev, mib ? mib * MIB : 1, kind == K_MODULE ? c : NULL, kind, &key);
+    pthread_mutex_unlock(&mu);
+    if (r == OK)
+        *out = (void *)(uintptr_t)key;
+    return r;
+}
+
+static CUresult load_file(const char *path, void **out, int kind)
+{
+    char buf[256] = "";
+    FILE *f = path != NULL ? fopen(path, "r") : NULL;
+    if (f == NULL)
+        return 301; /* CUDA_ERROR_FILE_NOT_FOUND */
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return load_image(buf, out, kind);
+}
+
+EXPORT CUresult cuModuleLoad(void **m, const char *path);
+CUresult cuModuleLoad(void **m, const char *path)
+{
+    return load_file(path, m, K_MODULE);
+}
+
+EXPORT CUresult cuModuleLoadData(void **m, const void *image);
+CUresult cuModuleLoadData(void **m, const void *image)
+{
+    return load_image(image, m, K_MODULE);
+}
+
+EXPORT CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned int n, int *o, void **v);
+CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned int n, int *o, void **v)
+{
+    return load_image(image, m, K_MODULE);
+}
+
+EXPORT CUresult cuModuleLoadFatBinary(void **m, const void *image);
+CUresult cuModuleLoadFatBinary(void **m, const void *image)
+{
+    return load_image(image, m, K_MODULE);
+}
+
+EXPORT CUresult cuModuleUnload(void *m);
+CUresult cuModuleUnload(void *m)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = give((uintptr_t)m, K_MODULE);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+#ifndef FAKE_CUDA_OLD
+EXPORT CUresult cuLibraryLoadData(void **l, const void *code, int *jo, void **jv, unsigned int nj,
+                                  int *lo, void **lv, unsigned int nl);
+CUresult cuLibraryLoadData(void **l, const void *code, int *jo, void **jv, unsigned int nj, int *lo,
+                           void **lv, unsigned int nl)
+{
+    return load_image(code, l, K_LIBRARY);
+}
+
+EXPORT CUresult cuLibraryLoadFromFile(void **l, const char *path, int *jo, void **jv,
+                                      unsigned int nj, int *lo, void **lv, unsigned int nl);
+CUresult cuLibraryLoadFromFile(void **l, const char *path, int *jo, void **jv, unsigned int nj,
+                               int *lo, void **lv, unsigned int nl)
+{
+    return load_file(path, l, K_LIBRARY);
+}
+
+EXPORT CUresult cuLibraryUnload(void *l);
+CUresult cuLibraryUnload(void *l)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = give((uintptr_t)l, K_LIBRARY);
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -859,6 +1903,117 @@ CUresult cuMipmappedArrayDestroy(void *h)
     return r;
 }
 
+/* ---- the entry points from before CUDA 3.2: 32-bit sizes and addresses ---- */
+
+typedef struct {
+    unsigned int w, h;
+    int format;
+    unsigned int channels;
+} desc2d_v1;
+
+typedef struct {
+    unsigned int w, h, d;
+    int format;
+    unsigned int channels, flags;
+} desc3d_v1;
+
+EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int size);
+CUresult cuMemAlloc(unsigned int *p, unsigned int size)
+{
+    unsigned long long key = 0;
+    NEED_CTX(c);
+    CUresult r = p == NULL ? INVALID_VALUE : take(c->dev, size, c, K_MEM32, &key);
+    pthread_mutex_unlock(&mu);
+    if (r == OK)
+        *p = (unsigned int)key;
+    return r;
+}
+
+EXPORT CUresult cuMemAllocPitch(unsigned int *p, unsigned int *pitch, unsigned int width,
+                                unsigned int height, unsigned int elem);
+CUresult cuMemAllocPitch(unsigned int *p, unsigned int *pitch, unsigned int width,
+                         unsigned int height, unsigned int elem)
+{
+    unsigned long long key = 0;
+    NEED_CTX(c);
+    CUresult r = INVALID_VALUE;
+    if (p != NULL && pitch != NULL && width > 0 && height > 0) {
+        unsigned int pt = (width + 511) / 512 * 512;
+        r = take(c->dev, (unsigned long long)pt * height, c, K_MEM32, &key);
+        if (r == OK) {
+            *pitch = pt;
+            *p = (unsigned int)key;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemFree(unsigned int p);
+CUresult cuMemFree(unsigned int p)
+{
+    return cuMemFree_v2(p);
+}
+
+#ifndef FAKE_CUDA_NO_MEMGETINFO
+EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total);
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total)
+{
+    size_t f = 0, t = 0;
+    CUresult r = cuMemGetInfo_v2(&f, &t);
+    if (r == OK && free_bytes != NULL && total != NULL) {
+        *free_bytes = f > 0xffffffffu ? 0xffffffffu : (unsigned int)f;
+        *total = t > 0xffffffffu ? 0xffffffffu : (unsigned int)t;
+    }
+    return r;
+}
+#endif
+
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d);
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d)
+{
+    size_t b = 0;
+    CUresult r = cuDeviceTotalMem_v2(&b, d);
+    if (r == OK && bytes != NULL)
+        *bytes = b > 0xffffffffu ? 0xffffffffu : (unsigned int)b;
+    return r;
+}
+
+EXPORT CUresult cuCtxCreate(ctx **pctx, unsigned int flags, CUdevice d);
+CUresult cuCtxCreate(ctx **pctx, unsigned int flags, CUdevice d)
+{
+    return cuCtxCreate_v2(pctx, flags, d);
+}
+
+EXPORT CUresult cuCtxDestroy(ctx *c);
+CUresult cuCtxDestroy(ctx *c)
+{
+    return cuCtxDestroy_v2(c);
+}
+
+EXPORT CUresult cuArrayCreate(void **ph, const desc2d_v1 *dsc);
+CUresult cuArrayCreate(void **ph, const desc2d_v1 *dsc)
+{
+    if (dsc == NULL)
+        return INVALID_VALUE;
+    desc2d d = {.w = dsc->w, .h = dsc->h, .format = dsc->format, .channels = dsc->channels};
+    return cuArrayCreate_v2(ph, &d);
+}
+
+EXPORT CUresult cuArray3DCreate(void **ph, const desc3d_v1 *dsc);
+CUresult cuArray3DCreate(void **ph, const desc3d_v1 *dsc)
+{
+    if (dsc == NULL)
+        return INVALID_VALUE;
+    desc3d d = {.w = dsc->w,
+                .h = dsc->h,
+                .d = dsc->d,
+                .format = dsc->format,
+                .channels = dsc->channels,
+                .flags = dsc->flags};
+    return cuArray3DCreate_v2(ph, &d);
+}
+
 #ifndef FAKE_CUDA_OLD
 /* What FAKE_CUDA_PROC_INTERNAL hands out: same behaviour, addresses no export has. */
 static CUresult internal_alloc(CUdeviceptr *p, size_t size)
@@ -939,6 +2094,63 @@ static const proc procs[] = {
     P("cuArrayDestroy", 2000, cuArrayDestroy),
     P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
     P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    P("cuMemAlloc", 2000, cuMemAlloc),
+    P("cuMemAllocPitch", 2000, cuMemAllocPitch),
+    P("cuMemFree", 2000, cuMemFree),
+#ifndef FAKE_CUDA_NO_MEMGETINFO
+    P("cuMemGetInfo", 2000, cuMemGetInfo),
+#endif
+    P("cuDeviceTotalMem", 2000, cuDeviceTotalMem),
+    P("cuCtxCreate", 2000, cuCtxCreate),
+    P("cuCtxDestroy", 2000, cuCtxDestroy),
+    P("cuArrayCreate", 2000, cuArrayCreate),
+    P("cuArray3DCreate", 2000, cuArray3DCreate),
+    P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    P("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    P("cuLaunchHostFunc", 10000, cuLaunchHostFunc),
+    P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    P("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    P("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    P("cuMemAddressFree", 10020, cuMemAddressFree),
+    P("cuMemMap", 10020, cuMemMap),
+    P("cuMemUnmap", 10020, cuMemUnmap),
+    P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
+    P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
+    P("cuMemGetAllocationPropertiesFromHandle", 10020, cuMemGetAllocationPropertiesFromHandle),
+    P("cuGraphCreate", 10000, cuGraphCreate),
+    P("cuGraphDestroy", 10000, cuGraphDestroy),
+    P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    P("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    P("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),
+    P("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    P("cuGraphLaunch", 10000, cuGraphLaunch),
+    P("cuGraphUpload", 11010, cuGraphUpload),
+    P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    P("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
+    P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
+    P("cuCtxGetLimit", 3010, cuCtxGetLimit),
+    P("cuCtxSetLimit", 3010, cuCtxSetLimit),
+    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    P("cuModuleLoad", 2000, cuModuleLoad),
+    P("cuModuleLoadData", 2000, cuModuleLoadData),
+    P("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx),
+    P("cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary),
+    P("cuModuleUnload", 2000, cuModuleUnload),
+    P("cuLibraryLoadData", 12000, cuLibraryLoadData),
+    P("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile),
+    P("cuLibraryUnload", 12000, cuLibraryUnload),
 };
 
 /* 0 found, 1 no such symbol, 2 the version asked for is too old (CUdriverProcAddressQueryResult).

@@ -30,6 +30,7 @@ static char *envv[40];
 static int envc;
 
 static void env_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static pid_t start(const char *prog, const char *cmd, const char *file, const char *ready);
 static void env_add(const char *fmt, ...)
 {
     char buf[1024];
@@ -311,6 +312,77 @@ static void before_cuinit_the_driver_answers(void **state)
     assert_string_equal(err, "");
 }
 
+/* ---- memory the arguments do not give, counted as the driver counts it ---- */
+
+static void vmm_memory_lives_while_mapped_retained_or_exported(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "vmm", 0);
+    env_add("PROBE_ROUTE=proc");
+    expect_run(KGPU_SHIM_PROBE, "vmm", 0);
+}
+
+static void pools_are_charged_what_they_keep(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "pool", 0);
+    env_add("PROBE_ROUTE=proc2");
+    expect_run(KGPU_SHIM_PROBE, "pool", 0);
+}
+
+static void two_processes_with_pools_share_one_limit(void **state)
+{
+    char hold[320];
+    write_limits(limits, 2048);
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    env_add("PROBE_HOLD_MIB=800");
+    snprintf(hold, sizeof(hold), "%s/hold.out", tmp);
+    pid_t holder = start(KGPU_SHIM_PROBE, "hold-pool", hold, "holding\n");
+    expect_run(KGPU_SHIM_PROBE, "pool-beside", 0); /* 2048 - 2 x 300 - 800 left, not more */
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+}
+
+static void graph_memory_is_charged_when_the_graph_runs(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "graph", 0);
+    env_add("PROBE_ROUTE=proc");
+    expect_run(KGPU_SHIM_PROBE, "graph", 0);
+}
+
+static void context_limits_are_charged(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "limits", 0);
+}
+
+static void module_and_library_loads_are_measured(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "modules", 0);
+    env_add("PROBE_ROUTE=direct");
+    expect_run(KGPU_SHIM_PROBE_LINKED, "modules", 0);
+}
+
+static void pre_3_2_entry_points_are_counted(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "v1", 0);
+    env_add("PROBE_ROUTE=proc");
+    expect_run(KGPU_SHIM_PROBE, "v1", 0);
+}
+
+static void children_without_fork_handlers_leave_the_parent_slot(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "quiet-fork", 0);
+    expect_out("ok child made by clone\n");
+    env_add("PROBE_CHILD_ALLOCATES=1");
+    expect_run(KGPU_SHIM_PROBE, "quiet-fork", 0);
+    expect_out("ok child made by clone\n");
+}
+
 /* ---- no limits: nothing happens ---- */
 
 static void without_limits_nothing_changes(void **state)
@@ -539,6 +611,17 @@ int main(void)
         cmocka_unit_test_setup_teardown(unusable_region_fails_closed, setup, teardown),
         cmocka_unit_test_setup_teardown(the_mounted_file_wins, setup, teardown),
         cmocka_unit_test_setup_teardown(processes_race_and_die, setup, teardown),
+        cmocka_unit_test_setup_teardown(vmm_memory_lives_while_mapped_retained_or_exported, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(pools_are_charged_what_they_keep, setup, teardown),
+        cmocka_unit_test_setup_teardown(two_processes_with_pools_share_one_limit, setup, teardown),
+        cmocka_unit_test_setup_teardown(graph_memory_is_charged_when_the_graph_runs, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(context_limits_are_charged, setup, teardown),
+        cmocka_unit_test_setup_teardown(module_and_library_loads_are_measured, setup, teardown),
+        cmocka_unit_test_setup_teardown(pre_3_2_entry_points_are_counted, setup, teardown),
+        cmocka_unit_test_setup_teardown(children_without_fork_handlers_leave_the_parent_slot, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

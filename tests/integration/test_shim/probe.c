@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -74,6 +75,43 @@ typedef struct stream_st *stream_t;
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate",                                            \
       (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int))                         \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", (CUmipmappedArray))                      \
+    X(cuCtxSynchronize, "cuCtxSynchronize", (void))                                                 \
+    X(cuStreamSynchronize, "cuStreamSynchronize", (stream_t))                                      \
+    X(cuStreamCreate, "cuStreamCreate", (stream_t *, unsigned int))                                \
+    X(cuMemAddressReserve, "cuMemAddressReserve",                                                  \
+      (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                            \
+    X(cuMemMap, "cuMemMap",                                                                        \
+      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))             \
+    X(cuMemUnmap, "cuMemUnmap", (CUdeviceptr, size_t))                                             \
+    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle",                                  \
+      (CUmemGenericAllocationHandle *, void *))                                                    \
+    X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle",                                \
+      (void *, CUmemGenericAllocationHandle, int, unsigned long long))                             \
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle",                            \
+      (CUmemGenericAllocationHandle *, void *, int))                                               \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", (pool_t, int, void *))                       \
+    X(cuMemPoolCreate, "cuMemPoolCreate", (pool_t *, const CUmemPoolProps *))                      \
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo", (pool_t, size_t))                                        \
+    X(cuMemPoolDestroy, "cuMemPoolDestroy", (pool_t))                                              \
+    X(cuGraphCreate, "cuGraphCreate", (CUgraph *, unsigned int))                                   \
+    X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode",                                            \
+      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *))         \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags",                                  \
+      (CUgraphExec *, CUgraph, unsigned long long))                                                \
+    X(cuGraphLaunch, "cuGraphLaunch", (CUgraphExec, stream_t))                                     \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec))                                     \
+    X(cuGraphDestroy, "cuGraphDestroy", (CUgraph))                                                 \
+    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", (CUdevice))                                    \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", (stream_t, int))                            \
+    X(cuStreamEndCapture, "cuStreamEndCapture", (stream_t, CUgraph *))                             \
+    X(cuCtxSetLimit, "cuCtxSetLimit", (int, size_t))                                               \
+    X(cuCtxGetLimit, "cuCtxGetLimit", (size_t *, int))                                             \
+    X(cuModuleLoad, "cuModuleLoad", (CUmodule *, const char *))                                    \
+    X(cuModuleLoadData, "cuModuleLoadData", (CUmodule *, const void *))                            \
+    X(cuModuleUnload, "cuModuleUnload", (CUmodule))                                                \
+    X(cuLibraryLoadData, "cuLibraryLoadData",                                                      \
+      (CUlibrary *, const void *, int *, void **, unsigned, int *, void **, unsigned))             \
+    X(cuLibraryUnload, "cuLibraryUnload", (CUlibrary))                                             \
     X(fakeCudaPoolUsed, "", (int, unsigned long long *))
 
 typedef struct api {
@@ -274,9 +312,11 @@ static CUresult async_alloc(uint64_t b, uint64_t *h)
 {
     return A.cuMemAllocAsync((CUdeviceptr *)h, b, NULL);
 }
+/* Done when the stream gets there: a synchronisation, after which the pool lets it go. */
 static CUresult async_free(uint64_t h)
 {
-    return A.cuMemFreeAsync(h, NULL);
+    CUresult r = A.cuMemFreeAsync(h, NULL);
+    return r != CUDA_SUCCESS ? r : A.cuCtxSynchronize();
 }
 
 static int has_pool(void)
@@ -778,6 +818,487 @@ static int cmd_race(void)
     return failures != 0;
 }
 
+/* ---- routes whose footprint the arguments do not give ---- */
+
+static CUresult make_handle(uint64_t bytes, CUmemGenericAllocationHandle *h)
+{
+    CUmemAllocationProp prop = {.type = 1,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    return A.cuMemCreate(h, bytes, &prop, 0);
+}
+
+/* Whether `bytes` more can be allocated now (allocated and freed again if so). */
+static int fits(uint64_t bytes)
+{
+    CUdeviceptr p;
+    CUresult r = A.cuMemAlloc_v2(&p, bytes);
+    if (r == CUDA_SUCCESS)
+        A.cuMemFree_v2(p);
+    else if (r != CUDA_ERROR_OUT_OF_MEMORY)
+        fail("cuMemAlloc_v2 of %llu MiB returned %d", (unsigned long long)(bytes / MIB), r);
+    return r == CUDA_SUCCESS;
+}
+
+/*
+ * Virtual memory management: physical memory lives while a handle, a
+ * mapping or an export of it does, and stays charged as long.
+ */
+static int cmd_vmm(void)
+{
+    CUcontext ctx;
+    CUmemGenericAllocationHandle h, h2, h3;
+    CUdeviceptr va;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    /* Released while mapped: still memory, still charged, until the last unmap. */
+    EXPECT_RC(make_handle(400 * MIB, &h), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemAddressReserve(&va, 400 * MIB, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemMap(va, 200 * MIB, 0, h, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemMap(va + 200 * MIB, 200 * MIB, 200 * MIB, h, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 400 * MIB);
+    EXPECT_EQ(pool(), p0 + 400 * MIB); /* the driver still holds it */
+    if (fits(avail - 400 * MIB + MIB))
+        fail("released but mapped memory was given back to the share");
+    /* NCCL's query: retain by address, release; the memory stays mapped and charged. */
+    EXPECT_RC(A.cuMemRetainAllocationHandle(&h2, (void *)(uintptr_t)(va + 4096)), CUDA_SUCCESS);
+    EXPECT_EQ(h2, h);
+    EXPECT_RC(A.cuMemRelease(h2), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 400 * MIB);
+    EXPECT_RC(A.cuMemUnmap(va, 200 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 400 * MIB); /* half of it is still mapped */
+    EXPECT_RC(A.cuMemUnmap(va + 200 * MIB, 200 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+
+    /* Exported, released, imported again: the same memory, charged once, kept by the export. */
+    int fd = -1;
+    EXPECT_RC(make_handle(300 * MIB, &h), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 300 * MIB);
+    EXPECT_EQ(pool(), p0 + 300 * MIB);
+    EXPECT_RC(A.cuMemImportFromShareableHandle(&h3, (void *)(intptr_t)fd,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+              CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemMap(va, 300 * MIB, 0, h3, 0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 300 * MIB); /* not a second charge */
+    EXPECT_RC(A.cuMemRelease(h3), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemUnmap(va, 300 * MIB), CUDA_SUCCESS);
+    if (fits(avail - 300 * MIB + MIB))
+        fail("memory kept alive by an open export was given back to the share");
+    /* Once the export is closed, the memory is gone and so is the charge. */
+    close(fd);
+    if (!fits(avail))
+        fail("the charge of a closed export did not come back (%llu bytes counted)",
+             (unsigned long long)used());
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+
+    /* Another process imports an export: it is charged what it maps of it, there. */
+    EXPECT_RC(make_handle(100 * MIB, &h), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+    int inherit = dup(fd); /* without FD_CLOEXEC */
+    pid_t pid = fork();
+    if (pid == 0) {
+        char num[16], self[4096];
+        snprintf(num, sizeof(num), "%d", inherit);
+        setenv("PROBE_IMPORT_FD", num, 1);
+        ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        if (n <= 0)
+            _exit(126);
+        self[n] = '\0';
+        char *argv[] = {self, "vmm-import", NULL};
+        execv(self, argv);
+        _exit(127);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("the importing process failed (status %d)", status);
+    close(inherit);
+    close(fd);
+    if (!fits(avail))
+        fail("the charge of a closed export did not come back (%llu bytes counted)",
+             (unsigned long long)used());
+    EXPECT_EQ(used(), ctx_bytes);
+    return failures != 0;
+}
+
+/* The child of cmd_vmm: maps a foreign export of 100 MiB; its slot holds what it mapped. */
+static int cmd_vmm_import(void)
+{
+    CUcontext ctx;
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr va;
+    const char *v = getenv("PROBE_IMPORT_FD");
+    if (v == NULL || setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t u0 = used(); /* the parent's context and export, and this context */
+    EXPECT_EQ(u0, 2 * ctx_bytes + 100 * MIB);
+    EXPECT_RC(A.cuMemImportFromShareableHandle(&h, (void *)(intptr_t)atoi(v),
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+              CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0); /* nothing mapped yet */
+    EXPECT_RC(A.cuMemAddressReserve(&va, 100 * MIB, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemMap(va, 60 * MIB, 0, h, 0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0 + 60 * MIB);
+    EXPECT_RC(A.cuMemMap(va + 60 * MIB, 40 * MIB, 60 * MIB, h, 0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0 + 100 * MIB);
+    EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0 + 100 * MIB); /* mapped */
+    EXPECT_RC(A.cuMemUnmap(va, 100 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0);
+    return failures != 0;
+}
+
+static int set_threshold(pool_t p, uint64_t bytes)
+{
+    cuuint64_t v = bytes;
+    return A.cuMemPoolSetAttribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+}
+
+/* Stream-ordered pools: what a pool keeps is charged, and a free is a free once it has run. */
+static int cmd_pool(void)
+{
+    CUcontext ctx;
+    CUdeviceptr a, b;
+    pool_t dflt;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    EXPECT_RC(A.cuDeviceGetDefaultMemPool(&dflt, 0), CUDA_SUCCESS);
+    /* A framework's pool: release threshold raised, pre-filled, freed back into the pool. */
+    EXPECT_RC(set_threshold(dflt, UINT64_MAX), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemAllocAsync(&a, 600 * MIB, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 600 * MIB);
+    EXPECT_RC(A.cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 600 * MIB); /* queued, not done */
+    EXPECT_RC(A.cuCtxSynchronize(), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 600 * MIB); /* done, and the pool keeps it */
+    EXPECT_EQ(pool(), p0 + 600 * MIB);
+    if (fits(avail - 600 * MIB + MIB))
+        fail("what the pool keeps was given back to the share");
+    /* Served from what the pool keeps: no more memory, no more charge, even near the limit. */
+    EXPECT_RC(A.cuMemAllocAsync(&a, 500 * MIB, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 600 * MIB);
+    EXPECT_RC(A.cuMemAllocAsync(&b, 300 * MIB, NULL), CUDA_ERROR_OUT_OF_MEMORY); /* 200 more */
+    EXPECT_EQ(pool(), p0 + 600 * MIB);
+    EXPECT_RC(A.cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    /* The threshold lowered: the next synchronisation lets the memory go, and the charge. */
+    EXPECT_RC(set_threshold(dflt, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuCtxSynchronize(), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+
+    /* A queued free gives nothing back until its stream has run it. */
+    EXPECT_RC(A.cuMemAllocAsync(&a, 600 * MIB, NULL), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    if (fits(200 * MIB))
+        fail("a free still queued on its stream gave its memory back");
+    EXPECT_RC(A.cuStreamSynchronize(NULL), CUDA_SUCCESS);
+    if (!fits(avail))
+        fail("the share did not come back once the free ran (%llu bytes counted)",
+             (unsigned long long)used());
+
+    /* So does cuMemFreeAsync of memory from cuMemAlloc. */
+    EXPECT_RC(A.cuMemAlloc_v2(&a, 500 * MIB), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_RC(A.cuCtxSynchronize(), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+
+    /* A pool of one's own: charged what it reserves; trimmed, destroyed, given back. */
+    pool_t mine;
+    CUmemPoolProps props = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE}};
+    EXPECT_RC(A.cuMemPoolCreate(&mine, &props), CUDA_SUCCESS);
+    EXPECT_RC(set_threshold(mine, UINT64_MAX), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemAllocFromPoolAsync(&a, 300 * MIB, mine, NULL), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemAllocFromPoolAsync(&b, avail - 300 * MIB + MIB, mine, NULL),
+              CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_RC(A.cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    EXPECT_RC(A.cuCtxSynchronize(), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 300 * MIB);
+    EXPECT_RC(A.cuMemPoolTrimTo(mine, 100 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 100 * MIB);
+    EXPECT_RC(A.cuMemPoolDestroy(mine), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    return failures != 0;
+}
+
+/* Fills the default pool (release threshold raised) with PROBE_HOLD_MIB, frees it, and waits. */
+static int cmd_hold_pool(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    pool_t dflt;
+    if (setup(&ctx) != 0)
+        return 1;
+    EXPECT_RC(A.cuDeviceGetDefaultMemPool(&dflt, 0), CUDA_SUCCESS);
+    EXPECT_RC(set_threshold(dflt, UINT64_MAX), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemAllocAsync(&p, env_mib("PROBE_HOLD_MIB", 100), NULL), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemFreeAsync(p, NULL), CUDA_SUCCESS);
+    EXPECT_RC(A.cuCtxSynchronize(), CUDA_SUCCESS);
+    printf("holding\n");
+    fflush(stdout);
+    for (;;)
+        pause();
+}
+
+/* Next to a process whose pool holds PROBE_HOLD_MIB: the share left is what it does not hold. */
+static int cmd_pool_beside(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t left = limit_bytes - 2 * ctx_bytes - env_mib("PROBE_HOLD_MIB", 100);
+    EXPECT_EQ(used(), limit_bytes - left);
+    EXPECT_RC(A.cuMemAllocAsync(&p, left + MIB, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_RC(A.cuMemAllocAsync(&p, left, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(used(), limit_bytes);
+    return failures != 0;
+}
+
+static CUresult graph_with(uint64_t bytes, CUgraph *g, CUgraphExec *e, CUdeviceptr *dptr)
+{
+    CUDA_MEM_ALLOC_NODE_PARAMS params;
+    CUgraphNode node;
+    memset(&params, 0, sizeof(params));
+    params.poolProps.allocType = 1;
+    params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params.bytesize = bytes;
+    CUresult r = A.cuGraphCreate(g, 0);
+    if (r == CUDA_SUCCESS)
+        r = A.cuGraphAddMemAllocNode(&node, *g, NULL, 0, &params);
+    if (r == CUDA_SUCCESS)
+        r = A.cuGraphInstantiateWithFlags(e, *g, 0);
+    *dptr = params.dptr;
+    return r;
+}
+
+/* Graph memory: charged when the graph runs, from the device's graph memory, until trimmed. */
+static int cmd_graph(void)
+{
+    CUcontext ctx;
+    CUgraph g1, g2, g3;
+    CUgraphExec e1, e2, e3;
+    CUdeviceptr d1, d2, a;
+    stream_t s;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    EXPECT_RC(graph_with(500 * MIB, &g1, &e1, &d1), CUDA_SUCCESS);
+    EXPECT_RC(graph_with(300 * MIB, &g2, &e2, &d2), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes); /* nothing until it runs */
+    EXPECT_RC(A.cuGraphLaunch(e1, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_EQ(pool(), p0 + 500 * MIB);
+    EXPECT_RC(A.cuGraphLaunch(e2, NULL), CUDA_ERROR_OUT_OF_MEMORY); /* 800 > 724 */
+    EXPECT_EQ(pool(), p0 + 500 * MIB);
+    /* Freed, the graph memory keeps its reservation (charged) until trimmed. */
+    EXPECT_RC(A.cuMemFreeAsync(d1, NULL), CUDA_SUCCESS);
+    EXPECT_RC(A.cuCtxSynchronize(), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_RC(A.cuGraphLaunch(e2, NULL), CUDA_SUCCESS); /* fits in what is reserved */
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_RC(A.cuMemFreeAsync(d2, NULL), CUDA_SUCCESS);
+    EXPECT_RC(A.cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    A.cuGraphExecDestroy(e1);
+    A.cuGraphExecDestroy(e2);
+    A.cuGraphDestroy(g1);
+    A.cuGraphDestroy(g2);
+
+    /* cudaMallocAsync captured into a graph: nothing while captured, its size when it runs. */
+    EXPECT_RC(A.cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuStreamBeginCapture_v2(s, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemAllocAsync(&a, avail - 100 * MIB, s), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemFreeAsync(a, s), CUDA_SUCCESS);
+    EXPECT_RC(A.cuStreamEndCapture(s, &g3), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_RC(A.cuGraphInstantiateWithFlags(&e3, g3, 0), CUDA_SUCCESS);
+    if (!fits(avail))
+        fail("a captured allocation was charged before its graph ran");
+    EXPECT_RC(A.cuGraphLaunch(e3, s), CUDA_SUCCESS);
+    EXPECT_EQ(used(), limit_bytes - 100 * MIB);
+    if (fits(100 * MIB + MIB))
+        fail("graph memory of a captured allocation was not charged");
+    EXPECT_RC(A.cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    return failures != 0;
+}
+
+/* Context limits: the heap, the stack and what only the driver's figures show. */
+static int cmd_limits(void)
+{
+    CUcontext ctx;
+    size_t v = 0;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t p0 = pool();
+    EXPECT_RC(A.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 600 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 592 * MIB); /* 8 MiB are the context's own */
+    EXPECT_EQ(pool(), p0 + 592 * MIB);
+    EXPECT_RC(A.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 800 * MIB), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_RC(A.cuCtxGetLimit(&v, CU_LIMIT_MALLOC_HEAP_SIZE), CUDA_SUCCESS);
+    EXPECT_EQ(v, 600 * MIB);
+    EXPECT_RC(A.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 8 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    /* 16 KiB of stack for each of 4 x 2048 resident threads: 128 MiB, 8 of them the context's. */
+    EXPECT_RC(A.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 16384), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 120 * MIB);
+    EXPECT_RC(A.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    /* No formula for pending launches: what the driver's free memory drops by. */
+    EXPECT_RC(A.cuCtxSetLimit(4 /* DEV_RUNTIME_PENDING_LAUNCH_COUNT */, 102400 + 2048),
+              CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 100 * MIB);
+    EXPECT_EQ(pool(), p0 + 100 * MIB);
+    /* Everything raised dies with the context. */
+    EXPECT_RC(A.cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), 0);
+    return failures != 0;
+}
+
+/* Modules and libraries: what loading them takes, as the driver's free memory shows it. */
+static int cmd_modules(void)
+{
+    CUcontext ctx;
+    CUmodule m, m2;
+    CUlibrary l;
+    char path[] = "/tmp/kgpu-probe-module-XXXXXX";
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t p0 = pool();
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, "KGPUFAKEMOD 300", 15) != 15) {
+        fail("cannot write %s", path);
+        return 1;
+    }
+    close(fd);
+    EXPECT_RC(A.cuModuleLoad(&m, path), CUDA_SUCCESS);
+    unlink(path);
+    EXPECT_EQ(used(), ctx_bytes + 300 * MIB);
+    EXPECT_RC(A.cuModuleLoadData(&m2, "KGPUFAKEMOD 500"), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(used(), ctx_bytes + 300 * MIB);
+    EXPECT_EQ(pool(), p0 + 300 * MIB); /* loaded, measured, unloaded again */
+    EXPECT_RC(A.cuModuleUnload(m), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    if (A.cuLibraryLoadData != NULL) {
+        EXPECT_RC(A.cuLibraryLoadData(&l, "KGPUFAKEMOD 200", NULL, NULL, 0, NULL, NULL, 0),
+                  CUDA_SUCCESS);
+        EXPECT_EQ(used(), ctx_bytes + 200 * MIB);
+        EXPECT_RC(A.cuLibraryUnload(l), CUDA_SUCCESS);
+        EXPECT_EQ(used(), ctx_bytes);
+    }
+    /* A module dies with its context. */
+    EXPECT_RC(A.cuModuleLoadData(&m, "KGPUFAKEMOD 100"), CUDA_SUCCESS);
+    EXPECT_RC(A.cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), 0);
+    return failures != 0;
+}
+
+/* The entry points from before CUDA 3.2, as dlsym and cuGetProcAddress (version 3000) give them. */
+static int cmd_v1(void)
+{
+    CUcontext ctx, c2;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CUresult (*alloc)(CUdeviceptr_v1 *, unsigned int) = NULL;
+    CUresult (*release)(CUdeviceptr_v1) = NULL;
+    CUresult (*info)(unsigned int *, unsigned int *) = NULL;
+    CUresult (*create)(CUcontext *, unsigned int, CUdevice) = NULL;
+    CUresult (*destroy)(CUcontext) = NULL;
+    if (h == NULL || setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    if (getenv("PROBE_ROUTE") != NULL && strcmp(getenv("PROBE_ROUTE"), "proc") == 0) {
+        CUresult (*gpa)(const char *, void **, int, cuuint64_t) = NULL;
+        *(void **)&gpa = dlsym(h, "cuGetProcAddress");
+        if (gpa == NULL || gpa("cuMemAlloc", (void **)&alloc, 3000, 0) != CUDA_SUCCESS ||
+            gpa("cuMemFree", (void **)&release, 3000, 0) != CUDA_SUCCESS ||
+            gpa("cuMemGetInfo", (void **)&info, 3000, 0) != CUDA_SUCCESS ||
+            gpa("cuCtxCreate", (void **)&create, 3000, 0) != CUDA_SUCCESS ||
+            gpa("cuCtxDestroy", (void **)&destroy, 3000, 0) != CUDA_SUCCESS)
+            fail("cuGetProcAddress lacks a pre-3.2 entry point");
+    } else {
+        *(void **)&alloc = dlsym(h, "cuMemAlloc");
+        *(void **)&release = dlsym(h, "cuMemFree");
+        *(void **)&info = dlsym(h, "cuMemGetInfo");
+        *(void **)&create = dlsym(h, "cuCtxCreate");
+        *(void **)&destroy = dlsym(h, "cuCtxDestroy");
+    }
+    if (alloc == NULL || release == NULL || info == NULL || create == NULL || destroy == NULL) {
+        fail("a pre-3.2 entry point is missing");
+        return 1;
+    }
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    unsigned int f = 0, t = 0;
+    CUdeviceptr_v1 p = 0;
+    EXPECT_RC(info(&f, &t), CUDA_SUCCESS);
+    EXPECT_EQ(t, limit_bytes);
+    EXPECT_EQ(f, avail);
+    EXPECT_RC(alloc(&p, (unsigned int)(avail + MIB)), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(pool(), p0);
+    EXPECT_RC(alloc(&p, (unsigned int)avail), CUDA_SUCCESS);
+    EXPECT_EQ(used(), limit_bytes);
+    EXPECT_RC(release(p), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_RC(create(&c2, 0, 0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), 2 * ctx_bytes);
+    EXPECT_RC(destroy(c2), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    return failures != 0;
+}
+
+/*
+ * Children made without fork's handlers (_Fork, a raw clone): exiting
+ * normally, they must leave their parent's slot alone; allocating, they
+ * take slots of their own.
+ */
+static int cmd_quiet_fork(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p, q;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    EXPECT_RC(A.cuMemAlloc_v2(&p, 100 * MIB), CUDA_SUCCESS);
+    pid_t (*fork_quietly)(void) = NULL;
+    *(void **)&fork_quietly = dlsym(RTLD_DEFAULT, "_Fork"); /* glibc 2.34 */
+    for (int how = 0; how < 2; how++) {
+        if (how == 0 && fork_quietly == NULL) {
+            printf("skip _Fork: not in this C library\n");
+            continue;
+        }
+        pid_t pid = how == 0 ? fork_quietly() : (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+        if (pid == 0) {
+            /* A child that allocates gets a slot of its own... */
+            CUcontext c2;
+            int bad = getenv("PROBE_CHILD_ALLOCATES") != NULL &&
+                      (setup(&c2) != 0 || A.cuMemAlloc_v2(&q, 50 * MIB) != CUDA_SUCCESS ||
+                       used() != 2 * ctx_bytes + 150 * MIB);
+            exit(bad); /* ...and exit() runs the library's destructor */
+        }
+        int status;
+        waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail("child %d ended with status %d", how, status);
+        EXPECT_EQ(used(), ctx_bytes + 100 * MIB); /* the child's own slot went with it */
+        int mine = 0;
+        for (int s = 0; s < KGPU_REGION_SLOTS; s++)
+            mine += region->slot[s].pid == getpid();
+        EXPECT_EQ(mine, 1);
+        printf("ok child made by %s\n", how == 0 ? "_Fork" : "clone");
+    }
+    EXPECT_RC(A.cuMemFree_v2(p), CUDA_SUCCESS);
+    return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -799,6 +1320,16 @@ int main(int argc, char **argv)
              : strcmp(cmd, "fork") == 0   ? cmd_fork()
              : strcmp(cmd, "hold") == 0   ? cmd_hold()
              : strcmp(cmd, "race") == 0   ? cmd_race()
-                                          : 2;
+             : strcmp(cmd, "vmm") == 0    ? cmd_vmm()
+             : strcmp(cmd, "vmm-import") == 0 ? cmd_vmm_import()
+             : strcmp(cmd, "pool") == 0       ? cmd_pool()
+             : strcmp(cmd, "hold-pool") == 0  ? cmd_hold_pool()
+             : strcmp(cmd, "pool-beside") == 0 ? cmd_pool_beside()
+             : strcmp(cmd, "graph") == 0      ? cmd_graph()
+             : strcmp(cmd, "limits") == 0     ? cmd_limits()
+             : strcmp(cmd, "modules") == 0    ? cmd_modules()
+             : strcmp(cmd, "v1") == 0         ? cmd_v1()
+             : strcmp(cmd, "quiet-fork") == 0 ? cmd_quiet_fork()
+                                              : 2;
     return rc;
 }
