@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sched.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -336,6 +338,96 @@ static void fork_child_takes_its_own_slot(void **state)
     kgpu_shim_region_detach(r);
 }
 
+/*
+ * A child made without fork's handlers (a raw clone, as _Fork() makes) that
+ * exits normally, running the library's destructor, must not free its
+ * parent's slot; when it reserves, it takes a slot of its own.
+ */
+static void quiet_children_leave_the_parent_slot(void **state)
+{
+    kgpu_shim_region *r = attach("main");
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 100 * MIB, 1024 * MIB), KGPU_OK);
+    for (int allocates = 0; allocates < 2; allocates++) {
+        pid_t pid = (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+        if (pid == 0) {
+            int ok = 1;
+            if (allocates)
+                ok = kgpu_shim_region_reserve(r, 0, 10 * MIB, 1024 * MIB) == KGPU_OK &&
+                     kgpu_shim_region_mine(r, 0) == 10 * MIB &&
+                     kgpu_shim_region_used(r, 0) == 110 * MIB;
+            else
+                ok = kgpu_shim_region_mine(r, 0) == 0; /* not the parent's */
+            kgpu_shim_region_release(r, 0, 100 * MIB); /* at most its own */
+            kgpu_shim_region_leave(r);                 /* what exit() does */
+            _exit(ok ? 0 : 1);
+        }
+        assert_true(pid > 0);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_int_equal(WEXITSTATUS(status), 0);
+        assert_int_equal(kgpu_shim_region_mine(r, 0), 100 * MIB);
+        assert_int_equal(kgpu_shim_region_used(r, 0), 100 * MIB);
+    }
+    kgpu_shim_region_leave(r);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 0);
+    kgpu_shim_region_detach(r);
+}
+
+/*
+ * A process in a PID namespace of its own records a pid that means another
+ * process (or none) here: its slot lives as long as it does, judged by the
+ * lock it holds, and is reclaimed once it is gone.
+ */
+static void pid_namespaces_do_not_fool_the_sweep(void **state)
+{
+    kgpu_shim_region *r = attach("main");
+    int ready[2], wake[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(wake), 0);
+    pid_t outer = fork();
+    if (outer == 0) {
+        if (unshare(CLONE_NEWPID) != 0)
+            _exit(77);
+        pid_t inner = fork(); /* pid 1 of the new namespace */
+        if (inner == 0) {
+            kgpu_shim_region *q = NULL;
+            kgpu_error err;
+            char c;
+            if (getpid() != 1 || kgpu_shim_region_attach(dir, "main", &lim, &q, &err) != KGPU_OK ||
+                kgpu_shim_region_reserve(q, 0, 200 * MIB, 1024 * MIB) != KGPU_OK ||
+                write(ready[1], "r", 1) != 1 || read(wake[0], &c, 1) != 1)
+                _exit(1);
+            _exit(0); /* gone without leaving its slot */
+        }
+        int status;
+        waitpid(inner, &status, 0);
+        _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 2);
+    }
+    char c;
+    close(ready[1]);
+    if (read(ready[0], &c, 1) != 1) {
+        int status;
+        waitpid(outer, &status, 0);
+        if (WEXITSTATUS(status) == 77)
+            skip(); /* no PID namespaces here (unprivileged) */
+        fail_msg("the process in a new PID namespace failed (status %d)", status);
+    }
+    /* Its pid 1 is init here, started long before: by pid it would look dead. */
+    assert_int_equal(kgpu_shim_region_reclaim(r), 0);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 200 * MIB);
+    assert_int_equal(kgpu_shim_region_reserve(r, 0, 900 * MIB, 1024 * MIB), KGPU_ENOFIT);
+    assert_int_equal(write(wake[1], "g", 1), 1);
+    int status;
+    assert_int_equal(waitpid(outer, &status, 0), outer);
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(kgpu_shim_region_reclaim(r), 1);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 0);
+    close(ready[0]);
+    close(wake[0]);
+    close(wake[1]);
+    kgpu_shim_region_detach(r);
+}
+
 static uint64_t splitmix(uint64_t *x)
 {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
@@ -399,6 +491,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(liveness, setup, teardown),
         cmocka_unit_test_setup_teardown(lock_owner_died, setup, teardown),
         cmocka_unit_test_setup_teardown(fork_child_takes_its_own_slot, setup, teardown),
+        cmocka_unit_test_setup_teardown(quiet_children_leave_the_parent_slot, setup, teardown),
+        cmocka_unit_test_setup_teardown(pid_namespaces_do_not_fool_the_sweep, setup, teardown),
         cmocka_unit_test_setup_teardown(processes_race_for_one_limit, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
