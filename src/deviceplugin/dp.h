@@ -10,6 +10,9 @@
  *              text; files written by dp_write_pod_files)
  *   grpcsrv.c  gRPC core servers, one per resource, and the Register client
  *   plugin.c   the daemon: inventory and health, sockets, API server calls
+ *   watcher.c, watchparse.c, metricsrv.c
+ *              the node's watcher and its /metrics (watcher.h): real GPU use
+ *              per container against its share, with --watch-config
  *
  * Threads and ownership:
  *   - The main thread (dp_run) owns the inventory, health and the servers'
@@ -23,6 +26,9 @@
  *   - Each resource's server has one completion-queue thread that accepts
  *     calls and streams ListAndWatch: it polls the snapshot generation at
  *     least every 100 ms and sends the newest message to every stream.
+ *   - With --watch-config, the watcher thread owns the watcher's state and
+ *     libmicrohttpd's thread serves /metrics from its published text
+ *     (watcher.h says how); neither touches the plugin's state.
  *   - Each unary call (options, preferred allocation, Allocate) runs on a
  *     short-lived worker thread so a slow API server never delays health
  *     updates. Allocate workers serialise on the plugin's allocate mutex:
