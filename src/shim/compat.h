@@ -25,7 +25,9 @@
 #define KGPU__OLD(sym, ver) __asm__(".symver " #sym "," #sym "@" ver)
 KGPU__OLD(dlopen, "GLIBC_2.2.5");
 KGPU__OLD(dlclose, "GLIBC_2.2.5");
+#ifndef KGPU_SHIM_DEFINES_DLVSYM
 KGPU__OLD(dlvsym, "GLIBC_2.2.5");
+#endif
 KGPU__OLD(dladdr1, "GLIBC_2.3.3");
 KGPU__OLD(pthread_once, "GLIBC_2.2.5");
 KGPU__OLD(pthread_mutexattr_init, "GLIBC_2.2.5");
@@ -37,7 +39,9 @@ KGPU__OLD(pthread_mutex_consistent, "GLIBC_2.12");
 #define KGPU__OLD(sym, ver) __asm__(".symver " #sym "," #sym "@" ver)
 KGPU__OLD(dlopen, "GLIBC_2.17");
 KGPU__OLD(dlclose, "GLIBC_2.17");
+#ifndef KGPU_SHIM_DEFINES_DLVSYM
 KGPU__OLD(dlvsym, "GLIBC_2.17");
+#endif
 KGPU__OLD(dladdr1, "GLIBC_2.17");
 KGPU__OLD(pthread_once, "GLIBC_2.17");
 KGPU__OLD(pthread_mutexattr_init, "GLIBC_2.17");

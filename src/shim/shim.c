@@ -100,7 +100,7 @@ static int hooked_index(const char *name)
 typedef void *(*dlsym_fn)(void *, const char *);
 static _Atomic(dlsym_fn) real_dlsym_ptr;
 
-/* glibc's own dlsym, found with dlvsym (not interposed) under its version names. */
+/* glibc's own dlsym, found with glibc's dlvsym (loader.c) under its version names. */
 static dlsym_fn real_dlsym(void)
 {
     dlsym_fn f = atomic_load_explicit(&real_dlsym_ptr, memory_order_acquire);
@@ -108,7 +108,7 @@ static dlsym_fn real_dlsym(void)
         return f;
     static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
     for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]) && f == NULL; i++)
-        f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+        f = (dlsym_fn)kgpu__real_dlvsym(RTLD_NEXT, "dlsym", versions[i]);
     atomic_store_explicit(&real_dlsym_ptr, f, memory_order_release);
     return f;
 }
@@ -635,11 +635,6 @@ KGPU_EXPORT void *dlsym(void *restrict handle, const char *restrict name)
         dlsym_fn sym = real_dlsym();
         p = sym != NULL ? sym(handle, name) : NULL;
     }
-    if (p == NULL)
-        return NULL;
-    int i = hooked_index(name);
-    if (i < 0)
-        return p;
-    /* A hooked name the driver has: ours, unless there are no limits at all. */
-    return kgpu__config() == KGPU_MODE_PASS ? p : hooks[i];
+    /* A hooked name the driver has, or dlsym/dlvsym: ours, unless there are no limits at all. */
+    return kgpu__lookup_result(name, p);
 }

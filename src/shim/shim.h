@@ -164,6 +164,12 @@ void *kgpu__hook(int i);
 /* The hook called `name` (without dlsym's lookup of the driver), or NULL. */
 void *kgpu__hook_named(const char *name);
 
+/* glibc's dlvsym itself (found in the C library's symbol table: never this library's). */
+void *kgpu__real_dlvsym(void *handle, const char *name, const char *version);
+
+/* What a dlsym/dlvsym of `name` that found `p` hands out (see loader.c). */
+void *kgpu__lookup_result(const char *name, void *p);
+
 /* In a child made without fork's handlers: what fork_child would have done. */
 void kgpu__forked_quietly(void);
 

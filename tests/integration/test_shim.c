@@ -383,6 +383,12 @@ static void children_without_fork_handlers_leave_the_parent_slot(void **state)
     expect_out("ok child made by clone\n");
 }
 
+static void dlvsym_and_glibcs_own_lookups_give_the_hooks(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "loader", 0);
+}
+
 /* ---- no limits: nothing happens ---- */
 
 static void without_limits_nothing_changes(void **state)
@@ -621,6 +627,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(module_and_library_loads_are_measured, setup, teardown),
         cmocka_unit_test_setup_teardown(pre_3_2_entry_points_are_counted, setup, teardown),
         cmocka_unit_test_setup_teardown(children_without_fork_handlers_leave_the_parent_slot, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(dlvsym_and_glibcs_own_lookups_give_the_hooks, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

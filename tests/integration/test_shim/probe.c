@@ -75,7 +75,7 @@ typedef struct stream_st *stream_t;
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate",                                            \
       (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int))                         \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", (CUmipmappedArray))                      \
-    X(cuCtxSynchronize, "cuCtxSynchronize", (void))                                                 \
+    X(cuCtxSynchronize, "cuCtxSynchronize", (void))                                                \
     X(cuStreamSynchronize, "cuStreamSynchronize", (stream_t))                                      \
     X(cuStreamCreate, "cuStreamCreate", (stream_t *, unsigned int))                                \
     X(cuMemAddressReserve, "cuMemAddressReserve",                                                  \
@@ -1299,6 +1299,57 @@ static int cmd_quiet_fork(void)
     return failures != 0;
 }
 
+/* dlvsym, and glibc's own dlsym and dlvsym however they are fetched: the library's. */
+static int cmd_loader(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL || setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+    typedef void *(*dlsym_fn)(void *, const char *);
+    typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+    alloc_fn alloc;
+    /* The driver's symbols are unversioned, which dlvsym does not match; were they, the hook. */
+    *(void **)&alloc = dlvsym(h, "cuMemAlloc_v2", "GLIBC_2.2.5");
+    if (alloc != NULL)
+        EXPECT_RC(alloc(&p, avail + MIB), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(pool(), p0);
+    const char *versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+    int found = 0;
+    void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+        dlsym_fn s = NULL;
+        dlvsym_fn v = NULL;
+        *(void **)&s = dlvsym(RTLD_DEFAULT, "dlsym", versions[i]);
+        *(void **)&v = dlvsym(libc, "dlvsym", versions[i]);
+        if (s != NULL && (void *)s != (void *)dlsym)
+            fail("dlvsym(\"dlsym\", %s) is glibc's own dlsym", versions[i]);
+        if (v != NULL && (void *)v != (void *)dlvsym)
+            fail("dlvsym(\"dlvsym\", %s) is glibc's own dlvsym", versions[i]);
+        if (s != NULL) {
+            *(void **)&alloc = s(h, "cuMemAlloc_v2");
+            if (alloc == NULL)
+                fail("glibc's dlsym as dlvsym gave it found no cuMemAlloc_v2");
+            else
+                EXPECT_RC(alloc(&p, avail + MIB), CUDA_ERROR_OUT_OF_MEMORY);
+            found++;
+        }
+    }
+    if (found == 0)
+        fail("dlvsym found glibc's dlsym under no version");
+    if (libc == NULL || dlsym(libc, "dlsym") != (void *)dlsym)
+        fail("dlsym of libc.so.6's dlsym is glibc's own");
+    /* RTLD_NEXT still means after the caller. */
+    if (dlvsym(RTLD_NEXT, "getpid", "GLIBC_2.2.5") != dlsym(RTLD_DEFAULT, "getpid"))
+        fail("dlvsym(RTLD_NEXT, \"getpid\") is not libc's");
+    EXPECT_EQ(pool(), p0);
+    EXPECT_EQ(used(), ctx_bytes);
+    return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1330,6 +1381,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "modules") == 0    ? cmd_modules()
              : strcmp(cmd, "v1") == 0         ? cmd_v1()
              : strcmp(cmd, "quiet-fork") == 0 ? cmd_quiet_fork()
+             : strcmp(cmd, "loader") == 0     ? cmd_loader()
                                               : 2;
     return rc;
 }
