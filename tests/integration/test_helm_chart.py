@@ -590,6 +590,40 @@ class HelmChartTest(unittest.TestCase):
                        "configMap": {"name": "kgpu-device-plugin-fake-gpus"}}, pod["volumes"])
         self.check_invariants(h)
 
+    def test_watcher_off(self):
+        h = helm("devicePlugin.watcher.enabled=false")
+        self.assertEqual(sorted(changed(helm(), h)),
+                         [("ConfigMap", DP_NS, "kgpu-device-plugin-watch"),
+                          ("DaemonSet", DP_NS, "kgpu-device-plugin")])
+        self.assertNotIn(("ConfigMap", DP_NS, "kgpu-device-plugin-watch"), h)
+        pod = plugin_pod(h)
+        c = pod["containers"][0]
+        self.assertNotIn("hostPID", pod)
+        self.assertNotIn("ports", c)
+        self.assertFalse([a for a in c["command"] if a.startswith("--watch-config")])
+        self.assertNotIn("watch-config", [v["name"] for v in pod["volumes"]])
+        self.check_invariants(h)
+
+    def test_watcher_enforce_kill(self):
+        h = helm("devicePlugin.watcher.enforce=kill", "devicePlugin.watcher.metricsPort=9500",
+                 "devicePlugin.watcher.intervalSeconds=0.5")
+        cfg = yaml.safe_load(
+            h[("ConfigMap", DP_NS, "kgpu-device-plugin-watch")]["data"]["watch.yaml"])
+        self.assertEqual(cfg["enforce"], "kill")
+        self.assertEqual(cfg["intervalSeconds"], 0.5)
+        self.assertEqual(cfg["metricsListen"], "0.0.0.0:9500")
+        c = plugin_pod(h)["containers"][0]
+        # Killing another user's processes takes CAP_KILL, and only then is it given.
+        self.assertEqual(c["securityContext"]["capabilities"], {"drop": ["ALL"], "add": ["KILL"]})
+        self.assertEqual(c["ports"], [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}])
+        self.assertNotIn("add", plugin_pod(helm())["containers"][0]["securityContext"]
+                         ["capabilities"])
+        # The config's checksum rolls the plugin's pods when the config changes.
+        ann = lambda objs: objs[("DaemonSet", DP_NS, "kgpu-device-plugin")]["spec"]["template"][
+            "metadata"]["annotations"]["checksum/config"]
+        self.assertNotEqual(ann(h), ann(helm()))
+        self.check_invariants(h)
+
     def test_image(self):
         h = helm("image.repository=registry.example/kgpu", "image.tag=dev")
         self.assertEqual(extender_container(h)["image"], "registry.example/kgpu:dev")
