@@ -1,5 +1,6 @@
 /*
- * The Kubernetes API client: one libcurl easy handle per request, so any
+ * The Kubernetes API client: one libcurl easy handle per request at a time,
+ * taken from a small pool of idle ones (their connections are reused), so any
  * number of threads may share a kgpu_k8s; the bearer token is re-read from its
  * file on every request (service account tokens rotate); response bodies are
  * collected into a buffer capped at KGPU__K8S_BODY_MAX.
@@ -77,6 +78,7 @@ kgpu_k8s *kgpu_k8s_new(const kgpu_k8s_config *cfg, kgpu_error *err)
         k->cfg.timeout_ms = KGPU__K8S_TIMEOUT_MS;
     for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
         pthread_mutex_init(&k->share_locks[i], NULL);
+    pthread_mutex_init(&k->idle_mu, NULL);
     k->share = curl_share_init();
     if (oom || k->share == NULL) {
         kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
@@ -95,6 +97,9 @@ void kgpu_k8s_free(kgpu_k8s *k)
 {
     if (k == NULL)
         return;
+    for (int i = 0; i < k->nidle; i++)
+        curl_easy_cleanup(k->idle[i]); /* before the share they use */
+    pthread_mutex_destroy(&k->idle_mu);
     if (k->share != NULL)
         curl_share_cleanup(k->share);
     for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
@@ -158,10 +163,36 @@ static int auth_header(const kgpu_k8s *k, char **out, kgpu_error *err)
     return rc;
 }
 
+/* An idle handle (options at their defaults, connections and caches kept), or a new one. */
+static CURL *handle_take(kgpu_k8s *k)
+{
+    pthread_mutex_lock(&k->idle_mu);
+    CURL *h = k->nidle > 0 ? k->idle[--k->nidle] : NULL;
+    pthread_mutex_unlock(&k->idle_mu);
+    return h != NULL ? h : curl_easy_init();
+}
+
+/*
+ * Keeps h for the next request, or frees it when enough are kept. Reset
+ * first: its options point into the finished call (URL, headers, buffers).
+ */
+static void handle_give(kgpu_k8s *k, CURL *h)
+{
+    curl_easy_reset(h);
+    pthread_mutex_lock(&k->idle_mu);
+    if (k->nidle < KGPU__K8S_IDLE_HANDLES) {
+        k->idle[k->nidle++] = h;
+        h = NULL;
+    }
+    pthread_mutex_unlock(&k->idle_mu);
+    if (h != NULL)
+        curl_easy_cleanup(h);
+}
+
 void kgpu__k8s_call_close(kgpu__k8s_call *c)
 {
     if (c->h != NULL)
-        curl_easy_cleanup(c->h);
+        handle_give(c->k, c->h);
     /* The slist holds a copy of the Authorization line. */
     for (struct curl_slist *l = c->headers; l != NULL; l = l->next)
         explicit_bzero(l->data, strlen(l->data));
@@ -213,7 +244,8 @@ int kgpu__k8s_call_open(kgpu_k8s *k, kgpu__k8s_call *c, const char *method, cons
         explicit_bzero(auth, strlen(auth));
         free(auth);
     }
-    c->h = curl_easy_init();
+    c->k = k;
+    c->h = handle_take(k);
     if (oom || c->h == NULL) {
         kgpu__k8s_call_close(c);
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");

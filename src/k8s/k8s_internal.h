@@ -16,6 +16,8 @@
 #define KGPU__K8S_TIMEOUT_MS    10000L /* default per plain request */
 #define KGPU__K8S_DEFAULT_SADIR "/var/run/secrets/kubernetes.io/serviceaccount"
 
+#define KGPU__K8S_IDLE_HANDLES 8 /* easy handles (and connections) kept between requests */
+
 struct kgpu_k8s {
     kgpu_k8s_config cfg; /* deep copy, immutable after kgpu_k8s_new */
     /* DNS and TLS sessions shared by every handle, so a request resumes the
@@ -23,10 +25,21 @@ struct kgpu_k8s {
      * shared: libcurl does not support that across concurrent threads. */
     CURLSH *share;
     pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
+    /*
+     * Easy handles of finished requests, kept for the next request of any
+     * thread (one thread uses a handle at a time: taken under idle_mu). A
+     * handle keeps its open connection and its parsed CA store, so a run of
+     * requests (the binds) reuses one connection instead of a TCP connect,
+     * a TLS resumption and a CA parse each.
+     */
+    pthread_mutex_t idle_mu;
+    CURL *idle[KGPU__K8S_IDLE_HANDLES];
+    int nidle;
 };
 
 /* One request in flight: its easy handle and what the handle points into. */
 typedef struct kgpu__k8s_call {
+    kgpu_k8s *k; /* where the handle goes back to */
     CURL *h;
     struct curl_slist *headers;
     char method[16];
