@@ -622,11 +622,13 @@ static void simulate_usage(FILE *f)
                "                    node that fits, ties at random\n"
                "  --kube-scheduler SPEC  as --extender-scores, with kube-scheduler's own part:\n"
                "                    its node sample, its default score plugins beside the\n"
-               "                    extender's, pods without GPU placed by them alone. SPEC:\n"
-               "                    default, or a comma list of weight=N (extender weight,\n"
-               "                    5), score=PCT (percentageOfNodesToScore, 0 adaptive),\n"
+               "                    extender's. SPEC: default (the shipped configuration),\n"
+               "                    or a comma list of weight=N (extender weight, 5),\n"
+               "                    score=PCT (percentageOfNodesToScore, 0 adaptive),\n"
                "                    fit=least|most|off, fit-weight=N, balanced=N (weights 1),\n"
-               "                    all-pods (pods without GPU get the extender's scores too)\n"
+               "                    gpu-pods (pods without GPU placed by the plugins alone,\n"
+               "                    as without the prioritize-gpuless entry), all-pods (the\n"
+               "                    default: pods without GPU get the extender's scores too)\n"
                "  --workload        print the arrival sequence of the (one) seed as CSV\n"
                "                    (seq,pod,name,cpu_milli,memory_mib,num_gpu,gpu_milli,\n"
                "                    gpu_spec) instead of simulating\n"
@@ -642,14 +644,16 @@ static void simulate_usage(FILE *f)
 
 /*
  * --kube-scheduler SPEC: comma-separated `default` (the shipped configuration
- * on kube-scheduler's defaults), `weight=N`, `score=PCT` (percentageOfNodesToScore,
- * 0 adaptive), `fit=least|most|off`, `fit-weight=N`, `balanced=N`. Later items
- * override earlier ones. False after saying on stderr what was wrong.
+ * on kube-scheduler's defaults: pods without a GPU scored too), `weight=N`,
+ * `score=PCT` (percentageOfNodesToScore, 0 adaptive), `fit=least|most|off`,
+ * `fit-weight=N`, `balanced=N`, `gpu-pods` (no prioritize-gpuless entry: only
+ * GPU pods reach the extender), `all-pods`. Later items override earlier ones.
+ * False after saying on stderr what was wrong.
  */
 static bool k8s_arg(const char *text, kgpu_sim_k8s *k)
 {
     *k = (kgpu_sim_k8s){.extender_weight = 5, .nodes_to_score = 0, .fit_weight = 1,
-                        .most_allocated = false, .balanced_weight = 1};
+                        .most_allocated = false, .balanced_weight = 1, .all_pods = true};
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", text);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -675,6 +679,8 @@ static bool k8s_arg(const char *text, kgpu_sim_k8s *k)
             k->balanced_weight = (int)v;
         else if (strcmp(t, "all-pods") == 0)
             k->all_pods = true;
+        else if (strcmp(t, "gpu-pods") == 0)
+            k->all_pods = false;
         else {
             fprintf(stderr, "kgpu simulate: --kube-scheduler '%s': unknown item '%s'\n", text,
                     t);

@@ -75,7 +75,16 @@ void ext_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 
 /* ---- metrics ---- */
 
-enum ext_verb { VERB_FILTER, VERB_PRIORITIZE, VERB_BIND, VERB_PREEMPT, VERB_OTHER, VERB_COUNT };
+/* VERB_PRIORITIZE_GPULESS: prioritize for the pods that ask for no GPU (handlers.c). */
+enum ext_verb {
+    VERB_FILTER,
+    VERB_PRIORITIZE,
+    VERB_BIND,
+    VERB_PREEMPT,
+    VERB_PRIORITIZE_GPULESS,
+    VERB_OTHER,
+    VERB_COUNT
+};
 enum ext_bind_fail {
     BIND_FAIL_BAD_REQUEST,
     BIND_FAIL_UNKNOWN_POD,
@@ -301,6 +310,15 @@ void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t
  * applied with CPU and memory clamped to what the node has free. Caller holds st->mu.
  */
 int ext_state_compile(ext_state *st, kgpu_pod *pod, kgpu_error *err);
+
+/*
+ * For a pod that asks for no GPU (nparts 0): *req becomes its CPU and memory
+ * as a request of no GPU, compiled and given a shape id, and the pod counts
+ * as arrived (once per uid), so the policies learn the CPU that pods without
+ * a GPU take from nodes. Caller holds st->mu.
+ */
+int ext_state_compile_gpuless(ext_state *st, const kgpu_pod *pod, kgpu_request *req,
+                              kgpu_error *err);
 
 /* The pod's requests without CPU and memory, for fit checks: tmp and out have pod->nparts room. */
 void ext_fit_requests(const kgpu_pod *pod, kgpu_request *tmp, const kgpu_request **out);

@@ -647,8 +647,20 @@ out:
     free(pod);
 }
 
-static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext_response *r)
+/*
+ * prioritize scores the pods that ask for a GPU (the extender entry with
+ * managedResources) and gives the others 0 everywhere. prioritize-gpuless
+ * (gpuless true; an entry without managedResources, which kube-scheduler
+ * calls for every pod) does the reverse: it scores the pods that ask for no
+ * GPU with the same policy, as a request of their CPU and memory alone, so
+ * that their CPU goes where it strands the fewest GPUs instead of where
+ * LeastAllocated spreads it (docs/simulate.md), and learns them as arrivals.
+ * Each pod is scored by exactly one of the two verbs.
+ */
+static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext_response *r,
+                              bool gpuless)
 {
+    enum ext_verb verb = gpuless ? VERB_PRIORITIZE_GPULESS : VERB_PRIORITIZE;
     kgpu_pod *pod = malloc(sizeof(*pod));
     const char **names = NULL;
     json_t **objects = NULL;
@@ -658,9 +670,11 @@ static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext
         reply_json(r, 500, json_pack("{s:s}", "Error", "out of memory"));
         goto out;
     }
-    if (!read_pod(d, r, VERB_PRIORITIZE, args, pod, invalid, sizeof(invalid)))
+    if (!read_pod(d, r, verb, args, pod, invalid, sizeof(invalid)))
         goto out;
-    int n = read_nodes(d, r, VERB_PRIORITIZE, args, fast, &names, &objects);
+    /* An unreadable pod is reported by the verbs of the entry that manages it. */
+    bool report = !gpuless || invalid[0] == '\0';
+    int n = read_nodes(d, r, verb, args, fast, &names, &objects);
     if (n < 0)
         goto out;
     idx = calloc((size_t)n + 1, sizeof(*idx));
@@ -669,10 +683,24 @@ static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext
     kgpu_error_clear(&err);
     int rc = idx == NULL || scores == NULL ? KGPU_ENOMEM : 0;
     kgpu_policy *p = NULL;
+    kgpu_request alone; /* prioritize-gpuless: the pod's CPU and memory */
+    const kgpu_request *req = NULL;
     pthread_mutex_lock(&d->state.mu);
-    if (rc == 0)
+    if (rc == 0 && !gpuless) {
         rc = check_pod(d, pod, &p, invalid, sizeof(invalid));
-    if (rc == 0 && pod->nparts > 0 && invalid[0] == '\0') {
+        req = pod->nparts > 0 && invalid[0] == '\0' ? &pod->parts[0].req : NULL;
+    } else if (rc == 0 && pod->nparts == 0 && invalid[0] == '\0' &&
+               (pod->cpu_milli > 0 || pod->memory_mib > 0)) {
+        /* A pod asking for nothing takes nothing: every node is the same to it. */
+        int crc = ext_state_compile_gpuless(&d->state, pod, &alone, &err);
+        p = crc == 0 ? ext_state_policy(&d->state, pod, &err) : NULL;
+        req = p != NULL ? &alone : NULL;
+        if (req == NULL && err.code == KGPU_ENOMEM)
+            rc = KGPU_ENOMEM;
+        else if (req == NULL)
+            snprintf(invalid, sizeof(invalid), "kgpu: %s", err.msg);
+    }
+    if (rc == 0 && req != NULL) {
         int m = 0;
         for (int i = 0; i < n; i++) {
             idx[i] = kgpu_cluster_find_node(d->state.cluster, names[i]);
@@ -687,8 +715,7 @@ static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext
             for (int i = 0, j = 0; i < n; i++)
                 if (idx[i] >= 0)
                     known[j++] = idx[i];
-            rc = kgpu_policy_node_scores(p, d->state.cluster, &pod->parts[0].req, known, m, ks,
-                                         &err);
+            rc = kgpu_policy_node_scores(p, d->state.cluster, req, known, m, ks, &err);
             for (int i = 0, j = 0; i < n && rc == 0; i++)
                 scores[i] = idx[i] >= 0 ? ks[j++] : 0;
         }
@@ -700,8 +727,8 @@ static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext
         reply_json(r, 500, json_pack("{s:s}", "Error", err.msg[0] ? err.msg : "out of memory"));
         goto out;
     }
-    if (invalid[0] != '\0')
-        invalid_pod(d, VERB_PRIORITIZE, pod, invalid);
+    if (invalid[0] != '\0' && report)
+        invalid_pod(d, verb, pod, invalid);
     kgpu_jsonw w;
     kgpu_jsonw_init(&w, (size_t)n * 40 + 16);
     kgpu_jsonw_lit(&w, "[");
@@ -1164,23 +1191,22 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
     memset(r, 0, sizeof(*r));
     if (strcmp(method, "POST") == 0) {
         const char *verb = last_segment(url);
-        enum ext_verb v = strcmp(verb, "filter") == 0       ? VERB_FILTER
-                          : strcmp(verb, "prioritize") == 0 ? VERB_PRIORITIZE
-                          : strcmp(verb, "bind") == 0       ? VERB_BIND
-                          : strcmp(verb, "preempt") == 0    ? VERB_PREEMPT
-                                                            : VERB_OTHER;
+        enum ext_verb v = VERB_OTHER;
+        for (int i = 0; i < VERB_OTHER; i++)
+            if (strcmp(verb, ext_verb_name((enum ext_verb)i)) == 0)
+                v = (enum ext_verb)i;
         if (v == VERB_OTHER) {
             reply_json(r, 404,
                        json_pack("{s:s}", "Error",
                                  "unknown verb; POST filter, "
-                                 "prioritize, bind or preempt"));
+                                 "prioritize, prioritize-gpuless, bind or preempt"));
             return;
         }
         double t0 = ext_now();
         atomic_fetch_add(&d->metrics.requests[v], 1);
         fast_names fast = {NULL, -1};
         char *copy = NULL, *store = NULL;
-        if (v == VERB_FILTER || v == VERB_PRIORITIZE) {
+        if (v == VERB_FILTER || v == VERB_PRIORITIZE || v == VERB_PRIORITIZE_GPULESS) {
             copy = malloc(len + 1);
             store = malloc(len + 1);
             if (copy != NULL && store != NULL) {
@@ -1196,7 +1222,8 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
                 handle_filter(d, args, &fast, r);
                 break;
             case VERB_PRIORITIZE:
-                handle_prioritize(d, args, &fast, r);
+            case VERB_PRIORITIZE_GPULESS:
+                handle_prioritize(d, args, &fast, r, v == VERB_PRIORITIZE_GPULESS);
                 break;
             case VERB_BIND:
                 handle_bind(d, args, r);

@@ -17,7 +17,8 @@ static const double bounds[EXT_HIST_BUCKETS] = {
 
 const char *ext_verb_name(enum ext_verb v)
 {
-    static const char *names[VERB_COUNT] = {"filter", "prioritize", "bind", "preempt", "other"};
+    static const char *names[VERB_COUNT] = {"filter",  "prioritize",         "bind",
+                                            "preempt", "prioritize-gpuless", "other"};
     return v >= 0 && v < VERB_COUNT ? names[v] : "other";
 }
 
@@ -277,6 +278,7 @@ char *ext_metrics_render(ext_daemon *d)
     ext_await_expire(st);
     long awaiting = (long)st->awaiting.len;
     long cpu_pods = (long)st->cpu_pods.len;
+    long observed = st->observations;
     pthread_mutex_unlock(&st->mu);
     if (ok) {
         gpu_family(&b, &snap, "kgpu_gpu_memory_allocated_mib", "GPU memory allocated to pods, MiB.",
@@ -312,6 +314,12 @@ char *ext_metrics_render(ext_daemon *d)
         "and memory the policies count on their node.\n"
         "# TYPE kgpu_extender_cpu_pods gauge\nkgpu_extender_cpu_pods %ld\n",
         cpu_pods);
+    put(&b,
+        "# HELP kgpu_extender_pods_learned_total Pods the placement policies have learned the "
+        "workload from, each once: GPU pods when first filtered or seen bound, pods without "
+        "a GPU at their first prioritize-gpuless.\n"
+        "# TYPE kgpu_extender_pods_learned_total counter\nkgpu_extender_pods_learned_total %ld\n",
+        observed);
     put(&b,
         "# HELP kgpu_pods_awaiting_allocation Pods bound by kgpu whose devices kubelet has not "
         "asked for yet; each keeps pods of the same size off its node until then.\n"

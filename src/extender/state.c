@@ -321,24 +321,48 @@ static bool observed_before(ext_state *st, const char *uid)
 
 /*
  * Counts an arrived pod, once per uid: its shapes into fgd's target (the
- * online learner) and its GPU requests into every policy that learns from
+ * online learner) and its requests into every policy that learns from
  * arrivals (kgpu's scarcity: kgpu_policy_observe).
  */
-static void observe(ext_state *st, const kgpu_pod *pod)
+static void observe_requests(ext_state *st, const char *uid, const kgpu_request *const *reqs,
+                             int n)
 {
-    if (observed_before(st, pod->uid))
+    if (observed_before(st, uid))
         return;
-    for (int i = 0; i < pod->nparts; i++) {
-        if (pod->parts[i].req.shape >= 0)
-            st->shape_info[pod->parts[i].req.shape].count++;
+    for (int i = 0; i < n; i++) {
+        if (reqs[i]->shape >= 0)
+            st->shape_info[reqs[i]->shape].count++;
         for (size_t k = 0; k < sizeof(st->policies) / sizeof(st->policies[0]); k++)
             if (st->policies[k] != NULL)
-                kgpu_policy_observe(st->policies[k], st->cluster, &pod->parts[i].req);
+                kgpu_policy_observe(st->policies[k], st->cluster, reqs[i]);
     }
     st->observations++;
     long since = st->observations - st->observations_at_build;
     if (since >= TARGET_REBUILD_MIN && since * 10 >= st->observations_at_build)
         rebuild_target(st);
+}
+
+static void observe(ext_state *st, const kgpu_pod *pod)
+{
+    const kgpu_request *reqs[KGPU_MAX_PARTS];
+    for (int i = 0; i < pod->nparts; i++)
+        reqs[i] = &pod->parts[i].req;
+    observe_requests(st, pod->uid, reqs, pod->nparts);
+}
+
+int ext_state_compile_gpuless(ext_state *st, const kgpu_pod *pod, kgpu_request *req,
+                              kgpu_error *err)
+{
+    memset(req, 0, sizeof(*req));
+    req->cpu_milli = pod->cpu_milli;
+    req->memory_mib = pod->memory_mib;
+    int rc = kgpu_request_compile(st->cluster, req, err);
+    if (rc != 0)
+        return rc;
+    req->shape = shape_id(st, req);
+    const kgpu_request *reqs[1] = {req};
+    observe_requests(st, pod->uid, reqs, 1);
+    return 0;
 }
 
 int ext_state_compile(ext_state *st, kgpu_pod *pod, kgpu_error *err)

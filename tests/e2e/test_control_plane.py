@@ -536,6 +536,27 @@ class ControlPlaneSuite(unittest.TestCase):
         for name in bulk:
             self.cp.admin.delete("/api/v1/nodes/" + name)
 
+    # -- the shipped entry for pods without a GPU --------------------------------
+
+    def test_10_pods_without_gpu_are_scored_by_kgpu(self):
+        """The shipped configuration's second extender entry (no managedResources):
+        kube-scheduler sends a pod that asks for no GPU to prioritize-gpuless, the policy
+        learns it once, and kube-scheduler binds it itself, without an assignment."""
+        verb = 'verb="prioritize-gpuless"'
+        calls = self.ext.metric("kgpu_extender_requests_total", verb)
+        learned = self.ext.metric("kgpu_extender_pods_learned_total")
+        self.create("cpu-only", [("main", {"memory": "64Mi"})])
+        pod = self.wait_bound("cpu-only")
+        self.assertNotIn("kgpu.io/assignment", annotations(pod))
+        self.assertGreater(self.ext.metric("kgpu_extender_requests_total", verb), calls)
+        self.assertEqual(self.ext.metric("kgpu_extender_pods_learned_total"), learned + 1)
+        self.assertEqual(self.ext.metric("kgpu_extender_invalid_pods_total", verb), 0)
+        # A GPU pod is scored by the first entry; this one's call for it learns nothing.
+        self.create("gpu-too", [("main", {MEM: 2})])
+        self.wait_bound("gpu-too")
+        self.assertEqual(self.ext.metric("kgpu_extender_pods_learned_total"), learned + 2)
+        self.assert_state_matches()
+
     # -- 0. the shipped defaults authenticate: who gets in, who does not ----------------
 
     def test_0_only_kube_scheduler_gets_in(self):

@@ -1222,6 +1222,47 @@ class TestKgpuPolicy(ExtenderTest):
         self.assertEqual(self.ext.metric("kgpu_extender_cpu_pods"), 0)
         self.assert_state_matches(self.ext, self.standin)
 
+    def test_pods_without_gpu_are_scored_by_prioritize_gpuless(self):
+        """The second extender entry of the shipped configuration: prioritize-gpuless
+        scores pods that ask for no GPU (their CPU goes where it strands no GPU) and
+        gives GPU pods 0; prioritize does the reverse. Each pod is learned once."""
+        names = ["roomy-0", "tight-0"]
+
+        def gpuless(pod):
+            status, res = self.ext.post_json("prioritize-gpuless",
+                                             {"Pod": pod, "Nodes": None, "NodeNames": names})
+            self.assertEqual(status, 200, res)
+            self.assertEqual([r["Host"] for r in res], names)
+            return {r["Host"]: r["Score"] for r in res}
+
+        for i in range(4):  # every GPU of tight-0 taken: CPU there strands nothing
+            self.place("whole-%d" % i, "tight-0")
+        learned = self.ext.metric("kgpu_extender_pods_learned_total")
+        batch = self.new_pod("batch", [container("main", None, cpu="48")])
+        sc = gpuless(batch)
+        self.assertEqual(sc["tight-0"], 10, sc)
+        self.assertLess(sc["roomy-0"], 10, sc)
+        self.assertEqual(self.ext.metric("kgpu_extender_pods_learned_total"), learned + 1)
+        self.assertEqual(gpuless(batch), sc)  # kube-scheduler's retry: learned once
+        self.assertEqual(self.ext.metric("kgpu_extender_pods_learned_total"), learned + 1)
+        # The GPU entry's verb leaves such pods alone, and this verb leaves GPU pods alone.
+        self.assertEqual({r["Score"] for r in self.ext.prioritize(batch, names)}, {0})
+        gpu = self.new_pod("gpu", [container("main", whole(1), cpu="100m")])
+        self.assertEqual(set(gpuless(gpu).values()), {0})
+        self.assertEqual(self.ext.metric("kgpu_extender_pods_learned_total"), learned + 1)
+        # A pod asking for nothing takes nothing: no node is better, nothing is learned.
+        empty = pod_object("empty", [{"name": "main", "image": "busybox:1.36"}],
+                           {"kgpu.io/policy": "kgpu"})
+        self.assertEqual(set(gpuless(self.standin.add_pod(empty)).values()), {0})
+        # A policy kgpu does not know: 0 everywhere and counted as an invalid pod.
+        bad = self.new_pod("bad", [container("main", None, cpu="1")],
+                           {"kgpu.io/policy": "no-such-policy"})
+        self.assertEqual(set(gpuless(bad).values()), {0})
+        self.assertEqual(self.ext.metric("kgpu_extender_invalid_pods_total",
+                                         {"verb": "prioritize-gpuless"}), 1)
+        self.assertEqual(self.ext.metric("kgpu_extender_requests_total",
+                                         {"verb": "prioritize-gpuless"}), 5)
+
     def test_scarcity_follows_observed_constrained_pods(self):
         self.place("t4-user", "t4-0")
         names = ["roomy-0", "tight-0", "t4-0"]
@@ -2363,7 +2404,8 @@ class TestMetrics(ExtenderTest):
                        what="prometheus to scrape kgpu_extender_requests_total (log:\n%s)"
                        % prom.log_tail())
         verbs = {r["metric"]["verb"]: float(r["value"][1]) for r in res}
-        self.assertEqual(set(verbs), {"filter", "prioritize", "bind", "preempt"})
+        self.assertEqual(set(verbs), {"filter", "prioritize", "bind", "preempt",
+                                      "prioritize-gpuless"})
         self.assertGreaterEqual(verbs["bind"], 2)
         up = query('up{job="kgpu-extender"}')
         self.assertEqual(float(up[0]["value"][1]), 1.0)

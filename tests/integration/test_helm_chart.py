@@ -262,10 +262,21 @@ class HelmChartTest(unittest.TestCase):
         cfg = scheduler_config(objs, ns)
         self.assertEqual(cfg["kind"], "KubeSchedulerConfiguration")
         self.assertTrue(cfg["apiVersion"].startswith("kubescheduler.config.k8s.io/"))
-        self.assertEqual(len(cfg["extenders"]), 1)
+        self.assertIn(len(cfg["extenders"]), (1, 2))
         ext = cfg["extenders"][0]
         for verb in ("filter", "prioritize", "bind", "preempt"):
             self.assertEqual(ext[verb + "Verb"], verb)
+        self.assertTrue(ext["managedResources"])
+        for other in cfg["extenders"][1:]:
+            # The entry for pods without a GPU: the same extender, reached the same way,
+            # for every pod (no managedResources), scoring only, never in the way.
+            self.assertEqual(other["prioritizeVerb"], "prioritize-gpuless")
+            for key in ("filterVerb", "bindVerb", "preemptVerb", "managedResources"):
+                self.assertNotIn(key, other)
+            self.assertIs(other["ignorable"], True)
+            for key in ("urlPrefix", "enableHTTPS", "tlsConfig", "httpTimeout",
+                        "nodeCacheCapable", "weight"):
+                self.assertEqual(other.get(key), ext.get(key), key)
         port = svc["spec"]["ports"][0]
         self.assertEqual(port["targetPort"], "http")
         if url_from_service:
@@ -385,9 +396,23 @@ class HelmChartTest(unittest.TestCase):
         h = helm("scheduler.urlPrefix=https://10.96.12.34:12346")
         self.assertEqual(changed(helm(), h), {
             ("ConfigMap", EXT_NS, "kgpu-scheduler-config"): [
-                "data.scheduler-config.yaml.extenders[0].urlPrefix: "
-                "'https://kgpu-extender.kgpu-system.svc:12346' != 'https://10.96.12.34:12346'"]})
+                "data.scheduler-config.yaml.extenders[%d].urlPrefix: "
+                "'https://kgpu-extender.kgpu-system.svc:12346' != 'https://10.96.12.34:12346'"
+                % i for i in (0, 1)]})
         self.check_invariants(h, url_from_service=False)
+
+    def test_gpuless_pods_entry_can_be_left_out(self):
+        """scheduler.scoreGpulessPods=false: the GPU entry alone, nothing else changes."""
+        base, h = helm(), helm("scheduler.scoreGpulessPods=false")
+        d = changed(base, h)
+        self.assertEqual(list(d), [("ConfigMap", EXT_NS, "kgpu-scheduler-config")])
+        self.assertEqual([p.split(":")[0] for p in d[("ConfigMap", EXT_NS,
+                                                      "kgpu-scheduler-config")]],
+                         ["data.scheduler-config.yaml.extenders"])
+        self.assertEqual([e["prioritizeVerb"] for e in scheduler_config(base)["extenders"]],
+                         ["prioritize", "prioritize-gpuless"])
+        self.assertEqual(scheduler_config(h)["extenders"], scheduler_config(base)["extenders"][:1])
+        self.check_invariants(h)
 
     def test_device_plugin_disabled(self):
         h = helm("devicePlugin.enabled=false")
