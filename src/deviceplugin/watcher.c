@@ -68,6 +68,7 @@ typedef struct wentry {
     bool mem_over, core_over;
     int core_streak;     /* scans in a row with compute over share + slack */
     bool killed_event;   /* an Event already said this episode's processes were killed */
+    bool kill_fail_said; /* the log already said this episode's kills failed */
     uint64_t mem_episodes, core_episodes, killed;
     bool seen;
 } wentry;
@@ -545,7 +546,7 @@ static void judge(dp_watcher *w, wentry *e)
     e->mem_over = mem_over;
     e->core_over = core_over;
     if (!mem_over)
-        e->killed_event = false;
+        e->killed_event = e->kill_fail_said = false;
 
     int killed = 0, failed = 0;
     if (mem_over && w->cfg.enforce == DP_ENFORCE_KILL) {
@@ -557,11 +558,14 @@ static void judge(dp_watcher *w, wentry *e)
         e->killed += (uint64_t)killed;
         w->kills += (uint64_t)killed;
         w->kill_failures += (uint64_t)failed;
-        if (failed > 0)
+        if (failed > 0 && !e->kill_fail_said) {
+            /* Once per episode: it fails again at every scan while it lasts. */
+            e->kill_fail_said = true;
             dp_log(DP_ERROR,
                    "watcher: %d GPU process(es) of container %s could not be killed (the KILL "
                    "capability or the host PID namespace missing?)",
                    failed, e->id.container_id);
+        }
     }
     if (mem_began) {
         e->mem_episodes++;
