@@ -303,7 +303,8 @@ static void pod_from_json(json_t *item, wpod *p)
     snprintf(p->uid, sizeof(p->uid), "%s", json_string_value(json_object_get(meta, "uid")) ?: "");
     snprintf(p->ns, sizeof(p->ns), "%s",
              json_string_value(json_object_get(meta, "namespace")) ?: "");
-    snprintf(p->name, sizeof(p->name), "%s", json_string_value(json_object_get(meta, "name")) ?: "");
+    snprintf(p->name, sizeof(p->name), "%s",
+             json_string_value(json_object_get(meta, "name")) ?: "");
     static const char *const lists[] = {"initContainerStatuses", "containerStatuses",
                                         "ephemeralContainerStatuses"};
     json_t *status = json_object_get(item, "status");
@@ -311,7 +312,8 @@ static void pod_from_json(json_t *item, wpod *p)
         json_t *arr = json_object_get(status, lists[l]);
         for (size_t i = 0; i < json_array_size(arr) && p->ncont < POD_CONTAINERS_MAX; i++) {
             json_t *c = json_array_get(arr, i);
-            const char *id = bare_container_id(json_string_value(json_object_get(c, "containerID")));
+            const char *id =
+                bare_container_id(json_string_value(json_object_get(c, "containerID")));
             const char *name = json_string_value(json_object_get(c, "name"));
             if (id == NULL || name == NULL || strlen(id) >= DP_CONTAINER_ID_MAX)
                 continue;
@@ -825,7 +827,8 @@ int dp_watcher_scan(dp_watcher *w, kgpu_error *err)
     bool unknown = false;
     for (int i = 0; i < w->nentries; i++)
         unknown |= !resolve_from_cache(w, &w->entries[i]);
-    if (unknown && w->k8s != NULL && (w->listed_at == 0 || mono_s() - w->listed_at >= LIST_EVERY_S)) {
+    bool may_list = w->listed_at == 0 || mono_s() - w->listed_at >= LIST_EVERY_S;
+    if (unknown && w->k8s != NULL && may_list) {
         list_pods(w);
         for (int i = 0; i < w->nentries; i++)
             resolve_from_cache(w, &w->entries[i]);

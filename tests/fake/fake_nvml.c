@@ -358,7 +358,8 @@ int nvmlDeviceGetProcessUtilization(fake_dev *d, fake_util_sample *s, unsigned i
         return 2;
     struct timeval tv;
     gettimeofday(&tv, NULL);
-    unsigned long long now = (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
+    unsigned long long now =
+        (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
     fake_proc all[FAKE_PROCS_MAX];
     unsigned n = read_script(all), k = 0;
     for (unsigned i = 0; i < n; i++)

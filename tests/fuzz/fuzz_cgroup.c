@@ -48,10 +48,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t c = strnlen(id.container_id, sizeof(id.container_id));
     if ((u != 32 && u != 36) || c != 64)
         abort();
-    for (size_t i = 0; i < u; i++)
-        if (!(isdigit((unsigned char)id.pod_uid[i]) || (id.pod_uid[i] >= 'a' && id.pod_uid[i] <= 'f') ||
-              (u == 36 && id.pod_uid[i] == '-')))
+    for (size_t i = 0; i < u; i++) {
+        char ch = id.pod_uid[i];
+        if (!(isdigit((unsigned char)ch) || (ch >= 'a' && ch <= 'f') || (u == 36 && ch == '-')))
             abort();
+    }
     for (size_t i = 0; i < c; i++)
         if (!(isdigit((unsigned char)id.container_id[i]) ||
               (id.container_id[i] >= 'a' && id.container_id[i] <= 'f')))

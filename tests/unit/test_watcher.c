@@ -251,7 +251,8 @@ static void assert_exposition(const char *text)
                 k += 2;
                 while (line[k] && line[k] != '"') {
                     if (line[k] == '\\') {
-                        assert_true(line[k + 1] == '\\' || line[k + 1] == '"' || line[k + 1] == 'n');
+                        char esc = line[k + 1];
+                        assert_true(esc == '\\' || esc == '"' || esc == 'n');
                         k++;
                     }
                     k++;
@@ -1029,7 +1030,8 @@ static void test_dashboard_queries_exported_metrics(void **state)
         json_t *targets = json_object_get(json_array_get(panels, i), "targets");
         assert_true(json_array_size(targets) >= 1);
         for (size_t j = 0; j < json_array_size(targets); j++) {
-            const char *expr = json_string_value(json_object_get(json_array_get(targets, j), "expr"));
+            json_t *target = json_array_get(targets, j);
+            const char *expr = json_string_value(json_object_get(target, "expr"));
             assert_non_null(expr);
             for (const char *p = strstr(expr, "kgpu_"); p != NULL; p = strstr(p + 1, "kgpu_")) {
                 bool inside = p > expr && (p[-1] == '_' || p[-1] == '"' ||
