@@ -23,7 +23,10 @@
 #ifdef KGPU_SHIM_PORTABLE
 #if defined(__x86_64__)
 #define KGPU__OLD(sym, ver) __asm__(".symver " #sym "," #sym "@" ver)
+#ifndef KGPU_SHIM_DEFINES_DLOPEN
 KGPU__OLD(dlopen, "GLIBC_2.2.5");
+#endif
+KGPU__OLD(dlinfo, "GLIBC_2.3.3");
 KGPU__OLD(dlclose, "GLIBC_2.2.5");
 #ifndef KGPU_SHIM_DEFINES_DLVSYM
 KGPU__OLD(dlvsym, "GLIBC_2.2.5");
@@ -37,7 +40,10 @@ KGPU__OLD(pthread_mutexattr_setrobust, "GLIBC_2.12");
 KGPU__OLD(pthread_mutex_consistent, "GLIBC_2.12");
 #elif defined(__aarch64__)
 #define KGPU__OLD(sym, ver) __asm__(".symver " #sym "," #sym "@" ver)
+#ifndef KGPU_SHIM_DEFINES_DLOPEN
 KGPU__OLD(dlopen, "GLIBC_2.17");
+#endif
+KGPU__OLD(dlinfo, "GLIBC_2.17");
 KGPU__OLD(dlclose, "GLIBC_2.17");
 #ifndef KGPU_SHIM_DEFINES_DLVSYM
 KGPU__OLD(dlvsym, "GLIBC_2.17");

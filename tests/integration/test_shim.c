@@ -389,6 +389,21 @@ static void dlvsym_and_glibcs_own_lookups_give_the_hooks(void **state)
     expect_run(KGPU_SHIM_PROBE, "loader", 0);
 }
 
+static void deepbind_plugins_reach_the_hooks(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "deepbind", 0);
+    assert_string_equal(err, "");
+}
+
+static void the_driver_is_refused_in_dlmopen_namespaces(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "dlmopen", 0);
+    if (strstr(err, "cannot be loaded into a dlmopen namespace") == NULL)
+        fail_msg("no word on stderr of the refusal:\n%s", err);
+}
+
 /* ---- no limits: nothing happens ---- */
 
 static void without_limits_nothing_changes(void **state)
@@ -629,6 +644,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(children_without_fork_handlers_leave_the_parent_slot, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(dlvsym_and_glibcs_own_lookups_give_the_hooks, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(deepbind_plugins_reach_the_hooks, setup, teardown),
+        cmocka_unit_test_setup_teardown(the_driver_is_refused_in_dlmopen_namespaces, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

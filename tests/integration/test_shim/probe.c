@@ -1350,6 +1350,74 @@ static int cmd_loader(void)
     return failures != 0;
 }
 
+/*
+ * A plugin opened with RTLD_DEEPBIND binds its own references first: to the
+ * driver it links, and to glibc's dlsym. The library rewrites them.
+ */
+typedef int (*plugin_alloc_fn)(size_t, CUdeviceptr *);
+typedef int (*plugin_free_fn)(CUdeviceptr);
+
+static int cmd_deepbind(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    /* By bare name: only the probe's RUNPATH finds it, so glibc must see the probe as caller. */
+    void *plain = dlopen("libkgpu-test-plugin.so", RTLD_NOW | RTLD_LOCAL);
+    if (plain == NULL)
+        fail("a plain dlopen by the caller's RUNPATH failed: %s", dlerror());
+    void *h = dlopen("libkgpu-test-plugin-linked.so", RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (h == NULL) {
+        fail("dlopen with RTLD_DEEPBIND failed: %s", dlerror());
+        return 1;
+    }
+    plugin_alloc_fn by_dlsym, linked;
+    plugin_free_fn free_linked;
+    *(void **)&by_dlsym = dlsym(h, "plugin_alloc_dlsym");
+    *(void **)&linked = dlsym(h, "plugin_alloc_linked");
+    *(void **)&free_linked = dlsym(h, "plugin_free_linked");
+    if (by_dlsym == NULL || linked == NULL || free_linked == NULL) {
+        fail("the plugin lacks a function");
+        return 1;
+    }
+    EXPECT_RC(by_dlsym(avail + MIB, &p), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_RC(linked(avail + MIB, &p), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(pool(), p0);
+    EXPECT_RC(linked(avail, &p), CUDA_SUCCESS);
+    EXPECT_EQ(used(), limit_bytes);
+    EXPECT_RC(free_linked(p), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    return failures != 0;
+}
+
+/* A dlmopen namespace would get a driver of its own, past the library: refused there. */
+static int cmd_dlmopen(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    if (dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW) != NULL)
+        fail("dlmopen of the driver into a new namespace was not refused");
+    if (dlmopen(LM_ID_NEWLM, "libkgpu-test-plugin-linked.so", RTLD_NOW) != NULL)
+        fail("dlmopen of a library linking the driver was not refused");
+    void *h = dlmopen(LM_ID_NEWLM, "libkgpu-test-plugin.so", RTLD_NOW);
+    if (h == NULL) {
+        fail("dlmopen of a library without the driver failed: %s", dlerror());
+        return 1;
+    }
+    plugin_alloc_fn by_dlsym;
+    *(void **)&by_dlsym = dlsym(h, "plugin_alloc_dlsym");
+    if (by_dlsym == NULL)
+        fail("the plugin lacks plugin_alloc_dlsym");
+    else
+        EXPECT_EQ(by_dlsym(limit_bytes, &p), (unsigned long long)-1); /* its dlopen: refused */
+    EXPECT_EQ(used(), ctx_bytes);
+    return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1382,6 +1450,8 @@ int main(int argc, char **argv)
              : strcmp(cmd, "v1") == 0         ? cmd_v1()
              : strcmp(cmd, "quiet-fork") == 0 ? cmd_quiet_fork()
              : strcmp(cmd, "loader") == 0     ? cmd_loader()
+             : strcmp(cmd, "deepbind") == 0   ? cmd_deepbind()
+             : strcmp(cmd, "dlmopen") == 0    ? cmd_dlmopen()
                                               : 2;
     return rc;
 }
