@@ -21,7 +21,9 @@
  * nvmlDeviceGetMemoryInfo(_v2) report the whole card free (the interception
  * library's tests check that it reports the container's share instead).
  * Variants built with -DFAKE_NO_EVENTS (no event functions) and
- * -DFAKE_NO_MEMINFO (a required function missing) test the loader.
+ * -DFAKE_NO_MEMINFO (a required function missing) test the loader;
+ * -DFAKE_PROCS_V1 exports only the unversioned process list, which fills
+ * the older 16-byte records, as drivers before the _v2 functions did.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -307,8 +309,16 @@ static unsigned dev_index(const fake_dev *d)
     return (unsigned)(d - devs);
 }
 
-/* A process list: the NVML contract of sizing with *count = 0 and INSUFFICIENT_SIZE. */
-static int list_procs(fake_dev *d, unsigned int *count, fake_proc_info *infos, int mps)
+typedef struct {
+    unsigned int pid;
+    unsigned long long used;
+} fake_proc_info_v1; /* nvmlProcessInfo_v1_t */
+
+/*
+ * A process list: the NVML contract of sizing with *count = 0 and
+ * INSUFFICIENT_SIZE. `v1` fills the older 16-byte records instead.
+ */
+static int list_procs_as(fake_dev *d, unsigned int *count, void *infos, int mps, int v1)
 {
     if (!initialised)
         return 1;
@@ -324,10 +334,29 @@ static int list_procs(fake_dev *d, unsigned int *count, fake_proc_info *infos, i
         return 7; /* INSUFFICIENT_SIZE */
     }
     *count = 0;
-    for (unsigned i = 0; i < n; i++)
-        if (all[i].gpu == dev_index(d) && all[i].mps == mps)
-            infos[(*count)++] = (fake_proc_info){all[i].pid, all[i].used, ~0u, ~0u};
+    for (unsigned i = 0; i < n; i++) {
+        if (all[i].gpu != dev_index(d) || all[i].mps != mps)
+            continue;
+        if (v1)
+            ((fake_proc_info_v1 *)infos)[*count] = (fake_proc_info_v1){all[i].pid, all[i].used};
+        else
+            ((fake_proc_info *)infos)[*count] = (fake_proc_info){all[i].pid, all[i].used, ~0u, ~0u};
+        (*count)++;
+    }
     return 0;
+}
+
+#ifdef FAKE_PROCS_V1
+EXPORT int nvmlDeviceGetComputeRunningProcesses(fake_dev *d, unsigned int *count,
+                                                fake_proc_info_v1 *infos);
+int nvmlDeviceGetComputeRunningProcesses(fake_dev *d, unsigned int *count, fake_proc_info_v1 *infos)
+{
+    return list_procs_as(d, count, infos, 0, 1);
+}
+#else
+static int list_procs(fake_dev *d, unsigned int *count, fake_proc_info *infos, int mps)
+{
+    return list_procs_as(d, count, infos, mps, 0);
 }
 
 EXPORT int nvmlDeviceGetComputeRunningProcesses_v3(fake_dev *d, unsigned int *count,
@@ -344,6 +373,7 @@ int nvmlDeviceGetMPSComputeRunningProcesses_v3(fake_dev *d, unsigned int *count,
 {
     return list_procs(d, count, infos, 1);
 }
+#endif
 
 EXPORT int nvmlDeviceGetProcessUtilization(fake_dev *d, fake_util_sample *s, unsigned int *count,
                                            unsigned long long last_seen);

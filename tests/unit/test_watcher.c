@@ -414,6 +414,29 @@ static void test_nvml_processes(void **state)
     kgpu_nvml_close(nv);
 }
 
+static void test_nvml_processes_v1_records(void **state)
+{
+    /* An older driver: the unversioned list only, 16-byte records, and no MPS list. */
+    char lib[600];
+    snprintf(lib, sizeof(lib), "%s/procsv1/libnvidia-ml.so.1", KGPU_FAKE_NVML_DIR);
+    kgpu_nvml *nv = NULL;
+    kgpu_error err = {0};
+    assert_int_equal(kgpu_nvml_open(lib, NULL, &nv, &err), 0);
+    kgpu_gpu_info *gpus = NULL;
+    int n = 0;
+    assert_int_equal(kgpu_nvml_discover(nv, &gpus, &n, &err), 0);
+    free(gpus);
+    procs("0 21 100 0\n0 22 200 0\n0 23 300 0\n0 24 7 0 mps\n");
+    kgpu_gpu_proc p[8];
+    assert_int_equal(kgpu_nvml_processes(nv, 0, p, 8, &n, NULL, &err), 0);
+    assert_int_equal(n, 3); /* read with a 24-byte stride, the second record would be garbage */
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(p[i].pid, 21 + i);
+        assert_true(p[i].used_bytes == (i + 1) * 100 * MIB);
+    }
+    kgpu_nvml_close(nv);
+}
+
 /* ---- scans without an API server ---- */
 
 static void test_scan_maps_processes(void **state)
@@ -1062,6 +1085,7 @@ int main(void)
         cmocka_unit_test(test_cgroup_forms),
         cmocka_unit_test(test_config),
         cmocka_unit_test_setup_teardown(test_nvml_processes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nvml_processes_v1_records, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scan_maps_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory_over_share_kills_only_the_offender, setup,
                                         teardown),
