@@ -413,12 +413,11 @@ static CUresult free_async(kgpu__pfn_cuMemFreeAsync real, CUdeviceptr dptr, CUst
     int capturing = CU_STREAM_CAPTURE_STATUS_NONE;
     kgpu__pfn_cuStreamIsCapturing is_capturing = KGPU_REAL(cuStreamIsCapturing);
     if (r == CUDA_SUCCESS && is_capturing != NULL &&
-        is_capturing(stream, &capturing) == CUDA_SUCCESS &&
-        capturing != CU_STREAM_CAPTURE_STATUS_NONE)
-        r = !CUDA_SUCCESS; /* keep the record and the charge */
-    if (r != CUDA_SUCCESS) {
-        kgpu_track_put(&kgpu__shim.track, &rec);
-        return capturing != CU_STREAM_CAPTURE_STATUS_NONE ? CUDA_SUCCESS : r;
+        is_capturing(stream, &capturing) != CUDA_SUCCESS)
+        capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (r != CUDA_SUCCESS || capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
+        kgpu_track_put(&kgpu__shim.track, &rec); /* not freed, or not until the graph runs */
+        return r;
     }
     pending_free *p = malloc(sizeof(*p));
     kgpu__pfn_cuLaunchHostFunc later = KGPU_REAL(cuLaunchHostFunc);
