@@ -18,6 +18,16 @@
  *   probe hold      allocates PROBE_HOLD_MIB and waits to be killed
  *   probe race      processes allocate and free at random against one
  *                   limit; some are killed; their memory comes back
+ *   probe vmm       released-but-mapped, retained, exported and imported
+ *                   (here and in a child: vmm-import) physical memory
+ *   probe pool      pools keep what they reserve; frees run at a sync
+ *   probe hold-pool / pool-beside   two processes with pools, one limit
+ *   probe graph     graph memory nodes, explicit and captured
+ *   probe limits    cuCtxSetLimit: heap, stack, measured
+ *   probe modules   module and library loads
+ *   probe v1        the pre-3.2 entry points
+ *   probe quiet-fork  children made by _Fork() and clone()
+ *   probe loader / deepbind / dlmopen   the loader's routes
  *
  * Environment: PROBE_ROUTE (dlsym | proc | proc2 | direct), PROBE_LIMIT_MIB
  * (the limit of device 0), PROBE_CTX_MIB (the charge per context, 300),
