@@ -579,6 +579,9 @@ void *kgpu__proc_substitute(const char *symbol, void *fn, int version, cuuint64_
         if (entries[i].use == USE_HOOK && kgpu__real(i) == fn)
             return hooks[i];
     int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    /* From CUDA 12.0 the name cuGraphInstantiate means cuGraphInstantiateWithFlags. */
+    if (strcmp(symbol, "cuGraphInstantiate") == 0 && version >= 12000)
+        symbol = "cuGraphInstantiateWithFlags";
     size_t n = strlen(symbol);
     int best = -1;
     for (int i = 0; i < KGPU_FN_COUNT; i++) {

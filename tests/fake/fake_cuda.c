@@ -17,7 +17,8 @@
  *   FAKE_CUDA_NO_UUID   1: cuDeviceGetUuid(_v2) fail (UUIDs unreadable)
  *   FAKE_CUDA_CTX_MIB   what a context takes from the pool (default 0)
  *   FAKE_CUDA_PROC_INTERNAL  1: cuGetProcAddress hands out internal
- *                       addresses for cuMemAlloc/cuMemFree, not the exports
+ *                       addresses for cuMemAlloc, cuMemFree and
+ *                       cuGraphInstantiate (WithFlags), not the exports
  *
  * What the shim must count as the driver does is modelled after the driver
  * API's documentation: a stream-ordered pool keeps what it reserved up to
@@ -2026,6 +2027,11 @@ static CUresult internal_free(CUdeviceptr p)
     return cuMemFree_v2(p);
 }
 
+static CUresult internal_instantiate(gexec **pe, graph *g, unsigned long long flags)
+{
+    return cuGraphInstantiateWithFlags(pe, g, flags);
+}
+
 typedef struct proc {
     const char *base;
     int since;
@@ -2175,6 +2181,8 @@ static int lookup(const char *symbol, void **pfn, int version, unsigned long lon
             *pfn = (void *)internal_alloc;
         if (best->fn == (void *)cuMemFree_v2)
             *pfn = (void *)internal_free;
+        if (best->fn == (void *)cuGraphInstantiateWithFlags)
+            *pfn = (void *)internal_instantiate;
     }
     return best != NULL ? 0 : known ? 2 : 1;
 }

@@ -349,6 +349,8 @@ static void graph_memory_is_charged_when_the_graph_runs(void **state)
     expect_run(KGPU_SHIM_PROBE, "graph", 0);
     env_add("PROBE_ROUTE=proc");
     expect_run(KGPU_SHIM_PROBE, "graph", 0);
+    env_add("FAKE_CUDA_PROC_INTERNAL=1"); /* the hook found by name and version */
+    expect_run(KGPU_SHIM_PROBE, "graph", 0);
 }
 
 static void context_limits_are_charged(void **state)

@@ -1103,6 +1103,15 @@ static int cmd_graph(void)
     if (setup(&ctx) != 0 || open_region() != 0)
         return 1;
     uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    /* Since CUDA 12.0, cuGetProcAddress("cuGraphInstantiate") means ...WithFlags. */
+    if (getenv("PROBE_ROUTE") != NULL && strcmp(getenv("PROBE_ROUTE"), "proc") == 0) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        CUresult (*gpa)(const char *, void **, int, cuuint64_t) = NULL;
+        *(void **)&gpa = h != NULL ? dlsym(h, "cuGetProcAddress") : NULL;
+        if (gpa == NULL ||
+            gpa("cuGraphInstantiate", (void **)&A.cuGraphInstantiateWithFlags, 12040, 0) != 0)
+            fail("cuGetProcAddress has no cuGraphInstantiate");
+    }
     EXPECT_RC(graph_with(500 * MIB, &g1, &e1, &d1), CUDA_SUCCESS);
     EXPECT_RC(graph_with(300 * MIB, &g2, &e2, &d2), CUDA_SUCCESS);
     EXPECT_EQ(used(), ctx_bytes); /* nothing until it runs */
