@@ -499,7 +499,7 @@ static __attribute__((noinline)) int needs_watching(int mode, const void *ret)
  * The plain case is a tail call: glibc then sees the caller's return
  * address, as if called directly (optimize attribute: even in -O0 builds).
  */
-__attribute__((optimize("optimize-sibling-calls"))) KGPU_EXPORT void *dlopen(const char *file,
+__attribute__((optimize("O2", "optimize-sibling-calls"))) KGPU_EXPORT void *dlopen(const char *file,
                                                                             int mode)
 {
     const void *ret = __builtin_return_address(0);
@@ -508,7 +508,7 @@ __attribute__((optimize("optimize-sibling-calls"))) KGPU_EXPORT void *dlopen(con
     return real_dlopen()(file, mode);
 }
 
-__attribute__((optimize("optimize-sibling-calls"))) KGPU_EXPORT void *dlmopen(Lmid_t lmid,
+__attribute__((optimize("O2", "optimize-sibling-calls"))) KGPU_EXPORT void *dlmopen(Lmid_t lmid,
                                                                              const char *file,
                                                                              int mode)
 {
