@@ -1,5 +1,6 @@
 /*
- * What libkgpu-limit.so adds to a cuMemAlloc_v2 + cuMemFree_v2 pair, against
+ * What libkgpu-limit.so adds to a cuMemAlloc_v2 + cuMemFree_v2 pair, and to
+ * a cuLaunchKernel with no compute limit applying, against
  * the fake driver (tests/fake/fake_cuda.c), in CPU time of the timed thread,
  * in three configurations run in turn in child processes: the driver alone (the baseline), the library
  * preloaded without limits (pass-through), and the library enforcing a
@@ -66,8 +67,12 @@ static int child(void)
     CUresult (*alloc)(CUdeviceptr *, size_t) =
         (CUresult(*)(CUdeviceptr *, size_t))dlsym(h, "cuMemAlloc_v2");
     CUresult (*release)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))dlsym(h, "cuMemFree_v2");
+    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       void *, void **, void **) = NULL;
+    *(void **)&launch = dlsym(h, "cuLaunchKernel");
     CUcontext ctx;
-    if (init(0) != CUDA_SUCCESS || retain(&ctx, 0) != CUDA_SUCCESS || set(ctx) != CUDA_SUCCESS) {
+    if (launch == NULL || init(0) != CUDA_SUCCESS || retain(&ctx, 0) != CUDA_SUCCESS ||
+        set(ctx) != CUDA_SUCCESS) {
         fprintf(stderr, "bench_shim: the driver did not start\n");
         return 1;
     }
@@ -87,13 +92,26 @@ static int child(void)
         }
         rounds[r] = (now_ns() - t0) / PAIRS;
     }
-    printf("%.2f\n", median(rounds, ROUNDS));
+    double launches[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        double t0 = now_ns();
+        for (int i = 0; i < PAIRS; i++)
+            if (launch(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS) {
+                fprintf(stderr, "bench_shim: a launch failed\n");
+                return 1;
+            }
+        launches[r] = (now_ns() - t0) / PAIRS;
+    }
+    printf("%.2f %.2f\n", median(rounds, ROUNDS), median(launches, ROUNDS));
     return 0;
 }
 
-/* Runs this program as a child with `preload` (or none) and `limits` (or none); its median. */
+/*
+ * Runs this program as a child with `preload` (or none) and `limits` (or
+ * none); its median per pair, and per launch into *launch.
+ */
 static double run(const char *self, const char *fake_dir, const char *preload, const char *limits,
-                  const char *shared)
+                  const char *shared, double *launch)
 {
     int fd[2];
     if (pipe(fd) != 0)
@@ -124,7 +142,10 @@ static double run(const char *self, const char *fake_dir, const char *preload, c
     if (n <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         return -1;
     buf[n] = '\0';
-    return strtod(buf, NULL);
+    char *end;
+    double pair = strtod(buf, &end);
+    *launch = strtod(end, NULL);
+    return pair;
 }
 
 int main(int argc, char **argv)
@@ -153,11 +174,11 @@ int main(int argc, char **argv)
 
     const char *names[] = {"driver alone (baseline)", "library, no limits (pass-through)",
                            "library enforcing a limit"};
-    double runs[3][CHILDREN];
+    double runs[3][CHILDREN], launches[3][CHILDREN];
     for (int c = 0; c < CHILDREN; c++) {
-        runs[0][c] = run(self, fake_dir, NULL, NULL, shared);
-        runs[1][c] = run(self, fake_dir, lib, NULL, shared);
-        runs[2][c] = run(self, fake_dir, lib, limits, shared);
+        runs[0][c] = run(self, fake_dir, NULL, NULL, shared, &launches[0][c]);
+        runs[1][c] = run(self, fake_dir, lib, NULL, shared, &launches[1][c]);
+        runs[2][c] = run(self, fake_dir, lib, limits, shared, &launches[2][c]);
         for (int k = 0; k < 3; k++)
             if (runs[k][c] < 0) {
                 fprintf(stderr, "bench_shim: the '%s' child failed (library %s, driver in %s)\n",
@@ -175,6 +196,15 @@ int main(int argc, char **argv)
             printf("  %-36s %8.1f ns per pair\n", names[k], m);
         else
             printf("  %-36s %8.1f ns per pair  (+%.1f ns)\n", names[k], m, m - base);
+    }
+    printf("cuLaunchKernel with no compute limit (a memory limit only, core_pct=100):\n");
+    double lbase = median(launches[0], CHILDREN);
+    for (int k = 0; k < 3; k++) {
+        double m = median(launches[k], CHILDREN);
+        if (k == 0)
+            printf("  %-36s %8.1f ns per launch\n", names[k], m);
+        else
+            printf("  %-36s %8.1f ns per launch (+%.1f ns)\n", names[k], m, m - lbase);
     }
     char path[160];
     snprintf(path, sizeof(path), "%s/bench.acct", shared);

@@ -36,6 +36,7 @@
  */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1904,6 +1905,58 @@ CUresult cuMipmappedArrayDestroy(void *h)
     return r;
 }
 
+/* ---- launches: counted, the grid's x recorded, nothing run ---- */
+
+static _Atomic unsigned long long launches;
+static _Atomic unsigned int last_grid_x;
+
+static CUresult launched(unsigned int grid_x)
+{
+    NEED_INIT();
+    atomic_store_explicit(&last_grid_x, grid_x, memory_order_relaxed);
+    atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
+    return OK;
+}
+
+/* Not a driver function: how many launches reached the driver, and the last one's grid x. */
+EXPORT CUresult fakeCudaLaunches(unsigned long long *n, unsigned int *grid_x);
+CUresult fakeCudaLaunches(unsigned long long *n, unsigned int *grid_x)
+{
+    *n = atomic_load(&launches);
+    *grid_x = atomic_load(&last_grid_x);
+    return OK;
+}
+
+EXPORT CUresult cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz,
+                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
+                               stream *s, void **params, void **extra);
+CUresult cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                        unsigned int by, unsigned int bz, unsigned int shm, stream *s,
+                        void **params, void **extra)
+{
+    return launched(gx);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(void *f, unsigned int gx, unsigned int gy,
+                                          unsigned int gz, unsigned int bx, unsigned int by,
+                                          unsigned int bz, unsigned int shm, stream *s,
+                                          void **params);
+CUresult cuLaunchCooperativeKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                   unsigned int bx, unsigned int by, unsigned int bz,
+                                   unsigned int shm, stream *s, void **params)
+{
+    return launched(gx);
+}
+
+#ifndef FAKE_CUDA_OLD
+/* CUlaunchConfig begins with the grid's dimensions. */
+EXPORT CUresult cuLaunchKernelEx(const unsigned int *config, void *f, void **params, void **extra);
+CUresult cuLaunchKernelEx(const unsigned int *config, void *f, void **params, void **extra)
+{
+    return config != NULL ? launched(config[0]) : INVALID_VALUE;
+}
+#endif
+
 /* ---- the entry points from before CUDA 3.2: 32-bit sizes and addresses ---- */
 
 typedef struct {
@@ -2157,6 +2210,12 @@ static const proc procs[] = {
     P("cuLibraryLoadData", 12000, cuLibraryLoadData),
     P("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile),
     P("cuLibraryUnload", 12000, cuLibraryUnload),
+    P("cuLaunchKernel", 4000, cuLaunchKernel),
+    PZ("cuLaunchKernel", 4000, cuLaunchKernel),
+    P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    PZ("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    PZ("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
 };
 
 /* 0 found, 1 no such symbol, 2 the version asked for is too old (CUdriverProcAddressQueryResult).

@@ -406,6 +406,14 @@ static void the_driver_is_refused_in_dlmopen_namespaces(void **state)
         fail_msg("no word on stderr of the refusal:\n%s", err);
 }
 
+static void every_launch_path_reaches_the_library(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "launch", 0);
+    env_add("PROBE_ROUTE=proc");
+    expect_run(KGPU_SHIM_PROBE, "launch", 0);
+}
+
 /* ---- no limits: nothing happens ---- */
 
 static void without_limits_nothing_changes(void **state)
@@ -650,6 +658,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(deepbind_plugins_reach_the_hooks, setup, teardown),
         cmocka_unit_test_setup_teardown(the_driver_is_refused_in_dlmopen_namespaces, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(every_launch_path_reaches_the_library, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

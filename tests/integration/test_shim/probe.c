@@ -28,6 +28,7 @@
  *   probe v1        the pre-3.2 entry points
  *   probe quiet-fork  children made by _Fork() and clone()
  *   probe loader / deepbind / dlmopen   the loader's routes
+ *   probe launch    every launch path reaches the library, then the driver
  *
  * Environment: PROBE_ROUTE (dlsym | proc | proc2 | direct), PROBE_LIMIT_MIB
  * (the limit of device 0), PROBE_CTX_MIB (the charge per context, 300),
@@ -1437,6 +1438,71 @@ static int cmd_dlmopen(void)
     return failures != 0;
 }
 
+/* The name of the object that defines the function at `f`. */
+static const char *owner_of(void *f)
+{
+    Dl_info info;
+    return f != NULL && dladdr(f, &info) && info.dli_fname != NULL ? info.dli_fname : "";
+}
+
+/*
+ * Every launch path reaches the library (where compute shares will be
+ * enforced) and goes on to the driver with its arguments unchanged.
+ */
+static int cmd_launch(void)
+{
+    CUcontext ctx;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL || setup(&ctx) != 0)
+        return 1;
+    CUresult (*counted)(unsigned long long *, unsigned int *) = NULL;
+    *(void **)&counted = dlsym(h, "fakeCudaLaunches");
+    const char *route = getenv("PROBE_ROUTE") ? getenv("PROBE_ROUTE") : "dlsym";
+    CUresult (*gpa)(const char *, void **, int, cuuint64_t) = NULL;
+    *(void **)&gpa = dlsym(h, "cuGetProcAddress");
+    static const char *const names[] = {"cuLaunchKernel", "cuLaunchKernelEx",
+                                        "cuLaunchCooperativeKernel"};
+    for (int ptsz = 0; ptsz < 2; ptsz++)
+        for (int k = 0; k < 3; k++) {
+            void *f = NULL;
+            if (strcmp(route, "proc") == 0)
+                gpa(names[k], &f, 12040, ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0);
+            else if (ptsz == 0)
+                f = dlsym(h, names[k]);
+            else
+                continue;
+            if (f == NULL) {
+                fail("no %s by %s", names[k], route);
+                continue;
+            }
+            if (strstr(owner_of(f), "libkgpu-limit") == NULL)
+                fail("%s by %s is %s's, not the library's", names[k], route, owner_of(f));
+            unsigned long long before = 0, after = 0;
+            unsigned int grid = 0, x = 100 + (unsigned)k;
+            counted(&before, &grid);
+            if (k == 0) {
+                CUresult (*l)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, void *, void **, void **) = NULL;
+                *(void **)&l = f;
+                EXPECT_RC(l(NULL, x, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+            } else if (k == 1) {
+                CUresult (*l)(const unsigned *, void *, void **, void **) = NULL;
+                unsigned config[16] = {x, 1, 1, 32, 1, 1};
+                *(void **)&l = f;
+                EXPECT_RC(l(config, NULL, NULL, NULL), CUDA_SUCCESS);
+            } else {
+                CUresult (*l)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, void *, void **) = NULL;
+                *(void **)&l = f;
+                EXPECT_RC(l(NULL, x, 1, 1, 32, 1, 1, 0, NULL, NULL), CUDA_SUCCESS);
+            }
+            counted(&after, &grid);
+            EXPECT_EQ(after, before + 1);
+            EXPECT_EQ(grid, x);
+        }
+    return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1471,6 +1537,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "loader") == 0     ? cmd_loader()
              : strcmp(cmd, "deepbind") == 0   ? cmd_deepbind()
              : strcmp(cmd, "dlmopen") == 0    ? cmd_dlmopen()
+             : strcmp(cmd, "launch") == 0     ? cmd_launch()
                                               : 2;
     return rc;
 }
