@@ -1,10 +1,10 @@
 /*
  * What libkgpu-limit.so adds to a cuMemAlloc_v2 + cuMemFree_v2 pair, and to
- * a cuLaunchKernel with no compute limit applying, against
- * the fake driver (tests/fake/fake_cuda.c), in CPU time of the timed thread,
- * in three configurations run in turn in child processes: the driver alone (the baseline), the library
- * preloaded without limits (pass-through), and the library enforcing a
- * limit. Each child times ROUNDS rounds of PAIRS pairs and reports its
+ * a cuLaunchKernel with no compute limit applying, against the fake driver
+ * (tests/fake/fake_cuda.c), in CPU time of the timed thread, in three
+ * configurations run in turn in child processes: the driver alone (the
+ * baseline), the library preloaded without limits (pass-through), and the
+ * library enforcing a (memory) limit. Each child times ROUNDS rounds of PAIRS pairs and reports its
  * median; each configuration runs CHILDREN times, interleaved, and the
  * median of those is printed with the difference to the baseline. Asserts
  * nothing.
