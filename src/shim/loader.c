@@ -17,8 +17,8 @@
  * dlmopen: a new link-map namespace gets its own copy of every library, the
  * driver included, and not this one. The driver is refused there (the
  * dlmopen fails, with one line on stderr), and the objects of such a
- * namespace get their dlopen/dlmopen/dlsym/dlvsym rewritten as above, so
- * that a later load of the driver from inside it is refused too.
+ * namespace get their dlopen/dlmopen rewritten as above, so that a later
+ * load of the driver from inside it is refused too.
  *
  * Both need this library's own dlopen and dlmopen. glibc's use the
  * caller's address (its namespace, its RUNPATH, $ORIGIN): the plain case
@@ -267,18 +267,26 @@ static int leave_alone(const struct link_map *l)
     return 0;
 }
 
-/* What a reference to `name` from a rewritten object should reach; NULL: leave it. */
-static void *rebind_target(const char *name, int driver_too)
+/*
+ * What a reference to `name` from a rewritten object should reach; NULL:
+ * leave it. In the base namespace (base: 1) the lookups and the driver's
+ * functions; in another one only the loads, since lookups there must stay
+ * within that namespace (glibc's dlsym(RTLD_DEFAULT) searches the caller's)
+ * and the driver is never there.
+ */
+static void *rebind_target(const char *name, int base)
 {
-    if (strcmp(name, "dlsym") == 0)
-        return (void *)dlsym;
-    if (strcmp(name, "dlvsym") == 0)
-        return (void *)dlvsym;
     if (strcmp(name, "dlopen") == 0)
         return (void *)dlopen;
     if (strcmp(name, "dlmopen") == 0)
         return (void *)dlmopen;
-    return driver_too ? kgpu__hook_named(name) : NULL;
+    if (!base)
+        return NULL;
+    if (strcmp(name, "dlsym") == 0)
+        return (void *)dlsym;
+    if (strcmp(name, "dlvsym") == 0)
+        return (void *)dlvsym;
+    return kgpu__hook_named(name);
 }
 
 /* The PT_GNU_RELRO range of the object loaded at `base` named `name` (0, 0 when none). */
@@ -333,11 +341,8 @@ static void write_slot(void **slot, void *value, const relro *r)
 #define R_JUMP_SLOT R_AARCH64_JUMP_SLOT
 #endif
 
-/*
- * Rewrites object l's GOT entries for dlsym, dlvsym, dlopen, dlmopen and,
- * with driver_too, the hooked driver functions, to this library's.
- */
-static void rebind(struct link_map *l, int driver_too)
+/* Rewrites object l's GOT entries that rebind_target names (base: in the base namespace). */
+static void rebind(struct link_map *l, int base)
 {
 #if defined(R_GLOB_DAT)
     const ElfW(Sym) *symtab = NULL;
@@ -377,13 +382,13 @@ static void rebind(struct link_map *l, int driver_too)
             size_t sym = (size_t)ELF64_R_SYM(rela[t][i].r_info);
             if ((type != R_GLOB_DAT && type != R_JUMP_SLOT) || sym == 0)
                 continue;
-            void *to = rebind_target(strtab + symtab[sym].st_name, driver_too);
+            void *to = rebind_target(strtab + symtab[sym].st_name, base);
             if (to != NULL)
                 write_slot((void **)(l->l_addr + rela[t][i].r_offset), to, &r);
         }
 #else
     (void)l;
-    (void)driver_too;
+    (void)base;
 #endif
 }
 
@@ -487,12 +492,38 @@ static __attribute__((noinline)) void *watched_open(Lmid_t lmid, const char *fil
     return h;
 }
 
-/* Whether a dlopen from `ret` needs watching: limits apply and DEEPBIND, or another namespace. */
-static __attribute__((noinline)) int needs_watching(int mode, const void *ret)
+/* Whether `file`, as the code at `ret` would find it, is the driver itself. */
+static int names_driver(const char *file, const void *ret)
+{
+    char *buf;
+    const char *path = resolve(map_of(ret), file, &buf);
+    const char *base = path != NULL ? strrchr(path, '/') : NULL;
+    int driver = path != NULL && strstr(base != NULL ? base : path, "libcuda.so") != NULL;
+    free(buf);
+    return driver;
+}
+
+enum { OPEN_PLAIN, OPEN_WATCHED, OPEN_REFUSED };
+
+/*
+ * How a dlopen from `ret` goes: plain (no limits, or nothing to watch);
+ * watched (RTLD_DEEPBIND, or from another namespace); refused. glibc's
+ * dlmopen rejects RTLD_GLOBAL outside the base namespace, where its dlopen
+ * accepts it: such a load stays glibc's own call, refused only when it
+ * names the driver.
+ */
+static __attribute__((noinline)) int how_to_open(const char *file, int mode, const void *ret)
 {
     if (kgpu__config() != KGPU_MODE_ACTIVE)
-        return 0;
-    return (mode & RTLD_DEEPBIND) != 0 || namespace_of(map_of(ret)) != LM_ID_BASE;
+        return OPEN_PLAIN;
+    int foreign = namespace_of(map_of(ret)) != LM_ID_BASE;
+    if (foreign && (mode & RTLD_GLOBAL)) {
+        if (!names_driver(file, ret))
+            return OPEN_PLAIN;
+        say_refused();
+        return OPEN_REFUSED;
+    }
+    return foreign || (mode & RTLD_DEEPBIND) != 0 ? OPEN_WATCHED : OPEN_PLAIN;
 }
 
 /*
@@ -503,7 +534,10 @@ __attribute__((optimize("O2", "optimize-sibling-calls"))) KGPU_EXPORT void *dlop
                                                                             int mode)
 {
     const void *ret = __builtin_return_address(0);
-    if (needs_watching(mode, ret))
+    int how = how_to_open(file, mode, ret);
+    if (how == OPEN_REFUSED)
+        return NULL;
+    if (how == OPEN_WATCHED)
         return watched_open(namespace_of(map_of(ret)), file, mode, ret);
     return real_dlopen()(file, mode);
 }
@@ -513,8 +547,7 @@ __attribute__((optimize("O2", "optimize-sibling-calls"))) KGPU_EXPORT void *dlmo
                                                                              int mode)
 {
     const void *ret = __builtin_return_address(0);
-    if (kgpu__config() == KGPU_MODE_ACTIVE &&
-        (lmid != LM_ID_BASE || needs_watching(mode, ret)))
+    if (kgpu__config() == KGPU_MODE_ACTIVE && (lmid != LM_ID_BASE || (mode & RTLD_DEEPBIND) != 0))
         return watched_open(lmid, file, mode, ret);
     return real_dlmopen()(lmid, file, mode);
 }

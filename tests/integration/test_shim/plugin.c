@@ -37,6 +37,13 @@ int plugin_free_dlsym(CUdeviceptr p)
     return release != NULL ? release(p) : -1;
 }
 
+/* Whether dlopen(name, RTLD_NOW | RTLD_GLOBAL) from here succeeds. */
+PLUGIN_EXPORT int plugin_open_global(const char *name);
+int plugin_open_global(const char *name)
+{
+    return dlopen(name, RTLD_NOW | RTLD_GLOBAL) != NULL;
+}
+
 #ifdef PLUGIN_LINKED
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
