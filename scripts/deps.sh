@@ -21,6 +21,9 @@ PACKAGES=(
   python3-yaml                       # the Helm chart test parses helm's and kustomize's output
   prometheus                         # promtool and a real server scrape /metrics in a test
   openssl                            # throwaway certificates for the TLS test
+  containerd runc                    # the e2e node suite's container runtime (kubelet's CRI)
+  containernetworking-plugins        # its pods' network: bridge, host-local, loopback
+  iproute2                           # ... and taking that bridge down again
 )
 
 missing=()

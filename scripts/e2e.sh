@@ -5,6 +5,10 @@
 #   scripts/e2e.sh                          every suite
 #   scripts/e2e.sh --suite control-plane    kgpu-extender under a real kube-apiserver
 #                                           and kube-scheduler (etcd on loopback)
+#   scripts/e2e.sh --suite node             a real kubelet, containerd and runc on this
+#                                           machine joined to that control plane, running
+#                                           kgpu-device-plugin and libkgpu-limit.so in
+#                                           real containers (needs root; skipped otherwise)
 #   scripts/e2e.sh --suite control-plane -k preempt    tests whose name has "preempt"
 #
 # Ends with the line `N passed, N failed`; exits non-zero on any failure.
@@ -21,7 +25,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --suite) args+=(--suite "$2"); shift 2 ;;
         -k) args+=(-k "$2"); shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "e2e.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -41,16 +45,28 @@ for tool in openssl python3; do
 done
 
 BUILD=${E2E_BUILD:-build-test}
-if [ ! -x "$BUILD/kgpu-extender" ]; then
-    cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKGPU_SANITIZE=ON >/dev/null
-    cmake --build "$BUILD" -j"$(nproc)" --target kgpu-extender kgpu >/dev/null
-fi
+# What the suites run: the node suite adds the device plugin, the limit library and the
+# fake driver (libcuda.so.1, libnvidia-ml.so.1) that its containers get.
+need=(kgpu-extender kgpu kgpu-device-plugin libkgpu-limit.so fake-cuda/full/libcuda.so.1
+      tests/fake-nvml-plain/libnvidia-ml.so.1)
+for f in "${need[@]}"; do
+    if [ ! -e "$BUILD/$f" ]; then
+        cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKGPU_SANITIZE=ON >/dev/null
+        cmake --build "$BUILD" -j"$(nproc)" --target kgpu-extender kgpu kgpu-device-plugin \
+            kgpu-limit fake_cuda_full fake_nvml_plain >/dev/null
+        break
+    fi
+done
 
 WORK=${E2E_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/kgpu-e2e.XXXXXX")}
 mkdir -p "$WORK"
 status=0
 python3 tests/e2e/e2e.py --bin "$bin" --build "$BUILD" --work "$WORK" "${args[@]}" || status=$?
-if [ "$status" = 0 ] && [ -z "${E2E_WORK:-}" ]; then
+# Never remove through a mount the node suite failed to take down.
+if grep -qF " $WORK" /proc/self/mountinfo 2>/dev/null; then
+    echo "e2e.sh: something is still mounted under $WORK: not removing it" >&2
+    [ "$status" != 0 ] || status=1
+elif [ "$status" = 0 ] && [ -z "${E2E_WORK:-}" ]; then
     rm -rf "$WORK"
 else
     echo "e2e.sh: logs of every component are in $WORK" >&2

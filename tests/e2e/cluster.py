@@ -325,6 +325,11 @@ class ControlPlane:
         self.admin_crt, self.admin_key = self.pki.issue("admin", "kgpu-e2e-admin",
                                                         orgs=["system:masters"])
         sched_crt, sched_key = self.pki.issue("scheduler", "system:kube-scheduler")
+        # kube-apiserver's client certificate towards kubelets (logs, exec), for suites
+        # that run a real kubelet; kubelets' serving certificates come from the same CA.
+        kubelet_crt, kubelet_key = self.pki.issue("apiserver-kubelet-client",
+                                                  "kube-apiserver-kubelet-client",
+                                                  orgs=["system:masters"])
         self.admin_kubeconfig = kubeconfig(self.p("admin.kubeconfig"), self.server,
                                            self.pki.ca_crt, self.admin_crt, self.admin_key)
         self.scheduler_kubeconfig = kubeconfig(self.p("scheduler.kubeconfig"), self.server,
@@ -350,6 +355,10 @@ class ControlPlane:
             "--service-account-signing-key-file", self.pki.sa_key,
             "--service-cluster-ip-range", "10.96.0.0/16",
             "--authorization-mode", "Node,RBAC",
+            "--kubelet-client-certificate", kubelet_crt, "--kubelet-client-key", kubelet_key,
+            "--kubelet-certificate-authority", self.pki.ca_crt,
+            # A node's name need not resolve; its InternalIP is what kubelet listens on.
+            "--kubelet-preferred-address-types", "InternalIP,Hostname",
             # No kube-apiserver Endpoints for 127.0.0.1 (validation forbids loopback there).
             "--endpoint-reconciler-type", "none",
             "--audit-policy-file", self._audit_policy(), "--audit-log-path", self.p("audit.log"),

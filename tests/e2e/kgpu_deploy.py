@@ -342,9 +342,12 @@ class ServiceVip:
     """kube-proxy for the kgpu-extender Service: a loopback port forwarding each new
     connection to a ready replica, plus the Service's endpoints kept to the ready set."""
 
-    def __init__(self, cp, replicas, publish_ip=None):
+    def __init__(self, cp, replicas, publish_ip=None, pod_node=None):
         self.cp, self.replicas = cp, list(replicas)
         self.publish_ip = publish_ip
+        # The node the replicas' Pod objects are bound to: one without a kubelet, or a
+        # real kubelet would try to run them (default: the first node listed).
+        self.pod_node = pod_node
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -415,7 +418,8 @@ class ServiceVip:
         if api.try_get(path) is None:
             dep = api.get("/apis/apps/v1/namespaces/%s/deployments/kgpu-extender" % NS)
             tmpl = dep["spec"]["template"]
-            node = api.get("/api/v1/nodes?limit=1")["items"][0]["metadata"]["name"]
+            node = (self.pod_node or
+                    api.get("/api/v1/nodes?limit=1")["items"][0]["metadata"]["name"])
             pod = {"apiVersion": "v1", "kind": "Pod",
                    "metadata": dict(tmpl["metadata"], name=name, namespace=NS),
                    "spec": dict(tmpl["spec"], nodeName=node)}
@@ -479,3 +483,117 @@ class ServiceVip:
     def stop(self):
         self.stopping = True
         self.sock.close()
+
+
+DP_NS, DP_SA = "kgpu-node", "kgpu-device-plugin"
+
+
+class DevicePlugin:
+    """kgpu-device-plugin on a node, run as a process the way the chart's DaemonSet runs
+    it: the container's command as rendered (read back from the DaemonSet), with the
+    host paths of its two hostPath volumes (kubelet's device plugin folder, the state
+    folder) put where this node has them; what the install-shim init container does
+    (the library copied to <state>/lib/); NODE_NAME; its ServiceAccount's token
+    (TokenRequest API) in a kubeconfig. --fake-gpus names a YAML file of the GPUs."""
+
+    def __init__(self, cp, build_dir, node_name, plugin_dir, state_dir, gpus, extra=()):
+        self.cp, self.node_name = cp, node_name
+        self.binary = os.path.join(build_dir, "kgpu-device-plugin")
+        self.plugin_dir, self.state_dir = plugin_dir, state_dir
+        self.gpus_file = cp.p("fake-gpus-%s.yaml" % node_name)
+        self.extra = list(extra)
+        self.child = None
+        self.starts = 0
+        self.write_gpus(gpus)
+        os.makedirs(os.path.join(state_dir, "lib"), exist_ok=True)
+        lib = os.path.join(state_dir, "lib", "libkgpu-limit.so")
+        tmp = lib + ".new"
+        with open(os.path.join(build_dir, "libkgpu-limit.so"), "rb") as src, \
+                open(tmp, "wb") as dst:
+            dst.write(src.read())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, lib)
+
+    def write_gpus(self, gpus):
+        """The --fake-gpus file, replaced whole (the plugin re-reads it when it changes)."""
+        lines = ["gpus:"]
+        for i, g in enumerate(gpus):
+            lines += ["  - index: %d" % i, "    uuid: %s" % g["uuid"],
+                      "    model: %s" % g["model"], "    memory_mib: %d" % g["memory_mib"],
+                      "    numa: 0", "    healthy: %s" % ("true" if g.get("healthy", True)
+                                                        else "false")]
+        tmp = self.gpus_file + ".new"
+        with open(tmp, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, self.gpus_file)
+
+    def command(self):
+        """The DaemonSet's command for the plugin container, each path under one of its
+        volume mounts moved to where this node has that volume: the hostPath volumes at
+        plugin_dir and state_dir, a ConfigMap volume written out to a folder as kubelet
+        would (with a listen address in it moved to a free loopback port)."""
+        ds = self.cp.admin.get("/apis/apps/v1/namespaces/%s/daemonsets/kgpu-device-plugin"
+                               % DP_NS)
+        spec = ds["spec"]["template"]["spec"]
+        c = [c for c in spec["containers"] if c["name"] == "kgpu-device-plugin"][0]
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        where = {}
+        for m in c.get("volumeMounts") or []:
+            v = volumes[m["name"]]
+            if "hostPath" in v:
+                host = v["hostPath"]["path"]
+                where[m["mountPath"]] = (self.plugin_dir if "device-plugins" in host
+                                         else self.state_dir)
+            elif "configMap" in v:
+                cm = self.cp.admin.get("/api/v1/namespaces/%s/configmaps/%s"
+                                       % (DP_NS, v["configMap"]["name"]))
+                d = self.cp.p("dp-volume-" + m["name"])
+                os.makedirs(d, exist_ok=True)
+                for key, text in (cm.get("data") or {}).items():
+                    text = re.sub(r'(?m)^(\s*\w*[lL]isten:\s*)"?[0-9.]*:\d+"?',
+                                  lambda mm: '%s"127.0.0.1:%d"' % (mm.group(1),
+                                                                   cluster.free_port()), text)
+                    with open(os.path.join(d, key), "w") as f:
+                        f.write(text)
+                where[m["mountPath"]] = d
+        argv = [self.binary]
+        for a in (c.get("command") or [])[1:] + (c.get("args") or []):
+            for mount in sorted(where, key=len, reverse=True):
+                if ("=" + mount) in a or a.startswith(mount):
+                    a = a.replace(mount, where[mount], 1)
+                    break
+            argv.append(a)
+        return argv
+
+    def start(self):
+        token = self.cp.service_account_token(DP_NS, DP_SA)
+        kc = self.cp.p("device-plugin-%s.kubeconfig" % self.node_name)
+        with open(kc, "w") as f:
+            f.write("apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n"
+                    "    server: %s\n    certificate-authority: %s\n"
+                    "users:\n- name: dp\n  user:\n    token: %s\n"
+                    "contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: dp\n"
+                    "current-context: e2e\n" % (self.cp.server, self.cp.pki.ca_crt, token))
+        self.starts += 1
+        argv = self.command() + ["--fake-gpus", self.gpus_file, "--kubeconfig", kc] + self.extra
+        env = dict(os.environ, NODE_NAME=self.node_name)
+        log = self.cp.p("kgpu-device-plugin.%d.log" % self.starts)
+        self.child = harness.Child(argv, log, env=env)
+        self.cp.children["kgpu-device-plugin.%d" % self.starts] = self.child
+        return self
+
+    def stop(self):
+        return self.child.stop() if self.child else None
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+    def alive_or_raise(self):
+        if not self.child.alive():
+            raise RuntimeError("kgpu-device-plugin exited with %s:\n%s" %
+                               (self.child.proc.returncode, self.child.log_tail(60)))
+        return True
+
+    def sanitizer_report(self):
+        return self.child.sanitizer_report() if self.child else None

@@ -1,0 +1,455 @@
+"""The node suite: a real kubelet and container runtime running kgpu's device plugin,
+and libkgpu-limit.so inside real containers.
+
+One control plane and one node (node.Node: kubelet + containerd + runc + CNI, on
+this machine) for the whole suite; kgpu installed from its Helm chart, the extender
+and the device plugin run as processes with their ServiceAccounts' tokens
+(kgpu_deploy). The node has two fake GPUs of different models, so a pod can be
+pinned to one with kgpu.io/gpu-type. The containers run tests/e2e/node/gpu_job.c
+from an image built here; the runtime mounts the fake driver into containers that
+the plugin gave GPUs, as NVIDIA's runtime mounts the real one.
+
+Tests run in order (their names are numbered) and each deletes its pods. Skipped,
+with the reason, where the machine cannot run a kubelet (node.cannot_run_reason).
+"""
+
+import json
+import os
+import re
+import time
+import unittest
+
+import cluster
+import kgpu_deploy
+import node as nodemod
+import node_images
+from cluster import E2E_NS, MEM, pod_object, wait_for
+
+CONFIG = {}  # filled by e2e.py: bin dir, build dir, work dir
+
+V100 = {"uuid": "GPU-6b670000-0000-4000-8000-000000000000", "model": "Tesla V100-SXM2-16GB",
+        "memory_mib": 16384}
+T4 = {"uuid": "GPU-6b670000-0000-4000-8000-000000000001", "model": "Tesla T4",
+      "memory_mib": 15360}
+GPUS = [V100, T4]
+OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+CONTROL_NODE = "kgpu-e2e-control"
+CTX_MIB = 300  # what libkgpu-limit.so charges for a context (docs/shim.md)
+
+
+def parse_job(text):
+    """gpu_job's "key value" lines: {key: [values...]} (last line of a key wins in .get)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        out.setdefault(key, []).append(value)
+    return out
+
+
+def first_int(values):
+    return int(values[-1].split()[0])
+
+
+class NodeSuite(unittest.TestCase):
+    cp = node = plugin = ext = vip = None
+
+    @classmethod
+    def setUpClass(cls):
+        reason = nodemod.cannot_run_reason(CONFIG["bin"])
+        if reason:
+            raise unittest.SkipTest("this machine cannot run a kubelet: " + reason)
+        cls.cp = cluster.ControlPlane(CONFIG["work"], CONFIG["bin"]).start()
+        try:
+            cls._bring_up()
+        except BaseException:
+            cls._tear_down()
+            raise
+
+    @classmethod
+    def _bring_up(cls):
+        cp, build = cls.cp, CONFIG["build"]
+        sched_config, ext_config = kgpu_deploy.install(cp, build)
+        cp.ensure_namespace(E2E_NS)
+        cls.node = nodemod.Node(cp, cp.p("node"), build, gpus=GPUS,
+                                labels={"kgpu.io/gpu-node": "true"})
+        cls.node.start(preloaded=[os.path.join(build, "libkgpu-limit.so"),
+                                  cls.node.fake_cuda, cls.node.fake_nvml])
+        cls.plugin = kgpu_deploy.DevicePlugin(cp, build, cls.node.name, cls.node.plugin_dir,
+                                              cp.p("kgpu-state"), GPUS).start()
+        cls.ext = kgpu_deploy.Extender(cp, build, ext_config, name="kgpu-extender-a").start()
+        wait_for(cls.ext.ready, 60, "the extender's /readyz")
+        # The extender "runs" on a control-plane node without a kubelet: the Pod object that
+        # stands for its replica must not land on the real node, whose kubelet would try to
+        # start it (and pull its image).
+        cp.add_node(cluster.node_object(CONTROL_NODE, "none", 0, 0))
+        cls.vip = kgpu_deploy.ServiceVip(cp, [cls.ext], publish_ip=cls.node.ip,
+                                         pod_node=CONTROL_NODE)
+        cls.vip.wait_ready(cls.ext)
+        cp.start_scheduler(sched_config, extender_url=cls.vip.url)
+        cls.wait_capacity(16 + 15)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tear_down()
+
+    @classmethod
+    def _tear_down(cls):
+        # The node before the control plane: kubelet takes its pods down through the API.
+        for part in (cls.vip, cls.plugin, cls.node, cls.cp):
+            if part is not None:
+                part.stop()
+
+    def setUp(self):
+        self.created = []
+
+    def tearDown(self):
+        for name in self.created:
+            self.cp.admin.delete(cluster.pod_path(E2E_NS, name), grace=0)
+        for name in self.created:
+            wait_for(lambda name=name: self.cp.get_pod(E2E_NS, name) is None, 60,
+                     "pod %s to go" % name)
+        for who in (self.plugin, self.ext):
+            report = who.sanitizer_report()
+            self.assertIsNone(report, "sanitizer report:\n%s" % report)
+
+    # -- helpers ----------------------------------------------------------------
+
+    @classmethod
+    def node_obj(cls):
+        return cls.node.node()
+
+    @classmethod
+    def wait_capacity(cls, units, field="allocatable", timeout=60):
+        def ok():
+            st = cls.node_obj()["status"]
+            return st.get(field, {}).get(MEM) == str(units)
+        try:
+            wait_for(ok, timeout, "node %s %s to be %d" % (field, MEM, units), interval=0.5)
+        except AssertionError:
+            raise AssertionError("node status: %s\nplugin log:\n%s" % (
+                json.dumps(cls.node_obj()["status"].get(field)), cls.plugin.child.log_tail(30)))
+
+    def job(self, name, mem, args, gpu_type=None, restart="Never", binary="/bin/gpu_job"):
+        pod = pod_object(name, [("main", {MEM: mem})],
+                         annotations={"kgpu.io/gpu-type": gpu_type} if gpu_type else None)
+        c = pod["spec"]["containers"][0]
+        c.update(image=node_images.JOB_IMAGE, imagePullPolicy="Never",
+                 command=[binary] + [str(a) for a in args])
+        pod["spec"]["restartPolicy"] = restart
+        self.cp.create_pod(pod)
+        self.created.append(name)
+        return pod
+
+    def pod(self, name):
+        return self.cp.get_pod(E2E_NS, name)
+
+    def wait_phase(self, name, phases=("Succeeded",), timeout=90):
+        def done():
+            p = self.pod(name)
+            ph = p and p.get("status", {}).get("phase")
+            if ph == "Failed" and "Failed" not in phases:
+                raise AssertionError("pod %s failed: %s" % (name, json.dumps(p["status"])[:1500]))
+            return p if ph in phases else None
+        try:
+            return wait_for(done, timeout, "pod %s in %s" % (name, phases), interval=0.3)
+        except AssertionError as e:
+            p = self.pod(name)
+            raise AssertionError("%s\nstatus: %s\nevents: %s\nplugin log:\n%s" % (
+                e, json.dumps((p or {}).get("status"))[:1500],
+                [ev.get("message") for ev in self.cp.events_for(E2E_NS, name)],
+                self.plugin.child.log_tail(15)))
+
+    def wait_running(self, name, timeout=90):
+        """Running with its container started (gpu_job has printed its first lines)."""
+        p = self.wait_phase(name, ("Running",), timeout)
+        wait_for(lambda: "holding" in self.node.logs(E2E_NS, name) or
+                 "done" in self.node.logs(E2E_NS, name), 30, "pod %s to hold" % name,
+                 interval=0.3)
+        return p
+
+    def output(self, name):
+        return parse_job(self.node.logs(E2E_NS, name))
+
+    def assignment(self, pod):
+        ann = pod["metadata"].get("annotations") or {}
+        self.assertIn("kgpu.io/assignment", ann)
+        parts = json.loads(ann["kgpu.io/assignment"])
+        gpus = [g for part in parts for g in part["gpus"]]
+        self.assertEqual(len(gpus), 1, parts)
+        return gpus[0]
+
+    def uuid_of(self, index):
+        return GPUS[index]["uuid"]
+
+    def check_share(self, name, mib, out=None):
+        """What gpu_job saw in pod `name`: the extender's GPU and a share of `mib` MiB."""
+        pod = self.pod(name)
+        g = self.assignment(pod)
+        self.assertEqual(g["memory_mib"], mib)
+        uuid = self.uuid_of(g["index"])
+        out = out or self.output(name)
+        self.assertEqual(out["env"][0], "NVIDIA_VISIBLE_DEVICES=" + uuid, out)
+        self.assertIn("KGPU_MEMORY_LIMIT_MIB=%d" % mib, out["env"])
+        self.assertIn("KGPU_CONTAINER=main", out["env"])
+        self.assertEqual(out["limits"][0], "# kgpu limits v1")
+        self.assertRegex(out["limits"][1],
+                         r"^device 0 uuid=%s memory_mib=%d\b" % (re.escape(uuid), mib))
+        self.assertEqual(out["shim"], ["loaded"], "libkgpu-limit.so is not in the process")
+        self.assertEqual(out["uuid"], [uuid], "the container sees another GPU")
+        # The card has more than the share; the program sees the share as the card.
+        self.assertLess(mib, GPUS[g["index"]]["memory_mib"])
+        self.assertEqual(first_int(out["total_mib"]), mib)
+        self.assertEqual(out["meminfo"][-1], "0 free_mib %d total_mib %d" % (mib - CTX_MIB, mib))
+        self.assertEqual(first_int(out["nvml_total_mib"]), mib)
+        return g, out
+
+    def held(self):
+        return self.ext.held()
+
+    # -- 1. registration --------------------------------------------------------------
+
+    def test_01_registration(self):
+        n = self.node_obj()
+        st = n["status"]
+        for field in ("capacity", "allocatable"):
+            self.assertEqual(st[field].get(MEM), "31", st[field])  # 16 + 15 units of 1 GiB
+            self.assertEqual(st[field].get("kgpu.io/gpu-core"), "200", st[field])
+        ann = json.loads(n["metadata"]["annotations"]["kgpu.io/gpus"])
+        self.assertEqual([(g["index"], g["uuid"], g["model"], g["memory_mib"], g["healthy"])
+                          for g in ann],
+                         [(i, g["uuid"], g["model"], g["memory_mib"], True)
+                          for i, g in enumerate(GPUS)])
+        labels = n["metadata"]["labels"]
+        self.assertEqual(labels.get("kgpu.io/gpu-count"), "2")
+        self.assertEqual(labels.get("kgpu.io/gpu-model"), "mixed")
+        for sock in ("kgpu-gpu-mem.sock", "kgpu-gpu-core.sock", "kubelet.sock"):
+            self.assertTrue(os.path.exists(os.path.join(self.node.plugin_dir, sock)), sock)
+        inv = {x["name"]: x for x in self.ext.inspect()["nodes"]}
+        self.assertIn(self.node.name, inv, "the extender does not know the real node")
+        self.assertEqual(len(inv[self.node.name]["gpus"]), 2)
+
+    # -- 2. one pod, one share ------------------------------------------------------
+
+    def test_02_share_pod(self):
+        self.job("share", 4, ["run", "max"], gpu_type="Tesla V100*")
+        pod = self.wait_phase("share")
+        ann = pod["metadata"]["annotations"]
+        self.assertIn("kgpu.io/allocated", ann, "kubelet's Allocate did not mark the pod")
+        self.assertEqual(pod["spec"]["nodeName"], self.node.name)
+        g, out = self.check_share("share", 4096)
+        self.assertEqual(g["index"], 0)
+        self.assertEqual(out["alloc_within"], ["0 mib %d" % (4096 - CTX_MIB)])
+        self.assertEqual(first_int(out["alloc_past"]), OOM, "one MiB past the share was given")
+        # The plugin wrote the file that was mounted: on the host, under the pod's UID.
+        limits = os.path.join(self.plugin.state_dir, "pods", pod["metadata"]["uid"],
+                              "main.limits")
+        with open(limits) as f:
+            self.assertIn("memory_mib=4096", f.read())
+
+    # -- 3. two pods on one GPU; a CI burst ---------------------------------------------
+
+    def test_03_two_pods_one_gpu(self):
+        self.job("big", 6, ["run", "max", 30], gpu_type="Tesla V100*")
+        self.wait_running("big")
+        self.job("small", 2, ["run", 3000, 8], gpu_type="Tesla V100*")
+        self.wait_running("small")
+        # Both run: the extender holds both shares on the one GPU.
+        self.assertEqual(self.held().get((self.node.name, 0), (0, 0))[0], 6144 + 2048)
+        self.wait_phase("small")
+        big, small = self.output("big"), self.output("small")
+        self.check_share("big", 6144, big)
+        self.check_share("small", 2048, small)
+        self.assertEqual(self.assignment(self.pod("big"))["index"],
+                         self.assignment(self.pod("small"))["index"])
+        # big holds its whole share; small cannot have 3000 MiB although the card has it.
+        self.assertEqual(big["alloc_within"], ["0 mib %d" % (6144 - CTX_MIB)])
+        self.assertEqual(first_int(big["alloc_past"]), OOM)
+        self.assertEqual(small["alloc"], ["%d mib 3000" % OOM])
+
+    def test_04_ci_burst(self):
+        names = ["ci-%d" % i for i in range(4)]
+        t0 = time.monotonic()
+        for n in names:
+            self.job(n, 4, ["run", "max", 8], gpu_type="Tesla V100*")
+        pods = [self.wait_phase(n, timeout=120) for n in names]
+        elapsed = time.monotonic() - t0
+        spans = []
+        for n, p in zip(names, pods):
+            g, out = self.check_share(n, 4096)
+            self.assertEqual(g["index"], 0)
+            self.assertEqual(out["alloc_within"], ["0 mib %d" % (4096 - CTX_MIB)])
+            self.assertEqual(first_int(out["alloc_past"]), OOM)
+            term = p["status"]["containerStatuses"][0]["state"]["terminated"]
+            self.assertEqual(term["exitCode"], 0)
+            spans.append((term["startedAt"], term["finishedAt"]))
+        # All four ran at once: each started before any finished.
+        self.assertLess(max(s for s, _ in spans), min(f for _, f in spans), spans)
+        print("    4 jobs of 4 GiB on one 16 GiB GPU: all done %.1f s after creation" % elapsed)
+
+    # -- 4. delete and recreate ---------------------------------------------------
+
+    def test_05_delete_frees_share(self):
+        self.job("reuse", 3, ["run", "max", 300], gpu_type="Tesla T4*")
+        first = self.wait_running("reuse")
+        key = (self.node.name, 1)
+        self.assertEqual(self.held().get(key, (0, 0))[0], 3072)
+        uid1 = first["metadata"]["uid"]
+        self.cp.admin.delete(cluster.pod_path(E2E_NS, "reuse"))  # graceful: kubelet stops it
+        wait_for(lambda: self.pod("reuse") is None, 60, "pod reuse to go")
+        wait_for(lambda: self.held().get(key, (0, 0))[0] == 0, 30,
+                 "the extender to free the share")
+        self.job("reuse", 5, ["run", "max"], gpu_type="Tesla T4*")
+        second = self.wait_phase("reuse")
+        self.assertNotEqual(second["metadata"]["uid"], uid1)
+        self.check_share("reuse", 5120)
+        # kubelet's checkpoint no longer holds devices for the deleted pod.
+        with open(os.path.join(self.node.plugin_dir, "kubelet_internal_checkpoint")) as f:
+            checkpoint = f.read()
+        self.assertNotIn(uid1, checkpoint)
+        self.assertIn(second["metadata"]["uid"], checkpoint)
+
+    # -- 5. restarts ---------------------------------------------------------------
+
+    def test_06_plugin_restart(self):
+        self.job("steady", 2, ["run", "max", 300], gpu_type="Tesla V100*")
+        before = self.wait_running("steady")
+        cid = before["status"]["containerStatuses"][0]["containerID"]
+        self.plugin.restart()
+        wait_for(lambda: "registered kgpu.io/gpu-mem" in self.plugin.child.log(), 30,
+                 "the restarted plugin to register")
+        self.wait_capacity(31)
+        # The running container is untouched: same container, same limits, still loaded.
+        r = self.cp.kubectl("exec", "-n", E2E_NS, "steady", "--", "/bin/gpu_job", "show")
+        shown = parse_job(r.stdout)
+        self.assertEqual(shown["shim"], ["loaded"])
+        self.assertRegex(shown["limits"][1], r"memory_mib=2048\b")
+        now = self.pod("steady")["status"]["containerStatuses"][0]
+        self.assertEqual(now["containerID"], cid)
+        self.assertEqual(now["restartCount"], 0)
+        self.job("after-plugin", 3, ["run", "max"], gpu_type="Tesla V100*")
+        self.wait_phase("after-plugin")
+        self.check_share("after-plugin", 3072)
+
+    def test_07_kubelet_restart(self):
+        self.job("survivor", 2, ["run", "max", 300], gpu_type="Tesla V100*")
+        before = self.wait_running("survivor")
+        cid = before["status"]["containerStatuses"][0]["containerID"]
+        served = self.allocations()
+        self.assertEqual(self.allocations("survivor"), 1)
+        registrations = self.plugin.child.log().count("registered kgpu.io/gpu-mem")
+        self.node.restart_kubelet()
+        wait_for(lambda: self.plugin.child.log().count("registered kgpu.io/gpu-mem")
+                 > registrations, 60, "the plugin to register with the new kubelet")
+        self.node.wait_ready()
+        self.wait_capacity(31)
+        now = self.pod("survivor")
+        self.assertEqual(now["status"]["phase"], "Running")
+        self.assertEqual(now["status"]["containerStatuses"][0]["containerID"], cid)
+        with open(os.path.join(self.node.plugin_dir, "kubelet_internal_checkpoint")) as f:
+            self.assertIn(before["metadata"]["uid"], f.read())
+        self.job("after-kubelet", 3, ["run", "max"], gpu_type="Tesla V100*")
+        self.wait_phase("after-kubelet")
+        self.check_share("after-kubelet", 3072)
+        # Only the new pod's container was allocated: nothing of the survivor again.
+        self.assertEqual(self.allocations("survivor"), 1)
+        self.assertEqual(self.allocations() - served, self.allocations("after-kubelet"))
+        self.assertEqual(self.allocations("after-kubelet"), 1)
+        held = self.held().get((self.node.name, 0), (0, 0))[0]
+        self.assertEqual(held, 2048, "after-kubelet finished; only survivor holds V100 memory")
+
+    def allocations(self, name=None):
+        """The plugin's "Allocate N resource: pod ns/name ..." lines, of one pod or all."""
+        pat = re.compile(r"\bAllocate \d+ \S+: pod %s/%s " % (
+            E2E_NS, re.escape(name) if name else r"\S+"))
+        return len(pat.findall(self.plugin.child.log()))
+
+    # -- 6. an unhealthy GPU ---------------------------------------------------------
+
+    def test_08_unhealthy_gpu(self):
+        self.job("on-t4", 2, ["run", "max", 300], gpu_type="Tesla T4*")
+        self.wait_running("on-t4")
+        try:
+            self.plugin.write_gpus([V100, dict(T4, healthy=False)])
+            self.wait_capacity(16)  # kubelet's allocatable drops by the T4's 15 units
+            self.assertEqual(self.node_obj()["status"]["capacity"][MEM], "31")
+            ann = json.loads(self.node_obj()["metadata"]["annotations"]["kgpu.io/gpus"])
+            self.assertEqual([g["healthy"] for g in ann], [True, False])
+
+            # kubelet reports the running pod's devices unhealthy in its status.
+            def reported():
+                cs = self.pod("on-t4")["status"]["containerStatuses"][0]
+                for r in cs.get("allocatedResourcesStatus") or []:
+                    if r["name"] == MEM and any(x.get("health") == "Unhealthy"
+                                                for x in r.get("resources") or []):
+                        return True
+                return False
+            wait_for(reported, 60, "kubelet to report on-t4's devices Unhealthy", interval=0.5)
+
+            # The extender places nothing more on the T4.
+            self.job("wants-t4", 1, ["run", "max"], gpu_type="Tesla T4*")
+            time.sleep(5)
+            p = self.pod("wants-t4")
+            self.assertFalse(p["spec"].get("nodeName"), "placed on an unhealthy GPU")
+            msgs = " ".join(e.get("message", "") for e in self.cp.events_for(E2E_NS, "wants-t4"))
+            self.assertIn("FailedScheduling", " ".join(
+                e.get("reason", "") for e in self.cp.events_for(E2E_NS, "wants-t4")), msgs)
+            self.assertEqual(self.pod("on-t4")["status"]["phase"], "Running")
+        finally:
+            self.plugin.write_gpus(GPUS)
+        self.wait_capacity(31)
+        self.wait_phase("wants-t4")
+
+    # -- 7. what the library cannot reach -----------------------------------------------
+
+    def test_09_static_binary_is_not_covered(self):
+        """docs/shim.md: a statically linked program does not load the library, so its
+        share is not enforced; the environment and the limits file still name it. (Static
+        glibc then crashes inside the dlopened driver, as such programs do with the real
+        one: the test reads what it saw before.)"""
+        self.job("static", 2, ["run", "max"], gpu_type="Tesla V100*",
+                 binary="/bin/gpu_job_static")
+        self.wait_phase("static", ("Succeeded", "Failed"))
+        out = self.output("static")
+        self.assertEqual(out["shim"], ["absent"])
+        self.assertRegex(out["limits"][1], r"memory_mib=2048\b")
+        self.assertEqual(first_int(out["total_mib"]), V100["memory_mib"],
+                         "a static program saw a share: update docs/shim.md")
+
+    def test_10_broken_limits_file_fails_closed(self):
+        """A limits file that cannot be parsed: CUDA is refused in the container, with a
+        message naming the file and the line."""
+        self.job("broken", 2, ["run", 100, 300], gpu_type="Tesla V100*")
+        pod = self.wait_running("broken")
+        path = os.path.join(self.plugin.state_dir, "pods", pod["metadata"]["uid"], "main.limits")
+        with open(path, "r+") as f:  # in place: the container's bind mount sees it
+            text = f.read()
+            f.seek(0)
+            f.write(text.replace("memory_mib=2048", "memory_mib=lots"))
+            f.truncate()
+        r = self.cp.kubectl("exec", "-n", E2E_NS, "broken", "--", "/bin/gpu_job", "run", "max",
+                            check=False)
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        out = parse_job(r.stdout)
+        self.assertNotEqual(first_int(out["cuInit"]), 0)
+        self.assertIn("kgpu-limit: /etc/kgpu/limits:2: memory_mib", r.stderr)
+        self.assertIn("GPU access is refused", r.stderr)
+
+    def test_11_missing_limits_file_fails_closed(self):
+        """The limits file gone from the host before a container restarts (the container
+        is restarted with kubelet's checkpointed Allocate answer): containerd creates a
+        missing bind-mount source as an empty directory, so the container starts with a
+        directory at /etc/kgpu/limits, and the library refuses CUDA with a message."""
+        self.job("gone", 2, ["run", 100, 2], gpu_type="Tesla V100*", restart="Always")
+        pod = self.wait_running("gone")
+        path = os.path.join(self.plugin.state_dir, "pods", pod["metadata"]["uid"], "main.limits")
+        os.unlink(path)
+        refusal = ("kgpu-limit: cannot read limits file /etc/kgpu/limits: Is a directory; "
+                   "GPU access is refused in this process")
+        wait_for(lambda: refusal in self.node.logs(E2E_NS, "gone"), 90,
+                 "the restarted container to be refused CUDA", interval=1)
+        out = self.output("gone")
+        self.assertNotEqual(first_int(out["cuInit"]), 0)
+        self.assertNotIn("alloc", out, "the container allocated without its limits file")
+        self.assertTrue(os.path.isdir(path), "the runtime did not create the missing source")
+        self.assertGreaterEqual(
+            self.pod("gone")["status"]["containerStatuses"][0]["restartCount"], 1)
