@@ -137,7 +137,17 @@ class KubeletStandin:
     # Serving Registration.
 
     def start(self):
+        """Serves kubelet.sock. Like kubelet's device manager at start, it first removes every
+        socket in the folder (a stale kubelet.sock, the plugins' own), which is how a
+        plugin learns that kubelet restarted."""
         os.makedirs(self.plugin_dir, exist_ok=True)
+        for name in os.listdir(self.plugin_dir):
+            path = os.path.join(self.plugin_dir, name)
+            try:
+                if stat.S_ISSOCK(os.stat(path).st_mode):
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
         pb = self.pb
         handler = grpc.method_handlers_generic_handler("v1beta1.Registration", {
             "Register": grpc.unary_unary_rpc_method_handler(
@@ -151,7 +161,9 @@ class KubeletStandin:
         return self
 
     def stop(self):
-        """Stops serving and drops every plugin connection (the sockets stay)."""
+        """Stops serving and drops every plugin connection. The sockets stay, kubelet.sock
+        included, as a stopped kubelet leaves them (the e2e node suite saw it): a plugin
+        started meanwhile finds a kubelet.sock that refuses connections."""
         if self.server is not None:
             self.server.stop(0).wait(5)
             self.server = None
@@ -160,21 +172,11 @@ class KubeletStandin:
             self.endpoints.clear()
         for ep in endpoints:
             ep.close()
-        try:
-            os.unlink(self.sock)
-        except FileNotFoundError:
-            pass
 
     def restart(self, pause=0.0):
-        """What a kubelet restart looks like to a plugin: every socket in the folder is removed."""
+        """What a kubelet restart looks like to a plugin: its streams end, and (after `pause`
+        seconds down) every socket in the folder is removed and kubelet.sock served anew."""
         self.stop()
-        for name in os.listdir(self.plugin_dir):
-            path = os.path.join(self.plugin_dir, name)
-            try:
-                if stat.S_ISSOCK(os.lstat(path).st_mode):
-                    os.unlink(path)
-            except FileNotFoundError:
-                pass
         if pause:
             time.sleep(pause)
         return self.start()
