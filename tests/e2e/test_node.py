@@ -357,6 +357,22 @@ class NodeSuite(unittest.TestCase):
         held = self.held().get((self.node.name, 0), (0, 0))[0]
         self.assertEqual(held, 2048, "after-kubelet finished; only survivor holds V100 memory")
 
+        # The plugin restarted while kubelet is down: a stopped kubelet leaves its
+        # kubelet.sock behind, refusing connections; the plugin must keep trying and
+        # register with the kubelet that comes back.
+        self.node.stop_kubelet()
+        self.assertTrue(os.path.exists(os.path.join(self.node.plugin_dir, "kubelet.sock")))
+        self.plugin.restart()
+        wait_for(lambda: "retrying" in self.plugin.child.log(), 15,
+                 "the plugin to meet the stale kubelet.sock")
+        self.node.start_kubelet()
+        wait_for(lambda: "registered kgpu.io/gpu-mem" in self.plugin.child.log(), 60,
+                 "the plugin to register with the kubelet that came back")
+        self.node.wait_ready()
+        self.wait_capacity(31)
+        self.assertEqual(self.pod("survivor")["status"]["containerStatuses"][0]["containerID"],
+                         cid)
+
     def allocations(self, name=None):
         """The plugin's "Allocate N resource: pod ns/name ..." lines, of one pod or all."""
         pat = re.compile(r"\bAllocate \d+ \S+: pod %s/%s " % (
@@ -453,3 +469,50 @@ class NodeSuite(unittest.TestCase):
         self.assertTrue(os.path.isdir(path), "the runtime did not create the missing source")
         self.assertGreaterEqual(
             self.pod("gone")["status"]["containerStatuses"][0]["restartCount"], 1)
+
+    # -- the figure in docs/ci-runners.md ----------------------------------------------
+
+    def test_12_ci_capacity(self):
+        """How many CI jobs one 16 GiB GPU runs at once, per share size: a measurement, run
+        by hand (KGPU_E2E_CI_CAPACITY=1,2,4,8 scripts/e2e.sh --suite node -k capacity).
+        For each share S GiB, 16/S + 2 jobs that each take all of their share and hold it
+        for KGPU_E2E_CI_HOLD seconds (20) are created at once on the V100."""
+        spec = os.environ.get("KGPU_E2E_CI_CAPACITY")
+        if not spec:
+            self.skipTest("a measurement: set KGPU_E2E_CI_CAPACITY=1,2,4,8 to run it")
+        hold = int(os.environ.get("KGPU_E2E_CI_HOLD", "20"))
+        print()
+        for share in (int(x) for x in spec.split(",")):
+            fit = V100["memory_mib"] // (share * 1024)
+            names = ["cap%d-%d" % (share, i) for i in range(fit + 2)]
+            for n in names:
+                self.job(n, share, ["run", "max", hold], gpu_type="Tesla V100*")
+            pods = [self.wait_phase(n, timeout=60 + 3 * hold * len(names) // fit)
+                    for n in names]
+            created = min(p["metadata"]["creationTimestamp"] for p in pods)
+            spans = []
+            for n, p in zip(names, pods):
+                _, out = self.check_share(n, share * 1024)
+                self.assertEqual(first_int(out["alloc_past"]), OOM)
+                t = p["status"]["containerStatuses"][0]["state"]["terminated"]
+                spans.append((t["startedAt"], t["finishedAt"]))
+            # Most jobs running at once (RFC 3339 UTC strings compare as times).
+            peak = max(sum(1 for s, f in spans if s <= at < f) for at, _ in spans)
+            self.assertEqual(peak, fit, spans)
+            starts = sorted(s for s, _ in spans)
+
+            def secs(a, b):
+                fmt = "%Y-%m-%dT%H:%M:%SZ"
+                return (time.mktime(time.strptime(b, fmt)) -
+                        time.mktime(time.strptime(a, fmt)))
+            print("    share %d GiB: %d jobs, at most %d at once (%d GiB each, %d MiB "
+                  "usable); the first %d all running %.0f s after creation, all %d done in "
+                  "%.0f s (hold %d s)" % (
+                      share, len(names), peak, share, share * 1024 - CTX_MIB, fit,
+                      secs(created, starts[fit - 1]), len(names),
+                      secs(created, max(f for _, f in spans)), hold), flush=True)
+            for n in names:
+                self.cp.admin.delete(cluster.pod_path(E2E_NS, n), grace=0)
+            for n in names:
+                wait_for(lambda n=n: self.pod(n) is None, 60, "pod %s to go" % n)
+            self.created = [c for c in self.created if c not in names]
