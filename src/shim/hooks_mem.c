@@ -715,6 +715,7 @@ typedef CUresult (*graph_call)(CUgraphExec exec, CUstream stream);
 
 static CUresult graph_run(graph_call real, CUgraphExec exec, CUstream stream)
 {
+    kgpu__compute_gate(); /* a graph's kernels run in its container's turn like any others */
     if (atomic_load_explicit(&graphs_with_memory, memory_order_relaxed) == 0)
         return real(exec, stream);
     uint64_t need[KGPU_SHIM_MAX_DEVICES] = {0};

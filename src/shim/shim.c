@@ -29,6 +29,7 @@
 
 #define LIMITS_PATH     "/etc/kgpu/limits"
 #define SHARED_DIR      "/var/run/kgpu"
+#define SCHED_DIR       "/var/run/kgpu-gpu" /* node-wide, one schedule file per GPU */
 #define LIMITS_MAX_SIZE (64 * 1024)
 #define MADV_WIPEONFORK_ 18 /* Linux 4.14; older kernels say EINVAL */
 
@@ -41,6 +42,7 @@ kgpu_shim_state kgpu__shim = {
     .track = KGPU_TRACK_INIT,
     .vmm = KGPU_VMM_INIT(kgpu__export_open),
     .pool_mu = PTHREAD_MUTEX_INITIALIZER,
+    .sched_mu = PTHREAD_MUTEX_INITIALIZER,
 };
 
 /* ---- the table generated from hooks.def ---- */
@@ -343,12 +345,20 @@ static void config_once(void)
         snprintf(dir, sizeof(dir), "%s%s", root(), SHARED_DIR);
         snprintf(name, sizeof(name), "limits-%llx-%llx", (unsigned long long)id.st_dev,
                  (unsigned long long)id.st_ino);
+        snprintf(kgpu__shim.sched_dir, sizeof(kgpu__shim.sched_dir), "%s%s", root(), SCHED_DIR);
     } else {
         snprintf(dir, sizeof(dir), "%s",
                  env("KGPU_SHARED_DIR") ? env("KGPU_SHARED_DIR") : SHARED_DIR);
         snprintf(name, sizeof(name), "%.63s",
                  env("KGPU_CONTAINER") ? env("KGPU_CONTAINER") : "default");
+        snprintf(kgpu__shim.sched_dir, sizeof(kgpu__shim.sched_dir), "%s",
+                 env("KGPU_SCHED_DIR") ? env("KGPU_SCHED_DIR") : SCHED_DIR);
     }
+    /* Compute shares are scheduled among containers, each known by its region's name. */
+    snprintf(kgpu__shim.sched_id, sizeof(kgpu__shim.sched_id), "%s", name);
+    for (int i = 0; i < kgpu__shim.limits.ndevices; i++)
+        if (kgpu__shim.limits.dev[i].core_pct >= 0 && kgpu__shim.limits.dev[i].core_pct < 100)
+            atomic_store(&kgpu__shim.compute_limited, 1);
     kgpu_error err = {0};
     if (kgpu_shim_region_attach(dir, name, &kgpu__shim.limits, &kgpu__shim.region, &err) !=
         KGPU_OK) {

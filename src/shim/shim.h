@@ -17,6 +17,7 @@
 #include "cudadecl.h"
 #include "shimlimits.h"
 #include "region.h"
+#include "gpusched.h"
 #include "track.h"
 #include "vmm.h"
 
@@ -110,6 +111,16 @@ typedef struct kgpu_shim_state {
      * hooked call as fork_child drops it. NULL where the kernel cannot.
      */
     volatile uint8_t *fork_mark;
+
+    /*
+     * Compute shares: set when a device has core_pct below 100; the GPU's
+     * schedule per limits index, joined at the first launch there (gpusched.h).
+     */
+    _Atomic int compute_limited;
+    char sched_dir[4096], sched_id[64];
+    pthread_mutex_t sched_mu;
+    kgpu_sched *_Atomic sched[KGPU_SHIM_MAX_DEVICES];
+    uint8_t sched_tried[KGPU_SHIM_MAX_DEVICES];
 } kgpu_shim_state;
 
 extern kgpu_shim_state kgpu__shim;
@@ -249,6 +260,13 @@ void kgpu__mem_refresh(void);
 
 /* Whether an exported descriptor is still open in this process (vmm.h's is_open). */
 int kgpu__export_open(const kgpu_vmm_export *e);
+
+/*
+ * Before a launch or graph launch on the current context's device: waits
+ * for this container's turn when the device has a compute share (no cost
+ * otherwise beyond one load).
+ */
+void kgpu__compute_gate(void);
 
 /* The CUDA ordinal of limits index li (first match), or -1. */
 CUdevice kgpu__cuda_dev(int li);

@@ -43,6 +43,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -715,6 +716,121 @@ CUresult cuMemFree_v2(CUdeviceptr p)
     return r;
 }
 
+/* ---- one GPU's time, shared by every process that uses it ---- */
+
+/*
+ * With FAKE_CUDA_GPU_FILE naming a file (zero-filled or absent), kernels
+ * take time: a launch's grid x is its duration in microseconds, and the
+ * kernels of all processes using that file run one after another on one
+ * timeline (CLOCK_MONOTONIC ns), as time-sliced contexts share a GPU. A
+ * process may queue at most QUEUE_NS ahead: further launches wait, as a
+ * driver's full launch queue makes them. Synchronisations wait for this
+ * process's last kernel.
+ */
+#define QUEUE_NS 4000000ULL
+
+typedef struct timeline {
+    _Atomic unsigned long long busy_until;
+} timeline;
+
+static timeline *gpu;
+static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
+static _Atomic unsigned long long last_end; /* this process's last kernel */
+
+/* This process's kernels: when each ends and how long it ran. */
+static pthread_mutex_t ran_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long (*ran)[2];
+static size_t nran, cap_ran;
+
+static unsigned long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+static void sleep_ns(unsigned long long ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL)};
+    nanosleep(&ts, NULL);
+}
+
+static void gpu_open(void)
+{
+    const char *path = getenv("FAKE_CUDA_GPU_FILE");
+    int fd = path != NULL ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600) : -1;
+    if (fd < 0)
+        return;
+    if (ftruncate(fd, sizeof(timeline)) == 0) {
+        void *m = mmap(NULL, sizeof(timeline), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m != MAP_FAILED)
+            gpu = m;
+    }
+    close(fd);
+}
+
+/* Queues a kernel of `us` microseconds on the shared timeline. */
+static void run_kernel(unsigned int us)
+{
+    pthread_once(&gpu_once, gpu_open);
+    if (gpu == NULL || us == 0)
+        return;
+    unsigned long long now = now_ns(), mine = atomic_load(&last_end);
+    if (mine > now + QUEUE_NS) {
+        sleep_ns(mine - now - QUEUE_NS);
+        now = now_ns();
+    }
+    unsigned long long d = (unsigned long long)us * 1000ULL, old = atomic_load(&gpu->busy_until),
+                       end;
+    do
+        end = (old > now ? old : now) + d;
+    while (!atomic_compare_exchange_weak(&gpu->busy_until, &old, end));
+    atomic_store(&last_end, end);
+    pthread_mutex_lock(&ran_mu);
+    if (nran == cap_ran) {
+        size_t cap = cap_ran ? cap_ran * 2 : 1024;
+        void *p = realloc(ran, cap * sizeof(*ran));
+        if (p != NULL) {
+            ran = p;
+            cap_ran = cap;
+        }
+    }
+    if (nran < cap_ran) {
+        ran[nran][0] = end;
+        ran[nran][1] = d;
+        nran++;
+    }
+    pthread_mutex_unlock(&ran_mu);
+}
+
+/* Waits until this process's kernels have run. */
+static void gpu_drain(void)
+{
+    unsigned long long end = atomic_load(&last_end), now = now_ns();
+    if (end > now)
+        sleep_ns(end - now);
+}
+
+/*
+ * Not a driver function: GPU time (ns) of this process's kernels that ran
+ * within [from, until] on the CLOCK_MONOTONIC clock.
+ */
+EXPORT CUresult fakeCudaGpuTime(unsigned long long from, unsigned long long until,
+                                unsigned long long *ns);
+CUresult fakeCudaGpuTime(unsigned long long from, unsigned long long until, unsigned long long *ns)
+{
+    unsigned long long t = 0;
+    pthread_mutex_lock(&ran_mu);
+    for (size_t i = 0; i < nran; i++) {
+        unsigned long long end = ran[i][0], start = end - ran[i][1];
+        unsigned long long a = start > from ? start : from, b = end < until ? end : until;
+        t += b > a ? b - a : 0;
+    }
+    pthread_mutex_unlock(&ran_mu);
+    *ns = t;
+    return OK;
+}
+
 /* ---- synchronisation: what a stream does when it gets there ---- */
 
 #define GRAN (2 * MIB) /* pools and graph memory grow and shrink by this */
@@ -830,6 +946,7 @@ EXPORT CUresult cuStreamSynchronize(stream *s);
 CUresult cuStreamSynchronize(stream *s)
 {
     NEED_INIT();
+    gpu_drain();
     run_ops(s, 0);
     return OK;
 }
@@ -838,6 +955,7 @@ EXPORT CUresult cuCtxSynchronize(void);
 CUresult cuCtxSynchronize(void)
 {
     NEED_INIT();
+    gpu_drain();
     run_ops(NULL, 1);
     return OK;
 }
@@ -845,7 +963,7 @@ CUresult cuCtxSynchronize(void)
 #ifndef FAKE_CUDA_OLD
 /* ---- graphs (what memory nodes need) ---- */
 
-enum { NODE_HOST = 3, NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11 };
+enum { NODE_KERNEL = 0, NODE_HOST = 3, NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11 };
 
 typedef struct gnode {
     int type;
@@ -937,6 +1055,26 @@ CUresult cuGraphAddMemAllocNode(gnode **node, graph *g, void *deps, size_t ndeps
     int d = params->props.location.id;
     params->dptr = graph_va(d, params->bytesize);
     CUresult r = add_node(g, node, NODE_MEM_ALLOC, d, params->bytesize, params->dptr);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* CUDA_KERNEL_NODE_PARAMS begins with the function and the grid: its x is the duration in us. */
+typedef struct {
+    void *func;
+    unsigned int grid_x;
+} kernel_node_params;
+
+EXPORT CUresult cuGraphAddKernelNode(gnode **node, graph *g, void *deps, size_t ndeps,
+                                     const kernel_node_params *params);
+CUresult cuGraphAddKernelNode(gnode **node, graph *g, void *deps, size_t ndeps,
+                              const kernel_node_params *params)
+{
+    NEED_INIT();
+    if (params == NULL)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = add_node(g, node, NODE_KERNEL, 0, params->grid_x, 0);
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -1055,6 +1193,9 @@ CUresult cuGraphLaunch(gexec *e, stream *s)
         insert(&a);
     }
     pthread_mutex_unlock(&mu);
+    for (int i = 0; r == OK && i < e->n; i++) /* its kernels, one after another */
+        if (e->nodes[i].type == NODE_KERNEL)
+            run_kernel((unsigned int)e->nodes[i].bytes);
     return r;
 }
 
@@ -1913,6 +2054,7 @@ static _Atomic unsigned int last_grid_x;
 static CUresult launched(unsigned int grid_x)
 {
     NEED_INIT();
+    run_kernel(grid_x);
     atomic_store_explicit(&last_grid_x, grid_x, memory_order_relaxed);
     atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
     return OK;
@@ -2189,6 +2331,7 @@ static const proc procs[] = {
     P("cuGraphDestroy", 10000, cuGraphDestroy),
     P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
     P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    P("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
     P("cuGraphGetNodes", 10000, cuGraphGetNodes),
     P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
     P("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),

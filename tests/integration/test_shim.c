@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -414,6 +415,103 @@ static void every_launch_path_reaches_the_library(void **state)
     expect_run(KGPU_SHIM_PROBE, "launch", 0);
 }
 
+/* ---- compute shares ---- */
+
+/* Container `name` with a share of `pct` % of GPU 0, on the fake driver's shared GPU timeline. */
+static void env_share(const char *name, int pct)
+{
+    char path[400], text[256];
+    snprintf(path, sizeof(path), "%s/limits-%s", tmp, name);
+    snprintf(text, sizeof(text), "# kgpu limits v1\ndevice 0 uuid=%s memory_mib=4096 core_pct=%d\n",
+             UUID0, pct);
+    write_file(path, text);
+    env_container(KGPU_SHIM_LIB, "full", 4096);
+    env_drop("KGPU_LIMITS_FILE");
+    env_drop("KGPU_CONTAINER");
+    env_add("KGPU_LIMITS_FILE=%s", path);
+    env_add("KGPU_CONTAINER=%s", name);
+    env_add("KGPU_SCHED_DIR=%s/sched", tmp);
+    env_add("FAKE_CUDA_GPU_FILE=%s/gpu", tmp);
+    env_add("PROBE_GO=%s/go", tmp);
+    env_add("PROBE_SECONDS=2");
+}
+
+/* Waits for a `share` probe started with start(); its GPU seconds. */
+static double gpu_seconds(pid_t pid, const char *out_file)
+{
+    int status;
+    char buf[512];
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    slurp(out_file, buf, sizeof(buf));
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || strstr(buf, "gpu_ns=") == NULL)
+        fail_msg("the share probe failed (status %d):\n%s", status, buf);
+    return strtod(strstr(buf, "gpu_ns=") + 7, NULL) / 1e9;
+}
+
+/* Tells the started probes to begin 200 ms from now. */
+static void go(void)
+{
+    char path[320], text[64];
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    snprintf(path, sizeof(path), "%s/go", tmp);
+    snprintf(text, sizeof(text), "%llu\n",
+             (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec +
+                 200000000ULL);
+    write_file(path, text);
+}
+
+/*
+ * Two containers at 30 % and 70 % keeping one GPU busy: their GPU times
+ * split 30/70 within 5 points, with plain launches and with graph launches.
+ */
+static void compute_shares_split_a_busy_gpu(void **state)
+{
+    char dir[320], out_a[320], out_b[320];
+    snprintf(dir, sizeof(dir), "%s/sched", tmp);
+    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
+    snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
+    for (int graph = 0; graph < 2; graph++) {
+        char path[340];
+        snprintf(path, sizeof(path), "%s/go", tmp);
+        unlink(path);
+        snprintf(path, sizeof(path), "%s/gpu", tmp);
+        unlink(path);
+        mkdir(dir, 0700);
+        env_share("a", 30);
+        if (graph)
+            env_add("PROBE_GRAPH=1"); /* its kernels in graphs of 8 */
+        pid_t a = start(KGPU_SHIM_PROBE, "share", out_a, "ready\n");
+        env_share("b", 70);
+        pid_t b = start(KGPU_SHIM_PROBE, "share", out_b, "ready\n");
+        go();
+        double ga = gpu_seconds(a, out_a), gb = gpu_seconds(b, out_b), share = ga / (ga + gb);
+        print_message("%s: a %.3f s, b %.3f s of GPU time: a's share %.1f %%\n",
+                      graph ? "graph launches" : "kernel launches", ga, gb, 100 * share);
+        if (share < 0.25 || share > 0.35)
+            fail_msg("a got %.1f %% of the GPU, b %.1f %%: shares are 30 and 70", 100 * share,
+                     100 * (1 - share));
+        if (ga + gb < 0.5 * 2) /* busy, though a loaded machine leaves gaps */
+            fail_msg("the GPU was busy only %.0f %% of the time", 100 * (ga + gb) / 2);
+    }
+}
+
+/* Alone on the GPU, a container with 30 % is not held to it: an idle GPU is lent. */
+static void a_share_is_not_a_ceiling_on_an_idle_gpu(void **state)
+{
+    char dir[320], out_a[320];
+    snprintf(dir, sizeof(dir), "%s/sched", tmp);
+    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
+    mkdir(dir, 0700);
+    env_share("a", 30);
+    pid_t a = start(KGPU_SHIM_PROBE, "share", out_a, "ready\n");
+    go();
+    double ga = gpu_seconds(a, out_a);
+    print_message("alone: %.3f s of GPU time in 2 s\n", ga);
+    if (ga < 0.85 * 2)
+        fail_msg("alone, a got only %.0f %% of an idle GPU", 100 * ga / 2);
+}
+
 /* ---- no limits: nothing happens ---- */
 
 static void without_limits_nothing_changes(void **state)
@@ -659,6 +757,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(the_driver_is_refused_in_dlmopen_namespaces, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(every_launch_path_reaches_the_library, setup, teardown),
+        cmocka_unit_test_setup_teardown(compute_shares_split_a_busy_gpu, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_share_is_not_a_ceiling_on_an_idle_gpu, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

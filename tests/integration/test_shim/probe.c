@@ -29,6 +29,7 @@
  *   probe quiet-fork  children made by _Fork() and clone()
  *   probe loader / deepbind / dlmopen   the loader's routes
  *   probe launch    every launch path reaches the library, then the driver
+ *   probe share     keeps the fake GPU busy; prints the GPU time it got
  *
  * Environment: PROBE_ROUTE (dlsym | proc | proc2 | direct), PROBE_LIMIT_MIB
  * (the limit of device 0), PROBE_CTX_MIB (the charge per context, 300),
@@ -1513,6 +1514,84 @@ static int cmd_launch(void)
     return failures != 0;
 }
 
+/*
+ * Keeps the GPU busy with kernels of PROBE_KERNEL_US microseconds (the fake
+ * driver's FAKE_CUDA_GPU_FILE timeline), PROBE_BATCH at a time and then a
+ * synchronisation (with PROBE_GRAPH, one graph of PROBE_BATCH kernel nodes
+ * instead), from the CLOCK_MONOTONIC time written in the file PROBE_GO for
+ * PROBE_SECONDS; prints the GPU time its kernels got in that window.
+ */
+static int cmd_share(void)
+{
+    CUcontext ctx;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL || setup(&ctx) != 0)
+        return 1;
+    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       void *, void **, void **) = NULL;
+    CUresult (*add_kernel)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                           const void *) = NULL;
+    CUresult (*gpu_time)(unsigned long long, unsigned long long, unsigned long long *) = NULL;
+    *(void **)&launch = dlsym(h, "cuLaunchKernel");
+    *(void **)&add_kernel = dlsym(h, "cuGraphAddKernelNode");
+    *(void **)&gpu_time = dlsym(h, "fakeCudaGpuTime");
+    const char *go = getenv("PROBE_GO");
+    unsigned us = (unsigned)(env_mib("PROBE_KERNEL_US", 1000) / MIB);
+    int batch = (int)(env_mib("PROBE_BATCH", 8) / MIB);
+    uint64_t seconds = env_mib("PROBE_SECONDS", 2) / MIB;
+    if (launch == NULL || add_kernel == NULL || gpu_time == NULL || go == NULL) {
+        fail("the fake driver's timed kernels are missing, or PROBE_GO");
+        return 1;
+    }
+    CUgraph g = NULL;
+    CUgraphExec e = NULL;
+    if (getenv("PROBE_GRAPH") != NULL) {
+        struct {
+            void *func;
+            unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+            void **params, **extra;
+        } kp = {NULL, us, 1, 1, 32, 1, 1, 0, NULL, NULL};
+        CUgraphNode node;
+        EXPECT_RC(A.cuGraphCreate(&g, 0), CUDA_SUCCESS);
+        for (int i = 0; i < batch; i++)
+            EXPECT_RC(add_kernel(&node, g, NULL, 0, &kp), CUDA_SUCCESS);
+        EXPECT_RC(A.cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
+    }
+    printf("ready\n");
+    fflush(stdout);
+    unsigned long long t0 = 0;
+    for (int i = 0; i < 20000 && t0 == 0; i++) {
+        FILE *f = fopen(go, "r");
+        if (f == NULL || fscanf(f, "%llu", &t0) != 1)
+            t0 = 0;
+        if (f != NULL)
+            fclose(f);
+        if (t0 == 0)
+            usleep(500);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long now =
+        (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    if (t0 > now)
+        usleep((useconds_t)((t0 - now) / 1000));
+    unsigned long long t1 = t0 + seconds * 1000000000ULL;
+    while (now < t1) {
+        if (e != NULL)
+            EXPECT_RC(A.cuGraphLaunch(e, NULL), CUDA_SUCCESS);
+        else
+            for (int i = 0; i < batch; i++)
+                EXPECT_RC(launch(NULL, us, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+        A.cuCtxSynchronize();
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        now = (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    }
+    unsigned long long ns = 0;
+    gpu_time(t0, t1, &ns);
+    printf("gpu_ns=%llu\n", ns);
+    return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1548,6 +1627,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "deepbind") == 0   ? cmd_deepbind()
              : strcmp(cmd, "dlmopen") == 0    ? cmd_dlmopen()
              : strcmp(cmd, "launch") == 0     ? cmd_launch()
+             : strcmp(cmd, "share") == 0      ? cmd_share()
                                               : 2;
     return rc;
 }

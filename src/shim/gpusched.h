@@ -1,0 +1,75 @@
+/*
+ * Compute shares: the containers sharing a GPU take turns, so that the GPU
+ * time each gets is the time it holds the GPU (docs/shim.md, "Compute
+ * shares"). One file per GPU in a directory every such container mounts,
+ * mapped MAP_SHARED: a process-shared robust mutex, which container holds
+ * the GPU and until when, and per container its share, the GPU time it has
+ * held and when it last waited.
+ *
+ * The holder launches freely for its slice (share x PERIOD). When its slice
+ * ends and another container waits, its launches stop, its queued work
+ * drains (the caller's `drain`, which waits for the driver to finish it),
+ * and the GPU goes to the waiting container that has held least for its
+ * share. Alone, a container keeps the GPU: an idle GPU is lent.
+ *
+ * Threads: a handle may be used by all threads of its process at once.
+ */
+#ifndef KGPU_SHIM_GPUSCHED_H
+#define KGPU_SHIM_GPUSCHED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "kgpu/error.h"
+
+#define KGPU_SCHED_MAGIC     "KGPUSCHD"
+#define KGPU_SCHED_VERSION   1
+#define KGPU_SCHED_MEMBERS   64
+#define KGPU_SCHED_PERIOD_NS 50000000ULL /* one round of slices: 50 ms */
+
+typedef struct kgpu_sched_member {
+    char id[64];                 /* the container's region name; "" free */
+    uint32_t share;              /* percent of the GPU, 1..100 */
+    uint32_t reserved;
+    _Atomic uint64_t seen_ns;    /* when a process of it last launched or waited */
+    _Atomic uint64_t waiting_ns; /* when a process of it last waited for the GPU */
+    uint64_t used_ns;            /* GPU time held, halved now and then */
+} kgpu_sched_member;
+
+typedef struct kgpu_sched_file {
+    char magic[8];
+    uint32_t version;
+    uint32_t members; /* KGPU_SCHED_MEMBERS */
+    uint8_t reserved[48];
+    union {
+        pthread_mutex_t mutex; /* process-shared, robust; guards all below but the atomics */
+        uint8_t size[64];
+    } lock;
+    _Atomic int32_t holder; /* member index; -1: nobody */
+    uint32_t reserved2;
+    _Atomic uint64_t slice_start, slice_end; /* CLOCK_MONOTONIC ns */
+    kgpu_sched_member m[KGPU_SCHED_MEMBERS];
+} kgpu_sched_file;
+
+typedef struct kgpu_sched kgpu_sched;
+
+/*
+ * Maps `dir`/`gpu`.sched (created whole if missing, mode 0600) and joins as
+ * container `id` with `share` percent. The caller owns *out.
+ */
+int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int share,
+                      kgpu_sched **out, kgpu_error *err);
+
+void kgpu_sched_detach(kgpu_sched *s);
+
+/*
+ * Before a launch: returns once this container may launch, having called
+ * drain() first if it had to give the GPU up. Cheap while it holds the GPU.
+ */
+void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void));
+
+/* CLOCK_MONOTONIC in ns. */
+uint64_t kgpu_sched_now(void);
+
+#endif
