@@ -3,8 +3,9 @@
  * a cuLaunchKernel with no compute limit applying, against the fake driver
  * (tests/fake/fake_cuda.c), in CPU time of the timed thread, in three
  * configurations run in turn in child processes: the driver alone (the
- * baseline), the library preloaded without limits (pass-through), and the
- * library enforcing a (memory) limit. Each child times ROUNDS rounds of PAIRS pairs and reports its
+ * baseline), the library preloaded without limits (pass-through), the
+ * library enforcing a (memory) limit, and the library with a compute share
+ * too, alone on the GPU (so its launches pass the schedule's fast path). Each child times ROUNDS rounds of PAIRS pairs and reports its
  * median; each configuration runs CHILDREN times, interleaved, and the
  * median of those is printed with the difference to the baseline. Asserts
  * nothing.
@@ -124,6 +125,7 @@ static double run(const char *self, const char *fake_dir, const char *preload, c
         setenv("LD_LIBRARY_PATH", fake_dir, 1);
         setenv("KGPU_SHARED_DIR", shared, 1);
         setenv("KGPU_CONTAINER", "bench", 1);
+        setenv("KGPU_SCHED_DIR", shared, 1);
         if (preload != NULL)
             setenv("LD_PRELOAD", preload, 1);
         if (limits != NULL)
@@ -171,15 +173,22 @@ int main(int argc, char **argv)
     fprintf(f, "# kgpu limits v1\ndevice 0 uuid=GPU-fa4e0000-0000-0000-0000-000000000000 "
                "memory_mib=8192 core_pct=100\n");
     fclose(f);
+    char shares[128];
+    snprintf(shares, sizeof(shares), "%s/limits-core", dir);
+    f = fopen(shares, "w");
+    fprintf(f, "# kgpu limits v1\ndevice 0 uuid=GPU-fa4e0000-0000-0000-0000-000000000000 "
+               "memory_mib=8192 core_pct=50\n");
+    fclose(f);
 
     const char *names[] = {"driver alone (baseline)", "library, no limits (pass-through)",
-                           "library enforcing a limit"};
-    double runs[3][CHILDREN], launches[3][CHILDREN];
+                           "library enforcing a limit", "same, with a 50 % compute share"};
+    double runs[4][CHILDREN], launches[4][CHILDREN];
     for (int c = 0; c < CHILDREN; c++) {
         runs[0][c] = run(self, fake_dir, NULL, NULL, shared, &launches[0][c]);
         runs[1][c] = run(self, fake_dir, lib, NULL, shared, &launches[1][c]);
         runs[2][c] = run(self, fake_dir, lib, limits, shared, &launches[2][c]);
-        for (int k = 0; k < 3; k++)
+        runs[3][c] = run(self, fake_dir, lib, shares, shared, &launches[3][c]);
+        for (int k = 0; k < 4; k++)
             if (runs[k][c] < 0) {
                 fprintf(stderr, "bench_shim: the '%s' child failed (library %s, driver in %s)\n",
                         names[k], lib, fake_dir);
@@ -190,25 +199,28 @@ int main(int argc, char **argv)
            " x median of %d rounds x %d pairs\n",
            CHILDREN, ROUNDS, PAIRS);
     double base = median(runs[0], CHILDREN);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 3; k++) { /* the compute share changes nothing here */
         double m = median(runs[k], CHILDREN);
         if (k == 0)
             printf("  %-36s %8.1f ns per pair\n", names[k], m);
         else
             printf("  %-36s %8.1f ns per pair  (+%.1f ns)\n", names[k], m, m - base);
     }
-    printf("cuLaunchKernel with no compute limit (a memory limit only, core_pct=100):\n");
+    printf("cuLaunchKernel (a memory limit: no compute limit applies; then a compute share):\n");
     double lbase = median(launches[0], CHILDREN);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         double m = median(launches[k], CHILDREN);
         if (k == 0)
             printf("  %-36s %8.1f ns per launch\n", names[k], m);
         else
             printf("  %-36s %8.1f ns per launch (+%.1f ns)\n", names[k], m, m - lbase);
     }
-    char path[160];
+    char path[256];
     snprintf(path, sizeof(path), "%s/bench.acct", shared);
     unlink(path);
+    snprintf(path, sizeof(path), "%s/GPU-fa4e0000-0000-0000-0000-000000000000.sched", shared);
+    unlink(path);
+    unlink(shares);
     rmdir(shared);
     unlink(limits);
     rmdir(dir);
