@@ -372,16 +372,20 @@ def cpu_seconds(pid):
         return None
 
 
-def peak_rss_mb(pid):
-    """VmHWM (peak resident set) of a process in MB, or None."""
+def status_mb(pid, field):
+    """A kB field of /proc/PID/status (VmHWM: peak resident set, VmRSS: now) in MB, or None."""
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
     return None
+
+
+def peak_rss_mb(pid):
+    return status_mb(pid, "VmHWM")
 
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')

@@ -106,6 +106,9 @@ def run_mode(mode, a, bindir, workdir, shapes):
             cp.start_scheduler(E.with_qps(sched_text, a.qps), extender_url=ext.url,
                                extra=a.scheduler_args)
         E.wait_scheduler_leader(cp)
+        # The extender's memory with the nodes listed, before any pod: where a peak is made.
+        ready_rss = (E.status_mb(ext.child.pid, "VmRSS"), E.peak_rss_mb(ext.child.pid)) \
+            if ext is not None else None
         pids = E.process_table(cp, ext)
         cpu0 = E.cpu_snapshot(pids)
         wall0 = time.monotonic()
@@ -146,8 +149,14 @@ def run_mode(mode, a, bindir, workdir, shapes):
         except Exception as e:  # noqa: BLE001 -- a figure missing is not a failed run
             res["scheduler"] = {"error": str(e)[:200]}
         if ext is not None:
+            # The peak of scheduling alone, before this scrape of /metrics renders every GPU.
+            peak_sched = E.peak_rss_mb(ext.child.pid)
             res["extender_latency"], res["extender_p99_ms"] = E.extender_latency(ext)
             res["extender_peak_rss_mb"] = round(E.peak_rss_mb(ext.child.pid) or 0, 1)
+            res["extender_rss_mb"] = {
+                "ready": round(ready_rss[0] or 0, 1), "peak_at_ready": round(ready_rss[1] or 0, 1),
+                "peak_before_metrics_scrape": round(peak_sched or 0, 1),
+                "end": round(E.status_mb(ext.child.pid, "VmRSS") or 0, 1)}
         E.log("%s: %d/%d bound, %.1f pods/s over %.1f s; CPU s %s" % (
             mode, bound, len(pods), res["pods_per_s"], span or 0, res["cpu_s"]))
         if not done:

@@ -509,3 +509,35 @@ int kgpu_node_from_json(const json_t *node, kgpu_node_spec *spec, kgpu_node_stor
         return kgpu_error_set(err, rc, "%s: %s", who, ge.msg);
     return 0;
 }
+
+/* Appends s (NULL stays NULL) at *at, returning where it went. */
+static const char *pack_str(const char *s, char **at)
+{
+    if (s == NULL)
+        return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = memcpy(*at, s, n);
+    *at += n;
+    return d;
+}
+
+void *kgpu_node_spec_pack(const kgpu_node_spec *in, kgpu_node_spec *out)
+{
+    size_t size = (size_t)in->ngpus * sizeof(kgpu_gpu_spec) + strlen(in->name) + 1;
+    for (int i = 0; i < in->ngpus; i++)
+        size += (in->gpus[i].uuid ? strlen(in->gpus[i].uuid) + 1 : 0) +
+                (in->gpus[i].model ? strlen(in->gpus[i].model) + 1 : 0);
+    kgpu_gpu_spec *gpus = malloc(size);
+    if (gpus == NULL)
+        return NULL;
+    char *at = (char *)(gpus + in->ngpus);
+    *out = *in;
+    out->gpus = gpus;
+    out->name = pack_str(in->name, &at);
+    for (int i = 0; i < in->ngpus; i++) {
+        gpus[i] = in->gpus[i];
+        gpus[i].uuid = pack_str(in->gpus[i].uuid, &at);
+        gpus[i].model = pack_str(in->gpus[i].model, &at);
+    }
+    return gpus;
+}

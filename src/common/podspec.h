@@ -143,6 +143,16 @@ typedef struct kgpu_node_store {
 int kgpu_node_from_json(const json_t *node, kgpu_node_spec *spec, kgpu_node_store *store,
                         kgpu_error *err);
 
+/*
+ * Copies `in` to `out` with its name and GPUs (and the GPUs' uuid and model
+ * strings) in one malloc'd block sized to them, which it returns (free it
+ * when `out` is no longer used); labels stay borrowed. NULL when out of
+ * memory. A kgpu_node_store is sized for the largest node (6 KiB); packed, an
+ * 8-GPU node takes about 1 KiB, which is what lets a list of thousands of
+ * nodes be held at once.
+ */
+void *kgpu_node_spec_pack(const kgpu_node_spec *in, kgpu_node_spec *out);
+
 /* The kgpu.io/gpus annotation value for n GPU specs; malloc'd string or NULL. */
 char *kgpu_gpus_annotation_format(const kgpu_gpu_spec *gpus, int n);
 

@@ -157,25 +157,31 @@ static void nodes_reset(void *ctx, json_t *items)
 {
     ext_daemon *d = ctx;
     size_t n = json_array_size(items), m = 0;
+    /* One store to parse into, each GPU node packed (~1 KiB instead of 6). */
     kgpu_node_spec *specs = calloc(n + 1, sizeof(*specs));
-    kgpu_node_store *stores = calloc(n + 1, sizeof(*stores));
-    if (specs == NULL || stores == NULL) {
-        free(specs);
-        free(stores);
-        return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        kgpu_error err;
-        if (kgpu_node_from_json(json_array_get(items, i), &specs[m], &stores[m], &err) != 0) {
+    void **packed = calloc(n + 1, sizeof(*packed));
+    kgpu_node_store *store = malloc(sizeof(*store));
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    int rc = specs == NULL || packed == NULL || store == NULL
+                 ? kgpu_error_set(&err, KGPU_ENOMEM, "out of memory")
+                 : 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        kgpu_node_spec spec;
+        if (kgpu_node_from_json(json_array_get(items, i), &spec, store, &err) != 0) {
             ext_log(EXT_WARN, "node inventory ignored: %s", err.msg);
             continue;
         }
-        if (specs[m].ngpus > 0)
+        if (spec.ngpus == 0)
+            continue;
+        if ((packed[m] = kgpu_node_spec_pack(&spec, &specs[m])) == NULL)
+            rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
+        else
             m++;
     }
-    kgpu_error err;
     pthread_mutex_lock(&d->state.mu);
-    int rc = ext_state_set_nodes(&d->state, specs, (int)m, &err);
+    if (rc == 0)
+        rc = ext_state_set_nodes(&d->state, specs, (int)m, &err);
     if (rc == 0)
         d->state.nodes_synced = true;
     pthread_mutex_unlock(&d->state.mu);
@@ -183,8 +189,11 @@ static void nodes_reset(void *ctx, json_t *items)
         ext_log(EXT_ERROR, "node list not applied: %s", err.msg);
     else
         ext_log(EXT_INFO, "inventory: %zu GPU nodes", m);
+    for (size_t i = 0; i < m; i++)
+        free(packed[i]);
+    free(packed);
     free(specs);
-    free(stores);
+    free(store);
     malloc_trim(0); /* the list was a large transient tree */
 }
 

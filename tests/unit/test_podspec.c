@@ -1135,6 +1135,39 @@ static void test_node_annotation_mode(void **state)
     assert_true(kgpu_cluster_add_node(c, &spec, &err) >= 0);
     kgpu_cluster_free(c);
 
+    /* Packed, the spec owns its strings: the store can go (here: be overwritten). */
+    kgpu_node_spec packed;
+    void *block = kgpu_node_spec_pack(&spec, &packed);
+    assert_non_null(block);
+    memset(store, 'x', sizeof(*store));
+    assert_ptr_equal(packed.gpus, block);
+    assert_string_equal(packed.name, "gpu-1");
+    assert_int_equal(packed.cpu_milli, 15900);
+    assert_int_equal(packed.memory_mib, 64);
+    assert_int_equal(packed.ngpus, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(packed.gpus[i].index, g[i].index);
+        assert_string_equal(packed.gpus[i].uuid, g[i].uuid);
+        assert_string_equal(packed.gpus[i].model, g[i].model);
+        assert_int_equal(packed.gpus[i].memory_mib, g[i].memory_mib);
+        assert_int_equal(packed.gpus[i].numa, g[i].numa);
+        assert_int_equal(packed.gpus[i].healthy, g[i].healthy);
+    }
+    c = kgpu_cluster_new();
+    assert_non_null(c);
+    assert_true(kgpu_cluster_add_node(c, &packed, &err) >= 0);
+    kgpu_cluster_free(c);
+    free(block);
+    /* A GPU without a UUID stays without one. */
+    kgpu_gpu_spec nouuid = {0, NULL, "T4", 15360, -1, true};
+    kgpu_node_spec bare = {.name = "n", .gpus = &nouuid, .ngpus = 1};
+    block = kgpu_node_spec_pack(&bare, &packed);
+    assert_non_null(block);
+    assert_null(packed.gpus[0].uuid);
+    assert_string_equal(packed.gpus[0].model, "T4");
+    free(block);
+    assert_int_equal(kgpu_node_from_json(node, &spec, store, &err), 0); /* the store again */
+
     /* A malformed annotation is an error that names the node. */
     json_object_set_new(annotations, KGPU_ANN_GPUS, json_string("[{\"index\":0}]"));
     assert_int_equal(kgpu_node_from_json(node, &spec, store, &err), KGPU_EPARSE);
