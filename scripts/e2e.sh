@@ -61,7 +61,17 @@ done
 WORK=${E2E_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/kgpu-e2e.XXXXXX")}
 mkdir -p "$WORK"
 status=0
-python3 tests/e2e/e2e.py --bin "$bin" --build "$BUILD" --work "$WORK" "${args[@]}" || status=$?
+# In the background, so that a SIGTERM or SIGHUP sent to this script alone (as CI
+# runners do) reaches the suites, which then take down what they started.
+python3 tests/e2e/e2e.py --bin "$bin" --build "$BUILD" --work "$WORK" "${args[@]}" &
+pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null' TERM HUP
+trap 'kill -INT "$pid" 2>/dev/null' INT
+while :; do
+    wait "$pid" && status=0 || status=$?
+    kill -0 "$pid" 2>/dev/null || break   # wait returned for a trapped signal: wait on
+done
+trap - TERM HUP INT
 # Never remove through a mount the node suite failed to take down.
 if grep -qF " $WORK" /proc/self/mountinfo 2>/dev/null; then
     echo "e2e.sh: something is still mounted under $WORK: not removing it" >&2

@@ -56,6 +56,8 @@ def main():
     a = ap.parse_args()
 
     def on_signal(signum, frame):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the cleanup short
         harness.kill_all_children()
         undo_node()
         print("\ninterrupted by signal %d: every process started was killed" % signum,
