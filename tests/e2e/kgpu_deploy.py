@@ -503,6 +503,7 @@ class DevicePlugin:
         self.gpus_file = cp.p("fake-gpus-%s.yaml" % node_name)
         self.extra = list(extra)
         self.child = None
+        self.children = []  # every run, for their sanitizer reports
         self.starts = 0
         self.write_gpus(gpus)
         os.makedirs(os.path.join(state_dir, "lib"), exist_ok=True)
@@ -579,6 +580,7 @@ class DevicePlugin:
         env = dict(os.environ, NODE_NAME=self.node_name)
         log = self.cp.p("kgpu-device-plugin.%d.log" % self.starts)
         self.child = harness.Child(argv, log, env=env)
+        self.children.append(self.child)
         self.cp.children["kgpu-device-plugin.%d" % self.starts] = self.child
         return self
 

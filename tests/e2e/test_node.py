@@ -108,9 +108,9 @@ class NodeSuite(unittest.TestCase):
         for name in self.created:
             wait_for(lambda name=name: self.cp.get_pod(E2E_NS, name) is None, 60,
                      "pod %s to go" % name)
-        for who in (self.plugin, self.ext):
-            report = who.sanitizer_report()
-            self.assertIsNone(report, "sanitizer report:\n%s" % report)
+        for child in self.plugin.children + [self.ext.child]:
+            report = child.sanitizer_report()
+            self.assertIsNone(report, "sanitizer report in %s:\n%s" % (child.log_path, report))
 
     # -- helpers ----------------------------------------------------------------
 
@@ -191,6 +191,9 @@ class NodeSuite(unittest.TestCase):
         self.assertEqual(out["env"][0], "NVIDIA_VISIBLE_DEVICES=" + uuid, out)
         self.assertIn("KGPU_MEMORY_LIMIT_MIB=%d" % mib, out["env"])
         self.assertIn("KGPU_CONTAINER=main", out["env"])
+        # As docs/install-device-plugin.md says a container gets them.
+        self.assertIn("KGPU_SHARED_DIR=/var/run/kgpu", out["env"])
+        self.assertIn("KGPU_CORE_LIMIT_PCT=100", out["env"])  # no kgpu.io/gpu-core asked
         self.assertEqual(out["limits"][0], "# kgpu limits v1")
         self.assertRegex(out["limits"][1],
                          r"^device 0 uuid=%s memory_mib=%d\b" % (re.escape(uuid), mib))
