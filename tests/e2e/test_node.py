@@ -167,36 +167,41 @@ class NodeSuite(unittest.TestCase):
                  interval=0.3)
         return p
 
-    def output(self, name):
-        return parse_job(self.node.logs(E2E_NS, name))
+    def output(self, name, container=None):
+        return parse_job(self.node.logs(E2E_NS, name, container))
 
-    def assignment(self, pod):
+    def assignment(self, pod, container="main"):
+        """The one GPU the extender gave `container`; an init container without an entry of
+        its own gets the first GPU of the first app container that has one."""
         ann = pod["metadata"].get("annotations") or {}
         self.assertIn("kgpu.io/assignment", ann)
         parts = json.loads(ann["kgpu.io/assignment"])
-        gpus = [g for part in parts for g in part["gpus"]]
+        mine = [p for p in parts if p["container"] == container] or parts[:1]
+        gpus = [g for part in mine for g in part["gpus"]]
         self.assertEqual(len(gpus), 1, parts)
         return gpus[0]
 
     def uuid_of(self, index):
         return GPUS[index]["uuid"]
 
-    def check_share(self, name, mib, out=None):
-        """What gpu_job saw in pod `name`: the extender's GPU and a share of `mib` MiB."""
+    def check_share(self, name, mib, out=None, container="main", core=100):
+        """What gpu_job saw in container `container` of pod `name`: the extender's GPU and a
+        share of `mib` MiB (and `core` percent of its compute)."""
         pod = self.pod(name)
-        g = self.assignment(pod)
-        self.assertEqual(g["memory_mib"], mib)
+        g = self.assignment(pod, container)
+        if container == "main":
+            self.assertEqual(g["memory_mib"], mib)
         uuid = self.uuid_of(g["index"])
-        out = out or self.output(name)
+        out = out or self.output(name, container)
         self.assertEqual(out["env"][0], "NVIDIA_VISIBLE_DEVICES=" + uuid, out)
         self.assertIn("KGPU_MEMORY_LIMIT_MIB=%d" % mib, out["env"])
-        self.assertIn("KGPU_CONTAINER=main", out["env"])
+        self.assertIn("KGPU_CONTAINER=" + container, out["env"])
         # As docs/install-device-plugin.md says a container gets them.
         self.assertIn("KGPU_SHARED_DIR=/var/run/kgpu", out["env"])
-        self.assertIn("KGPU_CORE_LIMIT_PCT=100", out["env"])  # no kgpu.io/gpu-core asked
+        self.assertIn("KGPU_CORE_LIMIT_PCT=%d" % core, out["env"])  # 100: none asked
         self.assertEqual(out["limits"][0], "# kgpu limits v1")
-        self.assertRegex(out["limits"][1],
-                         r"^device 0 uuid=%s memory_mib=%d\b" % (re.escape(uuid), mib))
+        self.assertRegex(out["limits"][1], r"^device 0 uuid=%s memory_mib=%d core_pct=%d\b"
+                         % (re.escape(uuid), mib, core))
         self.assertEqual(out["shim"], ["loaded"], "libkgpu-limit.so is not in the process")
         self.assertEqual(out["uuid"], [uuid], "the container sees another GPU")
         # The card has more than the share; the program sees the share as the card.
@@ -472,6 +477,34 @@ class NodeSuite(unittest.TestCase):
         self.assertTrue(os.path.isdir(path), "the runtime did not create the missing source")
         self.assertGreaterEqual(
             self.pod("gone")["status"]["containerStatuses"][0]["restartCount"], 1)
+
+    # -- several containers ----------------------------------------------------------
+
+    def test_13_init_and_two_containers(self):
+        """kubelet's order and per-container answers: an init container and two app
+        containers (one also asking for compute), each with its own share, in one pod."""
+        CORE = "kgpu.io/gpu-core"
+        pod = pod_object("multi", [("a", {MEM: 2, CORE: 25}), ("b", {MEM: 3})],
+                         init=[("setup", {MEM: 1})],
+                         annotations={"kgpu.io/gpu-type": "Tesla V100*"})
+        for c, args in zip(pod["spec"]["initContainers"] + pod["spec"]["containers"],
+                           (["run", "max"], ["run", "max", 2], ["run", "max", 2])):
+            c.update(image=node_images.JOB_IMAGE, imagePullPolicy="Never",
+                     command=["/bin/gpu_job"] + [str(x) for x in args])
+        pod["spec"]["restartPolicy"] = "Never"
+        self.cp.create_pod(pod)
+        self.created.append("multi")
+        self.wait_phase("multi")
+        for container, mib, core in (("setup", 1024, 100), ("a", 2048, 25), ("b", 3072, 100)):
+            _, out = self.check_share("multi", mib, container=container, core=core)
+            self.assertEqual(out["alloc_within"], ["0 mib %d" % (mib - CTX_MIB)], container)
+            self.assertEqual(first_int(out["alloc_past"]), OOM, container)
+        # kubelet asked in its order: the init container first, then the app containers,
+        # once per container and resource (a's compute share included).
+        order = re.findall(r"\bAllocate \d+ (\S+): pod %s/multi (?:init )?container (\S+)"
+                           % E2E_NS, self.plugin.child.log())
+        self.assertEqual([c for _, c in order if _ == MEM], ["setup", "a", "b"], order)
+        self.assertIn((CORE, "a"), order, order)
 
     # -- the figure in docs/ci-runners.md ----------------------------------------------
 
