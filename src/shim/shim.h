@@ -120,7 +120,7 @@ typedef struct kgpu_shim_state {
     char sched_dir[4096], sched_id[64];
     pthread_mutex_t sched_mu;
     kgpu_sched *_Atomic sched[KGPU_SHIM_MAX_DEVICES];
-    uint8_t sched_tried[KGPU_SHIM_MAX_DEVICES];
+    _Atomic uint8_t sched_tried[KGPU_SHIM_MAX_DEVICES];
 } kgpu_shim_state;
 
 extern kgpu_shim_state kgpu__shim;
