@@ -13,6 +13,7 @@ Tests run in order (their names are numbered) and each deletes its pods. Skipped
 with the reason, where the machine cannot run a kubelet (node.cannot_run_reason).
 """
 
+import base64
 import json
 import os
 import re
@@ -353,8 +354,19 @@ class NodeSuite(unittest.TestCase):
         now = self.pod("survivor")
         self.assertEqual(now["status"]["phase"], "Running")
         self.assertEqual(now["status"]["containerStatuses"][0]["containerID"], cid)
-        with open(os.path.join(self.node.plugin_dir, "kubelet_internal_checkpoint")) as f:
-            self.assertIn(before["metadata"]["uid"], f.read())
+        # kubelet's checkpoint and the plugin agree on what the survivor was given: device
+        # IDs of the extender's GPU only, and the plugin's answer with that GPU and its
+        # limits file (kept by kubelet as the serialized AllocateResponse).
+        uuid = self.uuid_of(self.assignment(before)["index"])
+        entries = self.checkpoint(before["metadata"]["uid"])
+        self.assertEqual([(e["ContainerName"], e["ResourceName"]) for e in entries],
+                         [("main", MEM)])
+        ids = [i for per_numa in entries[0]["DeviceIDs"].values() for i in per_numa]
+        self.assertEqual(len(ids), 2)
+        self.assertTrue(all(i.startswith(uuid + "::") for i in ids), ids)
+        answer = base64.b64decode(entries[0]["AllocResp"])
+        self.assertIn(uuid.encode(), answer)
+        self.assertIn(b"/etc/kgpu/limits", answer)
         self.job("after-kubelet", 3, ["run", "max"], gpu_type="Tesla V100*")
         self.wait_phase("after-kubelet")
         self.check_share("after-kubelet", 3072)
@@ -380,6 +392,12 @@ class NodeSuite(unittest.TestCase):
         self.wait_capacity(31)
         self.assertEqual(self.pod("survivor")["status"]["containerStatuses"][0]["containerID"],
                          cid)
+
+    def checkpoint(self, pod_uid):
+        """kubelet's device manager checkpoint entries of one pod."""
+        with open(os.path.join(self.node.plugin_dir, "kubelet_internal_checkpoint")) as f:
+            doc = json.load(f)
+        return [e for e in doc["Data"]["PodDeviceEntries"] or [] if e["PodUID"] == pod_uid]
 
     def allocations(self, name=None):
         """The plugin's "Allocate N resource: pod ns/name ..." lines, of one pod or all."""
