@@ -75,9 +75,13 @@ static int neediest(kgpu_sched_file *f, uint64_t now, int me, int not)
     return best;
 }
 
-/* Lock held: gives the GPU to member i from `now`. */
+/*
+ * Lock held: gives the GPU to member i from `now`. Its turn starts when it
+ * next launches (fresh), so the moment it takes to notice is nobody's.
+ */
 static void hand_to(kgpu_sched_file *f, int i, uint64_t now)
 {
+    atomic_store(&f->fresh, 1);
     atomic_store(&f->holder, i);
     atomic_store(&f->slice_start, now);
     atomic_store(&f->slice_end, i >= 0 ? now + slice_of(&f->m[i]) : now);
@@ -112,6 +116,7 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
     int me = s->me;
     uint64_t now = kgpu_sched_now();
     if (atomic_load_explicit(&f->holder, memory_order_acquire) == me &&
+        !atomic_load_explicit(&f->fresh, memory_order_relaxed) &&
         now < atomic_load_explicit(&f->slice_end, memory_order_acquire)) {
         atomic_store_explicit(&f->m[me].seen_ns, now, memory_order_relaxed);
         return;
@@ -123,6 +128,14 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
         int h = atomic_load(&f->holder);
         uint64_t end = atomic_load(&f->slice_end);
         if (h == me) {
+            if (atomic_load(&f->fresh)) { /* its turn starts now */
+                atomic_store(&f->fresh, 0);
+                atomic_store(&f->slice_start, now);
+                atomic_store(&f->slice_end, now + slice_of(&f->m[me]));
+                atomic_store(&f->m[me].waiting_ns, 0);
+                unlock(f);
+                return;
+            }
             if (now < end) {
                 unlock(f);
                 return;
@@ -159,6 +172,7 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
         atomic_store(&f->m[me].waiting_ns, now);
         if (free && neediest(f, now, me, -1) == me) {
             hand_to(f, me, now);
+            atomic_store(&f->fresh, 0);
             unlock(f);
             return;
         }

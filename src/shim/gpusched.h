@@ -47,7 +47,7 @@ typedef struct kgpu_sched_file {
         uint8_t size[64];
     } lock;
     _Atomic int32_t holder; /* member index; -1: nobody */
-    uint32_t reserved2;
+    _Atomic uint32_t fresh; /* the holder was handed the GPU and has not launched yet */
     _Atomic uint64_t slice_start, slice_end; /* CLOCK_MONOTONIC ns */
     kgpu_sched_member m[KGPU_SCHED_MEMBERS];
 } kgpu_sched_file;
