@@ -15,7 +15,11 @@ needs, and gives back at the end:
   - the bridge kgpue2e0 of the pods' network (no address, no gateway, no
     masquerading: pods reach nothing but each other);
   - the kernel settings kubelet insists on (vm.overcommit_memory, kernel.panic,
-    ...), saved before kubelet starts and put back after.
+    ...), saved before kubelet starts and put back after;
+  - kubelet's links to container logs in /var/log/containers and the CNI
+    library's cache in /var/lib/cni (fixed paths): the entries made here are
+    removed, and the folders when they were made here. (kubelet's iptables
+    chains are turned off: makeIPTablesUtilChains false.)
 
 The runtime is containerd's CRI with node/fake-nvidia-runtime in place of runc:
 like NVIDIA's container runtime it mounts the (fake) driver libraries into
@@ -50,6 +54,10 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
                    "kernel/keys/root_maxbytes")
 FAKE_DRIVER_DIR = "/usr/lib/x86_64-linux-gnu"  # where the NVIDIA toolkit puts libcuda.so.1
 KUBELET_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+# Fixed paths kubelet and containerd write to whatever their configuration says:
+# kubelet's links to container logs, and the CNI library's cache of results.
+CONTAINER_LOG_LINKS = "/var/log/containers"
+CNI_CACHE = "/var/lib/cni"
 
 _ACTIVE = []
 
@@ -122,6 +130,13 @@ def cgroup_v2_only():
     return os.path.exists("/sys/fs/cgroup/cgroup.controllers")
 
 
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _run(argv, check=True, timeout=120):
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=timeout)
@@ -145,6 +160,9 @@ class Node:
         self.made_run_containerd = not os.path.exists("/run/containerd")
         self.made_var_lib_kubelet = not os.path.exists("/var/lib/kubelet")
         self.made_plugin_dir = not os.path.exists(KUBELET_PLUGIN_DIR)
+        self.made_log_links = not os.path.exists(CONTAINER_LOG_LINKS)
+        self.made_cni_cache = not os.path.exists(CNI_CACHE)
+        self.cni_results_before = set(_listdir(os.path.join(CNI_CACHE, "results")))
         self.cleaned = False
         _ACTIVE.append(self)
 
@@ -218,6 +236,8 @@ class Node:
             'root = "%s"' % os.path.join(d, "root"),
             'state = "%s"' % os.path.join(d, "state"),
             "[grpc]", '  address = "%s"' % self.containerd_sock,
+            '[plugins."io.containerd.internal.v1.opt"]',
+            '  path = "%s"' % os.path.join(d, "opt"),
             "[%s]" % cri,
             '  sandbox_image = "%s"' % node_images.PAUSE_IMAGE,
             "  netns_mounts_under_state_dir = true",
@@ -301,6 +321,9 @@ class Node:
             "nodeStatusUpdateFrequency": "2s", "syncFrequency": "10s",
             "fileCheckFrequency": "10s", "maxPods": 50,
             "enableServer": True, "rotateCertificates": False, "serverTLSBootstrap": False,
+            # No KUBE-FIREWALL and canary chains in the machine's iptables: they are for
+            # kube-proxy, which does not run here.
+            "makeIPTablesUtilChains": False,
         }
         with open(self.p("kubelet-config.json"), "w") as f:
             json.dump(conf, f, indent=1)
@@ -415,6 +438,23 @@ class Node:
             shutil.rmtree("/var/lib/kubelet", ignore_errors=True)
         elif self.made_plugin_dir:
             shutil.rmtree(KUBELET_PLUGIN_DIR, ignore_errors=True)
+        base = os.path.realpath(self.dir) + "/"
+        for name in _listdir(CONTAINER_LOG_LINKS):
+            link = os.path.join(CONTAINER_LOG_LINKS, name)
+            if os.path.islink(link) and os.readlink(link).startswith(base):
+                os.unlink(link)
+        if self.made_log_links and not _listdir(CONTAINER_LOG_LINKS):
+            shutil.rmtree(CONTAINER_LOG_LINKS, ignore_errors=True)
+        if self.made_cni_cache:
+            shutil.rmtree(CNI_CACHE, ignore_errors=True)
+        else:
+            results = os.path.join(CNI_CACHE, "results")
+            for name in set(_listdir(results)) - self.cni_results_before:
+                if "kgpu-e2e" in name or name.startswith("cni-loopback-"):
+                    try:
+                        os.unlink(os.path.join(results, name))
+                    except OSError:
+                        pass
         if self in _ACTIVE:
             _ACTIVE.remove(self)
 
