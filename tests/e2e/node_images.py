@@ -130,6 +130,7 @@ def build_all(workdir, preloaded=()):
                                             layer({"/pause": pause}), ["/pause"])))
     out.append((JOB_IMAGE, docker_archive(
         os.path.join(workdir, "gpu-job.tar"), JOB_IMAGE,
-        layer({"/bin/gpu_job": job, "/bin/gpu_job_static": job_static}, libs_for=[job] + list(preloaded)),
+        layer({"/bin/gpu_job": job, "/bin/gpu_job_static": job_static},
+              libs_for=[job] + list(preloaded)),
         ["/bin/gpu_job"], ["show"])))
     return out
