@@ -114,6 +114,33 @@ typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
     CUdeviceptr dptr;
 } CUDA_MEM_ALLOC_NODE_PARAMS;
 
+/* CUarrayMapInfo: what cuMemMapArrayAsync maps where (96 bytes on 64-bit hosts). */
+typedef struct CUarrayMapInfo_st {
+    int resourceType;
+    union {
+        CUmipmappedArray mipmap;
+        CUarray array;
+    } resource;
+    int subresourceType; /* 0: sparseLevel, 1: miptail */
+    union {
+        struct {
+            unsigned int level, layer, offsetX, offsetY, offsetZ;
+            unsigned int extentWidth, extentHeight, extentDepth;
+        } sparseLevel;
+        struct {
+            unsigned int layer;
+            unsigned long long offset, size;
+        } miptail;
+    } subresource;
+    int memOperationType; /* 1: map, 2: unmap */
+    int memHandleType;    /* 0: generic (a CUmemGenericAllocationHandle) */
+    CUmemGenericAllocationHandle memHandle;
+    unsigned long long offset;
+    unsigned int deviceBitMask, flags, reserved[2];
+} CUarrayMapInfo;
+
+#define CUDA_ARRAY3D_SPARSE 0x40 /* no memory of its own: tiles are mapped from handles */
+
 /* CUmemPool_attribute (values are cuuint64_t for these) */
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD    4
 #define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5

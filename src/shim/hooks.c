@@ -443,8 +443,11 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAl
     if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
         return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
-    uint64_t bytes = kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
-                                            d->NumChannels, d->Flags, 1);
+    /* A sparse array has no memory of its own: its tiles map handles (hooks_mem.c). */
+    uint64_t bytes = d->Flags & CUDA_ARRAY3D_SPARSE
+                         ? 0
+                         : kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
+                                                  d->NumChannels, d->Flags, 1);
     CHARGE_OR_RETURN(w.li, bytes);
     r = real_(pHandle, pAllocateArray);
     return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
@@ -461,8 +464,10 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     if (r != CUDA_SUCCESS || pHandle == NULL || pMipmappedArrayDesc == NULL)
         return r != CUDA_SUCCESS ? r : real_(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
-    uint64_t bytes = kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
-                                            d->NumChannels, d->Flags, numMipmapLevels);
+    uint64_t bytes = d->Flags & CUDA_ARRAY3D_SPARSE
+                         ? 0
+                         : kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
+                                                  d->NumChannels, d->Flags, numMipmapLevels);
     CHARGE_OR_RETURN(w.li, bytes);
     r = real_(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     return kgpu__settle(r, KGPU_TRACK_MIPMAP, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
@@ -485,7 +490,10 @@ CUresult cuArrayDestroy(CUarray hArray)
     KGPU_ENTER(cuArrayDestroy, (hArray));
     kgpu_track_rec rec;
     int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_ARRAY, (uintptr_t)hArray, &rec);
-    return kgpu__settle_free(real_(hArray), had, &rec);
+    CUresult r = kgpu__settle_free(real_(hArray), had, &rec);
+    if (r == CUDA_SUCCESS)
+        kgpu__array_gone((uintptr_t)hArray);
+    return r;
 }
 
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
@@ -494,7 +502,10 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     kgpu_track_rec rec;
     int had =
         kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MIPMAP, (uintptr_t)hMipmappedArray, &rec);
-    return kgpu__settle_free(real_(hMipmappedArray), had, &rec);
+    CUresult r = kgpu__settle_free(real_(hMipmappedArray), had, &rec);
+    if (r == CUDA_SUCCESS)
+        kgpu__array_gone((uintptr_t)hMipmappedArray);
+    return r;
 }
 
 /* ---- the entry points from before CUDA 3.2: 32-bit pointers and sizes ---- */
@@ -594,8 +605,11 @@ CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAl
     if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
         return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
     const CUDA_ARRAY3D_DESCRIPTOR_v1 *d = pAllocateArray;
-    uint64_t bytes = kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
-                                            d->NumChannels, d->Flags, 1);
+    /* A sparse array has no memory of its own: its tiles map handles (hooks_mem.c). */
+    uint64_t bytes = d->Flags & CUDA_ARRAY3D_SPARSE
+                         ? 0
+                         : kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
+                                                  d->NumChannels, d->Flags, 1);
     CHARGE_OR_RETURN(w.li, bytes);
     r = real_(pHandle, pAllocateArray);
     return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,

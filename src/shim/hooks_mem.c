@@ -126,6 +126,70 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void 
     return r;
 }
 
+/* Which subresource a CUarrayMapInfo names, from its defined fields only (not its padding). */
+static uint64_t tile_of(const CUarrayMapInfo *m)
+{
+    uint64_t h = 1469598103934665603ULL, f[8] = {0};
+    int n = 0;
+    if (m->subresourceType == 0) {
+        f[0] = m->subresource.sparseLevel.level;
+        f[1] = m->subresource.sparseLevel.layer;
+        f[2] = m->subresource.sparseLevel.offsetX;
+        f[3] = m->subresource.sparseLevel.offsetY;
+        f[4] = m->subresource.sparseLevel.offsetZ;
+        n = 5;
+    } else {
+        f[0] = 1ULL << 32 | m->subresource.miptail.layer;
+        f[1] = m->subresource.miptail.offset;
+        n = 2;
+    }
+    for (int i = 0; i < n; i++)
+        h = (h ^ f[i]) * 1099511628211ULL;
+    return h == UINT64_MAX ? h - 1 : h;
+}
+
+/*
+ * Tiles of sparse arrays mapped from handles: the handle's memory lives
+ * while a tile maps it, like a virtual mapping. (The driver performs the
+ * operations in stream order; they are recorded when queued.)
+ */
+static CUresult map_array(kgpu__pfn_cuMemMapArrayAsync real, CUarrayMapInfo *infos,
+                          unsigned int count, CUstream stream)
+{
+    CUresult r = real(infos, count, stream);
+    for (unsigned int i = 0; r == CUDA_SUCCESS && infos != NULL && i < count; i++) {
+        const CUarrayMapInfo *m = &infos[i];
+        uint64_t array = (uint64_t)(uintptr_t)m->resource.array, where = tile_of(m);
+        kgpu_vmm_freed f = {0};
+        kgpu_vmm_tile_unmapped(&kgpu__shim.vmm, array, where, &f); /* what was mapped there */
+        if (m->memOperationType == 1 && m->memHandleType == 0)
+            kgpu_vmm_tile_mapped(&kgpu__shim.vmm, array, where, m->memHandle);
+        kgpu__uncharge_freed(&f);
+    }
+    return r;
+}
+
+CUresult cuMemMapArrayAsync(CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream)
+{
+    KGPU_ENTER(cuMemMapArrayAsync, (mapInfoList, count, hStream));
+    return map_array(real_, mapInfoList, count, hStream);
+}
+
+CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *mapInfoList, unsigned int count,
+                                 CUstream hStream)
+{
+    KGPU_ENTER(cuMemMapArrayAsync_ptsz, (mapInfoList, count, hStream));
+    return map_array(real_, mapInfoList, count, hStream);
+}
+
+/* A sparse array destroyed: what its tiles kept alive may go. */
+void kgpu__array_gone(uint64_t array)
+{
+    kgpu_vmm_freed f = {0};
+    kgpu_vmm_tile_unmapped(&kgpu__shim.vmm, array, UINT64_MAX, &f);
+    kgpu__uncharge_freed(&f);
+}
+
 CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
                                       int handleType, unsigned long long flags)
 {

@@ -247,6 +247,9 @@ void kgpu__uncharge(int li, uint64_t bytes);
 /* Gives back what a vmm call freed. */
 void kgpu__uncharge_freed(const kgpu_vmm_freed *f);
 
+/* A (mipmapped) array was destroyed: the handles its sparse tiles mapped may be freed. */
+void kgpu__array_gone(uint64_t array);
+
 /* Gives back everything recorded under a context that no longer exists. */
 void kgpu__drop_ctx(CUcontext ctx);
 

@@ -259,6 +259,41 @@ void kgpu_vmm_unmapped(kgpu_vmm *v, uint64_t va, uint64_t size, kgpu_vmm_freed *
     pthread_mutex_unlock(&v->mu);
 }
 
+int kgpu_vmm_tile_mapped(kgpu_vmm *v, uint64_t array, uint64_t where, uint64_t handle)
+{
+    int rc = 0;
+    pthread_mutex_lock(&v->mu);
+    kgpu_vmm_handle *h = find_handle(v, handle);
+    if (h != NULL) {
+        if (reserve((void **)&v->tiles, &v->cap_tiles, v->ntiles + 1, sizeof(*v->tiles)) != 0) {
+            rc = -1;
+        } else {
+            v->tiles[v->ntiles++] =
+                (kgpu_vmm_tile){.array = array, .where = where, .alloc = h->alloc};
+            v->allocs[h->alloc].maps++;
+            rc = 1;
+        }
+    }
+    pthread_mutex_unlock(&v->mu);
+    return rc;
+}
+
+void kgpu_vmm_tile_unmapped(kgpu_vmm *v, uint64_t array, uint64_t where, kgpu_vmm_freed *freed)
+{
+    pthread_mutex_lock(&v->mu);
+    for (size_t i = 0; i < v->ntiles;) {
+        kgpu_vmm_tile t = v->tiles[i];
+        if (t.array == array && (where == UINT64_MAX || t.where == where)) {
+            v->tiles[i] = v->tiles[--v->ntiles];
+            v->allocs[t.alloc].maps--;
+            maybe_free(v, t.alloc, freed);
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&v->mu);
+}
+
 void kgpu_vmm_exported(kgpu_vmm *v, uint64_t handle, const kgpu_vmm_export *e)
 {
     pthread_mutex_lock(&v->mu);
@@ -331,10 +366,13 @@ static void drop_all(kgpu_vmm *v)
     free(v->allocs);
     free(v->handles);
     free(v->maps);
+    free(v->tiles);
     v->allocs = NULL;
     v->handles = NULL;
     v->maps = NULL;
+    v->tiles = NULL;
     v->nallocs = v->cap_allocs = v->nhandles = v->cap_handles = v->nmaps = v->cap_maps = 0;
+    v->ntiles = v->cap_tiles = 0;
 }
 
 void kgpu_vmm_forked(kgpu_vmm *v)

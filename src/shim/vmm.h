@@ -5,10 +5,11 @@
  * open. The shim charges an allocation when it is made and gives the charge
  * back only when this table says the last of those is gone.
  *
- * Three kinds of record: allocations (bytes, device, references), handles
+ * Four kinds of record: allocations (bytes, device, references), handles
  * (a handle value, the allocation it names, how often it was handed out:
- * cuMemCreate, cuMemRetainAllocationHandle, an import), and mappings
- * (virtual address range -> allocation). Pure bookkeeping, no driver calls,
+ * cuMemCreate, cuMemRetainAllocationHandle, an import), mappings (virtual
+ * address range -> allocation), and tiles of sparse arrays mapped to an
+ * allocation (cuMemMapArrayAsync). Pure bookkeeping, no driver calls,
  * so it is unit-tested on its own. All functions are thread-safe (one mutex).
  */
 #ifndef KGPU_SHIM_VMM_H
@@ -52,6 +53,13 @@ typedef struct kgpu_vmm_map {
     uint32_t alloc;
 } kgpu_vmm_map;
 
+/* A subresource of a sparse array (or mipmapped array) mapped to an allocation. */
+typedef struct kgpu_vmm_tile {
+    uint64_t array; /* the CUarray or CUmipmappedArray */
+    uint64_t where; /* which subresource: a digest of its description */
+    uint32_t alloc;
+} kgpu_vmm_tile;
+
 /*
  * Whether export `e` is still open in this process (the caller decides how
  * to look; tests pass their own). NULL: exports are never open.
@@ -67,11 +75,13 @@ typedef struct kgpu_vmm {
     kgpu_vmm_map *maps; /* sorted by va */
     size_t nmaps, cap_maps;
     kgpu_vmm_open_fn is_open;
+    kgpu_vmm_tile *tiles; /* unordered: sparse arrays are few */
+    size_t ntiles, cap_tiles;
 } kgpu_vmm;
 
 #define KGPU_VMM_INIT(open_fn)                                                                     \
     {                                                                                              \
-        PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, NULL, 0, 0, NULL, 0, 0, open_fn                     \
+        PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, NULL, 0, 0, NULL, 0, 0, open_fn, NULL, 0, 0         \
     }
 
 /* What a call gave back: bytes per limits index, to be uncharged by the caller. */
@@ -138,6 +148,16 @@ int kgpu_vmm_imported(kgpu_vmm *v, uint64_t handle, const kgpu_vmm_export *e, in
  * Returns how many died; their bytes go into *freed.
  */
 size_t kgpu_vmm_sweep(kgpu_vmm *v, kgpu_vmm_freed *freed);
+
+/*
+ * cuMemMapArrayAsync mapped `handle` at subresource `where` of `array`: the
+ * allocation lives while it stays mapped there. 1 if the handle is known,
+ * 0 if not, -1 out of memory.
+ */
+int kgpu_vmm_tile_mapped(kgpu_vmm *v, uint64_t array, uint64_t where, uint64_t handle);
+
+/* That subresource was unmapped (or the array destroyed: where UINT64_MAX, all of it). */
+void kgpu_vmm_tile_unmapped(kgpu_vmm *v, uint64_t array, uint64_t where, kgpu_vmm_freed *freed);
 
 /* Live allocations, handles and mappings (for tests). */
 void kgpu_vmm_counts(kgpu_vmm *v, size_t *allocs, size_t *handles, size_t *maps);

@@ -1777,6 +1777,91 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *o
     return r;
 }
 
+/* ---- sparse arrays: tiles mapped from physical memory ---- */
+
+typedef struct {
+    int resource_type;
+    void *resource;
+    int sub_type;
+    union {
+        unsigned int level[8]; /* level, layer, offsets x y z, extents */
+        struct {
+            unsigned int layer;
+            unsigned long long offset, size;
+        } tail;
+    } sub;
+    int op;          /* 1 map, 2 unmap */
+    int handle_type; /* 0 generic */
+    CUmemGenericAllocationHandle handle;
+    unsigned long long offset;
+    unsigned int mask, flags, reserved[2];
+} map_info;
+
+typedef struct tile {
+    unsigned long long array;
+    unsigned long long where[3];
+    int p;
+} tile;
+
+static tile tiles[1024];
+static int ntiles;
+
+/* Drops the tiles of `array` at `where` (NULL: all of them). mu held. */
+static void drop_tiles(unsigned long long array, const unsigned long long *where)
+{
+    for (int i = 0; i < ntiles;) {
+        if (tiles[i].array == array &&
+            (where == NULL || memcmp(tiles[i].where, where, sizeof(tiles[i].where)) == 0)) {
+            int p = tiles[i].p;
+            tiles[i] = tiles[--ntiles];
+            physs[p].maps--;
+            phys_settle(p);
+        } else {
+            i++;
+        }
+    }
+}
+
+static void tiles_gone(unsigned long long array)
+{
+    drop_tiles(array, NULL);
+}
+
+EXPORT CUresult cuMemMapArrayAsync(map_info *infos, unsigned int count, stream *s);
+CUresult cuMemMapArrayAsync(map_info *infos, unsigned int count, stream *s)
+{
+    NEED_INIT();
+    if (infos == NULL)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = OK;
+    for (unsigned int i = 0; i < count && r == OK; i++) {
+        const map_info *m = &infos[i];
+        unsigned long long array = (uintptr_t)m->resource, where[3] = {0, 0, 0};
+        if (m->sub_type == 0) {
+            where[0] = (unsigned long long)m->sub.level[0] << 32 | m->sub.level[1];
+            where[1] = (unsigned long long)m->sub.level[2] << 32 | m->sub.level[3];
+            where[2] = m->sub.level[4];
+        } else {
+            where[0] = 1ULL << 63 | m->sub.tail.layer;
+            where[1] = m->sub.tail.offset;
+        }
+        drop_tiles(array, where);
+        if (m->op == 1) {
+            hmap *h = handle_of(m->handle);
+            if (h == NULL || m->handle_type != 0 || ntiles == 1024) {
+                r = INVALID_VALUE;
+                break;
+            }
+            tiles[ntiles++] = (tile){.array = array, .where = {where[0], where[1], where[2]},
+                                     .p = h->p};
+            physs[h->p].maps++;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(mem_prop *prop,
                                                        CUmemGenericAllocationHandle h);
 CUresult cuMemGetAllocationPropertiesFromHandle(mem_prop *prop, CUmemGenericAllocationHandle h)
@@ -1978,13 +2063,33 @@ static unsigned long long array_size(size_t w, size_t h, size_t d, int format, u
     return total;
 }
 
+/* An array of `size` bytes; a sparse one (size 0) has none of its own: tiles are mapped in. */
 static CUresult make_array(unsigned long long *out, unsigned long long size, int kind)
 {
     NEED_CTX(c);
-    CUresult r = out == NULL ? INVALID_VALUE : take(c->dev, size, c, kind, out);
+    CUresult r = INVALID_VALUE;
+    if (out != NULL && size == 0) {
+        *out = next_handle++;
+        alloc a = {.key = *out, .c = c, .dev = c->dev, .kind = kind};
+        insert(&a);
+        r = OK;
+    } else if (out != NULL) {
+        r = take(c->dev, size, c, kind, out);
+    }
     pthread_mutex_unlock(&mu);
     return r;
 }
+
+#define ARRAY3D_SPARSE 0x40
+
+#ifndef FAKE_CUDA_OLD
+static void tiles_gone(unsigned long long array);
+#else
+static void tiles_gone(unsigned long long array)
+{
+    (void)array;
+}
+#endif
 
 EXPORT CUresult cuArrayCreate_v2(void **ph, const desc2d *dsc);
 CUresult cuArrayCreate_v2(void **ph, const desc2d *dsc)
@@ -2005,7 +2110,10 @@ CUresult cuArray3DCreate_v2(void **ph, const desc3d *dsc)
     unsigned long long key;
     if (ph == NULL || dsc == NULL || dsc->channels == 0 || dsc->channels > 4 || dsc->w == 0)
         return INVALID_VALUE;
-    CUresult r = make_array(&key, array_size(dsc->w, dsc->h, dsc->d, dsc->format, dsc->channels, 1),
+    CUresult r = make_array(&key,
+                            dsc->flags & ARRAY3D_SPARSE
+                                ? 0
+                                : array_size(dsc->w, dsc->h, dsc->d, dsc->format, dsc->channels, 1),
                             K_ARRAY);
     if (r == OK)
         *ph = (void *)(uintptr_t)key;
@@ -2018,6 +2126,8 @@ CUresult cuArrayDestroy(void *h)
     NEED_INIT();
     pthread_mutex_lock(&mu);
     CUresult r = give((uintptr_t)h, K_ARRAY);
+    if (r == OK)
+        tiles_gone((uintptr_t)h);
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -2029,8 +2139,12 @@ CUresult cuMipmappedArrayCreate(void **ph, const desc3d *dsc, unsigned int level
     if (ph == NULL || dsc == NULL || dsc->channels == 0 || dsc->channels > 4 || dsc->w == 0 ||
         levels == 0)
         return INVALID_VALUE;
-    CUresult r = make_array(
-        &key, array_size(dsc->w, dsc->h, dsc->d, dsc->format, dsc->channels, levels), K_MIPMAP);
+    CUresult r = make_array(&key,
+                            dsc->flags & ARRAY3D_SPARSE ? 0
+                                                        : array_size(dsc->w, dsc->h, dsc->d,
+                                                                     dsc->format, dsc->channels,
+                                                                     levels),
+                            K_MIPMAP);
     if (r == OK)
         *ph = (void *)(uintptr_t)key;
     return r;
@@ -2042,6 +2156,8 @@ CUresult cuMipmappedArrayDestroy(void *h)
     NEED_INIT();
     pthread_mutex_lock(&mu);
     CUresult r = give((uintptr_t)h, K_MIPMAP);
+    if (r == OK)
+        tiles_gone((uintptr_t)h);
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -2322,6 +2438,7 @@ static const proc procs[] = {
     P("cuMemAddressReserve", 10020, cuMemAddressReserve),
     P("cuMemAddressFree", 10020, cuMemAddressFree),
     P("cuMemMap", 10020, cuMemMap),
+    P("cuMemMapArrayAsync", 11010, cuMemMapArrayAsync),
     P("cuMemUnmap", 10020, cuMemUnmap),
     P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),

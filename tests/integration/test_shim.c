@@ -323,6 +323,12 @@ static void vmm_memory_lives_while_mapped_retained_or_exported(void **state)
     expect_run(KGPU_SHIM_PROBE, "vmm", 0);
 }
 
+static void sparse_array_tiles_keep_their_memory(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "sparse", 0);
+}
+
 static void pools_are_charged_what_they_keep(void **state)
 {
     env_container(KGPU_SHIM_LIB, "full", 1024);
@@ -742,6 +748,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(processes_race_and_die, setup, teardown),
         cmocka_unit_test_setup_teardown(vmm_memory_lives_while_mapped_retained_or_exported, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(sparse_array_tiles_keep_their_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(pools_are_charged_what_they_keep, setup, teardown),
         cmocka_unit_test_setup_teardown(two_processes_with_pools_share_one_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(graph_memory_is_charged_when_the_graph_runs, setup,

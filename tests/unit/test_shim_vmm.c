@@ -147,6 +147,24 @@ static void foreign_imports_charge_what_is_mapped(void **state)
     kgpu_vmm_clear(&v);
 }
 
+static void sparse_tiles_keep_it_too(void **state)
+{
+    kgpu_vmm v = KGPU_VMM_INIT(fake_open);
+    kgpu_vmm_freed f = {0};
+    assert_int_equal(kgpu_vmm_created(&v, 0x60, 32 * MIB, 1), 0);
+    assert_int_equal(kgpu_vmm_tile_mapped(&v, 0xa1, 7, 0x60), 1);
+    assert_int_equal(kgpu_vmm_tile_mapped(&v, 0xa1, 8, 0x60), 1);
+    assert_int_equal(kgpu_vmm_tile_mapped(&v, 0xa1, 9, 0x99), 0); /* unknown handle */
+    kgpu_vmm_released(&v, 0x60, &f);
+    kgpu_vmm_tile_unmapped(&v, 0xa1, 7, &f);
+    assert_int_equal(freed_total(&f), 0); /* tile 8 still maps it */
+    kgpu_vmm_tile_unmapped(&v, 0xa2, UINT64_MAX, &f); /* another array */
+    assert_int_equal(freed_total(&f), 0);
+    kgpu_vmm_tile_unmapped(&v, 0xa1, UINT64_MAX, &f); /* the array destroyed */
+    assert_int_equal(f.bytes[1], 32 * MIB);
+    kgpu_vmm_clear(&v);
+}
+
 static void many_handles_stay_sorted(void **state)
 {
     kgpu_vmm v = KGPU_VMM_INIT(NULL);
@@ -175,6 +193,7 @@ int main(void)
         cmocka_unit_test(retain_and_release_pairs),
         cmocka_unit_test(exports_keep_it_until_closed),
         cmocka_unit_test(foreign_imports_charge_what_is_mapped),
+        cmocka_unit_test(sparse_tiles_keep_it_too),
         cmocka_unit_test(many_handles_stay_sorted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,6 +20,7 @@
  *                   limit; some are killed; their memory comes back
  *   probe vmm       released-but-mapped, retained, exported and imported
  *                   (here and in a child: vmm-import) physical memory
+ *   probe sparse    handles mapped into tiles of a sparse array
  *   probe pool      pools keep what they reserve; frees run at a sync
  *   probe hold-pool / pool-beside   two processes with pools, one limit
  *   probe graph     graph memory nodes, explicit and captured
@@ -1592,6 +1593,64 @@ static int cmd_share(void)
     return failures != 0;
 }
 
+/* Sparse arrays: no memory of their own; a handle mapped into a tile lives while it is mapped. */
+static int cmd_sparse(void)
+{
+    CUcontext ctx;
+    CUmemGenericAllocationHandle h;
+    CUarray arr;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CUresult (*map_array)(CUarrayMapInfo *, unsigned int, CUstream) = NULL;
+    if (lib == NULL || setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    *(void **)&map_array = dlsym(lib, "cuMemMapArrayAsync");
+    if (map_array == NULL) {
+        fail("no cuMemMapArrayAsync");
+        return 1;
+    }
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    /* 16384 x 16384 x 4 channels of float: 4 GiB by its dimensions, nothing of its own. */
+    CUDA_ARRAY3D_DESCRIPTOR d = {.Width = 16384,
+                                 .Height = 16384,
+                                 .Format = 0x20,
+                                 .NumChannels = 4,
+                                 .Flags = CUDA_ARRAY3D_SPARSE};
+    EXPECT_RC(A.cuArray3DCreate_v2(&arr, &d), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_RC(make_handle(400 * MIB, &h), CUDA_SUCCESS);
+    CUarrayMapInfo m;
+    memset(&m, 0, sizeof(m));
+    m.resource.array = arr;
+    m.subresourceType = 0;
+    m.subresource.sparseLevel.offsetX = 64; /* some tile */
+    m.subresource.sparseLevel.extentWidth = 64;
+    m.memOperationType = 1;
+    m.memHandleType = 0;
+    m.memHandle = h;
+    EXPECT_RC(map_array(&m, 1, NULL), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 400 * MIB); /* the tile keeps it */
+    EXPECT_EQ(pool(), p0 + 400 * MIB);
+    if (fits(avail - 400 * MIB + MIB))
+        fail("memory mapped into a sparse array was given back to the share");
+    m.memOperationType = 2; /* unmap that tile */
+    m.memHandle = 0;
+    EXPECT_RC(map_array(&m, 1, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    /* Mapped again and released; destroying the array lets it go. */
+    EXPECT_RC(make_handle(200 * MIB, &h), CUDA_SUCCESS);
+    m.memOperationType = 1;
+    m.memHandle = h;
+    EXPECT_RC(map_array(&m, 1, NULL), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 200 * MIB);
+    EXPECT_RC(A.cuArrayDestroy(arr), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1628,6 +1687,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "dlmopen") == 0    ? cmd_dlmopen()
              : strcmp(cmd, "launch") == 0     ? cmd_launch()
              : strcmp(cmd, "share") == 0      ? cmd_share()
+             : strcmp(cmd, "sparse") == 0     ? cmd_sparse()
                                               : 2;
     return rc;
 }
