@@ -14,10 +14,12 @@ with the reason, where the machine cannot run a kubelet (node.cannot_run_reason)
 """
 
 import base64
+import copy
 import json
 import os
 import re
 import time
+import tomllib
 import unittest
 
 import cluster
@@ -49,6 +51,27 @@ def parse_job(text):
 
 def first_int(values):
     return int(values[-1].split()[0])
+
+
+def strategic_merge(base, patch):
+    """A strategic merge patch as far as pod specs need it: maps merge key by key, lists
+    of named objects (containers) merge by name, anything else is replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = strategic_merge(base[k], v) if k in base else v
+        return out
+    named = lambda xs: all(isinstance(x, dict) and "name" in x for x in xs)  # noqa: E731
+    if isinstance(base, list) and isinstance(patch, list) and named(base) and named(patch):
+        out = [dict(x) for x in base]
+        for item in patch:
+            at = [i for i, x in enumerate(out) if x["name"] == item["name"]]
+            if at:
+                out[at[0]] = strategic_merge(out[at[0]], item)
+            else:
+                out.append(item)
+        return out
+    return patch
 
 
 class NodeSuite(unittest.TestCase):
@@ -523,6 +546,53 @@ class NodeSuite(unittest.TestCase):
                            % E2E_NS, self.plugin.child.log())
         self.assertEqual([c for _, c in order if _ == MEM], ["setup", "a", "b"], order)
         self.assertIn((CORE, "a"), order, order)
+
+    # -- the CI runner examples ------------------------------------------------------
+
+    def test_14_runner_examples(self):
+        """examples/ci-runners/ on the node: job pods as GitLab Runner's Kubernetes executor
+        makes them (containers build and helper, the runner's node selector, the example's
+        pod-spec patch merged in) and as ARC makes runner pods (the example's
+        template.spec), two of each at once. The job's container gets its 4 GiB share,
+        GitLab's helper container no GPU at all."""
+        try:
+            import yaml
+        except ImportError:
+            self.skipTest("PyYAML is missing: the examples' YAML cannot be read")
+        ex = os.path.join(cluster.REPO, "examples", "ci-runners")
+        with open(os.path.join(ex, "gitlab-runner-config.toml"), "rb") as f:
+            kube = tomllib.load(f)["runners"][0]["kubernetes"]
+        gitlab = {"containers": [{"name": "build", "image": kube["image"]},
+                                 {"name": "helper", "image": "gitlab-runner-helper"}],
+                  "nodeSelector": dict(kube["node_selector"])}
+        for patch in kube["pod_spec"]:
+            self.assertEqual(patch["patch_type"], "strategic")
+            gitlab = strategic_merge(gitlab, yaml.safe_load(patch["patch"]))
+        with open(os.path.join(ex, "arc-values.yaml")) as f:
+            arc = yaml.safe_load(f)["template"]["spec"]
+        pods = {"gitlab-job-0": (gitlab, "build"), "gitlab-job-1": (gitlab, "build"),
+                "arc-runner-0": (arc, "runner"), "arc-runner-1": (arc, "runner")}
+        for name, (spec, main) in pods.items():
+            spec = copy.deepcopy(spec)
+            for c in spec["containers"]:
+                # No registry here: the examples' images become the job image.
+                c.update(image=node_images.JOB_IMAGE, imagePullPolicy="Never",
+                         command=["/bin/gpu_job"] + (["run", "max", "3"] if c["name"] == main
+                                                     else ["show"]))
+            spec.update(restartPolicy="Never", automountServiceAccountToken=False,
+                        terminationGracePeriodSeconds=0)
+            self.cp.create_pod({"apiVersion": "v1", "kind": "Pod", "spec": spec,
+                                "metadata": {"name": name, "namespace": E2E_NS}})
+            self.created.append(name)
+        for name, (_, main) in pods.items():
+            self.wait_phase(name)
+            _, out = self.check_share(name, 4096, container=main)
+            self.assertEqual(out["alloc_within"], ["0 mib %d" % (4096 - CTX_MIB)], name)
+            self.assertEqual(first_int(out["alloc_past"]), OOM, name)
+        helper = self.output("gitlab-job-0", "helper")
+        self.assertEqual(helper["env"][0], "NVIDIA_VISIBLE_DEVICES=")
+        self.assertEqual(helper["limits"], ["absent"])
+        self.assertEqual(helper["shim"], ["absent"])
 
     # -- the figure in docs/ci-runners.md ----------------------------------------------
 
