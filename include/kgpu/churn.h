@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kgpu/queue.h"
 #include "kgpu/sim.h"
 
 #ifdef __cplusplus
@@ -34,6 +35,23 @@ typedef struct kgpu_churn_input {
     double *lifetime;          /* deletion - creation, seconds (owned) */
     size_t *order;             /* request indices by creation time, file order on ties (owned) */
 } kgpu_churn_input;
+
+/* How a churn run divides the cluster between GPU queues (docs/queues.md). */
+typedef enum kgpu_churn_queue_mode {
+    KGPU_CHURN_QUEUES_OFF = 0, /* no queues: unrestricted sharing */
+    KGPU_CHURN_QUEUES_STATIC,  /* each queue capped at its guarantee, no borrowing (ResourceQuota) */
+    KGPU_CHURN_QUEUES_PRIORITY_AGE, /* borrowing; reclaim by priority and age (Kueue-like) */
+    KGPU_CHURN_QUEUES_FRAG,         /* borrowing; kgpu's reclaim that frees usable GPUs */
+} kgpu_churn_queue_mode;
+
+#define KGPU_CHURN_MAX_QUEUES 16 /* queues a churn run reports on */
+
+/* The queues of a churn run, and which pod belongs to which. Borrowed. */
+typedef struct kgpu_churn_queues {
+    const kgpu_queues *tree; /* each run works on its own copy */
+    const int *queue;        /* per sim->requests entry: its queue's id in tree */
+    const int *priority;     /* per sim->requests entry: higher is more important */
+} kgpu_churn_queues;
 
 typedef struct kgpu_churn_config {
     const char *policy;
@@ -58,7 +76,26 @@ typedef struct kgpu_churn_config {
      */
     void (*on_observe)(void *ctx, size_t request, double now);
     void *ctx;
+    /* Optional: queues (NULL, or mode OFF: none). At most KGPU_CHURN_MAX_QUEUES queues. */
+    const kgpu_churn_queues *queues;
+    kgpu_churn_queue_mode queue_mode;
 } kgpu_churn_config;
+
+/* Per queue, over the measured span (simulated seconds). */
+typedef struct kgpu_churn_queue_result {
+    /* Below its guarantee while a pod of it that would fit within the guarantee waits. */
+    double starved_s;
+    /*
+     * ... while evicting pods that borrow could make room for the smallest
+     * such pod (kgpu's reclaim search finds a set): reclaimable.
+     */
+    double starved_reclaimable_s;
+    /* The longest run of consecutive scheduling rounds (event instants) spent so. */
+    long starved_reclaimable_rounds_max;
+    double used_mean_gpus;  /* time-weighted GPU compute in use */
+    double borrowed_mean_gpus;
+    long evicted; /* its pods evicted by reclaim */
+} kgpu_churn_queue_result;
 
 typedef struct kgpu_churn_result {
     double t_first, t_last; /* the measured span (5 % of arrivals to the last), simulated s */
@@ -76,6 +113,23 @@ typedef struct kgpu_churn_result {
     double wait_median_s, wait_p99_s, wait_mean_s; /* over all placed pods (0 for the prompt) */
     long retries;                                  /* placement attempts made for queued pods */
     bool online;                                   /* the policy's target was learned online */
+    /* With queues (zero without). */
+    int nqueues;
+    kgpu_churn_queue_result queue[KGPU_CHURN_MAX_QUEUES];
+    long evictions;        /* pods evicted by reclaim */
+    long reclaims;         /* reclaims that evicted something */
+    long reclaim_failed;   /* reclaims tried that found no set of victims */
+    double freed_unused_gpus; /* GPU compute reclaim freed on GPUs the waiting pod did not take */
+    double freed_gpus;        /* GPU compute reclaim freed */
+    /*
+     * Jain's index of borrowed/weight among queues that borrow and still
+     * have pods waiting, mean over the samples where two or more do (1 when
+     * none ever did).
+     */
+    double jain_borrowers;
+    long jain_samples;
+    long quota_refused; /* placements refused for a queue limit (the static caps' cost) */
+    double lost_gpu_s;  /* GPU-seconds of work evicted pods had done, lost (they start over) */
 } kgpu_churn_result;
 
 /*

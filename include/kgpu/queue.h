@@ -78,6 +78,13 @@ void kgpu_queues_free(kgpu_queues *qs);
 kgpu_queues *kgpu_queues_clone(const kgpu_queues *qs);
 
 /*
+ * Static caps, as Kubernetes' ResourceQuota gives: every queue's limit
+ * becomes its guarantee (a dimension it guarantees nothing in: 0), so no
+ * queue borrows. For comparisons; usage is kept.
+ */
+void kgpu_queues_cap_at_guarantee(kgpu_queues *qs);
+
+/*
  * Resolves the per-model entries' names against a cluster's model table
  * (entries whose model no GPU of the cluster has keep no id and never
  * apply). Call again when the model table changes. 0 or KGPU_EINVAL.
@@ -173,7 +180,7 @@ bool kgpu_queues_below_guarantee(const kgpu_queues *qs, int q);
 typedef struct kgpu_qpod {
     int queue;
     int priority;       /* higher is more important */
-    int64_t admitted;   /* when it was admitted (larger = newer), any unit */
+    int64_t admitted;   /* when it started, any unit (larger = newer): reclaim weighs the work lost */
     kgpu_assignment a;  /* where it runs */
     kgpu_qdemand d;     /* what it is charged (kgpu_qdemand_of_assignment) */
 } kgpu_qpod;

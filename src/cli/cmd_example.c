@@ -3,11 +3,13 @@
  * quick start runs, so trying kgpu needs no external trace.
  */
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cli.h"
 #include "example.h"
+#include "example_queues.h"
 
 int kgpu_cmd_example(int argc, char **argv)
 {
@@ -15,9 +17,11 @@ int kgpu_cmd_example(int argc, char **argv)
         {"out", required_argument, NULL, 'o'},
         {"seed", required_argument, NULL, 's'},
         {"nodes", required_argument, NULL, 'n'},
+        {"queues", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    bool queues = false;
     const char *dir = "examples";
     unsigned long long seed = 1;
     long nodes = 64;
@@ -43,10 +47,15 @@ int kgpu_cmd_example(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'q':
+            queues = true;
+            break;
         case 'h':
-            printf("usage: kgpu example [--out DIR] [--seed N] [--nodes N]\n"
+            printf("usage: kgpu example [--out DIR] [--seed N] [--nodes N] [--queues]\n"
                    "Writes DIR/nodes.csv and DIR/pods.csv: a synthetic GPU cluster and workload\n"
-                   "in the Alibaba trace format (default DIR=examples, seed 1, 64 nodes).\n");
+                   "in the Alibaba trace format (default DIR=examples, seed 1, 64 nodes).\n"
+                   "--queues: instead a bursty day of four teams on 8-GPU nodes, and\n"
+                   "DIR/queues.yaml dividing the cluster between them (docs/queues.md).\n");
             return 0;
         default:
             return 2;
@@ -54,6 +63,14 @@ int kgpu_cmd_example(int argc, char **argv)
     }
     kgpu_error err;
     kgpu_error_clear(&err);
+    if (queues) {
+        if (kgpu_example_queues_write(dir, seed, (int)nodes, &err) != 0) {
+            fprintf(stderr, "kgpu example: %s\n", err.msg);
+            return 1;
+        }
+        printf("wrote %s/nodes.csv, %s/pods.csv and %s/queues.yaml\n", dir, dir, dir);
+        return 0;
+    }
     if (kgpu_example_write(dir, seed, (int)nodes, &err) != 0) {
         fprintf(stderr, "kgpu example: %s\n", err.msg);
         return 1;

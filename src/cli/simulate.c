@@ -18,6 +18,8 @@
 #include "fileio.h"
 #include "kgpu/churn.h"
 #include "plot.h"
+#include "queuefile.h"
+#include "simqueues.h"
 #include "study.h"
 
 #define MAX_SEEDS    1000
@@ -71,7 +73,8 @@ int kgpu_parse_seeds(const char *text, uint64_t *seeds, int max, int *n, kgpu_er
  * with ch, also the pods' times for a churn study (kgpu/churn.h).
  */
 static int load_traces(const char *nodes_path, const char *pods_path, kgpu_sim_input *in,
-                       kgpu_churn_input *ch, kgpu_error *err)
+                       kgpu_churn_input *ch, const kgpu_queues *qs, int **queue_of,
+                       int **priority_of, kgpu_error *err)
 {
     char *nb = NULL, *pb = NULL;
     size_t nl = 0, pl = 0;
@@ -89,6 +92,8 @@ static int load_traces(const char *nodes_path, const char *pods_path, kgpu_sim_i
         rc = kgpu_sim_prepare(&nodes, &pods, in, err);
     if (rc == 0 && ch != NULL)
         rc = kgpu_churn_prepare(in, &pods, pods_path, ch, err);
+    if (rc == 0 && qs != NULL)
+        rc = kgpu_simq_assign(qs, &pods, queue_of, priority_of, err);
     kgpu_trace_free(&nodes);
     kgpu_trace_free(&pods);
     free(nb);
@@ -99,7 +104,7 @@ static int load_traces(const char *nodes_path, const char *pods_path, kgpu_sim_i
 int kgpu_load_input(const char *nodes_path, const char *pods_path, kgpu_sim_input *in,
                     kgpu_error *err)
 {
-    return load_traces(nodes_path, pods_path, in, NULL, err);
+    return load_traces(nodes_path, pods_path, in, NULL, NULL, NULL, NULL, err);
 }
 
 static json_t *real_array(const double *v, int n)
@@ -246,6 +251,11 @@ static int write_plot(const char *path, const kgpu_study *s, kgpu_error *err)
 /* Means over seeds of one policy's churn runs. */
 typedef struct churn_row {
     const char *policy; /* borrowed */
+    kgpu_churn_queue_mode mode;
+    char label[80]; /* policy, and the queue mode with --queues */
+    double evictions, freed_unused, freed, jain, quota_refused, reclaim_failed, lost_gpu_h,
+        alloc_useful;
+    kgpu_churn_queue_result q[KGPU_CHURN_MAX_QUEUES]; /* means over seeds */
     kgpu_churn_result *runs;
     double *wall_s;
     double pods, alloc_mean, alloc_peak, wait_median, wait_p99, wait_mean, waited, never_placed,
@@ -261,6 +271,7 @@ typedef struct churn_study {
     int nrows;
     double speedup, inflate;
     bool random_ties, online;
+    const kgpu_churn_queues *queues; /* NULL without --queues */
     atomic_int next, failed;
     kgpu_error first_err;
 } churn_study;
@@ -280,7 +291,9 @@ static void *churn_worker(void *arg)
                                  .random_ties = s->random_ties,
                                  .online = s->online,
                                  .speedup = s->speedup,
-                                 .inflate = s->inflate};
+                                 .inflate = s->inflate,
+                                 .queues = s->queues,
+                                 .queue_mode = row->mode};
         kgpu_error err;
         kgpu_error_clear(&err);
         double t0 = kgpu_now();
@@ -329,6 +342,29 @@ static int churn_study_run(churn_study *s, int threads, kgpu_error *err)
             row->never_placed += (double)x->never_placed / n;
             row->max_queue += (double)x->max_queue / n;
             row->retries += (double)x->retries / n;
+            row->evictions += (double)x->evictions / n;
+            row->freed_unused += x->freed_unused_gpus / n;
+            row->freed += x->freed_gpus / n;
+            row->jain += x->jain_borrowers / n;
+            row->quota_refused += (double)x->quota_refused / n;
+            row->reclaim_failed += (double)x->reclaim_failed / n;
+            row->lost_gpu_h += x->lost_gpu_s / 3600.0 / n;
+            /* Allocation less the work evictions threw away, as a share of the span. */
+            double span = x->t_last - x->t_first;
+            row->alloc_useful += (x->alloc_mean_pct -
+                                  (span > 0 ? x->lost_gpu_s * 100.0 / (span * s->in->sim->gpus) : 0)) /
+                                 n;
+            for (int q = 0; q < x->nqueues; q++) {
+                kgpu_churn_queue_result *m = &row->q[q];
+                const kgpu_churn_queue_result *y = &x->queue[q];
+                m->starved_s += y->starved_s / n;
+                m->starved_reclaimable_s += y->starved_reclaimable_s / n;
+                if (y->starved_reclaimable_rounds_max > m->starved_reclaimable_rounds_max)
+                    m->starved_reclaimable_rounds_max = y->starved_reclaimable_rounds_max;
+                m->used_mean_gpus += y->used_mean_gpus / n;
+                m->borrowed_mean_gpus += y->borrowed_mean_gpus / n;
+                m->evicted += y->evicted; /* summed, divided below */
+            }
             row->wall_s_total += row->wall_s[k];
             for (int i = 0; i < KGPU_CHURN_SAMPLES; i++)
                 row->alloc[i] += x->alloc_pct[i] / n;
@@ -364,6 +400,35 @@ static json_t *churn_json(const churn_study *s, bool timing)
             by_seed[k] = row->runs[k].alloc_mean_pct;
         }
         json_object_set_new(o, "policy", json_string(row->policy));
+        if (s->queues != NULL) {
+            json_object_set_new(o, "queue_mode", json_string(kgpu_simq_mode_name(row->mode)));
+            json_object_set_new(o, "evictions", json_real(row->evictions));
+            json_object_set_new(o, "freed_gpus", json_real(row->freed));
+            json_object_set_new(o, "freed_unused_gpus", json_real(row->freed_unused));
+            json_object_set_new(o, "reclaim_failed", json_real(row->reclaim_failed));
+            json_object_set_new(o, "lost_gpu_hours", json_real(row->lost_gpu_h));
+            json_object_set_new(o, "alloc_useful_pct", json_real(row->alloc_useful));
+            json_object_set_new(o, "jain_borrowers", json_real(row->jain));
+            json_object_set_new(o, "quota_refused", json_real(row->quota_refused));
+            json_t *qa = json_array();
+            for (int q = 0; q < row->runs[0].nqueues; q++) {
+                kgpu_queue_info qi;
+                kgpu_queues_info(s->queues->tree, q, &qi);
+                const kgpu_churn_queue_result *m = &row->q[q];
+                json_t *qo = json_object();
+                json_object_set_new(qo, "queue", json_string(qi.name));
+                json_object_set_new(qo, "starved_s", json_real(m->starved_s));
+                json_object_set_new(qo, "starved_reclaimable_s",
+                                    json_real(m->starved_reclaimable_s));
+                json_object_set_new(qo, "starved_reclaimable_rounds_max",
+                                    json_integer(m->starved_reclaimable_rounds_max));
+                json_object_set_new(qo, "used_mean_gpus", json_real(m->used_mean_gpus));
+                json_object_set_new(qo, "borrowed_mean_gpus", json_real(m->borrowed_mean_gpus));
+                json_object_set_new(qo, "evicted", json_real((double)m->evicted / s->nseeds));
+                json_array_append_new(qa, qo);
+            }
+            json_object_set_new(o, "queues", qa);
+        }
         json_object_set_new(o, "online", json_boolean(row->runs[0].online));
         json_object_set_new(o, "seeds", seeds);
         json_object_set_new(o, "alloc_mean_pct", json_real(row->alloc_mean));
@@ -419,24 +484,65 @@ static void churn_table(FILE *f, const churn_study *s, const char *pods_path)
     fprintf(f, "seeds: %" PRIu64, s->seeds[0]);
     if (s->nseeds > 1)
         fprintf(f, "..%" PRIu64 " (%d runs each, means shown)", s->seeds[s->nseeds - 1], s->nseeds);
-    fprintf(f, "\n\n%-16s %10s %10s %11s %11s %9s %8s %9s %8s\n", "policy", "alloc mean",
+    int w = s->queues != NULL ? 28 : 16;
+    fprintf(f, "\n\n%-*s %10s %10s %11s %11s %9s %8s %9s %8s\n", w, "policy", "alloc mean",
             "alloc peak", "wait p50 s", "wait p99 s", "waited", "never", "max queue", "wall s");
     for (int r = 0; r < s->nrows; r++) {
         const churn_row *row = &s->rows[r];
-        char name[64];
-        snprintf(name, sizeof(name), "%s%s", row->policy, row->runs[0].online ? " (online)" : "");
-        fprintf(f, "%-16s %9.2f%% %9.2f%% %11.1f %11.1f %9.1f %8.1f %9.1f %8.2f\n", name,
+        char name[96];
+        snprintf(name, sizeof(name), "%s%s", row->label, row->runs[0].online ? " (online)" : "");
+        fprintf(f, "%-*s %9.2f%% %9.2f%% %11.1f %11.1f %9.1f %8.1f %9.1f %8.2f\n", w, name,
                 row->alloc_mean, row->alloc_peak, row->wait_median, row->wait_p99, row->waited,
                 row->never_placed, row->max_queue, row->wall_s_total);
     }
     fprintf(f, "\nalloc mean: GPU allocated / capacity, time-weighted over that span.\n"
                "wait: arrival to placement, over placed pods; waited: pods that queued; never:\n"
                "pods still queued when every placed pod had left.\n");
+    if (s->queues == NULL)
+        return;
+    int nq = 0;
+    for (int r = 0; r < s->nrows; r++)
+        if (s->rows[r].runs[0].nqueues > nq)
+            nq = s->rows[r].runs[0].nqueues;
+    fprintf(f, "\n%-28s %9s %9s %11s %10s %9s %10s %11s\n", "queues", "evictions", "freed GPU",
+            "freed unused", "Jain borr.", "refused", "lost GPU-h", "alloc useful");
+    for (int r = 0; r < s->nrows; r++) {
+        const churn_row *row = &s->rows[r];
+        fprintf(f, "%-28s %9.1f %9.1f %11.1f %10.3f %9.1f %10.1f %10.2f%%\n", row->label,
+                row->evictions, row->freed, row->freed_unused, row->jain, row->quota_refused,
+                row->lost_gpu_h, row->alloc_useful);
+    }
+    fprintf(f, "\nper queue: GPUs used (mean) / %s below guarantee with a pod waiting, of which\n"
+               "reclaimable [longest run in rounds]\n%-28s",
+            unit, "");
+    for (int q = 0; q < nq; q++) {
+        kgpu_queue_info qi;
+        kgpu_queues_info(s->queues->tree, q, &qi);
+        fprintf(f, " %24s", qi.name);
+    }
+    fputc('\n', f);
+    for (int r = 0; r < s->nrows; r++) {
+        const churn_row *row = &s->rows[r];
+        fprintf(f, "%-28s", row->label);
+        for (int q = 0; q < nq; q++) {
+            char cell[64];
+            snprintf(cell, sizeof(cell), "%.1f / %.2f, %.2f [%ld]", row->q[q].used_mean_gpus,
+                     row->q[q].starved_s / scale, row->q[q].starved_reclaimable_s / scale,
+                     row->q[q].starved_reclaimable_rounds_max);
+            fprintf(f, " %24s", cell);
+        }
+        fputc('\n', f);
+    }
+    fprintf(f, "\nfreed unused: GPU compute evictions freed on GPUs the waiting pod did not take.\n"
+               "Jain borr.: Jain's index of borrowed GPU / weight among queues borrowing with\n"
+               "pods waiting (1 = even). refused: pods a queue limit held back at least once.\n"
+               "lost GPU-h: work evicted pods had done (they start over when placed again);\n"
+               "alloc useful: alloc mean less that lost work over the span.\n");
 }
 
 static int churn_plot(const char *path, const churn_study *s, kgpu_error *err)
 {
-    kgpu_plot_series series[MAX_POLICIES];
+    kgpu_plot_series series[MAX_POLICIES * 4];
     double hours[KGPU_CHURN_SAMPLES];
     const kgpu_churn_result *r0 = &s->rows[0].runs[0];
     const char *unit;
@@ -445,7 +551,7 @@ static int churn_plot(const char *path, const churn_study *s, kgpu_error *err)
         hours[i] = (r0->sample_t[i] - r0->t_first) / scale;
     for (int r = 0; r < s->nrows; r++)
         series[r] = (kgpu_plot_series){
-            .label = s->rows[r].policy, .x = hours, .y = s->rows[r].alloc, .n = KGPU_CHURN_SAMPLES};
+            .label = s->rows[r].label, .x = hours, .y = s->rows[r].alloc, .n = KGPU_CHURN_SAMPLES};
     char title[160], xlabel[96], volume[48] = "";
     if (s->inflate > 0)
         snprintf(volume, sizeof(volume), ", inflated %gx", s->inflate);
@@ -466,7 +572,9 @@ static int churn_plot(const char *path, const churn_study *s, kgpu_error *err)
 }
 
 typedef struct churn_opts {
-    const char *nodes_path, *pods_path, *plot_path;
+    const char *nodes_path, *pods_path, *plot_path, *queues_path;
+    const kgpu_churn_queue_mode *modes;
+    int nmodes;
     const char *const *policies;
     int npolicies, threads;
     const uint64_t *seeds;
@@ -487,8 +595,23 @@ static int run_churn(const churn_opts *o)
     churn_study s;
     memset(&s, 0, sizeof(s));
     int status = 1;
-    if (load_traces(o->nodes_path, o->pods_path, &in, &ch, &err) != 0)
+    kgpu_queues *qs = NULL;
+    int *queue_of = NULL, *priority_of = NULL;
+    kgpu_churn_queues cq;
+    if (o->queues_path != NULL) {
+        if (kgpu_queues_load_file(o->queues_path, &qs, &err) != 0)
+            goto out;
+        if (qs == NULL) {
+            kgpu_error_set(&err, KGPU_EINVAL, "%s: no queues section", o->queues_path);
+            goto out;
+        }
+    }
+    if (load_traces(o->nodes_path, o->pods_path, &in, &ch, qs, &queue_of, &priority_of, &err) != 0)
         goto out;
+    if (qs != NULL) {
+        cq = (kgpu_churn_queues){.tree = qs, .queue = queue_of, .priority = priority_of};
+        s.queues = &cq;
+    }
     s.in = &ch;
     s.seeds = o->seeds;
     s.nseeds = o->nseeds;
@@ -498,14 +621,21 @@ static int run_churn(const churn_opts *o)
     s.online = o->online;
     atomic_init(&s.next, 0);
     atomic_init(&s.failed, 0);
-    s.rows = calloc((size_t)o->npolicies, sizeof(*s.rows));
+    int nmodes = qs != NULL ? o->nmodes : 1;
+    s.rows = calloc((size_t)(o->npolicies * nmodes), sizeof(*s.rows));
     if (s.rows == NULL) {
         kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
         goto out;
     }
-    s.nrows = o->npolicies;
+    s.nrows = o->npolicies * nmodes;
     for (int r = 0; r < s.nrows; r++) {
-        s.rows[r].policy = o->policies[r];
+        s.rows[r].policy = o->policies[r / nmodes];
+        s.rows[r].mode = qs != NULL ? o->modes[r % nmodes] : KGPU_CHURN_QUEUES_OFF;
+        if (qs != NULL)
+            snprintf(s.rows[r].label, sizeof(s.rows[r].label), "%s/%s", s.rows[r].policy,
+                     kgpu_simq_mode_name(s.rows[r].mode));
+        else
+            snprintf(s.rows[r].label, sizeof(s.rows[r].label), "%s", s.rows[r].policy);
         s.rows[r].runs = calloc((size_t)o->nseeds, sizeof(*s.rows[r].runs));
         s.rows[r].wall_s = calloc((size_t)o->nseeds, sizeof(*s.rows[r].wall_s));
         if (s.rows[r].runs == NULL || s.rows[r].wall_s == NULL) {
@@ -538,6 +668,9 @@ out:
         free(s.rows[r].wall_s);
     }
     free(s.rows);
+    free(queue_of);
+    free(priority_of);
+    kgpu_queues_free(qs);
     kgpu_churn_input_free(&ch);
     kgpu_sim_input_free(&in);
     return status;
@@ -639,7 +772,14 @@ static void simulate_usage(FILE *f)
                "  --speedup X       with --churn: arrivals X times as fast as recorded,\n"
                "                    lifetimes kept (default 1)\n"
                "                    (--inflate with --churn: drawn pods arrive with their\n"
-               "                    originals; without it the file's pods as recorded)\n");
+               "                    originals; without it the file's pods as recorded)\n"
+               "  --queues FILE     with --churn: GPU queues (the extender config's queues:\n"
+               "                    section); pods go to the queue their name starts with\n"
+               "                    (\"team-a-...\"), else by a hash of the name in proportion\n"
+               "                    to the queues' guarantees (docs/queues.md)\n"
+               "  --queue-modes L   with --queues: compare none (no queues), static (caps at\n"
+               "                    the guarantees), priority-age (borrowing, Kueue-like\n"
+               "                    reclaim), frag (kgpu's reclaim); default all four\n");
 }
 
 /*
@@ -724,9 +864,12 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"extender-scores", no_argument, NULL, 'E'},
         {"workload", no_argument, NULL, 'W'},
         {"kube-scheduler", required_argument, NULL, 'K'},
+        {"queues", required_argument, NULL, 'Q'},
+        {"queue-modes", required_argument, NULL, 'M'},
         {NULL, 0, NULL, 0},
     };
-    const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL;
+    const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL, *queues_path = NULL;
+    const char *modes_text = "none,static,priority-age,frag";
     char *policy_text = NULL;
     const char *seeds_text = "42-51";
     double inflate = 1.3, speedup = 1;
@@ -769,6 +912,12 @@ int kgpu_cmd_simulate(int argc, char **argv)
             break;
         case 'C':
             churn = true;
+            break;
+        case 'Q':
+            queues_path = optarg;
+            break;
+        case 'M':
+            modes_text = optarg;
             break;
         case 't':
             threads = (int)strtol(optarg, &end, 10);
@@ -815,6 +964,11 @@ int kgpu_cmd_simulate(int argc, char **argv)
             free(policy_text);
             return 2;
         }
+    }
+    if (queues_path != NULL && !churn) {
+        fprintf(stderr, "kgpu simulate: --queues needs --churn\n");
+        free(policy_text);
+        return 2;
     }
     if (speedup_set && !churn) {
         fprintf(stderr, "kgpu simulate: --speedup needs --churn\n");
@@ -878,7 +1032,14 @@ int kgpu_cmd_simulate(int argc, char **argv)
         goto out;
     }
     if (churn) {
+        kgpu_churn_queue_mode modes[4];
+        int nmodes = 0;
+        if (kgpu_simq_parse_modes(modes_text, modes, 4, &nmodes, &err) != 0)
+            goto out;
         churn_opts co = {.nodes_path = nodes_path,
+                         .queues_path = queues_path,
+                         .modes = modes,
+                         .nmodes = nmodes,
                          .pods_path = pods_path,
                          .plot_path = plot_path,
                          .policies = policies,

@@ -295,6 +295,23 @@ fail:
     return rc;
 }
 
+void kgpu_queues_cap_at_guarantee(kgpu_queues *qs)
+{
+    for (int i = 0; i < qs->n; i++) {
+        queue *x = &qs->q[i];
+        bool any = x->g.milli != KGPU_QUEUE_UNSET || x->g.mem_mib != KGPU_QUEUE_UNSET;
+        if (!any && !x->leaf)
+            continue; /* a parent that guarantees nothing: its children's caps hold */
+        x->l.milli = x->g.milli != KGPU_QUEUE_UNSET ? x->g.milli : 0;
+        /* Memory nobody guaranteed stays unlimited when compute is guaranteed. */
+        x->l.mem_mib = x->g.mem_mib != KGPU_QUEUE_UNSET ? x->g.mem_mib
+                       : any                          ? KGPU_QUEUE_UNSET
+                                                      : 0;
+        for (int m = 0; m < x->nmodels; m++)
+            x->models[m].l = x->models[m].g;
+    }
+}
+
 int kgpu_queues_bind_models(kgpu_queues *qs, const kgpu_cluster *c, kgpu_error *err)
 {
     (void)err;
@@ -653,8 +670,9 @@ typedef struct node_pick {
     int node;
     int max_prio;
     int64_t waste; /* freed milli on GPUs the pod does not take */
-    double frag;
     size_t nv;
+    double lost; /* Σ milli x (newest start - start): the work the victims have done */
+    double frag;
 } node_pick;
 
 static bool pick_better(const node_pick *a, const node_pick *b)
@@ -663,10 +681,12 @@ static bool pick_better(const node_pick *a, const node_pick *b)
         return a->max_prio < b->max_prio;
     if (a->waste != b->waste)
         return a->waste < b->waste;
-    if (a->frag != b->frag)
-        return a->frag < b->frag;
     if (a->nv != b->nv)
         return a->nv < b->nv;
+    if (a->lost != b->lost)
+        return a->lost < b->lost;
+    if (a->frag != b->frag)
+        return a->frag < b->frag;
     return a->node < b->node;
 }
 
@@ -818,8 +838,11 @@ static int reclaim_frag(const kgpu_cluster *c, const kgpu_qpod *running, size_t 
     memcpy(saved, w->s.removed, (size_t)qs->n * sizeof(*saved));
     const kgpu_request *reqs[1] = {req};
     node_pick best = {.node = -1};
+    int64_t newest = INT64_MIN;
+    for (size_t i = 0; i < nrunning; i++)
+        if (running[i].admitted > newest)
+            newest = running[i].admitted;
     size_t nbest = 0;
-    (void)nrunning;
     for (int n = 0; n < nn; n++) {
         size_t lo = w->node_start[n], hi = w->node_start[n + 1];
         bool have = hi > lo;
@@ -853,7 +876,11 @@ static int reclaim_frag(const kgpu_cluster *c, const kgpu_qpod *running, size_t 
                 bool f = fits_after(c, running, w->v, nv + 1, n, req);
                 if (pick >= 0) {
                     const kgpu_qpod *b = &running[w->by_node[lo + (size_t)pick]];
-                    if (p->priority == b->priority && !f && p->d.milli <= b->d.milli)
+                    if (p->priority == b->priority && f == pick_fits &&
+                        (p->d.milli < b->d.milli ||
+                         (p->d.milli == b->d.milli && p->admitted <= b->admitted)))
+                        continue; /* among equals: the larger, then the newer */
+                    if (p->priority == b->priority && !f && pick_fits)
                         continue;
                 }
                 pick = (int)k;
@@ -885,9 +912,12 @@ static int reclaim_frag(const kgpu_cluster *c, const kgpu_qpod *running, size_t 
             nv--;
         }
         node_pick np = {.node = n, .nv = nv};
-        for (size_t i = 0; i < nv; i++)
-            if (running[w->v[i]].priority > max_prio)
-                max_prio = running[w->v[i]].priority;
+        for (size_t i = 0; i < nv; i++) {
+            const kgpu_qpod *p = &running[w->v[i]];
+            if (p->priority > max_prio)
+                max_prio = p->priority;
+            np.lost += (double)p->d.milli * (double)(newest - p->admitted);
+        }
         np.max_prio = max_prio; /* the lowest possible when nothing is evicted */
         judge(c, running, w->v, nv, n, req, target, &np);
         if (best.node < 0 || pick_better(&np, &best)) {
