@@ -147,14 +147,13 @@ KGPU_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode);
  */
 void *kgpu__lookup_result(const char *name, void *p)
 {
-    if (p == NULL || name == NULL || kgpu__config() == KGPU_MODE_PASS)
+    if (p == NULL || name == NULL)
         return p;
-    if (strcmp(name, "dlsym") == 0)
-        return (void *)dlsym;
-    if (strcmp(name, "dlvsym") == 0)
-        return (void *)dlvsym;
-    void *hook = kgpu__hook_named(name);
-    return hook != NULL ? hook : p;
+    void *ours = strcmp(name, "dlsym") == 0    ? (void *)dlsym
+                 : strcmp(name, "dlvsym") == 0 ? (void *)dlvsym
+                                               : kgpu__hook_named(name);
+    /* Only a name that matters reads the limits: other lookups cost a process nothing. */
+    return ours == NULL || kgpu__config() == KGPU_MODE_PASS ? p : ours;
 }
 
 void *dlvsym(void *restrict handle, const char *restrict name, const char *restrict version)
@@ -514,9 +513,10 @@ enum { OPEN_PLAIN, OPEN_WATCHED, OPEN_REFUSED };
  */
 static __attribute__((noinline)) int how_to_open(const char *file, int mode, const void *ret)
 {
-    if (kgpu__config() != KGPU_MODE_ACTIVE)
-        return OPEN_PLAIN;
     int foreign = namespace_of(map_of(ret)) != LM_ID_BASE;
+    /* Only a load that needs watching reads the limits. */
+    if ((!foreign && (mode & RTLD_DEEPBIND) == 0) || kgpu__config() != KGPU_MODE_ACTIVE)
+        return OPEN_PLAIN;
     if (foreign && (mode & RTLD_GLOBAL)) {
         if (!names_driver(file, ret))
             return OPEN_PLAIN;
@@ -547,7 +547,7 @@ __attribute__((optimize("O2", "optimize-sibling-calls"))) KGPU_EXPORT void *dlmo
                                                                              int mode)
 {
     const void *ret = __builtin_return_address(0);
-    if (kgpu__config() == KGPU_MODE_ACTIVE && (lmid != LM_ID_BASE || (mode & RTLD_DEEPBIND) != 0))
+    if ((lmid != LM_ID_BASE || (mode & RTLD_DEEPBIND) != 0) && kgpu__config() == KGPU_MODE_ACTIVE)
         return watched_open(lmid, file, mode, ret);
     return real_dlmopen()(lmid, file, mode);
 }
