@@ -13,6 +13,8 @@
   kube-scheduler's tlsConfig files, as copied to a control-plane node. The
   shipped configurations are changed only in their file paths (the
   /etc/kgpu-tls/ and /etc/kubernetes/kgpu/ prefixes) and addresses.
+- DevicePluginPod: on the node suite's real node, the device plugin runs in a
+  pod made from the chart's DaemonSet template (image built by node_images).
 - ServiceVip: what kube-proxy and the endpoints controller do for the
   kgpu-extender Service: TCP connections go, unchanged (TLS passes through),
   to a ready replica (kubelet's probe: GET /readyz 200 without a client
@@ -124,12 +126,14 @@ def uses_tls(config_text):
     return re.search(r"(?m)^tls:\s*$", config_text) is not None
 
 
-def render(cp, build_dir, values=()):
+def render(cp, build_dir, values=(), files=()):
     """Rendered manifests of the chart, as a list of objects read back as JSON."""
     chart = os.path.join(cluster.REPO, "deploy", "helm", "kgpu")
     argv = [cp.tool("helm"), "template", "kgpu", chart, "--namespace", NS]
     for v in values:
         argv += ["--set", v]
+    for v in files:  # KEY=PATH: the value is the file's text (helm's --set-file)
+        argv += ["--set-file", v]
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=120)
     if r.returncode != 0:
@@ -137,7 +141,7 @@ def render(cp, build_dir, values=()):
     return r.stdout
 
 
-def install(cp, build_dir, values=()):
+def install(cp, build_dir, values=(), files=()):
     """Applies the chart's objects and, when its extender serves HTTPS (the default), does
     the operator's part: certificates, the Secret, kube-scheduler's files (cp.kgpu_tls).
     Returns (scheduler-config text, extender config text) as read back from their
@@ -146,7 +150,7 @@ def install(cp, build_dir, values=()):
     if os.environ.get("KGPU_E2E_KUSTOMIZE"):  # while developing the chart: the kustomize tree
         sched, ext = install_kustomize(cp)
     else:
-        text = render(cp, build_dir, values)
+        text = render(cp, build_dir, values, files)
         with open(cp.p("kgpu-rendered.yaml"), "w") as f:
             f.write(text)
         cp.kubectl("apply", "-f", cp.p("kgpu-rendered.yaml"))
@@ -485,117 +489,112 @@ class ServiceVip:
         self.sock.close()
 
 
-DP_NS, DP_SA = "kgpu-node", "kgpu-device-plugin"
+DP_NS = "kgpu-node"
 
 
-class DevicePlugin:
-    """kgpu-device-plugin on a node, run as a process the way the chart's DaemonSet runs
-    it: the container's command as rendered (read back from the DaemonSet), with the
-    host paths of its two hostPath volumes (kubelet's device plugin folder, the state
-    folder) put where this node has them; what the install-shim init container does
-    (the library copied to <state>/lib/); NODE_NAME; its ServiceAccount's token
-    (TokenRequest API) in a kubeconfig. --fake-gpus names a YAML file of the GPUs."""
+class DevicePluginPod:
+    """kgpu-device-plugin as the chart's DaemonSet runs it, in a pod on a real node: the
+    pod the DaemonSet controller (not run here) would make from its template, bound to
+    the node, with two changes standing in for components that do not run either:
+    hostNetwork, and KUBERNETES_SERVICE_HOST/PORT naming the API server's loopback
+    address (kube-proxy would carry the `kubernetes` Service's address there). Also the
+    kube-root-ca.crt ConfigMap of its namespace, which kube-controller-manager publishes
+    and the pod's token volume needs. The GPUs come from the chart's fakeGpus ConfigMap,
+    which write_gpus() replaces (kubelet carries the change into the pod's volume)."""
 
-    def __init__(self, cp, build_dir, node_name, plugin_dir, state_dir, gpus, extra=()):
-        self.cp, self.node_name = cp, node_name
-        self.binary = os.path.join(build_dir, "kgpu-device-plugin")
-        self.plugin_dir, self.state_dir = plugin_dir, state_dir
-        self.gpus_file = cp.p("fake-gpus-%s.yaml" % node_name)
-        self.extra = list(extra)
-        self.child = None
-        self.children = []  # every run, for their sanitizer reports
+    def __init__(self, cp, node, state_dir):
+        self.cp, self.node, self.state_dir = cp, node, state_dir
         self.starts = 0
-        self.write_gpus(gpus)
-        os.makedirs(os.path.join(state_dir, "lib"), exist_ok=True)
-        lib = os.path.join(state_dir, "lib", "libkgpu-limit.so")
-        tmp = lib + ".new"
-        with open(os.path.join(build_dir, "libkgpu-limit.so"), "rb") as src, \
-                open(tmp, "wb") as dst:
-            dst.write(src.read())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, lib)
+        self.name = None
+        self.logs = []  # the log of every run that has ended, for sanitizer reports
 
-    def write_gpus(self, gpus):
-        """The --fake-gpus file, replaced whole (the plugin re-reads it when it changes)."""
-        lines = ["gpus:"]
-        for i, g in enumerate(gpus):
-            lines += ["  - index: %d" % i, "    uuid: %s" % g["uuid"],
-                      "    model: %s" % g["model"], "    memory_mib: %d" % g["memory_mib"],
-                      "    numa: 0", "    healthy: %s" % ("true" if g.get("healthy", True)
-                                                        else "false")]
-        tmp = self.gpus_file + ".new"
-        with open(tmp, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, self.gpus_file)
+    def _ensure_root_ca(self):
+        path = "/api/v1/namespaces/%s/configmaps" % DP_NS
+        if self.cp.admin.try_get(path + "/kube-root-ca.crt") is None:
+            with open(self.cp.pki.ca_crt) as f:
+                self.cp.admin.post(path, {"apiVersion": "v1", "kind": "ConfigMap",
+                                          "metadata": {"name": "kube-root-ca.crt"},
+                                          "data": {"ca.crt": f.read()}})
 
-    def command(self):
-        """The DaemonSet's command for the plugin container, each path under one of its
-        volume mounts moved to where this node has that volume: the hostPath volumes at
-        plugin_dir and state_dir, a ConfigMap volume written out to a folder as kubelet
-        would (with a listen address in it moved to a free loopback port)."""
+    def start(self, wait_registered=True):
+        self._ensure_root_ca()
         ds = self.cp.admin.get("/apis/apps/v1/namespaces/%s/daemonsets/kgpu-device-plugin"
                                % DP_NS)
-        spec = ds["spec"]["template"]["spec"]
-        c = [c for c in spec["containers"] if c["name"] == "kgpu-device-plugin"][0]
-        volumes = {v["name"]: v for v in spec.get("volumes") or []}
-        where = {}
-        for m in c.get("volumeMounts") or []:
-            v = volumes[m["name"]]
-            if "hostPath" in v:
-                host = v["hostPath"]["path"]
-                where[m["mountPath"]] = (self.plugin_dir if "device-plugins" in host
-                                         else self.state_dir)
-            elif "configMap" in v:
-                cm = self.cp.admin.get("/api/v1/namespaces/%s/configmaps/%s"
-                                       % (DP_NS, v["configMap"]["name"]))
-                d = self.cp.p("dp-volume-" + m["name"])
-                os.makedirs(d, exist_ok=True)
-                for key, text in (cm.get("data") or {}).items():
-                    text = re.sub(r'(?m)^(\s*\w*[lL]isten:\s*)"?[0-9.]*:\d+"?',
-                                  lambda mm: '%s"127.0.0.1:%d"' % (mm.group(1),
-                                                                   cluster.free_port()), text)
-                    with open(os.path.join(d, key), "w") as f:
-                        f.write(text)
-                where[m["mountPath"]] = d
-        argv = [self.binary]
-        for a in (c.get("command") or [])[1:] + (c.get("args") or []):
-            for mount in sorted(where, key=len, reverse=True):
-                if ("=" + mount) in a or a.startswith(mount):
-                    a = a.replace(mount, where[mount], 1)
-                    break
-            argv.append(a)
-        return argv
-
-    def start(self):
-        token = self.cp.service_account_token(DP_NS, DP_SA)
-        kc = self.cp.p("device-plugin-%s.kubeconfig" % self.node_name)
-        with open(kc, "w") as f:
-            f.write("apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n"
-                    "    server: %s\n    certificate-authority: %s\n"
-                    "users:\n- name: dp\n  user:\n    token: %s\n"
-                    "contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: dp\n"
-                    "current-context: e2e\n" % (self.cp.server, self.cp.pki.ca_crt, token))
+        tmpl = ds["spec"]["template"]
         self.starts += 1
-        argv = self.command() + ["--fake-gpus", self.gpus_file, "--kubeconfig", kc] + self.extra
-        env = dict(os.environ, NODE_NAME=self.node_name)
-        log = self.cp.p("kgpu-device-plugin.%d.log" % self.starts)
-        self.child = harness.Child(argv, log, env=env)
-        self.children.append(self.child)
-        self.cp.children["kgpu-device-plugin.%d" % self.starts] = self.child
+        self.name = "kgpu-device-plugin-%s-%d" % (self.node.name, self.starts)
+        spec = dict(tmpl["spec"], nodeName=self.node.name, hostNetwork=True)
+        for c in spec["containers"]:
+            if c["name"] == "kgpu-device-plugin":
+                c["env"] = list(c.get("env") or []) + [
+                    {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                    {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.cp.api_port)}]
+        meta = dict(tmpl["metadata"], name=self.name, namespace=DP_NS)
+        self.cp.admin.post("/api/v1/namespaces/%s/pods" % DP_NS,
+                           {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+        if wait_registered:
+            cluster.wait_for(lambda: self.running() and "registered kgpu.io/gpu-mem"
+                             in self.log(), 90, "pod %s to register" % self.name, interval=0.5)
         return self
 
+    def pod(self):
+        return self.cp.admin.try_get("/api/v1/namespaces/%s/pods/%s" % (DP_NS, self.name))
+
+    def running(self):
+        p = self.pod()
+        if p and p.get("status", {}).get("phase") == "Failed":
+            raise AssertionError("%s failed: %s" % (self.name, json.dumps(p["status"])[:1500]))
+        return bool(p) and p.get("status", {}).get("phase") == "Running"
+
+    def log(self):
+        """The running plugin's log, through the API (kube-apiserver asks kubelet)."""
+        if self.name is None:
+            return ""
+        st, text = self.cp.admin.raw(
+            "GET", "/api/v1/namespaces/%s/pods/%s/log?container=kgpu-device-plugin"
+            % (DP_NS, self.name))
+        return text.decode("utf-8", "replace") if st == 200 else ""
+
+    def log_tail(self, n=40):
+        return "\n".join(self.log().splitlines()[-n:])
+
     def stop(self):
-        return self.child.stop() if self.child else None
+        """Deletes the pod as a rollout or drain would (gracefully), keeping its log."""
+        if self.name is None:
+            return
+        self.logs.append(self.log())
+        self.cp.admin.delete("/api/v1/namespaces/%s/pods/%s" % (DP_NS, self.name))
+        cluster.wait_for(lambda: self.pod() is None, 60, "pod %s to go" % self.name,
+                         interval=0.3)
+        self.name = None
 
     def restart(self):
         self.stop()
         return self.start()
 
-    def alive_or_raise(self):
-        if not self.child.alive():
-            raise RuntimeError("kgpu-device-plugin exited with %s:\n%s" %
-                               (self.child.proc.returncode, self.child.log_tail(60)))
-        return True
+    def write_gpus(self, gpus):
+        """Replaces the fakeGpus ConfigMap's file."""
+        path = "/api/v1/namespaces/%s/configmaps/kgpu-device-plugin-fake-gpus" % DP_NS
+        self.cp.admin.merge_patch(path, {"data": {"gpus.yaml": fake_gpus_yaml(gpus)}})
 
-    def sanitizer_report(self):
-        return self.child.sanitizer_report() if self.child else None
+    def sanitizer_reports(self):
+        out = []
+        for text in self.logs + [self.log()]:
+            for mark in harness.SANITIZER_MARKS:
+                at = text.find(mark)
+                if at >= 0:
+                    out.append(text[max(0, at - 300):at + 4000])
+                    break
+        return out
+
+
+def fake_gpus_yaml(gpus):
+    """A --fake-gpus file (examples/gpus.yaml's form) for [{uuid, model, memory_mib,
+    healthy?}]."""
+    lines = ["gpus:"]
+    for i, g in enumerate(gpus):
+        lines += ["  - index: %d" % i, "    uuid: %s" % g["uuid"],
+                  "    model: %s" % g["model"], "    memory_mib: %d" % g["memory_mib"],
+                  "    numa: 0", "    healthy: %s" % ("true" if g.get("healthy", True)
+                                                    else "false")]
+    return "\n".join(lines) + "\n"

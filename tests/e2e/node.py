@@ -179,12 +179,16 @@ class Node:
 
     # -- start ------------------------------------------------------------------
 
-    def start(self, preloaded=()):
+    def start(self, preloaded=(), kgpu_image=False):
+        """preloaded: shared objects the job image must carry the C library for;
+        kgpu_image: also the image the Helm chart's pods name, from self.build."""
         t0 = time.monotonic()
         self._save_sysctls()
         self._make_cgroups()
         self._start_containerd()
         self.images = node_images.build_all(self.p("images"), preloaded=preloaded)
+        if kgpu_image:
+            self.images.append(node_images.kgpu_image(self.p("images"), self.build))
         for name, path in self.images:
             _run(["ctr", "--address", self.containerd_sock, "-n", "k8s.io", "images", "import",
                   path])

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 
@@ -26,6 +27,9 @@ SRC = os.path.join(HERE, "node")
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"  # kubeadm's for Kubernetes 1.37
 JOB_IMAGE = "kgpu-e2e.local/gpu-job:1"
+# The image the Helm chart's DaemonSet names; no such image is published, so the
+# node suite makes it: what the chart's containers run, from this build.
+KGPU_IMAGE = "ghcr.io/kgpu/kgpu:0.1.0"
 
 
 def compile_c(source, out, static=False):
@@ -115,6 +119,22 @@ def docker_archive(path, name, layer_bytes, entrypoint, cmd=None, env=None):
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
     return path
+
+
+def kgpu_image(workdir, build_dir):
+    """The DaemonSet's image: kgpu-device-plugin on the PATH, /usr/lib/kgpu/libkgpu-limit.so,
+    and what the install-shim init container's script runs (sh, mkdir, cp, chmod, mv, from
+    this machine), each with the shared objects it needs."""
+    files = {"/usr/bin/kgpu-device-plugin": os.path.join(build_dir, "kgpu-device-plugin"),
+             "/usr/lib/kgpu/libkgpu-limit.so": os.path.join(build_dir, "libkgpu-limit.so")}
+    for tool in ("sh", "mkdir", "cp", "chmod", "mv"):
+        host = os.path.realpath(shutil.which(tool))
+        files["/bin/" + tool] = host
+    path = os.path.join(workdir, "kgpu.tar")
+    docker_archive(path, KGPU_IMAGE, layer(files, libs_for=list(files.values())),
+                   ["/usr/bin/kgpu-device-plugin"],
+                   env=["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"])
+    return KGPU_IMAGE, path
 
 
 def build_all(workdir, preloaded=()):

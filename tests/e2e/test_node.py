@@ -92,14 +92,21 @@ class NodeSuite(unittest.TestCase):
     @classmethod
     def _bring_up(cls):
         cp, build = cls.cp, CONFIG["build"]
-        sched_config, ext_config = kgpu_deploy.install(cp, build)
+        # The chart as an operator without GPUs would install it: fake GPUs from a file
+        # (--set-file), the state folder in this run's scratch folder.
+        state = cp.p("kgpu-state")
+        gpus_file = cp.p("fake-gpus.yaml")
+        with open(gpus_file, "w") as f:
+            f.write(kgpu_deploy.fake_gpus_yaml(GPUS))
+        sched_config, ext_config = kgpu_deploy.install(
+            cp, build, values=["devicePlugin.args.stateDir=" + state],
+            files=["devicePlugin.args.fakeGpus=" + gpus_file])
         cp.ensure_namespace(E2E_NS)
         cls.node = nodemod.Node(cp, cp.p("node"), build, gpus=GPUS,
                                 labels={"kgpu.io/gpu-node": "true"})
         cls.node.start(preloaded=[os.path.join(build, "libkgpu-limit.so"),
-                                  cls.node.fake_cuda, cls.node.fake_nvml])
-        cls.plugin = kgpu_deploy.DevicePlugin(cp, build, cls.node.name, cls.node.plugin_dir,
-                                              cp.p("kgpu-state"), GPUS).start()
+                                  cls.node.fake_cuda, cls.node.fake_nvml], kgpu_image=True)
+        cls.plugin = kgpu_deploy.DevicePluginPod(cp, cls.node, state).start()
         cls.ext = kgpu_deploy.Extender(cp, build, ext_config, name="kgpu-extender-a").start()
         wait_for(cls.ext.ready, 60, "the extender's /readyz")
         # The extender "runs" on a control-plane node without a kubelet: the Pod object that
@@ -132,9 +139,9 @@ class NodeSuite(unittest.TestCase):
         for name in self.created:
             wait_for(lambda name=name: self.cp.get_pod(E2E_NS, name) is None, 60,
                      "pod %s to go" % name)
-        for child in self.plugin.children + [self.ext.child]:
-            report = child.sanitizer_report()
-            self.assertIsNone(report, "sanitizer report in %s:\n%s" % (child.log_path, report))
+        self.assertEqual(self.plugin.sanitizer_reports(), [])
+        report = self.ext.sanitizer_report()
+        self.assertIsNone(report, "sanitizer report:\n%s" % report)
 
     # -- helpers ----------------------------------------------------------------
 
@@ -151,7 +158,7 @@ class NodeSuite(unittest.TestCase):
             wait_for(ok, timeout, "node %s %s to be %d" % (field, MEM, units), interval=0.5)
         except AssertionError:
             raise AssertionError("node status: %s\nplugin log:\n%s" % (
-                json.dumps(cls.node_obj()["status"].get(field)), cls.plugin.child.log_tail(30)))
+                json.dumps(cls.node_obj()["status"].get(field)), cls.plugin.log_tail(30)))
 
     def job(self, name, mem, args, gpu_type=None, restart="Never", binary="/bin/gpu_job"):
         pod = pod_object(name, [("main", {MEM: mem})],
@@ -181,7 +188,7 @@ class NodeSuite(unittest.TestCase):
             raise AssertionError("%s\nstatus: %s\nevents: %s\nplugin log:\n%s" % (
                 e, json.dumps((p or {}).get("status"))[:1500],
                 [ev.get("message") for ev in self.cp.events_for(E2E_NS, name)],
-                self.plugin.child.log_tail(15)))
+                self.plugin.log_tail(15)))
 
     def wait_running(self, name, timeout=90):
         """Running with its container started (gpu_job has printed its first lines)."""
@@ -347,7 +354,7 @@ class NodeSuite(unittest.TestCase):
         before = self.wait_running("steady")
         cid = before["status"]["containerStatuses"][0]["containerID"]
         self.plugin.restart()
-        wait_for(lambda: "registered kgpu.io/gpu-mem" in self.plugin.child.log(), 30,
+        wait_for(lambda: "registered kgpu.io/gpu-mem" in self.plugin.log(), 30,
                  "the restarted plugin to register")
         self.wait_capacity(31)
         # The running container is untouched: same container, same limits, still loaded.
@@ -368,9 +375,9 @@ class NodeSuite(unittest.TestCase):
         cid = before["status"]["containerStatuses"][0]["containerID"]
         served = self.allocations()
         self.assertEqual(self.allocations("survivor"), 1)
-        registrations = self.plugin.child.log().count("registered kgpu.io/gpu-mem")
+        registrations = self.plugin.log().count("registered kgpu.io/gpu-mem")
         self.node.restart_kubelet()
-        wait_for(lambda: self.plugin.child.log().count("registered kgpu.io/gpu-mem")
+        wait_for(lambda: self.plugin.log().count("registered kgpu.io/gpu-mem")
                  > registrations, 60, "the plugin to register with the new kubelet")
         self.node.wait_ready()
         self.wait_capacity(31)
@@ -400,22 +407,6 @@ class NodeSuite(unittest.TestCase):
         held = self.held().get((self.node.name, 0), (0, 0))[0]
         self.assertEqual(held, 2048, "after-kubelet finished; only survivor holds V100 memory")
 
-        # The plugin restarted while kubelet is down: a stopped kubelet leaves its
-        # kubelet.sock behind, refusing connections; the plugin must keep trying and
-        # register with the kubelet that comes back.
-        self.node.stop_kubelet()
-        self.assertTrue(os.path.exists(os.path.join(self.node.plugin_dir, "kubelet.sock")))
-        self.plugin.restart()
-        wait_for(lambda: "retrying" in self.plugin.child.log(), 15,
-                 "the plugin to meet the stale kubelet.sock")
-        self.node.start_kubelet()
-        wait_for(lambda: "registered kgpu.io/gpu-mem" in self.plugin.child.log(), 60,
-                 "the plugin to register with the kubelet that came back")
-        self.node.wait_ready()
-        self.wait_capacity(31)
-        self.assertEqual(self.pod("survivor")["status"]["containerStatuses"][0]["containerID"],
-                         cid)
-
     def checkpoint(self, pod_uid):
         """kubelet's device manager checkpoint entries of one pod."""
         with open(os.path.join(self.node.plugin_dir, "kubelet_internal_checkpoint")) as f:
@@ -426,7 +417,7 @@ class NodeSuite(unittest.TestCase):
         """The plugin's "Allocate N resource: pod ns/name ..." lines, of one pod or all."""
         pat = re.compile(r"\bAllocate \d+ \S+: pod %s/%s " % (
             E2E_NS, re.escape(name) if name else r"\S+"))
-        return len(pat.findall(self.plugin.child.log()))
+        return len(pat.findall(self.plugin.log()))
 
     # -- 6. an unhealthy GPU ---------------------------------------------------------
 
@@ -543,7 +534,7 @@ class NodeSuite(unittest.TestCase):
         # kubelet asked in its order: the init container first, then the app containers,
         # once per container and resource (a's compute share included).
         order = re.findall(r"\bAllocate \d+ (\S+): pod %s/multi (?:init )?container (\S+)"
-                           % E2E_NS, self.plugin.child.log())
+                           % E2E_NS, self.plugin.log())
         self.assertEqual([c for _, c in order if _ == MEM], ["setup", "a", "b"], order)
         self.assertIn((CORE, "a"), order, order)
 
