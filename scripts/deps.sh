@@ -24,6 +24,7 @@ PACKAGES=(
   containerd runc                    # the e2e node suite's container runtime (kubelet's CRI)
   containernetworking-plugins        # its pods' network: bridge, host-local, loopback
   iproute2                           # ... and taking that bridge down again
+  musl-tools                         # ... and a job program on another C library
 )
 
 missing=()

@@ -7,10 +7,11 @@ for it on this machine (read from `ldd`), at the same paths. So the images
 carry this machine's glibc, which is what the fake driver and
 libkgpu-limit.so were built against.
 
-Two images: the pod sandbox (a static `pause`, under the name the runtime's
-sandbox_image setting gives, as kubelet's runtime expects it there) and the
-job image (gpu_job built dynamically and statically). Both are built from
-C sources in tests/e2e/node/ with the machine's cc.
+Three images: the pod sandbox (a static `pause`, under the name the runtime's
+sandbox_image setting gives, as kubelet's runtime expects it there), the
+job image (gpu_job built dynamically, statically, and statically on musl
+where musl-gcc is installed), and the image the Helm chart names. The
+programs are built from C sources in tests/e2e/node/ with the machine's cc.
 """
 
 import hashlib
@@ -32,8 +33,8 @@ JOB_IMAGE = "kgpu-e2e.local/gpu-job:1"
 KGPU_IMAGE = "ghcr.io/kgpu/kgpu:0.1.0"
 
 
-def compile_c(source, out, static=False):
-    argv = ["cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, os.path.join(SRC, source)]
+def compile_c(source, out, static=False, cc="cc"):
+    argv = [cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, os.path.join(SRC, source)]
     argv += ["-static"] if static else []
     argv += ["-ldl"]
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -145,12 +146,15 @@ def build_all(workdir, preloaded=()):
     pause = compile_c("pause.c", os.path.join(workdir, "pause"), static=True)
     job = compile_c("gpu_job.c", os.path.join(workdir, "gpu_job"))
     job_static = compile_c("gpu_job.c", os.path.join(workdir, "gpu_job_static"), static=True)
+    files = {"/bin/gpu_job": job, "/bin/gpu_job_static": job_static}
+    if shutil.which("musl-gcc"):  # Debian's musl-tools: a program on another C library
+        files["/bin/gpu_job_musl"] = compile_c("gpu_job.c", os.path.join(workdir, "gpu_job_musl"),
+                                               static=True, cc="musl-gcc")
     out = []
     out.append((PAUSE_IMAGE, docker_archive(os.path.join(workdir, "pause.tar"), PAUSE_IMAGE,
                                             layer({"/pause": pause}), ["/pause"])))
     out.append((JOB_IMAGE, docker_archive(
         os.path.join(workdir, "gpu-job.tar"), JOB_IMAGE,
-        layer({"/bin/gpu_job": job, "/bin/gpu_job_static": job_static},
-              libs_for=[job] + list(preloaded)),
+        layer(files, libs_for=[job] + list(preloaded)),
         ["/bin/gpu_job"], ["show"])))
     return out

@@ -18,6 +18,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import time
 import tomllib
 import unittest
@@ -470,6 +471,21 @@ class NodeSuite(unittest.TestCase):
         self.assertRegex(out["limits"][1], r"memory_mib=2048\b")
         self.assertEqual(first_int(out["total_mib"]), V100["memory_mib"],
                          "a static program saw a share: update docs/shim.md")
+
+    def test_09b_musl_program_cannot_reach_the_driver(self):
+        """A program on musl does not load the library either, nor can it load the driver,
+        which is built for glibc: it gets no GPU at all, and says why."""
+        if not shutil.which("musl-gcc"):
+            self.skipTest("musl-gcc is missing (Debian's musl-tools, scripts/deps.sh)")
+        self.job("musl", 2, ["run", "max"], gpu_type="Tesla V100*", binary="/bin/gpu_job_musl")
+        pod = self.wait_phase("musl", ("Failed",))
+        self.assertEqual(pod["status"]["containerStatuses"][0]["state"]["terminated"]
+                         ["exitCode"], 3)
+        out = self.output("musl")
+        self.assertEqual(out["shim"], ["absent"])
+        self.assertRegex(out["limits"][1], r"memory_mib=2048\b")
+        self.assertTrue(out["driver"][0].startswith("unavailable "), out["driver"])
+        self.assertNotIn("cuInit", out)
 
     def test_10_broken_limits_file_fails_closed(self):
         """A limits file that cannot be parsed: CUDA is refused in the container, with a
