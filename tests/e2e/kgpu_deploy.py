@@ -563,6 +563,9 @@ class DevicePluginPod:
         if self.name is None:
             return
         self.logs.append(self.log())
+        # Kept in the scratch folder, as the other components' logs are.
+        with open(self.cp.p("kgpu-device-plugin.%d.log" % self.starts), "w") as f:
+            f.write(self.logs[-1])
         self.cp.admin.delete("/api/v1/namespaces/%s/pods/%s" % (DP_NS, self.name))
         cluster.wait_for(lambda: self.pod() is None, 60, "pod %s to go" % self.name,
                          interval=0.3)
