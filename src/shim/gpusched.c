@@ -178,6 +178,7 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
         }
         if (free)
             hand_to(f, neediest(f, now, me, -1), now);
+        atomic_fetch_add(&f->m[me].waits, 1);
         unlock(f);
         struct timespec ts = {0, 100000}; /* 100 us */
         nanosleep(&ts, NULL);

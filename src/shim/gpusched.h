@@ -31,7 +31,7 @@
 typedef struct kgpu_sched_member {
     char id[64];                 /* the container's region name; "" free */
     uint32_t share;              /* percent of the GPU, 1..100 */
-    uint32_t reserved;
+    _Atomic uint32_t waits;      /* how often a launch of it waited for another's turn */
     _Atomic uint64_t seen_ns;    /* when a process of it last launched or waited */
     _Atomic uint64_t waiting_ns; /* when a process of it last waited for the GPU */
     uint64_t used_ns;            /* GPU time held, halved now and then */
