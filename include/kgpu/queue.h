@@ -206,8 +206,10 @@ typedef enum kgpu_reclaim_mode {
 typedef struct kgpu_reclaim {
     size_t *victims; /* indices into the running array */
     size_t nvictims;
-    int node;           /* KGPU_RECLAIM_FRAG: the node the pod fits after; -1 otherwise */
-    int64_t freed_milli;  /* GPU compute the victims free */
+    int node;            /* the node the pod fits after the evictions */
+    int gpus[KGPU_MAX_GPUS_PER_NODE]; /* KGPU_RECLAIM_FRAG: the GPUs (positions) it fits on */
+    int ngpus;                        /* req->gpu_count for KGPU_RECLAIM_FRAG, else 0 */
+    int64_t freed_milli;              /* GPU compute the victims free */
 } kgpu_reclaim;
 
 /*

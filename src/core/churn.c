@@ -265,7 +265,7 @@ static void queue_round(run *r)
         kgpu_qdemand d;
         kgpu_qdemand_of_request(req, &d);
         int st = kgpu_queues_check(r->qs, q, &d, NULL, 0);
-        if (st == KGPU_QUEUE_WITHIN || st == KGPU_QUEUE_RECLAIM) {
+        if (d.milli > 0 && (st == KGPU_QUEUE_WITHIN || st == KGPU_QUEUE_RECLAIM)) {
             r->starving[q] = true;
             if (d.milli < min_d[q]) {
                 min_d[q] = d.milli;
@@ -309,8 +309,13 @@ static bool quota_admits(run *r, size_t k)
     return st == KGPU_QUEUE_WITHIN || st == KGPU_QUEUE_BORROWS;
 }
 
-/* Places slot k chosen among nodes (NULL = all) at time t. 1 placed, 0 no fit, <0 error. */
-static int try_place(run *r, size_t k, const int *nodes, int nn, double t, kgpu_error *err)
+/*
+ * Places slot k chosen among nodes (NULL = all) at time t; with `force`, on
+ * nodes[0] and those GPUs (reclaim's choice), without asking the policy.
+ * 1 placed, 0 no fit, <0 error.
+ */
+static int try_place_on(run *r, size_t k, const int *nodes, int nn, const int *force, double t,
+                        kgpu_error *err)
 {
     const kgpu_request *req = &r->in->sim->requests[r->slot[k]];
     if (r->qs != NULL) {
@@ -323,7 +328,13 @@ static int try_place(run *r, size_t k, const int *nodes, int nn, double t, kgpu_
         r->quota_blocked[k] = false;
     }
     int node, gpus[KGPU_MAX_GPUS_PER_NODE];
-    int rc = kgpu_policy_select(r->p, r->c, req, nodes, nn, &r->rng, &node, gpus, err);
+    int rc = 0;
+    if (force != NULL) {
+        node = nodes[0];
+        memcpy(gpus, force, sizeof(gpus));
+    } else {
+        rc = kgpu_policy_select(r->p, r->c, req, nodes, nn, &r->rng, &node, gpus, err);
+    }
     if (rc == KGPU_ENOFIT)
         return 0;
     if (rc != 0)
@@ -361,6 +372,11 @@ static int try_place(run *r, size_t k, const int *nodes, int nn, double t, kgpu_
     if (a > r->out->alloc_peak_pct)
         r->out->alloc_peak_pct = a;
     return 1;
+}
+
+static int try_place(run *r, size_t k, const int *nodes, int nn, double t, kgpu_error *err)
+{
+    return try_place_on(r, k, nodes, nn, NULL, t, err);
 }
 
 static int cmp_int(const void *x, const void *y)
@@ -402,6 +418,8 @@ static int try_reclaim(run *r, size_t k, double t, kgpu_error *err)
     int q = r->qof[r->slot[k]];
     kgpu_qdemand d;
     kgpu_qdemand_of_request(req, &d);
+    if (d.milli == 0)
+        return 0; /* queues divide GPUs: a pod without one reclaims nothing */
     int st = kgpu_queues_check(r->qs, q, &d, NULL, 0);
     if (st != KGPU_QUEUE_WITHIN && st != KGPU_QUEUE_RECLAIM)
         return 0;
@@ -462,7 +480,10 @@ static int try_reclaim(run *r, size_t k, double t, kgpu_error *err)
     }
     r->out->reclaims++;
     r->out->freed_gpus += (double)rec.freed_milli / KGPU_MILLI;
-    int placed = rec.node >= 0 ? try_place(r, k, &rec.node, 1, t, err) : try_place(r, k, NULL, 0, t, err);
+    /* kgpu's reclaim chose the GPUs too; priority and age leave the choice to the policy. */
+    int placed = rec.ngpus > 0 ? try_place_on(r, k, &rec.node, 1, rec.gpus, t, err)
+                 : mode == KGPU_RECLAIM_FRAG ? try_place(r, k, &rec.node, 1, t, err)
+                                             : try_place(r, k, NULL, 0, t, err);
     if (placed < 0) {
         free(fg);
         return placed;

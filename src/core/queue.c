@@ -673,6 +673,8 @@ typedef struct node_pick {
     size_t nv;
     double lost; /* Σ milli x (newest start - start): the work the victims have done */
     double frag;
+    int ngpus;
+    int gpus[KGPU_MAX_GPUS_PER_NODE]; /* where the search placed the pod */
 } node_pick;
 
 static bool pick_better(const node_pick *a, const node_pick *b)
@@ -714,8 +716,11 @@ static void judge(const kgpu_cluster *c, const kgpu_qpod *running, const size_t 
     }
     out->waste = 0;
     bool used[KGPU_MAX_GPUS_PER_NODE] = {false};
+    out->ngpus = 0;
     if (kgpu_place_all(c, node, rel, nrel, reqs, 1, 0, 0, &pl, NULL, 0) == KGPU_PLACE_FOUND) {
+        out->ngpus = req->gpu_count;
         for (int g = 0; g < req->gpu_count; g++) {
+            out->gpus[g] = pl.gpus[0][g];
             used[pl.gpus[0][g]] = true;
             free_milli[pl.gpus[0][g]] -= req->exclusive ? KGPU_MILLI : req->gpu_milli;
         }
@@ -932,6 +937,8 @@ static int reclaim_frag(const kgpu_cluster *c, const kgpu_qpod *running, size_t 
     memcpy(out->victims, w->best, nbest * sizeof(*w->best));
     out->nvictims = nbest;
     out->node = best.node;
+    out->ngpus = best.ngpus;
+    memcpy(out->gpus, best.gpus, sizeof(out->gpus));
     return 0;
 }
 
@@ -941,6 +948,7 @@ int kgpu_queues_reclaim(const kgpu_cluster *c, const kgpu_queues *qs, const kgpu
 {
     out->nvictims = 0;
     out->node = -1;
+    out->ngpus = 0;
     out->freed_milli = 0;
     if (q < 0 || q >= qs->n)
         return kgpu_error_set(err, KGPU_ENOENT, "queue %d does not exist", q);
@@ -948,6 +956,8 @@ int kgpu_queues_reclaim(const kgpu_cluster *c, const kgpu_queues *qs, const kgpu
         return kgpu_error_set(err, KGPU_EINVAL, "unknown reclaim mode %d", (int)mode);
     kgpu_qdemand d;
     kgpu_qdemand_of_request(req, &d);
+    if (d.milli == 0 && d.mem_mib == 0)
+        return kgpu_error_set(err, KGPU_ENOFIT, "the pod asks for no GPU: queues reclaim GPUs only");
     int st = kgpu_queues_check(qs, q, &d, NULL, 0);
     if (st != KGPU_QUEUE_WITHIN && st != KGPU_QUEUE_RECLAIM)
         return kgpu_error_set(err, KGPU_ENOFIT,
