@@ -38,8 +38,8 @@ typedef struct kgpu_churn_input {
 
 /* How a churn run divides the cluster between GPU queues (docs/queues.md). */
 typedef enum kgpu_churn_queue_mode {
-    KGPU_CHURN_QUEUES_OFF = 0, /* no queues: unrestricted sharing */
-    KGPU_CHURN_QUEUES_STATIC,  /* each queue capped at its guarantee, no borrowing (ResourceQuota) */
+    KGPU_CHURN_QUEUES_OFF = 0,      /* no queues: unrestricted sharing */
+    KGPU_CHURN_QUEUES_STATIC,       /* each queue capped at its guarantee, no borrowing */
     KGPU_CHURN_QUEUES_PRIORITY_AGE, /* borrowing; reclaim by priority and age (Kueue-like) */
     KGPU_CHURN_QUEUES_FRAG,         /* borrowing; kgpu's reclaim that frees usable GPUs */
 } kgpu_churn_queue_mode;

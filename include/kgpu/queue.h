@@ -160,7 +160,8 @@ enum {
  * _RECLAIM, `why` (may be NULL) says which queue and limit, in the words of
  * the fit reasons: "queue team-a would use 4.5 GPUs of its limit 4".
  */
-int kgpu_queues_check(const kgpu_queues *qs, int q, const kgpu_qdemand *d, char *why, size_t whylen);
+int kgpu_queues_check(const kgpu_queues *qs, int q, const kgpu_qdemand *d, char *why,
+                      size_t whylen);
 
 /*
  * Charges d to q and its ancestors. Refuses (KGPU_ENOFIT, nothing changed,
@@ -179,10 +180,10 @@ bool kgpu_queues_below_guarantee(const kgpu_queues *qs, int q);
 /* A running pod, as reclaim sees it. Caller-owned. */
 typedef struct kgpu_qpod {
     int queue;
-    int priority;       /* higher is more important */
-    int64_t admitted;   /* when it started, any unit (larger = newer): reclaim weighs the work lost */
-    kgpu_assignment a;  /* where it runs */
-    kgpu_qdemand d;     /* what it is charged (kgpu_qdemand_of_assignment) */
+    int priority;      /* higher is more important */
+    int64_t admitted;  /* when it started, any unit (larger = newer): reclaim weighs work lost */
+    kgpu_assignment a; /* where it runs */
+    kgpu_qdemand d;    /* what it is charged (kgpu_qdemand_of_assignment) */
 } kgpu_qpod;
 
 /* How reclaim chooses victims. */

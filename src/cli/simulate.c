@@ -351,9 +351,8 @@ static int churn_study_run(churn_study *s, int threads, kgpu_error *err)
             row->lost_gpu_h += x->lost_gpu_s / 3600.0 / n;
             /* Allocation less the work evictions threw away, as a share of the span. */
             double span = x->t_last - x->t_first;
-            row->alloc_useful += (x->alloc_mean_pct -
-                                  (span > 0 ? x->lost_gpu_s * 100.0 / (span * s->in->sim->gpus) : 0)) /
-                                 n;
+            double lost_pct = span > 0 ? x->lost_gpu_s * 100.0 / (span * s->in->sim->gpus) : 0;
+            row->alloc_useful += (x->alloc_mean_pct - lost_pct) / n;
             for (int q = 0; q < x->nqueues; q++) {
                 kgpu_churn_queue_result *m = &row->q[q];
                 const kgpu_churn_queue_result *y = &x->queue[q];

@@ -461,9 +461,11 @@ static int try_reclaim(run *r, size_t k, double t, kgpu_error *err)
         size_t v = r->vslots[i];
         const kgpu_assignment *a = &r->placed[v];
         for (int g = 0; g < a->ngpus; g++)
-            fg[nfreed++] = (freed_gpu){a->node, a->gpus[g], a->exclusive ? KGPU_MILLI : a->gpu_milli};
+            fg[nfreed++] =
+                (freed_gpu){a->node, a->gpus[g], a->exclusive ? KGPU_MILLI : a->gpu_milli};
         int vq = r->qof[r->slot[v]];
-        if ((rc = kgpu_cluster_release(r->c, a, err)) != 0 || (rc = remove_running(r, v, err)) != 0) {
+        if ((rc = kgpu_cluster_release(r->c, a, err)) != 0 ||
+            (rc = remove_running(r, v, err)) != 0) {
             free(fg);
             return rc;
         }
@@ -732,7 +734,8 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
     r.gen = calloc(n ? n : 1, sizeof(*r.gen));
     r.ever_placed = calloc(n ? n : 1, sizeof(*r.ever_placed));
     if (r.c != NULL && cfg->queues != NULL && cfg->queue_mode != KGPU_CHURN_QUEUES_OFF) {
-        if (cfg->queue_mode < KGPU_CHURN_QUEUES_STATIC || cfg->queue_mode > KGPU_CHURN_QUEUES_FRAG) {
+        if (cfg->queue_mode < KGPU_CHURN_QUEUES_STATIC ||
+            cfg->queue_mode > KGPU_CHURN_QUEUES_FRAG) {
             rc = kgpu_error_set(err, KGPU_EINVAL, "unknown queue mode %d", (int)cfg->queue_mode);
             goto done;
         }
@@ -783,8 +786,8 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
     freed = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*freed));
     is_freed = calloc((size_t)(nn > 0 ? nn : 1), sizeof(*is_freed));
     if (r.c == NULL || r.placed == NULL || r.arrive == NULL || r.waits == NULL || r.queue == NULL ||
-        r.deps.v == NULL || r.gen == NULL || r.ever_placed == NULL || r.memo_batch == NULL || r.memo_mem == NULL || rank == NULL ||
-        freed == NULL || is_freed == NULL) {
+        r.deps.v == NULL || r.gen == NULL || r.ever_placed == NULL || r.memo_batch == NULL ||
+        r.memo_mem == NULL || rank == NULL || freed == NULL || is_freed == NULL) {
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
     }

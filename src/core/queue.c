@@ -91,8 +91,8 @@ static int check_g_le_l(const char *qname, const char *prefix, kgpu_qamount g, k
                               kgpu_queue_gpus_str(l.milli, b, sizeof(b)));
     if (g.mem_mib != KGPU_QUEUE_UNSET && l.mem_mib != KGPU_QUEUE_UNSET && g.mem_mib > l.mem_mib)
         return kgpu_error_set(err, KGPU_EINVAL,
-                              "queue %s: %sguarantee.memory %" PRId64 " MiB above limit.memory %" PRId64
-                              " MiB",
+                              "queue %s: %sguarantee.memory %" PRId64
+                              " MiB above limit.memory %" PRId64 " MiB",
                               qname, prefix, g.mem_mib, l.mem_mib);
     return 0;
 }
@@ -155,8 +155,8 @@ static int check_children(const kgpu_queues *qs, kgpu_error *err)
         char a[32], b[32];
         if (pq->g.milli != KGPU_QUEUE_UNSET && gm > pq->g.milli)
             return kgpu_error_set(err, KGPU_EINVAL,
-                                  "queue %s: its children are guaranteed %s GPUs, more than its own "
-                                  "guarantee.gpu %s",
+                                  "queue %s: its children are guaranteed %s GPUs, more than "
+                                  "its own guarantee.gpu %s",
                                   pq->name, kgpu_queue_gpus_str(gm, a, sizeof(a)),
                                   kgpu_queue_gpus_str(pq->g.milli, b, sizeof(b)));
         if (pq->g.mem_mib != KGPU_QUEUE_UNSET && gb > pq->g.mem_mib)
@@ -184,7 +184,8 @@ int kgpu_queues_new(const kgpu_queue_spec *specs, int n, kgpu_queues **out, kgpu
         queue *q = &qs->q[i];
         if (!valid_name(s->name)) {
             rc = kgpu_error_set(err, KGPU_EINVAL,
-                                "queue %d: name '%.80s': 1 to %d characters of a-z, 0-9, '-' and '.'",
+                                "queue %d: name '%.80s': 1 to %d characters of a-z, 0-9, '-' "
+                                "and '.'",
                                 i + 1, s->name ? s->name : "", KGPU_QUEUE_NAME_MAX);
             goto fail;
         }
@@ -425,9 +426,11 @@ static bool over(const char *qname, const char *what, kgpu_qamount used, kgpu_qa
                      kgpu_queue_gpus_str(l.milli, b, sizeof(b)));
         return true;
     }
-    if (l.mem_mib != KGPU_QUEUE_UNSET && add.mem_mib > 0 && used.mem_mib + add.mem_mib > l.mem_mib) {
+    if (l.mem_mib != KGPU_QUEUE_UNSET && add.mem_mib > 0 &&
+        used.mem_mib + add.mem_mib > l.mem_mib) {
         if (why)
-            snprintf(why, whylen, "queue %s would use %" PRId64 " MiB of %sGPU memory of its limit %" PRId64
+            snprintf(why, whylen,
+                     "queue %s would use %" PRId64 " MiB of %sGPU memory of its limit %" PRId64
                      " MiB",
                      qname, used.mem_mib + add.mem_mib, what, l.mem_mib);
         return true;
@@ -595,7 +598,8 @@ typedef struct rstate {
 static bool may_take(const rstate *s, const kgpu_qpod *p)
 {
     const kgpu_queues *qs = s->qs;
-    if (p->queue < 0 || p->queue >= qs->n || on_path(qs, p->queue, s->q) || on_path(qs, s->q, p->queue))
+    if (p->queue < 0 || p->queue >= qs->n || on_path(qs, p->queue, s->q) ||
+        on_path(qs, s->q, p->queue))
         return false;
     for (int a = p->queue; a >= 0; a = qs->q[a].parent) {
         if (on_path(qs, a, s->q))
@@ -860,7 +864,7 @@ static int reclaim_frag(const kgpu_cluster *c, const kgpu_qpod *running, size_t 
         int max_prio = -2147483647 - 1;
         bool used[RECLAIM_NODE_MAX] = {false};
         size_t span = hi - lo < RECLAIM_NODE_MAX ? hi - lo : RECLAIM_NODE_MAX;
-        /* Greedy: the lowest priority first; among equals, one that makes the pod fit, then the largest. */
+        /* Greedy: lowest priority first; among equals one that lets the pod fit, then larger. */
         while (!fits_after(c, running, w->v, nv, n, req)) {
             int pick = -1;
             bool pick_fits = false;
@@ -957,11 +961,13 @@ int kgpu_queues_reclaim(const kgpu_cluster *c, const kgpu_queues *qs, const kgpu
     kgpu_qdemand d;
     kgpu_qdemand_of_request(req, &d);
     if (d.milli == 0 && d.mem_mib == 0)
-        return kgpu_error_set(err, KGPU_ENOFIT, "the pod asks for no GPU: queues reclaim GPUs only");
+        return kgpu_error_set(err, KGPU_ENOFIT,
+                              "the pod asks for no GPU: queues reclaim GPUs only");
     int st = kgpu_queues_check(qs, q, &d, NULL, 0);
     if (st != KGPU_QUEUE_WITHIN && st != KGPU_QUEUE_RECLAIM)
         return kgpu_error_set(err, KGPU_ENOFIT,
-                              "queue %s: the pod is not within its guarantee, so it reclaims nothing",
+                              "queue %s: the pod is not within its guarantee, so it reclaims "
+                              "nothing",
                               qs->q[q].name);
     rwork w;
     memset(&w, 0, sizeof(w));
@@ -991,7 +997,8 @@ int kgpu_queues_reclaim(const kgpu_cluster *c, const kgpu_queues *qs, const kgpu
              : reclaim_priority_age(c, running, q, req, &d, &w, out);
     if (rc == KGPU_ENOFIT)
         rc = kgpu_error_set(err, KGPU_ENOFIT,
-                            "queue %s: evicting the pods that borrow would not make room", qs->q[q].name);
+                            "queue %s: evicting the pods that borrow would not make room",
+                            qs->q[q].name);
     else if (rc == KGPU_ENOMEM)
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     for (size_t i = 0; rc == 0 && i < out->nvictims; i++)

@@ -121,9 +121,11 @@ static void test_tree_errors(void **state)
     assert_int_equal(build_err(gl, 1, &e), KGPU_EINVAL);
     assert_string_equal(e.msg, "queue team-a: guarantee.gpu 5 above limit.gpu 4");
 
-    kgpu_queue_spec sum[] = {{.name = "org", .guarantee = GPUS(3), .limit = UNSET},
-                             {.name = "x", .parent = "org", .guarantee = GPUS(2), .limit = UNSET},
-                             {.name = "y", .parent = "org", .guarantee = GPUS(1.5), .limit = UNSET}};
+    kgpu_queue_spec sum[] = {
+        {.name = "org", .guarantee = GPUS(3), .limit = UNSET},
+        {.name = "x", .parent = "org", .guarantee = GPUS(2), .limit = UNSET},
+        {.name = "y", .parent = "org", .guarantee = GPUS(1.5), .limit = UNSET},
+    };
     assert_int_equal(build_err(sum, 3, &e), KGPU_EINVAL);
     assert_string_equal(e.msg, "queue org: its children are guaranteed 3.5 GPUs, more than its "
                                "own guarantee.gpu 3");
@@ -193,9 +195,12 @@ static void test_memory_and_models(void **state)
 {
     (void)state;
     kgpu_cluster *c = kgpu_cluster_new();
-    kgpu_gpu_spec g[2] = {{.index = 0, .model = "A100", .memory_mib = 81920, .numa = -1, .healthy = true},
-                          {.index = 1, .model = "T4", .memory_mib = 15360, .numa = -1, .healthy = true}};
-    kgpu_node_spec ns = {.name = "n0", .cpu_milli = 64000, .memory_mib = 256000, .gpus = g, .ngpus = 2};
+    kgpu_gpu_spec g[2] = {
+        {.index = 0, .model = "A100", .memory_mib = 81920, .numa = -1, .healthy = true},
+        {.index = 1, .model = "T4", .memory_mib = 15360, .numa = -1, .healthy = true},
+    };
+    kgpu_node_spec ns = {
+        .name = "n0", .cpu_milli = 64000, .memory_mib = 256000, .gpus = g, .ngpus = 2};
     assert_true(kgpu_cluster_add_node(c, &ns, NULL) >= 0);
     kgpu_queue_model_spec m[] = {{.model = "A100", .guarantee = GPUS(0.5), .limit = GPUS(1)}};
     kgpu_queue_spec s[] = {{.name = "a",
@@ -205,8 +210,8 @@ static void test_memory_and_models(void **state)
                             .nmodels = 1}};
     kgpu_queues *qs = build(s, 1);
     assert_int_equal(kgpu_queues_bind_models(qs, c, NULL), 0);
-    kgpu_request req = {.cpu_milli = 1000, .gpu_count = 1, .gpu_milli = 700, .gpu_memory_mib = 30720,
-                        .shape = -1};
+    kgpu_request req = {
+        .cpu_milli = 1000, .gpu_count = 1, .gpu_milli = 700, .gpu_memory_mib = 30720, .shape = -1};
     assert_int_equal(kgpu_request_compile(c, &req, NULL), 0);
     int gpus[1] = {0};
     kgpu_qdemand d;
@@ -507,7 +512,8 @@ static void test_file(void **state)
     assert_int_equal(load("queues:\n  - name: a\n  - name: b\n    limit: {gpu: -1}\n", &qs, &e),
                      KGPU_EPARSE);
     assert_non_null(strstr(e.msg, "q.yaml: queues[1] (b).limit.gpu: expected GPUs"));
-    assert_int_equal(load("queues:\n  - name: a\n    limit: {gpu: 0.0005}\n", &qs, &e), KGPU_EPARSE);
+    assert_int_equal(load("queues:\n  - name: a\n    limit: {gpu: 0.0005}\n", &qs, &e),
+                     KGPU_EPARSE);
     assert_int_equal(load("queues:\n  - parent: a\n", &qs, &e), KGPU_EPARSE);
     assert_string_equal(e.msg, "q.yaml: queues[0] (no name).name: missing, or not a string");
     assert_int_equal(load("queues:\n  - name: a\n    parent: b\n", &qs, &e), KGPU_ENOENT);
