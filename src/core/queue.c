@@ -687,10 +687,10 @@ static bool pick_better(const node_pick *a, const node_pick *b)
         return a->max_prio < b->max_prio;
     if (a->waste != b->waste)
         return a->waste < b->waste;
-    if (a->nv != b->nv)
-        return a->nv < b->nv;
     if (a->lost != b->lost)
         return a->lost < b->lost;
+    if (a->nv != b->nv)
+        return a->nv < b->nv;
     if (a->frag != b->frag)
         return a->frag < b->frag;
     return a->node < b->node;

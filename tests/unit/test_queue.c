@@ -351,11 +351,11 @@ static void place(fixture *f, const char *queue, int prio, int64_t admitted, int
 
 /*
  * Two nodes of two GPUs; queue a guaranteed 2 GPUs, b 2 GPUs (or 3).
- * node0: gpu0 b 0.5 (old) + b 0.5 (older); gpu1 a 0.5 + b 0.5 (newest).
- * node1: b whole GPU on each.
+ * node0: gpu0 b 0.5 (started at 30) + b 0.5 (40); gpu1 a 0.5 + b 0.5 (50, the newest).
+ * node1: b whole GPU (started at p4_started) on gpu0, an important b pod on gpu1.
  * b uses 3.5 GPUs: 1.5 borrowed. a (0.5 used) waits for a whole GPU.
  */
-static void setup(fixture *f, double b_guarantee)
+static void setup(fixture *f, double b_guarantee, int64_t p4_started)
 {
     memset(f, 0, sizeof(*f));
     f->c = kgpu_cluster_new();
@@ -373,12 +373,12 @@ static void setup(fixture *f, double b_guarantee)
     kgpu_queue_spec s[] = {{.name = "a", .guarantee = GPUS(2), .limit = UNSET},
                            {.name = "b", .guarantee = GPUS(b_guarantee), .limit = UNSET}};
     f->qs = build(s, 2);
-    place(f, "b", 0, 3, 0, 0, 500); /* 0 */
-    place(f, "b", 0, 4, 0, 0, 500); /* 1 */
-    place(f, "a", 0, 1, 0, 1, 500); /* 2 */
-    place(f, "b", 0, 5, 0, 1, 500); /* 3: newest */
-    place(f, "b", 0, 2, 1, 0, 1000); /* 4 */
-    place(f, "b", 5, 1, 1, 1, 1000); /* 5: important */
+    place(f, "b", 0, 30, 0, 0, 500);          /* 0 */
+    place(f, "b", 0, 40, 0, 0, 500);          /* 1 */
+    place(f, "a", 0, 10, 0, 1, 500);          /* 2 */
+    place(f, "b", 0, 50, 0, 1, 500);          /* 3: newest */
+    place(f, "b", 0, p4_started, 1, 0, 1000); /* 4 */
+    place(f, "b", 5, 10, 1, 1, 1000);         /* 5: important */
 }
 
 static void teardown(fixture *f)
@@ -407,7 +407,7 @@ static void test_reclaim_frag_frees_usable_gpus(void **state)
 {
     (void)state;
     fixture f;
-    setup(&f, 2);
+    setup(&f, 2, 45);
     kgpu_request req = whole(f.c);
     size_t v[16];
     kgpu_reclaim r = {.victims = v};
@@ -420,22 +420,44 @@ static void test_reclaim_frag_frees_usable_gpus(void **state)
     assert_int_equal(kgpu_queues_reclaim(f.c, f.qs, f.pods, f.npods, a, &req, KGPU_RECLAIM_FRAG,
                                          NULL, &r, &e),
                      0);
-    /* One eviction, of the low-priority whole GPU: nothing freed the pod cannot use. */
+    /*
+     * One eviction, of the low-priority whole GPU that started at 45 (less
+     * work lost than the two halves on node0's gpu0, started at 30 and 40):
+     * nothing freed the pod cannot use, and the pod goes on that GPU.
+     */
     assert_int_equal(r.nvictims, 1);
     assert_true(has(&r, 4));
     assert_int_equal(r.node, 1);
+    assert_int_equal(r.ngpus, 1);
+    assert_int_equal(r.gpus[0], 0);
     assert_int_equal(r.freed_milli, 1000);
 
     /* Priority and age alone: the newest first, whose half GPU the pod cannot use. */
     assert_int_equal(kgpu_queues_reclaim(f.c, f.qs, f.pods, f.npods, a, &req,
                                          KGPU_RECLAIM_PRIORITY_AGE, NULL, &r, &e),
                      0);
-    assert_int_equal(r.nvictims, 3);
-    assert_true(has(&r, 3) && has(&r, 1) && has(&r, 0));
+    assert_int_equal(r.nvictims, 2);
+    assert_true(has(&r, 3) && has(&r, 4));
     assert_int_equal(r.freed_milli, 1500);
+    assert_int_equal(r.ngpus, 0); /* where the pod goes is the scheduler's choice */
     /* Neither ever takes a pod of the waiting queue, nor the important one while others do. */
     assert_false(has(&r, 2));
     assert_false(has(&r, 5));
+    teardown(&f);
+
+    /*
+     * The whole GPU started long before the halves (at 20): evicting the two
+     * halves on node0's gpu0 loses less work (500 x 20 + 500 x 10 against
+     * 1000 x 30), and frees nothing the pod does not take either.
+     */
+    setup(&f, 2, 20);
+    assert_int_equal(kgpu_queues_reclaim(f.c, f.qs, f.pods, f.npods, a, &req, KGPU_RECLAIM_FRAG,
+                                         NULL, &r, &e),
+                     0);
+    assert_int_equal(r.nvictims, 2);
+    assert_true(has(&r, 0) && has(&r, 1));
+    assert_int_equal(r.node, 0);
+    assert_int_equal(r.gpus[0], 0);
     teardown(&f);
 }
 
@@ -443,7 +465,7 @@ static void test_reclaim_keeps_guarantees(void **state)
 {
     (void)state;
     fixture f;
-    setup(&f, 3); /* b may lose only 0.5 GPU: no whole GPU can be freed for a */
+    setup(&f, 3, 45); /* b may lose only 0.5 GPU: no whole GPU can be freed for a */
     kgpu_request req = whole(f.c);
     size_t v[16];
     kgpu_reclaim r = {.victims = v};
