@@ -1,7 +1,8 @@
 /*
  * Readers for the Alibaba GPU cluster trace (FGD study) CSV files: the node
  * list `sn,cpu_milli,memory_mib,gpu,model` and the pod lists, in their
- * 11-column form (with qos, phase and times) and the 5-column multigpu form.
+ * 11-column form (with qos, phase and times), that form with a `queue` column
+ * (not in the Alibaba files: docs/queues.md) and the 5-column multigpu form.
  * Parsing works on a memory buffer: no I/O here, the caller reads the file.
  * A malformed line stops the parse with "file:line: what is wrong".
  */
@@ -37,6 +38,7 @@ typedef struct kgpu_trace_pod {
     const char *spec[KGPU_TRACE_MAX_SPEC]; /* allowed models; pointers into the trace's storage */
     char *spec_text;                       /* the gpu_spec column as written ("" = any) */
     char *qos, *phase;                     /* "" in the 5-column layout */
+    char *queue;                           /* GPU queue; "" unless the 12-column layout */
     int64_t creation, deletion, scheduled; /* seconds; -1 when absent */
     int line;
 } kgpu_trace_pod;
@@ -47,7 +49,7 @@ typedef struct kgpu_trace {
     size_t nnodes;
     kgpu_trace_pod *pods;
     size_t npods;
-    int columns; /* of the pod file: 11 or 5; 5 for the node file */
+    int columns; /* of the pod file: 11, 12 (with a queue column) or 5; 5 for the node file */
     char *arena;
 } kgpu_trace;
 

@@ -4,6 +4,7 @@
  * but its name: a generated scenario names pods after their team, and any
  * other trace is spread over the teams in proportion to their guarantees.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,8 +73,8 @@ int kgpu_simq_priority_of(const char *qos)
     return 0;
 }
 
-int kgpu_simq_assign(const kgpu_queues *qs, const kgpu_trace *pods, int **queue_of,
-                     int **priority_of, kgpu_error *err)
+int kgpu_simq_assign(const kgpu_queues *qs, const kgpu_trace *pods, const char *file,
+                     int **queue_of, int **priority_of, kgpu_error *err)
 {
     size_t n = pods->npods;
     *queue_of = malloc((n ? n : 1) * sizeof(**queue_of));
@@ -85,8 +86,18 @@ int kgpu_simq_assign(const kgpu_queues *qs, const kgpu_trace *pods, int **queue_
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
-        (*queue_of)[i] = kgpu_simq_queue_of(qs, pods->pods[i].name);
-        (*priority_of)[i] = kgpu_simq_priority_of(pods->pods[i].qos);
+        const kgpu_trace_pod *p = &pods->pods[i];
+        bool named = p->queue != NULL && p->queue[0] != '\0';
+        (*queue_of)[i] = named ? kgpu_queues_find(qs, p->queue) : kgpu_simq_queue_of(qs, p->name);
+        (*priority_of)[i] = kgpu_simq_priority_of(p->qos);
+        if ((*queue_of)[i] < 0) {
+            kgpu_error_set(err, KGPU_EINVAL, "%s:%d: queue '%.63s' is not in the queue file",
+                           file, p->line, p->queue);
+            free(*queue_of);
+            free(*priority_of);
+            *queue_of = *priority_of = NULL;
+            return err ? err->code : KGPU_EINVAL;
+        }
     }
     return 0;
 }

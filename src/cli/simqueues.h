@@ -22,9 +22,14 @@ int kgpu_simq_queue_of(const kgpu_queues *qs, const char *pod_name);
 /* A trace pod's priority from its qos: Guaranteed 3, LS 2, Burstable 1, anything else 0. */
 int kgpu_simq_priority_of(const char *qos);
 
-/* Both, for every pod of the list; caller frees *queue_of and *priority_of. */
-int kgpu_simq_assign(const kgpu_queues *qs, const kgpu_trace *pods, int **queue_of,
-                     int **priority_of, kgpu_error *err);
+/*
+ * Both, for every pod of the list: a pod file with a `queue` column (the
+ * 12-column layout) names each pod's queue there, and an empty cell falls
+ * back on the rule above; a queue the tree does not have is an error naming
+ * `file` and the line. Caller frees *queue_of and *priority_of.
+ */
+int kgpu_simq_assign(const kgpu_queues *qs, const kgpu_trace *pods, const char *file,
+                     int **queue_of, int **priority_of, kgpu_error *err);
 
 /* "none", "static", "priority-age", "frag". */
 const char *kgpu_simq_mode_name(kgpu_churn_queue_mode m);

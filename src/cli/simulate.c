@@ -93,7 +93,7 @@ static int load_traces(const char *nodes_path, const char *pods_path, kgpu_sim_i
     if (rc == 0 && ch != NULL)
         rc = kgpu_churn_prepare(in, &pods, pods_path, ch, err);
     if (rc == 0 && qs != NULL)
-        rc = kgpu_simq_assign(qs, &pods, queue_of, priority_of, err);
+        rc = kgpu_simq_assign(qs, &pods, pods_path, queue_of, priority_of, err);
     kgpu_trace_free(&nodes);
     kgpu_trace_free(&pods);
     free(nb);

@@ -27,7 +27,7 @@ int kgpu_churn_prepare(const kgpu_sim_input *sim, const kgpu_trace *pods, const 
     if (pods->npods != sim->nrequests)
         return kgpu_error_set(err, KGPU_EINVAL, "%s: %zu pods, but the input was prepared from %zu",
                               file, pods->npods, sim->nrequests);
-    if (pods->columns != 11)
+    if (pods->columns < 11)
         return kgpu_error_set(err, KGPU_EINVAL,
                               "%s: no creation or deletion times (the %d-column layout); time "
                               "replay needs the 11-column layout",

@@ -15,6 +15,8 @@
 #define POD_HEADER5 "name,cpu_milli,memory_mib,num_gpu,gpu_milli"
 #define POD_HEADER11                                                                               \
     POD_HEADER5 ",gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+/* The 11 columns and the pod's GPU queue (docs/queues.md): not in the Alibaba files. */
+#define POD_HEADER12 POD_HEADER11 ",queue"
 
 /* Sanity limits: far above any real node or pod, low enough that sums cannot overflow. */
 #define MAX_CPU_MILLI  1000000000LL    /* 10^6 cores */
@@ -22,12 +24,12 @@
 #define MAX_TIME       1000000000000LL /* seconds; ~31,700 years */
 #define MAX_DIGITS     18              /* accumulating 18 digits cannot overflow int64 */
 #define SHOWN_MAX      40              /* bytes of a bad value quoted in a message */
-#define MAX_COLUMNS    11
+#define MAX_COLUMNS    12
 
 static const char *const node_columns[] = {"sn", "cpu_milli", "memory_mib", "gpu", "model"};
 static const char *const pod_columns[] = {
     "name", "cpu_milli", "memory_mib",    "num_gpu",       "gpu_milli",     "gpu_spec",
-    "qos",  "pod_phase", "creation_time", "deletion_time", "scheduled_time"};
+    "qos",  "pod_phase", "creation_time", "deletion_time", "scheduled_time", "queue"};
 
 /* A field of the current line: borrowed from the input buffer, not NUL-terminated. */
 typedef struct field {
@@ -301,7 +303,7 @@ static int pod_line(parser *ps, const field *f)
     kgpu_trace_pod *p = &t->pods[t->npods];
     memset(p, 0, sizeof(*p));
     p->line = ps->line;
-    p->spec_text = p->qos = p->phase = t->arena;
+    p->spec_text = p->qos = p->phase = p->queue = t->arena;
     p->creation = p->deletion = p->scheduled = -1;
     if ((rc = parse_name(ps, f[0], "name", &p->name)) != KGPU_OK ||
         (rc = parse_int(ps, f[1], "cpu_milli", 0, MAX_CPU_MILLI, &p->cpu_milli)) != KGPU_OK ||
@@ -320,7 +322,7 @@ static int pod_line(parser *ps, const field *f)
     if (p->num_gpu > 1 && p->gpu_milli < KGPU_MILLI)
         return kgpu_error_set(ps->err, KGPU_EPARSE, "%s:%d: gpu_milli %d < %d with num_gpu %d",
                               ps->file, ps->line, p->gpu_milli, KGPU_MILLI, p->num_gpu);
-    if (t->columns == 11) {
+    if (t->columns >= 11) {
         if ((rc = parse_spec(ps, f[5], p)) != KGPU_OK ||
             (rc = put_field(ps, f[6], &p->qos)) != KGPU_OK ||
             (rc = put_field(ps, f[7], &p->phase)) != KGPU_OK ||
@@ -329,6 +331,8 @@ static int pod_line(parser *ps, const field *f)
             (rc = parse_time(ps, f[10], "scheduled_time", &p->scheduled)) != KGPU_OK)
             return rc;
     }
+    if (t->columns == 12 && (rc = put_field(ps, f[11], &p->queue)) != KGPU_OK)
+        return rc;
     t->npods++;
     return KGPU_OK;
 }
@@ -337,12 +341,12 @@ static int pod_line(parser *ps, const field *f)
  * Arena bytes that always suffice. Every stored string is a field plus its NUL,
  * and each field is followed by a comma or line end (the last one in the file
  * perhaps by nothing: +1). Only gpu_spec is stored twice (raw and split, the split
- * copies taking at most its length + 1), so the 11-column layout needs 2x.
+ * copies taking at most its length + 1), so the 11- and 12-column layouts need 2x.
  * One more byte for the shared "".
  */
 static size_t arena_size(size_t len, int columns)
 {
-    return (columns == 11 ? 2 * len : len) + 3;
+    return (columns >= 11 ? 2 * len : len) + 3;
 }
 
 /*
@@ -384,12 +388,14 @@ static int parse(const char *buf, size_t len, const char *file, bool pods, kgpu_
         t.columns = 5;
     else if (pods && field_is(header, POD_HEADER11))
         t.columns = 11;
+    else if (pods && field_is(header, POD_HEADER12))
+        t.columns = 12;
     else if (pods && field_is(header, POD_HEADER5))
         t.columns = 5;
     else if (pods)
         return kgpu_error_set(err, KGPU_EPARSE,
                               "%s:1: unknown header \"%.*s%s\", expected the pod list header "
-                              "\"%s\" or \"%s\"",
+                              "\"%s\" or \"%s\" (or the first with \",queue\")",
                               file, shown(n), p, ellipsis(n), POD_HEADER11, POD_HEADER5);
     else
         return kgpu_error_set(err, KGPU_EPARSE,

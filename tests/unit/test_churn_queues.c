@@ -49,7 +49,8 @@ static void load(fixture *f, const char *nodes, size_t nl, const char *pods, siz
     if (kgpu_queues_load(queues, ql, "q.yaml", &f->qs, &err) != 0)
         fail_msg("%s", err.msg);
     assert_non_null(f->qs);
-    assert_int_equal(kgpu_simq_assign(f->qs, &f->pods, &f->queue_of, &f->prio_of, &err), 0);
+    assert_int_equal(kgpu_simq_assign(f->qs, &f->pods, "p.csv", &f->queue_of, &f->prio_of, &err),
+                     0);
     f->cq = (kgpu_churn_queues){.tree = f->qs, .queue = f->queue_of, .priority = f->prio_of};
 }
 
@@ -167,6 +168,50 @@ static void test_assignment_rule(void **state)
     kgpu_queues_free(qs);
 }
 
+/* A pod file with a queue column: the column wins over the name, an empty cell does not. */
+static void test_queue_column(void **state)
+{
+    (void)state;
+    static const char pods[] =
+        POD_HEADER "b-0,4000,8192,1,1000,,BE,Running,0,1000,0,a\n"
+                   "b-1,4000,8192,1,1000,,BE,Running,1,1001,1,\n"
+                   "x-2,4000,8192,1,1000,,LS,Running,10,110,10,b\n";
+    char header12[512];
+    snprintf(header12, sizeof(header12), "%.*s,queue\n", (int)strlen(POD_HEADER) - 1, POD_HEADER);
+    char text[1024];
+    snprintf(text, sizeof(text), "%s%s", header12, pods + strlen(POD_HEADER));
+    kgpu_trace t;
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    if (kgpu_trace_parse_pods(text, strlen(text), "p.csv", &t, &err) != 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(t.columns, 12);
+    assert_string_equal(t.pods[0].queue, "a");
+    assert_string_equal(t.pods[1].queue, "");
+    assert_true(t.pods[2].creation == 10);
+    kgpu_queues *qs;
+    assert_int_equal(kgpu_queues_load(two_queues, strlen(two_queues), "q.yaml", &qs, &err), 0);
+    int *qof, *prio;
+    assert_int_equal(kgpu_simq_assign(qs, &t, "p.csv", &qof, &prio, &err), 0);
+    assert_int_equal(qof[0], kgpu_queues_find(qs, "a")); /* the column, not the name's "b-" */
+    assert_int_equal(qof[1], kgpu_queues_find(qs, "b")); /* empty: the name */
+    assert_int_equal(qof[2], kgpu_queues_find(qs, "b"));
+    free(qof);
+    free(prio);
+    kgpu_trace_free(&t);
+
+    /* A queue the file does not have. */
+    snprintf(text, sizeof(text), "%s%s", header12,
+             "p-0,4000,8192,1,1000,,BE,Running,0,1000,0,a\np-1,4000,8192,1,1000,,BE,Running,0,"
+             "1000,0,nope\n");
+    assert_int_equal(kgpu_trace_parse_pods(text, strlen(text), "p.csv", &t, &err), 0);
+    assert_int_equal(kgpu_simq_assign(qs, &t, "p.csv", &qof, &prio, &err), KGPU_EINVAL);
+    assert_string_equal(err.msg, "p.csv:3: queue 'nope' is not in the queue file");
+    assert_null(qof);
+    kgpu_trace_free(&t);
+    kgpu_queues_free(qs);
+}
+
 static char *slurp(const char *path, size_t *len)
 {
     char *buf;
@@ -262,6 +307,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_by_hand),
         cmocka_unit_test(test_assignment_rule),
+        cmocka_unit_test(test_queue_column),
         cmocka_unit_test(test_bursty_example),
         cmocka_unit_test(test_bad_queue_config),
     };
