@@ -122,6 +122,7 @@ typedef struct ext_metrics {
     atomic_ullong assignment_conflicts; /* annotations that would overbook a GPU */
     /* The serving layer (http.c). */
     atomic_ullong http_refused[EXT_HTTP_REFUSED_COUNT]; /* answered before the body was read */
+    atomic_int metrics_streams;                          /* /metrics answers being sent */
     atomic_ullong http_deadline_closes; /* connections shut at requestTimeoutSeconds */
     atomic_llong http_connections;      /* open on the scheduling listener */
     atomic_llong http_buffered;         /* bytes of request bodies charged now */
@@ -438,11 +439,27 @@ static inline bool ext_is_leader(ext_daemon *d)
 
 /* ---- handlers: JSON in, JSON out. Return the HTTP status; *out is a new string. ---- */
 
+/*
+ * A body made piece by piece while it is sent, instead of whole beforehand
+ * (/metrics of 40,000 GPUs is ~25 MB of text). read() fills up to max bytes
+ * and returns how many, 0 at the end or -1 on error; it runs on the HTTP
+ * layer's thread, one call at a time, and owns ctx until free(ctx).
+ */
+typedef struct ext_stream {
+    long (*read)(void *ctx, char *buf, size_t max);
+    void (*free)(void *ctx);
+    void *ctx;
+} ext_stream;
+
 typedef struct ext_response {
     int status;
     const char *content_type;
-    char *body; /* malloc'd */
+    char *body;        /* malloc'd */
+    ext_stream stream; /* read non-NULL: the body, instead of `body` */
 } ext_response;
+
+/* Drops what r holds (body or stream) unsent. */
+void ext_response_discard(ext_response *r);
 
 void ext_handle(ext_daemon *d, const char *method, const char *url, const char *body, size_t len,
                 ext_response *r);
@@ -452,6 +469,17 @@ int ext_json_depth(const char *text, size_t len, int limit);
 
 /* Prometheus text exposition of everything the extender measures. */
 char *ext_metrics_render(ext_daemon *d);
+
+/*
+ * The same exposition as a stream: every family but the per-GPU ones rendered
+ * now, the per-GPU ones written line by line from a snapshot of the GPUs
+ * (~130 bytes a GPU) as the client reads, so a scrape costs the snapshot, not
+ * the text. At most EXT_METRICS_STREAMS at once (each holds a snapshot
+ * until its client has read it): false when that many are open or out of
+ * memory, with *busy saying which.
+ */
+#define EXT_METRICS_STREAMS 4
+bool ext_metrics_stream(ext_daemon *d, ext_stream *out, bool *busy);
 
 /* The /inspect document: every node (or one: name non-NULL) with GPUs and pods. NULL if unknown. */
 json_t *ext_inspect_json(ext_daemon *d, const char *node);

@@ -1178,6 +1178,15 @@ static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
     reply_json(r, 200, json_pack("{s:o}", "NodeNameToMetaVictims", out));
 }
 
+void ext_response_discard(ext_response *r)
+{
+    free(r->body);
+    r->body = NULL;
+    if (r->stream.read != NULL)
+        r->stream.free(r->stream.ctx);
+    r->stream = (ext_stream){0};
+}
+
 /* The last path segment for POST verbs, so any urlPrefix kube-scheduler uses works. */
 static const char *last_segment(const char *url)
 {
@@ -1259,9 +1268,14 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
         reply_json(r, 200,
                    json_pack("{s:s,s:s}", "version", KGPU_VERSION, "component", "kgpu-extender"));
     } else if (strcmp(url, "/metrics") == 0) {
-        r->status = 200;
-        r->content_type = "text/plain; version=0.0.4; charset=utf-8";
-        r->body = ext_metrics_render(d);
+        bool busy;
+        if (ext_metrics_stream(d, &r->stream, &busy)) {
+            r->status = 200;
+            r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+        } else if (busy) {
+            reply_text(r, 503,
+                       "too many /metrics answers being sent at once; retry when one is done\n");
+        } /* else out of memory: no body, the serving layer answers 500 */
     } else if (strcmp(url, "/inspect") == 0) {
         reply_json(r, 200, ext_inspect_json(d, NULL));
     } else if (strncmp(url, "/inspect/", 9) == 0 && url[9] != '\0') {

@@ -230,22 +230,71 @@ static void *watchdog_main(void *arg)
 
 /* ---- replies ---- */
 
-static enum MHD_Result send_reply(struct MHD_Connection *conn, int status, const char *type,
-                                  char *body)
+/* libmicrohttpd's reader over an ext_stream (cls: a malloc'd copy of it). */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(body ? strlen(body) : 0, body ? body : (void *)"",
-                                        body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (resp == NULL) {
-        free(body);
-        return MHD_NO;
+    ext_stream *s = cls;
+    long n = s->read(s->ctx, buf, max);
+    return n > 0 ? (ssize_t)n : n == 0 ? MHD_CONTENT_READER_END_OF_STREAM
+                                       : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void stream_free(void *cls)
+{
+    ext_stream *s = cls;
+    s->free(s->ctx);
+    free(s);
+}
+
+/* A response for r, which it takes over (also when it fails: NULL). */
+static struct MHD_Response *make_response(ext_response *r)
+{
+    if (r->stream.read == NULL) {
+        char *body = r->body;
+        r->body = NULL;
+        struct MHD_Response *resp = MHD_create_response_from_buffer(
+            body ? strlen(body) : 0, body ? body : (void *)"",
+            body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+        if (resp == NULL)
+            free(body);
+        return resp;
     }
+    ext_stream *s = malloc(sizeof(*s));
+    if (s == NULL) {
+        ext_response_discard(r);
+        return NULL;
+    }
+    *s = r->stream;
+    r->stream = (ext_stream){0};
+    /* Chunked, in pieces of up to 64 KiB, generated as the client reads. */
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_reader, s,
+                                          stream_free);
+    if (resp == NULL)
+        stream_free(s);
+    return resp;
+}
+
+/* Queues r (taken over) on conn. */
+static enum MHD_Result send_response(struct MHD_Connection *conn, ext_response *r)
+{
+    int status = r->status;
+    const char *type = r->content_type;
+    struct MHD_Response *resp = make_response(r);
+    if (resp == NULL)
+        return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (status == 503)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    enum MHD_Result r = MHD_queue_response(conn, (unsigned int)status, resp);
+    enum MHD_Result rc = MHD_queue_response(conn, (unsigned int)status, resp);
     MHD_destroy_response(resp);
-    return r;
+    return rc;
+}
+
+static enum MHD_Result send_reply(struct MHD_Connection *conn, int status, const char *type,
+                                  char *body)
+{
+    return send_response(conn, &(ext_response){status, type, body, {0}});
 }
 
 /* An answer before the body is read: libmicrohttpd then drops the body and closes. */
@@ -315,7 +364,7 @@ static void handle_now(ext_http *h, request *rq)
                  "{\"Error\":\"request too complex: parsing it could take %zu bytes, more than "
                  "maxBufferedBytes %ld\"}",
                  est, cfg->max_buffered_bytes);
-        rq->resp = (ext_response){413, "application/json", strdup(msg)};
+        rq->resp = (ext_response){413, "application/json", strdup(msg), {0}};
         atomic_fetch_add(&h->d->metrics.http_refused[EXT_HTTP_REFUSED_TOO_LARGE], 1);
         est = 0;
     } else if (!budget_take(h, est)) {
@@ -323,14 +372,14 @@ static void handle_now(ext_http *h, request *rq)
                  "{\"Error\":\"the extender's request memory (maxBufferedBytes %ld) is in use; "
                  "retry\"}",
                  cfg->max_buffered_bytes);
-        rq->resp = (ext_response){503, "application/json", strdup(msg)};
+        rq->resp = (ext_response){503, "application/json", strdup(msg), {0}};
         atomic_fetch_add(&h->d->metrics.http_refused[EXT_HTTP_REFUSED_BUSY], 1);
         est = 0;
     } else {
         ext_handle(h->d, rq->method, rq->url, rq->body ? rq->body : "", rq->len, &rq->resp);
         budget_give(h, est);
     }
-    if (rq->resp.body == NULL) {
+    if (rq->resp.body == NULL && rq->resp.stream.read == NULL) {
         rq->resp.status = 500;
         rq->resp.content_type = "text/plain";
         rq->resp.body = strdup("out of memory\n");
@@ -547,7 +596,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     slot_phase(h, rq->slot, SLOT_SENDING);
     ext_response r = rq->resp;
     rq->resp.body = NULL;
-    return send_reply(conn, r.status, r.content_type, r.body);
+    rq->resp.stream = (ext_stream){0};
+    return send_response(conn, &r);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -560,7 +610,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     /* Kept alive, the connection has until the deadline to send its next request. */
     slot_phase(h, rq->slot, SLOT_READING);
     request_free_body(rq);
-    free(rq->resp.body);
+    ext_response_discard(&rq->resp);
     free(rq);
     *con_cls = NULL;
 }

@@ -225,22 +225,37 @@ static bool take_snapshot(const kgpu_cluster *c, snapshot *s)
     return true;
 }
 
-/* One gauge family over every GPU; `what` picks the value. */
-static void gpu_family(buf *b, const snapshot *s, const char *name, const char *help, int what)
+/* The per-GPU gauge families, in the order they are written. */
+static const struct {
+    const char *name, *help;
+} gpu_families[] = {
+    {"kgpu_gpu_memory_allocated_mib", "GPU memory allocated to pods, MiB."},
+    {"kgpu_gpu_memory_capacity_mib", "GPU memory, MiB."},
+    {"kgpu_gpu_compute_allocated_milli",
+     "GPU compute allocated to pods, milli-GPU (1000 = the whole GPU)."},
+    {"kgpu_gpu_compute_capacity_milli", "GPU compute, milli-GPU."},
+    {"kgpu_gpu_pods", "Pods holding a share of the GPU."},
+};
+#define GPU_FAMILIES ((int)(sizeof(gpu_families) / sizeof(gpu_families[0])))
+#define GPU_LINE_MAX 1400 /* a sample line: three escaped labels of at most 600, 200, 200 */
+
+/* Family f's HELP and TYPE lines (row -1) or its sample for snapshot row `row`, into out. */
+static int gpu_line(char *out, size_t len, const snapshot *s, int f, int row)
 {
-    put(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    const char *name = gpu_families[f].name;
+    if (row < 0)
+        return snprintf(out, len, "# HELP %s %s\n# TYPE %s gauge\n", name, gpu_families[f].help,
+                        name);
+    const gpu_row *r = &s->rows[row];
+    long long v = f == 0   ? r->mem_alloc
+                  : f == 1 ? r->mem
+                  : f == 2 ? r->milli_alloc
+                  : f == 3 ? KGPU_MILLI
+                           : r->placements;
     char n1[600], u1[200], m1[200];
-    for (int i = 0; i < s->n; i++) {
-        const gpu_row *r = &s->rows[i];
-        long long v = what == 0   ? r->mem_alloc
-                      : what == 1 ? r->mem
-                      : what == 2 ? r->milli_alloc
-                      : what == 3 ? KGPU_MILLI
-                                  : r->placements;
-        put(b, "%s{node=\"%s\",gpu=\"%d\",uuid=\"%s\",model=\"%s\"} %lld\n", name,
-            esc(r->node, n1, sizeof(n1)), r->index, esc(r->uuid, u1, sizeof(u1)),
-            esc(r->model, m1, sizeof(m1)), v);
-    }
+    return snprintf(out, len, "%s{node=\"%s\",gpu=\"%d\",uuid=\"%s\",model=\"%s\"} %lld\n",
+                    name, esc(r->node, n1, sizeof(n1)), r->index, esc(r->uuid, u1, sizeof(u1)),
+                    esc(r->model, m1, sizeof(m1)), v);
 }
 
 typedef struct ns_row {
@@ -248,20 +263,19 @@ typedef struct ns_row {
     double gpus, seconds;
 } ns_row;
 
-char *ext_metrics_render(ext_daemon *d)
+/*
+ * Every family into b (which has a buffer), taking the GPU snapshot into
+ * *snap (the caller frees it); the per-GPU families too when gpus_inline.
+ * False when out of memory.
+ */
+static bool render_into(ext_daemon *d, buf *b, snapshot *snap, bool gpus_inline)
 {
-    buf b = {.cap = 1 << 16};
-    b.s = malloc(b.cap);
-    if (b.s == NULL)
-        return NULL;
-    b.s[0] = '\0';
-    render_requests(&b, &d->metrics);
+    render_requests(b, &d->metrics);
     ext_state *st = &d->state;
-    snapshot snap;
-    memset(&snap, 0, sizeof(snap));
+    memset(snap, 0, sizeof(*snap));
     pthread_mutex_lock(&st->mu);
     ext_state_integrate_usage(st);
-    bool ok = take_snapshot(st->cluster, &snap);
+    bool ok = take_snapshot(st->cluster, snap);
     size_t nns = st->ns_usage.len, k = 0;
     ns_row *ns = calloc(nns + 1, sizeof(*ns));
     const char *key;
@@ -280,58 +294,152 @@ char *ext_metrics_render(ext_daemon *d)
     long cpu_pods = (long)st->cpu_pods.len;
     long observed = st->observations;
     pthread_mutex_unlock(&st->mu);
-    if (ok) {
-        gpu_family(&b, &snap, "kgpu_gpu_memory_allocated_mib", "GPU memory allocated to pods, MiB.",
-                   0);
-        gpu_family(&b, &snap, "kgpu_gpu_memory_capacity_mib", "GPU memory, MiB.", 1);
-        gpu_family(&b, &snap, "kgpu_gpu_compute_allocated_milli",
-                   "GPU compute allocated to pods, milli-GPU (1000 = the whole GPU).", 2);
-        gpu_family(&b, &snap, "kgpu_gpu_compute_capacity_milli", "GPU compute, milli-GPU.", 3);
-        gpu_family(&b, &snap, "kgpu_gpu_pods", "Pods holding a share of the GPU.", 4);
-    }
-    free(snap.rows);
-    free(snap.names);
+    char line[GPU_LINE_MAX];
+    for (int f = 0; ok && gpus_inline && f < GPU_FAMILIES; f++)
+        for (int row = -1; row < snap->n; row++) {
+            gpu_line(line, sizeof(line), snap, f, row);
+            put(b, "%s", line);
+        }
     char e[600];
-    put(&b, "# HELP kgpu_namespace_gpu_seconds_total GPU time allocated to pods of the namespace, "
+    put(b, "# HELP kgpu_namespace_gpu_seconds_total GPU time allocated to pods of the namespace, "
             "in GPU-seconds (divide by 3600 for GPU-hours; a share counts as its fraction of the "
             "GPU, compute or memory whichever is larger).\n"
             "# TYPE kgpu_namespace_gpu_seconds_total counter\n");
     for (size_t i = 0; ns != NULL && i < k; i++)
-        put(&b, "kgpu_namespace_gpu_seconds_total{namespace=\"%s\"} %.6f\n",
+        put(b, "kgpu_namespace_gpu_seconds_total{namespace=\"%s\"} %.6f\n",
             esc(ns[i].ns, e, sizeof(e)), ns[i].seconds);
-    put(&b, "# HELP kgpu_namespace_gpus_allocated GPUs allocated to pods of the namespace now.\n"
+    put(b, "# HELP kgpu_namespace_gpus_allocated GPUs allocated to pods of the namespace now.\n"
             "# TYPE kgpu_namespace_gpus_allocated gauge\n");
     for (size_t i = 0; ns != NULL && i < k; i++)
-        put(&b, "kgpu_namespace_gpus_allocated{namespace=\"%s\"} %.6f\n",
+        put(b, "kgpu_namespace_gpus_allocated{namespace=\"%s\"} %.6f\n",
             esc(ns[i].ns, e, sizeof(e)), ns[i].gpus);
     free(ns);
-    put(&b,
+    put(b,
         "# HELP kgpu_extender_pods Pods holding GPUs.\n# TYPE kgpu_extender_pods gauge\n"
         "kgpu_extender_pods %ld\n",
         pods);
-    put(&b,
+    put(b,
         "# HELP kgpu_extender_cpu_pods Pods bound to GPU nodes without kgpu GPUs, whose CPU "
         "and memory the policies count on their node.\n"
         "# TYPE kgpu_extender_cpu_pods gauge\nkgpu_extender_cpu_pods %ld\n",
         cpu_pods);
-    put(&b,
+    put(b,
         "# HELP kgpu_extender_pods_learned_total Pods the placement policies have learned the "
         "workload from, each once: GPU pods when first filtered or seen bound, pods without "
         "a GPU at their first prioritize-gpuless.\n"
         "# TYPE kgpu_extender_pods_learned_total counter\nkgpu_extender_pods_learned_total %ld\n",
         observed);
-    put(&b,
+    put(b,
         "# HELP kgpu_pods_awaiting_allocation Pods bound by kgpu whose devices kubelet has not "
         "asked for yet; each keeps pods of the same size off its node until then.\n"
         "# TYPE kgpu_pods_awaiting_allocation gauge\nkgpu_pods_awaiting_allocation %ld\n",
         awaiting);
-    put(&b,
+    put(b,
         "# HELP kgpu_extender_ready Whether inventory and pods are loaded.\n"
         "# TYPE kgpu_extender_ready gauge\nkgpu_extender_ready %d\n",
         ext_daemon_ready(d) ? 1 : 0);
-    if (b.oom || !ok) {
+    return ok && !b->oom;
+}
+
+static bool buf_init(buf *b)
+{
+    *b = (buf){.cap = 1 << 16};
+    b->s = malloc(b->cap);
+    if (b->s != NULL)
+        b->s[0] = '\0';
+    return b->s != NULL;
+}
+
+char *ext_metrics_render(ext_daemon *d)
+{
+    buf b;
+    if (!buf_init(&b))
+        return NULL;
+    snapshot snap;
+    bool ok = render_into(d, &b, &snap, true);
+    free(snap.rows);
+    free(snap.names);
+    if (!ok) {
         free(b.s);
         return NULL;
     }
     return b.s;
+}
+
+/* A /metrics answer being sent: the rendered families, then the GPU lines. */
+typedef struct metrics_stream {
+    ext_metrics *m;
+    buf text;
+    size_t text_off;
+    snapshot snap; /* its rows point into itself: taken here, never copied */
+    int family, row;
+    char line[GPU_LINE_MAX];
+    size_t line_len, line_off; /* the part of line not sent yet */
+} metrics_stream;
+
+static long metrics_read(void *ctx, char *out, size_t max)
+{
+    metrics_stream *ms = ctx;
+    size_t n = 0;
+    while (n < max) {
+        const char *src = NULL;
+        size_t *off = NULL, have = 0;
+        if (ms->line_off < ms->line_len) {
+            src = ms->line, off = &ms->line_off, have = ms->line_len;
+        } else if (ms->text_off < ms->text.len) {
+            src = ms->text.s, off = &ms->text_off, have = ms->text.len;
+        } else if (ms->family >= GPU_FAMILIES) {
+            break;
+        } else if (ms->row >= ms->snap.n) {
+            ms->family++;
+            ms->row = -1;
+            continue;
+        } else {
+            int len = gpu_line(ms->line, sizeof(ms->line), &ms->snap, ms->family, ms->row++);
+            ms->line_len = len > 0 ? (size_t)len : 0;
+            if (ms->line_len >= sizeof(ms->line))
+                ms->line_len = sizeof(ms->line) - 1; /* cannot happen: the labels are bounded */
+            ms->line_off = 0;
+            continue;
+        }
+        size_t k = have - *off < max - n ? have - *off : max - n;
+        memcpy(out + n, src + *off, k);
+        *off += k;
+        n += k;
+    }
+    return (long)n;
+}
+
+static void metrics_free(void *ctx)
+{
+    metrics_stream *ms = ctx;
+    atomic_fetch_sub(&ms->m->metrics_streams, 1);
+    free(ms->text.s);
+    free(ms->snap.rows);
+    free(ms->snap.names);
+    free(ms);
+}
+
+bool ext_metrics_stream(ext_daemon *d, ext_stream *out, bool *busy)
+{
+    *busy = false;
+    if (atomic_fetch_add(&d->metrics.metrics_streams, 1) >= EXT_METRICS_STREAMS) {
+        atomic_fetch_sub(&d->metrics.metrics_streams, 1);
+        *busy = true;
+        return false;
+    }
+    metrics_stream *ms = calloc(1, sizeof(*ms));
+    if (ms == NULL || !buf_init(&ms->text)) {
+        free(ms);
+        atomic_fetch_sub(&d->metrics.metrics_streams, 1);
+        return false;
+    }
+    ms->m = &d->metrics;
+    ms->row = -1;
+    if (!render_into(d, &ms->text, &ms->snap, false)) {
+        metrics_free(ms);
+        return false;
+    }
+    *out = (ext_stream){metrics_read, metrics_free, ms};
+    return true;
 }

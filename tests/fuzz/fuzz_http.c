@@ -13,6 +13,7 @@
  * (the deadline itself is tested in tests/integration/test_extender_hardening.py).
  * KGPU_FUZZ_HTTP_TRACE=1 prints each input's first status and time.
  */
+#include <ctype.h>
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -249,6 +250,51 @@ static long content_length(const uint8_t *p, const uint8_t *end)
     return -1;
 }
 
+/* Whether the header block [p, end) says Transfer-Encoding: chunked. */
+static bool is_chunked(const uint8_t *p, const uint8_t *end)
+{
+    static const char name[] = "\r\nTransfer-Encoding: chunked";
+    size_t k = sizeof(name) - 1;
+    for (; p + k <= end; p++)
+        if (strncasecmp((const char *)p, name, k) == 0)
+            return true;
+    return false;
+}
+
+/*
+ * Where a chunked body starting at buf[at] ends (after its last, empty chunk
+ * and the CRLF that ends it; the extender sends no trailers), or n when buf
+ * ends first. Fails on a malformed chunk.
+ */
+static size_t chunked_end(const uint8_t *buf, size_t at, size_t n)
+{
+    for (;;) {
+        size_t size = 0, digits = 0;
+        while (at < n && isxdigit(buf[at]) && digits < 12) {
+            int c = buf[at++];
+            size = size * 16 + (size_t)(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+            digits++;
+        }
+        if (at + 2 > n)
+            return n;
+        if (digits == 0 || buf[at] != '\r' || buf[at + 1] != '\n')
+            fail("a malformed chunk in a chunked answer", buf + at, n - at);
+        at += 2;
+        if (size == 0)
+            break;
+        if (at + size + 2 > n)
+            return n;
+        if (buf[at + size] != '\r' || buf[at + size + 1] != '\n')
+            fail("a chunk without its CRLF", buf + at + size, n - at - size);
+        at += size + 2;
+    }
+    if (at + 2 > n)
+        return n;
+    if (buf[at] != '\r' || buf[at + 1] != '\n')
+        fail("a chunked answer that does not end with an empty line", buf + at, n - at);
+    return at + 2;
+}
+
 /*
  * Every answer in buf (pipelined requests get several, an Expect a 100
  * first) starts with "HTTP/1.1 NNN" and is not a 500. An answer to HEAD has
@@ -272,8 +318,15 @@ static int check_answers(const uint8_t *buf, size_t n, bool truncated)
             return first; /* cut short: by our cap, or by a deadline mid-answer */
         size_t body = (size_t)(head_end + 4 - buf);
         long len = content_length(buf + pos, head_end + 2);
-        bool bodiless = status < 200 || status == 204 || status == 304 || len <= 0;
-        size_t after = bodiless ? body : body + (size_t)len;
+        bool chunked = is_chunked(buf + pos, head_end + 2); /* /metrics, made as it is sent */
+        bool bodiless =
+            status < 200 || status == 204 || status == 304 || (len <= 0 && !chunked);
+        /* A chunked answer to HEAD has no body: the next answer follows its headers. */
+        if (chunked && starts_with(buf + body, n - body, "HTTP/"))
+            bodiless = true;
+        size_t after = bodiless  ? body
+                       : chunked ? chunked_end(buf, body, n)
+                                 : body + (size_t)len;
         if (after >= n)
             return first;
         if (starts_with(buf + after, n - after, "HTTP/"))

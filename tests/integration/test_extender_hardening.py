@@ -97,12 +97,12 @@ def closed_by_peer(sock, timeout):
 class HardeningTest(ExtenderTest):
     """A cluster-file extender with a probe port; helpers for its endpoints."""
 
-    def start(self, extra=()):
+    def start(self, extra=(), cluster=CLUSTER_YAML):
         self.probe_port = free_port()
         self.ext = self.start_extender(
-            ["--cluster-file", CLUSTER_YAML, "--probe-listen", "127.0.0.1:%d" % self.probe_port]
+            ["--cluster-file", cluster, "--probe-listen", "127.0.0.1:%d" % self.probe_port]
             + list(extra), wait_ready=False)
-        wait_for(lambda: http_request(self.probe_port, "GET", "/readyz")[0] == 200, 20,
+        wait_for(lambda: http_request(self.probe_port, "GET", "/readyz")[0] == 200, 60,
                  what="/readyz on the probe port")
         return self.ext
 
@@ -310,6 +310,66 @@ class TestFraming(HardeningTest):
                            ("/inspect", 404), ("/metrics", 404)):
             self.assertEqual(http_request(self.probe_port, "GET", path)[0], want, path)
         self.assertNotEqual(http_request(self.probe_port, "POST", "/filter", "{}")[0], 200)
+
+
+class TestMetricsStream(HardeningTest):
+    """/metrics of a large cluster is written as the client reads it, from a snapshot;
+    slow readers hold at most EXT_METRICS_STREAMS (4) snapshots."""
+
+    NODES, GPUS = 4000, 8  # ~20 MB of text: more than loopback's socket buffers hold
+
+    def big_cluster(self):
+        path = os.path.join(self.tmp, "big-cluster.json")
+        nodes = [{"name": "node-%04d" % i,
+                  "gpus": [{"index": g, "uuid": "GPU-%04d-%d" % (i, g), "model": "Tesla T4",
+                            "memory_mib": 15360} for g in range(self.GPUS)]}
+                 for i in range(self.NODES)]
+        with open(path, "w") as f:
+            json.dump({"nodes": nodes}, f)
+        return path
+
+    def test_slow_readers_hold_at_most_four_snapshots(self):
+        self.start(cluster=self.big_cluster())
+        readers = []
+        self.addCleanup(lambda: [s.close() for s in readers])
+        for _ in range(4):
+            s = socket.create_connection(("127.0.0.1", self.ext.port))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.settimeout(20)
+            head = s.recv(1024)
+            self.assertEqual(status_of(head), 200, head)
+            self.assertIn(b"chunked", head.lower())
+            readers.append(s)  # and never read again
+        status, _, body = http_request(self.ext.port, "GET", "/metrics", timeout=20)
+        self.assertEqual(status, 503, body[:300])
+        self.assertIn(b"too many /metrics answers", body)
+        # Nothing else waits on them: probes, the scheduling verbs.
+        self.assertEqual(http_request(self.probe_port, "GET", "/healthz")[0], 200)
+        self.print_memory("4 /metrics readers stalled on a %d-GPU cluster"
+                          % (self.NODES * self.GPUS))
+        p = self.pod("during-stall")
+        res = self.ext.filter(p, ["node-0001", "node-0002"])
+        self.assertEqual(sorted(res["NodeNames"]), ["node-0001", "node-0002"])
+        self.assertEqual(self.ext.bind(p, "node-0001"), "")
+        for s in readers:
+            s.close()
+        # Closed, their snapshots go, and a whole scrape reads every GPU of every family.
+        text = wait_for(lambda: (lambda r: r[2] if r[0] == 200 else None)(
+            http_request(self.ext.port, "GET", "/metrics", timeout=60)), 20,
+            what="/metrics answered again")
+        text = text.decode()
+        self.assertTrue(text.endswith("\n"))
+        for family in ("kgpu_gpu_memory_allocated_mib", "kgpu_gpu_memory_capacity_mib",
+                       "kgpu_gpu_compute_allocated_milli", "kgpu_gpu_compute_capacity_milli",
+                       "kgpu_gpu_pods"):
+            self.assertEqual(text.count("# TYPE %s gauge\n" % family), 1, family)
+            self.assertEqual(text.count("\n%s{" % family), self.NODES * self.GPUS, family)
+        self.assertIn('kgpu_gpu_memory_allocated_mib{node="node-0001",gpu="', text)
+        held = [line for line in text.splitlines()
+                if line.startswith('kgpu_gpu_pods{node="node-0001"') and line.endswith(" 1")]
+        self.assertEqual(len(held), 1, held)
+        self.assertIn("\nkgpu_extender_ready 1\n", text)
+        self.assertEqual(text.count("\n# TYPE kgpu_extender_requests_total counter\n"), 1)
 
 
 class TestMemory(HardeningTest):
