@@ -772,7 +772,7 @@ static void simulate_usage(FILE *f)
                "                    lifetimes kept (default 1)\n"
                "                    (--inflate with --churn: drawn pods arrive with their\n"
                "                    originals; without it the file's pods as recorded)\n"
-               "  --queues FILE     with --churn: GPU queues (the extender config's queues:\n"
+               "  --queues FILE     with --churn: GPU queues (a YAML/JSON file's queues:\n"
                "                    section); pods go to the queue their name starts with\n"
                "                    (\"team-a-...\"), else by a hash of the name in proportion\n"
                "                    to the queues' guarantees (docs/queues.md)\n"

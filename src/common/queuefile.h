@@ -1,8 +1,8 @@
 /*
  * The `queues:` section of the extender's configuration file (YAML or JSON),
- * read into a kgpu_queues tree. The simulator's --queues reads the same
- * file, so what was measured is what the extender enforces. The format and
- * its rules are in docs/queues.md.
+ * read into a kgpu_queues tree. The simulator's --queues reads it today; the
+ * extender is to read the same section (it does not yet), so that what was
+ * measured is what it enforces. Format and rules: docs/queues.md.
  */
 #ifndef KGPU_QUEUEFILE_H
 #define KGPU_QUEUEFILE_H
