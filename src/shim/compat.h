@@ -38,6 +38,7 @@ KGPU__OLD(pthread_mutexattr_destroy, "GLIBC_2.2.5");
 KGPU__OLD(pthread_mutexattr_setpshared, "GLIBC_2.2.5");
 KGPU__OLD(pthread_mutexattr_setrobust, "GLIBC_2.12");
 KGPU__OLD(pthread_mutex_consistent, "GLIBC_2.12");
+KGPU__OLD(pthread_mutex_timedlock, "GLIBC_2.2.5");
 #elif defined(__aarch64__)
 #define KGPU__OLD(sym, ver) __asm__(".symver " #sym "," #sym "@" ver)
 #ifndef KGPU_SHIM_DEFINES_DLOPEN
@@ -55,6 +56,7 @@ KGPU__OLD(pthread_mutexattr_destroy, "GLIBC_2.17");
 KGPU__OLD(pthread_mutexattr_setpshared, "GLIBC_2.17");
 KGPU__OLD(pthread_mutexattr_setrobust, "GLIBC_2.17");
 KGPU__OLD(pthread_mutex_consistent, "GLIBC_2.17");
+KGPU__OLD(pthread_mutex_timedlock, "GLIBC_2.17");
 #endif
 #endif
 

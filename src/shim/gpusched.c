@@ -23,10 +23,22 @@
 #define OVERRUN_NS   200000000ULL /* a holder that never gives back (gone) loses it after this */
 #define DECAY_NS     10000000000ULL /* accounts are halved when one passes 10 s */
 #define GONE_NS      60000000000ULL /* a member unused this long is a container gone */
+#define LOCK_WAIT_S  1 /* the lock is held for microseconds; held this long, it is held hostage */
 
+/*
+ * Every container on the GPU can write the file, so what it says about
+ * others is checked before it is believed (docs/shim.md, "Where it can be
+ * wrong"): a slice never ends more than a period ahead, a member's own
+ * share is rewritten from its limits at every pass, and a lock not had
+ * within LOCK_WAIT_S stops the gate for good in this process (the GPU's
+ * own time slicing then applies, as without a schedule) rather than
+ * hanging every launch.
+ */
 struct kgpu_sched {
     kgpu_sched_file *map;
-    int me; /* member index */
+    int me;          /* member index */
+    uint32_t share;  /* this container's, from its limits file */
+    _Atomic int off; /* the lock was held hostage: launches pass ungated */
 };
 
 uint64_t kgpu_sched_now(void)
@@ -36,10 +48,16 @@ uint64_t kgpu_sched_now(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-static void lock(kgpu_sched_file *f)
+/* 0 when locked; an error number when the lock was not had within LOCK_WAIT_S. */
+static int lock(kgpu_sched_file *f)
 {
-    if (pthread_mutex_lock(&f->lock.mutex) == EOWNERDEAD)
-        pthread_mutex_consistent(&f->lock.mutex); /* nothing to repair: all fields stand alone */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* the clock pthread_mutex_timedlock counts in */
+    until.tv_sec += LOCK_WAIT_S;
+    int rc = pthread_mutex_timedlock(&f->lock.mutex, &until);
+    if (rc == EOWNERDEAD) /* nothing to repair: all fields stand alone */
+        rc = pthread_mutex_consistent(&f->lock.mutex);
+    return rc;
 }
 
 static void unlock(kgpu_sched_file *f)
@@ -110,6 +128,12 @@ static int others_waiting(kgpu_sched_file *f, int me, uint64_t now)
     return 0;
 }
 
+/* Lock not had: the gate stays open in this process from now on. */
+static void give_up(kgpu_sched *s)
+{
+    atomic_store(&s->off, 1);
+}
+
 void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
 {
     kgpu_sched_file *f = s->map;
@@ -122,9 +146,13 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
         return;
     }
     for (;;) {
-        lock(f);
+        if (atomic_load_explicit(&s->off, memory_order_relaxed) || lock(f) != 0) {
+            give_up(s);
+            return;
+        }
         now = kgpu_sched_now();
         atomic_store(&f->m[me].seen_ns, now);
+        f->m[me].share = s->share;
         int h = atomic_load(&f->holder);
         uint64_t end = atomic_load(&f->slice_end);
         if (h == me) {
@@ -150,7 +178,10 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
             atomic_store(&f->m[me].waiting_ns, now);
             unlock(f);
             drain();
-            lock(f);
+            if (lock(f) != 0) {
+                give_up(s);
+                return;
+            }
             now = kgpu_sched_now();
             if (atomic_load(&f->holder) == me) {
                 account(f, me, now);
@@ -162,10 +193,14 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
             continue;
         }
         int free = h < 0 || h >= KGPU_SCHED_MEMBERS || f->m[h].id[0] == '\0';
-        /* A holder that stopped launching after its slice, or that is gone, lets go. */
-        if (!free && now > end &&
-            ((atomic_load(&f->m[h].seen_ns) < end && now > end + IDLE_NS) ||
-             now > end + OVERRUN_NS)) {
+        /*
+         * A holder that stopped launching after its slice, or that is gone,
+         * lets go; so does one whose slice ends further ahead than any
+         * slice lasts, which no library wrote.
+         */
+        if (!free && (end > now + KGPU_SCHED_PERIOD_NS ||
+                      (now > end && ((atomic_load(&f->m[h].seen_ns) < end && now > end + IDLE_NS) ||
+                                     now > end + OVERRUN_NS)))) {
             account(f, h, now);
             free = 1;
         }
@@ -194,8 +229,11 @@ static int check(const kgpu_sched_file *f, size_t size, const char *path, kgpu_e
     return KGPU_OK;
 }
 
-/* Writes a fresh file under a temporary name and links it into place unless one is there. */
-static int create(const char *dir, const char *path, kgpu_error *err)
+/*
+ * Writes a fresh file of `mode` under a temporary name and links it into
+ * place unless one is there, or, with `replace`, renames it over what is.
+ */
+static int create(const char *dir, const char *path, mode_t mode, int replace, kgpu_error *err)
 {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof(tmp), "%s/.sched.XXXXXX", dir);
@@ -206,7 +244,7 @@ static int create(const char *dir, const char *path, kgpu_error *err)
     int rc = KGPU_OK;
     kgpu_sched_file *f = MAP_FAILED;
     pthread_mutexattr_t attr;
-    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)sizeof(*f)) != 0 ||
+    if (fchmod(fd, mode) != 0 || ftruncate(fd, (off_t)sizeof(*f)) != 0 ||
         (f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
         rc = kgpu_error_set(err, KGPU_EIO, "cannot make %s: %s", tmp, strerror(errno));
         goto out;
@@ -223,7 +261,7 @@ static int create(const char *dir, const char *path, kgpu_error *err)
         goto out;
     }
     pthread_mutexattr_destroy(&attr);
-    if (link(tmp, path) != 0 && errno != EEXIST)
+    if (replace ? rename(tmp, path) != 0 : link(tmp, path) != 0 && errno != EEXIST)
         rc = kgpu_error_set(err, KGPU_EIO, "cannot create %s: %s", path, strerror(errno));
 out:
     if (f != MAP_FAILED)
@@ -243,7 +281,7 @@ int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int shar
         return kgpu_error_set(err, KGPU_EINVAL, "GPU '%.60s' cannot name a schedule file", gpu);
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) {
-        int rc = create(dir, path, err);
+        int rc = create(dir, path, 0600, 0, err);
         if (rc != KGPU_OK)
             return rc;
         fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
@@ -269,7 +307,13 @@ int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int shar
     }
     s->map = f;
     s->me = -1;
-    lock(f);
+    s->share = (uint32_t)(share < 1 ? 1 : share > 100 ? 100 : share);
+    if (lock(f) != 0) {
+        munmap(f, sizeof(*f));
+        free(s);
+        return kgpu_error_set(err, KGPU_ESTATE, "%s: its lock has been held for over %d s", path,
+                              LOCK_WAIT_S);
+    }
     uint64_t now = kgpu_sched_now();
     for (int i = 0; i < KGPU_SCHED_MEMBERS && s->me < 0; i++)
         if (strncmp(f->m[i].id, id, sizeof(f->m[i].id) - 1) == 0)
@@ -283,7 +327,7 @@ int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int shar
             s->me = i;
         }
     if (s->me >= 0) {
-        f->m[s->me].share = (uint32_t)(share < 1 ? 1 : share > 100 ? 100 : share);
+        f->m[s->me].share = s->share;
         atomic_store(&f->m[s->me].seen_ns, now);
     }
     unlock(f);
@@ -294,6 +338,40 @@ int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int shar
     }
     *out = s;
     return KGPU_OK;
+}
+
+int kgpu_sched_prepare(const char *dir, const char *gpu, mode_t mode, kgpu_error *err)
+{
+    char path[PATH_MAX];
+    if (strchr(gpu, '/') != NULL || gpu[0] == '.' || gpu[0] == '\0' ||
+        (size_t)snprintf(path, sizeof(path), "%s/%s.sched", dir, gpu) >= sizeof(path))
+        return kgpu_error_set(err, KGPU_EINVAL, "GPU '%.60s' cannot name a schedule file", gpu);
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+        return create(dir, path, mode, 0, err);
+    /*
+     * One that is there stays (containers running have it mounted: a new
+     * file would split them from the next ones), unless it is not a
+     * schedule of this version; then the new containers get a fresh one.
+     */
+    struct stat st;
+    int ok = fd >= 0 && kgpu_shim_fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+             (size_t)st.st_size == sizeof(kgpu_sched_file);
+    if (ok) {
+        kgpu_sched_file *f = mmap(NULL, sizeof(*f), PROT_READ, MAP_SHARED, fd, 0);
+        kgpu_error ignored = {0};
+        ok = f != MAP_FAILED && check(f, (size_t)st.st_size, path, &ignored) == KGPU_OK;
+        if (f != MAP_FAILED)
+            munmap(f, sizeof(*f));
+    }
+    int rc = KGPU_OK;
+    if (!ok)
+        rc = create(dir, path, mode, 1, err);
+    else if ((st.st_mode & 07777) != mode && fchmod(fd, mode) != 0)
+        rc = kgpu_error_set(err, KGPU_EIO, "chmod %s: %s", path, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    return rc;
 }
 
 void kgpu_sched_detach(kgpu_sched *s)

@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "kgpu/error.h"
 
@@ -62,6 +63,15 @@ int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int shar
                       kgpu_sched **out, kgpu_error *err);
 
 void kgpu_sched_detach(kgpu_sched *s);
+
+/*
+ * For the node (the device plugin, which mounts the file into containers):
+ * makes `dir`/`gpu`.sched a schedule of this version with permissions
+ * `mode`, created whole if missing. One already there is kept (running
+ * containers have it mounted) unless it is not a valid schedule, which a
+ * fresh file replaces.
+ */
+int kgpu_sched_prepare(const char *dir, const char *gpu, mode_t mode, kgpu_error *err);
 
 /*
  * Before a launch: returns once this container may launch, having called

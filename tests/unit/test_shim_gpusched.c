@@ -2,7 +2,8 @@
  * The GPU schedule of libkgpu-limit.so (compute shares), driven directly:
  * joining, the holder's turn, handing the GPU over when another container
  * waits (after draining), keeping it when alone, and taking it from a
- * holder that went idle.
+ * holder that went idle; and what one container writing the shared file
+ * by hand cannot make another's gate believe.
  */
 #include <dirent.h>
 #include <pthread.h>
@@ -56,17 +57,37 @@ static kgpu_sched *join(const char *id, int share)
     return s;
 }
 
-/* The file, read as an observer. */
-static kgpu_sched_file *view(void)
+static kgpu_sched_file *map_file(int prot)
 {
     char path[400];
     snprintf(path, sizeof(path), "%s/%s.sched", dir, GPU);
     FILE *f = fopen(path, "r+");
     assert_non_null(f);
-    void *m = mmap(NULL, sizeof(kgpu_sched_file), PROT_READ, MAP_SHARED, fileno(f), 0);
+    void *m = mmap(NULL, sizeof(kgpu_sched_file), prot, MAP_SHARED, fileno(f), 0);
     fclose(f);
     assert_true(m != MAP_FAILED);
     return m;
+}
+
+/* The file, read as an observer. */
+static kgpu_sched_file *view(void)
+{
+    return map_file(PROT_READ);
+}
+
+/* The file, as a hostile container that writes it by hand sees it. */
+static kgpu_sched_file *tamper(void)
+{
+    return map_file(PROT_READ | PROT_WRITE);
+}
+
+static int member_of(kgpu_sched_file *f, const char *id)
+{
+    for (int i = 0; i < KGPU_SCHED_MEMBERS; i++)
+        if (strcmp(f->m[i].id, id) == 0)
+            return i;
+    fail_msg("no member %s", id);
+    return -1;
 }
 
 static void sleep_ms(unsigned ms)
@@ -172,12 +193,123 @@ static void alone_the_gpu_is_lent(void **state)
     kgpu_sched_detach(b);
 }
 
+/* A holder's slice "ending" in 10 s, written by hand: the next waiter takes the GPU at once. */
+static void a_forged_slice_end_is_not_believed(void **state)
+{
+    kgpu_sched *a = join("a", 30), *b = join("b", 70);
+    kgpu_sched_file *f = tamper();
+    kgpu_sched_gate(a, drain);
+    int ia = member_of(f, "a");
+    assert_int_equal(atomic_load(&f->holder), ia);
+    atomic_store(&f->slice_end, kgpu_sched_now() + 10000000000ULL);
+    f->m[ia].share = 100; /* and a claims the whole GPU */
+    uint64_t t0 = kgpu_sched_now();
+    kgpu_sched_gate(b, drain);
+    uint64_t took = kgpu_sched_now() - t0;
+    assert_int_equal(atomic_load(&f->holder), member_of(f, "b"));
+    assert_true(took < 1000000000ULL); /* not the forged 10 s (a loaded machine: well under) */
+    assert_int_equal(f->m[member_of(f, "b")].share, 70);
+    munmap(f, sizeof(*f));
+    kgpu_sched_detach(a);
+    kgpu_sched_detach(b);
+}
+
+/* b's share, lowered by hand to 1 %, is its own again at its next pass through the lock. */
+static void a_member_rewrites_its_own_share(void **state)
+{
+    kgpu_sched *b = join("b", 70);
+    kgpu_sched_file *f = tamper();
+    f->m[member_of(f, "b")].share = 1;
+    kgpu_sched_gate(b, drain);
+    assert_int_equal(f->m[member_of(f, "b")].share, 70);
+    munmap(f, sizeof(*f));
+    kgpu_sched_detach(b);
+}
+
+typedef struct hostage {
+    kgpu_sched_file *f;
+    _Atomic int locked, release;
+} hostage;
+
+static void *hold_lock(void *arg)
+{
+    hostage *h = arg;
+    assert_int_equal(pthread_mutex_lock(&h->f->lock.mutex), 0);
+    atomic_store(&h->locked, 1);
+    while (!atomic_load(&h->release))
+        sleep_ms(5);
+    pthread_mutex_unlock(&h->f->lock.mutex);
+    return NULL;
+}
+
+/*
+ * A container that takes the lock and keeps it must not hang every launch on
+ * the GPU: after a second the gate opens in this process, and stays open.
+ */
+static void a_lock_held_hostage_opens_the_gate(void **state)
+{
+    kgpu_sched *a = join("a", 30), *b = join("b", 70);
+    hostage h = {tamper(), 0, 0};
+    kgpu_sched_gate(a, drain); /* a holds the GPU: b would wait for its turn */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, hold_lock, &h), 0);
+    while (!atomic_load(&h.locked))
+        sleep_ms(1);
+    uint64_t t0 = kgpu_sched_now();
+    kgpu_sched_gate(b, drain);
+    uint64_t first = kgpu_sched_now() - t0;
+    assert_true(first >= 900000000ULL);   /* it did wait for the lock, about 1 s */
+    assert_true(first < 10000000000ULL);  /* and not for ever */
+    t0 = kgpu_sched_now();
+    kgpu_sched_gate(b, drain);
+    assert_true(kgpu_sched_now() - t0 < 500000000ULL); /* open from then on */
+    atomic_store(&h.release, 1);
+    pthread_join(t, NULL);
+    assert_int_equal(atomic_load(&drains), 0);
+    munmap(h.f, sizeof(*h.f));
+    kgpu_sched_detach(a);
+    kgpu_sched_detach(b);
+}
+
+/* The node's side: the plugin makes the file, keeps a good one, replaces a bad one. */
+static void the_node_prepares_the_file(void **state)
+{
+    kgpu_error err = {0};
+    char path[400];
+    snprintf(path, sizeof(path), "%s/%s.sched", dir, GPU);
+    assert_int_equal(kgpu_sched_prepare(dir, GPU, 0666, &err), KGPU_OK);
+    struct stat st, st2;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0666);
+    assert_int_equal((size_t)st.st_size, sizeof(kgpu_sched_file));
+    kgpu_sched *a = join("a", 30); /* the library joins the node's file */
+    kgpu_sched_gate(a, drain);
+    assert_int_equal(kgpu_sched_prepare(dir, GPU, 0666, &err), KGPU_OK);
+    assert_int_equal(stat(path, &st2), 0);
+    assert_true(st2.st_ino == st.st_ino); /* kept: a running container has it */
+    kgpu_sched_detach(a);
+    assert_int_equal(truncate(path, 100), 0); /* not a schedule any more */
+    assert_int_equal(kgpu_sched_prepare(dir, GPU, 0666, &err), KGPU_OK);
+    assert_int_equal(stat(path, &st2), 0);
+    assert_int_equal((size_t)st2.st_size, sizeof(kgpu_sched_file));
+    kgpu_sched_file *f = view();
+    assert_memory_equal(f->magic, KGPU_SCHED_MAGIC, 8);
+    assert_int_equal(atomic_load(&f->holder), -1);
+    munmap(f, sizeof(*f));
+    assert_int_equal(kgpu_sched_prepare(dir, "../x", 0666, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "cannot name a schedule file"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(joins_once_per_container, setup, teardown),
         cmocka_unit_test_setup_teardown(turns_pass_when_another_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(alone_the_gpu_is_lent, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_forged_slice_end_is_not_believed, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_member_rewrites_its_own_share, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_lock_held_hostage_opens_the_gate, setup, teardown),
+        cmocka_unit_test_setup_teardown(the_node_prepares_the_file, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
