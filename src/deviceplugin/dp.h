@@ -72,6 +72,8 @@ int dp_res_from_name(const char *name);
 #define DP_SHARED_PATH  "/var/run/kgpu"
 #define DP_SHIM_PATH    "/usr/lib/kgpu/libkgpu-limit.so"
 #define DP_PRELOAD_PATH "/etc/ld.so.preload"
+/* The node-wide GPU schedules (src/shim/gpusched.h): <dir>/<uuid>.sched, one per GPU. */
+#define DP_SCHED_PATH "/var/run/kgpu-gpu"
 
 /* Annotation with the (container, resource) pairs served so far. */
 #define DP_ANN_ALLOCATING "kgpu.io/allocating"
@@ -173,12 +175,15 @@ typedef struct dp_mount {
     bool read_only;
 } dp_mount;
 
+/* Mounts a container can get: limits, accounting, library, preload, one schedule per GPU. */
+#define DP_MAX_MOUNTS (4 + KGPU_MAX_GPUS_PER_NODE)
+
 /* What one container gets. */
 typedef struct dp_response {
     int nenv;
     dp_kv env[12];
     int nmounts;
-    dp_mount mounts[4];
+    dp_mount mounts[DP_MAX_MOUNTS];
 } dp_response;
 
 typedef struct dp_paths {
@@ -193,8 +198,18 @@ char *dp_limits_text(const dp_match *m);
 void dp_response_build(const dp_match *m, const dp_inventory *inv, const dp_paths *paths,
                        dp_response *out);
 
-/* Creates <state>/pods/<uid>/shared and writes <state>/pods/<uid>/<container>.limits. */
+/*
+ * Creates <state>/pods/<uid>/shared, writes <state>/pods/<uid>/<container>.limits
+ * and, for each GPU on which the container has a compute share, makes sure
+ * of <state>/sched/<uuid>.sched (dp_sched_shared).
+ */
 int dp_write_pod_files(const dp_match *m, const dp_paths *paths, kgpu_error *err);
+
+/*
+ * Whether the container's share of GPU i is a compute share, which the
+ * library enforces through that GPU's schedule, mounted read-write.
+ */
+bool dp_sched_shared(const dp_match *m, int i);
 
 /* Encodes a response as an AllocateResponse holding `n` containers. */
 int dp_allocate_encode(const dp_response *resp, int n, uint8_t **out, size_t *len);

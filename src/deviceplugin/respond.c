@@ -7,6 +7,13 @@
  *   pods/<uid>/<container>.limits the container's limits (mode 0444)
  *   pods/<uid>/shared/            the pod's accounting directory (mode 1777:
  *                                 the containers' processes may run as any user)
+ *   sched/                        mode 0700: no host user but root reaches it
+ *   sched/<uuid>.sched            the GPU's schedule (mode 0666: containers of any
+ *                                 user share it), node-wide, kept for the node's life
+ *
+ * A container with a compute share gets its GPUs' schedule files, one file
+ * bind mount each, never the directory: it cannot reach another GPU's
+ * schedule, nor replace or remove its own (a mount point cannot be unlinked).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,11 +27,18 @@
 
 #include "deviceplugin.pb-c.h"
 #include "dp.h"
+#include "gpusched.h"
 
 static int core_pct(const dp_gpu_share *g)
 {
     /* A memory-only share is not limited in compute. */
     return g->milli > 0 ? (g->milli + 9) / 10 : 100;
+}
+
+bool dp_sched_shared(const dp_match *m, int i)
+{
+    /* As the library decides (hooks_launch.c): only a core_pct below 100 takes turns. */
+    return core_pct(&m->gpus[i]) < 100;
 }
 
 char *dp_limits_text(const dp_match *m)
@@ -61,6 +75,8 @@ static void mount(dp_response *out, const char *container_path, bool ro, const c
 
 static void mount(dp_response *out, const char *container_path, bool ro, const char *fmt, ...)
 {
+    if (out->nmounts >= DP_MAX_MOUNTS)
+        return;
     dp_mount *m = &out->mounts[out->nmounts++];
     snprintf(m->container_path, sizeof(m->container_path), "%s", container_path);
     va_list ap;
@@ -107,6 +123,15 @@ void dp_response_build(const dp_match *m, const dp_inventory *inv, const dp_path
     if (paths->shim_lib != NULL) {
         mount(out, DP_SHIM_PATH, true, "%s", paths->shim_lib);
         mount(out, DP_PRELOAD_PATH, true, "%s/ld.so.preload", paths->state_dir);
+    }
+    /* Each GPU's schedule, shared with the other containers taking turns on it. */
+    for (int i = 0; i < m->ngpus; i++) {
+        if (!dp_sched_shared(m, i))
+            continue;
+        char in_container[256];
+        snprintf(in_container, sizeof(in_container), "%s/%s.sched", DP_SCHED_PATH,
+                 m->gpus[i].uuid);
+        mount(out, in_container, false, "%s/sched/%s.sched", paths->state_dir, m->gpus[i].uuid);
     }
 }
 
@@ -166,6 +191,24 @@ int dp_write_pod_files(const dp_match *m, const dp_paths *paths, kgpu_error *err
         unlink(tmp);
     }
     free(text);
+    if (rc != 0)
+        return rc;
+    /*
+     * The GPUs' schedules, made here rather than by the library in the
+     * container: a file the first container's process created would be
+     * that user's, mode 0600, and a container running as another user
+     * could not join it, silently unscheduled.
+     */
+    snprintf(dir, sizeof(dir), "%s/sched", paths->state_dir);
+    for (int i = 0; i < m->ngpus && rc == 0; i++) {
+        if (!dp_sched_shared(m, i))
+            continue;
+        if (!safe_name(m->gpus[i].uuid))
+            return kgpu_error_set(err, KGPU_EINVAL, "GPU '%.64s' cannot name a schedule file",
+                                  m->gpus[i].uuid);
+        if ((rc = make_dir(dir, 0700, err)) == 0)
+            rc = kgpu_sched_prepare(dir, m->gpus[i].uuid, 0666, err);
+    }
     return rc;
 }
 
@@ -177,8 +220,8 @@ int dp_allocate_encode(const dp_response *resp, int n, uint8_t **out, size_t *le
     V1beta1__ContainerAllocateResponse **crp = calloc((size_t)n + 1, sizeof(*crp));
     V1beta1__ContainerAllocateResponse__EnvsEntry *ev = calloc((size_t)n * 12 + 1, sizeof(*ev));
     V1beta1__ContainerAllocateResponse__EnvsEntry **evp = calloc((size_t)n * 12 + 1, sizeof(*evp));
-    V1beta1__Mount *mt = calloc((size_t)n * 4 + 1, sizeof(*mt));
-    V1beta1__Mount **mtp = calloc((size_t)n * 4 + 1, sizeof(*mtp));
+    V1beta1__Mount *mt = calloc((size_t)n * DP_MAX_MOUNTS + 1, sizeof(*mt));
+    V1beta1__Mount **mtp = calloc((size_t)n * DP_MAX_MOUNTS + 1, sizeof(*mtp));
     int rc = -1;
     if (cr == NULL || crp == NULL || ev == NULL || evp == NULL || mt == NULL || mtp == NULL)
         goto out;
@@ -195,15 +238,15 @@ int dp_allocate_encode(const dp_response *resp, int n, uint8_t **out, size_t *le
             x->value = (char *)r->env[e].value;
             evp[i * 12 + e] = x;
         }
-        cr[i].mounts = &mtp[i * 4];
+        cr[i].mounts = &mtp[i * DP_MAX_MOUNTS];
         cr[i].n_mounts = (size_t)r->nmounts;
         for (int k = 0; k < r->nmounts; k++) {
-            V1beta1__Mount *x = &mt[i * 4 + k];
+            V1beta1__Mount *x = &mt[i * DP_MAX_MOUNTS + k];
             v1beta1__mount__init(x);
             x->container_path = (char *)r->mounts[k].container_path;
             x->host_path = (char *)r->mounts[k].host_path;
             x->read_only = r->mounts[k].read_only;
-            mtp[i * 4 + k] = x;
+            mtp[i * DP_MAX_MOUNTS + k] = x;
         }
     }
     V1beta1__AllocateResponse msg = V1BETA1__ALLOCATE_RESPONSE__INIT;

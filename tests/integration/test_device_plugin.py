@@ -35,6 +35,7 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,7 @@ MEM, CORE, WHOLE, ALIAS = "kgpu.io/gpu-mem", "kgpu.io/gpu-core", "nvidia.com/gpu
 SOCKETS = {MEM: "kgpu-gpu-mem.sock", CORE: "kgpu-gpu-core.sock", WHOLE: "kgpu-nvidia-gpu.sock",
            ALIAS: "kgpu-aliyun-gpu-mem.sock"}
 SHIM_IN_CONTAINER = "/usr/lib/kgpu/libkgpu-limit.so"
+SCHED_SIZE = 6296  # sizeof(kgpu_sched_file), src/shim/gpusched.h, x86-64 and arm64
 
 
 
@@ -437,6 +439,10 @@ class PluginCase(unittest.TestCase):
             mounts |= {(SHIM_IN_CONTAINER, self.shim, True),
                        ("/etc/ld.so.preload", os.path.join(self.state_dir, "ld.so.preload"),
                         True)}
+        # A compute share: that GPU's schedule, read-write, one file each, never the
+        # directory (which would show the node's other GPUs' schedules).
+        sched = [g["uuid"] for g, _, c in gpus if c < 100]
+        mounts |= {("/var/run/kgpu-gpu/%s.sched" % u, self.sched_file(u), False) for u in sched}
         got = [(m.container_path, m.host_path, m.read_only) for m in r.mounts]
         self.assertEqual(len(got), len(mounts), got)
         self.assertEqual(set(got), mounts)
@@ -454,6 +460,24 @@ class PluginCase(unittest.TestCase):
         if shim:
             with open(os.path.join(self.state_dir, "ld.so.preload")) as f:
                 self.assertEqual(f.read(), SHIM_IN_CONTAINER + "\n")
+        for u in sched:
+            self.assert_schedule(u)
+
+    def sched_file(self, uuid):
+        return os.path.join(self.state_dir, "sched", uuid + ".sched")
+
+    def assert_schedule(self, uuid):
+        """The GPU's schedule as the library expects it, usable by containers of any user."""
+        d = os.path.join(self.state_dir, "sched")
+        self.assertEqual(stat.S_IMODE(os.stat(d).st_mode), 0o700)
+        st = os.lstat(self.sched_file(uuid))
+        self.assertTrue(stat.S_ISREG(st.st_mode))
+        self.assertEqual(stat.S_IMODE(st.st_mode), 0o666)
+        self.assertEqual(st.st_size, SCHED_SIZE)
+        with open(self.sched_file(uuid), "rb") as f:
+            head = f.read(16)
+        self.assertEqual(head[:8], b"KGPUSCHD")
+        self.assertEqual(struct.unpack("=II", head[8:16]), (1, 64))  # version, members
 
     def pod_files(self):
         root = os.path.join(self.state_dir, "pods")
@@ -993,6 +1017,38 @@ class TestAllocate(AllocateCase):
         self.assert_empty_response(rc)
         self.assert_allocated(pod)
 
+    def test_compute_shares_get_their_gpus_schedule_and_no_other(self):
+        gpus = self.bring_up(2)
+        # A stale schedule of another layout is replaced for the containers to come.
+        os.makedirs(os.path.join(self.state_dir, "sched"), mode=0o755)
+        with open(self.sched_file(gpus[1]["uuid"]), "wb") as f:
+            f.write(b"KGPUSCHD" + b"\0" * 100)
+        got = {}
+        for name, gpu, units, core in (("c30", gpus[0], 3, 30), ("c70", gpus[0], 5, 70),
+                                       ("other", gpus[1], 2, 50), ("memonly", gpus[0], 1, None)):
+            pod = self.one_gpu_pod(name, gpu, units=units, core=core)
+            _, r = self.admit(MEM, units)
+            self.assert_container_response(r, pod, "main", [(gpu, units * 1024, core or 100)])
+            got[name] = {m.container_path: m.host_path for m in r.mounts
+                         if m.container_path.startswith("/var/run/kgpu-gpu")}
+            if core is not None:
+                ino = os.stat(self.sched_file(gpu["uuid"])).st_ino
+                _, rc = self.admit(CORE, core)
+                self.assert_empty_response(rc)
+                # The file is made once and kept: later containers join the same one.
+                self.assertEqual(os.stat(self.sched_file(gpu["uuid"])).st_ino, ino)
+            self.assert_allocated(pod)
+        # Both shares of GPU 0 share one host file, by the path the library opens.
+        path0 = "/var/run/kgpu-gpu/%s.sched" % gpus[0]["uuid"]
+        self.assertEqual(got["c30"], {path0: self.sched_file(gpus[0]["uuid"])})
+        self.assertEqual(got["c70"], got["c30"])
+        # The container on GPU 1 sees its own GPU's schedule only; a memory-only share
+        # takes no turns and gets none.
+        self.assertEqual(list(got["other"]), ["/var/run/kgpu-gpu/%s.sched" % gpus[1]["uuid"]])
+        self.assertEqual(got["memonly"], {})
+        self.assertEqual(sorted(os.listdir(os.path.join(self.state_dir, "sched"))),
+                         sorted(g["uuid"] + ".sched" for g in gpus))
+
     def test_gpushare_alias_and_whole_gpus(self):
         gpus = self.bring_up(2, args=["--whole-gpus", "--gpushare-alias"],
                              resources=(MEM, CORE, WHOLE, ALIAS))
@@ -1008,6 +1064,8 @@ class TestAllocate(AllocateCase):
         ids, r = self.admit(WHOLE, 1)
         self.assertEqual(ids, [gpus[0]["uuid"]])
         self.assert_container_response(r, whole, "main", [(gpus[0], 15360, 100)], pod_units=0)
+        self.assertFalse([m for m in r.mounts if "kgpu-gpu" in m.container_path])
+        self.assertFalse(os.path.exists(os.path.join(self.state_dir, "sched")))
         self.assert_allocated(whole)
 
     def test_terminating_pod_never_matches(self):

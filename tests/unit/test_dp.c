@@ -17,6 +17,7 @@
 
 #include "deviceplugin.pb-c.h"
 #include "dp.h"
+#include "gpusched.h"
 
 #define U0   "GPU-aaaaaaaa-0000-4000-8000-000000000000"
 #define U1   "GPU-aaaaaaaa-0000-4000-8000-000000000001"
@@ -483,7 +484,7 @@ static void test_response(void **state)
     assert_string_equal(env_of(&r, "ALIYUN_COM_GPU_MEM_DEV"), "15");
     assert_string_equal(env_of(&r, "ALIYUN_COM_GPU_MEM_IDX"), "2");
     assert_string_equal(env_of(&r, "ALIYUN_COM_GPU_MEM_POD"), "8");
-    assert_int_equal(r.nmounts, 4);
+    assert_int_equal(r.nmounts, 6);
     assert_string_equal(r.mounts[0].container_path, "/etc/kgpu/limits");
     assert_string_equal(r.mounts[0].host_path, "/var/lib/kgpu/pods/0b0c-11/main.limits");
     assert_true(r.mounts[0].read_only);
@@ -493,9 +494,27 @@ static void test_response(void **state)
     assert_string_equal(r.mounts[3].container_path, "/etc/ld.so.preload");
     assert_string_equal(r.mounts[3].host_path, "/var/lib/kgpu/ld.so.preload");
     assert_true(r.mounts[3].read_only);
+    /* A compute share: each GPU's schedule file, read-write, where the library opens it. */
+    assert_string_equal(r.mounts[4].container_path, "/var/run/kgpu-gpu/" U0 ".sched");
+    assert_string_equal(r.mounts[4].host_path, "/var/lib/kgpu/sched/" U0 ".sched");
+    assert_false(r.mounts[4].read_only);
+    assert_string_equal(r.mounts[5].container_path, "/var/run/kgpu-gpu/" U1 ".sched");
+    assert_string_equal(r.mounts[5].host_path, "/var/lib/kgpu/sched/" U1 ".sched");
+    assert_false(r.mounts[5].read_only);
+    /* Every mount survives the encoding (there are more than the four of old). */
+    uint8_t *enc;
+    size_t enclen;
+    assert_int_equal(dp_allocate_encode(&r, 1, &enc, &enclen), 0);
+    V1beta1__AllocateResponse *dec = v1beta1__allocate_response__unpack(NULL, enclen, enc);
+    assert_non_null(dec);
+    assert_int_equal(dec->container_responses[0]->n_mounts, 6);
+    assert_string_equal(dec->container_responses[0]->mounts[5]->host_path,
+                        "/var/lib/kgpu/sched/" U1 ".sched");
+    v1beta1__allocate_response__free_unpacked(dec, NULL);
+    free(enc);
 
-    /* Memory-only shares are not limited in compute; without the shim, two mounts. */
-    m.gpus[0].milli = 0;
+    /* Memory-only shares are not limited in compute: no schedule; without the shim, two mounts. */
+    m.gpus[0].milli = m.gpus[1].milli = 0;
     paths.shim_lib = NULL;
     dp_response_build(&m, &inv, &paths, &r);
     assert_string_equal(env_of(&r, "KGPU_CORE_LIMIT_PCT"), "100");
@@ -552,6 +571,14 @@ static void test_pod_files(void **state)
     char *want = dp_limits_text(&m);
     assert_string_equal(buf, want);
     free(want);
+    /* The compute share's schedules: one per GPU, any user may open them, the host may not. */
+    snprintf(path, sizeof(path), "%s/sched", dir);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0700);
+    snprintf(path, sizeof(path), "%s/sched/" U1 ".sched", dir);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0666);
+    assert_int_equal((size_t)st.st_size, sizeof(kgpu_sched_file));
     /* Rewritten in place (a second call for the same container, e.g. another resource). */
     m.gpus[0].memory_mib = 1024;
     assert_int_equal(dp_write_pod_files(&m, &paths, &err), 0);
