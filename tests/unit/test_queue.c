@@ -488,6 +488,84 @@ static void test_reclaim_keeps_guarantees(void **state)
     teardown(&f);
 }
 
+/*
+ * The quota path: room on the nodes, but org's limit of 4 GPUs is full
+ * because b borrows under it. a's 1-GPU pod is within a's guarantee, so
+ * reclaim frees quota: the lowest-priority, newest pod of b that makes room.
+ */
+static void test_reclaim_frees_an_ancestors_limit(void **state)
+{
+    (void)state;
+    fixture f;
+    memset(&f, 0, sizeof(f));
+    f.c = kgpu_cluster_new();
+    for (int n = 0; n < 2; n++) {
+        kgpu_gpu_spec g[4];
+        for (int i = 0; i < 4; i++)
+            g[i] = (kgpu_gpu_spec){
+                .index = i, .model = "V100", .memory_mib = 32768, .numa = -1, .healthy = true};
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", n);
+        kgpu_node_spec ns = {
+            .name = name, .cpu_milli = 64000, .memory_mib = 262144, .gpus = g, .ngpus = 4};
+        assert_true(kgpu_cluster_add_node(f.c, &ns, NULL) >= 0);
+    }
+    kgpu_queue_spec s[] = {
+        {.name = "org", .guarantee = GPUS(3), .limit = GPUS(4)},
+        {.name = "a", .parent = "org", .guarantee = GPUS(2), .limit = UNSET},
+        {.name = "b", .parent = "org", .guarantee = GPUS(1), .limit = UNSET},
+    };
+    f.qs = build(s, 3);
+    place(&f, "a", 0, 10, 0, 0, 500);  /* 0 */
+    place(&f, "b", 0, 10, 0, 1, 500);  /* 1 */
+    place(&f, "b", 0, 20, 0, 2, 1000); /* 2 */
+    place(&f, "b", 1, 30, 0, 3, 1000); /* 3: more important */
+    place(&f, "b", 0, 40, 1, 0, 1000); /* 4: the newest of the least important */
+    int a = kgpu_queues_find(f.qs, "a");
+    kgpu_request req = whole(f.c);
+    kgpu_qdemand d;
+    kgpu_qdemand_of_request(&req, &d);
+    char why[256];
+    assert_int_equal(kgpu_queues_check(f.qs, a, &d, why, sizeof(why)), KGPU_QUEUE_RECLAIM);
+    assert_string_equal(why, "queue org would use 5 GPUs of its limit 4");
+    assert_true(kgpu_fit(f.c, 1, &req, NULL, 0)); /* the nodes have room */
+    size_t v[16];
+    kgpu_reclaim r = {.victims = v};
+    kgpu_error e;
+    for (int mode = KGPU_RECLAIM_PRIORITY_AGE; mode <= KGPU_RECLAIM_FRAG; mode++) {
+        kgpu_error_clear(&e);
+        assert_int_equal(kgpu_queues_reclaim(f.c, f.qs, f.pods, f.npods, a, &req,
+                                             (kgpu_reclaim_mode)mode, NULL, &r, &e),
+                         0);
+        assert_int_equal(r.nvictims, 1);
+        assert_true(has(&r, 4));
+        assert_true(r.node >= 0);
+    }
+    /* a at its guarantee of 0.5: one more half GPU would borrow under a full org. */
+    kgpu_queues_free(f.qs);
+    kgpu_queue_spec s2[] = {
+        {.name = "org", .guarantee = GPUS(4), .limit = GPUS(4)},
+        {.name = "a", .parent = "org", .guarantee = GPUS(0.5), .limit = UNSET},
+        {.name = "b", .parent = "org", .guarantee = GPUS(3.5), .limit = UNSET},
+    };
+    f.qs = build(s2, 3);
+    for (size_t i = 0; i < f.npods; i++) {
+        f.pods[i].queue = kgpu_queues_find(f.qs, i == 0 ? "a" : "b");
+        assert_int_equal(kgpu_queues_charge(f.qs, f.pods[i].queue, &f.pods[i].d, NULL), 0);
+    }
+    kgpu_request half = {.cpu_milli = 1000, .memory_mib = 1024, .gpu_count = 1, .gpu_milli = 500,
+                         .shape = -1};
+    assert_int_equal(kgpu_request_compile(f.c, &half, NULL), 0);
+    kgpu_qdemand_of_request(&half, &d);
+    assert_int_equal(kgpu_queues_check(f.qs, a, &d, why, sizeof(why)), KGPU_QUEUE_OVER);
+    assert_string_equal(why, "queue org would use 4.5 GPUs of its limit 4");
+    /* Refused, not reclaimed for: a pod above its guarantee takes nothing back. */
+    assert_int_equal(kgpu_queues_reclaim(f.c, f.qs, f.pods, f.npods, a, &half, KGPU_RECLAIM_FRAG,
+                                         NULL, &r, &e),
+                     KGPU_ENOFIT);
+    teardown(&f);
+}
+
 /* ---- the file ----------------------------------------------------------------------------- */
 
 static int load(const char *text, kgpu_queues **qs, kgpu_error *e)
@@ -563,6 +641,7 @@ int main(void)
         cmocka_unit_test(test_property_never_over_limit),
         cmocka_unit_test(test_reclaim_frag_frees_usable_gpus),
         cmocka_unit_test(test_reclaim_keeps_guarantees),
+        cmocka_unit_test(test_reclaim_frees_an_ancestors_limit),
         cmocka_unit_test(test_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
