@@ -140,7 +140,8 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int count, milli;
-    } shapes[] = {{"0.5 GPU", 1, 500}, {"1 GPU", 1, 1000}, {"4 GPUs", 4, 1000}, {"8 GPUs", 8, 1000}};
+    } shapes[] = {
+        {"0.5 GPU", 1, 500}, {"1 GPU", 1, 1000}, {"4 GPUs", 4, 1000}, {"8 GPUs", 8, 1000}};
     int qa = kgpu_queues_find(qs, "a");
     double *t = malloc((size_t)repeats * sizeof(*t));
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
