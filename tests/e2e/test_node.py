@@ -554,6 +554,74 @@ class NodeSuite(unittest.TestCase):
         self.assertEqual([c for _, c in order if _ == MEM], ["setup", "a", "b"], order)
         self.assertIn((CORE, "a"), order, order)
 
+    def test_13b_compute_shares_take_turns(self):
+        """Two pods with 30 % and 70 % compute shares of one GPU, running as different
+        users, take turns through the schedule file the plugin mounts into both: the fake
+        driver's timeline, which both share through a hostPath file, shows the split."""
+        CORE, SECONDS = "kgpu.io/gpu-core", 4
+        split = self.cp.p("compute-split")
+        os.makedirs(split, exist_ok=True)
+        os.chmod(split, 0o777)
+        go, gpu = os.path.join(split, "go"), os.path.join(split, "gpu")
+        for path in (go, gpu):
+            if os.path.exists(path):
+                os.unlink(path)
+        with open(gpu, "wb"):
+            pass
+        os.chmod(gpu, 0o666)  # the fake driver would make it 0600, its first user's
+        for name, core, uid in (("core30", 30, 1000), ("core70", 70, 2000)):
+            pod = pod_object(name, [("main", {MEM: 1, CORE: core})],
+                             annotations={"kgpu.io/gpu-type": "Tesla V100*"})
+            pod["spec"]["containers"][0].update(
+                image=node_images.JOB_IMAGE, imagePullPolicy="Never",
+                command=["/bin/gpu_job", "share", "/split/go", str(SECONDS)],
+                env=[{"name": "FAKE_CUDA_GPU_FILE", "value": "/split/gpu"}],
+                volumeMounts=[{"name": "split", "mountPath": "/split"}],
+                securityContext={"runAsUser": uid, "runAsGroup": uid})
+            pod["spec"]["volumes"] = [{"name": "split",
+                                       "hostPath": {"path": split, "type": "Directory"}}]
+            pod["spec"]["restartPolicy"] = "Never"
+            self.cp.create_pod(pod)
+            self.created.append(name)
+        for name in ("core30", "core70"):
+            self.wait_phase(name, ("Running", "Succeeded"))
+            wait_for(lambda name=name: "ready" in self.node.logs(E2E_NS, name), 60,
+                     "pod %s to be ready" % name, interval=0.3)
+        t0 = time.monotonic_ns() + 500_000_000
+        with open(go + ".tmp", "w") as f:
+            f.write("%d\n" % t0)
+        os.chmod(go + ".tmp", 0o644)
+        os.rename(go + ".tmp", go)
+        for name in ("core30", "core70"):
+            self.wait_phase(name, timeout=SECONDS + 60)
+        a, b = self.output("core30"), self.output("core70")
+        self.assertEqual(self.assignment(self.pod("core30"))["index"], 0)
+        self.assertEqual(self.assignment(self.pod("core70"))["index"], 0)
+        for out, core in ((a, 30), (b, 70)):
+            self.assertIn("KGPU_CORE_LIMIT_PCT=%d" % core, out["env"])
+            self.assertEqual(out["shim"], ["loaded"])
+            self.assertEqual(out["launch_failed"], ["0"])
+        ga, gb = first_int(a["gpu_ns"]) / 1e9, first_int(b["gpu_ns"]) / 1e9
+        # Both joined the one schedule the plugin made, as their own users, and waited
+        # their turns on it. A member (gpusched.h, after 152 bytes of header): id[64],
+        # share u32, waits u32, seen_ns u64, ...; 96 bytes. Members seen since t0 are these.
+        with open(os.path.join(self.plugin.state_dir, "sched", V100["uuid"] + ".sched"),
+                  "rb") as f:
+            data = f.read()
+        members = {}
+        for i in range(64):
+            m = data[152 + 96 * i:152 + 96 * (i + 1)]
+            if m[0] and int.from_bytes(m[72:80], "little") >= t0:
+                members[int.from_bytes(m[64:68], "little")] = int.from_bytes(m[68:72], "little")
+        self.assertEqual(sorted(members), [30, 70], members)
+        self.assertTrue(all(w > 0 for w in members.values()), "no turns taken: %s" % members)
+        share = ga / (ga + gb)
+        print("compute split on the node: 30 %% pod %.3f s, 70 %% pod %.3f s of GPU time: "
+              "%.1f %% / %.1f %%" % (ga, gb, 100 * share, 100 * (1 - share)))
+        self.assertGreater(ga + gb, 0.5 * SECONDS, "the GPU was mostly idle")
+        self.assertAlmostEqual(share, 0.30, delta=0.05,
+                               msg="30 %% pod got %.1f %% of the GPU" % (100 * share))
+
     # -- the CI runner examples ------------------------------------------------------
 
     def test_14_runner_examples(self):

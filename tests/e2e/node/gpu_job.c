@@ -11,6 +11,10 @@
  *   gpu_job run max [SECONDS]     allocate everything cuMemGetInfo calls
  *                                 free, then one MiB more; hold SECONDS
  *   gpu_job run MIB [SECONDS]     allocate MIB in one block; hold SECONDS
+ *   gpu_job share GO SECONDS      (fake driver's timed kernels) wait for the
+ *                                 file GO to hold a start time (CLOCK_MONOTONIC
+ *                                 ns), then keep the GPU busy with 1 ms kernels
+ *                                 for SECONDS; print the GPU time they got
  *
  * Exit status: 0 when the driver answered (whatever the allocations did),
  * 3 when the driver could not be opened or initialised, 2 on bad usage.
@@ -21,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -161,6 +166,70 @@ static int run(const char *amount, int hold)
     return 0;
 }
 
+static unsigned long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+/*
+ * Launches as a compute-bound job does, on the fake driver whose kernels
+ * take the time their grid's x says (microseconds) on a timeline shared by
+ * every process given the same FAKE_CUDA_GPU_FILE.
+ */
+static int share(const char *go, int seconds)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib == NULL) {
+        printf("driver unavailable %s\n", dlerror());
+        return 3;
+    }
+    CUresult (*init)(unsigned) = (CUresult(*)(unsigned))sym(lib, "cuInit");
+    CUresult (*retain)(CUcontext *, int) =
+        (CUresult(*)(CUcontext *, int))sym(lib, "cuDevicePrimaryCtxRetain");
+    CUresult (*setcur)(CUcontext) = (CUresult(*)(CUcontext))sym(lib, "cuCtxSetCurrent");
+    CUresult (*sync)(void) = (CUresult(*)(void))sym(lib, "cuCtxSynchronize");
+    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, void *, void **, void **) = NULL;
+    CUresult (*gpu_time)(unsigned long long, unsigned long long, unsigned long long *) = NULL;
+    *(void **)&launch = sym(lib, "cuLaunchKernel");
+    *(void **)&gpu_time = sym(lib, "fakeCudaGpuTime"); /* not a driver function: the fake's */
+    CUcontext ctx = NULL;
+    if (!init || !retain || !setcur || !sync || !launch || !gpu_time || init(0) != 0 ||
+        retain(&ctx, 0) != 0 || setcur(ctx) != 0)
+        return 3;
+    printf("ready\n");
+    unsigned long long t0 = 0;
+    for (int i = 0; i < 240000 && t0 == 0; i++) { /* two minutes */
+        FILE *f = fopen(go, "r");
+        if (f == NULL || fscanf(f, "%llu", &t0) != 1)
+            t0 = 0;
+        if (f != NULL)
+            fclose(f);
+        if (t0 == 0)
+            usleep(500);
+    }
+    if (t0 == 0) {
+        printf("no start\n");
+        return 2;
+    }
+    unsigned long long now = mono_ns(), t1 = t0 + (unsigned long long)seconds * 1000000000ULL;
+    if (t0 > now)
+        usleep((useconds_t)((t0 - now) / 1000));
+    int failed = 0;
+    while (mono_ns() < t1 && !failed)
+        for (int i = 0; i < 8 && !failed; i++) /* 1 ms kernels, in batches as frameworks queue */
+            failed = launch(NULL, 1000, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != 0;
+    sync();
+    unsigned long long ns = 0;
+    gpu_time(t0, t1, &ns);
+    printf("launch_failed %d\n", failed);
+    printf("gpu_ns %llu\n", ns);
+    printf("done\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -172,6 +241,11 @@ int main(int argc, char **argv)
         show();
         return run(argv[2], argc >= 4 ? atoi(argv[3]) : 0);
     }
-    fprintf(stderr, "usage: gpu_job show | gpu_job run max|MIB [SECONDS]\n");
+    if (argc >= 4 && strcmp(argv[1], "share") == 0) {
+        show();
+        return share(argv[2], atoi(argv[3]));
+    }
+    fprintf(stderr, "usage: gpu_job show | gpu_job run max|MIB [SECONDS] | "
+                    "gpu_job share GO SECONDS\n");
     return 2;
 }
