@@ -55,8 +55,17 @@ static void check(const json_t *items)
             dp_paths paths = {"/nonexistent", NULL};
             dp_response resp;
             dp_response_build(&m, &inv, &paths, &resp);
-            if (m.primary && m.ngpus > 0 && resp.nmounts != 2)
+            /* Limits and accounting, and each GPU's schedule where the share is of compute. */
+            int scheds = 0;
+            for (int i = 0; i < m.ngpus; i++)
+                scheds += dp_sched_shared(&m, i);
+            if (m.primary && m.ngpus > 0 && resp.nmounts != 2 + scheds)
                 abort();
+            for (int i = 2; i < resp.nmounts; i++)
+                if (resp.mounts[i].read_only ||
+                    strncmp(resp.mounts[i].container_path, DP_SCHED_PATH "/",
+                            sizeof(DP_SCHED_PATH)) != 0)
+                    abort();
         }
 }
 
