@@ -99,7 +99,9 @@ static int phase1(const char *self, unsigned long long mib)
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
-        setenv("LD_PRELOAD", KGPU_SHIM_LIB, 1);
+        /* KGPU_GPU_CHECK_LIB: the library where a build folder was moved (gpu-check.sh). */
+        const char *lib = getenv("KGPU_GPU_CHECK_LIB");
+        setenv("LD_PRELOAD", lib != NULL ? lib : KGPU_SHIM_LIB, 1);
         setenv("KGPU_LIMITS_FILE", path, 1);
         setenv("KGPU_SHARED_DIR", shared, 1);
         setenv("KGPU_CONTAINER", "gpu-check", 1);

@@ -18,7 +18,8 @@
  *                                  allocates MIB and holds it, busy or idle
  *                                  (for shim_gpu_watch)
  *
- * The share for the memory routes is KGPU_GPU_CHECK_MIB (default 2048).
+ * The share for the memory routes is KGPU_GPU_CHECK_MIB (default 2048);
+ * KGPU_GPU_CHECK_LIB names the library where the build folder was moved.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -544,7 +545,9 @@ static pid_t start(const char *self, const char *name, const char *out, char *co
         snprintf(path, sizeof(path), "%s/sched", tmpdir);
         setenv("KGPU_SCHED_DIR", path, 1);
         setenv("KGPU_CONTAINER", name, 1);
-        setenv("LD_PRELOAD", KGPU_SHIM_LIB, 1);
+        /* KGPU_GPU_CHECK_LIB: the library where a build folder was moved (gpu-check.sh). */
+        const char *lib = getenv("KGPU_GPU_CHECK_LIB");
+        setenv("LD_PRELOAD", lib != NULL ? lib : KGPU_SHIM_LIB, 1);
     }
     if (out != NULL && freopen(out, "w", stdout) == NULL)
         _exit(127);

@@ -86,12 +86,13 @@ static pid_t start(const char *limits, char *const args[])
             setenv("KGPU_LIMITS_FILE", limits, 1);
             setenv("KGPU_SHARED_DIR", shared, 1);
             setenv("KGPU_CONTAINER", "main", 1);
-            setenv("LD_PRELOAD", KGPU_SHIM_LIB, 1);
+            const char *lib = getenv("KGPU_GPU_CHECK_LIB");
+            setenv("LD_PRELOAD", lib != NULL ? lib : KGPU_SHIM_LIB, 1);
         }
         dup2(fd[1], 1);
         close(fd[0]);
         close(fd[1]);
-        execv(KGPU_GPU_REAL, args);
+        execv(args[0], args);
         _exit(127);
     }
     close(fd[1]);
@@ -158,8 +159,10 @@ static int run(void)
     }
     pod(UID_A, uuid, limits_a, sizeof(limits_a));
     pod(UID_B, uuid, limits_b, sizeof(limits_b));
-    char *within_args[] = {KGPU_GPU_REAL, "hold", "256", "60", NULL};
-    char *hog_args[] = {KGPU_GPU_REAL, "hold", "1536", "60", "spin", NULL};
+    /* KGPU_GPU_CHECK_REAL, like KGPU_GPU_CHECK_LIB: where a build folder was moved. */
+    char *real = getenv("KGPU_GPU_CHECK_REAL") ? getenv("KGPU_GPU_CHECK_REAL") : KGPU_GPU_REAL;
+    char *within_args[] = {real, "hold", "256", "60", NULL};
+    char *hog_args[] = {real, "hold", "1536", "60", "spin", NULL};
     pid_t within = start(limits_a, within_args), hog = start(NULL, hog_args);
     cgroup(within, UID_A, CID_A);
     cgroup(hog, UID_B, CID_B);
