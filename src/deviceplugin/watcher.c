@@ -531,6 +531,21 @@ static int kill_checked(const dp_watcher *w, unsigned pid, const dp_cgroup_id *w
 }
 
 /*
+ * Whether another container used e's GPU in this scan. A compute share is a
+ * guarantee while the GPU is contended, not a ceiling: the library lends an
+ * idle GPU to a container alone on it (docs/shim.md, "Compute shares").
+ */
+static bool contended(const dp_watcher *w, const wentry *e)
+{
+    for (int i = 0; i < w->nentries; i++) {
+        const wentry *o = &w->entries[i];
+        if (o != e && o->gpu == e->gpu && o->sm > 0)
+            return true;
+    }
+    return false;
+}
+
+/*
  * Compares the entry with its share and acts on what changed: kills first
  * (enforce: kill, memory), then Events, so a slow API server delays only
  * the Event.
@@ -541,7 +556,7 @@ static void judge(dp_watcher *w, wentry *e)
     bool mem_over =
         e->share >= 0 && e->used >= 0 && e->used > e->share + w->cfg.memory_slack_mib * MIB;
     bool core_now = e->core_share >= 0 && e->core_share < 100 &&
-                    e->sm > e->core_share + w->cfg.core_slack_pct;
+                    e->sm > e->core_share + w->cfg.core_slack_pct && contended(w, e);
     e->core_streak = core_now ? e->core_streak + 1 : 0;
     bool core_over = e->core_streak >= w->cfg.core_grace_scans;
     bool mem_began = mem_over && !e->mem_over, core_began = core_over && !e->core_over;
@@ -586,8 +601,9 @@ static void judge(dp_watcher *w, wentry *e)
     if (core_began) {
         e->core_episodes++;
         post_event(w, e, "GPUCoreOverShare",
-                   "used %d%% of GPU %d (%s) for %d scans in a row, over its share of %d%%", e->sm,
-                   g->index, g->uuid, e->core_streak, e->core_share);
+                   "used %d%% of GPU %d (%s) for %d scans in a row while other containers "
+                   "used it too, over its share of %d%%",
+                   e->sm, g->index, g->uuid, e->core_streak, e->core_share);
     }
 }
 

@@ -605,17 +605,27 @@ static void test_core_over_share_after_grace(void **state)
 {
     limits(UID_A, "train", "device 0 uuid=GPU-aaaa memory_mib=4096 core_pct=30\n");
     cgroup_of(301, UID_A, CID_1);
-    procs("0 301 10 50\n");
+    limits(UID_B, "serve", "device 0 uuid=GPU-aaaa memory_mib=4096 core_pct=70\n");
+    cgroup_of(302, UID_B, CID_2);
     dp_watch_config c = config(DP_ENFORCE_KILL); /* compute is never killed for */
     dp_watcher *w = watcher(&c, NULL);
     const char *core = "kgpu_container_gpu_throttled" A0 ",resource=\"core\"}";
+    /* Alone on the GPU it is lent the idle rest: 50 % of a 30 % share is not over. */
+    procs("0 301 10 50\n");
+    for (int i = 1; i <= 4; i++) {
+        char *t = scan_text(w);
+        assert_true(sample(t, core) == 0);
+        free(t);
+    }
+    /* With another container busy on the GPU too, it is over after the grace scans. */
+    procs("0 301 10 50\n0 302 10 40\n");
     for (int i = 1; i <= 3; i++) {
         char *t = scan_text(w);
         assert_true(sample(t, core) == (i == 3 ? 1 : 0));
         assert_true(sample(t, "kgpu_container_gpu_core_used_percent" A0 "}") == 50);
         free(t);
     }
-    procs("0 301 10 40\n"); /* 30 + 10 slack: not over */
+    procs("0 301 10 40\n0 302 10 40\n"); /* 30 + 10 slack: not over */
     char *t = scan_text(w);
     assert_true(sample(t, core) == 0);
     assert_true(sample(t, "kgpu_watcher_kills_total{result=\"killed\"}") == 0);
