@@ -419,40 +419,33 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     return kgpu__settle(r, KGPU_TRACK_MEM, r == CUDA_SUCCESS ? *dptr : 0, bytesize, &w);
 }
 
-CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
-{
-    KGPU_ENTER(cuArrayCreate_v2, (pHandle, pAllocateArray));
-    kgpu_where w;
-    CUresult r = kgpu__where_current(&w);
-    if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
-        return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
-    const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
-    uint64_t bytes =
-        kgpu_track_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, 0, 1);
-    CHARGE_OR_RETURN(w.li, bytes);
-    r = real_(pHandle, pAllocateArray);
-    return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
-                        &w);
-}
+/*
+ * cuArrayCreate and cuArray3DCreate, in their current (_v2) and pre-3.2
+ * forms: the descriptors differ only in the width of their fields. DEPTH
+ * and FLAGS read the descriptor `d` (1 and 0 for a 2D array). A sparse
+ * array has no memory of its own: its tiles map handles (hooks_mem.c).
+ */
+#define ARRAY_CREATE_HOOK(fn, desc_t, DEPTH, FLAGS)                                              \
+    CUresult fn(CUarray *pHandle, const desc_t *pAllocateArray)                                  \
+    {                                                                                            \
+        KGPU_ENTER(fn, (pHandle, pAllocateArray));                                               \
+        kgpu_where w;                                                                            \
+        CUresult r = kgpu__where_current(&w);                                                    \
+        if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)                      \
+            return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);                       \
+        const desc_t *d = pAllocateArray;                                                        \
+        uint64_t bytes = (FLAGS) & CUDA_ARRAY3D_SPARSE                                           \
+                             ? 0                                                                 \
+                             : kgpu_track_array_bytes(d->Width, d->Height, DEPTH, d->Format,     \
+                                                      d->NumChannels, FLAGS, 1);                 \
+        CHARGE_OR_RETURN(w.li, bytes);                                                           \
+        r = real_(pHandle, pAllocateArray);                                                      \
+        return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0,   \
+                            bytes, &w);                                                          \
+    }
 
-CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
-{
-    KGPU_ENTER(cuArray3DCreate_v2, (pHandle, pAllocateArray));
-    kgpu_where w;
-    CUresult r = kgpu__where_current(&w);
-    if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
-        return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
-    const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
-    /* A sparse array has no memory of its own: its tiles map handles (hooks_mem.c). */
-    uint64_t bytes = d->Flags & CUDA_ARRAY3D_SPARSE
-                         ? 0
-                         : kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
-                                                  d->NumChannels, d->Flags, 1);
-    CHARGE_OR_RETURN(w.li, bytes);
-    r = real_(pHandle, pAllocateArray);
-    return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
-                        &w);
-}
+ARRAY_CREATE_HOOK(cuArrayCreate_v2, CUDA_ARRAY_DESCRIPTOR, 1, 0)
+ARRAY_CREATE_HOOK(cuArray3DCreate_v2, CUDA_ARRAY3D_DESCRIPTOR, d->Depth, d->Flags)
 
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
                                 const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
@@ -581,40 +574,8 @@ CUresult cuMemFree(CUdeviceptr_v1 dptr)
     return kgpu__settle_free(real_(dptr), had, &rec);
 }
 
-CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray)
-{
-    KGPU_ENTER(cuArrayCreate, (pHandle, pAllocateArray));
-    kgpu_where w;
-    CUresult r = kgpu__where_current(&w);
-    if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
-        return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
-    const CUDA_ARRAY_DESCRIPTOR_v1 *d = pAllocateArray;
-    uint64_t bytes =
-        kgpu_track_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, 0, 1);
-    CHARGE_OR_RETURN(w.li, bytes);
-    r = real_(pHandle, pAllocateArray);
-    return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
-                        &w);
-}
-
-CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray)
-{
-    KGPU_ENTER(cuArray3DCreate, (pHandle, pAllocateArray));
-    kgpu_where w;
-    CUresult r = kgpu__where_current(&w);
-    if (r != CUDA_SUCCESS || pHandle == NULL || pAllocateArray == NULL)
-        return r != CUDA_SUCCESS ? r : real_(pHandle, pAllocateArray);
-    const CUDA_ARRAY3D_DESCRIPTOR_v1 *d = pAllocateArray;
-    /* A sparse array has no memory of its own: its tiles map handles (hooks_mem.c). */
-    uint64_t bytes = d->Flags & CUDA_ARRAY3D_SPARSE
-                         ? 0
-                         : kgpu_track_array_bytes(d->Width, d->Height, d->Depth, d->Format,
-                                                  d->NumChannels, d->Flags, 1);
-    CHARGE_OR_RETURN(w.li, bytes);
-    r = real_(pHandle, pAllocateArray);
-    return kgpu__settle(r, KGPU_TRACK_ARRAY, r == CUDA_SUCCESS ? (uintptr_t)*pHandle : 0, bytes,
-                        &w);
-}
+ARRAY_CREATE_HOOK(cuArrayCreate, CUDA_ARRAY_DESCRIPTOR_v1, 1, 0)
+ARRAY_CREATE_HOOK(cuArray3DCreate, CUDA_ARRAY3D_DESCRIPTOR_v1, d->Depth, d->Flags)
 
 CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
