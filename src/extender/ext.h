@@ -467,11 +467,9 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
 /* Depth of JSON nesting in text (outside strings); stops counting past limit. */
 int ext_json_depth(const char *text, size_t len, int limit);
 
-/* Prometheus text exposition of everything the extender measures. */
-char *ext_metrics_render(ext_daemon *d);
-
 /*
- * The same exposition as a stream: every family but the per-GPU ones rendered
+ * The Prometheus text exposition of everything the extender measures, as a
+ * stream: every family but the per-GPU ones rendered
  * now, the per-GPU ones written line by line from a snapshot of the GPUs
  * (~130 bytes a GPU) as the client reads, so a scrape costs the snapshot, not
  * the text. At most EXT_METRICS_STREAMS at once (each holds a snapshot

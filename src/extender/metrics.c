@@ -264,11 +264,11 @@ typedef struct ns_row {
 } ns_row;
 
 /*
- * Every family into b (which has a buffer), taking the GPU snapshot into
- * *snap (the caller frees it); the per-GPU families too when gpus_inline.
- * False when out of memory.
+ * Every family but the per-GPU ones into b (which has a buffer), taking the
+ * GPU snapshot they are written from into *snap (the caller frees it). False
+ * when out of memory.
  */
-static bool render_into(ext_daemon *d, buf *b, snapshot *snap, bool gpus_inline)
+static bool render_into(ext_daemon *d, buf *b, snapshot *snap)
 {
     render_requests(b, &d->metrics);
     ext_state *st = &d->state;
@@ -294,12 +294,6 @@ static bool render_into(ext_daemon *d, buf *b, snapshot *snap, bool gpus_inline)
     long cpu_pods = (long)st->cpu_pods.len;
     long observed = st->observations;
     pthread_mutex_unlock(&st->mu);
-    char line[GPU_LINE_MAX];
-    for (int f = 0; ok && gpus_inline && f < GPU_FAMILIES; f++)
-        for (int row = -1; row < snap->n; row++) {
-            gpu_line(line, sizeof(line), snap, f, row);
-            put(b, "%s", line);
-        }
     char e[600];
     put(b, "# HELP kgpu_namespace_gpu_seconds_total GPU time allocated to pods of the namespace, "
             "in GPU-seconds (divide by 3600 for GPU-hours; a share counts as its fraction of the "
@@ -348,22 +342,6 @@ static bool buf_init(buf *b)
     if (b->s != NULL)
         b->s[0] = '\0';
     return b->s != NULL;
-}
-
-char *ext_metrics_render(ext_daemon *d)
-{
-    buf b;
-    if (!buf_init(&b))
-        return NULL;
-    snapshot snap;
-    bool ok = render_into(d, &b, &snap, true);
-    free(snap.rows);
-    free(snap.names);
-    if (!ok) {
-        free(b.s);
-        return NULL;
-    }
-    return b.s;
 }
 
 /* A /metrics answer being sent: the rendered families, then the GPU lines. */
@@ -436,7 +414,7 @@ bool ext_metrics_stream(ext_daemon *d, ext_stream *out, bool *busy)
     }
     ms->m = &d->metrics;
     ms->row = -1;
-    if (!render_into(d, &ms->text, &ms->snap, false)) {
+    if (!render_into(d, &ms->text, &ms->snap)) {
         metrics_free(ms);
         return false;
     }
