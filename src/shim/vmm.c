@@ -120,6 +120,20 @@ int kgpu_vmm_created(kgpu_vmm *v, uint64_t handle, uint64_t bytes, int dev)
     return rc;
 }
 
+/* Index of the first mapping starting at or after va. */
+static size_t map_lb(const kgpu_vmm *v, uint64_t va)
+{
+    size_t lo = 0, hi = v->nmaps;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (v->maps[mid].va < va)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Index of the mapping containing addr, or -1. */
 static ptrdiff_t map_at(const kgpu_vmm *v, uint64_t addr)
 {
@@ -217,14 +231,7 @@ int64_t kgpu_vmm_mapped(kgpu_vmm *v, uint64_t va, uint64_t size, uint64_t offset
         a->bytes += grow;
         excess = (int64_t)(charged - grow);
     }
-    size_t lo = 0, hi = v->nmaps;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (v->maps[mid].va < va)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = map_lb(v, va);
     memmove(&v->maps[lo + 1], &v->maps[lo], (v->nmaps - lo) * sizeof(*v->maps));
     v->maps[lo] = (kgpu_vmm_map){.va = va, .size = size, .handle = handle, .alloc = e->alloc};
     v->nmaps++;
@@ -238,14 +245,7 @@ void kgpu_vmm_unmapped(kgpu_vmm *v, uint64_t va, uint64_t size, kgpu_vmm_freed *
 {
     uint64_t end = va + size < va ? UINT64_MAX : va + size;
     pthread_mutex_lock(&v->mu);
-    size_t lo = 0, hi = v->nmaps;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (v->maps[mid].va < va)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = map_lb(v, va);
     size_t k = lo;
     while (k < v->nmaps && v->maps[k].va < end)
         k++;
