@@ -169,6 +169,14 @@ int kgpu_queues_check(const kgpu_queues *qs, int q, const kgpu_qdemand *d, char 
  * sequence of charges and uncharges leaves a queue over its limit.
  */
 int kgpu_queues_charge(kgpu_queues *qs, int q, const kgpu_qdemand *d, kgpu_error *err);
+/*
+ * Charges a pod that already runs (found bound when the extender starts,
+ * or counted again after the tree or the inventory changed): never
+ * refused, so a queue whose limit was lowered may end above it;
+ * kgpu_queues_check then refuses its new pods until enough of them end.
+ * KGPU_ENOENT (no such queue) or 0.
+ */
+int kgpu_queues_charge_running(kgpu_queues *qs, int q, const kgpu_qdemand *d, kgpu_error *err);
 /* Undoes a charge exactly. KGPU_ESTATE (nothing changed) if it was never charged. */
 int kgpu_queues_uncharge(kgpu_queues *qs, int q, const kgpu_qdemand *d, kgpu_error *err);
 

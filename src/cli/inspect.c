@@ -16,6 +16,7 @@
 
 #include "cli.h"
 #include "k8s.h"
+#include "kgpu/queue.h"
 
 /* The service proxy's scheme prefix: https first (the shipped extender serves
  * HTTPS), http for an extender installed with TLS off. */
@@ -25,7 +26,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kgpu inspect [NODE] [--detail] [--server URL | --kubeconfig FILE]\n"
                "                    [--cacert FILE] [--cert FILE --key FILE] [--namespace NS]\n"
-               "                    [--json]\n"
+               "                    [--queues] [--json]\n"
                "\n"
                "Shows GPU sharing as the extender sees it: memory and compute allocated on each\n"
                "GPU, the pods on it, and cluster totals.\n"
@@ -39,6 +40,9 @@ static void usage(FILE *f)
                "                    given)\n"
                "  --namespace NS    where the kgpu-extender Service runs (default kgpu-system)\n"
                "  --detail          list the pods on each GPU\n"
+               "  --queues          the GPU queues instead: the tree, each queue's guarantee,\n"
+               "                    limit, use and borrowing in GPUs, pods pending, evictions,\n"
+               "                    and the recent evictions for reclaim\n"
                "  --json            print the extender's JSON as is\n");
 }
 
@@ -121,6 +125,71 @@ static void print_node(json_t *node, bool detail)
     print_awaiting(node);
 }
 
+/* GPUs of an amount's gpu_milli, "-" when unset (null). */
+static const char *gpus_of(json_t *amount, char *buf, size_t len)
+{
+    json_t *m = json_object_get(amount, "gpu_milli");
+    if (!json_is_integer(m))
+        return "-";
+    return kgpu_queue_gpus_str(json_integer_value(m), buf, len);
+}
+
+/* Queue `parent` (NULL: the roots) and below it, depth first, indented by depth. */
+static void print_queue_tree(json_t *queues, const char *parent, int depth)
+{
+    size_t i;
+    json_t *q;
+    json_array_foreach(queues, i, q)
+    {
+        const char *p = json_string_value(json_object_get(q, "parent"));
+        if ((parent == NULL) != (p == NULL) || (parent != NULL && strcmp(parent, p) != 0))
+            continue;
+        const char *name = json_string_value(json_object_get(q, "name"));
+        char label[96], g[32], l[32], u[32], b[32];
+        snprintf(label, sizeof(label), "%*s%s", depth * 2, "", name ? name : "?");
+        json_t *used = json_object_get(q, "used");
+        printf("%-28s %9s %9s %9s %9s %10" PRId64 " %5" PRId64 " %7" PRId64 " %9" PRId64 "\n",
+               label, gpus_of(json_object_get(q, "guarantee"), g, sizeof(g)),
+               gpus_of(json_object_get(q, "limit"), l, sizeof(l)), gpus_of(used, u, sizeof(u)),
+               gpus_of(json_object_get(q, "borrowed"), b, sizeof(b)), jint(used, "memory_mib"),
+               jint(q, "pods"), jint(q, "pending"), jint(q, "evictions"));
+        if (name != NULL && depth < KGPU_QUEUE_MAX_DEPTH)
+            print_queue_tree(queues, name, depth + 1);
+    }
+}
+
+static void print_queues(json_t *doc)
+{
+    json_t *queues = json_object_get(doc, "queues");
+    if (!json_is_true(json_object_get(doc, "queues_enabled"))) {
+        printf("no GPU queues: every pod is in queue default, and nothing is refused for quota\n");
+        return;
+    }
+    printf("%-28s %9s %9s %9s %9s %10s %5s %7s %9s\n", "QUEUE", "GUARANTEE", "LIMIT", "USED",
+           "BORROWED", "MEM MiB", "PODS", "PENDING", "EVICTIONS");
+    print_queue_tree(queues, NULL, 0);
+    size_t i;
+    json_t *e;
+    json_t *ev = json_object_get(doc, "queue_evictions");
+    if (json_array_size(ev) > 0)
+        printf("\nrecent evictions for reclaim (newest first):\n");
+    json_array_foreach(ev, i, e)
+    {
+        char freed[32];
+        printf("  %s  %s/%s (queue %s, %s GPUs on %s) for %s/%s (queue %s): %s\n",
+               json_string_value(json_object_get(e, "time")),
+               json_string_value(json_object_get(e, "namespace")),
+               json_string_value(json_object_get(e, "pod")),
+               json_string_value(json_object_get(e, "queue")),
+               kgpu_queue_gpus_str(jint(e, "gpu_milli_freed"), freed, sizeof(freed)),
+               json_string_value(json_object_get(e, "node")),
+               json_string_value(json_object_get(e, "for_namespace")),
+               json_string_value(json_object_get(e, "for_pod")),
+               json_string_value(json_object_get(e, "for_queue")),
+               json_string_value(json_object_get(e, "outcome")));
+    }
+}
+
 int kgpu_cmd_inspect(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -131,13 +200,14 @@ int kgpu_cmd_inspect(int argc, char **argv)
         {"cert", required_argument, NULL, 'C'},
         {"key", required_argument, NULL, 'K'},
         {"detail", no_argument, NULL, 'd'},
+        {"queues", no_argument, NULL, 'q'},
         {"json", no_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *server = getenv("KGPU_EXTENDER"), *kubeconfig = NULL, *ns = "kgpu-system";
     const char *cacert = NULL, *cert = NULL, *key = NULL;
-    bool detail = false, raw = false;
+    bool detail = false, raw = false, queues = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -166,6 +236,9 @@ int kgpu_cmd_inspect(int argc, char **argv)
         case 'j':
             raw = true;
             break;
+        case 'q':
+            queues = true;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -175,7 +248,7 @@ int kgpu_cmd_inspect(int argc, char **argv)
         }
     }
     const char *node = optind < argc ? argv[optind++] : NULL;
-    if (optind < argc) {
+    if (optind < argc || (queues && node != NULL)) {
         usage(stderr);
         return 2;
     }
@@ -278,6 +351,11 @@ int kgpu_cmd_inspect(int argc, char **argv)
     if (doc == NULL) {
         fprintf(stderr, "kgpu inspect: the extender's answer is not JSON\n");
         return 1;
+    }
+    if (queues) {
+        print_queues(doc);
+        json_decref(doc);
+        return 0;
     }
     printf("%-24s %3s  %-22s %22s  %14s  %4s\n", "NODE", "GPU", "MODEL", "MEMORY MiB (alloc/total)",
            "COMPUTE milli", "PODS");

@@ -539,6 +539,16 @@ int kgpu_queues_charge(kgpu_queues *qs, int q, const kgpu_qdemand *d, kgpu_error
     return 0;
 }
 
+int kgpu_queues_charge_running(kgpu_queues *qs, int q, const kgpu_qdemand *d, kgpu_error *err)
+{
+    if (q < 0 || q >= qs->n)
+        return kgpu_error_set(err, KGPU_ENOENT, "queue %d does not exist", q);
+    if (d->milli < 0 || d->mem_mib < 0)
+        return kgpu_error_set(err, KGPU_EINVAL, "negative demand");
+    apply(qs, q, d, 1);
+    return 0;
+}
+
 int kgpu_queues_uncharge(kgpu_queues *qs, int q, const kgpu_qdemand *d, kgpu_error *err)
 {
     if (q < 0 || q >= qs->n)

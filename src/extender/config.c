@@ -12,6 +12,7 @@
 
 #include "clock.h"
 #include "ext.h"
+#include "queuefile.h"
 #include "yamljson.h"
 
 #define ALLOCATE_WAIT_MAX 86400 /* a day: anything longer is a pod that will never start */
@@ -113,6 +114,40 @@ static int int_flag(const char *flag, const char *text, long min, long max, int 
     return 0;
 }
 
+void ext_config_free(ext_config *cfg)
+{
+    kgpu_queues_free(cfg->queues);
+    cfg->queues = NULL;
+    json_decref(cfg->namespace_queues);
+    cfg->namespace_queues = NULL;
+}
+
+/* namespaceQueues: {namespace: queue}, both DNS labels; kept as given. */
+static int parse_namespace_queues(ext_config *cfg, const char *path, json_t *v, kgpu_error *err)
+{
+    if (!json_is_object(v))
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "%s: namespaceQueues: expected a mapping of namespace to queue",
+                              path);
+    const char *ns;
+    json_t *q;
+    json_object_foreach(v, ns, q)
+    {
+        const char *name = json_string_value(q);
+        if (name == NULL || name[0] == '\0' || strlen(name) > KGPU_QUEUE_NAME_MAX ||
+            strlen(ns) > 63)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "%s: namespaceQueues.%.63s: expected a queue name (at most %d "
+                                  "characters)",
+                                  path, ns, KGPU_QUEUE_NAME_MAX);
+    }
+    json_decref(cfg->namespace_queues);
+    cfg->namespace_queues = json_deep_copy(v);
+    if (cfg->namespace_queues == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    return 0;
+}
+
 static int check_policy(const char *name, kgpu_error *err)
 {
     if (kgpu_policy_find(name) == NULL)
@@ -197,6 +232,15 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
         } else if (strcmp(key, "allocateWaitSeconds") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 0 && json_integer_value(v) <= ALLOCATE_WAIT_MAX) {
             cfg->allocate_wait_s = (int)json_integer_value(v);
+        } else if (strcmp(key, "queues") == 0) {
+            kgpu_queues *qs = NULL;
+            rc = kgpu_queues_from_json(root, path, &qs, err);
+            if (rc == 0) {
+                kgpu_queues_free(cfg->queues);
+                cfg->queues = qs;
+            }
+        } else if (strcmp(key, "namespaceQueues") == 0) {
+            rc = parse_namespace_queues(cfg, path, v, err);
         } else if (strcmp(key, "tls") == 0 && json_is_object(v)) {
             const char *k2;
             json_t *v2;
@@ -470,6 +514,12 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         rc = kgpu_error_set(err, KGPU_EINVAL, "unexpected argument '%s'", argv[optind]);
     if (rc == 0 && (cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0'))
         rc = kgpu_error_set(err, KGPU_EINVAL, "--tls-cert and --tls-key go together");
+    if (rc == 0 && !cfg->cluster_file[0] && (cfg->queues != NULL || cfg->namespace_queues != NULL))
+        rc = kgpu_error_set(err, KGPU_EINVAL,
+                            "%s: %s: queues come from GPUQueue objects in cluster mode, and "
+                            "namespaces' queues from their kgpu.io/queue annotation (the file's "
+                            "queues and namespaceQueues are for --cluster-file)",
+                            cfg->config_file, cfg->queues != NULL ? "queues" : "namespaceQueues");
     if (rc == 0 && cfg->leader_elect && cfg->cluster_file[0])
         rc = kgpu_error_set(err, KGPU_EINVAL,
                             "--leader-elect needs an API server, not --cluster-file");

@@ -358,6 +358,19 @@ int ext_daemon_start(ext_daemon *d, kgpu_error *err)
         ext_log(EXT_INFO, "cluster file %s: %d nodes, %d GPUs; binds are kept in memory",
                 d->cfg.cluster_file, kgpu_cluster_node_count(d->state.cluster),
                 kgpu_cluster_gpu_count(d->state.cluster));
+        /* The configuration's queues, and namespaceQueues for the namespaces' annotations. */
+        pthread_mutex_lock(&d->state.mu);
+        const char *ns;
+        json_t *q;
+        json_object_foreach(d->cfg.namespace_queues, ns, q)
+            ext_queues_set_namespace(&d->state, ns, json_string_value(q));
+        if (d->cfg.queues != NULL) {
+            ext_queues_set(&d->state, d->cfg.queues);
+            d->cfg.queues = NULL;
+            ext_log(EXT_INFO, "queues: %d from %s; pods leave with DELETE /pods/NAMESPACE/NAME",
+                    kgpu_queues_count(d->state.queues), d->cfg.config_file);
+        }
+        pthread_mutex_unlock(&d->state.mu);
     } else {
         kgpu_k8s_config kc;
         memset(&kc, 0, sizeof(kc));
@@ -406,6 +419,7 @@ void ext_daemon_stop(ext_daemon *d)
     kgpu_k8s_free(d->k8s);
     d->k8s = NULL;
     ext_state_destroy(&d->state);
+    ext_config_free(&d->cfg);
     free(d->tls_cert_pem);
     free(d->tls_key_pem);
     free(d->tls_ca_pem);

@@ -24,6 +24,7 @@
 
 #include "k8s.h"
 #include "kgpu/policy.h"
+#include "kgpu/queue.h"
 #include "podspec.h"
 #include "strmap.h"
 
@@ -57,11 +58,22 @@ typedef struct ext_config {
     int max_node_names;             /* NodeNames or Nodes.items per call; 20000 */
     int serve_threads;              /* epoll I/O threads; 0: one thread per connection; 2 */
     int handler_threads;            /* threads running the handlers (one more for large bodies); 16 */
+    /*
+     * GPU queues of --cluster-file mode, from the file's `queues:` (owned;
+     * moved into the state by ext_daemon_start; NULL: queues off), and
+     * `namespaceQueues:` ({namespace: queue}, owned, or NULL), standing for
+     * the namespaces' kgpu.io/queue annotations. In cluster mode both keys
+     * are errors: queues come from GPUQueue objects there.
+     */
+    kgpu_queues *queues;
+    json_t *namespace_queues;
 } ext_config;
 
 /* Defaults, then the YAML file (if --config), then flags, as the last word. */
 void ext_config_defaults(ext_config *cfg);
 int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err);
+/* Frees what the configuration owns (queues, namespaceQueues). */
+void ext_config_free(ext_config *cfg);
 /* Parses argv; returns 0, or 1 after printing help, or a negative error. */
 int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *err);
 
@@ -151,6 +163,12 @@ typedef struct ext_pod {
     enum ext_pod_status status;
     double gpus;  /* GPU fraction held, for GPU-hours */
     double since; /* monotonic time it started holding: a relist may not drop younger pods */
+    /* Its GPU queue (queues.c): the name resolved when it was bound or adopted. */
+    char queue[KGPU_QUEUE_NAME_MAX + 1];
+    int priority;     /* spec.priority: reclaim evicts the lowest first */
+    bool charged;     /* qd is charged to the queue tree */
+    bool evicting;    /* an eviction went through; charged until the pod is gone */
+    kgpu_qdemand qd;  /* what it is charged: its GPUs, on their models */
     int nparts;
     ext_pod_part part[];
 } ext_pod;
@@ -166,6 +184,8 @@ typedef struct ext_orphan {
     char name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
     double since;
     int64_t cpu_milli, memory_mib; /* the pod's requests, counted once it is adopted */
+    char queue[KGPU_QUEUE_NAME_MAX + 1];
+    int priority;
     int n;
     kgpu_assigned_part parts[];
 } ext_orphan;
@@ -232,10 +252,43 @@ typedef struct ext_await {
     ext_asks asks;
 } ext_await;
 
+/* Why a pod's last filter passed no node, as far as queues are concerned. */
+enum ext_wait { EXT_WAIT_NONE, EXT_WAIT_QUOTA, EXT_WAIT_RECLAIM };
+
+/* How an eviction for reclaim went. */
+enum ext_evict_outcome {
+    EXT_EVICT_APPLIED, /* --cluster-file: applied to the in-memory state */
+    EXT_EVICT_EVICTED, /* the Eviction API accepted it: charged until the pod is gone */
+    EXT_EVICT_BLOCKED, /* 429: a PodDisruptionBudget refused it */
+    EXT_EVICT_GONE,    /* 404: the pod was gone already */
+    EXT_EVICT_FAILED,  /* another answer, or the API server could not be reached */
+};
+
+/* One eviction for reclaim, kept in a ring of the most recent for /inspect. */
+typedef struct ext_eviction {
+    double at; /* realtime seconds */
+    char ns[64], name[KGPU_NAME_MAX + 1], uid[64], node[KGPU_NAME_MAX + 1];
+    char queue[KGPU_QUEUE_NAME_MAX + 1];
+    char for_ns[64], for_name[KGPU_NAME_MAX + 1]; /* the waiting pod */
+    char for_queue[KGPU_QUEUE_NAME_MAX + 1];
+    int64_t freed_milli;
+    int outcome; /* enum ext_evict_outcome */
+} ext_eviction;
+
+#define EXT_EVICTIONS_KEPT 64  /* recent evictions /inspect shows */
+#define EXT_RECLAIMS_MAX   256 /* reclaims in flight (cluster mode) remembered at once */
+#define EXT_REFUSED_MAX    256 /* victims a PodDisruptionBudget protected, remembered at once */
+#define EXT_RECLAIM_WAIT_S 60  /* a reclaim in flight is not repeated for its pod this long */
+#define EXT_REFUSED_S      30  /* a victim whose eviction was refused is skipped this long */
+
 /* A pod remembered from filter for its bind. */
 typedef struct ext_filtered {
     kgpu_pod pod;
     ext_asks asks;
+    char queue_label[KGPU_QUEUE_NAME_MAX + 1]; /* its kgpu.io/queue label, "" without one */
+    int priority;                              /* spec.priority */
+    int waiting; /* enum ext_wait: why its last filter passed no node, for queues' pending */
+    char queue[KGPU_QUEUE_NAME_MAX + 1]; /* the queue it waits in */
     struct ext_filtered *older, *newer; /* by when last filtered: evicted oldest first */
 } ext_filtered;
 
@@ -265,6 +318,16 @@ typedef struct ext_state {
     double usage_at;      /* monotonic seconds of the last integration */
     kgpu_rng rng;
     bool nodes_synced, pods_synced;
+    /* GPU queues (queues.c); queues NULL: off, every pod in `default`, nothing refused. */
+    kgpu_queues *queues;      /* the tree with usage */
+    kgpu_queues *queues_spec; /* the same tree without usage, rebuilt from on every change */
+    unsigned long long *queue_evictions; /* by queue id: evictions of its pods, ever */
+    kgpu_strmap ns_queue;     /* namespace -> its kgpu.io/queue (char *, owned) */
+    ext_eviction evictions[EXT_EVICTIONS_KEPT]; /* ring of the most recent */
+    int evictions_next, nevictions;
+    kgpu_strmap reclaims; /* waiting pod uid -> ext_reclaim* (queues.c), at most EXT_RECLAIMS_MAX */
+    kgpu_strmap refused;  /* victim uid -> its refusal (queues.c), at most EXT_REFUSED_MAX */
+    char queues_error[KGPU_ERROR_MSG_MAX]; /* why the last tree given was refused; "" */
 } ext_state;
 
 int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_error *err);
@@ -337,9 +400,10 @@ void ext_pod_copy(kgpu_pod *dst, const kgpu_pod *src);
  * Remembers a pod from filter (copied, with its asks) for its bind, as the
  * most recently filtered; past pending_pods_max the least recently filtered
  * is forgotten (its bind then asks the API server for the pod, see
- * handlers.c bind_pod). Caller holds st->mu.
+ * handlers.c bind_pod). Returns the entry (borrowed, NULL when out of
+ * memory) for the caller to fill in the queue fields. Caller holds st->mu.
  */
-void ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks);
+ext_filtered *ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks);
 /* The remembered pod, or NULL. Borrowed; valid while st->mu is held. */
 const ext_filtered *ext_state_recall(ext_state *st, const char *uid);
 
@@ -348,10 +412,12 @@ const ext_filtered *ext_state_recall(ext_state *st, const char *uid);
  * search filter asked (kgpu_policy_place): a pod filter passed on a node
  * that has not changed since is placed there. *out points at what the
  * pod now holds (borrowed: valid while st->mu is held). Returns KGPU_EEXIST
- * when the uid already holds GPUs (then *out is what it holds). Caller holds st->mu.
+ * when the uid already holds GPUs (then *out is what it holds). The pod is
+ * charged to `queue` (NULL: default) on the GPUs chosen: KGPU_ENOFIT, with
+ * the queue's reason, when that would pass a limit. Caller holds st->mu.
  */
-int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, const ext_pod **out,
-                      kgpu_error *err);
+int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, const char *queue,
+                      int priority, const ext_pod **out, kgpu_error *err);
 /* The bind went through: the reservation becomes a binding. */
 void ext_state_confirm(ext_state *st, const char *uid);
 /* Drops whatever uid holds. */
@@ -359,6 +425,99 @@ void ext_state_release(ext_state *st, const char *uid);
 
 /* Brings per-namespace GPU-seconds up to now. Caller holds st->mu. */
 void ext_state_integrate_usage(ext_state *st);
+
+/* ---- GPU queues (queues.c; docs/queues.md). Caller holds st->mu unless said. ---- */
+
+/* A v1 Pod's kgpu.io/queue label into label ("" without one) and its spec.priority (0). */
+void ext_pod_queue_fields(const json_t *pod, char *label, size_t len, int *priority);
+/*
+ * Replaces the tree by `spec` (a tree without usage, owned from now on;
+ * NULL turns queues off) and charges every held pod to it again, running
+ * pods being never refused (a queue may then be above its limit: its new
+ * pods wait until enough of its pods end). Evictions counted are kept by
+ * queue name.
+ */
+void ext_queues_set(ext_state *st, kgpu_queues *spec);
+/* Charges every held pod again from its GPUs: after the inventory changed. */
+void ext_queues_recharge(ext_state *st);
+/* A namespace's kgpu.io/queue annotation; NULL or "" clears it. */
+void ext_queues_set_namespace(ext_state *st, const char *ns, const char *queue);
+/*
+ * The queue of a pod of namespace ns with label `label` (kgpu_queue_name_for):
+ * its name into name, and its id; -1 when queues are off; -2 when no queue
+ * has that name, with a reason for the pod's event in why.
+ */
+int ext_queues_resolve(ext_state *st, const char *ns, const char *label, char *name, size_t len,
+                       char *why, size_t whylen);
+/*
+ * Charges what p holds to p->queue (and its ancestors). A new bind
+ * (running false) is refused past a limit: KGPU_ENOFIT, err in the words
+ * of the fit reasons. A pod already running is never refused. No queue of
+ * that name, or queues off: 0, nothing charged.
+ */
+int ext_queues_charge(ext_state *st, ext_pod *p, bool running, kgpu_error *err);
+void ext_queues_uncharge(ext_state *st, ext_pod *p);
+/*
+ * kgpu_queues_check for the pod on node idx (its GPUs taken as the node's
+ * first of an allowed model, so per-model limits apply; bind charges the
+ * GPUs actually chosen), or with idx -1 for its request alone.
+ */
+int ext_queues_check(ext_state *st, int q, const kgpu_pod *pod, int idx, char *why, size_t len);
+
+/* A pod reclaim evicts. */
+typedef struct ext_victim {
+    char uid[64], ns[64], name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
+    char queue[KGPU_QUEUE_NAME_MAX + 1];
+    int64_t freed_milli;
+} ext_victim;
+
+#define EXT_RECLAIM_VICTIMS_MAX 32 /* evictions one reclaim may ask for */
+
+/* A reclaim chosen for a waiting pod. */
+typedef struct ext_reclaim {
+    double until; /* monotonic: not repeated for the pod before */
+    char for_uid[64], for_ns[64], for_name[KGPU_NAME_MAX + 1], for_queue[KGPU_QUEUE_NAME_MAX + 1];
+    int nvictims;
+    ext_victim v[EXT_RECLAIM_VICTIMS_MAX];
+} ext_reclaim;
+
+enum ext_reclaim_result {
+    EXT_RECLAIM_NONE,     /* nothing to evict makes room: msg says why */
+    EXT_RECLAIM_APPLIED,  /* --cluster-file: victims gone from the state; place the pod again */
+    EXT_RECLAIM_STARTED,  /* victims in *out, to evict through the API after the lock */
+    EXT_RECLAIM_INFLIGHT, /* a reclaim for this pod is under way: msg says which */
+};
+
+/*
+ * For a pod of queue q within its guarantee that fits no node (one GPU
+ * container: reclaim places one request): chooses borrowing pods to evict
+ * (kgpu_queues_reclaim, KGPU_RECLAIM_FRAG) among the held pods not being
+ * evicted already nor protected by a PodDisruptionBudget lately. `apply`
+ * (--cluster-file): releases them now, recorded as evictions. Otherwise
+ * remembers the reclaim for the pod (EXT_RECLAIM_WAIT_S) and gives its
+ * victims in *out. msg: what the pod's filter answer says.
+ */
+int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ext_reclaim *out,
+                       char *msg, size_t len);
+/* Records one eviction's outcome: log, counters, the ring; 429 remembers the victim as refused. */
+void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v, int outcome);
+
+/* One queue as /inspect and /metrics show it. */
+typedef struct ext_queue_row {
+    char name[KGPU_QUEUE_NAME_MAX + 1], parent[KGPU_QUEUE_NAME_MAX + 1];
+    int depth, weight;
+    kgpu_qamount guarantee, limit, used;
+    int64_t borrowed_milli;
+    int pods, pending;
+    unsigned long long evictions;
+} ext_queue_row;
+
+/*
+ * Copies every queue (tree order; malloc'd, caller frees) and the recent
+ * evictions (newest first; up to EXT_EVICTIONS_KEPT into ev). *rows NULL
+ * and *n 0 when queues are off. false: out of memory.
+ */
+bool ext_queues_rows(ext_state *st, ext_queue_row **rows, int *n, ext_eviction *ev, int *nev);
 
 /* ---- pods awaiting kubelet's Allocate (awaiting.c) ---- */
 

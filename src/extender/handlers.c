@@ -493,6 +493,55 @@ static void reply_written(ext_response *r, kgpu_jsonw *w)
     }
 }
 
+/* text into why, cut to fit. */
+static void cut_reason(char *why, size_t len, const char *text)
+{
+    size_t n = strlen(text);
+    if (n >= len)
+        n = len - 1;
+    memcpy(why, text, n);
+    why[n] = '\0';
+}
+
+/*
+ * Evicts reclaim's victims through the Eviction API (policy/v1), so that
+ * PodDisruptionBudgets hold; the state learns each outcome. No lock held.
+ */
+static void evict_victims(ext_daemon *d, const ext_reclaim *r)
+{
+    for (int i = 0; i < r->nvictims; i++) {
+        const ext_victim *v = &r->v[i];
+        char path[KGPU_K8S_PATH_MAX];
+        snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s/eviction", v->ns, v->name);
+        json_t *body = json_pack("{s:s,s:s,s:{s:s,s:s}}", "apiVersion", "policy/v1", "kind",
+                                 "Eviction", "metadata", "name", v->name, "namespace", v->ns);
+        char *text = body != NULL ? json_dumps(body, JSON_COMPACT) : NULL;
+        json_decref(body);
+        kgpu_http_resp resp = {0};
+        kgpu_error err;
+        kgpu_error_clear(&err);
+        int outcome = EXT_EVICT_FAILED;
+        if (text != NULL &&
+            kgpu_k8s_request(d->k8s, "POST", path, "application/json", text, &resp, &err) == 0) {
+            outcome = resp.status == 200 || resp.status == 201 ? EXT_EVICT_EVICTED
+                      : resp.status == 429                     ? EXT_EVICT_BLOCKED
+                      : resp.status == 404                     ? EXT_EVICT_GONE
+                                                               : EXT_EVICT_FAILED;
+            if (outcome == EXT_EVICT_FAILED)
+                ext_log(EXT_WARN, "eviction of %s/%s: API server answered %ld: %.300s", v->ns,
+                        v->name, resp.status, resp.body ? resp.body : "");
+        } else {
+            ext_log(EXT_WARN, "eviction of %s/%s: %s", v->ns, v->name,
+                    text ? err.msg : "out of memory");
+        }
+        free(text);
+        free(resp.body);
+        pthread_mutex_lock(&d->state.mu);
+        ext_queues_evicted(&d->state, r, v, outcome);
+        pthread_mutex_unlock(&d->state.mu);
+    }
+}
+
 static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_response *r)
 {
     kgpu_pod *pod = malloc(sizeof(*pod));
@@ -527,65 +576,145 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
     ext_asks_from_json(json_object_get(args, "Pod"), &asks);
     kgpu_strmap awaiting; /* node -> a pod there that kubelet must allocate before this one */
     kgpu_strmap_init(&awaiting);
+    /* Its GPU queue (queues.c): -1 queues off, -2 no such queue (qwhy says so). */
+    char qlabel[KGPU_QUEUE_NAME_MAX + 1], qname[KGPU_QUEUE_NAME_MAX + 1], qwhy[REASON_MAX] = "";
+    char note[REASON_MAX] = ""; /* reclaim under way: said after every capacity reason */
+    int priority, qid = -1;
+    ext_pod_queue_fields(json_object_get(args, "Pod"), qlabel, sizeof(qlabel), &priority);
+    ext_reclaim *evict = NULL; /* victims to evict through the API once the lock is released */
     pthread_mutex_lock(&d->state.mu);
     rc = check_pod(d, pod, NULL, invalid, sizeof(invalid));
+    ext_filtered *remembered = NULL;
     if (rc == 0 && pod->nparts > 0 && invalid[0] == '\0') {
-        ext_state_remember(&d->state, pod, &asks);
+        remembered = ext_state_remember(&d->state, pod, &asks);
         if (d->state.awaiting.len > 0) {
             ext_await_expire(&d->state);
             ext_await_clashing_nodes(&d->state, pod->uid, &asks, &awaiting);
         }
+        qid = ext_queues_resolve(&d->state, pod->ns, qlabel, qname, sizeof(qname), qwhy,
+                                 sizeof(qwhy));
+        if (remembered != NULL) {
+            snprintf(remembered->queue_label, sizeof(remembered->queue_label), "%s", qlabel);
+            snprintf(remembered->queue, sizeof(remembered->queue), "%s", qname);
+            remembered->priority = priority;
+        }
     }
     kgpu_request fitreq[KGPU_MAX_PARTS]; /* GPUs only: CPU and memory are kube-scheduler's */
     ext_fit_requests(pod, fitreq, reqs);
-    long search_left = CALL_SEARCH_STEPS;
-    for (int i = 0; i < n && rc == 0 && pass != NULL; i++) {
-        if (invalid[0] != '\0') { /* no node will do: see the comment at bad_request */
-            add_reason(&unresolvable, names[i], invalid);
-            continue;
-        }
-        if (pod->nparts == 0) {
-            pass[i] = true; /* no GPU asked: not kgpu's business */
-            continue;
-        }
-        int idx = kgpu_cluster_find_node(d->state.cluster, names[i]);
-        if (idx < 0) {
-            add_reason(&unresolvable, names[i],
-                       "node has no GPU inventory known to kgpu (no kgpu.io/gpus annotation and "
-                       "no nvidia.com/gpu)");
-            continue;
-        }
-        if (place_budgeted(d->state.cluster, idx, NULL, 0, reqs, pod->nparts, 0, &search_left, why,
-                           sizeof(why)) == KGPU_PLACE_FOUND) {
-            const ext_await *w = awaiting.len > 0 ? kgpu_strmap_get(&awaiting, names[i]) : NULL;
-            ext_ask same;
-            if (w == NULL || !ext_asks_clash(&w->asks, &asks, &same)) {
-                pass[i] = true;
+    int wait = EXT_WAIT_NONE;
+    /*
+     * A second round only after reclaim: with --cluster-file its evictions
+     * are applied and the pod is placed again; otherwise every capacity
+     * reason says the pod waits for the reclaim under way.
+     */
+    for (int round = 0; round < 2 && rc == 0 && pass != NULL; round++) {
+        bool any = false, over = false;
+        long search_left = CALL_SEARCH_STEPS;
+        for (int i = 0; i < n; i++) {
+            if (invalid[0] != '\0') { /* no node will do: see the comment at bad_request */
+                add_reason(&unresolvable, names[i], invalid);
                 continue;
             }
-            /* It fits, but the device plugin could not tell the two pods apart: soon. */
-            ext_await_reason(w, &same, why, sizeof(why));
-            add_reason(&failed, names[i], why);
-            continue;
+            if (pod->nparts == 0) {
+                pass[i] = any = true; /* no GPU asked: not kgpu's business */
+                continue;
+            }
+            if (qid == -2) { /* a queue may be made: not unresolvable */
+                add_reason(&failed, names[i], qwhy);
+                continue;
+            }
+            int idx = kgpu_cluster_find_node(d->state.cluster, names[i]);
+            if (idx < 0) {
+                add_reason(&unresolvable, names[i],
+                           "node has no GPU inventory known to kgpu (no kgpu.io/gpus annotation "
+                           "and no nvidia.com/gpu)");
+                continue;
+            }
+            if (place_budgeted(d->state.cluster, idx, NULL, 0, reqs, pod->nparts, 0,
+                               &search_left, why, sizeof(why)) == KGPU_PLACE_FOUND) {
+                const ext_await *w = awaiting.len > 0 ? kgpu_strmap_get(&awaiting, names[i]) : NULL;
+                ext_ask same;
+                if (w != NULL && ext_asks_clash(&w->asks, &asks, &same)) {
+                    /* It fits, but the device plugin could not tell the two pods apart: soon. */
+                    ext_await_reason(w, &same, why, sizeof(why));
+                    add_reason(&failed, names[i], why);
+                    continue;
+                }
+                int qs = qid >= 0 ? ext_queues_check(&d->state, qid, pod, idx, why, sizeof(why))
+                                  : KGPU_QUEUE_WITHIN;
+                if (qs == KGPU_QUEUE_WITHIN || qs == KGPU_QUEUE_BORROWS) {
+                    pass[i] = any = true;
+                    continue;
+                }
+                if (qs == KGPU_QUEUE_RECLAIM) {
+                    char reason[3 * REASON_MAX];
+                    snprintf(reason, sizeof(reason), "%s; within queue %s's guarantee: %s", why,
+                             qname, note[0] ? note : "waits for reclaim");
+                    cut_reason(why, sizeof(why), reason);
+                }
+                over = true;
+                add_reason(&failed, names[i], why);
+                continue;
+            }
+            if (note[0] != '\0') {
+                char reason[3 * REASON_MAX];
+                snprintf(reason, sizeof(reason), "%s; %s", why, note);
+                cut_reason(why, sizeof(why), reason);
+            }
+            const kgpu_node *node = kgpu_cluster_node(d->state.cluster, idx);
+            bool never = false;
+            for (int k = 0; k < pod->nparts && !never; k++)
+                never = never_fits(node, reqs[k], why, sizeof(why));
+            if (!never &&
+                place_budgeted(d->state.cluster, idx, NULL, 0, reqs, pod->nparts,
+                               KGPU_PLACE_EMPTY, &search_left, NULL, 0) == KGPU_PLACE_NONE) {
+                /* Each container alone could fit, but never all of them together. */
+                char reason[REASON_MAX];
+                snprintf(reason, sizeof(reason),
+                         "%.200s (the containers together exceed the node "
+                         "even with every GPU free)",
+                         why);
+                snprintf(why, sizeof(why), "%s", reason);
+                never = true;
+            }
+            add_reason(never ? &unresolvable : &failed, names[i], why);
         }
-        const kgpu_node *node = kgpu_cluster_node(d->state.cluster, idx);
-        bool never = false;
-        for (int k = 0; k < pod->nparts && !never; k++)
-            never = never_fits(node, reqs[k], why, sizeof(why));
-        if (!never && place_budgeted(d->state.cluster, idx, NULL, 0, reqs, pod->nparts,
-                                     KGPU_PLACE_EMPTY, &search_left, NULL, 0) == KGPU_PLACE_NONE) {
-            /* Each container alone could fit, but never all of them together. */
-            char reason[REASON_MAX];
-            snprintf(reason, sizeof(reason),
-                     "%.200s (the containers together exceed the node "
-                     "even with every GPU free)",
-                     why);
-            snprintf(why, sizeof(why), "%s", reason);
-            never = true;
+        wait = any                        ? EXT_WAIT_NONE
+               : wait == EXT_WAIT_RECLAIM ? EXT_WAIT_RECLAIM
+               : over                     ? EXT_WAIT_QUOTA
+                                          : EXT_WAIT_NONE;
+        if (any || round > 0 || qid < 0 || n == 0 || invalid[0] != '\0')
+            break;
+        /* Fits no node: within its guarantee, borrowers make room (docs/queues.md "Reclaim"). */
+        int qs = ext_queues_check(&d->state, qid, pod, -1, NULL, 0);
+        if ((qs != KGPU_QUEUE_WITHIN && qs != KGPU_QUEUE_RECLAIM) || !ext_is_leader(d))
+            break;
+        ext_reclaim rec;
+        int how = ext_queues_reclaim(&d->state, pod, qid, d->k8s == NULL, &rec, note, sizeof(note));
+        if (how == EXT_RECLAIM_NONE && strstr(note, "PodDisruptionBudget") == NULL) {
+            note[0] = '\0'; /* nothing borrowed would make room: the capacity reasons say it all */
+            break;
         }
-        add_reason(never ? &unresolvable : &failed, names[i], why);
+        if (how == EXT_RECLAIM_APPLIED)
+            note[0] = '\0';
+        if (how == EXT_RECLAIM_STARTED && (evict = malloc(sizeof(*evict))) != NULL)
+            *evict = rec;
+        wait = EXT_WAIT_RECLAIM;
+        /* Again, from a clean answer. */
+        free(kgpu_jsonw_finish(&failed));
+        free(kgpu_jsonw_finish(&unresolvable));
+        kgpu_jsonw_init(&failed, 256);
+        kgpu_jsonw_init(&unresolvable, 256);
+        memset(pass, 0, (size_t)n * sizeof(*pass));
     }
+    remembered = rc == 0 && pod->nparts > 0 ? kgpu_strmap_get(&d->state.pending, pod->uid) : NULL;
+    if (remembered != NULL)
+        remembered->waiting = wait;
     pthread_mutex_unlock(&d->state.mu);
+    if (evict != NULL) {
+        evict_victims(d, evict);
+        free(evict);
+    }
     kgpu_strmap_clear(&awaiting);
     if (rc != 0 || pass == NULL) { /* out of memory */
         free(kgpu_jsonw_finish(&failed));
@@ -766,8 +895,11 @@ static void bind_failed(ext_daemon *d, ext_response *r, enum ext_bind_fail why, 
  * API server. NULL with msg and *fail saying why.
  */
 static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const char *uid,
-                          ext_asks *asks, char *msg, size_t len, enum ext_bind_fail *fail)
+                          ext_asks *asks, char *qlabel, size_t qlen, int *priority, char *msg,
+                          size_t len, enum ext_bind_fail *fail)
 {
+    qlabel[0] = '\0';
+    *priority = 0;
     *fail = BIND_FAIL_UNKNOWN_POD;
     kgpu_pod *pod = malloc(sizeof(*pod));
     if (pod == NULL)
@@ -777,6 +909,8 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
     if (known != NULL) {
         ext_pod_copy(pod, &known->pod);
         *asks = known->asks;
+        snprintf(qlabel, qlen, "%s", known->queue_label);
+        *priority = known->priority;
     }
     pthread_mutex_unlock(&d->state.mu);
     if (known != NULL && (strcmp(pod->ns, ns) != 0 || strcmp(pod->name, name) != 0)) {
@@ -804,6 +938,7 @@ static kgpu_pod *bind_pod(ext_daemon *d, const char *ns, const char *name, const
                 json_string_value(json_object_get(json_object_get(j, "metadata"), "uid"));
             bool same = juid != NULL && strcmp(juid, uid) == 0;
             ext_asks_from_json(j, asks);
+            ext_pod_queue_fields(j, qlabel, qlen, priority);
             json_decref(j);
             if (rc == 0 && strcmp(pod->uid, uid) == 0)
                 return pod;
@@ -925,7 +1060,10 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
     }
     ext_asks asks;
     enum ext_bind_fail fail;
-    kgpu_pod *pod = bind_pod(d, ns, name, uid, &asks, msg, sizeof(msg), &fail);
+    char qlabel[KGPU_QUEUE_NAME_MAX + 1], qname[KGPU_QUEUE_NAME_MAX + 1], qwhy[REASON_MAX];
+    int priority;
+    kgpu_pod *pod = bind_pod(d, ns, name, uid, &asks, qlabel, sizeof(qlabel), &priority, msg,
+                             sizeof(msg), &fail);
     if (pod == NULL) {
         if (fail == BIND_FAIL_BAD_REQUEST)
             atomic_fetch_add(&d->metrics.invalid_pods[VERB_BIND], 1);
@@ -961,8 +1099,16 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
             rc = kgpu_error_set(&err, KGPU_ESTATE, "%s", waiting);
         }
     }
+    if (rc == 0 && ext_queues_resolve(&d->state, ns, qlabel, qname, sizeof(qname), qwhy,
+                                      sizeof(qwhy)) == -2)
+        rc = kgpu_error_set(&err, KGPU_ENOFIT, "%s", qwhy);
     if (rc == 0)
-        rc = ext_state_reserve(&d->state, pod, node, &held, &err);
+        rc = ext_state_reserve(&d->state, pod, node, qname, priority, &held, &err);
+    if (rc == 0) {
+        ext_filtered *f = kgpu_strmap_get(&d->state.pending, uid);
+        if (f != NULL)
+            f->waiting = EXT_WAIT_NONE;
+    }
     if (held != NULL) { /* copied while the lock makes it safe to read */
         snprintf(held_node, sizeof(held_node), "%s", held->node);
         snprintf(held_ns, sizeof(held_ns), "%s", held->ns);
@@ -1187,6 +1333,50 @@ void ext_response_discard(ext_response *r)
     r->stream = (ext_stream){0};
 }
 
+/*
+ * DELETE /pods/NAMESPACE/NAME: in --cluster-file mode, where no watch says
+ * that a pod ended, whoever drives the extender says so; its GPUs and its
+ * queue's charge are released. With an API server pods leave by its watch.
+ */
+static void handle_pod_delete(ext_daemon *d, const char *path, ext_response *r)
+{
+    if (d->k8s != NULL) {
+        reply_json(r, 405,
+                   json_pack("{s:s}", "Error",
+                             "pods leave through the API server's watch; DELETE /pods/NS/NAME "
+                             "is for --cluster-file mode"));
+        return;
+    }
+    char ns[64], name[KGPU_NAME_MAX + 1];
+    const char *slash = strchr(path, '/');
+    if (slash == NULL || slash == path || (size_t)(slash - path) >= sizeof(ns) ||
+        strlen(slash + 1) >= sizeof(name) || slash[1] == '\0') {
+        reply_text(r, 400, "DELETE /pods/NAMESPACE/NAME\n");
+        return;
+    }
+    snprintf(ns, sizeof(ns), "%.*s", (int)(slash - path), path);
+    snprintf(name, sizeof(name), "%s", slash + 1);
+    char uid[64] = "";
+    pthread_mutex_lock(&d->state.mu);
+    const char *k;
+    void *v;
+    size_t it = 0;
+    while (uid[0] == '\0' && kgpu_strmap_next(&d->state.pods, &it, &k, &v)) {
+        const ext_pod *p = v;
+        if (strcmp(p->ns, ns) == 0 && strcmp(p->name, name) == 0)
+            snprintf(uid, sizeof(uid), "%s", p->uid);
+    }
+    if (uid[0] != '\0')
+        ext_state_pod_gone(&d->state, uid);
+    pthread_mutex_unlock(&d->state.mu);
+    if (uid[0] == '\0') {
+        reply_json(r, 404, json_pack("{s:s}", "Error", "no pod of that name holds GPUs"));
+        return;
+    }
+    ext_log(EXT_INFO, "pod %s/%s (uid %s) left: its GPUs are released", ns, name, uid);
+    reply_json(r, 200, json_pack("{s:s,s:s,s:s}", "namespace", ns, "name", name, "uid", uid));
+}
+
 /* The last path segment for POST verbs, so any urlPrefix kube-scheduler uses works. */
 static const char *last_segment(const char *url)
 {
@@ -1249,6 +1439,10 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
         if (r->body == NULL && r->status == 0)
             reply_json(r, 500, json_pack("{s:s}", "Error", "out of memory"));
         ext_metrics_observe(&d->metrics, v, ext_now() - t0);
+        return;
+    }
+    if (strcmp(method, "DELETE") == 0 && strncmp(url, "/pods/", 6) == 0) {
+        handle_pod_delete(d, url + 6, r);
         return;
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "ext.h"
 
 /* Strings are kept in one arena and named by their offset in it. */
@@ -51,6 +52,11 @@ typedef struct snapshot {
     size_t text_len, text_cap;
     bool oom;
     long total_pods, total_awaiting;
+    /* The whole document only: the GPU queues and the recent evictions for reclaim. */
+    ext_queue_row *queues; /* NULL: queues off */
+    int nqueues;
+    ext_eviction *evictions; /* EXT_EVICTIONS_KEPT of room */
+    int nevictions;
 } snapshot;
 
 static str_at keep(snapshot *s, const char *str)
@@ -176,6 +182,11 @@ static bool snap_take(ext_state *st, const char *only, snapshot *s, bool *found)
         sw->seconds_left = w->until - now;
         sw->asks = w->asks;
     }
+    if (only == NULL && ((s->evictions = malloc(EXT_EVICTIONS_KEPT * sizeof(*s->evictions))) ==
+                             NULL ||
+                         !ext_queues_rows(st, &s->queues, &s->nqueues, s->evictions,
+                                          &s->nevictions)))
+        return false;
     return !s->oom;
 }
 
@@ -186,6 +197,52 @@ static void snap_free(snapshot *s)
     free(s->pods);
     free(s->waits);
     free(s->text);
+    free(s->queues);
+    free(s->evictions);
+}
+
+/* A guarantee, limit or use: {gpu_milli, memory_mib}, null where a dimension is unset. */
+static json_t *amount_json(kgpu_qamount a)
+{
+    return json_pack("{s:o,s:o}", "gpu_milli",
+                     a.milli == KGPU_QUEUE_UNSET ? json_null() : json_integer(a.milli),
+                     "memory_mib",
+                     a.mem_mib == KGPU_QUEUE_UNSET ? json_null() : json_integer(a.mem_mib));
+}
+
+/* The queues section: the tree (in definition order, parents first) and recent evictions. */
+static void render_queues(const snapshot *s, json_t *doc)
+{
+    json_t *queues = json_array();
+    for (int i = 0; i < s->nqueues; i++) {
+        const ext_queue_row *q = &s->queues[i];
+        json_array_append_new(
+            queues,
+            json_pack("{s:s,s:o,s:i,s:i,s:o,s:o,s:o,s:{s:I},s:i,s:i,s:I}", "name", q->name,
+                      "parent", q->parent[0] ? json_string(q->parent) : json_null(), "depth",
+                      q->depth, "weight", q->weight, "guarantee", amount_json(q->guarantee),
+                      "limit", amount_json(q->limit), "used", amount_json(q->used), "borrowed",
+                      "gpu_milli", (json_int_t)q->borrowed_milli, "pods", q->pods, "pending",
+                      q->pending, "evictions", (json_int_t)q->evictions));
+    }
+    json_t *ev = json_array();
+    for (int i = 0; i < s->nevictions; i++) {
+        const ext_eviction *e = &s->evictions[i];
+        static const char *outcomes[] = {"applied", "evicted", "blocked", "gone", "failed"};
+        char when[64];
+        kgpu_rfc3339(e->at, 0, when, sizeof(when));
+        json_array_append_new(
+            ev, json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s}", "time", when, "pod",
+                          e->name, "namespace", e->ns, "queue", e->queue, "node", e->node,
+                          "for_pod", e->for_name, "for_namespace", e->for_ns, "for_queue",
+                          e->for_queue, "gpu_milli_freed", (json_int_t)e->freed_milli,
+                          "outcome",
+                          e->outcome >= 0 && e->outcome <= EXT_EVICT_FAILED ? outcomes[e->outcome]
+                                                                            : "?"));
+    }
+    json_object_set_new(doc, "queues_enabled", json_boolean(s->queues != NULL));
+    json_object_set_new(doc, "queues", queues);
+    json_object_set_new(doc, "queue_evictions", ev);
 }
 
 /* The document from a snapshot; no lock held. */
@@ -284,12 +341,15 @@ static json_t *render(const snapshot *s, bool one)
         json_decref(nodes);
         return node;
     }
-    return json_pack("{s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "nodes", nodes, "totals", "nodes",
-                     (json_int_t)json_array_size(nodes), "gpus", (json_int_t)t_gpus, "memory_mib",
-                     (json_int_t)t_mem, "memory_allocated_mib", (json_int_t)t_mem_alloc,
-                     "milli_allocated", (json_int_t)t_milli_alloc, "pods",
-                     (json_int_t)s->total_pods, "pods_awaiting_allocation",
-                     (json_int_t)s->total_awaiting);
+    json_t *doc =
+        json_pack("{s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "nodes", nodes, "totals", "nodes",
+                  (json_int_t)json_array_size(nodes), "gpus", (json_int_t)t_gpus, "memory_mib",
+                  (json_int_t)t_mem, "memory_allocated_mib", (json_int_t)t_mem_alloc,
+                  "milli_allocated", (json_int_t)t_milli_alloc, "pods", (json_int_t)s->total_pods,
+                  "pods_awaiting_allocation", (json_int_t)s->total_awaiting);
+    if (doc != NULL)
+        render_queues(s, doc);
+    return doc;
 }
 
 json_t *ext_inspect_json(ext_daemon *d, const char *only)

@@ -258,6 +258,60 @@ static int gpu_line(char *out, size_t len, const snapshot *s, int f, int row)
                     esc(r->model, m1, sizeof(m1)), v);
 }
 
+/* The per-queue families (at most KGPU_QUEUE_MAX queues: ~100 bytes a queue and family). */
+static void render_queues(buf *b, const ext_queue_row *q, int n)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } fam[] = {
+        {"kgpu_queue_guarantee_gpus", "gauge", "GPU compute guaranteed to the queue, in GPUs."},
+        {"kgpu_queue_limit_gpus", "gauge", "GPU compute the queue may never pass, in GPUs."},
+        {"kgpu_queue_guarantee_memory_bytes", "gauge", "GPU memory guaranteed to the queue."},
+        {"kgpu_queue_limit_memory_bytes", "gauge", "GPU memory the queue may never pass."},
+        {"kgpu_queue_used_gpus", "gauge",
+         "GPU compute held by pods of the queue and the queues under it, in GPUs."},
+        {"kgpu_queue_used_memory_bytes", "gauge",
+         "GPU memory held by pods of the queue and the queues under it."},
+        {"kgpu_queue_borrowed_gpus", "gauge",
+         "GPU compute the queue uses above its guarantee, in GPUs."},
+        {"kgpu_queue_pods", "gauge", "Pods charged to the queue and the queues under it."},
+        {"kgpu_queue_pending_pods", "gauge",
+         "Pods of the queue (and under it) whose last filter waited for quota or reclaim."},
+        {"kgpu_queue_evictions_total", "counter",
+         "Pods of the queue evicted by reclaim for pods of other queues."},
+    };
+    char e[200];
+    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
+        put(b, "# HELP %s %s\n# TYPE %s %s\n", fam[f].name, fam[f].help, fam[f].name,
+            fam[f].type);
+        for (int i = 0; i < n; i++) {
+            const ext_queue_row *x = &q[i];
+            int64_t v;
+            switch (f) {
+            case 0: v = x->guarantee.milli; break;
+            case 1: v = x->limit.milli; break;
+            case 2: v = x->guarantee.mem_mib; break;
+            case 3: v = x->limit.mem_mib; break;
+            case 4: v = x->used.milli; break;
+            case 5: v = x->used.mem_mib; break;
+            case 6: v = x->borrowed_milli; break;
+            case 7: v = x->pods; break;
+            case 8: v = x->pending; break;
+            default: v = (int64_t)x->evictions; break;
+            }
+            if (v == KGPU_QUEUE_UNSET && f <= 3)
+                continue; /* not set: no sample rather than a made-up number */
+            esc(x->name, e, sizeof(e));
+            if (f == 0 || f == 1 || f == 4 || f == 6)
+                put(b, "%s{queue=\"%s\"} %.3f\n", fam[f].name, e, (double)v / 1000.0);
+            else if (f == 2 || f == 3 || f == 5)
+                put(b, "%s{queue=\"%s\"} %lld\n", fam[f].name, e, (long long)v << 20);
+            else
+                put(b, "%s{queue=\"%s\"} %lld\n", fam[f].name, e, (long long)v);
+        }
+    }
+}
+
 typedef struct ns_row {
     char ns[KGPU_NAME_MAX + 1];
     double gpus, seconds;
@@ -293,7 +347,15 @@ static bool render_into(ext_daemon *d, buf *b, snapshot *snap)
     long awaiting = (long)st->awaiting.len;
     long cpu_pods = (long)st->cpu_pods.len;
     long observed = st->observations;
+    ext_queue_row *queues = NULL;
+    int nqueues = 0, nev = 0;
+    ext_eviction *ev = malloc(EXT_EVICTIONS_KEPT * sizeof(*ev));
+    if (ev == NULL || !ext_queues_rows(st, &queues, &nqueues, ev, &nev))
+        ok = false;
+    free(ev);
     pthread_mutex_unlock(&st->mu);
+    render_queues(b, queues, nqueues);
+    free(queues);
     char e[600];
     put(b, "# HELP kgpu_namespace_gpu_seconds_total GPU time allocated to pods of the namespace, "
             "in GPU-seconds (divide by 3600 for GPU-hours; a share counts as its fraction of the "

@@ -70,6 +70,9 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->awaiting);
     kgpu_strmap_init(&st->ns_usage);
     kgpu_strmap_init(&st->observed);
+    kgpu_strmap_init(&st->ns_queue);
+    kgpu_strmap_init(&st->reclaims);
+    kgpu_strmap_init(&st->refused);
     st->observed_order = calloc(OBSERVED_MAX, sizeof(char *));
     st->cluster = kgpu_cluster_new();
     if (st->cluster == NULL || st->observed_order == NULL || set_prior(st) != 0) {
@@ -106,6 +109,16 @@ void ext_state_destroy(ext_state *st)
     i = 0;
     while (kgpu_strmap_next(&st->cpu_pods, &i, &k, &v))
         free(v);
+    kgpu_strmap *owning[] = {&st->ns_queue, &st->reclaims, &st->refused};
+    for (size_t m = 0; m < sizeof(owning) / sizeof(owning[0]); m++) {
+        i = 0;
+        while (kgpu_strmap_next(owning[m], &i, &k, &v))
+            free(v);
+        kgpu_strmap_clear(owning[m]);
+    }
+    kgpu_queues_free(st->queues);
+    kgpu_queues_free(st->queues_spec);
+    free(st->queue_evictions);
     kgpu_strmap_clear(&st->cpu_pods);
     kgpu_strmap_clear(&st->awaiting);
     kgpu_strmap_clear(&st->orphans);
@@ -513,7 +526,7 @@ static void pending_push(ext_state *st, ext_filtered *f)
  * bind; with an API server its bind then fetches the pod (bind_pod), so the
  * flood costs a GET, not the bind.
  */
-void ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks)
+ext_filtered *ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks)
 {
     ext_filtered *old = kgpu_strmap_get(&st->pending, pod->uid);
     if (old != NULL) {
@@ -521,22 +534,23 @@ void ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks
         old->asks = *asks;
         pending_unlink(st, old);
         pending_push(st, old);
-        return;
+        return old;
     }
-    ext_filtered *copy = malloc(sizeof(*copy));
+    ext_filtered *copy = calloc(1, sizeof(*copy));
     if (copy == NULL)
-        return;
+        return NULL;
     ext_pod_copy(&copy->pod, pod);
     copy->asks = *asks;
     if (st->pending.len >= (size_t)st->cfg->pending_pods_max && st->pending_oldest != NULL)
         forget(st, st->pending_oldest->pod.uid);
     if (!kgpu_strmap_put(&st->pending, pod->uid, copy, NULL)) {
         free(copy);
-        return;
+        return NULL;
     }
     pending_push(st, copy);
     if (kgpu_strmap_get(&st->pods, pod->uid) == NULL)
         observe(st, &copy->pod);
+    return copy;
 }
 
 const ext_filtered *ext_state_recall(ext_state *st, const char *uid)
@@ -564,6 +578,7 @@ static void unhold(ext_state *st, ext_pod *p)
         if (kgpu_cluster_release(st->cluster, &p->part[i].a, &err) != 0)
             ext_log(EXT_ERROR, "release of %s/%s failed: %s", p->ns, p->name, err.msg);
     }
+    ext_queues_uncharge(st, p);
     usage_add(st, p->ns, -p->gpus);
 }
 
@@ -572,8 +587,8 @@ static ext_pod *new_pod(int nparts)
     return calloc(1, sizeof(ext_pod) + (size_t)(nparts > 0 ? nparts : 1) * sizeof(ext_pod_part));
 }
 
-int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, const ext_pod **out,
-                      kgpu_error *err)
+int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, const char *queue,
+                      int priority, const ext_pod **out, kgpu_error *err)
 {
     ext_pod *held = kgpu_strmap_get(&st->pods, pod->uid);
     if (held != NULL) {
@@ -594,6 +609,8 @@ int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, cons
     snprintf(p->ns, sizeof(p->ns), "%.63s", pod->ns);
     snprintf(p->name, sizeof(p->name), "%s", pod->name);
     snprintf(p->node, sizeof(p->node), "%s", node);
+    snprintf(p->queue, sizeof(p->queue), "%s", queue != NULL ? queue : KGPU_QUEUE_DEFAULT);
+    p->priority = priority;
     p->status = POD_RESERVED;
     /* The one placement search decides, as it did for filter; the policy picks within it. */
     const kgpu_request *reqs[KGPU_MAX_PARTS];
@@ -617,7 +634,11 @@ int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, cons
                  pod->parts[i].container);
         p->nparts = i + 1;
     }
+    /* Its queue's limits hold for the GPUs actually chosen (filter checked the node's). */
+    if (rc == 0 && (rc = ext_queues_charge(st, p, false, &why)) != 0)
+        kgpu_error_set(err, rc, "%s", why.msg);
     if (rc != 0 || !kgpu_strmap_put(&st->pods, p->uid, p, NULL)) {
+        ext_queues_uncharge(st, p);
         for (int i = p->nparts - 1; i >= 0; i--) /* the parts applied so far */
             kgpu_cluster_release(st->cluster, &p->part[i].a, NULL);
         free(p);
@@ -719,7 +740,7 @@ static void drop_orphan(ext_state *st, const char *uid)
 /* Remembers a bound pod whose assignment cannot be applied now; `why` is logged once. */
 static void keep_orphan(ext_state *st, const char *uid, const char *ns, const char *name,
                         const char *node, const kgpu_assigned_part *parts, int n, int64_t cpu_milli,
-                        int64_t memory_mib, const char *why)
+                        int64_t memory_mib, const char *queue, int priority, const char *why)
 {
     if (kgpu_strmap_get(&st->orphans, uid) != NULL)
         return;
@@ -733,6 +754,8 @@ static void keep_orphan(ext_state *st, const char *uid, const char *ns, const ch
     o->since = ext_now();
     o->cpu_milli = cpu_milli;
     o->memory_mib = memory_mib;
+    snprintf(o->queue, sizeof(o->queue), "%s", queue);
+    o->priority = priority;
     o->n = n;
     memcpy(o->parts, parts, (size_t)n * sizeof(*parts));
     if (!kgpu_strmap_put(&st->orphans, uid, o, NULL)) {
@@ -752,7 +775,8 @@ static void keep_orphan(ext_state *st, const char *uid, const char *ns, const ch
  */
 static const char *try_adopt(ext_state *st, const char *uid, const char *ns, const char *name,
                              const char *nodename, const kgpu_assigned_part *parts, int n,
-                             int64_t cpu_milli, int64_t memory_mib, bool *conflict)
+                             int64_t cpu_milli, int64_t memory_mib, const char *queue,
+                             int priority, bool *conflict)
 {
     static __thread char problem[300];
     *conflict = false;
@@ -767,6 +791,8 @@ static const char *try_adopt(ext_state *st, const char *uid, const char *ns, con
     snprintf(p->ns, sizeof(p->ns), "%.63s", ns);
     snprintf(p->name, sizeof(p->name), "%s", name);
     snprintf(p->node, sizeof(p->node), "%s", nodename);
+    snprintf(p->queue, sizeof(p->queue), "%s", queue);
+    p->priority = priority;
     p->status = POD_BOUND;
     const char *why = NULL;
     kgpu_error err;
@@ -813,6 +839,7 @@ static const char *try_adopt(ext_state *st, const char *uid, const char *ns, con
         return why;
     }
     hold(st, p);
+    ext_queues_charge(st, p, true, NULL); /* running already: never refused */
     return NULL;
 }
 
@@ -829,7 +856,7 @@ static void retry_orphans(ext_state *st)
         ext_orphan *o = v;
         bool conflict;
         if (try_adopt(st, o->uid, o->ns, o->name, o->node, o->parts, o->n, o->cpu_milli,
-                      o->memory_mib, &conflict) == NULL) {
+                      o->memory_mib, o->queue, o->priority, &conflict) == NULL) {
             ext_log(EXT_INFO, "pod %s/%s: its GPUs on %s are counted again", o->ns, o->name,
                     o->node);
             snprintf(done[ndone++], sizeof(done[0]), "%s", o->uid);
@@ -893,13 +920,17 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
     }
     if (kgpu_strmap_get(&st->orphans, pod.uid) == NULL) {
         bool conflict;
+        char label[KGPU_QUEUE_NAME_MAX + 1], queue[KGPU_QUEUE_NAME_MAX + 1], qwhy[8];
+        int priority;
+        ext_pod_queue_fields(json, label, sizeof(label), &priority);
+        ext_queues_resolve(st, pod.ns, label, queue, sizeof(queue), qwhy, 0);
         const char *why = try_adopt(st, pod.uid, pod.ns, pod.name, pod.node, parts, n,
-                                    pod.cpu_milli, pod.memory_mib, &conflict);
+                                    pod.cpu_milli, pod.memory_mib, queue, priority, &conflict);
         if (why != NULL) {
             if (conflict)
                 atomic_fetch_add(&st->metrics->assignment_conflicts, 1);
             keep_orphan(st, pod.uid, pod.ns, pod.name, pod.node, parts, n, pod.cpu_milli,
-                        pod.memory_mib, why);
+                        pod.memory_mib, queue, priority, why);
         }
     }
     free(parts);
@@ -908,6 +939,11 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
 void ext_state_pod_gone(ext_state *st, const char *uid)
 {
     bool held = kgpu_strmap_get(&st->pods, uid) != NULL;
+    ext_filtered *f = kgpu_strmap_get(&st->pending, uid);
+    if (f != NULL)
+        f->waiting = EXT_WAIT_NONE; /* it waits for nothing any more */
+    free(kgpu_strmap_del(&st->reclaims, uid));
+    free(kgpu_strmap_del(&st->refused, uid));
     cpu_pod_gone(st, uid);
     ext_state_release(st, uid);
     drop_orphan(st, uid);
@@ -1160,8 +1196,8 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
             kgpu_strmap_del(&st->pods, p->uid);
             if (parts != NULL)
                 keep_orphan(st, p->uid, p->ns, p->name, p->node, parts, p->nparts,
-                            p->part[0].a.cpu_milli, p->part[0].a.memory_mib,
-                            "its GPUs left the node's inventory");
+                            p->part[0].a.cpu_milli, p->part[0].a.memory_mib, p->queue,
+                            p->priority, "its GPUs left the node's inventory");
             free(parts);
             free(p);
         }
@@ -1180,6 +1216,7 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
     }
     free(dropped);
     kgpu_cluster_free(old);
+    ext_queues_recharge(st); /* from the GPUs each pod holds in the new cluster */
     retry_orphans(st); /* GPUs that came back, or a node that reappeared */
     return 0;
 }
@@ -1241,6 +1278,8 @@ int ext_state_upsert_node(ext_state *st, const kgpu_node_spec *spec, kgpu_error 
         if (spec->ngpus == 0)
             return 0; /* not a GPU node: nothing for kgpu to track */
         int rc = kgpu_cluster_add_node(st->cluster, spec, err);
+        if (rc >= 0 && st->queues_spec != NULL)
+            ext_queues_recharge(st); /* its models may be new: per-model entries bind to them */
         if (rc >= 0)
             retry_orphans(st);
         return rc < 0 ? rc : 0;

@@ -624,9 +624,54 @@ static void test_file(void **state)
     assert_int_equal(load("queues:\n  - name: a\n    models: [{limit: {gpu: 1}}]\n", &qs, &e),
                      KGPU_EPARSE);
     assert_string_equal(e.msg, "q.yaml: queues[0] (a).models[0].model: missing");
+    /* The GPUQueue form: gpu and memory int-or-string, as Kubernetes quantities. */
+    assert_int_equal(load("queues:\n  - name: a\n"
+                          "    guarantee: {gpu: \"0.5\", memory: 1073741824}\n"
+                          "    limit: {gpu: \"4\", memory: \"40Gi\"}\n"
+                          "  - name: b\n    limit: {gpu: \"500m\", memory: \"1.5Gi\"}\n",
+                          &qs, &e),
+                     0);
+    assert_int_equal(kgpu_queues_info(qs, kgpu_queues_find(qs, "a"), &qi), 0);
+    assert_int_equal(qi.guarantee.milli, 500);
+    assert_int_equal(qi.guarantee.mem_mib, 1024);
+    assert_int_equal(qi.limit.milli, 4000);
+    assert_int_equal(qi.limit.mem_mib, 40 * 1024);
+    assert_int_equal(kgpu_queues_info(qs, kgpu_queues_find(qs, "b"), &qi), 0);
+    assert_int_equal(qi.limit.milli, 500);
+    assert_int_equal(qi.limit.mem_mib, 1536);
+    kgpu_queues_free(qs);
+    assert_int_equal(load("queues:\n  - name: a\n    limit: {memory: \"lots\"}\n", &qs, &e),
+                     KGPU_EPARSE);
+    assert_non_null(strstr(e.msg, "q.yaml: queues[0] (a).limit.memory: expected GPU memory"));
     /* YAML syntax errors carry the line. */
     assert_int_equal(load("queues:\n  - name: a\n   bad: [\n", &qs, &e), KGPU_EPARSE);
     assert_non_null(strstr(e.msg, "q.yaml:"));
+}
+
+/* A pod that runs already is charged even past a limit; then only new pods are refused. */
+static void test_charge_running(void **state)
+{
+    (void)state;
+    kgpu_queue_spec s[] = {{.name = "a", .limit = GPUS(2)}};
+    kgpu_queues *qs = build(s, 1);
+    int a = kgpu_queues_find(qs, "a");
+    kgpu_qdemand d = milli(1500);
+    assert_int_equal(kgpu_queues_charge_running(qs, a, &d, NULL), 0);
+    assert_int_equal(kgpu_queues_charge_running(qs, a, &d, NULL), 0);
+    kgpu_queue_info qi;
+    kgpu_queues_info(qs, a, &qi);
+    assert_int_equal(qi.used.milli, 3000);
+    assert_int_equal(qi.pods, 2);
+    char why[128];
+    kgpu_qdemand one = milli(100);
+    assert_int_equal(kgpu_queues_check(qs, a, &one, why, sizeof(why)), KGPU_QUEUE_OVER);
+    assert_string_equal(why, "queue a would use 3.1 GPUs of its limit 2");
+    assert_int_equal(kgpu_queues_charge(qs, a, &one, NULL), KGPU_ENOFIT);
+    assert_int_equal(kgpu_queues_uncharge(qs, a, &d, NULL), 0);
+    assert_int_equal(kgpu_queues_uncharge(qs, a, &d, NULL), 0);
+    assert_int_equal(kgpu_queues_charge(qs, a, &one, NULL), 0);
+    assert_int_equal(kgpu_queues_charge_running(qs, 7, &one, NULL), KGPU_ENOENT);
+    kgpu_queues_free(qs);
 }
 
 int main(void)
@@ -643,6 +688,7 @@ int main(void)
         cmocka_unit_test(test_reclaim_keeps_guarantees),
         cmocka_unit_test(test_reclaim_frees_an_ancestors_limit),
         cmocka_unit_test(test_file),
+        cmocka_unit_test(test_charge_running),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
