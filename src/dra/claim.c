@@ -1,0 +1,220 @@
+/*
+ * A ResourceClaim's allocation, read for this driver: which of the node's
+ * GPUs each request got and how much of each (consumable capacity). The
+ * claim comes from the API server, which kube-scheduler wrote; it is still
+ * outside input here, so everything is checked against the node's own
+ * inventory before a file is written from it.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dra.h"
+#include "podspec.h"
+
+bool dra_safe_name(const char *s)
+{
+    if (s == NULL || *s == '\0' || strcmp(s, ".") == 0 || strcmp(s, "..") == 0 ||
+        strlen(s) >= DRA_UID_MAX)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '-' || *s == '.' || *s == '_'))
+            return false;
+    return true;
+}
+
+static const char *str(const json_t *o, const char *k)
+{
+    return json_string_value(json_object_get(o, k));
+}
+
+/* The position in the node's view of the device named `dev`, or -1. */
+static int find_gpu(const dra_node_view *node, const char *dev)
+{
+    char name[DRA_DEVICE_MAX];
+    for (int i = 0; i < node->ngpus; i++) {
+        dra_device_name(node->gpus[i].index, name, sizeof(name));
+        if (strcmp(name, dev) == 0)
+            return i;
+    }
+    return -1;
+}
+
+/* Index of the request called `base` in out->reqs, added when new; -1 when full. */
+static int request_slot(dra_claim *out, const char *base, size_t len)
+{
+    for (int r = 0; r < out->nreqs; r++)
+        if (strlen(out->reqs[r]) == len && strncmp(out->reqs[r], base, len) == 0)
+            return r;
+    if (out->nreqs >= DRA_MAX_REQUESTS)
+        return -1;
+    snprintf(out->reqs[out->nreqs], DRA_REQ_MAX, "%.*s", (int)len, base);
+    return out->nreqs++;
+}
+
+/* Reads one result of this driver into a new dra_alloc. */
+static int read_result(const json_t *res, const dra_node_view *node, const char *who,
+                       dra_claim *out, kgpu_error *err)
+{
+    const char *request = str(res, "request"), *pool = str(res, "pool"),
+               *dev = str(res, "device");
+    if (request == NULL || pool == NULL || dev == NULL)
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "%s: an allocation result of %s lacks request, pool or device", who,
+                              DRA_DRIVER);
+    if (strcmp(pool, node->pool) != 0)
+        return kgpu_error_set(err, KGPU_ESTATE,
+                              "%s: request %.64s was allocated device %.64s of pool %.253s, not "
+                              "of this node's pool %s",
+                              who, request, dev, pool, node->pool);
+    int g = find_gpu(node, dev);
+    if (g < 0)
+        return kgpu_error_set(err, KGPU_ENOENT,
+                              "%s: request %.64s was allocated device %.64s, which node %s does "
+                              "not have",
+                              who, request, dev, node->pool);
+    const kgpu_gpu_info *gpu = &node->gpus[g];
+    if (!gpu->healthy)
+        return kgpu_error_set(err, KGPU_ESTATE,
+                              "%s: request %.64s was allocated %s (%s), which turned unhealthy",
+                              who, request, dev, gpu->uuid);
+    /* A subrequest ("req/sub", firstAvailable) is served under its request's name. */
+    const char *slash = strchr(request, '/');
+    size_t blen = slash != NULL ? (size_t)(slash - request) : strlen(request);
+    char base[DRA_REQ_MAX];
+    snprintf(base, sizeof(base), "%.*s", (int)(blen < DRA_REQ_MAX ? blen : DRA_REQ_MAX - 1),
+             request);
+    if (blen == 0 || blen >= DRA_REQ_MAX || !dra_safe_name(base))
+        return kgpu_error_set(err, KGPU_EPARSE, "%s: request name '%.64s' is not a DNS label", who,
+                              request);
+    if (out->nallocs >= KGPU_MAX_GPUS_PER_NODE)
+        return kgpu_error_set(err, KGPU_ERANGE, "%s: more than %d devices of %s", who,
+                              KGPU_MAX_GPUS_PER_NODE, DRA_DRIVER);
+    for (int i = 0; i < out->nallocs; i++)
+        if (strcmp(out->allocs[i].device, dev) == 0 &&
+            strcmp(out->reqs[out->allocs[i].req], base) == 0)
+            return kgpu_error_set(err, KGPU_EPARSE, "%s: request %s got device %s twice", who,
+                                  base, dev);
+    int r = request_slot(out, base, blen);
+    if (r < 0)
+        return kgpu_error_set(err, KGPU_ERANGE, "%s: more than %d requests with devices of %s",
+                              who, DRA_MAX_REQUESTS, DRA_DRIVER);
+    dra_alloc *a = &out->allocs[out->nallocs];
+    memset(a, 0, sizeof(*a));
+    a->req = r;
+    snprintf(a->device, sizeof(a->device), "%s", dev);
+    snprintf(a->uuid, sizeof(a->uuid), "%s", gpu->uuid);
+    a->index = gpu->index;
+    a->memory_mib = gpu->memory_mib;
+    a->milli = 0;
+    const json_t *share = json_object_get(res, "shareID");
+    if (share != NULL) {
+        if (!json_is_string(share) || !dra_safe_name(json_string_value(share)))
+            return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: shareID is not a UID", who,
+                                  dev);
+        snprintf(a->share_id, sizeof(a->share_id), "%s", json_string_value(share));
+    }
+    const json_t *cc = json_object_get(res, "consumedCapacity");
+    if (cc != NULL && !json_is_object(cc))
+        return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: consumedCapacity is not an object",
+                              who, dev);
+    const char *key;
+    json_t *q;
+    json_object_foreach((json_t *)cc, key, q)
+    {
+        int64_t v;
+        kgpu_error qe = {0};
+        if (!json_is_string(q))
+            return kgpu_error_set(err, KGPU_EPARSE,
+                                  "%s: device %s: consumedCapacity %.64s is not a quantity", who,
+                                  dev, key);
+        if (strcmp(key, DRA_CAP_MEMORY) == 0) {
+            if (kgpu_quantity_value(json_string_value(q), &v, &qe) != 0)
+                return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: memory: %s", who, dev,
+                                      qe.msg);
+            int64_t mib = v / (1024 * 1024); /* never more than was allocated */
+            if (mib < 1 || mib > gpu->memory_mib)
+                return kgpu_error_set(err, KGPU_ERANGE,
+                                      "%s: device %s: consumed memory %.32s is outside 1 MiB .. "
+                                      "the GPU's %" PRId64 " MiB",
+                                      who, dev, json_string_value(q), gpu->memory_mib);
+            a->memory_mib = mib;
+        } else if (strcmp(key, DRA_CAP_CORES) == 0) {
+            if (kgpu_quantity_milli(json_string_value(q), &v, &qe) != 0)
+                return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: cores: %s", who, dev,
+                                      qe.msg);
+            if (v > 100 * 1000)
+                return kgpu_error_set(err, KGPU_ERANGE,
+                                      "%s: device %s: consumed cores %.32s exceed the GPU's 100",
+                                      who, dev, json_string_value(q));
+            a->milli = (int)(v / 100); /* percent in milli-units → thousandths of the GPU */
+        }
+        /* Other capacities are not kgpu's: a newer slice may carry more. */
+    }
+    out->nallocs++;
+    return 0;
+}
+
+int dra_claim_read(const json_t *claim, const char *want_uid, const dra_node_view *node,
+                   dra_claim *out, kgpu_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    const json_t *meta = json_object_get(claim, "metadata");
+    const char *ns = str(meta, "namespace"), *name = str(meta, "name"), *uid = str(meta, "uid");
+    if (!json_is_object(claim) || ns == NULL || name == NULL || uid == NULL)
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "ResourceClaim: metadata.namespace, name or uid missing");
+    char who[2 * KGPU_NAME_MAX + 32];
+    snprintf(who, sizeof(who), "ResourceClaim %.253s/%.253s", ns, name);
+    if (strlen(ns) > KGPU_NAME_MAX || strlen(name) > KGPU_NAME_MAX || !dra_safe_name(uid))
+        return kgpu_error_set(err, KGPU_EPARSE, "%s: name, namespace or uid malformed", who);
+    if (want_uid != NULL && strcmp(uid, want_uid) != 0)
+        return kgpu_error_set(err, KGPU_ESTATE,
+                              "%s has UID %s, not %.64s: it was deleted and made again", who, uid,
+                              want_uid);
+    snprintf(out->ns, sizeof(out->ns), "%s", ns);
+    snprintf(out->name, sizeof(out->name), "%s", name);
+    snprintf(out->uid, sizeof(out->uid), "%s", uid);
+    const json_t *alloc = json_object_get(json_object_get(claim, "status"), "allocation");
+    if (alloc == NULL)
+        return kgpu_error_set(err, KGPU_ESTATE, "%s is not allocated", who);
+    const json_t *results = json_object_get(json_object_get(alloc, "devices"), "results");
+    if (results != NULL && !json_is_array(results))
+        return kgpu_error_set(err, KGPU_EPARSE, "%s: status.allocation.devices.results is not a list",
+                              who);
+    size_t i;
+    json_t *res;
+    json_array_foreach(results, i, res)
+    {
+        const char *driver = str(res, "driver");
+        if (!json_is_object(res) || driver == NULL)
+            return kgpu_error_set(err, KGPU_EPARSE, "%s: allocation result %zu has no driver", who,
+                                  i);
+        if (strcmp(driver, DRA_DRIVER) != 0)
+            continue;
+        int rc = read_result(res, node, who, out, err);
+        if (rc != 0)
+            return rc;
+    }
+    if (out->nallocs == 0)
+        return kgpu_error_set(err, KGPU_ENOENT, "%s has no device of %s allocated", who,
+                              DRA_DRIVER);
+    return 0;
+}
+
+int dra_claim_read_text(const char *buf, size_t len, const char *want_uid,
+                        const dra_node_view *node, dra_claim *out, kgpu_error *err)
+{
+    if (len > DRA_CLAIM_MAX_JSON)
+        return kgpu_error_set(err, KGPU_ERANGE, "ResourceClaim of %zu bytes (at most %u)", len,
+                              DRA_CLAIM_MAX_JSON);
+    json_error_t je;
+    json_t *claim = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    if (claim == NULL)
+        return kgpu_error_set(err, KGPU_EPARSE, "ResourceClaim: %s at %d:%d", je.text, je.line,
+                              je.column);
+    int rc = dra_claim_read(claim, want_uid, node, out, err);
+    json_decref(claim);
+    return rc;
+}
