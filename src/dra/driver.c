@@ -160,7 +160,7 @@ static int poll_fake(driver *d, bool first, kgpu_error *err)
     kgpu_error e = {0};
     int rc = kgpu_fake_gpus_load(d->cfg->fake_gpus, &gpus, &n, &e);
     if (rc == 0) {
-        static char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
+        char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
         memset(cc, 0, sizeof(cc));
         if (n > KGPU_MAX_GPUS_PER_NODE)
             n = KGPU_MAX_GPUS_PER_NODE;
@@ -185,7 +185,7 @@ static int poll_nvml(driver *d, kgpu_error *err)
     kgpu_error e = {0};
     int rc = kgpu_nvml_discover(d->nvml, &gpus, &n, &e);
     if (rc == 0) {
-        static char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
+        char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
         memset(cc, 0, sizeof(cc));
         for (int i = 0; i < n; i++)
             gpus[i].healthy = gpus[i].healthy && kgpu_nvml_alive(d->nvml, gpus[i].index);
@@ -274,8 +274,8 @@ static int publish(driver *d, uint64_t *gen_done, kgpu_error *err)
     int rc = node_uid(d, err);
     if (rc != 0)
         return rc;
-    static kgpu_gpu_info gpus[KGPU_MAX_GPUS_PER_NODE];
-    static char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
+    kgpu_gpu_info gpus[KGPU_MAX_GPUS_PER_NODE];
+    char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
     const char *ccp[KGPU_MAX_GPUS_PER_NODE];
     pthread_mutex_lock(&d->inv_mu);
     int n = d->inv.ngpus;
@@ -385,7 +385,7 @@ static int prepare_one(driver *d, const claim_ref *ref, dra_claim *out, kgpu_err
     if (!dra_safe_name(ref->uid) || !dns_name(ref->namespace_) || !dns_name(ref->name))
         return kgpu_error_set(err, KGPU_EINVAL, "claim '%.64s/%.64s' (UID '%.64s') is malformed",
                               ref->namespace_, ref->name, ref->uid);
-    static dp_inventory inv;
+    dp_inventory inv; /* a copy: the main thread may change the inventory meanwhile */
     pthread_mutex_lock(&d->inv_mu);
     inv = d->inv;
     pthread_mutex_unlock(&d->inv_mu);
