@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +38,8 @@ except ImportError as e:  # no grpcio
 
 ARGS = None
 PB = None
+CDI_CHECK = None  # cdi_check/'s binary, when it could be built
+HERE = os.path.dirname(os.path.abspath(__file__))
 NODE = "gpu-node-1"
 DRIVER = "gpu.kgpu.io"
 GiB = 1024 ** 3
@@ -341,6 +344,40 @@ class DraPluginTest(unittest.TestCase):
         got = self.kubelet.prepare(self.dra_sock, "v1.DRAPlugin", refs[:1])
         self.assertIn("no ResourceClaim team-a/mem8", got[refs[0][1]].error)
 
+    def test_cdi_specs_read_by_the_runtimes_library(self):
+        """containerd's own CDI library loads the specs and injects exactly their edits."""
+        if CDI_CHECK is None:
+            self.skipTest("cdi_check not built (needs Go and the CDI module in the cache)")
+        shared = self.api.put_claim(claim("shared", [result(
+            "gpu-1", consumed={"memory": "2Gi", "cores": "25"}, share=str(uuid.uuid4()))]))
+        pair = self.api.put_claim(claim("pair", [result("gpu-0", request="pair"),
+                                                 result("gpu-1", request="pair")]))
+        refs = [("team-a", c["metadata"]["uid"], c["metadata"]["name"]) for c in (shared, pair)]
+        self.start()
+        got = self.kubelet.prepare(self.dra_sock, "v1.DRAPlugin", refs)
+        ids = [i for r in refs for d in got[r[1]].devices for i in d.cdi_device_ids]
+        self.assertEqual(len(ids), 2)
+        for cdi_id, ref in zip(ids, refs):
+            r = subprocess.run([CDI_CHECK, self.cdi, cdi_id], capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            out = json.loads(r.stdout)
+            self.assertEqual(out["errors"], [])
+            self.assertEqual(out["unknown"], [])
+            self.assertTrue(out["injected"])
+            dev = self.cdi_spec(ref[1])["devices"][0]["containerEdits"]
+            self.assertEqual(sorted(out["env"]), sorted(dev["env"]))
+            # The library orders mounts by their container paths; the set is the spec's.
+            self.assertEqual(sorted((m["source"], m["destination"], m.get("type"), m["options"])
+                                    for m in out["mounts"]),
+                             sorted((m["hostPath"], m["containerPath"], m["type"], m["options"])
+                                    for m in dev["mounts"]))
+        # Both claims in one container: the library takes both, later env wins. kgpu
+        # asks for one kgpu claim per container (docs/install-dra.md).
+        r = subprocess.run([CDI_CHECK, self.cdi] + ids, capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(json.loads(r.stdout)["errors"], [])
+
     def test_bad_claims_fail_alone_with_reasons(self):
         good = self.api.put_claim(claim("good", [result("gpu-2", consumed={
             "memory": "1Gi", "cores": "10"}, share=str(uuid.uuid4()))]))
@@ -427,18 +464,40 @@ class DraPluginTest(unittest.TestCase):
         self.assertIn("checkpoint.json: claim 0", child.log())
 
 
+def build_cdi_check(out_dir):
+    """Builds cdi_check/ (containerd's CDI library) offline; its path, or None."""
+    go = shutil.which(ARGS.go) if ARGS.go else None
+    if go is None:
+        return None
+    exe = os.path.join(out_dir, "cdi_check")
+    env = dict(os.environ, GOPROXY="off", GOFLAGS="-mod=mod", CGO_ENABLED="0")
+    r = subprocess.run([go, "build", "-o", exe, "."], cwd=os.path.join(HERE, "cdi_check"),
+                       env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        print("cdi_check not built (its modules are not in the Go module cache?): %s"
+              % r.stderr[-500:], file=sys.stderr)
+        return None
+    return exe
+
+
 def main():
-    global ARGS, PB
+    global ARGS, PB, CDI_CHECK
     ap = argparse.ArgumentParser()
     ap.add_argument("--plugin", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--protoc", default="protoc")
+    ap.add_argument("--go", default="go", help="Go toolchain for cdi_check ('' = none)")
     ARGS, rest = ap.parse_known_args()
     if not ARGS.protoc or not shutil.which(ARGS.protoc):
         print("skipped: protoc not found")
         return 77
     PB = load_protos(ARGS.source, ARGS.protoc)
-    return run_tests(sys.argv[0], rest)
+    build_dir = tempfile.mkdtemp(prefix="kgpu-cdi-check-")
+    try:
+        CDI_CHECK = build_cdi_check(build_dir)
+        return run_tests(sys.argv[0], rest)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
