@@ -60,6 +60,7 @@ HELM_POD_ANNOTATIONS = {"checksum/config"}
 RBAC_KINDS = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 
 EXT_NS, DP_NS = "kgpu-system", "kgpu-node"
+QUEUE_CRD = "gpuqueues.kgpu.io"
 
 
 def find_tool(name, explicit):
@@ -414,11 +415,32 @@ class HelmChartTest(unittest.TestCase):
         self.assertEqual(scheduler_config(h)["extenders"], scheduler_config(base)["extenders"][:1])
         self.check_invariants(h)
 
+    def test_queue_crd(self):
+        crd = helm()[("CustomResourceDefinition", "", QUEUE_CRD)]
+        # Deleting the CRD deletes every GPUQueue: `helm uninstall` must leave it.
+        self.assertEqual(crd["metadata"]["annotations"].get("helm.sh/resource-policy"), "keep")
+        self.assertEqual((crd["spec"]["group"], crd["spec"]["scope"]), ("kgpu.io", "Cluster"))
+        self.assertEqual(crd["spec"]["names"]["kind"], "GPUQueue")
+        [v] = crd["spec"]["versions"]
+        self.assertEqual((v["name"], v["served"], v["storage"]), ("v1alpha1", True, True))
+        self.assertIn("status", v["subresources"])
+        # The spec has the keys of one entry of the extender's `queues:` file, less the name.
+        spec = v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        self.assertEqual(sorted(spec), ["guarantee", "limit", "models", "parent", "weight"])
+        for amount in (spec["guarantee"], spec["limit"]):
+            self.assertEqual(sorted(amount["properties"]), ["gpu", "memory"])
+            for dim in amount["properties"].values():
+                self.assertIs(dim["x-kubernetes-int-or-string"], True)
+        h = helm("queues.installCRD=false")
+        self.assertEqual(changed(helm(), h),
+                         {("CustomResourceDefinition", "", QUEUE_CRD): ["only in first"]})
+        self.check_invariants(h)
+
     def test_device_plugin_disabled(self):
         h = helm("devicePlugin.enabled=false")
         k = kustomize()
         extender_only = {kk for kk in k if kk[1] == EXT_NS or
-                         (kk[1] == "" and kk[2] in ("kgpu-extender", EXT_NS))}
+                         (kk[1] == "" and kk[2] in ("kgpu-extender", EXT_NS, QUEUE_CRD))}
         self.assertEqual(sorted(h), sorted(extender_only))
         self.assertEqual(changed(helm(), h),
                          {kk: ["only in first"] for kk in set(k) - extender_only})
