@@ -230,7 +230,7 @@ typedef struct dra_config {
     char plugin_dir[1024];   /* kubelet's plugins folder; the socket is <dir>/gpu.kgpu.io/dra.sock */
     char registry_dir[1024]; /* kubelet's plugins_registry folder */
     int64_t unit_mib;        /* gpushare's env unit, as the device plugin's --memory-unit */
-    int resync_s;            /* how often the slice is checked and GPUs re-read */
+    int resync_s;            /* how often the slice is checked against the API server */
 } dra_config;
 
 /* Runs the driver until *stop; 0 on a clean stop. */

@@ -38,6 +38,7 @@
 #include "yamljson.h"
 
 #define LOOP_MS      200
+#define DISCOVER_S   10 /* NVML re-read: a GPU lost leaves the slice within seconds */
 #define CC_MAX       16
 #define GRPC_INVALID 3
 #define GRPC_UNIMPL  12
@@ -80,7 +81,8 @@ typedef struct driver {
     pthread_t pub;
     bool pub_started;
     atomic_bool *stop;
-    char node_uid[DRA_UID_MAX];
+    char node_uid[DRA_UID_MAX]; /* publisher thread only */
+    bool strays_checked;        /* publisher thread only */
 } driver;
 
 static time_t now_s(void)
@@ -203,10 +205,13 @@ static int poll_nvml(driver *d, kgpu_error *err)
 
 static const char *SLICES = "/apis/resource.k8s.io/v1/resourceslices";
 
+/*
+ * The Node's UID, read at every publish: a Node deleted and made again under
+ * the same name has a new one, and a slice owned by the old UID would be
+ * garbage-collected as often as it is made.
+ */
 static int node_uid(driver *d, kgpu_error *err)
 {
-    if (d->node_uid[0] != '\0')
-        return 0;
     char path[512];
     snprintf(path, sizeof(path), "/api/v1/nodes/%s", d->cfg->node_name);
     long status = 0;
@@ -217,6 +222,8 @@ static int node_uid(driver *d, kgpu_error *err)
     const char *uid = json_string_value(json_object_get(json_object_get(node, "metadata"), "uid"));
     if (uid != NULL && strlen(uid) < sizeof(d->node_uid))
         snprintf(d->node_uid, sizeof(d->node_uid), "%s", uid);
+    else
+        d->node_uid[0] = '\0';
     json_decref(node);
     return 0;
 }
@@ -329,10 +336,13 @@ static int publish(driver *d, uint64_t *gen_done, kgpu_error *err)
     }
     json_decref(want);
     json_decref(have);
-    if (rc == 0) {
+    if (rc == 0 && !d->strays_checked) {
+        /* Strays come from an older name or layout: once per start is enough. */
         delete_strays(d, name);
-        *gen_done = gen;
+        d->strays_checked = true;
     }
+    if (rc == 0)
+        *gen_done = gen;
     return rc;
 }
 
@@ -818,7 +828,7 @@ static int start(driver *d, kgpu_error *err)
                             cfg->sysfs[0] ? cfg->sysfs : NULL, &d->nvml, err);
         if (rc == 0)
             rc = poll_nvml(d, err);
-        d->rediscover_at = now_s() + cfg->resync_s;
+        d->rediscover_at = now_s() + DISCOVER_S;
     }
     if (rc != 0)
         return rc;
@@ -860,7 +870,7 @@ int dra_run(const dra_config *cfg, atomic_bool *stop, kgpu_error *err)
             (void)poll_fake(d, false, NULL);
         } else if (now_s() >= d->rediscover_at) {
             (void)poll_nvml(d, NULL);
-            d->rediscover_at = now_s() + cfg->resync_s;
+            d->rediscover_at = now_s() + DISCOVER_S;
         }
         watch_socket(d);
         struct timespec ts = {0, LOOP_MS * 1000000L};

@@ -39,8 +39,8 @@ static const char usage[] =
     "  --registry-dir DIR    kubelet's plugin registry (default "
     "/var/lib/kubelet/plugins_registry)\n"
     "  --memory-unit QTY     unit of the gpushare-compatible env variables (default 1Gi)\n"
-    "  --resync SECONDS      how often the ResourceSlice is checked and NVML re-read "
-    "(default 60)\n"
+    "  --resync SECONDS      how often the ResourceSlice is checked against the API server\n"
+    "                        (default 300; it is written at once whenever the GPUs change)\n"
     "  --log-level LEVEL     debug, info, warn or error (default info)\n"
     "  --version, --help\n";
 
@@ -90,7 +90,7 @@ static int parse(int argc, char **argv, dra_config *cfg, kgpu_error *err)
     if (env != NULL)
         snprintf(cfg->node_name, sizeof(cfg->node_name), "%s", env);
     cfg->unit_mib = 1024;
-    cfg->resync_s = 60;
+    cfg->resync_s = 300;
     opterr = 0;
     optind = 1;
     for (;;) {

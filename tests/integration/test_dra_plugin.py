@@ -215,6 +215,15 @@ class DraPluginTest(unittest.TestCase):
         self.api.serve("DELETE", "/apis/resource.k8s.io/v1/resourceslices/" + NODE + "-" + DRIVER,
                        None)
         wait_for(self.slice, 20, what="the slice made again")
+        # The Node deleted and made again under its name: the owner follows its new UID
+        # (an owner reference to the old one would have the slice garbage-collected).
+        with self.api.lock:
+            self.api.nodes[NODE] = self.api._stamp({"apiVersion": "v1", "kind": "Node",
+                                                    "metadata": {"name": NODE}})
+            new_uid = self.api.nodes[NODE]["metadata"]["uid"]
+        wait_for(lambda: ((self.slice() or {}).get("metadata", {})
+                          .get("ownerReferences") or [{}])[0].get("uid") == new_uid, 20,
+                 what="the owner reference to the new Node")
 
     def test_stray_slices_of_this_node_deleted(self):
         stray = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
