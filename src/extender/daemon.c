@@ -150,7 +150,17 @@ static void nodes_trim(void *ctx, json_t *node)
 
 static void pods_trim(void *ctx, json_t *pod)
 {
+    /* The queue label and the priority, which GPU queues read, survive the cut. */
+    char label[KGPU_QUEUE_NAME_MAX + 1];
+    int priority;
+    ext_pod_queue_fields(pod, label, sizeof(label), &priority);
     kgpu_pod_json_trim(pod);
+    json_t *meta = json_object_get(pod, "metadata");
+    if (label[0] != '\0' && json_is_object(meta))
+        json_object_set_new(meta, "labels", json_pack("{s:s}", KGPU_QUEUE_LABEL, label));
+    json_t *spec = json_object_get(pod, "spec");
+    if (priority != 0 && json_is_object(spec))
+        json_object_set_new(spec, "priority", json_integer(priority));
 }
 
 static void nodes_reset(void *ctx, json_t *items)
@@ -402,6 +412,8 @@ int ext_daemon_start(ext_daemon *d, kgpu_error *err)
             d->nwatch = 2;
         if (d->nwatch != 2)
             return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the watch threads");
+        if ((rc = ext_gpuqueues_start(d, err)) != 0)
+            return rc;
         if (d->cfg.leader_elect && (rc = ext_leader_start(d, err)) != 0)
             return rc;
     }

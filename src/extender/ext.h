@@ -163,7 +163,12 @@ typedef struct ext_pod {
     enum ext_pod_status status;
     double gpus;  /* GPU fraction held, for GPU-hours */
     double since; /* monotonic time it started holding: a relist may not drop younger pods */
-    /* Its GPU queue (queues.c): the name resolved when it was bound or adopted. */
+    /*
+     * Its GPU queue (queues.c): its kgpu.io/queue label ("" none), and the
+     * queue that and its namespace's annotation name, resolved again
+     * whenever the queues or the namespaces change.
+     */
+    char queue_label[KGPU_QUEUE_NAME_MAX + 1];
     char queue[KGPU_QUEUE_NAME_MAX + 1];
     int priority;     /* spec.priority: reclaim evicts the lowest first */
     bool charged;     /* qd is charged to the queue tree */
@@ -184,7 +189,7 @@ typedef struct ext_orphan {
     char name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
     double since;
     int64_t cpu_milli, memory_mib; /* the pod's requests, counted once it is adopted */
-    char queue[KGPU_QUEUE_NAME_MAX + 1];
+    char queue_label[KGPU_QUEUE_NAME_MAX + 1];
     int priority;
     int n;
     kgpu_assigned_part parts[];
@@ -328,6 +333,9 @@ typedef struct ext_state {
     kgpu_strmap reclaims; /* waiting pod uid -> ext_reclaim* (queues.c), at most EXT_RECLAIMS_MAX */
     kgpu_strmap refused;  /* victim uid -> its refusal (queues.c), at most EXT_REFUSED_MAX */
     char queues_error[KGPU_ERROR_MSG_MAX]; /* why the last tree given was refused; "" */
+    /* Cluster mode (gpuqueues.c): GPUQueues by name, cut to name, generation, spec, status. */
+    json_t *gpuqueues;
+    bool gpuqueue_crd_absent; /* the API server answered 404 for GPUQueues */
 } ext_state;
 
 int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_error *err);
@@ -413,11 +421,13 @@ const ext_filtered *ext_state_recall(ext_state *st, const char *uid);
  * that has not changed since is placed there. *out points at what the
  * pod now holds (borrowed: valid while st->mu is held). Returns KGPU_EEXIST
  * when the uid already holds GPUs (then *out is what it holds). The pod is
- * charged to `queue` (NULL: default) on the GPUs chosen: KGPU_ENOFIT, with
- * the queue's reason, when that would pass a limit. Caller holds st->mu.
+ * charged to the queue its label `queue_label` ("" or NULL: none) and its
+ * namespace name, on the GPUs chosen: KGPU_ENOFIT, with the queue's reason,
+ * when that would pass a limit. Caller holds st->mu.
  */
-int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, const char *queue,
-                      int priority, const ext_pod **out, kgpu_error *err);
+int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node,
+                      const char *queue_label, int priority, const ext_pod **out,
+                      kgpu_error *err);
 /* The bind went through: the reservation becomes a binding. */
 void ext_state_confirm(ext_state *st, const char *uid);
 /* Drops whatever uid holds. */
@@ -438,8 +448,14 @@ void ext_pod_queue_fields(const json_t *pod, char *label, size_t len, int *prior
  * queue name.
  */
 void ext_queues_set(ext_state *st, kgpu_queues *spec);
-/* Charges every held pod again from its GPUs: after the inventory changed. */
+/*
+ * Charges every held pod again from its GPUs, to the queue its label and
+ * namespace name now: after the inventory, the queues or a namespace's
+ * annotation changed.
+ */
 void ext_queues_recharge(ext_state *st);
+/* p->queue from its label and its namespace's annotation (kgpu_queue_name_for). */
+void ext_queues_name_pod(ext_state *st, ext_pod *p);
 /* A namespace's kgpu.io/queue annotation; NULL or "" clears it. */
 void ext_queues_set_namespace(ext_state *st, const char *ns, const char *queue);
 /*
@@ -475,7 +491,7 @@ typedef struct ext_victim {
 
 /* A reclaim chosen for a waiting pod. */
 typedef struct ext_reclaim {
-    double until; /* monotonic: not repeated for the pod before */
+    double until; /* monotonic: not repeated for the pod before; first (queues.c expire) */
     char for_uid[64], for_ns[64], for_name[KGPU_NAME_MAX + 1], for_queue[KGPU_QUEUE_NAME_MAX + 1];
     int nvictims;
     ext_victim v[EXT_RECLAIM_VICTIMS_MAX];
@@ -561,7 +577,7 @@ typedef struct ext_daemon {
     ext_state state;
     kgpu_k8s *k8s; /* NULL in cluster-file mode */
     atomic_bool stop;
-    pthread_t watch_threads[2];
+    pthread_t watch_threads[5]; /* nodes, pods; in cluster mode GPUQueues, namespaces, status */
     int nwatch;
     struct ext_http *http; /* the serving layer (http.c) */
     int port;              /* the port actually bound */
@@ -579,6 +595,17 @@ typedef struct ext_daemon {
  */
 int ext_http_start(ext_daemon *d, kgpu_error *err);
 void ext_http_stop(ext_daemon *d);
+
+/*
+ * Cluster mode's GPU queues (gpuqueues.c): threads that list and watch
+ * GPUQueue objects and namespaces, and one that keeps the GPUQueues'
+ * status current (the leader only). Started by ext_daemon_start with an
+ * API server; they end with d->stop.
+ */
+int ext_gpuqueues_start(ext_daemon *d, kgpu_error *err);
+/* A GPUQueue's status as the extender would write it now (tests and the status writer). */
+json_t *ext_gpuqueue_status(const ext_queue_row *row, long long generation, const char *error,
+                            const json_t *old_status, const char *now);
 
 /* Loads inventory (cluster file) or starts watching (API server), then serves. */
 int ext_daemon_start(ext_daemon *d, kgpu_error *err);

@@ -1103,7 +1103,7 @@ static void handle_bind(ext_daemon *d, json_t *args, ext_response *r)
                                       sizeof(qwhy)) == -2)
         rc = kgpu_error_set(&err, KGPU_ENOFIT, "%s", qwhy);
     if (rc == 0)
-        rc = ext_state_reserve(&d->state, pod, node, qname, priority, &held, &err);
+        rc = ext_state_reserve(&d->state, pod, node, qlabel, priority, &held, &err);
     if (rc == 0) {
         ext_filtered *f = kgpu_strmap_get(&d->state.pending, uid);
         if (f != NULL)

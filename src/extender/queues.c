@@ -107,8 +107,15 @@ void ext_queues_recharge(ext_state *st)
     while (kgpu_strmap_next(&st->pods, &it, &k, &v)) {
         ext_pod *p = v;
         p->charged = false;
+        ext_queues_name_pod(st, p);
         ext_queues_charge(st, p, true, NULL);
     }
+}
+
+void ext_queues_name_pod(ext_state *st, ext_pod *p)
+{
+    const char *q = kgpu_queue_name_for(p->queue_label, kgpu_strmap_get(&st->ns_queue, p->ns));
+    snprintf(p->queue, sizeof(p->queue), "%s", q);
 }
 
 void ext_queues_set(ext_state *st, kgpu_queues *spec)
@@ -210,7 +217,7 @@ int ext_queues_check(ext_state *st, int q, const kgpu_pod *pod, int idx, char *w
 
 /* A victim whose eviction a PodDisruptionBudget refused: skipped by reclaim until `until`. */
 typedef struct refusal {
-    double until;
+    double until; /* first: see expire() */
     char who[KGPU_NAME_MAX + 66]; /* ns/name */
 } refusal;
 
@@ -224,27 +231,30 @@ static const refusal *refused_lately(ext_state *st, const char *uid, double now)
     return NULL;
 }
 
-/* Drops the reclaims whose time is up; with `room` true, the oldest too until one fits. */
-static void reclaims_expire(ext_state *st, double now, bool room)
+/*
+ * Drops the entries of m whose time is up: its values are malloc'd
+ * structs that start with `double until` (ext_reclaim, refusal), keys are
+ * uids. With m holding `max` or more after that, the one ending first too,
+ * so that one more fits.
+ */
+static void expire(kgpu_strmap *m, double now, size_t max)
 {
-    const char *k;
+    const char *k, *first = NULL;
     void *v;
-    size_t it = 0;
-    char(*drop)[64] = calloc(st->reclaims.len + 1, sizeof(*drop));
-    size_t nd = 0;
-    const char *oldest = NULL;
-    double oldest_until = 0;
-    while (drop != NULL && kgpu_strmap_next(&st->reclaims, &it, &k, &v)) {
-        const ext_reclaim *r = v;
-        if (r->until <= now)
+    size_t it = 0, nd = 0;
+    double first_until = 0;
+    char(*drop)[64] = calloc(m->len + 1, sizeof(*drop));
+    while (drop != NULL && kgpu_strmap_next(m, &it, &k, &v)) {
+        double until = *(const double *)v;
+        if (until <= now)
             snprintf(drop[nd++], sizeof(drop[0]), "%s", k);
-        else if (oldest == NULL || r->until < oldest_until)
-            oldest = k, oldest_until = r->until;
+        else if (first == NULL || until < first_until)
+            first = k, first_until = until;
     }
-    if (drop != NULL && room && nd == 0 && st->reclaims.len >= EXT_RECLAIMS_MAX && oldest)
-        snprintf(drop[nd++], sizeof(drop[0]), "%s", oldest);
+    if (drop != NULL && m->len - nd >= max && first != NULL)
+        snprintf(drop[nd++], sizeof(drop[0]), "%s", first);
     for (size_t i = 0; i < nd; i++)
-        free(kgpu_strmap_del(&st->reclaims, drop[i]));
+        free(kgpu_strmap_del(m, drop[i]));
     free(drop);
 }
 
@@ -271,7 +281,7 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
 {
     double now = ext_now();
     msg[0] = '\0';
-    reclaims_expire(st, now, false);
+    expire(&st->reclaims, now, (size_t)-1);
     ext_reclaim *inflight = kgpu_strmap_get(&st->reclaims, pod->uid);
     if (inflight != NULL && !victims_gone(st, inflight)) {
         char list[200];
@@ -368,7 +378,7 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
         rc = EXT_RECLAIM_APPLIED;
         goto out;
     }
-    reclaims_expire(st, now, true);
+    expire(&st->reclaims, now, EXT_RECLAIMS_MAX);
     ext_reclaim *keep = malloc(sizeof(*keep));
     if (keep != NULL) {
         *keep = *out;
@@ -440,6 +450,8 @@ void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v
             p->evicting = false;
         free(kgpu_strmap_del(&st->reclaims, r->for_uid));
         refusal *no = kgpu_strmap_get(&st->refused, v->uid);
+        if (no == NULL && st->refused.len >= EXT_REFUSED_MAX)
+            expire(&st->refused, ext_now(), EXT_REFUSED_MAX);
         if (no == NULL && st->refused.len < EXT_REFUSED_MAX &&
             (no = calloc(1, sizeof(*no))) != NULL &&
             !kgpu_strmap_put(&st->refused, v->uid, no, NULL)) {

@@ -118,6 +118,7 @@ void ext_state_destroy(ext_state *st)
     }
     kgpu_queues_free(st->queues);
     kgpu_queues_free(st->queues_spec);
+    json_decref(st->gpuqueues);
     free(st->queue_evictions);
     kgpu_strmap_clear(&st->cpu_pods);
     kgpu_strmap_clear(&st->awaiting);
@@ -587,8 +588,9 @@ static ext_pod *new_pod(int nparts)
     return calloc(1, sizeof(ext_pod) + (size_t)(nparts > 0 ? nparts : 1) * sizeof(ext_pod_part));
 }
 
-int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, const char *queue,
-                      int priority, const ext_pod **out, kgpu_error *err)
+int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node,
+                      const char *queue_label, int priority, const ext_pod **out,
+                      kgpu_error *err)
 {
     ext_pod *held = kgpu_strmap_get(&st->pods, pod->uid);
     if (held != NULL) {
@@ -609,7 +611,8 @@ int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node, cons
     snprintf(p->ns, sizeof(p->ns), "%.63s", pod->ns);
     snprintf(p->name, sizeof(p->name), "%s", pod->name);
     snprintf(p->node, sizeof(p->node), "%s", node);
-    snprintf(p->queue, sizeof(p->queue), "%s", queue != NULL ? queue : KGPU_QUEUE_DEFAULT);
+    snprintf(p->queue_label, sizeof(p->queue_label), "%s", queue_label ? queue_label : "");
+    ext_queues_name_pod(st, p);
     p->priority = priority;
     p->status = POD_RESERVED;
     /* The one placement search decides, as it did for filter; the policy picks within it. */
@@ -740,7 +743,8 @@ static void drop_orphan(ext_state *st, const char *uid)
 /* Remembers a bound pod whose assignment cannot be applied now; `why` is logged once. */
 static void keep_orphan(ext_state *st, const char *uid, const char *ns, const char *name,
                         const char *node, const kgpu_assigned_part *parts, int n, int64_t cpu_milli,
-                        int64_t memory_mib, const char *queue, int priority, const char *why)
+                        int64_t memory_mib, const char *queue_label, int priority,
+                        const char *why)
 {
     if (kgpu_strmap_get(&st->orphans, uid) != NULL)
         return;
@@ -754,7 +758,7 @@ static void keep_orphan(ext_state *st, const char *uid, const char *ns, const ch
     o->since = ext_now();
     o->cpu_milli = cpu_milli;
     o->memory_mib = memory_mib;
-    snprintf(o->queue, sizeof(o->queue), "%s", queue);
+    snprintf(o->queue_label, sizeof(o->queue_label), "%s", queue_label);
     o->priority = priority;
     o->n = n;
     memcpy(o->parts, parts, (size_t)n * sizeof(*parts));
@@ -775,7 +779,7 @@ static void keep_orphan(ext_state *st, const char *uid, const char *ns, const ch
  */
 static const char *try_adopt(ext_state *st, const char *uid, const char *ns, const char *name,
                              const char *nodename, const kgpu_assigned_part *parts, int n,
-                             int64_t cpu_milli, int64_t memory_mib, const char *queue,
+                             int64_t cpu_milli, int64_t memory_mib, const char *queue_label,
                              int priority, bool *conflict)
 {
     static __thread char problem[300];
@@ -791,7 +795,8 @@ static const char *try_adopt(ext_state *st, const char *uid, const char *ns, con
     snprintf(p->ns, sizeof(p->ns), "%.63s", ns);
     snprintf(p->name, sizeof(p->name), "%s", name);
     snprintf(p->node, sizeof(p->node), "%s", nodename);
-    snprintf(p->queue, sizeof(p->queue), "%s", queue);
+    snprintf(p->queue_label, sizeof(p->queue_label), "%s", queue_label);
+    ext_queues_name_pod(st, p);
     p->priority = priority;
     p->status = POD_BOUND;
     const char *why = NULL;
@@ -856,7 +861,7 @@ static void retry_orphans(ext_state *st)
         ext_orphan *o = v;
         bool conflict;
         if (try_adopt(st, o->uid, o->ns, o->name, o->node, o->parts, o->n, o->cpu_milli,
-                      o->memory_mib, o->queue, o->priority, &conflict) == NULL) {
+                      o->memory_mib, o->queue_label, o->priority, &conflict) == NULL) {
             ext_log(EXT_INFO, "pod %s/%s: its GPUs on %s are counted again", o->ns, o->name,
                     o->node);
             snprintf(done[ndone++], sizeof(done[0]), "%s", o->uid);
@@ -920,17 +925,16 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
     }
     if (kgpu_strmap_get(&st->orphans, pod.uid) == NULL) {
         bool conflict;
-        char label[KGPU_QUEUE_NAME_MAX + 1], queue[KGPU_QUEUE_NAME_MAX + 1], qwhy[8];
+        char label[KGPU_QUEUE_NAME_MAX + 1];
         int priority;
         ext_pod_queue_fields(json, label, sizeof(label), &priority);
-        ext_queues_resolve(st, pod.ns, label, queue, sizeof(queue), qwhy, 0);
         const char *why = try_adopt(st, pod.uid, pod.ns, pod.name, pod.node, parts, n,
-                                    pod.cpu_milli, pod.memory_mib, queue, priority, &conflict);
+                                    pod.cpu_milli, pod.memory_mib, label, priority, &conflict);
         if (why != NULL) {
             if (conflict)
                 atomic_fetch_add(&st->metrics->assignment_conflicts, 1);
             keep_orphan(st, pod.uid, pod.ns, pod.name, pod.node, parts, n, pod.cpu_milli,
-                        pod.memory_mib, queue, priority, why);
+                        pod.memory_mib, label, priority, why);
         }
     }
     free(parts);
@@ -1196,7 +1200,7 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
             kgpu_strmap_del(&st->pods, p->uid);
             if (parts != NULL)
                 keep_orphan(st, p->uid, p->ns, p->name, p->node, parts, p->nparts,
-                            p->part[0].a.cpu_milli, p->part[0].a.memory_mib, p->queue,
+                            p->part[0].a.cpu_milli, p->part[0].a.memory_mib, p->queue_label,
                             p->priority, "its GPUs left the node's inventory");
             free(parts);
             free(p);

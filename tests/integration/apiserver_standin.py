@@ -49,6 +49,18 @@ a POST would: a large cluster in a second instead of one request per object.
                          every older list snapshot is gone (its tokens get 410)
     load: {...}          create objects as --load does
     reset_stats: true    zero the counters and forget the request log
+    crd_absent: B        answer 404 for GPUQueues (/apis/kgpu.io/v1alpha1/gpuqueues) while B
+                         is true, as a server without the CRD does
+    evict_status: {"NS/NAME": N}  answer evictions of these pods with N (429: a
+                         PodDisruptionBudget refuses; any other) instead of evicting
+    evict_keep: B        an accepted eviction (201) leaves the pod in place, as one with a
+                         long grace period: the test deletes it later
+
+Besides nodes and pods it serves namespaces (/api/v1/namespaces), GPUQueues
+(kgpu.io/v1alpha1, cluster-scoped, generation bumped on spec changes, status
+written only through the /status subresource with a merge patch) and pod
+evictions (POST .../pods/NAME/eviction: 201 and the pod deleted, 404 without
+the pod); GET /_control/evictions lists the evictions asked for.
 GET /_control/stats returns the counters and the current resourceVersion;
 GET /_control/requests the last 5000 list and watch requests, each with the
 query it came with and, for lists, what it was answered.
@@ -136,7 +148,15 @@ def parse_selector(text, kind):
 
 FIELDS = {"pods": {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.schedulerName",
                    "status.phase"},
-          "nodes": {"metadata.name", "spec.unschedulable"}}
+          "nodes": {"metadata.name", "spec.unschedulable"},
+          "namespaces": {"metadata.name"},
+          "gpuqueues": {"metadata.name"}}
+
+# apiVersion, kind and list kind of each kind served.
+KINDS = {"pods": ("v1", "Pod", "PodList"), "nodes": ("v1", "Node", "NodeList"),
+         "namespaces": ("v1", "Namespace", "NamespaceList"),
+         "gpuqueues": ("kgpu.io/v1alpha1", "GPUQueue", "GPUQueueList")}
+GPUQUEUES = ["apis", "kgpu.io", "v1alpha1", "gpuqueues"]
 
 
 class Selector:
@@ -225,7 +245,8 @@ class Store:
     def __init__(self, history, compaction_interval=300.0):
         self.cond = threading.Condition()
         self.rv = 0
-        self.objects = {"nodes": {}, "pods": {}}  # kind -> {(ns, name): obj}
+        self.objects = {k: {} for k in KINDS}   # kind -> {(ns, name): obj}
+        self.evictions = []                       # {"pod": "ns/name", "status": N}
         self.history = deque()                     # (rv, type, kind, obj, old_obj)
         self.history_max = history
         self.floor = 0          # history holds every event after this rv; older watches get 410
@@ -234,7 +255,8 @@ class Store:
         self.closing = False
         self.faults = {"bind_status": 0, "bind_count": 0, "bind_delay_ms": 0, "fail_lists": 0,
                        "patch_delay_ms": 0, "ignore_limit": False, "expire_continues": 0,
-                       "hold_continues": ""}
+                       "hold_continues": "", "crd_absent": False, "evict_status": {},
+                       "evict_keep": False}
         # List snapshots by (kind, resourceVersion): (sorted keys, objects), oldest first.
         self.snapshots = OrderedDict()
         self.compacted = 0      # snapshots older than this resourceVersion are gone
@@ -249,7 +271,8 @@ class Store:
         self.stats = {k: 0 for k in ("requests", "unauthorized", "lists", "gets", "watches_opened",
                                      "watches_active", "binds", "binds_ok", "binds_failed",
                                      "creates", "updates", "patches", "deletes", "list_continues",
-                                     "lists_expired", "continues_held", "compactions")}
+                                     "lists_expired", "continues_held", "compactions",
+                                     "status_patches")}
         self.request_log.clear()
 
     def log_request(self, entry):
@@ -288,8 +311,11 @@ class Store:
             key = (ns, name)
             if key in self.objects[kind]:
                 raise ApiError(409, '%s "%s" already exists' % (kind, name), "AlreadyExists")
-            obj.setdefault("apiVersion", "v1")
-            obj.setdefault("kind", "Pod" if kind == "pods" else "Node")
+            obj.setdefault("apiVersion", KINDS[kind][0])
+            obj.setdefault("kind", KINDS[kind][1])
+            if kind == "gpuqueues":
+                meta["generation"] = 1
+                obj.pop("status", None)  # written through /status only
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = datetime.datetime.now(datetime.timezone.utc).strftime(
                 "%Y-%m-%dT%H:%M:%SZ")
@@ -308,17 +334,26 @@ class Store:
                 raise ApiError(404, '%s "%s" not found' % (kind, name))
             return copy.deepcopy(obj)
 
-    def _modify(self, kind, ns, name, change):
-        """Applies change(copy) -> new object; one MODIFIED event unless it is a no-op."""
+    def _modify(self, kind, ns, name, change, status_write=False):
+        """Applies change(copy) -> new object; one MODIFIED event unless it is a no-op.
+
+        A GPUQueue's status changes only through its /status subresource (status_write).
+        """
         with self.cond:
             old = self.objects[kind].get((ns, name))
             if old is None:
                 raise ApiError(404, '%s "%s" not found' % (kind, name))
             new = change(copy.deepcopy(old))
             meta = new.setdefault("metadata", {})
-            for field in ("name", "namespace", "uid", "creationTimestamp"):
+            for field in ("name", "namespace", "uid", "creationTimestamp", "generation"):
                 if field in old["metadata"]:
                     meta[field] = old["metadata"][field]
+            if kind == "gpuqueues" and not status_write:
+                new.pop("status", None)
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+            if kind == "gpuqueues" and new.get("spec") != old.get("spec"):
+                meta["generation"] = old["metadata"].get("generation", 0) + 1
             meta["resourceVersion"] = old["metadata"]["resourceVersion"]
             if new == old:
                 return copy.deepcopy(old)
@@ -337,6 +372,43 @@ class Store:
                                'and try again' % (kind, name))
             return copy.deepcopy(obj)
         return self._modify(kind, ns, name, change)
+
+    def patch_status(self, kind, ns, name, patch):
+        """The /status subresource: only status changes, whatever the patch holds."""
+        if not isinstance(patch, dict):
+            raise ApiError(400, "a merge patch must be a JSON object")
+
+        def change(old):
+            new = merge_patch(copy.deepcopy(old), {"status": patch.get("status")})
+            new["spec"] = old.get("spec")
+            return new
+        return self._modify(kind, ns, name, change, status_write=True)
+
+    def evict(self, ns, name, body):
+        """POST .../eviction: 201 and the pod deleted, or the status a fault says."""
+        if not isinstance(body, dict) or body.get("kind") != "Eviction" or \
+                (body.get("metadata") or {}).get("name") != name:
+            raise ApiError(400, "an Eviction object naming the pod is required")
+        key = "%s/%s" % (ns, name)
+        with self.cond:
+            status = int(self.faults["evict_status"].get(key, 0))
+            keep = self.faults["evict_keep"]
+            exists = (ns, name) in self.objects["pods"]
+            code = status or (201 if exists else 404)
+            self.evictions.append({"pod": key, "status": code})
+        if status == 429:
+            raise ApiError(429, "Cannot evict pod as it would violate the pod's disruption "
+                           "budget.", "TooManyRequests")
+        if status:
+            raise ApiError(status, "injected eviction failure")
+        if not exists:
+            raise ApiError(404, 'pods "%s" not found' % name)
+        if not keep:
+            try:
+                self.delete("pods", ns, name)
+            except ApiError:
+                pass
+        return code
 
     def patch(self, kind, ns, name, patch):
         if not isinstance(patch, dict):
@@ -531,6 +603,11 @@ class Store:
                 self.floor = self.rv
             if req.get("reset_stats"):
                 self.reset_stats()
+            for key in ("crd_absent", "evict_keep"):
+                if key in req:
+                    self.faults[key] = bool(req[key])
+            if "evict_status" in req:
+                self.faults["evict_status"] = dict(req["evict_status"] or {})
             self.cond.notify_all()
             return dict(self.faults)
 
@@ -598,9 +675,18 @@ class Handler(BaseHTTPRequestHandler):
     def route(self):
         """(kind, namespace or None, name or None, subresource or None) of /api/v1 paths."""
         parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
+        if parts[:4] == GPUQUEUES and len(parts) <= 6:
+            with self.store.cond:
+                absent = self.store.faults["crd_absent"]
+            if absent:
+                raise ApiError(404, "the server could not find the requested resource")
+            return ("gpuqueues", None, parts[4] if len(parts) >= 5 else None,
+                    parts[5] if len(parts) == 6 else None)
         if parts[:2] != ["api", "v1"]:
             raise ApiError(404, "the server could not find the requested resource")
         rest = parts[2:]
+        if rest[:1] == ["namespaces"] and len(rest) <= 2:
+            return "namespaces", None, rest[1] if len(rest) == 2 else None, None
         if rest[:1] == ["nodes"] and len(rest) <= 2:
             return "nodes", None, rest[1] if len(rest) == 2 else None, None
         if rest[:1] == ["pods"] and len(rest) == 1:
@@ -672,8 +758,8 @@ class Handler(BaseHTTPRequestHandler):
             self.store.log_request(entry)
         entry.update(rv=meta["resourceVersion"], items=len(items), more="continue" in meta,
                      remainingItemCount=meta.get("remainingItemCount"))
-        self.send_json(200, {"kind": "PodList" if kind == "pods" else "NodeList",
-                             "apiVersion": "v1", "metadata": meta, "items": items})
+        self.send_json(200, {"kind": KINDS[kind][2], "apiVersion": KINDS[kind][0],
+                             "metadata": meta, "items": items})
 
     def list_answer(self, sel, one):
         """(list metadata, items) for a list request's query `one`."""
@@ -703,6 +789,10 @@ class Handler(BaseHTTPRequestHandler):
         body = self.read_body()
         if sub == "binding" and name is not None:
             return self.bind(ns, name, body)
+        if sub == "eviction" and name is not None and kind == "pods":
+            code = self.store.evict(ns, name, body)
+            return self.send_json(code, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                         "status": "Success", "code": code})
         if name is not None or sub is not None or (kind == "pods" and ns is None):
             raise ApiError(405, "POST is not supported here")
         if not isinstance(body, dict):
@@ -720,7 +810,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, self.store.replace(kind, self.key_ns(kind, ns), name, body))
 
     def do_patch_api(self, kind, ns, name, sub):
-        if name is None or sub is not None:
+        if name is None or (sub is not None and (sub, kind) != ("status", "gpuqueues")):
             raise ApiError(405, "PATCH needs an object name")
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         if ctype != "application/merge-patch+json":
@@ -732,6 +822,9 @@ class Handler(BaseHTTPRequestHandler):
             delay = self.store.faults["patch_delay_ms"] / 1000.0
         if delay:
             time.sleep(delay)
+        if sub == "status":
+            self.store.count("status_patches")
+            return self.send_json(200, self.store.patch_status(kind, None, name, body))
         self.send_json(200, self.store.patch(kind, self.key_ns(kind, ns), name, body))
 
     def do_delete_api(self, kind, ns, name, sub):
@@ -806,6 +899,9 @@ class Handler(BaseHTTPRequestHandler):
             with self.store.cond:
                 stats = dict(self.store.stats, resourceVersion=str(self.store.rv))
             return self.send_json(200, stats)
+        if method == "GET" and urlsplit(self.path).path == "/_control/evictions":
+            with self.store.cond:
+                return self.send_json(200, list(self.store.evictions))
         if method == "GET" and urlsplit(self.path).path == "/_control/requests":
             with self.store.cond:
                 log = list(self.store.request_log)

@@ -190,8 +190,8 @@ class TestQueues(QueueTest):
         # The lowest priority borrower on the node the pod then fits.
         victim = [b for b in borrowers if b["metadata"]["name"] == ev[0]["pod"]][0]
         self.assertEqual(victim["node"], res["NodeNames"][0])
-        self.assertEqual(victim["spec"]["priority"],
-                         min(b["spec"]["priority"] for b in borrowers if b["node"] == victim["node"]))
+        same_node = [b for b in borrowers if b["node"] == victim["node"]]
+        self.assertEqual(victim["spec"]["priority"], min(b["spec"]["priority"] for b in same_node))
         self.assertEqual(self.ext.bind(waiting, res["NodeNames"][0]), "")
         q = {x["name"]: x for x in doc["queues"]}
         self.assertEqual((q["default"]["evictions"], q["team-b"]["pods"]), (1, 2))

@@ -1,0 +1,253 @@
+/*
+ * Unit tests of the extender's GPU queues (src/extender/queues.c,
+ * gpuqueues.c) below the HTTP layer: a bind is charged on the GPUs chosen
+ * and refused past a limit (per model too); the charges survive inventory
+ * rebuilds, a pod whose GPUs leave and come back, and a new tree, where
+ * running pods are never refused; and the GPUQueue status the leader
+ * writes, its quantities and its Valid condition's transition time.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ext.h"
+#include "queuefile.h"
+
+typedef struct fixture {
+    ext_config cfg;
+    ext_metrics m;
+    ext_state st;
+    kgpu_gpu_spec g[2][4];
+    kgpu_node_spec nodes[2];
+} fixture;
+
+/* n0: 4 A100 of 40 GiB; n1: 4 T4 of 16 GiB. */
+static void set_nodes(fixture *f, int n)
+{
+    const char *models[2] = {"A100", "T4"};
+    static const char *const name[2] = {"n0", "n1"};
+    for (int i = 0; i < 2; i++) {
+        for (int g = 0; g < 4; g++)
+            f->g[i][g] = (kgpu_gpu_spec){.index = g,
+                                         .model = models[i],
+                                         .memory_mib = i == 0 ? 40960 : 16384,
+                                         .numa = -1,
+                                         .healthy = true};
+        f->nodes[i] = (kgpu_node_spec){.name = name[i],
+                                       .cpu_milli = 64000,
+                                       .memory_mib = 1 << 18,
+                                       .gpus = f->g[i],
+                                       .ngpus = 4};
+    }
+    kgpu_error err;
+    if (ext_state_set_nodes(&f->st, f->nodes, n, &err) != 0)
+        fail_msg("nodes: %s", err.msg);
+}
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof(*f));
+    ext_config_defaults(&f->cfg);
+    ext_log_set_level(-1);
+    kgpu_error err;
+    if (ext_state_init(&f->st, &f->cfg, &f->m, &err) != 0)
+        fail_msg("state: %s", err.msg);
+    set_nodes(f, 2);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    ext_state_destroy(&f->st);
+    free(f);
+    return 0;
+}
+
+static void set_queues(fixture *f, const char *text)
+{
+    kgpu_queues *qs;
+    kgpu_error err;
+    if (kgpu_queues_load(text, strlen(text), "q.yaml", &qs, &err) != 0)
+        fail_msg("queues: %s", err.msg);
+    ext_queues_set(&f->st, qs);
+}
+
+/* Binds pod `name` (whole GPUs, or a share of `milli` with `mem_gib`) to node: 0 or the code. */
+static int bind(fixture *f, const char *name, const char *label, const char *node, int whole,
+                int core, int mem_gib, kgpu_error *err)
+{
+    char text[512];
+    if (whole > 0)
+        snprintf(text, sizeof(text), "{\"nvidia.com/gpu\": \"%d\"}", whole);
+    else
+        snprintf(text, sizeof(text), "{\"kgpu.io/gpu-core\": \"%d\", \"kgpu.io/gpu-mem\": \"%d\"}",
+                 core, mem_gib);
+    json_t *limits = json_loads(text, 0, NULL);
+    json_t *pod = json_pack("{s:{s:s,s:s,s:s},s:{s:[{s:s,s:{s:o}}]}}", "metadata", "name", name,
+                            "namespace", "ns", "uid", name, "spec", "containers", "name", "main",
+                            "resources", "limits", limits);
+    kgpu_pod p;
+    int rc = kgpu_pod_from_json(pod, 1024, &p, err);
+    json_decref(pod);
+    if (rc == 0)
+        rc = ext_state_compile(&f->st, &p, err);
+    const ext_pod *held;
+    if (rc == 0)
+        rc = ext_state_reserve(&f->st, &p, node, label, 0, &held, err);
+    if (rc == 0)
+        ext_state_confirm(&f->st, name);
+    return rc;
+}
+
+static kgpu_queue_info info(fixture *f, const char *q)
+{
+    kgpu_queue_info qi;
+    memset(&qi, 0, sizeof(qi));
+    assert_int_equal(kgpu_queues_info(f->st.queues, kgpu_queues_find(f->st.queues, q), &qi), 0);
+    return qi;
+}
+
+static void test_bind_charges_and_limits(void **state)
+{
+    fixture *f = *state;
+    set_queues(f, "queues:\n"
+                  "  - name: a\n"
+                  "    limit: {gpu: 4}\n"
+                  "    models: [{model: T4, limit: {gpu: 1.5}}]\n");
+    kgpu_error err;
+    assert_int_equal(bind(f, "w0", "a", "n0", 2, 0, 0, &err), 0);
+    kgpu_queue_info qi = info(f, "a");
+    assert_int_equal(qi.used.milli, 2000);
+    assert_int_equal(qi.used.mem_mib, 2 * 40960); /* a whole GPU is all its memory */
+    assert_int_equal(bind(f, "s0", "a", "n1", 0, 50, 4, &err), 0);
+    assert_int_equal(bind(f, "s1", "a", "n1", 0, 50, 4, &err), 0);
+    /* T4s: 1 of 1.5 used; another whole T4 passes the per-model limit, on n1 only. */
+    assert_int_equal(bind(f, "w1", "a", "n1", 1, 0, 0, &err), KGPU_ENOFIT);
+    assert_string_equal(err.msg, "queue a would use 2 T4 GPUs of its limit 1.5");
+    assert_int_equal(bind(f, "w2", "a", "n0", 2, 0, 0, &err), KGPU_ENOFIT);
+    assert_string_equal(err.msg, "queue a would use 5 GPUs of its limit 4");
+    /* Refused binds hold nothing. */
+    assert_null(kgpu_strmap_get(&f->st.pods, "w1"));
+    assert_int_equal(info(f, "a").used.milli, 3000);
+    assert_int_equal(info(f, "a").pods, 3);
+    /* Without a label the pod is in default, which has no limit. */
+    assert_int_equal(bind(f, "d0", NULL, "n0", 2, 0, 0, &err), 0);
+    assert_int_equal(info(f, "default").used.milli, 2000);
+    ext_state_release(&f->st, "s0");
+    assert_int_equal(info(f, "a").used.milli, 2500);
+    assert_int_equal(info(f, "a").pods, 2);
+}
+
+static void test_charges_survive_rebuilds(void **state)
+{
+    fixture *f = *state;
+    set_queues(f, "queues:\n  - {name: a, limit: {gpu: 4}}\n");
+    kgpu_error err;
+    assert_int_equal(bind(f, "w0", "a", "n0", 2, 0, 0, &err), 0);
+    assert_int_equal(bind(f, "s0", "a", "n1", 0, 25, 2, &err), 0);
+    set_nodes(f, 2); /* a relist: the same inventory rebuilt */
+    assert_int_equal(info(f, "a").used.milli, 2250);
+    /* n1 leaves: its pod is kept as an orphan, uncharged; it comes back, charged again. */
+    set_nodes(f, 1);
+    assert_int_equal(info(f, "a").used.milli, 2000);
+    assert_int_equal(info(f, "a").pods, 1);
+    set_nodes(f, 2);
+    assert_int_equal(info(f, "a").used.milli, 2250);
+    assert_int_equal(info(f, "a").pods, 2);
+    /* A new tree with a lower limit: the running pods stay charged, above it; new ones wait. */
+    set_queues(f, "queues:\n  - {name: a, limit: {gpu: 1}}\n");
+    assert_int_equal(info(f, "a").used.milli, 2250);
+    assert_int_equal(bind(f, "s1", "a", "n1", 0, 10, 1, &err), KGPU_ENOFIT);
+    assert_string_equal(err.msg, "queue a would use 2.35 GPUs of its limit 1");
+    ext_state_pod_gone(&f->st, "w0");
+    assert_int_equal(bind(f, "s1", "a", "n1", 0, 10, 1, &err), 0);
+    /* Queues off: nothing charged, nothing refused. */
+    ext_queues_set(&f->st, NULL);
+    assert_null(f->st.queues);
+    assert_int_equal(bind(f, "w3", "a", "n0", 4, 0, 0, &err), 0);
+}
+
+static void test_namespace_moves_charges(void **state)
+{
+    fixture *f = *state;
+    set_queues(f, "queues:\n  - {name: a}\n  - {name: b}\n");
+    kgpu_error err;
+    assert_int_equal(bind(f, "w0", NULL, "n0", 1, 0, 0, &err), 0);
+    assert_int_equal(bind(f, "w1", "a", "n0", 1, 0, 0, &err), 0);
+    assert_int_equal(info(f, "default").pods, 1);
+    ext_queues_set_namespace(&f->st, "ns", "b");
+    ext_queues_recharge(&f->st);
+    /* The label wins over the namespace's queue. */
+    assert_int_equal(info(f, "default").pods, 0);
+    assert_int_equal(info(f, "b").pods, 1);
+    assert_int_equal(info(f, "a").pods, 1);
+    char name[64], why[128];
+    assert_int_equal(ext_queues_resolve(&f->st, "ns", "", name, sizeof(name), why, sizeof(why)),
+                     kgpu_queues_find(f->st.queues, "b"));
+    assert_int_equal(ext_queues_resolve(&f->st, "ns", "zz", name, sizeof(name), why, sizeof(why)),
+                     -2);
+    assert_string_equal(why, "kgpu: queue zz does not exist (named by the pod's kgpu.io/queue "
+                             "label)");
+}
+
+static void test_status(void **state)
+{
+    (void)state;
+    ext_queue_row row;
+    memset(&row, 0, sizeof(row));
+    row.used = (kgpu_qamount){4500, 40960};
+    row.borrowed_milli = 500;
+    row.pods = 3;
+    row.pending = 1;
+    json_t *st = ext_gpuqueue_status(&row, 7, "", NULL, "2026-01-01T00:00:00Z");
+    char *text = json_dumps(st, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_string_equal(text,
+                        "{\"borrowed\":{\"gpu\":\"0.5\"},\"conditions\":[{\"lastTransitionTime\":"
+                        "\"2026-01-01T00:00:00Z\",\"message\":\"enforced by kgpu-extender\","
+                        "\"reason\":\"Valid\",\"status\":\"True\",\"type\":\"Valid\"}],"
+                        "\"observedGeneration\":7,\"pending\":1,\"pods\":3,\"used\":{\"gpu\":"
+                        "\"4.5\",\"memory\":\"40Gi\"}}");
+    free(text);
+    /* Same condition later: its transition time stays; an error flips it, now. */
+    json_t *same = ext_gpuqueue_status(&row, 7, NULL, st, "2026-01-02T00:00:00Z");
+    assert_true(json_equal(same, st));
+    json_t *bad = ext_gpuqueue_status(NULL, 8, "queue x: parent y is not defined", st,
+                                      "2026-01-03T00:00:00Z");
+    json_t *c = json_array_get(json_object_get(bad, "conditions"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "status")), "False");
+    assert_string_equal(json_string_value(json_object_get(c, "reason")), "InvalidQueues");
+    assert_string_equal(json_string_value(json_object_get(c, "lastTransitionTime")),
+                        "2026-01-03T00:00:00Z");
+    assert_string_equal(json_string_value(json_object_get(c, "message")),
+                        "queue x: parent y is not defined; kgpu-extender keeps enforcing the "
+                        "last valid set of queues");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(bad, "used"), "memory")), "0");
+    row.used.mem_mib = 1536;
+    json_t *mi = ext_gpuqueue_status(&row, 1, NULL, NULL, "t");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(mi, "used"), "memory")),
+                        "1536Mi");
+    json_decref(mi);
+    json_decref(bad);
+    json_decref(same);
+    json_decref(st);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_bind_charges_and_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_charges_survive_rebuilds, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_namespace_moves_charges, setup, teardown),
+        cmocka_unit_test(test_status),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
