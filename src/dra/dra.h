@@ -118,6 +118,16 @@ json_t *dra_slice_build(const dra_slice_input *in);
  */
 bool dra_slice_same(const json_t *have, const json_t *want);
 
+/*
+ * Whether device plugins also hand out this node's GPUs: the Node's
+ * status.allocatable holds more than zero of kgpu.io/gpu-mem,
+ * kgpu.io/gpu-core, nvidia.com/gpu or aliyun.com/gpu-mem (kubelet sets a
+ * stopped plugin's resources to zero). Returns how many such resources and
+ * writes them ("kgpu.io/gpu-mem=40, nvidia.com/gpu=2") into buf. While there
+ * are any, the driver publishes no devices: one path owns a node's GPUs.
+ */
+int dra_node_gpu_conflicts(const json_t *node, char *buf, size_t cap);
+
 /* ---- claim.c ---- */
 
 /* The node's GPUs a claim may name, with this node's pool. */

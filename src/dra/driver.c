@@ -83,6 +83,7 @@ typedef struct driver {
     atomic_bool *stop;
     char node_uid[DRA_UID_MAX]; /* publisher thread only */
     bool strays_checked;        /* publisher thread only */
+    char conflicts[256];        /* publisher thread only: dra_node_gpu_conflicts' list */
 } driver;
 
 static time_t now_s(void)
@@ -206,11 +207,12 @@ static int poll_nvml(driver *d, kgpu_error *err)
 static const char *SLICES = "/apis/resource.k8s.io/v1/resourceslices";
 
 /*
- * The Node's UID, read at every publish: a Node deleted and made again under
- * the same name has a new one, and a slice owned by the old UID would be
- * garbage-collected as often as it is made.
+ * The Node, read at every publish for two things. Its UID: a Node deleted
+ * and made again under the same name has a new one, and a slice owned by the
+ * old UID would be garbage-collected as often as it is made. And whether
+ * device plugins serve its GPUs too (dra_node_gpu_conflicts).
  */
-static int node_uid(driver *d, kgpu_error *err)
+static int read_node(driver *d, kgpu_error *err)
 {
     char path[512];
     snprintf(path, sizeof(path), "/api/v1/nodes/%s", d->cfg->node_name);
@@ -224,6 +226,20 @@ static int node_uid(driver *d, kgpu_error *err)
         snprintf(d->node_uid, sizeof(d->node_uid), "%s", uid);
     else
         d->node_uid[0] = '\0';
+    char conflicts[sizeof(d->conflicts)];
+    dra_node_gpu_conflicts(node, conflicts, sizeof(conflicts));
+    if (strcmp(conflicts, d->conflicts) != 0) {
+        if (conflicts[0] != '\0')
+            dp_log(DP_ERROR,
+                   "node %s also serves GPUs through device plugins (allocatable %s): publishing "
+                   "no devices until they are gone, so no GPU is handed out twice; label the "
+                   "node for one path only (docs/install-dra.md)",
+                   d->cfg->node_name, conflicts);
+        else if (d->conflicts[0] != '\0')
+            dp_log(DP_INFO, "node %s: no device plugin serves GPUs any more: publishing them",
+                   d->cfg->node_name);
+        snprintf(d->conflicts, sizeof(d->conflicts), "%s", conflicts);
+    }
     json_decref(node);
     return 0;
 }
@@ -278,7 +294,7 @@ static void delete_strays(driver *d, const char *keep)
 /* Makes the API server's slice say what the inventory says. 0 when it does. */
 static int publish(driver *d, uint64_t *gen_done, kgpu_error *err)
 {
-    int rc = node_uid(d, err);
+    int rc = read_node(d, err);
     if (rc != 0)
         return rc;
     kgpu_gpu_info gpus[KGPU_MAX_GPUS_PER_NODE];
@@ -304,7 +320,7 @@ static int publish(driver *d, uint64_t *gen_done, kgpu_error *err)
     dra_slice_input in = {.node = d->cfg->node_name,
                           .node_uid = d->node_uid,
                           .gpus = gpus,
-                          .ngpus = n,
+                          .ngpus = d->conflicts[0] != '\0' ? 0 : n,
                           .compute_capability = ccp,
                           .generation = 1};
     if (have != NULL) {

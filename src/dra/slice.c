@@ -117,6 +117,28 @@ json_t *dra_slice_build(const dra_slice_input *in)
                      (json_int_t)1, "devices", devices);
 }
 
+int dra_node_gpu_conflicts(const json_t *node, char *buf, size_t cap)
+{
+    static const char *const names[] = {"kgpu.io/gpu-mem", "kgpu.io/gpu-core", "nvidia.com/gpu",
+                                        "aliyun.com/gpu-mem"};
+    const json_t *alloc = json_object_get(json_object_get(node, "status"), "allocatable");
+    int n = 0;
+    size_t len = 0;
+    if (cap > 0)
+        buf[0] = '\0';
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        const char *q = json_string_value(json_object_get(alloc, names[i]));
+        int64_t v;
+        if (q == NULL || kgpu_quantity_value(q, &v, NULL) != 0 || v <= 0)
+            continue;
+        if (len < cap)
+            len += (size_t)snprintf(buf + len, cap - len, "%s%s=%.20s", n ? ", " : "", names[i],
+                                    q);
+        n++;
+    }
+    return n;
+}
+
 /*
  * A copy of `v` in which every string that reads as a quantity under
  * `capacity` is its value: the server may write 40960Mi back as 40Gi.

@@ -225,6 +225,25 @@ class DraPluginTest(unittest.TestCase):
                           .get("ownerReferences") or [{}])[0].get("uid") == new_uid, 20,
                  what="the owner reference to the new Node")
 
+    def test_no_devices_while_device_plugins_serve_the_node(self):
+        """One owner per node: with device plugins' GPU resources allocatable there, the
+        slice carries no device, so kube-scheduler never allocates a GPU twice."""
+        with self.api.lock:
+            self.node["status"] = {"allocatable": {"cpu": "64", "kgpu.io/gpu-mem": "120",
+                                                   "nvidia.com/gpu": "0"}}
+        self.start()
+        s = wait_for(self.slice, 20, what="the ResourceSlice")
+        self.assertEqual(s["spec"].get("devices", []), [])
+        self.assertEqual(validate_slice(s), [])
+        wait_for(lambda: "also serves GPUs through device plugins (allocatable "
+                 "kgpu.io/gpu-mem=120)" in self.child.log(), 10, what="the conflict logged")
+        # kubelet zeroes a stopped plugin's resources: the GPUs come back at the next resync.
+        with self.api.lock:
+            self.node["status"]["allocatable"]["kgpu.io/gpu-mem"] = "0"
+        s = wait_for(lambda: len((self.slice() or {}).get("spec", {}).get("devices", [])) == 3
+                     and self.slice(), 20, what="the GPUs published")
+        self.assertEqual(s["spec"]["pool"]["generation"], 2)
+
     def test_stray_slices_of_this_node_deleted(self):
         stray = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
                  "metadata": {"name": "old-" + NODE},

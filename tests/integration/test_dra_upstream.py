@@ -233,6 +233,17 @@ class DraUpstreamTest(unittest.TestCase):
         self.assertEqual({k: v.error for k, v in got.items()}, {r[1]: "" for r in refs})
         self.assertEqual(os.listdir(d["cdi"]), [])
 
+        # A device plugin starts serving the node's GPUs: the driver withdraws its devices
+        # (a slice without devices, which the real server accepts), and publishes them
+        # again once the plugin's resources are zero.
+        status_path = "/api/v1/nodes/%s/status" % NODE
+        cp.admin.merge_patch(status_path, {"status": {"allocatable": {"kgpu.io/gpu-mem": "40"}}})
+        wait_for(lambda: not (slice_accepted()["spec"].get("devices")), 30,
+                 what="no devices while a device plugin serves the node")
+        cp.admin.merge_patch(status_path, {"status": {"allocatable": {"kgpu.io/gpu-mem": "0"}}})
+        wait_for(lambda: len(slice_accepted()["spec"].get("devices") or []) == 6, 30,
+                 what="the devices back")
+
 
 def main():
     global ARGS, PB

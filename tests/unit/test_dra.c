@@ -142,6 +142,25 @@ static void test_slice(void **state)
     assert_string_equal(name + 253 - strlen("-gpu.kgpu.io"), "-gpu.kgpu.io");
 }
 
+static void test_node_conflicts(void **state)
+{
+    (void)state;
+    char buf[256];
+    json_t *node = json_pack("{s:{s:{s:s, s:s, s:s, s:s}}}", "status", "allocatable",
+                             "kgpu.io/gpu-mem", "0", "nvidia.com/gpu", "2", "cpu", "64",
+                             "kgpu.io/gpu-core", "200");
+    assert_int_equal(dra_node_gpu_conflicts(node, buf, sizeof(buf)), 2);
+    assert_string_equal(buf, "kgpu.io/gpu-core=200, nvidia.com/gpu=2");
+    json_object_set_new(json_object_get(json_object_get(node, "status"), "allocatable"),
+                        "nvidia.com/gpu", json_string("0"));
+    json_object_set_new(json_object_get(json_object_get(node, "status"), "allocatable"),
+                        "kgpu.io/gpu-core", json_string("0"));
+    assert_int_equal(dra_node_gpu_conflicts(node, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "");
+    json_decref(node);
+    assert_int_equal(dra_node_gpu_conflicts(NULL, buf, sizeof(buf)), 0);
+}
+
 static const char *CLAIM =
     "{\"metadata\": {\"namespace\": \"team-a\", \"name\": \"c1\", \"uid\": \"uid-1\"},"
     " \"status\": {\"allocation\": {\"devices\": {\"results\": ["
@@ -448,6 +467,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slice),
+        cmocka_unit_test(test_node_conflicts),
         cmocka_unit_test(test_claim_read),
         cmocka_unit_test(test_claim_refused),
         cmocka_unit_test(test_cdi_matches_allocate),
