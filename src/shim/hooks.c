@@ -235,39 +235,151 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return r;
 }
 
-/* ---- contexts ---- */
+/* ---- contexts: charged what the driver reports they take ---- */
 
-static CUresult ctx_created(CUresult r, CUcontext *pctx, int li)
+/*
+ * A context's footprint (its code, stacks, heaps, the driver's own
+ * reservations) shows in no argument, and differs by GPU, driver and
+ * settings (about 300 MiB to over 500 on current ones). So it is measured:
+ * the device's free memory just before and just after the driver makes the
+ * context, by one source for both ends — NVML's device memory figures
+ * where libnvidia-ml.so.1 is there (the only way before a process has a
+ * context, since cuMemGetInfo needs one), else cuMemGetInfo in a context
+ * already current on that device. Before the driver is called the context
+ * is charged the configured figure, so the limit is checked first; after,
+ * the charge becomes what was measured. A measurement outside
+ * [KGPU_SHIM_CONTEXT_MIN_MIB, KGPU_SHIM_CONTEXT_MAX_MIB] (a neighbour
+ * allocating or freeing on the GPU at that moment) is not believed: the
+ * configured figure stays. KGPU_CONTEXT_MIB is a floor for both.
+ */
+static pthread_once_t ctx_nvml_once = PTHREAD_ONCE_INIT;
+static _Atomic int ctx_nvml_ok;
+
+static void ctx_nvml_init(void)
+{
+    kgpu__nvml();
+    kgpu__pfn_nvmlInit_v2 init = KGPU_REAL(nvmlInit_v2);
+    /* Initialised once and never shut down: NVML counts its users, the application's stay even. */
+    atomic_store(&ctx_nvml_ok, init != NULL && KGPU_REAL(nvmlDeviceGetHandleByUUID) != NULL &&
+                                   KGPU_REAL(nvmlDeviceGetMemoryInfo) != NULL &&
+                                   init() == NVML_SUCCESS);
+}
+
+static int nvml_free(nvmlDevice_t h, uint64_t *free)
+{
+    nvmlMemory_t m;
+    if (KGPU_REAL(nvmlDeviceGetMemoryInfo)(h, &m) != NVML_SUCCESS)
+        return -1;
+    *free = m.free;
+    return 0;
+}
+
+/* Free memory of ctx's device by cuMemGetInfo, ctx made current for the call. */
+static int cuda_free(CUcontext ctx, uint64_t *free)
+{
+    kgpu__pfn_cuCtxPushCurrent_v2 push = KGPU_REAL(cuCtxPushCurrent_v2);
+    kgpu__pfn_cuCtxPopCurrent_v2 pop = KGPU_REAL(cuCtxPopCurrent_v2);
+    CUcontext popped;
+    size_t f = 0, total = 0;
+    if (push == NULL || pop == NULL || push(ctx) != CUDA_SUCCESS)
+        return -1;
+    CUresult r = KGPU_REAL(cuMemGetInfo_v2)(&f, &total);
+    pop(&popped);
+    *free = f;
+    return r == CUDA_SUCCESS ? 0 : -1;
+}
+
+void kgpu__ctx_before(CUdevice dev, int li, kgpu_ctx_probe *p)
+{
+    p->how = 0;
+    if (li >= 0 && li < kgpu__shim.limits.ndevices) {
+        pthread_once(&ctx_nvml_once, ctx_nvml_init);
+        const char *u = kgpu__shim.limits.dev[li].uuid;
+        char uuid[KGPU_SHIM_UUID_MAX + 8];
+        /* NVML wants the prefix, which a limits file may leave out. */
+        snprintf(uuid, sizeof(uuid), "%s%s",
+                 strncmp(u, "GPU-", 4) == 0 || strncmp(u, "MIG-", 4) == 0 ? "" : "GPU-", u);
+        if (atomic_load(&ctx_nvml_ok) &&
+            KGPU_REAL(nvmlDeviceGetHandleByUUID)(uuid, &p->nvml) == NVML_SUCCESS &&
+            nvml_free(p->nvml, &p->free) == 0) {
+            p->how = 1;
+            return;
+        }
+    }
+    kgpu_where w;
+    if (kgpu__where_current(&w) == CUDA_SUCCESS && w.ctx != NULL && w.dev == dev &&
+        cuda_free(w.ctx, &p->free) == 0)
+        p->how = 2;
+}
+
+uint64_t kgpu__ctx_footprint(const kgpu_ctx_probe *p, CUcontext made, int *measured)
+{
+    uint64_t after = 0, took = 0, floor = kgpu__shim.context_floor;
+    int ok = p->how == 1 ? nvml_free(p->nvml, &after) == 0
+             : p->how == 2 ? cuda_free(made, &after) == 0
+                           : 0;
+    if (ok && after < p->free)
+        took = p->free - after;
+    *measured = took >= (uint64_t)KGPU_SHIM_CONTEXT_MIN_MIB << 20 &&
+                took <= (uint64_t)KGPU_SHIM_CONTEXT_MAX_MIB << 20;
+    if (!*measured)
+        return kgpu__shim.context_bytes;
+    return took > floor ? took : floor;
+}
+
+/*
+ * A context was made under a charge of `est` on li: the charge becomes
+ * `fp`. CUDA_ERROR_OUT_OF_MEMORY when the difference does not fit the
+ * limit; then nothing stays charged and the caller undoes the context.
+ */
+static CUresult recharge(int li, uint64_t est, uint64_t fp)
+{
+    if (fp < est) {
+        kgpu__uncharge(li, est - fp);
+    } else if (kgpu__charge(li, fp - est) != CUDA_SUCCESS) {
+        kgpu__uncharge(li, est);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* After the driver answered a context creation charged context_bytes, measured from p. */
+static CUresult ctx_created(CUresult r, CUcontext *pctx, int li, const kgpu_ctx_probe *p)
 {
     /* The footprint dies with the context: recorded by its key, under no context. */
     kgpu_where w = {.li = li, .ctx = NULL};
-    return kgpu__settle(r, KGPU_TRACK_CTX, r == CUDA_SUCCESS ? (uintptr_t)*pctx : 0,
-                        kgpu__shim.context_bytes, &w);
+    uint64_t est = kgpu__shim.context_bytes, fp = est;
+    int measured;
+    if (r == CUDA_SUCCESS) {
+        fp = kgpu__ctx_footprint(p, *pctx, &measured);
+        if (recharge(li, est, fp) != CUDA_SUCCESS) {
+            KGPU_REAL(cuCtxDestroy_v2)(*pctx);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    return kgpu__settle(r, KGPU_TRACK_CTX, r == CUDA_SUCCESS ? (uintptr_t)*pctx : 0, fp, &w);
 }
+
+/* The body of every cuCtxCreate hook: `call` makes the context. */
+#define CTX_CREATE(call)                                                                               int li = kgpu__dev_index(dev);                                                                     kgpu_ctx_probe probe_;                                                                             CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);                                                    kgpu__ctx_before(dev, li, &probe_);                                                                return ctx_created(call, pctx, li, &probe_)
 
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     KGPU_ENTER(cuCtxCreate_v2, (pctx, flags, dev));
-    int li = kgpu__dev_index(dev);
-    CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);
-    return ctx_created(real_(pctx, flags, dev), pctx, li);
+    CTX_CREATE(real_(pctx, flags, dev));
 }
 
 CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsigned int flags,
                         CUdevice dev)
 {
     KGPU_ENTER(cuCtxCreate_v3, (pctx, paramsArray, numParams, flags, dev));
-    int li = kgpu__dev_index(dev);
-    CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);
-    return ctx_created(real_(pctx, paramsArray, numParams, flags, dev), pctx, li);
+    CTX_CREATE(real_(pctx, paramsArray, numParams, flags, dev));
 }
 
 CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int flags, CUdevice dev)
 {
     KGPU_ENTER(cuCtxCreate_v4, (pctx, ctxCreateParams, flags, dev));
-    int li = kgpu__dev_index(dev);
-    CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);
-    return ctx_created(real_(pctx, ctxCreateParams, flags, dev), pctx, li);
+    CTX_CREATE(real_(pctx, ctxCreateParams, flags, dev));
 }
 
 CUresult cuCtxDestroy_v2(CUcontext ctx)
@@ -287,18 +399,38 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     if (dev < 0 || dev >= KGPU_SHIM_MAX_CUDA_DEVICES)
         return real_(pctx, dev); /* the driver says what is wrong with it */
     int li = kgpu__dev_index(dev);
+    uint64_t est = kgpu__shim.context_bytes;
+    kgpu_ctx_probe probe;
     pthread_mutex_lock(&kgpu__shim.prim_mu);
     int first = kgpu__shim.primary[dev].refs == 0;
-    CUresult r = first ? kgpu__charge(li, kgpu__shim.context_bytes) : CUDA_SUCCESS;
+    CUresult r = first ? kgpu__charge(li, est) : CUDA_SUCCESS;
     if (r == CUDA_SUCCESS) {
+        if (first)
+            kgpu__ctx_before(dev, li, &probe);
         r = real_(pctx, dev);
+        if (r == CUDA_SUCCESS && first) {
+            int measured;
+            uint64_t fp = kgpu__ctx_footprint(&probe, *pctx, &measured);
+            if (recharge(li, est, fp) == CUDA_SUCCESS) {
+                kgpu__shim.primary[dev].bytes = fp;
+            } else {
+                kgpu__pfn_cuDevicePrimaryCtxRelease_v2 rel2 = KGPU_REAL(cuDevicePrimaryCtxRelease_v2);
+                kgpu__pfn_cuDevicePrimaryCtxRelease rel = KGPU_REAL(cuDevicePrimaryCtxRelease);
+                if (rel2 != NULL)
+                    rel2(dev);
+                else if (rel != NULL)
+                    rel(dev);
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+                first = 0; /* nothing left charged */
+            }
+        }
         if (r == CUDA_SUCCESS) {
             kgpu__shim.primary[dev].refs++;
             atomic_store(&kgpu__shim.primary[dev].ctx, *pctx);
             if (atomic_load(&kgpu__shim.nprimary) <= dev)
                 atomic_store(&kgpu__shim.nprimary, dev + 1);
         } else if (first) {
-            kgpu__uncharge(li, kgpu__shim.context_bytes);
+            kgpu__uncharge(li, est);
         }
     }
     pthread_mutex_unlock(&kgpu__shim.prim_mu);
@@ -320,7 +452,7 @@ static CUresult primary_release(kgpu__pfn_cuDevicePrimaryCtxRelease real, CUdevi
     if (r == CUDA_SUCCESS && kgpu__shim.primary[dev].refs > 0 &&
         --kgpu__shim.primary[dev].refs == 0) {
         /* The last release destroys the context and everything allocated in it. */
-        kgpu__uncharge(kgpu__dev_index(dev), kgpu__shim.context_bytes);
+        kgpu__uncharge(kgpu__dev_index(dev), kgpu__shim.primary[dev].bytes);
         kgpu__drop_ctx(ctx);
     }
     pthread_mutex_unlock(&kgpu__shim.prim_mu);
@@ -580,9 +712,7 @@ ARRAY_CREATE_HOOK(cuArray3DCreate, CUDA_ARRAY3D_DESCRIPTOR_v1, d->Depth, d->Flag
 CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     KGPU_ENTER(cuCtxCreate, (pctx, flags, dev));
-    int li = kgpu__dev_index(dev);
-    CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);
-    return ctx_created(real_(pctx, flags, dev), pctx, li);
+    CTX_CREATE(real_(pctx, flags, dev));
 }
 
 CUresult cuCtxDestroy(CUcontext ctx)

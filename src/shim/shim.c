@@ -235,21 +235,21 @@ static int read_limits(const char *path, struct stat *id)
 }
 
 /*
- * The footprint charged per context: KGPU_CONTEXT_MIB may raise it above
- * the default, never lower it, so the environment cannot buy memory.
+ * KGPU_CONTEXT_MIB: the least charged per context, measured or not (0:
+ * unset). It can only raise the charge: set from inside the container, a
+ * lower figure would buy memory.
  */
-static uint64_t context_bytes(void)
+static uint64_t context_floor(void)
 {
-    uint64_t mib = KGPU_SHIM_CONTEXT_MIB;
     const char *v = env("KGPU_CONTEXT_MIB");
     if (v != NULL) {
         char *end;
         errno = 0;
         unsigned long long m = strtoull(v, &end, 10);
-        if (errno == 0 && *end == '\0' && m > mib && m < (1ULL << 32))
-            mib = m;
+        if (errno == 0 && *end == '\0' && m < (1ULL << 32))
+            return (uint64_t)m << 20;
     }
-    return mib << 20;
+    return 0;
 }
 
 /*
@@ -330,7 +330,10 @@ static void config_once(void)
         return;
     for (int i = 0; i < kgpu__shim.limits.ndevices; i++)
         kgpu__shim.limit_bytes[i] = kgpu__shim.limits.dev[i].memory_mib << 20;
-    kgpu__shim.context_bytes = context_bytes();
+    kgpu__shim.context_floor = context_floor();
+    kgpu__shim.context_bytes = (uint64_t)KGPU_SHIM_CONTEXT_MIB << 20;
+    if (kgpu__shim.context_floor > kgpu__shim.context_bytes)
+        kgpu__shim.context_bytes = kgpu__shim.context_floor;
     for (int i = 0; i < KGPU_SHIM_MAX_CUDA_DEVICES; i++)
         kgpu__shim.devmap[i] = -1;
 

@@ -51,7 +51,9 @@ enum kgpu_shim_mode {
 };
 
 #define KGPU_SHIM_MAX_CUDA_DEVICES 64
-#define KGPU_SHIM_CONTEXT_MIB      300 /* default footprint charged per context */
+#define KGPU_SHIM_CONTEXT_MIB      300 /* charged per context when it cannot be measured */
+#define KGPU_SHIM_CONTEXT_MIN_MIB  32   /* a measured context below this is not believed */
+#define KGPU_SHIM_CONTEXT_MAX_MIB  4096 /* nor one above this */
 
 typedef struct kgpu_shim_state {
     _Atomic int mode; /* enum kgpu_shim_mode */
@@ -63,7 +65,8 @@ typedef struct kgpu_shim_state {
 
     kgpu_shim_limits limits;
     uint64_t limit_bytes[KGPU_SHIM_MAX_DEVICES];
-    uint64_t context_bytes;
+    uint64_t context_bytes; /* charged before a context is made, and when it cannot be measured */
+    uint64_t context_floor; /* KGPU_CONTEXT_MIB: never less is charged per context (0: unset) */
     kgpu_shim_region *region;
 
     void *cuda_lib, *nvml_lib;
@@ -84,6 +87,7 @@ typedef struct kgpu_shim_state {
     struct {
         int refs;
         _Atomic(CUcontext) ctx;
+        uint64_t bytes; /* what its footprint was charged */
     } primary[KGPU_SHIM_MAX_CUDA_DEVICES];
     _Atomic int nprimary;
 
@@ -270,6 +274,23 @@ int kgpu__export_open(const kgpu_vmm_export *e);
  * otherwise beyond one load).
  */
 void kgpu__compute_gate(void);
+
+/*
+ * What a context just made on CUDA device dev (limits index li) is charged:
+ * measured across its creation where the driver lets it be (see hooks.c),
+ * else the configured figure. Filled by kgpu__ctx_before, read by
+ * kgpu__ctx_footprint.
+ */
+typedef struct kgpu_ctx_probe {
+    int how; /* 0: not measurable; 1: NVML's free memory; 2: cuMemGetInfo in a context */
+    uint64_t free;
+    nvmlDevice_t nvml;
+} kgpu_ctx_probe;
+
+void kgpu__ctx_before(CUdevice dev, int li, kgpu_ctx_probe *p);
+
+/* The charge for `made`, measured by the same means as p (measured: set when it was). */
+uint64_t kgpu__ctx_footprint(const kgpu_ctx_probe *p, CUcontext made, int *measured);
 
 /* The CUDA ordinal of limits index li (first match), or -1. */
 CUdevice kgpu__cuda_dev(int li);

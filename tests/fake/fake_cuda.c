@@ -16,6 +16,13 @@
  *                       GPU-fa4e0000-0000-0000-0000-00000000000<i>)
  *   FAKE_CUDA_NO_UUID   1: cuDeviceGetUuid(_v2) fail (UUIDs unreadable)
  *   FAKE_CUDA_CTX_MIB   what a context takes from the pool (default 0)
+ *   FAKE_GPU_MEM_FILE   a file through which every process's fake driver
+ *                       and fake NVML see the same device memory
+ *                       (fake_gpumem.h): cuMemGetInfo's free memory is then
+ *                       what all processes, and a neighbour, leave
+ *   FAKE_CUDA_CTX_NEIGHBOUR_MIB  with FAKE_GPU_MEM_FILE: a neighbour
+ *                       allocates this much (frees, if negative) while a
+ *                       context is made
  *   FAKE_CUDA_PROC_INTERNAL  1: cuGetProcAddress hands out internal
  *                       addresses for cuMemAlloc, cuMemFree and
  *                       cuGraphInstantiate (WithFlags), not the exports
@@ -45,6 +52,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "fake_gpumem.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -94,7 +103,9 @@ typedef struct pool {
 } pool;
 
 typedef struct dev {
-    unsigned long long total, used;
+    unsigned long long total;
+    unsigned long long *used; /* &mine, or this process's slot of FAKE_GPU_MEM_FILE */
+    unsigned long long mine;
     char uuid[64];
     ctx primary;
     pool default_pool;
@@ -125,9 +136,14 @@ typedef struct alloc {
     unsigned long long part; /* K_POOL, K_GRAPHMEM: its bytes within the pool */
 } alloc;
 
+/* What device d has given out in this process (an lvalue). */
+#define USED(d) (*devs[d].used)
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialised, ndevs, no_uuid;
 static unsigned long long ctx_bytes;
+static long long ctx_neighbour; /* FAKE_CUDA_CTX_NEIGHBOUR_MIB, in bytes */
+static fake_mem_file *shared_mem; /* FAKE_GPU_MEM_FILE, or NULL */
 static dev devs[MAX_DEVS];
 static ctx ctxs[MAX_CTXS];
 static alloc *table;
@@ -197,7 +213,7 @@ static void insert(const alloc *a)
 static void erase(alloc *a)
 {
     size_t i = (size_t)(a - table);
-    devs[a->dev].used -= a->size;
+    USED(a->dev) -= a->size;
     table[i].kind = 0;
     table_used--;
     for (size_t j = (i + 1) & (table_cap - 1); table[j].kind != 0; j = (j + 1) & (table_cap - 1)) {
@@ -226,7 +242,7 @@ static CUresult take(int d, unsigned long long size, ctx *c, int kind, unsigned 
 {
     if (size == 0)
         return INVALID_VALUE;
-    if (size > devs[d].total - devs[d].used)
+    if (size > devs[d].total - USED(d))
         return OUT_OF_MEMORY;
     if (kind == K_MEM32) { /* the pre-3.2 entry points: addresses below 4 GiB */
         *key = next_addr32;
@@ -238,7 +254,7 @@ static CUresult take(int d, unsigned long long size, ctx *c, int kind, unsigned 
     } else {
         *key = next_handle++;
     }
-    devs[d].used += size;
+    USED(d) += size;
     alloc a = {.key = *key, .size = size, .c = c, .dev = d, .kind = kind};
     insert(&a);
     return OK;
@@ -254,6 +270,13 @@ static CUresult give(unsigned long long key, int kind)
 }
 
 /* ---- contexts ---- */
+
+/* While a context is made, a neighbour allocates (or frees) FAKE_CUDA_CTX_NEIGHBOUR_MIB. */
+static void neighbour_moves(int d)
+{
+    if (shared_mem != NULL && ctx_neighbour != 0 && d < FAKE_MEM_DEVS)
+        __atomic_fetch_add(&shared_mem->neighbour[d], ctx_neighbour, __ATOMIC_ACQ_REL);
+}
 
 static ctx *current(void)
 {
@@ -298,9 +321,15 @@ CUresult cuInit(unsigned int flags)
             ndevs = MAX_DEVS;
         no_uuid = env_num("FAKE_CUDA_NO_UUID", 0) != 0;
         ctx_bytes = env_num("FAKE_CUDA_CTX_MIB", 0) * MIB;
+        const char *nb = getenv("FAKE_CUDA_CTX_NEIGHBOUR_MIB");
+        ctx_neighbour = nb != NULL ? strtoll(nb, NULL, 10) * (long long)MIB : 0;
         unsigned long long mib = env_num("FAKE_CUDA_MEM_MIB", 16384);
         const char *uuids = getenv("FAKE_CUDA_UUIDS");
+        fake_mem_slot *slot = NULL;
+        if ((shared_mem = fake_mem_open()) != NULL && (slot = fake_mem_claim(shared_mem)) == NULL)
+            shared_mem = NULL;
         for (int d = 0; d < ndevs; d++) {
+            devs[d].used = slot != NULL && d < FAKE_MEM_DEVS ? &slot->used[d] : &devs[d].mine;
             devs[d].total = mib * MIB;
             devs[d].next_addr = (unsigned long long)(d + 1) << 40;
             devs[d].primary.dev = d;
@@ -339,7 +368,7 @@ CUresult fakeCudaPoolUsed(int d, unsigned long long *used)
         return INVALID_VALUE;
     pthread_mutex_lock(&mu);
     phys_sweep();
-    *used = devs[d].used;
+    *used = USED(d);
     pthread_mutex_unlock(&mu);
     return OK;
 }
@@ -446,9 +475,10 @@ CUresult cuCtxCreate_v2(ctx **pctx, unsigned int flags, CUdevice d)
     for (int i = 0; i < MAX_CTXS; i++) {
         if (ctxs[i].alive)
             continue;
-        if (ctx_bytes > devs[d].total - devs[d].used)
+        if (ctx_bytes > devs[d].total - USED(d))
             break;
-        devs[d].used += ctx_bytes;
+        USED(d) += ctx_bytes;
+        neighbour_moves(d);
         ctxs[i] = (ctx){.dev = d, .alive = 1};
         if (depth < MAX_STACK)
             stack[depth++] = &ctxs[i];
@@ -472,7 +502,7 @@ CUresult cuCtxDestroy_v2(ctx *c)
         return INVALID_CONTEXT;
     }
     free_ctx_allocs(c);
-    devs[c->dev].used -= ctx_bytes + c->limit_mem;
+    USED(c->dev) -= ctx_bytes + c->limit_mem;
     c->alive = 0;
     for (int i = 0; i < depth; i++)
         if (stack[i] == c)
@@ -492,11 +522,12 @@ CUresult cuDevicePrimaryCtxRetain(ctx **pctx, CUdevice d)
     pthread_mutex_lock(&mu);
     ctx *p = &devs[d].primary;
     if (p->primary_refs == 0) {
-        if (ctx_bytes > devs[d].total - devs[d].used) {
+        if (ctx_bytes > devs[d].total - USED(d)) {
             pthread_mutex_unlock(&mu);
             return OUT_OF_MEMORY;
         }
-        devs[d].used += ctx_bytes;
+        USED(d) += ctx_bytes;
+        neighbour_moves(d);
     }
     p->primary_refs++;
     *pctx = p;
@@ -516,7 +547,7 @@ static CUresult primary_release(CUdevice d)
         r = OK;
         if (--p->primary_refs == 0) {
             free_ctx_allocs(p);
-            devs[d].used -= ctx_bytes + p->limit_mem;
+            USED(d) -= ctx_bytes + p->limit_mem;
             p->limit_mem = 0;
             memset(p->limits, 0, sizeof(p->limits));
         }
@@ -660,7 +691,10 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
         return INVALID_VALUE;
     }
     phys_sweep();
-    *free_bytes = (size_t)(devs[c->dev].total - devs[c->dev].used);
+    unsigned long long used = USED(c->dev);
+    if (shared_mem != NULL) /* neighbours hold memory too */
+        used = fake_mem_device_used(shared_mem, c->dev);
+    *free_bytes = (size_t)(used < devs[c->dev].total ? devs[c->dev].total - used : 0);
     *total = (size_t)devs[c->dev].total;
     pthread_mutex_unlock(&mu);
     return OK;
@@ -881,7 +915,7 @@ static void pool_shrink(pool *p, unsigned long long keep)
     if (floor < keep)
         floor = keep;
     if (p->reserved > floor) {
-        devs[p->dev].used -= p->reserved - floor;
+        USED(p->dev) -= p->reserved - floor;
         p->reserved = floor;
     }
 }
@@ -1152,9 +1186,9 @@ static CUresult graph_map(const gexec *e)
         if (need[d] <= spare)
             continue;
         unsigned long long grow = round_up(need[d] - spare);
-        if (grow > devs[d].total - devs[d].used)
+        if (grow > devs[d].total - USED(d))
             return OUT_OF_MEMORY;
-        devs[d].used += grow;
+        USED(d) += grow;
         devs[d].graph_reserved += grow;
     }
     return OK;
@@ -1229,7 +1263,7 @@ CUresult cuDeviceGraphMemTrim(CUdevice d)
     pthread_mutex_lock(&mu);
     unsigned long long floor = round_up(devs[d].graph_used);
     if (devs[d].graph_reserved > floor) {
-        devs[d].used -= devs[d].graph_reserved - floor;
+        USED(d) -= devs[d].graph_reserved - floor;
         devs[d].graph_reserved = floor;
     }
     pthread_mutex_unlock(&mu);
@@ -1296,9 +1330,9 @@ static CUresult pool_take(pool *p, unsigned long long size, CUdeviceptr *out)
     unsigned long long spare = p->reserved - p->used;
     if (size > spare) {
         unsigned long long grow = round_up(size - spare);
-        if (grow > devs[p->dev].total - devs[p->dev].used)
+        if (grow > devs[p->dev].total - USED(p->dev))
             return OUT_OF_MEMORY;
-        devs[p->dev].used += grow;
+        USED(p->dev) += grow;
         p->reserved += grow;
     }
     p->used += size;
@@ -1556,7 +1590,7 @@ static void phys_settle(int i)
         if (export_open(p, k))
             return;
     if (!p->foreign)
-        devs[p->dev].used -= p->size;
+        USED(p->dev) -= p->size;
     p->alive = 0;
 }
 
@@ -1614,8 +1648,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const mem_pro
     phys_sweep();
     int i = new_phys();
     CUresult r = OUT_OF_MEMORY;
-    if (i >= 0 && size <= devs[d].total - devs[d].used) {
-        devs[d].used += size;
+    if (i >= 0 && size <= devs[d].total - USED(d)) {
+        USED(d) += size;
         physs[i] = (phys){.alive = 1, .dev = d, .size = size};
         *h = next_handle++;
         r = handle_ref(*h, i);
@@ -1925,10 +1959,10 @@ CUresult cuCtxSetLimit(int limit, size_t v)
         was = was > base ? was - base : 0;
         now = now > base ? now - base : 0;
         r = OK;
-        if (now > was && now - was > devs[c->dev].total - devs[c->dev].used)
+        if (now > was && now - was > devs[c->dev].total - USED(c->dev))
             r = OUT_OF_MEMORY;
         if (r == OK) {
-            devs[c->dev].used = devs[c->dev].used + now - was;
+            USED(c->dev) = USED(c->dev) + now - was;
             c->limit_mem = c->limit_mem + now - was;
             c->limits[limit] = v;
         }

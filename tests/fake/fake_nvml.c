@@ -19,7 +19,12 @@
  * NVML documents, so two handles in one process (the plugin's discovery and
  * its watcher) live side by side.
  * nvmlDeviceGetMemoryInfo(_v2) report the whole card free (the interception
- * library's tests check that it reports the container's share instead).
+ * library's tests check that it reports the container's share instead),
+ * unless FAKE_GPU_MEM_FILE names the fake driver's shared memory file
+ * (fake_gpumem.h): then they report what the fake drivers of all processes
+ * hold, and every process holding memory there is listed with it as a
+ * compute process (after the FAKE_NVML_PROCS ones, which win for a pid
+ * they name on that GPU).
  * Variants built with -DFAKE_NO_EVENTS (no event functions) and
  * -DFAKE_NO_MEMINFO (a required function missing) test the loader;
  * -DFAKE_PROCS_V1 exports only the unversioned process list, which fills
@@ -30,6 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+
+#include "fake_gpumem.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -64,6 +71,31 @@ EXPORT int nvmlDeviceGetHandleByIndex_v2(unsigned int i, fake_dev **d);
 EXPORT int nvmlDeviceGetUUID(fake_dev *d, char *buf, unsigned int len);
 EXPORT int nvmlDeviceGetName(fake_dev *d, char *buf, unsigned int len);
 EXPORT int nvmlDeviceGetPciInfo_v3(fake_dev *d, fake_pci *p);
+
+/*
+ * The fake drivers' shared memory file (FAKE_GPU_MEM_FILE), mapped again
+ * whenever the variable names another (a test process sets it per case);
+ * NULL without it.
+ */
+static fake_mem_file *shared;
+static char shared_path[512];
+static pthread_mutex_t shared_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static fake_mem_file *shared_mem(void)
+{
+    const char *path = getenv("FAKE_GPU_MEM_FILE");
+    path = path != NULL ? path : "";
+    pthread_mutex_lock(&shared_mu);
+    if (strcmp(path, shared_path) != 0) {
+        if (shared != NULL)
+            munmap(shared, sizeof(*shared));
+        shared = fake_mem_open();
+        snprintf(shared_path, sizeof(shared_path), "%s", path);
+    }
+    fake_mem_file *f = shared;
+    pthread_mutex_unlock(&shared_mu);
+    return f;
+}
 
 static int init_locked(void)
 {
@@ -154,6 +186,21 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int i, fake_dev **d)
     return 0;
 }
 
+EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, fake_dev **d);
+int nvmlDeviceGetHandleByUUID(const char *uuid, fake_dev **d)
+{
+    if (!initialised)
+        return 1;
+    if (uuid == NULL || d == NULL)
+        return 2;
+    for (unsigned i = 0; i < ndevs; i++)
+        if (strcmp(devs[i].uuid, uuid) == 0) {
+            *d = &devs[i];
+            return 0;
+        }
+    return 6; /* NOT_FOUND */
+}
+
 static int copy_str(char *buf, unsigned int len, const char *s)
 {
     if (strlen(s) + 1 > len)
@@ -178,13 +225,22 @@ int nvmlDeviceGetName(fake_dev *d, char *buf, unsigned int len)
 
 #ifndef FAKE_NO_MEMINFO
 EXPORT int nvmlDeviceGetMemoryInfo(fake_dev *d, unsigned long long m[3]);
+/* Bytes in use on d: what the fake drivers hold, with FAKE_GPU_MEM_FILE; else nothing. */
+static unsigned long long mem_used(const fake_dev *d)
+{
+    fake_mem_file *f = shared_mem();
+    unsigned i = (unsigned)(d - devs);
+    return f != NULL && i < FAKE_MEM_DEVS ? fake_mem_device_used(f, (int)i) : 0;
+}
+
 int nvmlDeviceGetMemoryInfo(fake_dev *d, unsigned long long m[3])
 {
     if (!initialised)
         return 1;
-    m[0] = d->mib * 1024 * 1024;
-    m[1] = m[0];
-    m[2] = 0;
+    unsigned long long total = d->mib * 1024 * 1024, used = mem_used(d);
+    m[0] = total;
+    m[2] = used < total ? used : total;
+    m[1] = total - m[2];
     return 0;
 }
 
@@ -203,10 +259,11 @@ int nvmlDeviceGetMemoryInfo_v2(fake_dev *d, fake_memory_v2 *m)
         return 2;
     if (m->version != (unsigned)(sizeof(*m) | 2u << 24))
         return 25; /* ARGUMENT_VERSION_MISMATCH */
+    unsigned long long used = mem_used(d);
     m->total = d->mib * 1024 * 1024;
     m->reserved = 0;
-    m->free = m->total;
-    m->used = 0;
+    m->used = used < m->total ? used : m->total;
+    m->free = m->total - m->used;
     return 0;
 }
 #endif
@@ -282,7 +339,10 @@ typedef struct {
 
 #define FAKE_PROCS_MAX 256
 
-/* The script's processes now; a line that does not parse is left out. */
+/*
+ * The script's processes now (a line that does not parse is left out), then
+ * those holding memory in FAKE_GPU_MEM_FILE that the script does not name.
+ */
 static unsigned read_script(fake_proc *out)
 {
     const char *path = getenv("FAKE_NVML_PROCS");
@@ -301,6 +361,19 @@ static unsigned read_script(fake_proc *out)
     }
     if (f != NULL)
         fclose(f);
+    fake_mem_file *m = shared_mem();
+    unsigned scripted = n;
+    for (int s = 0; m != NULL && s < FAKE_MEM_SLOTS; s++) {
+        int pid = __atomic_load_n(&m->slot[s].pid, __ATOMIC_ACQUIRE);
+        for (unsigned g = 0; fake_mem_alive(pid) && g < FAKE_MEM_DEVS && n < FAKE_PROCS_MAX; g++) {
+            unsigned long long used = __atomic_load_n(&m->slot[s].used[g], __ATOMIC_ACQUIRE);
+            int named = 0;
+            for (unsigned i = 0; i < scripted; i++)
+                named |= out[i].gpu == g && out[i].pid == (unsigned)pid;
+            if (used != 0 && !named)
+                out[n++] = (fake_proc){.gpu = g, .pid = (unsigned)pid, .used = used};
+        }
+    }
     return n;
 }
 

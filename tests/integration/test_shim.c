@@ -247,6 +247,76 @@ static void contexts(void **state)
     expect_run(KGPU_SHIM_PROBE, "ctx", 0);
 }
 
+/*
+ * Contexts measured as the driver reports them: the fake driver's context
+ * takes FAKE_CUDA_CTX_MIB, seen by the fake NVML through the shared memory
+ * file (before the process has a context) and by cuMemGetInfo (for a
+ * context made while another is current).
+ */
+static void env_measured(unsigned ctx_mib)
+{
+    env_container(KGPU_SHIM_LIB, "full", 4096);
+    write_limits(limits, 4096);
+    env_add("FAKE_GPU_MEM_FILE=%s/gpumem", tmp);
+    env_add("FAKE_NVML_GPUS=%s,Fake GPU,16384,0000:3b:00.0", UUID0);
+    env_add("FAKE_CUDA_CTX_MIB=%u", ctx_mib);
+}
+
+static void contexts_are_charged_what_they_take(void **state)
+{
+    env_measured(520);
+    env_add("PROBE_CTX_MIB=520");
+    expect_run(KGPU_SHIM_PROBE, "ctx", 0); /* 6 contexts fit 4096 MiB, a 7th is refused */
+    env_measured(520);
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=520 created=520 destroyed=520 released=0\n");
+    /* Without NVML the primary context cannot be measured; one made in it can. */
+    env_measured(520);
+    env_drop("FAKE_NVML_GPUS");
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=300 created=520 destroyed=300 released=0\n");
+    /* KGPU_CONTEXT_MIB is a floor: above the measurement it wins, below it does not. */
+    env_measured(520);
+    env_add("KGPU_CONTEXT_MIB=600");
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=600 created=600 destroyed=600 released=0\n");
+    env_measured(520);
+    env_add("KGPU_CONTEXT_MIB=100");
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=520 created=520 destroyed=520 released=0\n");
+    assert_string_equal(err, "");
+}
+
+static void implausible_context_measurements_fall_back(void **state)
+{
+    /* A driver whose contexts take nothing measurable: the configured figure. */
+    env_measured(0);
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=300 created=300 destroyed=300 released=0\n");
+    /* A neighbour allocating 8 GiB while each context is made: not believed. */
+    env_measured(520);
+    env_add("FAKE_CUDA_CTX_NEIGHBOUR_MIB=8192");
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=300 created=300 destroyed=300 released=0\n");
+    /* One freeing more than the context takes: nothing measured, the configured figure. */
+    write_file(strcat(strcpy(out, tmp), "/gpumem"), ""); /* a fresh file: no neighbour yet */
+    env_measured(520);
+    env_add("FAKE_CUDA_CTX_NEIGHBOUR_MIB=-1000");
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=300 created=300 destroyed=300 released=0\n");
+    /* A small one within the plausible range is counted as the context's: over, not under. */
+    write_file(strcat(strcpy(out, tmp), "/gpumem"), "");
+    env_measured(520);
+    env_add("FAKE_CUDA_CTX_NEIGHBOUR_MIB=40");
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=560 created=560 destroyed=560 released=0\n");
+    /* With KGPU_CONTEXT_MIB, its figure is the fallback. */
+    env_measured(0);
+    env_add("KGPU_CONTEXT_MIB=450");
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=450 created=450 destroyed=450 released=0\n");
+}
+
 static void forked_children_account_for_themselves(void **state)
 {
     env_container(KGPU_SHIM_LIB, "full", 1024);
@@ -762,6 +832,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(context_charge_is_configurable_upwards_only, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(contexts, setup, teardown),
+        cmocka_unit_test_setup_teardown(contexts_are_charged_what_they_take, setup, teardown),
+        cmocka_unit_test_setup_teardown(implausible_context_measurements_fall_back, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(forked_children_account_for_themselves, setup, teardown),
         cmocka_unit_test_setup_teardown(nvml_shows_the_share, setup, teardown),
         cmocka_unit_test_setup_teardown(the_region_is_private, setup, teardown),

@@ -634,6 +634,89 @@ static void test_core_over_share_after_grace(void **state)
     dp_watcher_free(w);
 }
 
+/*
+ * The library and the watcher count a container's memory alike. A process
+ * under libkgpu-limit.so (the probe, against the fake driver, whose
+ * contexts take 520 MiB as NVML and the driver both see through one
+ * memory file) fills its 2048 MiB share as the library charges it: NVML
+ * then counts 2048 MiB for it, and with memorySlackMiB 0 and enforce: kill
+ * it is left alone. Charged the fixed 300 MiB instead (its NVML finds no
+ * GPU to measure the context with), the same process fits 220 MiB more
+ * than its share, and is killed.
+ */
+#define PROBE_UUID "GPU-fa4e0000-0000-0000-0000-000000000000"
+#define PROBE_GPUS PROBE_UUID ",NVIDIA H200,40960,00000000:3B:00.0"
+
+static pid_t probe_holding(unsigned hold_mib, int nvml)
+{
+    char e[10][700];
+    snprintf(e[0], sizeof(e[0]), "LD_PRELOAD=%s", KGPU_SHIM_LIB);
+    snprintf(e[1], sizeof(e[1]), "LD_LIBRARY_PATH=%s/full:%s", KGPU_FAKE_CUDA_DIR,
+             KGPU_SHIM_FAKE_NVML_DIR);
+    snprintf(e[2], sizeof(e[2]), "KGPU_SHARED_DIR=%s/acct", root);
+    snprintf(e[3], sizeof(e[3]), "KGPU_LIMITS_FILE=%s/state/pods/%s/train.limits", root, UID_A);
+    snprintf(e[4], sizeof(e[4]), "FAKE_GPU_MEM_FILE=%s/gpumem", root);
+    snprintf(e[5], sizeof(e[5]), "FAKE_CUDA_MEM_MIB=40960");
+    snprintf(e[6], sizeof(e[6]), "FAKE_CUDA_CTX_MIB=520");
+    snprintf(e[7], sizeof(e[7]), "PROBE_HOLD_MIB=%u", hold_mib);
+    snprintf(e[8], sizeof(e[8]), "FAKE_NVML_GPUS=%s", nvml ? PROBE_GPUS : "");
+    char *envp[] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], NULL};
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        char *argv[] = {(char *)KGPU_SHIM_PROBE, (char *)"hold", NULL};
+        execve(KGPU_SHIM_PROBE, argv, envp);
+        _exit(127);
+    }
+    close(fds[1]);
+    char buf[256];
+    ssize_t n = read(fds[0], buf, sizeof(buf) - 1); /* "holding" once its memory is held */
+    close(fds[0]);
+    assert_true(n > 0);
+    buf[n] = '\0';
+    if (strstr(buf, "holding") == NULL)
+        fail_msg("the probe did not get its memory: %s", buf);
+    cgroup_of((unsigned)pid, UID_A, CID_1);
+    return pid;
+}
+
+static void test_library_and_watcher_agree(void **state)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/acct", root);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(path, sizeof(path), "%s/gpumem", root);
+    setenv("FAKE_GPU_MEM_FILE", path, 1);
+    setenv("FAKE_NVML_GPUS", PROBE_GPUS, 1);
+    limits(UID_A, "train", "device 0 uuid=" PROBE_UUID " memory_mib=2048\n");
+    dp_watch_config c = config(DP_ENFORCE_KILL);
+    assert_int_equal(c.memory_slack_mib, 0);
+#define P0 LBL("", "", "train", UID_A, CID_1, "0", PROBE_UUID)
+    /* Measured: 520 for the context + 1528 allocated = the share, as NVML counts it too. */
+    pid_t full = probe_holding(1528, 1);
+    dp_watcher *w = watcher(&c, NULL);
+    char *t = scan_text(w);
+    assert_true(sample(t, "kgpu_container_gpu_memory_used_bytes" P0 "}") == 2048.0 * MIB);
+    assert_true(sample(t, "kgpu_container_gpu_throttled" P0 ",resource=\"memory\"}") == 0);
+    free(t);
+    assert_false(killed(full));
+    reap(full);
+    dp_watcher_free(w);
+    /* A fixed 300 MiB per context lets 1748 MiB more in: 2268 as NVML counts, over. */
+    pid_t over = probe_holding(1748, 0);
+    w = watcher(&c, NULL);
+    t = scan_text(w);
+    assert_true(sample(t, "kgpu_container_gpu_memory_used_bytes" P0 "}") == 2268.0 * MIB);
+    free(t);
+    assert_true(killed(over));
+    dp_watcher_free(w);
+    unsetenv("FAKE_GPU_MEM_FILE");
+}
+
 static void test_gpu_not_given_is_over(void **state)
 {
     /* The container was given GPU 0 only, but NVML sees it on GPU 1. */
@@ -1103,6 +1186,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_enforce_none_reports_once_per_episode, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_core_over_share_after_grace, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_library_and_watcher_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_not_given_is_over, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nvml_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_names_and_events_from_the_api, setup, teardown),

@@ -11,6 +11,8 @@
  *                   pool as it was; cuMemGetInfo/cuDeviceTotalMem show the
  *                   share; frees give it back
  *   probe ctx       context footprints, and memory dying with its context
+ *   probe ctxcharge prints what the primary and a created context were
+ *                   charged and what is left charged after each goes
  *   probe info      prints what cuInit, an allocation and cuMemGetInfo say
  *   probe nvml      NVML's memory figures show the share
  *   probe tamper    raising the limit in the region changes nothing
@@ -526,7 +528,26 @@ static int cmd_ctx(void)
     /* The last release of the primary context gives back it and what was allocated in it. */
     EXPECT_RC(A.cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
     EXPECT_EQ(used(), 0);
-    EXPECT_EQ(pool(), p0); /* the fake freed what the context held */
+    /* The fake freed what the context held, its own footprint too. */
+    EXPECT_EQ(pool(), p0 - env_mib("FAKE_CUDA_CTX_MIB", 0));
+    return failures != 0;
+}
+
+static int cmd_ctxcharge(void)
+{
+    CUcontext prim, made;
+    if (setup(&prim) != 0 || open_region() != 0)
+        return 1;
+    uint64_t primary = used();
+    EXPECT_RC(A.cuCtxCreate_v2(&made, 0, 0), CUDA_SUCCESS);
+    uint64_t created = used() - primary;
+    EXPECT_RC(A.cuCtxDestroy_v2(made), CUDA_SUCCESS);
+    uint64_t destroyed = used();
+    A.cuCtxSetCurrent(prim);
+    EXPECT_RC(A.cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    printf("primary=%llu created=%llu destroyed=%llu released=%llu\n",
+           (unsigned long long)(primary / MIB), (unsigned long long)(created / MIB),
+           (unsigned long long)(destroyed / MIB), (unsigned long long)(used() / MIB));
     return failures != 0;
 }
 
@@ -1666,6 +1687,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     int rc = strcmp(cmd, "enforce") == 0  ? cmd_enforce()
              : strcmp(cmd, "ctx") == 0    ? cmd_ctx()
+             : strcmp(cmd, "ctxcharge") == 0 ? cmd_ctxcharge()
              : strcmp(cmd, "info") == 0   ? cmd_info()
              : strcmp(cmd, "nvml") == 0   ? cmd_nvml()
              : strcmp(cmd, "tamper") == 0 ? cmd_tamper()
