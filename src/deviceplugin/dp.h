@@ -74,6 +74,8 @@ int dp_res_from_name(const char *name);
 #define DP_PRELOAD_PATH "/etc/ld.so.preload"
 /* The node-wide GPU schedules (src/shim/gpusched.h): <dir>/<uuid>.sched, one per GPU. */
 #define DP_SCHED_PATH "/var/run/kgpu-gpu"
+/* MPS mode: the MPS control daemon's pipe directory, in the container (NVIDIA's default). */
+#define DP_MPS_PIPE_PATH "/tmp/nvidia-mps"
 
 /* Annotation with the (container, resource) pairs served so far. */
 #define DP_ANN_ALLOCATING "kgpu.io/allocating"
@@ -175,21 +177,41 @@ typedef struct dp_mount {
     bool read_only;
 } dp_mount;
 
-/* Mounts a container can get: limits, accounting, library, preload, one schedule per GPU. */
-#define DP_MAX_MOUNTS (4 + KGPU_MAX_GPUS_PER_NODE)
+/*
+ * Mounts a container can get: limits, accounting, library, preload, and one
+ * schedule per GPU or the MPS pipe directory.
+ */
+#define DP_MAX_MOUNTS (5 + KGPU_MAX_GPUS_PER_NODE)
+#define DP_MAX_ENV    16
+
+/* How containers sharing a GPU are held to their compute shares. */
+typedef enum dp_sharing {
+    DP_SHARING_SCHED = 0, /* the library's turns through each GPU's schedule file */
+    DP_SHARING_MPS,       /* NVIDIA MPS: active-thread percentage and pinned memory per client */
+} dp_sharing;
+
+/* "sched" or "mps" -> *out; -1 for anything else. */
+int dp_sharing_parse(const char *s, dp_sharing *out);
 
 /* What one container gets. */
 typedef struct dp_response {
     int nenv;
-    dp_kv env[12];
+    dp_kv env[DP_MAX_ENV];
     int nmounts;
     dp_mount mounts[DP_MAX_MOUNTS];
 } dp_response;
 
 typedef struct dp_paths {
-    const char *state_dir; /* host: pods/<uid>/..., ld.so.preload */
-    const char *shim_lib;  /* host path of libkgpu-limit.so, NULL = no interception */
+    const char *state_dir;    /* host: pods/<uid>/..., ld.so.preload */
+    const char *shim_lib;     /* host path of libkgpu-limit.so, NULL = no interception */
+    const char *mps_pipe_dir; /* host: MPS mode's pipe directory; NULL = schedule-file mode */
 } dp_paths;
+
+/*
+ * MPS mode needs the node's MPS control daemon: 0 when `dir` holds its
+ * control pipe (a FIFO named "control"), else KGPU_ENOENT saying what to do.
+ */
+int dp_mps_check(const char *dir, kgpu_error *err);
 
 /* The limits file text (`# kgpu limits v1` and one line per visible GPU); malloc'd. */
 char *dp_limits_text(const dp_match *m);
@@ -268,6 +290,8 @@ typedef struct dp_config {
     bool gpushare_alias;
     bool no_api; /* never talk to an API server (tests) */
     char watch_config[1024]; /* the watcher's config file (watcher.h); "" = no watcher */
+    dp_sharing sharing;
+    char mps_pipe_dir[1024]; /* host: with DP_SHARING_MPS */
 } dp_config;
 
 /* Runs the daemon until *stop; 0 on a clean stop. */

@@ -40,6 +40,11 @@ static const char usage[] =
     "  --shim-lib PATH      host path of libkgpu-limit.so (default "
     "STATE-DIR/lib/libkgpu-limit.so;\n"
     "                       'none': no interception library, no memory isolation)\n"
+    "  --sharing MODE       how containers sharing a GPU are held to their compute shares:\n"
+    "                       'sched' (default: the library's turns, one schedule file per\n"
+    "                       GPU) or 'mps' (NVIDIA MPS; needs the node's MPS control daemon)\n"
+    "  --mps-pipe-dir DIR   host folder of the MPS control daemon's pipes, mounted into\n"
+    "                       containers in MPS mode (default /tmp/nvidia-mps)\n"
     "  --whole-gpus         also register nvidia.com/gpu (leave off while NVIDIA's plugin owns "
     "it)\n"
     "  --gpushare-alias     also register aliyun.com/gpu-mem for gpushare manifests\n"
@@ -67,6 +72,8 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
         O_LOG,
         O_NOAPI,
         O_WATCH,
+        O_SHARING,
+        O_MPS_PIPE,
         O_VERSION,
         O_HELP
     };
@@ -85,6 +92,8 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
         {"log-level", required_argument, NULL, O_LOG},
         {"no-api-server", no_argument, NULL, O_NOAPI},
         {"watch-config", required_argument, NULL, O_WATCH},
+        {"sharing", required_argument, NULL, O_SHARING},
+        {"mps-pipe-dir", required_argument, NULL, O_MPS_PIPE},
         {"version", no_argument, NULL, O_VERSION},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
@@ -92,6 +101,7 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
     memset(cfg, 0, sizeof(*cfg));
     snprintf(cfg->plugin_dir, sizeof(cfg->plugin_dir), "/var/lib/kubelet/device-plugins");
     snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/kgpu");
+    snprintf(cfg->mps_pipe_dir, sizeof(cfg->mps_pipe_dir), "/tmp/nvidia-mps");
     const char *env = getenv("NODE_NAME");
     if (env != NULL)
         snprintf(cfg->node_name, sizeof(cfg->node_name), "%s", env);
@@ -131,6 +141,14 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
             break;
         case O_WATCH:
             dst = cfg->watch_config, cap = sizeof(cfg->watch_config);
+            break;
+        case O_MPS_PIPE:
+            dst = cfg->mps_pipe_dir, cap = sizeof(cfg->mps_pipe_dir);
+            break;
+        case O_SHARING:
+            if (dp_sharing_parse(optarg, &cfg->sharing) != 0)
+                return kgpu_error_set(err, KGPU_EINVAL, "--sharing %s: expected sched or mps",
+                                      optarg);
             break;
         case O_UNIT: {
             int64_t bytes;

@@ -926,6 +926,8 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     if (cfg->gpushare_alias)
         p->registered |= 1u << DP_RES_ALIAS;
     p->paths.state_dir = cfg->state_dir;
+    if (cfg->sharing == DP_SHARING_MPS)
+        p->paths.mps_pipe_dir = cfg->mps_pipe_dir;
     if (strcmp(cfg->shim_lib, "none") != 0) {
         if (cfg->shim_lib[0] != '\0')
             snprintf(p->shim, sizeof(p->shim), "%s", cfg->shim_lib);
@@ -933,8 +935,9 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
             snprintf(p->shim, sizeof(p->shim), "%s/lib/libkgpu-limit.so", cfg->state_dir);
         p->paths.shim_lib = p->shim;
     }
-    int rc = 0;
-    if (mkdir(cfg->state_dir, 0755) != 0 && errno != EEXIST)
+    /* Refused at start: without the daemon, containers would get MPS limits nobody enforces. */
+    int rc = cfg->sharing == DP_SHARING_MPS ? dp_mps_check(cfg->mps_pipe_dir, err) : 0;
+    if (rc == 0 && mkdir(cfg->state_dir, 0755) != 0 && errno != EEXIST)
         rc = kgpu_error_set(err, KGPU_EIO, "state directory %s: %s", cfg->state_dir,
                             strerror(errno));
     if (rc == 0)

@@ -14,6 +14,13 @@
  * A container with a compute share gets its GPUs' schedule files, one file
  * bind mount each, never the directory: it cannot reach another GPU's
  * schedule, nor replace or remove its own (a mount point cannot be unlinked).
+ *
+ * In MPS mode (--sharing mps) it gets no schedule: the MPS control
+ * daemon's pipe directory instead, and the MPS client variables that hold
+ * each of its processes to its core share (active-thread percentage) and
+ * memory share (pinned device memory per visible device). The library
+ * stays preloaded: MPS's limits are per process, the container's share is
+ * for all its processes together (docs/install-device-plugin.md, "MPS mode").
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +46,38 @@ bool dp_sched_shared(const dp_match *m, int i)
 {
     /* As the library decides (hooks_launch.c): only a core_pct below 100 takes turns. */
     return core_pct(&m->gpus[i]) < 100;
+}
+
+/* Whether the container takes turns on GPU i through its schedule (never in MPS mode). */
+static bool takes_turns(const dp_match *m, const dp_paths *paths, int i)
+{
+    return paths->mps_pipe_dir == NULL && dp_sched_shared(m, i);
+}
+
+int dp_sharing_parse(const char *s, dp_sharing *out)
+{
+    if (strcmp(s, "sched") == 0)
+        *out = DP_SHARING_SCHED;
+    else if (strcmp(s, "mps") == 0)
+        *out = DP_SHARING_MPS;
+    else
+        return -1;
+    return 0;
+}
+
+int dp_mps_check(const char *dir, kgpu_error *err)
+{
+    char path[1100];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/control", dir);
+    int found = stat(path, &st) == 0;
+    if (found && S_ISFIFO(st.st_mode))
+        return 0;
+    return kgpu_error_set(err, KGPU_ENOENT,
+                          "MPS mode: %s is %s, so no MPS control daemon serves this node; start "
+                          "'nvidia-cuda-mps-control -d' with CUDA_MPS_PIPE_DIRECTORY=%s first, or "
+                          "use --sharing sched",
+                          path, found ? "not the daemon's control pipe" : "missing", dir);
 }
 
 char *dp_limits_text(const dp_match *m)
@@ -124,9 +163,25 @@ void dp_response_build(const dp_match *m, const dp_inventory *inv, const dp_path
         mount(out, DP_SHIM_PATH, true, "%s", paths->shim_lib);
         mount(out, DP_PRELOAD_PATH, true, "%s/ld.so.preload", paths->state_dir);
     }
+    if (paths->mps_pipe_dir != NULL) {
+        /*
+         * The MPS client's limits, per process: its share of the SMs, and
+         * its memory share on each device it sees (numbered as
+         * NVIDIA_VISIBLE_DEVICES lists them; the shares are the same on all).
+         */
+        char lim[sizeof(out->env[0].value)] = "";
+        size_t len = 0;
+        for (int i = 0; i < m->ngpus && len < sizeof(lim); i++)
+            len += (size_t)snprintf(lim + len, sizeof(lim) - len, "%s%d=%" PRId64 "M",
+                                    i ? "," : "", i, m->gpus[i].memory_mib);
+        env(out, "CUDA_MPS_PIPE_DIRECTORY", "%s", DP_MPS_PIPE_PATH);
+        env(out, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "%d", core_pct(&m->gpus[0]));
+        env(out, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "%s", lim);
+        mount(out, DP_MPS_PIPE_PATH, false, "%s", paths->mps_pipe_dir);
+    }
     /* Each GPU's schedule, shared with the other containers taking turns on it. */
     for (int i = 0; i < m->ngpus; i++) {
-        if (!dp_sched_shared(m, i))
+        if (!takes_turns(m, paths, i))
             continue;
         char in_container[256];
         snprintf(in_container, sizeof(in_container), "%s/%s.sched", DP_SCHED_PATH,
@@ -201,7 +256,7 @@ int dp_write_pod_files(const dp_match *m, const dp_paths *paths, kgpu_error *err
      */
     snprintf(dir, sizeof(dir), "%s/sched", paths->state_dir);
     for (int i = 0; i < m->ngpus && rc == 0; i++) {
-        if (!dp_sched_shared(m, i))
+        if (!takes_turns(m, paths, i))
             continue;
         if (!safe_name(m->gpus[i].uuid))
             return kgpu_error_set(err, KGPU_EINVAL, "GPU '%.64s' cannot name a schedule file",
@@ -218,8 +273,8 @@ int dp_allocate_encode(const dp_response *resp, int n, uint8_t **out, size_t *le
     *len = 0;
     V1beta1__ContainerAllocateResponse *cr = calloc((size_t)n + 1, sizeof(*cr));
     V1beta1__ContainerAllocateResponse **crp = calloc((size_t)n + 1, sizeof(*crp));
-    V1beta1__ContainerAllocateResponse__EnvsEntry *ev = calloc((size_t)n * 12 + 1, sizeof(*ev));
-    V1beta1__ContainerAllocateResponse__EnvsEntry **evp = calloc((size_t)n * 12 + 1, sizeof(*evp));
+    V1beta1__ContainerAllocateResponse__EnvsEntry *ev = calloc((size_t)n * DP_MAX_ENV + 1, sizeof(*ev));
+    V1beta1__ContainerAllocateResponse__EnvsEntry **evp = calloc((size_t)n * DP_MAX_ENV + 1, sizeof(*evp));
     V1beta1__Mount *mt = calloc((size_t)n * DP_MAX_MOUNTS + 1, sizeof(*mt));
     V1beta1__Mount **mtp = calloc((size_t)n * DP_MAX_MOUNTS + 1, sizeof(*mtp));
     int rc = -1;
@@ -229,14 +284,14 @@ int dp_allocate_encode(const dp_response *resp, int n, uint8_t **out, size_t *le
         const dp_response *r = &resp[i];
         v1beta1__container_allocate_response__init(&cr[i]);
         crp[i] = &cr[i];
-        cr[i].envs = &evp[i * 12];
+        cr[i].envs = &evp[i * DP_MAX_ENV];
         cr[i].n_envs = (size_t)r->nenv;
         for (int e = 0; e < r->nenv; e++) {
-            V1beta1__ContainerAllocateResponse__EnvsEntry *x = &ev[i * 12 + e];
+            V1beta1__ContainerAllocateResponse__EnvsEntry *x = &ev[i * DP_MAX_ENV + e];
             v1beta1__container_allocate_response__envs_entry__init(x);
             x->key = (char *)r->env[e].key;
             x->value = (char *)r->env[e].value;
-            evp[i * 12 + e] = x;
+            evp[i * DP_MAX_ENV + e] = x;
         }
         cr[i].mounts = &mtp[i * DP_MAX_MOUNTS];
         cr[i].n_mounts = (size_t)r->nmounts;

@@ -52,7 +52,7 @@ static void check(const json_t *items)
             if (text == NULL || strncmp(text, "# kgpu limits v1\n", 17) != 0)
                 abort();
             free(text);
-            dp_paths paths = {"/nonexistent", NULL};
+            dp_paths paths = {"/nonexistent", NULL, NULL};
             dp_response resp;
             dp_response_build(&m, &inv, &paths, &resp);
             /* Limits and accounting, and each GPU's schedule where the share is of compute. */

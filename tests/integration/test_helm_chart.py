@@ -623,6 +623,24 @@ class HelmChartTest(unittest.TestCase):
         self.assertNotIn("initContainers", pod)
         self.check_invariants(h)
 
+    def test_device_plugin_mps(self):
+        h = helm("devicePlugin.args.sharing=mps", "devicePlugin.args.mpsPipeDir=/run/nvidia-mps")
+        self.assertEqual(sorted(changed(helm(), h)), [("DaemonSet", DP_NS, "kgpu-device-plugin")])
+        pod = plugin_pod(h)
+        c = pod["containers"][0]
+        self.assertIn("--sharing=mps", c["command"])
+        self.assertIn("--mps-pipe-dir=/run/nvidia-mps", c["command"])
+        self.assertIn({"name": "mps-pipes", "mountPath": "/run/nvidia-mps", "readOnly": True},
+                      c["volumeMounts"])
+        self.assertIn({"name": "mps-pipes",
+                       "hostPath": {"path": "/run/nvidia-mps", "type": "Directory"}},
+                      pod["volumes"])
+        self.check_invariants(h)
+        # The default mode passes no flag; anything else fails the render.
+        self.assertFalse([a for a in plugin_pod(helm())["containers"][0]["command"]
+                          if a.startswith("--sharing")])
+        self.assertIn("expected sched or mps", helm_error("devicePlugin.args.sharing=timeslice"))
+
     def test_fake_gpus(self):
         gpus = os.path.join(ARGS.source, "examples", "gpus.yaml")
         h = helm(files=["devicePlugin.args.fakeGpus=" + gpus])

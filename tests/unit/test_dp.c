@@ -473,7 +473,7 @@ static void test_response(void **state)
     free(text);
     dp_inventory inv;
     inventory(&inv, 1024);
-    dp_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so"};
+    dp_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so", NULL};
     dp_response r;
     dp_response_build(&m, &inv, &paths, &r);
     assert_string_equal(env_of(&r, "NVIDIA_VISIBLE_DEVICES"), U0 "," U1);
@@ -544,6 +544,96 @@ static void test_response(void **state)
     free(buf);
 }
 
+/* MPS mode: the MPS client's variables and the daemon's pipes instead of schedules. */
+static void test_response_mps(void **state)
+{
+    (void)state;
+    dp_match m;
+    sample_match(&m);
+    m.gpus[0].milli = m.gpus[1].milli = 300;
+    m.gpus[0].memory_mib = m.gpus[1].memory_mib = 8192;
+    dp_inventory inv;
+    inventory(&inv, 1024);
+    dp_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so", "/run/nvidia-mps"};
+    dp_response r;
+    dp_response_build(&m, &inv, &paths, &r);
+    assert_string_equal(env_of(&r, "CUDA_MPS_PIPE_DIRECTORY"), "/tmp/nvidia-mps");
+    assert_string_equal(env_of(&r, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "30");
+    assert_string_equal(env_of(&r, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=8192M,1=8192M");
+    /* The library stays: MPS limits each process, the share is the container's. */
+    assert_string_equal(env_of(&r, "KGPU_CORE_LIMIT_PCT"), "30");
+    assert_int_equal(r.nmounts, 5);
+    assert_string_equal(r.mounts[2].container_path, "/usr/lib/kgpu/libkgpu-limit.so");
+    assert_string_equal(r.mounts[3].container_path, "/etc/ld.so.preload");
+    assert_string_equal(r.mounts[4].container_path, "/tmp/nvidia-mps");
+    assert_string_equal(r.mounts[4].host_path, "/run/nvidia-mps");
+    assert_false(r.mounts[4].read_only);
+    for (int i = 0; i < r.nmounts; i++) /* no schedule: MPS holds the compute share */
+        assert_null(strstr(r.mounts[i].container_path, ".sched"));
+    uint8_t *enc;
+    size_t enclen;
+    assert_int_equal(dp_allocate_encode(&r, 1, &enc, &enclen), 0);
+    V1beta1__AllocateResponse *dec = v1beta1__allocate_response__unpack(NULL, enclen, enc);
+    assert_non_null(dec);
+    assert_int_equal(dec->container_responses[0]->n_envs, (size_t)r.nenv);
+    assert_int_equal(dec->container_responses[0]->n_mounts, 5);
+    v1beta1__allocate_response__free_unpacked(dec, NULL);
+    free(enc);
+    /* A memory-only share: all the SMs, its memory still pinned. */
+    m.gpus[0].milli = m.gpus[1].milli = 0;
+    dp_response_build(&m, &inv, &paths, &r);
+    assert_string_equal(env_of(&r, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "100");
+    assert_string_equal(env_of(&r, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=8192M,1=8192M");
+    /* The schedule-file mode hands out none of it. */
+    paths.mps_pipe_dir = NULL;
+    m.gpus[0].milli = m.gpus[1].milli = 300;
+    dp_response_build(&m, &inv, &paths, &r);
+    assert_null(env_of(&r, "CUDA_MPS_PIPE_DIRECTORY"));
+    assert_null(env_of(&r, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+    assert_null(env_of(&r, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
+    assert_int_equal(r.nmounts, 6);
+}
+
+/* MPS mode starts only where the control daemon's pipe is; no schedule files are made. */
+static void test_mps_mode_needs_the_daemon(void **state)
+{
+    (void)state;
+    dp_sharing s;
+    assert_int_equal(dp_sharing_parse("mps", &s), 0);
+    assert_int_equal(s, DP_SHARING_MPS);
+    assert_int_equal(dp_sharing_parse("sched", &s), 0);
+    assert_int_equal(s, DP_SHARING_SCHED);
+    assert_int_equal(dp_sharing_parse("MPS", &s), -1);
+    assert_int_equal(dp_sharing_parse("", &s), -1);
+    char dir[] = "/tmp/kgpu-test-mps-XXXXXX", path[512];
+    assert_non_null(mkdtemp(dir));
+    kgpu_error err = {0};
+    assert_int_equal(dp_mps_check(dir, &err), KGPU_ENOENT);
+    assert_non_null(strstr(err.msg, "control is missing"));
+    assert_non_null(strstr(err.msg, "nvidia-cuda-mps-control -d"));
+    snprintf(path, sizeof(path), "%s/control", dir);
+    FILE *f = fopen(path, "w"); /* a plain file is not the daemon's pipe */
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(dp_mps_check(dir, &err), KGPU_ENOENT);
+    assert_non_null(strstr(err.msg, "not the daemon's control pipe"));
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(dp_mps_check(dir, &err), 0);
+    /* Pod files in MPS mode: limits and accounting, no schedule. */
+    dp_match m;
+    sample_match(&m);
+    dp_paths paths = {dir, NULL, dir};
+    assert_int_equal(dp_write_pod_files(&m, &paths, &err), 0);
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/pods/0b0c-11/main.limits", dir);
+    assert_int_equal(stat(path, &st), 0);
+    snprintf(path, sizeof(path), "%s/sched", dir);
+    assert_int_equal(stat(path, &st), -1);
+    snprintf(path, sizeof(path), "rm -rf '%s'", dir);
+    assert_int_equal(system(path), 0);
+}
+
 static void test_pod_files(void **state)
 {
     (void)state;
@@ -551,7 +641,7 @@ static void test_pod_files(void **state)
     assert_non_null(mkdtemp(dir));
     dp_match m;
     sample_match(&m);
-    dp_paths paths = {dir, NULL};
+    dp_paths paths = {dir, NULL, NULL};
     kgpu_error err = {0};
     assert_int_equal(dp_write_pod_files(&m, &paths, &err), 0);
     char path[512];
@@ -602,6 +692,8 @@ int main(void)
         cmocka_unit_test(test_match_bad_input),
         cmocka_unit_test(test_match_unregistered),
         cmocka_unit_test(test_response),
+        cmocka_unit_test(test_response_mps),
+        cmocka_unit_test(test_mps_mode_needs_the_daemon),
         cmocka_unit_test(test_pod_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
