@@ -16,6 +16,14 @@
 #   3. shim_gpu_watch   the device plugin's watcher against the real NVML: a
 #                       process over its memory share is seen and killed
 #                       (enforce: kill), one within it is left alone
+#   4. mps              where nvidia-cuda-mps-control exists: a private MPS
+#                       control daemon; its control pipe is where the device
+#                       plugin's MPS mode looks for it, and an MPS client
+#                       under the library is held to its pinned memory limit
+#                       below a larger share (else skipped, with a message)
+#
+# shim_gpu_check prints the context's charge next to NVML's count for its
+# process, repeated in the summary (docs/shim.md, "The context footprint").
 #
 # Prints each program's figures and a summary. Exit status: 0 all passed,
 # 1 something failed, 77 no GPU here (nothing run).
@@ -93,29 +101,79 @@ export KGPU_GPU_CHECK_LIB KGPU_GPU_CHECK_REAL
 
 declare -A result
 ran=0 failed=0
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
+record() { # record NAME RC
+    case $2 in
+        0) result[$1]=passed; ran=$((ran + 1)) ;;
+        77) result[$1]=skipped ;;
+        124) result[$1]="FAILED (over 600 s)"; ran=$((ran + 1)); failed=$((failed + 1)) ;;
+        *) result[$1]="FAILED (exit $2)"; ran=$((ran + 1)); failed=$((failed + 1)) ;;
+    esac
+}
 for prog in shim_gpu_check shim_gpu_real shim_gpu_watch; do
     echo
     echo "== $prog"
     if [ "$prog" = shim_gpu_watch ] && [ -d "$BUILD/carrylib" ]; then
         LD_LIBRARY_PATH=$(realpath "$BUILD/carrylib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-            timeout 600 "$BUILD/tests/$prog"
+            timeout 600 "$BUILD/tests/$prog" | tee "$LOGS/$prog"
     else
-        timeout 600 "$BUILD/tests/$prog"
+        timeout 600 "$BUILD/tests/$prog" | tee "$LOGS/$prog"
     fi
-    rc=$?
-    case $rc in
-        0) result[$prog]=passed; ran=$((ran + 1)) ;;
-        77) result[$prog]=skipped ;;
-        124) result[$prog]="FAILED (over 600 s)"; ran=$((ran + 1)); failed=$((failed + 1)) ;;
-        *) result[$prog]="FAILED (exit $rc)"; ran=$((ran + 1)); failed=$((failed + 1)) ;;
-    esac
+    record "$prog" "${PIPESTATUS[0]}"
 done
+
+# MPS: only where the node could run it. A private control daemon (its own
+# pipe and log folders), stopped again at the end; clients reach it through
+# CUDA_MPS_PIPE_DIRECTORY, as the device plugin's MPS mode hands it out.
+echo
+echo "== mps"
+if ! command -v nvidia-cuda-mps-control >/dev/null; then
+    echo "skipped: nvidia-cuda-mps-control is not on this machine (MPS mode is not checked)"
+    result[mps]=skipped
+else
+    mps=$LOGS/mps
+    mkdir -p "$mps/pipe" "$mps/log"
+    export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
+    if ! nvidia-cuda-mps-control -d; then
+        echo "FAIL: nvidia-cuda-mps-control -d did not start"
+        record mps 1
+    else
+        sleep 1
+        rc=0
+        if [ -p "$mps/pipe/control" ]; then
+            echo "the control pipe is $mps/pipe/control, where kgpu-device-plugin --sharing mps" \
+                 "looks for it"
+        else
+            echo "FAIL: no control pipe in $mps/pipe: the device plugin's MPS check would refuse"
+            ls -l "$mps/pipe"
+            rc=1
+        fi
+        # A 4 GiB share for the library, 1 GiB pinned by MPS: MPS must refuse first.
+        KGPU_GPU_CHECK_MIB=4096 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M \
+            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 timeout 120 "$BUILD/tests/shim_gpu_check" \
+            >"$LOGS/mps-client" 2>&1
+        sed 's/^/  mps client: /' "$LOGS/mps-client"
+        if grep -q 'allocation within the share failed: 2' "$LOGS/mps-client"; then
+            echo "an allocation the library allowed (4 GiB share) was refused by MPS's 1 GiB limit"
+        else
+            echo "FAIL: MPS did not hold the client to CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M"
+            rc=1
+        fi
+        echo get_server_list | nvidia-cuda-mps-control | sed 's/^/  mps server: /'
+        echo quit | nvidia-cuda-mps-control
+        record mps $rc
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
 
 echo
 echo "== summary"
-for prog in shim_gpu_check shim_gpu_real shim_gpu_watch; do
+for prog in shim_gpu_check shim_gpu_real shim_gpu_watch mps; do
     printf 'gpu-check: %-15s %s\n' "$prog" "${result[$prog]}"
 done
+grep -h -e '^context:' -e 'NVML counts' -e 'NVML lists no process' "$LOGS/shim_gpu_check" \
+    2>/dev/null | sed 's/^/gpu-check: /'
 if [ "$failed" -gt 0 ]; then
     exit 1
 fi

@@ -5,7 +5,12 @@
  * MiB (default 1024); then it runs itself again with the library preloaded
  * and checks that cuMemGetInfo shows the share, that an allocation within
  * it succeeds and one past it fails with CUDA_ERROR_OUT_OF_MEMORY, through
- * dlsym and through cuGetProcAddress, and that a free gives it back.
+ * dlsym and through cuGetProcAddress, and that a free gives it back. It
+ * prints what the library charged for the context (measured across its
+ * creation) next to what NVML counts for this process, with the context
+ * alone and with the share full: NVML must not count more than the share
+ * (plus 64 MiB of rounding), or the node's watcher would take a container
+ * using its whole share for one over it.
  * Exits 77 (skipped) without a driver or a GPU.
  */
 #include <dlfcn.h>
@@ -120,6 +125,58 @@ static int phase1(const char *self, unsigned long long mib)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
+/*
+ * What NVML counts for this process on GPU `uuid` in bytes; -1 when NVML
+ * is not there or does not list this process (another PID namespace).
+ */
+static long long nvml_own_usage(const char *uuid)
+{
+    typedef struct {
+        unsigned int pid;
+        unsigned long long used;
+        unsigned int gi, ci;
+    } proc_v3;
+    static void *h;
+    static int (*by_uuid)(const char *, void **);
+    static int (*procs)(void *, unsigned int *, proc_v3 *);
+    if (h == NULL) {
+        int (*init)(void);
+        if ((h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL)) == NULL)
+            return -1;
+        *(void **)&init = dlsym(h, "nvmlInit_v2");
+        *(void **)&by_uuid = dlsym(h, "nvmlDeviceGetHandleByUUID");
+        *(void **)&procs = dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
+        if (init == NULL || by_uuid == NULL || procs == NULL || init() != 0) {
+            procs = NULL;
+            return -1;
+        }
+    }
+    void *dev;
+    proc_v3 list[256];
+    unsigned int n = 256;
+    if (procs == NULL || by_uuid(uuid, &dev) != 0 || procs(dev, &n, list) != 0)
+        return -1;
+    for (unsigned int i = 0; i < n; i++)
+        if (list[i].pid == (unsigned int)getpid())
+            return (long long)list[i].used;
+    return -1;
+}
+
+static void show_nvml(const char *when, const char *uuid, unsigned long long charged,
+                      unsigned long long limit)
+{
+    long long used = nvml_own_usage(uuid);
+    if (used < 0) {
+        printf("%s: NVML lists no process of this PID namespace: not compared\n", when);
+        return;
+    }
+    printf("%s: the library charges %llu MiB, NVML counts %llu MiB for this process\n", when,
+           charged / MIB, (unsigned long long)used / MIB);
+    CHECK((unsigned long long)used <= limit + 64 * MIB,
+          "%s: NVML counts %llu MiB, over the %llu MiB share: the watcher would report it", when,
+          (unsigned long long)used / MIB, limit / MIB);
+}
+
 static int phase2(unsigned long long mib)
 {
     api a;
@@ -127,7 +184,10 @@ static int phase2(unsigned long long mib)
     CUcontext ctx;
     CUdeviceptr p, q;
     size_t free_b = 0, total = 0;
-    const unsigned long long limit = mib * MIB, ctx_charge = 300 * MIB;
+    const unsigned long long limit = mib * MIB;
+    unsigned long long ctx_charge;
+    CUuuid u;
+    char uuid[48] = "";
     if (load(&a) != 0) {
         printf("FAIL: cannot load the driver with the library preloaded\n");
         return 1;
@@ -140,11 +200,26 @@ static int phase2(unsigned long long mib)
     printf("cuMemGetInfo: total %llu MiB, free %llu MiB\n", (unsigned long long)total / MIB,
            (unsigned long long)free_b / MIB);
     CHECK(total == limit, "total %zu, expected %llu", total, limit);
-    CHECK(free_b <= limit - ctx_charge, "free %zu above the share left", free_b);
+    /* Nothing is allocated yet: what the share lacks is the context's charge. */
+    ctx_charge = limit - free_b;
+    printf("context: charged %llu MiB (measured across its creation; 300 when it cannot be)\n",
+           ctx_charge / MIB);
+    CHECK(ctx_charge >= 32 * MIB && ctx_charge + 128 * MIB < limit, "context charge %llu MiB",
+          ctx_charge / MIB);
+    if (a.uuid(&u, dev) == CUDA_SUCCESS) {
+        const unsigned char *b = (const unsigned char *)u.bytes;
+        snprintf(uuid, sizeof(uuid),
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                 b[14], b[15]);
+        show_nvml("context alone", uuid, ctx_charge, limit);
+    }
 
     CUresult r = a.alloc(&p, limit - ctx_charge - 64 * MIB);
     printf("cuMemAlloc_v2(%llu MiB) = %d\n", (limit - ctx_charge - 64 * MIB) / MIB, r);
     CHECK(r == CUDA_SUCCESS, "allocation within the share failed: %d", r);
+    if (r == CUDA_SUCCESS && uuid[0] != '\0')
+        show_nvml("share nearly full", uuid, limit - 64 * MIB, limit);
     r = a.alloc(&q, 128 * MIB);
     printf("cuMemAlloc_v2(128 MiB) past the share = %d\n", r);
     CHECK(r == CUDA_ERROR_OUT_OF_MEMORY, "allocation past the share returned %d", r);
