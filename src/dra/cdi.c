@@ -55,13 +55,22 @@ void dra_claim_match(const dra_claim *c, int r, int64_t unit_mib, dp_match *out)
     bool whole = true;
     for (int i = 0; i < c->nallocs; i++) {
         const dra_alloc *a = &c->allocs[i];
-        if (a->req != r || out->ngpus >= KGPU_MAX_GPUS_PER_NODE)
+        if (a->req != r)
             continue;
-        dp_gpu_share *g = &out->gpus[out->ngpus++];
-        g->index = a->index;
-        snprintf(g->uuid, sizeof(g->uuid), "%s", a->uuid);
-        g->milli = a->milli;
-        g->memory_mib = a->memory_mib;
+        /* Two shares of one GPU (two shareIDs) are one GPU with both shares. */
+        dp_gpu_share *g = NULL;
+        for (int k = 0; k < out->ngpus && g == NULL; k++)
+            if (strcmp(out->gpus[k].uuid, a->uuid) == 0)
+                g = &out->gpus[k];
+        if (g == NULL) {
+            if (out->ngpus >= KGPU_MAX_GPUS_PER_NODE)
+                continue;
+            g = &out->gpus[out->ngpus++];
+            g->index = a->index;
+            snprintf(g->uuid, sizeof(g->uuid), "%s", a->uuid);
+        }
+        g->milli = g->milli + a->milli > 1000 ? 1000 : g->milli + a->milli;
+        g->memory_mib += a->memory_mib;
         mem += a->memory_mib;
         whole = whole && a->share_id[0] == '\0';
     }

@@ -91,11 +91,22 @@ static int read_result(const json_t *res, const dra_node_view *node, const char 
     if (out->nallocs >= KGPU_MAX_GPUS_PER_NODE)
         return kgpu_error_set(err, KGPU_ERANGE, "%s: more than %d devices of %s", who,
                               KGPU_MAX_GPUS_PER_NODE, DRA_DRIVER);
-    for (int i = 0; i < out->nallocs; i++)
-        if (strcmp(out->allocs[i].device, dev) == 0 &&
-            strcmp(out->reqs[out->allocs[i].req], base) == 0)
+    const json_t *share = json_object_get(res, "shareID");
+    if (share != NULL && (!json_is_string(share) || !dra_safe_name(json_string_value(share))))
+        return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: shareID is not a UID", who, dev);
+    /*
+     * A device that allows multiple allocations may serve one request twice,
+     * as two shares (two shareIDs): the container gets the GPU once, with both
+     * shares (dra_claim_match adds them up). The same share twice is an error.
+     */
+    for (int i = 0; i < out->nallocs; i++) {
+        const dra_alloc *o = &out->allocs[i];
+        if (strcmp(o->device, dev) == 0 && strcmp(out->reqs[o->req], base) == 0 &&
+            (share == NULL || o->share_id[0] == '\0' ||
+             strcmp(o->share_id, json_string_value(share)) == 0))
             return kgpu_error_set(err, KGPU_EPARSE, "%s: request %s got device %s twice", who,
                                   base, dev);
+    }
     int r = request_slot(out, base, blen);
     if (r < 0)
         return kgpu_error_set(err, KGPU_ERANGE, "%s: more than %d requests with devices of %s",
@@ -108,13 +119,8 @@ static int read_result(const json_t *res, const dra_node_view *node, const char 
     a->index = gpu->index;
     a->memory_mib = gpu->memory_mib;
     a->milli = 0;
-    const json_t *share = json_object_get(res, "shareID");
-    if (share != NULL) {
-        if (!json_is_string(share) || !dra_safe_name(json_string_value(share)))
-            return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: shareID is not a UID", who,
-                                  dev);
+    if (share != NULL)
         snprintf(a->share_id, sizeof(a->share_id), "%s", json_string_value(share));
-    }
     const json_t *cc = json_object_get(res, "consumedCapacity");
     if (cc != NULL && !json_is_object(cc))
         return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: consumedCapacity is not an object",

@@ -173,7 +173,8 @@ void dra_cdi_path(const char *cdi_dir, const char *uid, char *buf, size_t cap);
  * The device plugin's match record for request r of a claim, as Allocate
  * would build it for a container that got these GPUs and shares: the pod
  * fields hold the claim (uid = the claim's UID, container = the request's
- * name), so respond.c's files land in <state>/pods/<claim uid>/.
+ * name), so respond.c's files land in <state>/pods/<claim uid>/. Two shares
+ * of one GPU in the request are that GPU once, with their sum.
  */
 void dra_claim_match(const dra_claim *c, int r, int64_t unit_mib, dp_match *out);
 

@@ -224,6 +224,36 @@ static void expect_refused(const char *text, const char *uid, const char *needle
     "{\"request\": \"r\", \"driver\": \"gpu.kgpu.io\", \"pool\": \"" NODE "\", \"device\": \"" dev \
     "\"" extra "}"
 
+/* Two shares of one GPU for one request: the container sees the GPU once, with both. */
+static void test_claim_two_shares_one_gpu(void **state)
+{
+    (void)state;
+    dp_inventory inv;
+    inventory(&inv);
+    dra_node_view node = {.pool = NODE, .gpus = inv.gpus, .ngpus = 3};
+    const char *text =
+        RES(OURS("gpu-0", ", \"shareID\": \"s1\", \"consumedCapacity\": {\"memory\": \"4Gi\","
+                          " \"cores\": \"20\"}") ","
+            OURS("gpu-0", ", \"shareID\": \"s2\", \"consumedCapacity\": {\"memory\": \"2Gi\","
+                          " \"cores\": \"10\"}") ","
+            OURS("gpu-1", ", \"shareID\": \"s3\", \"consumedCapacity\": {\"memory\": \"1Gi\"}"));
+    dra_claim c;
+    kgpu_error err = {0};
+    assert_int_equal(dra_claim_read_text(text, strlen(text), NULL, &node, &c, &err), 0);
+    assert_int_equal(c.nallocs, 3);
+    dp_match m;
+    dra_claim_match(&c, 0, 1024, &m);
+    assert_int_equal(m.ngpus, 2);
+    assert_string_equal(m.gpus[0].uuid, U0);
+    assert_int_equal(m.gpus[0].memory_mib, 6144);
+    assert_int_equal(m.gpus[0].milli, 300);
+    assert_int_equal(m.gpus[1].memory_mib, 1024);
+    assert_int_equal(m.pod_units, 7);
+    char *limits = dp_limits_text(&m);
+    assert_non_null(strstr(limits, "device 0 uuid=" U0 " memory_mib=6144 core_pct=30\n"));
+    free(limits);
+}
+
 static void test_claim_refused(void **state)
 {
     (void)state;
@@ -248,6 +278,8 @@ static void test_claim_refused(void **state)
                    "not a quantity");
     expect_refused(RES(OURS("gpu-0", ", \"shareID\": \"../x\"")), NULL, "shareID");
     expect_refused(RES(OURS("gpu-0", "") "," OURS("gpu-0", "")), NULL, "got device gpu-0 twice");
+    expect_refused(RES(OURS("gpu-0", ", \"shareID\": \"s1\"") "," OURS("gpu-0", ", \"shareID\": \"s1\"")),
+                   NULL, "got device gpu-0 twice");
     expect_refused(RES("{\"request\": \"r\", \"driver\": \"other\", \"pool\": \"p\","
                        " \"device\": \"d\"}"),
                    NULL, "has no device of gpu.kgpu.io");
@@ -470,6 +502,7 @@ int main(void)
         cmocka_unit_test(test_node_conflicts),
         cmocka_unit_test(test_claim_read),
         cmocka_unit_test(test_claim_refused),
+        cmocka_unit_test(test_claim_two_shares_one_gpu),
         cmocka_unit_test(test_cdi_matches_allocate),
         cmocka_unit_test(test_files),
         cmocka_unit_test(test_checkpoint),
