@@ -237,6 +237,8 @@ typedef struct dra_config {
     char sysfs[1024];
     char state_dir[1024];
     char shim_lib[1024]; /* "" = <state_dir>/lib/libkgpu-limit.so; "none" = off */
+    dp_sharing sharing;       /* compute shares: schedule files or NVIDIA MPS, as the plugin's */
+    char mps_pipe_dir[1024];  /* host: with DP_SHARING_MPS */
     char cdi_dir[1024];
     char plugin_dir[1024];   /* kubelet's plugins folder; the socket is <dir>/gpu.kgpu.io/dra.sock */
     char registry_dir[1024]; /* kubelet's plugins_registry folder */

@@ -824,12 +824,15 @@ static int start(driver *d, kgpu_error *err)
     if (cfg->node_name[0] == '\0')
         return kgpu_error_set(err, KGPU_EINVAL, "the node's name is unknown: set --node-name or "
                                                 "NODE_NAME");
+    /* As the device plugin: no claim prepared with MPS limits that no daemon enforces. */
+    int rc;
+    if (cfg->sharing == DP_SHARING_MPS && (rc = dp_mps_check(cfg->mps_pipe_dir, err)) != 0)
+        return rc;
     char dir[1100];
     snprintf(dir, sizeof(dir), "%s/%s", cfg->plugin_dir, DRA_DRIVER);
     snprintf(d->dra_sock, sizeof(d->dra_sock), "%s/%s/dra.sock", cfg->plugin_dir, DRA_DRIVER);
     snprintf(d->reg_sock, sizeof(d->reg_sock), "%s/%s-reg.sock", cfg->registry_dir, DRA_DRIVER);
     snprintf(d->ckpt_path, sizeof(d->ckpt_path), "%s/checkpoint.json", cfg->state_dir);
-    int rc;
     if ((rc = make_dirs(cfg->state_dir, 0755, err)) != 0 || (rc = make_dirs(dir, 0750, err)) != 0 ||
         (rc = make_dirs(cfg->registry_dir, 0750, err)) != 0 || (rc = write_preload(d, err)) != 0)
         return rc;
@@ -880,6 +883,8 @@ int dra_run(const dra_config *cfg, atomic_bool *stop, kgpu_error *err)
             snprintf(d->shim, sizeof(d->shim), "%s/lib/libkgpu-limit.so", cfg->state_dir);
         d->paths.shim_lib = d->shim;
     }
+    if (cfg->sharing == DP_SHARING_MPS)
+        d->paths.mps_pipe_dir = cfg->mps_pipe_dir;
     int rc = start(d, err);
     while (rc == 0 && !atomic_load(stop)) {
         if (cfg->fake_gpus[0] != '\0') {

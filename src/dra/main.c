@@ -34,6 +34,10 @@ static const char usage[] =
     "                        (default /var/lib/kgpu/dra)\n"
     "  --shim-lib PATH       host path of libkgpu-limit.so (default STATE-DIR/lib/libkgpu-limit.so;\n"
     "                        'none': no interception library, no memory isolation)\n"
+    "  --sharing MODE        how claims sharing a GPU are held to their compute shares, as\n"
+    "                        the device plugin's flag: 'sched' (default) or 'mps'\n"
+    "  --mps-pipe-dir DIR    host folder of the MPS control daemon's pipes (default\n"
+    "                        /tmp/nvidia-mps)\n"
     "  --cdi-dir DIR         where CDI specs are written (default /var/run/cdi)\n"
     "  --plugin-dir DIR      kubelet's plugins folder (default /var/lib/kubelet/plugins)\n"
     "  --registry-dir DIR    kubelet's plugin registry (default "
@@ -55,6 +59,8 @@ static int parse(int argc, char **argv, dra_config *cfg, kgpu_error *err)
         O_STATE,
         O_SHIM,
         O_CDI,
+        O_SHARING,
+        O_MPS_PIPE,
         O_PLUGIN,
         O_REGISTRY,
         O_UNIT,
@@ -72,6 +78,8 @@ static int parse(int argc, char **argv, dra_config *cfg, kgpu_error *err)
         {"state-dir", required_argument, NULL, O_STATE},
         {"shim-lib", required_argument, NULL, O_SHIM},
         {"cdi-dir", required_argument, NULL, O_CDI},
+        {"sharing", required_argument, NULL, O_SHARING},
+        {"mps-pipe-dir", required_argument, NULL, O_MPS_PIPE},
         {"plugin-dir", required_argument, NULL, O_PLUGIN},
         {"registry-dir", required_argument, NULL, O_REGISTRY},
         {"memory-unit", required_argument, NULL, O_UNIT},
@@ -84,6 +92,7 @@ static int parse(int argc, char **argv, dra_config *cfg, kgpu_error *err)
     memset(cfg, 0, sizeof(*cfg));
     snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/kgpu/dra");
     snprintf(cfg->cdi_dir, sizeof(cfg->cdi_dir), "/var/run/cdi");
+    snprintf(cfg->mps_pipe_dir, sizeof(cfg->mps_pipe_dir), "/tmp/nvidia-mps");
     snprintf(cfg->plugin_dir, sizeof(cfg->plugin_dir), "/var/lib/kubelet/plugins");
     snprintf(cfg->registry_dir, sizeof(cfg->registry_dir), "/var/lib/kubelet/plugins_registry");
     const char *env = getenv("NODE_NAME");
@@ -123,6 +132,14 @@ static int parse(int argc, char **argv, dra_config *cfg, kgpu_error *err)
             break;
         case O_CDI:
             dst = cfg->cdi_dir, cap = sizeof(cfg->cdi_dir);
+            break;
+        case O_MPS_PIPE:
+            dst = cfg->mps_pipe_dir, cap = sizeof(cfg->mps_pipe_dir);
+            break;
+        case O_SHARING:
+            if (dp_sharing_parse(optarg, &cfg->sharing) != 0)
+                return kgpu_error_set(err, KGPU_EINVAL, "--sharing %s: expected sched or mps",
+                                      optarg);
             break;
         case O_PLUGIN:
             dst = cfg->plugin_dir, cap = sizeof(cfg->plugin_dir);

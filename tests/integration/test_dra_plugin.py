@@ -406,6 +406,34 @@ class DraPluginTest(unittest.TestCase):
                            timeout=60)
         self.assertEqual(json.loads(r.stdout)["errors"], [])
 
+    def test_mps_mode_as_the_device_plugin(self):
+        """--sharing mps: the device plugin's MPS contract, and no start without the daemon."""
+        pipes = os.path.join(self.tmp, "mps")
+        os.makedirs(pipes)
+        log = os.path.join(self.tmp, "no-daemon.log")
+        child = Child([ARGS.plugin, "--node-name", NODE, "--fake-gpus", self.gpu_file,
+                       "--kubeconfig", self.api.kubeconfig(os.path.join(self.tmp, "kc")),
+                       "--state-dir", self.state, "--cdi-dir", self.cdi, "--plugin-dir",
+                       self.plugins, "--registry-dir", self.registry, "--sharing", "mps",
+                       "--mps-pipe-dir", pipes], log)
+        self.assertEqual(child.wait_exit(30), 1)
+        self.assertIn("no MPS control daemon serves this node", child.log())
+        os.mkfifo(os.path.join(pipes, "control"))
+        c = self.api.put_claim(claim("mps30", [result("gpu-2", consumed={
+            "memory": "3Gi", "cores": "30"}, share=str(uuid.uuid4()))]))
+        uid = c["metadata"]["uid"]
+        self.start(["--sharing", "mps", "--mps-pipe-dir", pipes])
+        got = self.kubelet.prepare(self.dra_sock, "v1.DRAPlugin", [("team-a", uid, "mps30")])
+        self.assertEqual(got[uid].error, "")
+        dev = self.cdi_spec(uid)["devices"][0]["containerEdits"]
+        env = dict(e.split("=", 1) for e in dev["env"])
+        self.assertEqual(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30")
+        self.assertEqual(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=3072M")
+        self.assertEqual(env["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps")
+        mounts = {m["containerPath"]: m["hostPath"] for m in dev["mounts"]}
+        self.assertEqual(mounts["/tmp/nvidia-mps"], pipes)
+        self.assertFalse([p for p in mounts if p.startswith("/var/run/kgpu-gpu/")])
+
     def test_bad_claims_fail_alone_with_reasons(self):
         good = self.api.put_claim(claim("good", [result("gpu-2", consumed={
             "memory": "1Gi", "cores": "10"}, share=str(uuid.uuid4()))]))
