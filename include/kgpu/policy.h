@@ -94,7 +94,12 @@ typedef struct kgpu_policy_ops {
     int (*init)(void *state, const kgpu_cluster *c, const kgpu_workload *target, kgpu_error *err);
     /* Optional: release what init allocated. */
     void (*fini)(void *state);
-    /* Score of placing req on node (which fits); higher is better. Ties are broken at random. */
+    /*
+     * Score of placing req on node (which fits); higher is better. Ties are
+     * broken at random. A function of the node's state (all of kgpu_node but
+     * its name, labels, version and the names of its GPUs), the request and
+     * the policy's own state: kgpu_policy_select's index relies on it.
+     */
     int64_t (*score)(void *state, const kgpu_cluster *c, int node, const kgpu_request *req);
     /* Chooses req->gpu_count GPU indices on node into gpus[]; returns 0 or a negative error. */
     int (*pick_gpus)(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
@@ -119,6 +124,18 @@ typedef struct kgpu_policy_ops {
      * at random.
      */
     bool rank_scores;
+    /*
+     * Optional, for the index kgpu_policy_select keeps over the cluster
+     * (docs/policy.md, "Deciding at scale"): the group of node n, such that
+     * for every request, the node's score plus group_offset(group, req)
+     * changes only when the node changes (its version) or the policy is
+     * invalidated; -1 when the node's score may change at any time (it is
+     * then scored afresh at every decision). A node's group must stay the
+     * same while the cluster's node count does. Without `group`, every node
+     * is in group 0 with offset 0: the score itself changes only then.
+     */
+    int (*group)(void *state, const kgpu_node *n);
+    int64_t (*group_offset)(void *state, int group, const kgpu_request *req);
 } kgpu_policy_ops;
 
 typedef struct kgpu_policy kgpu_policy;
@@ -168,6 +185,20 @@ void kgpu_policy_set_tie_order(kgpu_policy *p, const uint32_t *rank, int n);
  * CPU clamped to what is free (kgpu_cluster_apply checks it).
  */
 void kgpu_policy_set_fit_cpu(kgpu_policy *p, bool check);
+
+/*
+ * Whether kgpu_policy_select, asked about every node (nodes NULL), answers
+ * from its index (the default): per request shape, each node's fit and score
+ * kept and brought up to date only for the nodes changed since it was last
+ * asked, and the best of each block of nodes, so that a decision costs about
+ * (nodes / 64) instead of one score per node. The choice, the GPUs and the
+ * random numbers drawn are the same either way; off, every node is scored
+ * at every decision (for tests and measurements that compare the two).
+ * The index holds at most about 256 MB; past that the shapes least recently
+ * asked about lose theirs. A policy serves one cluster: the index follows
+ * its changes through the cluster's own change journal.
+ */
+void kgpu_policy_set_indexed(kgpu_policy *p, bool on);
 
 /*
  * Chooses where req goes: among `nodes` (n indices; NULL = every node) the

@@ -27,6 +27,34 @@ static inline bool kgpu__share_usable(const kgpu_gpu *g, const kgpu_request *req
 /* Number of GPUs of n usable by req right now. */
 int kgpu__usable_gpus(const kgpu_node *n, const kgpu_request *req);
 
+/*
+ * The cluster's change journal: kgpu__cluster_seq counts the changes made
+ * to its nodes (apply, release, health); kgpu__cluster_changed(c, k) is the
+ * node change number k (1..seq) touched, or -1 once the last KGPU__JOURNAL
+ * changes no longer include it (the caller must then look at every node).
+ * Adding a node is not a change here: it changes the node count.
+ */
+#define KGPU__JOURNAL 65536
+uint64_t kgpu__cluster_seq(const kgpu_cluster *c);
+int kgpu__cluster_changed(const kgpu_cluster *c, uint64_t k);
+
+/*
+ * The index of kgpu_policy_select over a whole cluster (policy_index.c).
+ * One per policy; _reset drops everything it holds, _bump marks every score
+ * it holds as stale (the policy changed its mind about every node).
+ * kgpu__index_select answers as the scan of every node would, drawing the
+ * same numbers from rng: 0 with *node_out, KGPU_ENOFIT when no node fits,
+ * or 1 when it cannot answer exactly (nothing drawn): the caller scans.
+ */
+typedef struct kgpu__index kgpu__index;
+kgpu__index *kgpu__index_new(void);
+void kgpu__index_free(kgpu__index *ix);
+void kgpu__index_reset(kgpu__index *ix);
+void kgpu__index_bump(kgpu__index *ix);
+int kgpu__index_select(kgpu__index *ix, const kgpu_policy_ops *ops, void *state,
+                       const kgpu_cluster *c, const kgpu_request *req, const kgpu_request *fit,
+                       const uint32_t *rank, int nrank, kgpu_rng *rng, int *node_out);
+
 /* Mutable node access for the core (policies never mutate; apply/release do). */
 kgpu_node *kgpu__cluster_node_mut(kgpu_cluster *c, int i);
 

@@ -21,7 +21,38 @@ struct kgpu_cluster {
     size_t index_cap;
     int gpus;
     int64_t allocated_milli;
+    /*
+     * The change journal: the index of the node each apply, release or health
+     * change touched, change number k (1-based) at ring[k % KGPU__JOURNAL],
+     * so that a policy that last looked at change `seq` can update what it
+     * keeps for those nodes alone (kgpu__cluster_changed). Allocated at the
+     * first change; without it, every lookup says "unknown" and callers redo
+     * everything, as they would after an overrun.
+     */
+    uint64_t seq;
+    int *ring;
 };
+
+static void journal(kgpu_cluster *c, int node)
+{
+    c->seq++;
+    if (c->ring == NULL)
+        c->ring = malloc(KGPU__JOURNAL * sizeof(*c->ring));
+    if (c->ring != NULL)
+        c->ring[c->seq % KGPU__JOURNAL] = node;
+}
+
+uint64_t kgpu__cluster_seq(const kgpu_cluster *c)
+{
+    return c->seq;
+}
+
+int kgpu__cluster_changed(const kgpu_cluster *c, uint64_t k)
+{
+    if (c->ring == NULL || k == 0 || k > c->seq || c->seq - k >= KGPU__JOURNAL)
+        return -1;
+    return c->ring[k % KGPU__JOURNAL];
+}
 
 /* FNV-1a: node names are short; this only needs to spread them. */
 static uint64_t name_hash(const char *s)
@@ -86,6 +117,7 @@ void kgpu_cluster_free(kgpu_cluster *c)
     for (int i = 0; i < c->nmodels; i++)
         free(c->models[i]);
     free(c->index);
+    free(c->ring);
     free(c);
 }
 
@@ -1211,6 +1243,7 @@ int kgpu_cluster_apply(kgpu_cluster *c, const kgpu_request *req, int node, const
         return rc;
     kgpu_assignment a;
     node_take(n, node, req, gpus, &a);
+    journal(c, node);
     c->allocated_milli += (int64_t)a.ngpus * a.gpu_milli;
     if (out != NULL)
         *out = a;
@@ -1226,6 +1259,7 @@ int kgpu_cluster_release(kgpu_cluster *c, const kgpu_assignment *a, kgpu_error *
     if (rc != 0)
         return rc;
     node_give(n, a);
+    journal(c, a->node);
     c->allocated_milli -= (int64_t)a->ngpus * a->gpu_milli;
     return 0;
 }
@@ -1239,5 +1273,6 @@ int kgpu_cluster_set_gpu_health(kgpu_cluster *c, int node, int gpu, bool healthy
         return kgpu_error_set(err, KGPU_EINVAL, "node %s has no GPU at position %d", n->name, gpu);
     n->gpus[gpu].healthy = healthy;
     n->version++;
+    journal(c, node);
     return 0;
 }

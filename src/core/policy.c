@@ -36,6 +36,8 @@ struct kgpu_policy {
     int nrank;
     bool no_fit_cpu; /* fit by GPUs alone (kgpu_policy_set_fit_cpu) */
     bool linear;     /* linear 0-10 scores even for rank_scores policies */
+    bool scan;       /* kgpu_policy_set_indexed(false): score every node every time */
+    kgpu__index *ix; /* created at the first decision over every node */
 };
 
 const kgpu_policy_ops *const *kgpu_policy_list(void)
@@ -88,6 +90,7 @@ void kgpu_policy_free(kgpu_policy *p)
         return;
     if (p->ops->fini != NULL)
         p->ops->fini(p->state);
+    kgpu__index_free(p->ix);
     free(p->state);
     free(p);
 }
@@ -96,12 +99,16 @@ void kgpu_policy_invalidate(kgpu_policy *p)
 {
     if (p->ops->invalidate != NULL)
         p->ops->invalidate(p->state);
+    kgpu__index_bump(p->ix);
 }
 
 void kgpu_policy_observe(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req)
 {
-    if (p->ops->observe != NULL)
+    if (p->ops->observe != NULL) {
         p->ops->observe(p->state, c, req);
+        if (p->ops->group == NULL) /* what it learnt may move any score */
+            kgpu__index_bump(p->ix);
+    }
 }
 
 bool kgpu_policy_online_only(const kgpu_policy *p)
@@ -117,7 +124,14 @@ void kgpu_policy_set_tie_order(kgpu_policy *p, const uint32_t *rank, int n)
 
 void kgpu_policy_set_fit_cpu(kgpu_policy *p, bool check)
 {
+    if (p->no_fit_cpu != !check)
+        kgpu__index_reset(p->ix); /* fits it holds were taken the other way */
     p->no_fit_cpu = !check;
+}
+
+void kgpu_policy_set_indexed(kgpu_policy *p, bool on)
+{
+    p->scan = !on;
 }
 
 void kgpu_policy_set_linear_scores(kgpu_policy *p, bool linear)
@@ -142,9 +156,14 @@ const char *kgpu_policy_name(const kgpu_policy *p)
     return p->ops->name;
 }
 
-int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
-                       const int *nodes, int n, kgpu_rng *rng, int *node_out, int *gpus,
-                       kgpu_error *err)
+/*
+ * The decision by scoring each of `nodes` (NULL: every node): the highest
+ * score, ties by rank or drawn at random (reservoir sampling). The index
+ * (policy_index.c) gives the same answer without scoring every node.
+ */
+static int select_scan(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                       const kgpu_request *fit, const uint32_t *rank, const int *nodes, int n,
+                       kgpu_rng *rng, int *node_out, kgpu_error *err)
 {
     int total = kgpu_cluster_node_count(c);
     if (nodes == NULL)
@@ -152,9 +171,6 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
     int64_t best = INT64_MIN;
     int chosen = -1;
     uint64_t ties = 0;
-    const uint32_t *rank = p->ops->random_ties ? NULL : p->rank;
-    kgpu_request tmp;
-    const kgpu_request *fit = fit_request(p, req, &tmp);
     for (int k = 0; k < n; k++) {
         int i = nodes ? nodes[k] : k;
         if (i < 0 || i >= total)
@@ -183,8 +199,29 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
     if (chosen < 0)
         return kgpu_error_set(err, KGPU_ENOFIT, "no node fits");
     *node_out = chosen;
+    return 0;
+}
+
+int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                       const int *nodes, int n, kgpu_rng *rng, int *node_out, int *gpus,
+                       kgpu_error *err)
+{
+    const uint32_t *rank = p->ops->random_ties ? NULL : p->rank;
+    kgpu_request tmp;
+    const kgpu_request *fit = fit_request(p, req, &tmp);
+    int rc = 1, chosen = -1;
+    if (nodes == NULL && !p->scan && (p->ix != NULL || (p->ix = kgpu__index_new()) != NULL))
+        rc = kgpu__index_select(p->ix, p->ops, p->state, c, req, fit, rank,
+                                rank != NULL ? p->nrank : 0, rng, &chosen);
+    if (rc == KGPU_ENOFIT)
+        return kgpu_error_set(err, KGPU_ENOFIT, "no node fits");
+    if (rc == 1)
+        rc = select_scan(p, c, req, fit, rank, nodes, n, rng, &chosen, err);
+    if (rc != 0)
+        return rc;
+    *node_out = chosen;
     if (req->gpu_count > 0) {
-        int rc = p->ops->pick_gpus(p->state, c, chosen, req, rng, gpus);
+        rc = p->ops->pick_gpus(p->state, c, chosen, req, rng, gpus);
         if (rc != 0)
             return kgpu_error_set(err, rc, "policy %s found no GPUs on node %s", p->ops->name,
                                   kgpu_cluster_node(c, chosen)->name);

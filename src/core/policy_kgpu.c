@@ -376,6 +376,28 @@ static int64_t kg_cached(void *state, const kgpu_cluster *c, int node, const kgp
     return slot->score - (int64_t)llround(st->scarcity[model] * (double)slot->take * KG_SCALE);
 }
 
+/*
+ * For kgpu_policy_select's index: a node of one model M scores its cached
+ * figure minus scarcity[M] x the milli taken (kg_cached, and kg_eval alike),
+ * so its group is M and the offset that term; a node without GPUs only ever
+ * holds CPU-only pods (no term). A node of several models is scored afresh.
+ */
+static int kg_group(void *state, const kgpu_node *n)
+{
+    if (n->model_mask == 0)
+        return KGPU_MAX_MODELS;
+    return (n->model_mask & (n->model_mask - 1)) == 0 ? __builtin_ctzll(n->model_mask) : -1;
+}
+
+static int64_t kg_offset(void *state, int group, const kgpu_request *req)
+{
+    const kg_state *st = state;
+    if (group < 0 || group >= KGPU_MAX_MODELS || req->gpu_count <= 0)
+        return 0;
+    int take = (req->exclusive ? KGPU_MILLI : req->gpu_milli) * req->gpu_count;
+    return (int64_t)llround(st->scarcity[group] * (double)take * KG_SCALE);
+}
+
 static int64_t kg_score(void *state, const kgpu_cluster *c, int node, const kgpu_request *req)
 {
     int gpu;
@@ -401,4 +423,6 @@ const kgpu_policy_ops kgpu__policy_kgpu = {
     .observe = kg_observe,
     .online_only = true,
     .rank_scores = true,
+    .group = kg_group,
+    .group_offset = kg_offset,
 };
