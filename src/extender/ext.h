@@ -171,9 +171,12 @@ typedef struct ext_pod {
     char queue_label[KGPU_QUEUE_NAME_MAX + 1];
     char queue[KGPU_QUEUE_NAME_MAX + 1];
     int priority;     /* spec.priority: reclaim evicts the lowest first */
-    bool charged;     /* qd is charged to the queue tree */
-    bool evicting;    /* an eviction went through; charged until the pod is gone */
-    kgpu_qdemand qd;  /* what it is charged: its GPUs, on their models */
+    /*
+     * Charged to the queue tree: what its GPUs are (kgpu_qdemand_of_assignment
+     * on the cluster now; every change of the cluster charges all again).
+     */
+    bool charged;
+    bool evicting; /* an eviction went through; charged until the pod is gone */
     int nparts;
     ext_pod_part part[];
 } ext_pod;

@@ -164,10 +164,11 @@ int ext_queues_charge(ext_state *st, ext_pod *p, bool running, kgpu_error *err)
     int q = kgpu_queues_find(st->queues, p->queue);
     if (q < 0)
         return 0;
-    pod_demand(st->cluster, p, &p->qd);
+    kgpu_qdemand d;
+    pod_demand(st->cluster, p, &d);
     kgpu_error why;
-    int rc = running ? kgpu_queues_charge_running(st->queues, q, &p->qd, &why)
-                     : kgpu_queues_charge(st->queues, q, &p->qd, &why);
+    int rc = running ? kgpu_queues_charge_running(st->queues, q, &d, &why)
+                     : kgpu_queues_charge(st->queues, q, &d, &why);
     if (rc != 0)
         return kgpu_error_set(err, rc, "%s", why.msg);
     p->charged = true;
@@ -181,7 +182,9 @@ void ext_queues_uncharge(ext_state *st, ext_pod *p)
     p->charged = false;
     kgpu_error err;
     int q = kgpu_queues_find(st->queues, p->queue);
-    if (q >= 0 && kgpu_queues_uncharge(st->queues, q, &p->qd, &err) != 0)
+    kgpu_qdemand d;
+    pod_demand(st->cluster, p, &d); /* the cluster is the one it was charged on */
+    if (q >= 0 && kgpu_queues_uncharge(st->queues, q, &d, &err) != 0)
         ext_log(EXT_ERROR, "pod %s/%s: %s", p->ns, p->name, err.msg);
 }
 
@@ -325,7 +328,7 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
         r->priority = p->priority;
         r->admitted = (int64_t)(p->since * 1000);
         r->a = p->part[0].a;
-        r->d = p->qd;
+        pod_demand(st->cluster, p, &r->d);
         who[n++] = p;
     }
     kgpu_request req = pod->parts[0].req;
@@ -367,7 +370,7 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
         snprintf(vv->name, sizeof(vv->name), "%s", p->name);
         snprintf(vv->node, sizeof(vv->node), "%s", p->node);
         snprintf(vv->queue, sizeof(vv->queue), "%s", p->queue);
-        vv->freed_milli = p->qd.milli;
+        vv->freed_milli = running[res.victims[i]].d.milli;
     }
     char list[200];
     victims_text(out, list, sizeof(list));
