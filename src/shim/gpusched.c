@@ -1,7 +1,8 @@
 /*
- * The GPU's turns (sched.h). Every change happens under the file's robust
- * mutex except the holder's fast path, which only reads: a launch while the
- * container's slice lasts costs two atomic loads and a clock read.
+ * The GPU's turns (gpusched.h). Every change is made to a private copy of
+ * the file read under its lock and written back whole; the holder's fast
+ * path reads neither: a launch while the container's slice lasts costs one
+ * atomic load and a clock read.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -9,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,20 +25,33 @@
 #define GONE_NS      60000000000ULL /* a member unused this long is a container gone */
 #define LOCK_WAIT_S  1 /* the lock is held for microseconds; held this long, it is held hostage */
 
+#ifndef F_OFD_SETLK
+#define F_OFD_SETLK 37 /* Linux 3.15; older glibc headers lack the name */
+#endif
+
 /*
  * Every container on the GPU can write the file, so what it says about
- * others is checked before it is believed (docs/shim.md, "Where it can be
- * wrong"): a slice never ends more than a period ahead, a member's own
- * share is rewritten from its limits at every pass, and a lock not had
- * within LOCK_WAIT_S stops the gate for good in this process (the GPU's
- * own time slicing then applies, as without a schedule) rather than
- * hanging every launch.
+ * others is checked before it is believed (docs/shim.md, "A hostile
+ * tenant and its GPU's schedule file"): it is read into a private copy
+ * under the lock, never mapped (a truncation costs a short read, not
+ * SIGBUS), clamped to what a library could have written (clamp), and a
+ * copy that is no schedule is rewritten whole (fresh); a slice never ends
+ * more than a period ahead; a member's own share and name are rewritten
+ * from its limits at every pass; and a lock not had within LOCK_WAIT_S
+ * stops the gate for good in this process (the GPU's own time slicing
+ * then applies, as without a schedule) rather than hanging every launch.
  */
 struct kgpu_sched {
-    kgpu_sched_file *map;
-    int me;          /* member index */
-    uint32_t share;  /* this container's, from its limits file */
-    _Atomic int off; /* the lock was held hostage: launches pass ungated */
+    pthread_mutex_t mu;     /* this process's threads, one at a time through the file */
+    int fd;                 /* holds the OFD lock while mu is held */
+    pid_t pid;              /* whose descriptor fd is: a forked child opens its own */
+    char path[PATH_MAX];
+    char id[64];            /* this container */
+    int me;                 /* member index; -1: not found yet */
+    uint32_t share;         /* this container's, from its limits file */
+    _Atomic int off;        /* the lock was held hostage: launches pass ungated */
+    _Atomic uint64_t until; /* this container holds the GPU until then: launches pass */
+    kgpu_sched_file copy;   /* the file, while mu is held */
 };
 
 uint64_t kgpu_sched_now(void)
@@ -48,21 +61,133 @@ uint64_t kgpu_sched_now(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-/* 0 when locked; an error number when the lock was not had within LOCK_WAIT_S. */
-static int lock(kgpu_sched_file *f)
+static void fresh(kgpu_sched_file *f)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until); /* the clock pthread_mutex_timedlock counts in */
-    until.tv_sec += LOCK_WAIT_S;
-    int rc = pthread_mutex_timedlock(&f->lock.mutex, &until);
-    if (rc == EOWNERDEAD) /* nothing to repair: all fields stand alone */
-        rc = pthread_mutex_consistent(&f->lock.mutex);
-    return rc;
+    memset(f, 0, sizeof(*f));
+    memcpy(f->magic, KGPU_SCHED_MAGIC, 8);
+    f->version = KGPU_SCHED_VERSION;
+    f->members = KGPU_SCHED_MEMBERS;
+    atomic_store(&f->holder, -1);
 }
 
-static void unlock(kgpu_sched_file *f)
+static int valid(const kgpu_sched_file *f)
 {
-    pthread_mutex_unlock(&f->lock.mutex);
+    return memcmp(f->magic, KGPU_SCHED_MAGIC, 8) == 0 && f->version == KGPU_SCHED_VERSION &&
+           f->members == KGPU_SCHED_MEMBERS;
+}
+
+/*
+ * What no library writes, brought back to what one could have: a holder
+ * out of range, a share outside 1..100, a wait or sighting in the future,
+ * a used time past what halving allows, a name without its NUL. It bounds
+ * what a forged entry does to the others.
+ */
+static void clamp(kgpu_sched_file *f, uint64_t now)
+{
+    int h = atomic_load(&f->holder);
+    if (h < -1 || h >= KGPU_SCHED_MEMBERS)
+        atomic_store(&f->holder, -1);
+    if (atomic_load(&f->slice_start) > now)
+        atomic_store(&f->slice_start, now);
+    for (int i = 0; i < KGPU_SCHED_MEMBERS; i++) {
+        kgpu_sched_member *m = &f->m[i];
+        m->id[sizeof(m->id) - 1] = '\0';
+        if (m->id[0] == '\0')
+            continue;
+        m->share = m->share < 1 ? 1 : m->share > 100 ? 100 : m->share;
+        if (m->used_ns > 2 * DECAY_NS)
+            m->used_ns = 2 * DECAY_NS;
+        if (atomic_load(&m->waiting_ns) > now)
+            atomic_store(&m->waiting_ns, 0);
+        if (atomic_load(&m->seen_ns) > now)
+            atomic_store(&m->seen_ns, now);
+    }
+}
+
+/* mu held: this process's own descriptor (OFD locks belong to descriptions, which fork shares). */
+static int own_fd(kgpu_sched *s)
+{
+    if (s->fd >= 0 && s->pid == getpid())
+        return 0;
+    if (s->fd >= 0)
+        close(s->fd);
+    s->fd = open(s->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    s->pid = getpid();
+    return s->fd >= 0 ? 0 : -1;
+}
+
+static int ofd(int fd, short type)
+{
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+/*
+ * Takes the file for this thread and reads it into s->copy, clamped, or
+ * fresh if what is there is no schedule (it is written back whole). 0, or
+ * an error number when the lock was not had within LOCK_WAIT_S.
+ */
+static int lock(kgpu_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t t0 = kgpu_sched_now();
+    int rc = own_fd(s) == 0 ? 0 : EIO;
+    while (rc == 0 && ofd(s->fd, F_WRLCK) != 0) {
+        int e = errno;
+        if (e != EAGAIN && e != EACCES && e != EINTR)
+            rc = e;
+        else if (kgpu_sched_now() - t0 > LOCK_WAIT_S * 1000000000ULL)
+            rc = ETIMEDOUT;
+        struct timespec ts = {0, 200000}; /* 200 us: the lock is held for microseconds */
+        if (rc == 0)
+            nanosleep(&ts, NULL);
+    }
+    if (rc != 0) {
+        pthread_mutex_unlock(&s->mu);
+        return rc;
+    }
+    ssize_t n = pread(s->fd, &s->copy, sizeof(s->copy), 0);
+    if (n != (ssize_t)sizeof(s->copy) || !valid(&s->copy))
+        fresh(&s->copy);
+    clamp(&s->copy, kgpu_sched_now());
+    return 0;
+}
+
+/* Writes the copy back whole (which also undoes a truncation) and lets the file go. */
+static void unlock(kgpu_sched *s)
+{
+    ssize_t n = pwrite(s->fd, &s->copy, sizeof(s->copy), 0);
+    (void)n; /* refused (a full disk): the others keep the file as it was */
+    ofd(s->fd, F_UNLCK);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/*
+ * Lock held: this container's member, found again by name when the file
+ * was rewritten or the entry taken over; else a free one, or one no
+ * process has used for GONE_NS (a container gone). -1 when there is none.
+ * Its share is written again from the limits, and when it was last seen.
+ */
+static int member(kgpu_sched *s, uint64_t now)
+{
+    kgpu_sched_file *f = &s->copy;
+    if (s->me < 0 || strcmp(f->m[s->me].id, s->id) != 0)
+        s->me = -1;
+    for (int i = 0; i < KGPU_SCHED_MEMBERS && s->me < 0; i++)
+        if (strcmp(f->m[i].id, s->id) == 0)
+            s->me = i;
+    for (int i = 0; i < KGPU_SCHED_MEMBERS && s->me < 0; i++)
+        if (f->m[i].id[0] == '\0' ||
+            (atomic_load(&f->holder) != i && now - atomic_load(&f->m[i].seen_ns) > GONE_NS)) {
+            memset(&f->m[i], 0, sizeof(f->m[i]));
+            snprintf(f->m[i].id, sizeof(f->m[i].id), "%s", s->id);
+            s->me = i;
+        }
+    if (s->me >= 0) {
+        f->m[s->me].share = s->share;
+        atomic_store(&f->m[s->me].seen_ns, now);
+    }
+    return s->me;
 }
 
 static uint64_t slice_of(const kgpu_sched_member *m)
@@ -136,63 +261,66 @@ static void give_up(kgpu_sched *s)
 
 void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
 {
-    kgpu_sched_file *f = s->map;
-    int me = s->me;
     uint64_t now = kgpu_sched_now();
-    if (atomic_load_explicit(&f->holder, memory_order_acquire) == me &&
-        !atomic_load_explicit(&f->fresh, memory_order_relaxed) &&
-        now < atomic_load_explicit(&f->slice_end, memory_order_acquire)) {
-        atomic_store_explicit(&f->m[me].seen_ns, now, memory_order_relaxed);
+    if (now < atomic_load_explicit(&s->until, memory_order_relaxed))
         return;
-    }
+    kgpu_sched_file *f = &s->copy;
     for (;;) {
-        if (atomic_load_explicit(&s->off, memory_order_relaxed) || lock(f) != 0) {
+        if (atomic_load_explicit(&s->off, memory_order_relaxed) || lock(s) != 0) {
             give_up(s);
             return;
         }
         now = kgpu_sched_now();
-        atomic_store(&f->m[me].seen_ns, now);
-        f->m[me].share = s->share;
+        int me = member(s, now);
+        if (me < 0) { /* the file has no room for this container: as without a schedule */
+            unlock(s);
+            give_up(s);
+            return;
+        }
         int h = atomic_load(&f->holder);
-        uint64_t end = atomic_load(&f->slice_end);
+        uint64_t end = atomic_load(&f->slice_end), slice = slice_of(&f->m[me]);
         if (h == me) {
             if (atomic_load(&f->fresh)) { /* its turn starts now */
                 atomic_store(&f->fresh, 0);
                 atomic_store(&f->slice_start, now);
-                atomic_store(&f->slice_end, now + slice_of(&f->m[me]));
+                atomic_store(&f->slice_end, now + slice);
                 atomic_store(&f->m[me].waiting_ns, 0);
-                unlock(f);
+                atomic_store(&s->until, now + slice);
+                unlock(s);
                 return;
             }
-            if (now < end) {
-                unlock(f);
+            if (now < end) { /* never believed past one slice from now */
+                atomic_store(&s->until, end < now + slice ? end : now + slice);
+                unlock(s);
                 return;
             }
             if (!others_waiting(f, me, now)) { /* alone: the GPU is lent on */
                 account(f, me, now);
-                atomic_store(&f->slice_end, now + slice_of(&f->m[me]));
-                unlock(f);
+                atomic_store(&f->slice_end, now + slice);
+                atomic_store(&s->until, now + slice);
+                unlock(s);
                 return;
             }
             /* Its turn is over: its queued work runs out before the next one starts. */
             atomic_store(&f->m[me].waiting_ns, now);
-            unlock(f);
+            unlock(s);
             drain();
-            if (lock(f) != 0) {
+            if (lock(s) != 0) {
                 give_up(s);
                 return;
             }
             now = kgpu_sched_now();
-            if (atomic_load(&f->holder) == me) {
+            if ((me = member(s, now)) >= 0 && atomic_load(&f->holder) == me) {
                 account(f, me, now);
                 int next = neediest(f, now, -1, me);
                 hand_to(f, next, now);
             }
-            atomic_store(&f->m[me].waiting_ns, now);
-            unlock(f);
+            if (me >= 0)
+                atomic_store(&f->m[me].waiting_ns, now);
+            unlock(s);
             continue;
         }
-        int free = h < 0 || h >= KGPU_SCHED_MEMBERS || f->m[h].id[0] == '\0';
+        int free = h < 0 || f->m[h].id[0] == '\0';
         /*
          * A holder that stopped launching after its slice, or that is gone,
          * lets go; so does one whose slice ends further ahead than any
@@ -208,25 +336,17 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
         if (free && neediest(f, now, me, -1) == me) {
             hand_to(f, me, now);
             atomic_store(&f->fresh, 0);
-            unlock(f);
+            atomic_store(&s->until, now + slice);
+            unlock(s);
             return;
         }
         if (free)
             hand_to(f, neediest(f, now, me, -1), now);
         atomic_fetch_add(&f->m[me].waits, 1);
-        unlock(f);
+        unlock(s);
         struct timespec ts = {0, 100000}; /* 100 us */
         nanosleep(&ts, NULL);
     }
-}
-
-static int check(const kgpu_sched_file *f, size_t size, const char *path, kgpu_error *err)
-{
-    if (size != sizeof(*f) || memcmp(f->magic, KGPU_SCHED_MAGIC, 8) != 0 ||
-        f->version != KGPU_SCHED_VERSION || f->members != KGPU_SCHED_MEMBERS)
-        return kgpu_error_set(err, KGPU_ESTATE, "%s is not a version %d GPU schedule", path,
-                              KGPU_SCHED_VERSION);
-    return KGPU_OK;
 }
 
 /*
@@ -242,33 +362,30 @@ static int create(const char *dir, const char *path, mode_t mode, int replace, k
         return kgpu_error_set(err, KGPU_EIO, "cannot create a file in %s: %s", dir,
                               strerror(errno));
     int rc = KGPU_OK;
-    kgpu_sched_file *f = MAP_FAILED;
-    pthread_mutexattr_t attr;
-    if (fchmod(fd, mode) != 0 || ftruncate(fd, (off_t)sizeof(*f)) != 0 ||
-        (f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-        rc = kgpu_error_set(err, KGPU_EIO, "cannot make %s: %s", tmp, strerror(errno));
-        goto out;
+    kgpu_sched_file *f = malloc(sizeof(*f)); /* 6 KiB: not on an application thread's stack */
+    ssize_t n = -1;
+    if (f != NULL) {
+        fresh(f);
+        n = fchmod(fd, mode) == 0 ? pwrite(fd, f, sizeof(*f), 0) : -1;
+        free(f);
     }
-    memcpy(f->magic, KGPU_SCHED_MAGIC, 8);
-    f->version = KGPU_SCHED_VERSION;
-    f->members = KGPU_SCHED_MEMBERS;
-    atomic_store(&f->holder, -1);
-    if (pthread_mutexattr_init(&attr) != 0 ||
-        pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED) != 0 ||
-        pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST) != 0 ||
-        pthread_mutex_init(&f->lock.mutex, &attr) != 0) {
-        rc = kgpu_error_set(err, KGPU_EIO, "cannot make a process-shared robust mutex");
-        goto out;
-    }
-    pthread_mutexattr_destroy(&attr);
-    if (replace ? rename(tmp, path) != 0 : link(tmp, path) != 0 && errno != EEXIST)
+    if (n != (ssize_t)sizeof(kgpu_sched_file))
+        rc = kgpu_error_set(err, KGPU_EIO, "cannot make %s: %s", tmp,
+                            n < 0 ? strerror(errno) : "short write");
+    else if (replace ? rename(tmp, path) != 0 : link(tmp, path) != 0 && errno != EEXIST)
         rc = kgpu_error_set(err, KGPU_EIO, "cannot create %s: %s", path, strerror(errno));
-out:
-    if (f != MAP_FAILED)
-        munmap(f, sizeof(*f));
     unlink(tmp);
     close(fd);
     return rc;
+}
+
+/* `dir`/`gpu`.sched into path, or KGPU_EINVAL for a GPU name that is no file name. */
+static int sched_path(const char *dir, const char *gpu, char *path, size_t size, kgpu_error *err)
+{
+    if (strchr(gpu, '/') != NULL || gpu[0] == '.' || gpu[0] == '\0' ||
+        (size_t)snprintf(path, size, "%s/%s.sched", dir, gpu) >= size)
+        return kgpu_error_set(err, KGPU_EINVAL, "GPU '%.60s' cannot name a schedule file", gpu);
+    return KGPU_OK;
 }
 
 int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int share,
@@ -276,64 +393,43 @@ int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int shar
 {
     char path[PATH_MAX];
     *out = NULL;
-    if (strchr(gpu, '/') != NULL || gpu[0] == '.' ||
-        (size_t)snprintf(path, sizeof(path), "%s/%s.sched", dir, gpu) >= sizeof(path))
-        return kgpu_error_set(err, KGPU_EINVAL, "GPU '%.60s' cannot name a schedule file", gpu);
+    int rc = sched_path(dir, gpu, path, sizeof(path), err);
+    if (rc != KGPU_OK)
+        return rc;
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) {
-        int rc = create(dir, path, 0600, 0, err);
-        if (rc != KGPU_OK)
+        if ((rc = create(dir, path, 0600, 0, err)) != KGPU_OK)
             return rc;
         fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     }
     struct stat st;
     if (fd < 0 || kgpu_shim_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
+        int e = fd < 0 ? errno : S_ISREG(st.st_mode) ? errno : EINVAL;
         if (fd >= 0)
             close(fd);
         return kgpu_error_set(err, KGPU_EIO, "cannot open %s: %s", path, strerror(e));
     }
-    kgpu_sched_file *f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (f == MAP_FAILED)
-        return kgpu_error_set(err, KGPU_EIO, "cannot map %s: %s", path, strerror(errno));
-    int rc = check(f, (size_t)st.st_size, path, err);
-    kgpu_sched *s = rc == KGPU_OK ? calloc(1, sizeof(*s)) : NULL;
-    if (rc == KGPU_OK && s == NULL)
-        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
-    if (rc != KGPU_OK) {
-        munmap(f, sizeof(*f));
-        return rc;
+    kgpu_sched *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        close(fd);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
-    s->map = f;
+    pthread_mutex_init(&s->mu, NULL);
+    s->fd = fd;
+    s->pid = getpid();
+    snprintf(s->path, sizeof(s->path), "%s", path);
+    snprintf(s->id, sizeof(s->id), "%s", id);
     s->me = -1;
     s->share = (uint32_t)(share < 1 ? 1 : share > 100 ? 100 : share);
-    if (lock(f) != 0) {
-        munmap(f, sizeof(*f));
-        free(s);
+    if (lock(s) != 0) {
+        kgpu_sched_detach(s);
         return kgpu_error_set(err, KGPU_ESTATE, "%s: its lock has been held for over %d s", path,
                               LOCK_WAIT_S);
     }
-    uint64_t now = kgpu_sched_now();
-    for (int i = 0; i < KGPU_SCHED_MEMBERS && s->me < 0; i++)
-        if (strncmp(f->m[i].id, id, sizeof(f->m[i].id) - 1) == 0)
-            s->me = i;
-    /* A free member, or one no process has used for a long time (a container gone). */
-    for (int i = 0; i < KGPU_SCHED_MEMBERS && s->me < 0; i++)
-        if (f->m[i].id[0] == '\0' ||
-            (atomic_load(&f->holder) != i && now - atomic_load(&f->m[i].seen_ns) > GONE_NS)) {
-            memset(&f->m[i], 0, sizeof(f->m[i]));
-            snprintf(f->m[i].id, sizeof(f->m[i].id), "%s", id);
-            s->me = i;
-        }
-    if (s->me >= 0) {
-        f->m[s->me].share = s->share;
-        atomic_store(&f->m[s->me].seen_ns, now);
-    }
-    unlock(f);
-    if (s->me < 0) {
-        munmap(f, sizeof(*f));
-        free(s);
+    int me = member(s, kgpu_sched_now());
+    unlock(s);
+    if (me < 0) {
+        kgpu_sched_detach(s);
         return kgpu_error_set(err, KGPU_ESTATE, "%s has no room for another container", path);
     }
     *out = s;
@@ -343,9 +439,9 @@ int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int shar
 int kgpu_sched_prepare(const char *dir, const char *gpu, mode_t mode, kgpu_error *err)
 {
     char path[PATH_MAX];
-    if (strchr(gpu, '/') != NULL || gpu[0] == '.' || gpu[0] == '\0' ||
-        (size_t)snprintf(path, sizeof(path), "%s/%s.sched", dir, gpu) >= sizeof(path))
-        return kgpu_error_set(err, KGPU_EINVAL, "GPU '%.60s' cannot name a schedule file", gpu);
+    int rc = sched_path(dir, gpu, path, sizeof(path), err);
+    if (rc != KGPU_OK)
+        return rc;
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT)
         return create(dir, path, mode, 0, err);
@@ -353,18 +449,18 @@ int kgpu_sched_prepare(const char *dir, const char *gpu, mode_t mode, kgpu_error
      * One that is there stays (containers running have it mounted: a new
      * file would split them from the next ones), unless it is not a
      * schedule of this version; then the new containers get a fresh one.
+     * Read, not mapped: a container may be truncating it meanwhile.
      */
     struct stat st;
-    int ok = fd >= 0 && kgpu_shim_fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-             (size_t)st.st_size == sizeof(kgpu_sched_file);
-    if (ok) {
-        kgpu_sched_file *f = mmap(NULL, sizeof(*f), PROT_READ, MAP_SHARED, fd, 0);
-        kgpu_error ignored = {0};
-        ok = f != MAP_FAILED && check(f, (size_t)st.st_size, path, &ignored) == KGPU_OK;
-        if (f != MAP_FAILED)
-            munmap(f, sizeof(*f));
+    kgpu_sched_file *f = malloc(sizeof(*f));
+    if (f == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
-    int rc = KGPU_OK;
+    int ok = fd >= 0 && kgpu_shim_fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+             pread(fd, f, sizeof(*f), 0) == (ssize_t)sizeof(*f) && valid(f);
+    free(f);
     if (!ok)
         rc = create(dir, path, mode, 1, err);
     else if ((st.st_mode & 07777) != mode && fchmod(fd, mode) != 0)
@@ -374,10 +470,20 @@ int kgpu_sched_prepare(const char *dir, const char *gpu, mode_t mode, kgpu_error
     return rc;
 }
 
+void kgpu_sched_forked(kgpu_sched *s)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_init(&s->mu, NULL); /* another thread may have held it at the fork */
+    atomic_store(&s->until, 0);
+}
+
 void kgpu_sched_detach(kgpu_sched *s)
 {
     if (s == NULL)
         return;
-    munmap(s->map, sizeof(*s->map));
+    if (s->fd >= 0 && s->pid == getpid())
+        close(s->fd);
+    pthread_mutex_destroy(&s->mu);
     free(s);
 }

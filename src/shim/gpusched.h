@@ -1,10 +1,16 @@
 /*
  * Compute shares: the containers sharing a GPU take turns, so that the GPU
  * time each gets is the time it holds the GPU (docs/shim.md, "Compute
- * shares"). One file per GPU in a directory every such container mounts,
- * mapped MAP_SHARED: a process-shared robust mutex, which container holds
- * the GPU and until when, and per container its share, the GPU time it has
- * held and when it last waited.
+ * shares"). One file per GPU in a directory every such container mounts:
+ * which container holds the GPU and until when, and per container its
+ * share, the GPU time it has held and when it last waited. It is never
+ * mapped: every container can write it, truncating included, and a
+ * truncated shared mapping kills its readers with SIGBUS. Each change is a
+ * read, update and write of the whole file under an open-file-description
+ * lock on it (F_OFD_SETLK, which the kernel drops with its holder), and
+ * what is read is checked and clamped first; a damaged file is rewritten
+ * whole. Only the holder's fast path stays in the process: until its
+ * slice ends a launch reads one private atomic and the clock.
  *
  * The holder launches freely for its slice (share x PERIOD). When its slice
  * ends and another container waits, its launches stop, its queued work
@@ -25,7 +31,7 @@
 #include "kgpu/error.h"
 
 #define KGPU_SCHED_MAGIC     "KGPUSCHD"
-#define KGPU_SCHED_VERSION   1
+#define KGPU_SCHED_VERSION   2 /* 1 was mapped and locked by a mutex inside */
 #define KGPU_SCHED_MEMBERS   64
 #define KGPU_SCHED_PERIOD_NS 50000000ULL /* one round of slices: 50 ms */
 
@@ -43,10 +49,7 @@ typedef struct kgpu_sched_file {
     uint32_t version;
     uint32_t members; /* KGPU_SCHED_MEMBERS */
     uint8_t reserved[48];
-    union {
-        pthread_mutex_t mutex; /* process-shared, robust; guards all below but the atomics */
-        uint8_t size[64];
-    } lock;
+    uint8_t reserved2[64]; /* version 1's mutex */
     _Atomic int32_t holder; /* member index; -1: nobody */
     _Atomic uint32_t fresh; /* the holder was handed the GPU and has not launched yet */
     _Atomic uint64_t slice_start, slice_end; /* CLOCK_MONOTONIC ns */
@@ -56,8 +59,9 @@ typedef struct kgpu_sched_file {
 typedef struct kgpu_sched kgpu_sched;
 
 /*
- * Maps `dir`/`gpu`.sched (created whole if missing, mode 0600) and joins as
- * container `id` with `share` percent. The caller owns *out.
+ * Opens `dir`/`gpu`.sched (created whole if missing, mode 0600; rewritten
+ * whole if damaged) and joins as container `id` with `share` percent. The
+ * caller owns *out.
  */
 int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int share,
                       kgpu_sched **out, kgpu_error *err);
@@ -76,8 +80,13 @@ int kgpu_sched_prepare(const char *dir, const char *gpu, mode_t mode, kgpu_error
 /*
  * Before a launch: returns once this container may launch, having called
  * drain() first if it had to give the GPU up. Cheap while it holds the GPU.
+ * A lock held by another for over a second opens the gate for good in this
+ * process (the GPU's own time slicing then applies).
  */
 void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void));
+
+/* In a child after fork: its own descriptor at the next lock (OFD locks follow descriptions). */
+void kgpu_sched_forked(kgpu_sched *s);
 
 /* CLOCK_MONOTONIC in ns. */
 uint64_t kgpu_sched_now(void);

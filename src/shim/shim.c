@@ -297,6 +297,8 @@ static void fork_child(void)
         *kgpu__shim.fork_mark = 1;
     if (kgpu__shim.region != NULL)
         kgpu_shim_region_forked(kgpu__shim.region);
+    for (int li = 0; li < KGPU_SHIM_MAX_DEVICES; li++)
+        kgpu_sched_forked(atomic_load(&kgpu__shim.sched[li]));
 }
 
 /*

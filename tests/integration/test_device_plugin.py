@@ -477,7 +477,7 @@ class PluginCase(unittest.TestCase):
         with open(self.sched_file(uuid), "rb") as f:
             head = f.read(16)
         self.assertEqual(head[:8], b"KGPUSCHD")
-        self.assertEqual(struct.unpack("=II", head[8:16]), (1, 64))  # version, members
+        self.assertEqual(struct.unpack("=II", head[8:16]), (2, 64))  # version, members
 
     def pod_files(self):
         root = os.path.join(self.state_dir, "pods")

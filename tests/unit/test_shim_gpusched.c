@@ -3,9 +3,11 @@
  * joining, the holder's turn, handing the GPU over when another container
  * waits (after draining), keeping it when alone, and taking it from a
  * holder that went idle; and what one container writing the shared file
- * by hand cannot make another's gate believe.
+ * by hand (forging entries, holding its lock, truncating it) cannot make
+ * another's gate believe or do.
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -231,14 +233,20 @@ typedef struct hostage {
     _Atomic int locked, release;
 } hostage;
 
+/* A hostile container takes the file's lock (an OFD lock, as the library does) and keeps it. */
 static void *hold_lock(void *arg)
 {
     hostage *h = arg;
-    assert_int_equal(pthread_mutex_lock(&h->f->lock.mutex), 0);
+    char path[400];
+    snprintf(path, sizeof(path), "%s/%s.sched", dir, GPU);
+    int fd = open(path, O_RDWR);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    assert_true(fd >= 0);
+    assert_int_equal(fcntl(fd, F_OFD_SETLK, &fl), 0);
     atomic_store(&h->locked, 1);
     while (!atomic_load(&h->release))
         sleep_ms(5);
-    pthread_mutex_unlock(&h->f->lock.mutex);
+    close(fd);
     return NULL;
 }
 
@@ -267,6 +275,74 @@ static void a_lock_held_hostage_opens_the_gate(void **state)
     pthread_join(t, NULL);
     assert_int_equal(atomic_load(&drains), 0);
     munmap(h.f, sizeof(*h.f));
+    kgpu_sched_detach(a);
+    kgpu_sched_detach(b);
+}
+
+/*
+ * A container truncates the file under the others: nobody maps it, so no
+ * process gets SIGBUS; the next pass through the lock writes it whole
+ * again and every member finds its entry again by name.
+ */
+static void a_truncated_file_is_made_whole_again(void **state)
+{
+    char path[400];
+    snprintf(path, sizeof(path), "%s/%s.sched", dir, GPU);
+    kgpu_sched *a = join("a", 30), *b = join("b", 70);
+    kgpu_sched_gate(a, drain); /* a holds the GPU */
+    assert_int_equal(truncate(path, 100), 0);
+    uint64_t t0 = kgpu_sched_now();
+    kgpu_sched_gate(b, drain); /* the holder is forgotten with the file: b takes the GPU */
+    assert_true(kgpu_sched_now() - t0 < 1000000000ULL);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal((size_t)st.st_size, sizeof(kgpu_sched_file));
+    kgpu_sched_file *f = view();
+    assert_memory_equal(f->magic, KGPU_SCHED_MAGIC, 8);
+    assert_int_equal(f->version, KGPU_SCHED_VERSION);
+    assert_int_equal(atomic_load(&f->holder), member_of(f, "b"));
+    munmap(f, sizeof(*f));
+    /* Down to nothing, then garbage: the same. a, past its slice, rejoins by name. */
+    assert_int_equal(truncate(path, 0), 0);
+    FILE *g = fopen(path, "w");
+    assert_non_null(g);
+    fputs("not a schedule", g);
+    fclose(g);
+    sleep_ms(16); /* a's 15 ms slice is over: its next launch goes through the file */
+    kgpu_sched_gate(a, drain);
+    f = view();
+    assert_memory_equal(f->magic, KGPU_SCHED_MAGIC, 8);
+    assert_int_equal(f->m[member_of(f, "a")].share, 30);
+    munmap(f, sizeof(*f));
+    sleep_ms(40); /* b's 35 ms slice from before is over too: it waits for a, then joins */
+    kgpu_sched_gate(b, drain);
+    f = view();
+    assert_int_equal(f->m[member_of(f, "b")].share, 70);
+    munmap(f, sizeof(*f));
+    kgpu_sched_detach(a);
+    kgpu_sched_detach(b);
+}
+
+/* Values no library writes are clamped before they are used. */
+static void forged_values_are_clamped(void **state)
+{
+    kgpu_sched *a = join("a", 30), *b = join("b", 70);
+    kgpu_sched_file *f = tamper();
+    int ia = member_of(f, "a"), ib = member_of(f, "b");
+    atomic_store(&f->holder, 1000);                   /* no such member */
+    f->m[ia].share = 100000;                           /* more than the GPU */
+    f->m[ib].used_ns = ~0ULL;                          /* b "has used" forever */
+    atomic_store(&f->m[ia].waiting_ns, ~0ULL);         /* a "waits" for ever after */
+    f->m[ia].id[63] = 'x';                             /* a name without its end */
+    uint64_t t0 = kgpu_sched_now();
+    kgpu_sched_gate(b, drain);
+    assert_true(kgpu_sched_now() - t0 < 1000000000ULL);
+    assert_int_equal(atomic_load(&f->holder), ib); /* the GPU was free: b has it */
+    assert_true(f->m[ia].share <= 100);
+    assert_true(f->m[ib].used_ns <= 20000000000ULL);
+    assert_true(atomic_load(&f->m[ia].waiting_ns) <= kgpu_sched_now());
+    assert_int_equal(f->m[ia].id[63], '\0');
+    munmap(f, sizeof(*f));
     kgpu_sched_detach(a);
     kgpu_sched_detach(b);
 }
@@ -309,6 +385,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_forged_slice_end_is_not_believed, setup, teardown),
         cmocka_unit_test_setup_teardown(a_member_rewrites_its_own_share, setup, teardown),
         cmocka_unit_test_setup_teardown(a_lock_held_hostage_opens_the_gate, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_truncated_file_is_made_whole_again, setup, teardown),
+        cmocka_unit_test_setup_teardown(forged_values_are_clamped, setup, teardown),
         cmocka_unit_test_setup_teardown(the_node_prepares_the_file, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -717,6 +717,50 @@ static void test_library_and_watcher_agree(void **state)
     unsetenv("FAKE_GPU_MEM_FILE");
 }
 
+/*
+ * A tenant that tampers with its GPU's schedule file (raises its own share,
+ * stops taking turns) shows on the GPU as more SM time than its share while
+ * the other container is busy: the watcher reports it after the grace
+ * scans, and never kills for compute. Taking a little more than its share,
+ * within the slack, goes unreported (docs/shim.md's threat table).
+ */
+static void test_schedule_tamperer_is_caught_under_contention(void **state)
+{
+    limits(UID_A, "train", "device 0 uuid=GPU-aaaa memory_mib=4096 core_pct=30\n");
+    limits(UID_B, "serve", "device 0 uuid=GPU-aaaa memory_mib=4096 core_pct=70\n");
+    pid_t tamperer = child_in(UID_A, CID_1), victim = child_in(UID_B, CID_2);
+    dp_watch_config c = config(DP_ENFORCE_KILL);
+    dp_watcher *w = watcher(&c, NULL);
+    const char *a_core = "kgpu_container_gpu_throttled" A0 ",resource=\"core\"}";
+    const char *b_core = "kgpu_container_gpu_throttled" B0 ",resource=\"core\"}";
+    char script[128];
+    /* Its share raised to 38 % in the file: 8 points over, inside the 10-point slack. */
+    snprintf(script, sizeof(script), "0 %d 100 38\n0 %d 100 55\n", (int)tamperer, (int)victim);
+    procs(script);
+    for (int i = 0; i < 4; i++) {
+        char *t = scan_text(w);
+        assert_true(sample(t, a_core) == 0);
+        free(t);
+    }
+    /* Not taking turns at all: the driver's time slicing gives it about half. */
+    snprintf(script, sizeof(script), "0 %d 100 50\n0 %d 100 45\n", (int)tamperer, (int)victim);
+    procs(script);
+    for (int i = 1; i <= 3; i++) {
+        char *t = scan_text(w);
+        assert_true(sample(t, a_core) == (i == 3 ? 1 : 0));
+        assert_true(sample(t, b_core) == 0); /* 45 % of a 70 % share: the victim is not over */
+        free(t);
+    }
+    char *t = scan_text(w);
+    assert_true(sample(t, "kgpu_container_gpu_over_share_total" A0 ",resource=\"core\"}") == 1);
+    assert_true(sample(t, "kgpu_watcher_kills_total{result=\"killed\"}") == 0);
+    free(t);
+    assert_false(killed(tamperer));
+    reap(tamperer);
+    reap(victim);
+    dp_watcher_free(w);
+}
+
 static void test_gpu_not_given_is_over(void **state)
 {
     /* The container was given GPU 0 only, but NVML sees it on GPU 1. */
@@ -1187,6 +1231,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_core_over_share_after_grace, setup, teardown),
         cmocka_unit_test_setup_teardown(test_library_and_watcher_agree, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_schedule_tamperer_is_caught_under_contention, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_gpu_not_given_is_over, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nvml_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_names_and_events_from_the_api, setup, teardown),
