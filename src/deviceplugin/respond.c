@@ -273,8 +273,10 @@ int dp_allocate_encode(const dp_response *resp, int n, uint8_t **out, size_t *le
     *len = 0;
     V1beta1__ContainerAllocateResponse *cr = calloc((size_t)n + 1, sizeof(*cr));
     V1beta1__ContainerAllocateResponse **crp = calloc((size_t)n + 1, sizeof(*crp));
-    V1beta1__ContainerAllocateResponse__EnvsEntry *ev = calloc((size_t)n * DP_MAX_ENV + 1, sizeof(*ev));
-    V1beta1__ContainerAllocateResponse__EnvsEntry **evp = calloc((size_t)n * DP_MAX_ENV + 1, sizeof(*evp));
+    V1beta1__ContainerAllocateResponse__EnvsEntry *ev =
+        calloc((size_t)n * DP_MAX_ENV + 1, sizeof(*ev));
+    V1beta1__ContainerAllocateResponse__EnvsEntry **evp =
+        calloc((size_t)n * DP_MAX_ENV + 1, sizeof(*evp));
     V1beta1__Mount *mt = calloc((size_t)n * DP_MAX_MOUNTS + 1, sizeof(*mt));
     V1beta1__Mount **mtp = calloc((size_t)n * DP_MAX_MOUNTS + 1, sizeof(*mtp));
     int rc = -1;

@@ -361,7 +361,12 @@ static CUresult ctx_created(CUresult r, CUcontext *pctx, int li, const kgpu_ctx_
 }
 
 /* The body of every cuCtxCreate hook: `call` makes the context. */
-#define CTX_CREATE(call)                                                                               int li = kgpu__dev_index(dev);                                                                     kgpu_ctx_probe probe_;                                                                             CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);                                                    kgpu__ctx_before(dev, li, &probe_);                                                                return ctx_created(call, pctx, li, &probe_)
+#define CTX_CREATE(call)                                                                           \
+    int li = kgpu__dev_index(dev);                                                                 \
+    kgpu_ctx_probe probe_;                                                                         \
+    CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);                                                \
+    kgpu__ctx_before(dev, li, &probe_);                                                            \
+    return ctx_created(call, pctx, li, &probe_)
 
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
@@ -414,12 +419,11 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             if (recharge(li, est, fp) == CUDA_SUCCESS) {
                 kgpu__shim.primary[dev].bytes = fp;
             } else {
-                kgpu__pfn_cuDevicePrimaryCtxRelease_v2 rel2 = KGPU_REAL(cuDevicePrimaryCtxRelease_v2);
-                kgpu__pfn_cuDevicePrimaryCtxRelease rel = KGPU_REAL(cuDevicePrimaryCtxRelease);
-                if (rel2 != NULL)
-                    rel2(dev);
-                else if (rel != NULL)
-                    rel(dev);
+                /* Undone: the release this retain would have needed. */
+                if (KGPU_REAL(cuDevicePrimaryCtxRelease_v2) != NULL)
+                    KGPU_REAL(cuDevicePrimaryCtxRelease_v2)(dev);
+                else if (KGPU_REAL(cuDevicePrimaryCtxRelease) != NULL)
+                    KGPU_REAL(cuDevicePrimaryCtxRelease)(dev);
                 r = CUDA_ERROR_OUT_OF_MEMORY;
                 first = 0; /* nothing left charged */
             }

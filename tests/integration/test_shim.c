@@ -262,59 +262,61 @@ static void env_measured(unsigned ctx_mib)
     env_add("FAKE_CUDA_CTX_MIB=%u", ctx_mib);
 }
 
+/*
+ * One run of "probe ctxcharge" with contexts taking ctx_mib in the fake
+ * driver, `var` (NAME=value, or NULL) added, or with "-NAME" removed, and
+ * a fresh memory file (no neighbour left from before): it must print `want`.
+ */
+static void ctxcharge(unsigned ctx_mib, const char *var, const char *want)
+{
+    char path[320];
+    snprintf(path, sizeof(path), "%s/gpumem", tmp);
+    unlink(path);
+    env_measured(ctx_mib);
+    if (var != NULL && var[0] == '-')
+        env_drop(var + 1);
+    else if (var != NULL)
+        env_add("%s", var);
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out(want);
+    assert_string_equal(err, "");
+}
+
 static void contexts_are_charged_what_they_take(void **state)
 {
     env_measured(520);
     env_add("PROBE_CTX_MIB=520");
     expect_run(KGPU_SHIM_PROBE, "ctx", 0); /* 6 contexts fit 4096 MiB, a 7th is refused */
-    env_measured(520);
-    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
-    expect_out("primary=520 created=520 destroyed=520 released=0\n");
+    ctxcharge(520, NULL, "primary=520 created=520 destroyed=520 released=0\n");
     /* Without NVML the primary context cannot be measured; one made in it can. */
-    env_measured(520);
-    env_drop("FAKE_NVML_GPUS");
-    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
-    expect_out("primary=300 created=520 destroyed=300 released=0\n");
+    ctxcharge(520, "-FAKE_NVML_GPUS", "primary=300 created=520 destroyed=300 released=0\n");
     /* KGPU_CONTEXT_MIB is a floor: above the measurement it wins, below it does not. */
-    env_measured(520);
-    env_add("KGPU_CONTEXT_MIB=600");
-    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
-    expect_out("primary=600 created=600 destroyed=600 released=0\n");
-    env_measured(520);
-    env_add("KGPU_CONTEXT_MIB=100");
-    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
-    expect_out("primary=520 created=520 destroyed=520 released=0\n");
-    assert_string_equal(err, "");
+    ctxcharge(520, "KGPU_CONTEXT_MIB=600", "primary=600 created=600 destroyed=600 released=0\n");
+    ctxcharge(520, "KGPU_CONTEXT_MIB=100", "primary=520 created=520 destroyed=520 released=0\n");
 }
 
 static void implausible_context_measurements_fall_back(void **state)
 {
-    /* A driver whose contexts take nothing measurable: the configured figure. */
-    env_measured(0);
-    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
-    expect_out("primary=300 created=300 destroyed=300 released=0\n");
-    /* A neighbour allocating 8 GiB while each context is made: not believed. */
-    env_measured(520);
-    env_add("FAKE_CUDA_CTX_NEIGHBOUR_MIB=8192");
-    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
-    expect_out("primary=300 created=300 destroyed=300 released=0\n");
-    /* One freeing more than the context takes: nothing measured, the configured figure. */
-    write_file(strcat(strcpy(out, tmp), "/gpumem"), ""); /* a fresh file: no neighbour yet */
-    env_measured(520);
-    env_add("FAKE_CUDA_CTX_NEIGHBOUR_MIB=-1000");
-    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
-    expect_out("primary=300 created=300 destroyed=300 released=0\n");
-    /* A small one within the plausible range is counted as the context's: over, not under. */
-    write_file(strcat(strcpy(out, tmp), "/gpumem"), "");
-    env_measured(520);
-    env_add("FAKE_CUDA_CTX_NEIGHBOUR_MIB=40");
-    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
-    expect_out("primary=560 created=560 destroyed=560 released=0\n");
-    /* With KGPU_CONTEXT_MIB, its figure is the fallback. */
-    env_measured(0);
-    env_add("KGPU_CONTEXT_MIB=450");
-    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
-    expect_out("primary=450 created=450 destroyed=450 released=0\n");
+    static const struct {
+        unsigned ctx_mib;
+        const char *var, *want;
+    } cases[] = {
+        /* A driver whose contexts take nothing measurable: the configured figure. */
+        {0, NULL, "primary=300 created=300 destroyed=300 released=0\n"},
+        /* A neighbour allocating 8 GiB while each context is made: not believed. */
+        {520, "FAKE_CUDA_CTX_NEIGHBOUR_MIB=8192",
+         "primary=300 created=300 destroyed=300 released=0\n"},
+        /* One freeing more than the context takes: nothing measured. */
+        {520, "FAKE_CUDA_CTX_NEIGHBOUR_MIB=-1000",
+         "primary=300 created=300 destroyed=300 released=0\n"},
+        /* A small one within the plausible range is counted as the context's: over, not under. */
+        {520, "FAKE_CUDA_CTX_NEIGHBOUR_MIB=40",
+         "primary=560 created=560 destroyed=560 released=0\n"},
+        /* With KGPU_CONTEXT_MIB, its figure is the fallback. */
+        {0, "KGPU_CONTEXT_MIB=450", "primary=450 created=450 destroyed=450 released=0\n"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        ctxcharge(cases[i].ctx_mib, cases[i].var, cases[i].want);
 }
 
 static void forked_children_account_for_themselves(void **state)
