@@ -544,6 +544,33 @@ class TestRegistration(PluginCase):
         self.assertEqual(sorted(self.kubelet.lists[WHOLE]), sorted(g["uuid"] for g in gpus))
 
 
+class TestMpsMode(PluginCase):
+    """--sharing mps starts only where the MPS control daemon's pipe is (docs: "MPS mode")."""
+
+    def test_refuses_to_start_without_the_control_pipe(self):
+        self.start_kubelet()
+        pipes = os.path.join(self.tmp, "mps")
+        os.mkdir(pipes)
+        p = self.start_plugin(["--no-api-server", "--sharing", "mps", "--mps-pipe-dir", pipes],
+                              make_gpus(1))
+        self.assertEqual(p.child.wait_exit(30), 1)
+        p.stopped = True
+        self.assertIsNone(p.sanitizer_report())
+        log = p.child.log()
+        self.assertIn("MPS mode: %s/control is missing" % pipes, log)
+        self.assertIn("nvidia-cuda-mps-control -d", log)
+        self.assertEqual([n for n in os.listdir(self.plugin_dir) if n != "kubelet.sock"], [],
+                         "it created sockets before refusing")
+        self.assertEqual(self.kubelet.registered(), {})
+
+    def test_serves_where_the_daemon_listens(self):
+        pipes = os.path.join(self.tmp, "mps")
+        os.mkdir(pipes)
+        os.mkfifo(os.path.join(pipes, "control"))
+        p = self.up(make_gpus(1), ["--no-api-server", "--sharing", "mps", "--mps-pipe-dir", pipes])
+        self.assertTrue(p.child.alive())
+
+
 # ---------------------------------------------------------------------------
 # 2. kubelet's message size limit
 # ---------------------------------------------------------------------------
@@ -1466,6 +1493,7 @@ class TestStop(AllocateCase):
     def test_bad_flags(self):
         for args, text in ((["--memory-unit", "1.5Mi"], "--memory-unit"),
                            (["--log-level", "loud"], "--log-level"),
+                           (["--sharing", "timeslice"], "--sharing timeslice: expected sched or mps"),
                            (["--bogus"], "--bogus"), (["extra"], "extra")):
             out = subprocess.run([PLUGIN_BIN] + args, capture_output=True, text=True, timeout=20)
             self.assertEqual(out.returncode, 2, args)
