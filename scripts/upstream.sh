@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the upstream components the end-to-end suites run -- etcd,
-# kube-apiserver, kube-scheduler, kubectl, kubelet and helm -- from their
+# kube-apiserver, kube-scheduler, kubectl, kubelet, helm and containerd
+# (with its runc shim and ctr) -- from their
 # published Go modules at the versions pinned below, into a cache outside
 # the source tree keyed by version. A second run with the same versions
 # builds nothing. Nothing of theirs enters this repository.
@@ -8,21 +9,35 @@
 #   scripts/upstream.sh            build what is missing, print the bin dir
 #   scripts/upstream.sh --check    exit 0 if everything is built, 1 if not,
 #                                  2 if this machine's Go is too old
+#   scripts/upstream.sh --bin      print the bin dir (builds nothing)
+#   scripts/upstream.sh --containerd-bin
+#                                  print containerd's folder inside it (builds nothing)
 #
 # A version bump is one line: K8S_VERSION (the staging modules k8s.io/* are
 # pinned to the matching v0.x.y by reading k8s.io/kubernetes's own go.mod),
-# ETCD_VERSION (the etcd that release's build/dependencies.yaml names) or
-# HELM_VERSION.
+# ETCD_VERSION (the etcd that release's build/dependencies.yaml names),
+# HELM_VERSION or CONTAINERD_VERSION (a 2.x: CDI injection is always on
+# there; Debian's 1.6 has none). containerd lives in a folder of its own
+# inside the bin dir, named by its version, so adding or bumping it does not
+# rebuild the rest.
+#
+# Cold cost on the project's 2-core machine: Kubernetes, etcd and helm about
+# 19 minutes; containerd, its shim and ctr about 10 more.
 set -euo pipefail
 
 K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.7.0
 HELM_VERSION=v4.3.1
+CONTAINERD_VERSION=v2.4.2
 GO_MIN=1.26       # what k8s.io/kubernetes ${K8S_VERSION}'s go.mod asks for
 
 CACHE=${KGPU_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kgpu-upstream}
 BIN="$CACHE/bin-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
-TOOLS=(etcd kube-apiserver kube-scheduler kubectl kubelet helm)
+CTRD_BIN="$BIN/containerd-$CONTAINERD_VERSION"
+TOOLS=(etcd kube-apiserver kube-scheduler kubectl kubelet helm
+       "containerd-$CONTAINERD_VERSION/containerd"
+       "containerd-$CONTAINERD_VERSION/containerd-shim-runc-v2"
+       "containerd-$CONTAINERD_VERSION/ctr")
 
 say() { echo "upstream: $*" >&2; }
 
@@ -47,6 +62,7 @@ if [ "${1:-}" = "--check" ]; then
     exit 1
 fi
 if [ "${1:-}" = "--bin" ]; then echo "$BIN"; exit 0; fi
+if [ "${1:-}" = "--containerd-bin" ]; then echo "$CTRD_BIN"; exit 0; fi
 
 if all_built; then echo "$BIN"; exit 0; fi
 go_ok || exit 2
@@ -128,6 +144,29 @@ helm_major=${HELM_VERSION#v}; helm_major=${helm_major%%.*}
 helm_mod="helm.sh/helm/v$helm_major"
 build_module helm "$CACHE/src/helm-$HELM_VERSION" "$helm_mod/cmd/helm" "$HELM_VERSION" \
     "-s -w -X $helm_mod/internal/version.version=$HELM_VERSION"
+
+# containerd 2.x, its runc shim and ctr (to import the suites' locally built
+# images): one module, three main packages. The tags leave out the snapshotters
+# that need cgo or kernel features the suites do not use (overlayfs and native
+# stay in).
+ctrd_dir="$CACHE/src/containerd-$CONTAINERD_VERSION"
+ctrd_mod=github.com/containerd/containerd/v2
+ctrd_ldflags="-s -w -X $ctrd_mod/version.Version=$CONTAINERD_VERSION"
+ctrd_ldflags+=" -X $ctrd_mod/version.Package=$ctrd_mod"
+for t in containerd containerd-shim-runc-v2 ctr; do
+    [ -x "$CTRD_BIN/$t" ] && continue
+    mkdir -p "$ctrd_dir" "$CTRD_BIN"
+    (
+        cd "$ctrd_dir"
+        [ -f go.mod ] || go mod init kgpu.invalid/upstream-containerd >/dev/null 2>&1
+        printf 'package upstream\n' > doc.go
+        go get "$ctrd_mod/cmd/$t@$CONTAINERD_VERSION" >&2
+        say "building $t $CONTAINERD_VERSION (cold: several minutes)"
+        go build -trimpath -tags "no_btrfs no_devmapper no_zfs" -ldflags "$ctrd_ldflags" \
+            -o "$CTRD_BIN/$t.tmp" "$ctrd_mod/cmd/$t"
+    )
+    mv "$CTRD_BIN/$t.tmp" "$CTRD_BIN/$t"
+done
 
 all_built || { say "not every tool was built"; exit 1; }
 echo "$BIN"
