@@ -26,6 +26,14 @@ like NVIDIA's container runtime it mounts the (fake) driver libraries into
 containers whose NVIDIA_VISIBLE_DEVICES names GPUs. Images come from
 node_images (built here, imported with ctr: no registry).
 
+By default containerd is Debian's (1.6, no CDI). Node(containerd_bin=DIR) runs
+the containerd, shim and ctr in DIR instead (scripts/upstream.sh builds 2.x
+there, whose CRI injects CDI devices), and cdi_dirs=[...] names the folders its
+CDI cache reads (kept in the work folder, not the host's /etc/cdi or
+/var/run/cdi). The DRA suite runs its node that way; the node suite stays on
+1.6, which it was written and checked against (test_11 relies on 1.6 making
+a missing bind-mount source a directory; not checked on 2.x).
+
 cleanup() undoes all of it from any state, without needing containerd or
 kubelet to answer: it kills what runs in the node's cgroups and the node's
 runtime shims (found by this node's socket path in their command line),
@@ -148,8 +156,12 @@ def _run(argv, check=True, timeout=120):
 class Node:
     """kubelet + containerd on this machine as node `name` of the control plane `cp`."""
 
-    def __init__(self, cp, workdir, build_dir, name="kgpu-e2e-node", gpus=(), labels=None):
+    def __init__(self, cp, workdir, build_dir, name="kgpu-e2e-node", gpus=(), labels=None,
+                 containerd_bin=None, cdi_dirs=None):
         self.cp, self.dir, self.build, self.name = cp, workdir, build_dir, name
+        # containerd_bin: a folder with containerd, containerd-shim-runc-v2 and ctr to run
+        # instead of the PATH's; cdi_dirs: CDI spec folders (containerd 1.7+ only).
+        self.containerd_bin, self.cdi_dirs = containerd_bin, list(cdi_dirs or [])
         self.gpus = list(gpus)  # [{uuid, model, memory_mib}] the fake driver shows
         self.labels = dict(labels or {})
         os.makedirs(workdir, exist_ok=True)
@@ -177,6 +189,23 @@ class Node:
     def containerd_sock(self):
         return self.p("containerd", "containerd.sock")
 
+    # kubelet's DRA plugin folders under its --root-dir (the work folder's kubelet/).
+    @property
+    def dra_plugin_dir(self):
+        return self.p("kubelet", "plugins")
+
+    @property
+    def dra_registry_dir(self):
+        return self.p("kubelet", "plugins_registry")
+
+    def _tool(self, name):
+        """containerd, its shim or ctr: the configured folder's, else the PATH's."""
+        return os.path.join(self.containerd_bin, name) if self.containerd_bin else name
+
+    def ctr(self, *args, check=True):
+        return _run([self._tool("ctr"), "--address", self.containerd_sock] + list(args),
+                    check=check)
+
     # -- start ------------------------------------------------------------------
 
     def start(self, preloaded=(), kgpu_image=False):
@@ -190,8 +219,7 @@ class Node:
         if kgpu_image:
             self.images.append(node_images.kgpu_image(self.p("images"), self.build))
         for name, path in self.images:
-            _run(["ctr", "--address", self.containerd_sock, "-n", "k8s.io", "images", "import",
-                  path])
+            self.ctr("-n", "k8s.io", "images", "import", path)
         self._write_kubelet_files()
         self.start_kubelet()
         self.wait_ready()
@@ -242,9 +270,20 @@ class Node:
             "[grpc]", '  address = "%s"' % self.containerd_sock,
             '[plugins."io.containerd.internal.v1.opt"]',
             '  path = "%s"' % os.path.join(d, "opt"),
+        ] + ([
+            # containerd 2.x serves NRI on /var/run/nri/nri.sock by default: outside the
+            # work folder, and nothing here uses it.
+            '[plugins."io.containerd.nri.v1.nri"]',
+            "  disable = true",
+        ] if self.containerd_bin else []) + [
             "[%s]" % cri,
             '  sandbox_image = "%s"' % node_images.PAUSE_IMAGE,
             "  netns_mounts_under_state_dir = true",
+        ] + ([
+            # containerd 2.x has CDI on by default; said anyway, with this run's folders.
+            "  enable_cdi = true",
+            "  cdi_spec_dirs = [%s]" % ", ".join('"%s"' % c for c in self.cdi_dirs),
+        ] if self.cdi_dirs else []) + [
             # Without CAP_SYS_RESOURCE (this machine's sandbox lacks it) runc cannot lower
             # oom_score_adj to kubelet's -998 for the sandbox: keep it at containerd's own.
             "  restrict_oom_score_adj = %s" % ("true" if not has_cap(CAP_SYS_RESOURCE)
@@ -270,15 +309,19 @@ class Node:
         env = dict(os.environ, KGPU_E2E_RUNTIME_CONFIG=os.path.join(d, "runtime.json"),
                    HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9",
                    NO_PROXY="")
-        self.containerd = harness.Child(["containerd", "--config", path, "--log-level", "info"],
+        if self.containerd_bin:  # containerd starts containerd-shim-runc-v2 from its PATH
+            env["PATH"] = self.containerd_bin + os.pathsep + env.get("PATH", "")
+        for sub in self.cdi_dirs:
+            os.makedirs(sub, exist_ok=True)
+        self.containerd = harness.Child([self._tool("containerd"), "--config", path,
+                                         "--log-level", "info"],
                                         self.p("containerd.log"), env=env)
         self.cp.children["containerd"] = self.containerd
 
         def up():
             if not self.containerd.alive():
                 raise RuntimeError("containerd exited:\n" + self.containerd.log_tail(30))
-            return _run(["ctr", "--address", self.containerd_sock, "version"],
-                        check=False).returncode == 0
+            return self.ctr("version", check=False).returncode == 0
         cluster.wait_for(up, 60, "containerd", interval=0.2)
 
     @property
