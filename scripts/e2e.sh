@@ -9,6 +9,9 @@
 #                                           machine joined to that control plane, running
 #                                           kgpu-device-plugin and libkgpu-limit.so in
 #                                           real containers (needs root; skipped otherwise)
+#   scripts/e2e.sh --suite dra              kgpu-dra-plugin on such a node with containerd 2.x
+#                                           (CDI): claims allocated by kube-scheduler, prepared
+#                                           by kubelet, shares enforced in the containers
 #   scripts/e2e.sh --suite control-plane -k preempt    tests whose name has "preempt"
 #
 # Ends with the line `N passed, N failed`; exits non-zero on any failure.
@@ -25,7 +28,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --suite) args+=(--suite "$2"); shift 2 ;;
         -k) args+=(-k "$2"); shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "e2e.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -47,13 +50,13 @@ done
 BUILD=${E2E_BUILD:-build-test}
 # What the suites run: the node suite adds the device plugin, the limit library and the
 # fake driver (libcuda.so.1, libnvidia-ml.so.1) that its containers get.
-need=(kgpu-extender kgpu kgpu-device-plugin libkgpu-limit.so fake-cuda/full/libcuda.so.1
-      tests/fake-nvml-plain/libnvidia-ml.so.1)
+need=(kgpu-extender kgpu kgpu-device-plugin kgpu-dra-plugin libkgpu-limit.so
+      fake-cuda/full/libcuda.so.1 tests/fake-nvml-plain/libnvidia-ml.so.1)
 for f in "${need[@]}"; do
     if [ ! -e "$BUILD/$f" ]; then
         cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKGPU_SANITIZE=ON >/dev/null
         cmake --build "$BUILD" -j"$(nproc)" --target kgpu-extender kgpu kgpu-device-plugin \
-            kgpu-limit fake_cuda_full fake_nvml_plain >/dev/null
+            kgpu-dra-plugin kgpu-limit fake_cuda_full fake_nvml_plain >/dev/null
         break
     fi
 done

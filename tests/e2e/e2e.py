@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 
 import harness  # noqa: E402
 
-SUITES = {"control-plane": "test_control_plane", "node": "test_node"}
+SUITES = {"control-plane": "test_control_plane", "node": "test_node", "dra": "test_dra"}
 
 
 def undo_node():

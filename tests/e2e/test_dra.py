@@ -1,0 +1,454 @@
+"""The DRA suite: kgpu-dra-plugin on a real node, claims allocated by the real
+kube-scheduler and prepared for real containers.
+
+One control plane (cluster.ControlPlane: etcd, kube-apiserver, kube-scheduler
+at the pinned release) and one node (node.Node: the pinned kubelet with
+containerd 2.x, its runc shim and ctr, all built by scripts/upstream.sh, and
+node/fake-nvidia-runtime in front of runc, which mounts the fake driver into
+containers whose NVIDIA_VISIBLE_DEVICES names GPUs). deploy/dra is applied
+as shipped (namespace, RBAC, DeviceClass; the DaemonSet object is accepted
+but no controller runs it); the driver runs on the node as a process with what
+its pod would have: its ServiceAccount's token (TokenRequest, so its RBAC is
+what is tested) and kubelet's plugin and registry folders.
+
+What is real here and stood in for by tests/integration/test_dra_upstream.py:
+kubelet's plugin watcher registers the driver, kubelet's DRA manager calls
+NodePrepareResources before the containers start and NodeUnprepareResources
+after the pod ends, containerd's CRI resolves the CDI device names kubelet
+hands it against the specs the driver wrote, and libkgpu-limit.so inside the
+container holds the program to the allocated share.
+
+Feature gates: none are set. DynamicResourceAllocation is GA, and
+DRAConsumableCapacity (beta since 1.36) is on by default at v1.37.2 in
+kube-apiserver, kube-scheduler and kubelet; test_01 checks that the server
+kept the slice's consumable-capacity fields, which it drops when the gate
+is off.
+
+Skipped, with the reason, where the machine cannot run the node.
+"""
+
+import json
+import os
+import signal
+import unittest
+
+import cluster
+import harness
+import node as nodemod
+import node_images
+from cluster import wait_for
+
+CONFIG = {}  # filled by e2e.py: bin dir, build dir, work dir
+DRIVER = "gpu.kgpu.io"
+NS = "kgpu-dra-e2e"
+RESOURCE = "/apis/resource.k8s.io/v1"
+V100 = {"index": 0, "uuid": "GPU-6b670000-0000-4000-8000-0000000000d0",
+        "model": "Tesla V100-SXM2-16GB", "memory_mib": 16384}
+T4 = {"index": 1, "uuid": "GPU-6b670000-0000-4000-8000-0000000000d1", "model": "Tesla T4",
+      "memory_mib": 15360}
+GPUS = [V100, T4]
+OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+CTX_MIB = 300  # what libkgpu-limit.so charges for a context (docs/shim.md)
+SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: set-by-cluster.py
+leaderElection:
+  leaderElect: false
+"""
+
+
+def parse_job(text):
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        out.setdefault(key, []).append(value)
+    return out
+
+
+def first_int(values):
+    return int(values[-1].split()[0])
+
+
+def containerd_bin(bindir):
+    """Where scripts/upstream.sh put containerd 2.x: containerd-<version> in the bin dir."""
+    for name in sorted(os.listdir(bindir)) if os.path.isdir(bindir) else []:
+        d = os.path.join(bindir, name)
+        if name.startswith("containerd-v2.") and all(
+                os.access(os.path.join(d, t), os.X_OK)
+                for t in ("containerd", "containerd-shim-runc-v2", "ctr")):
+            return d
+    return None
+
+
+class DraDriver:
+    """kgpu-dra-plugin on the node as its DaemonSet pod would run it; restartable."""
+
+    def __init__(self, cp, node, build, workdir):
+        self.cp, self.node, self.dir = cp, node, workdir
+        os.makedirs(workdir, exist_ok=True)
+        self.state_dir = os.path.join(workdir, "state")
+        self.cdi_dir = os.path.join(workdir, "cdi")
+        gpus = os.path.join(workdir, "gpus.yaml")
+        with open(gpus, "w") as f:
+            f.write("gpus:\n" + "".join(
+                "- {index: %d, uuid: %s, model: \"%s\", memory_mib: %d, numa: 0, "
+                "compute_capability: \"7.0\"}\n" % (g["index"], g["uuid"], g["model"],
+                                                    g["memory_mib"]) for g in GPUS))
+        token = cp.service_account_token("kgpu-dra", "kgpu-dra-plugin")
+        kc = cluster.kubeconfig(os.path.join(workdir, "dra.kubeconfig"), cp.server,
+                                cp.pki.ca_crt, token=token)
+        self.argv = [os.path.join(build, "kgpu-dra-plugin"), "--node-name", node.name,
+                     "--fake-gpus", gpus, "--kubeconfig", kc, "--state-dir", self.state_dir,
+                     "--cdi-dir", self.cdi_dir, "--plugin-dir", node.dra_plugin_dir,
+                     "--registry-dir", node.dra_registry_dir,
+                     "--shim-lib", os.path.join(build, "libkgpu-limit.so"),
+                     "--log-level", "debug"]
+        self.starts = 0
+        self.child = None
+        self.logs = []
+
+    def start(self):
+        self.starts += 1
+        log = os.path.join(self.dir, "kgpu-dra-plugin.%d.log" % self.starts)
+        self.logs.append(log)
+        self.child = harness.Child(self.argv, log)
+        self.cp.children["kgpu-dra-plugin.%d" % self.starts] = self.child
+        return self
+
+    def kill(self):
+        self.child.stop(sig=signal.SIGKILL)
+
+    def stop(self):
+        if self.child is not None:
+            self.child.stop()
+
+    def log(self):
+        out = ""
+        for path in self.logs:
+            try:
+                with open(path, errors="replace") as f:
+                    out += f.read()
+            except OSError:
+                pass
+        return out
+
+    def log_tail(self, n=30):
+        return "\n".join(self.log().splitlines()[-n:])
+
+    def cdi_specs(self):
+        return sorted(os.listdir(self.cdi_dir)) if os.path.isdir(self.cdi_dir) else []
+
+    def checkpoint_uids(self):
+        try:
+            with open(os.path.join(self.state_dir, "checkpoint.json")) as f:
+                return sorted(c["uid"] for c in json.load(f).get("claims") or [])
+        except FileNotFoundError:
+            return []
+
+    def sanitizer_reports(self):
+        out = []
+        for path in self.logs:
+            with open(path, errors="replace") as f:
+                text = f.read()
+            if "ERROR: AddressSanitizer" in text or "runtime error:" in text:
+                out.append(path)
+        return out
+
+
+class DraSuite(unittest.TestCase):
+    cp = node = driver = None
+
+    @classmethod
+    def setUpClass(cls):
+        reason = nodemod.cannot_run_reason(CONFIG["bin"])
+        ctrd = containerd_bin(CONFIG["bin"])
+        if reason is None and ctrd is None:
+            reason = "containerd 2.x is not built in %s (scripts/upstream.sh)" % CONFIG["bin"]
+        if reason:
+            raise unittest.SkipTest("this machine cannot run a kubelet with a CDI runtime: "
+                                    + reason)
+        cls.cp = cluster.ControlPlane(CONFIG["work"], CONFIG["bin"]).start()
+        try:
+            cls._bring_up(ctrd)
+        except BaseException:
+            cls._tear_down()
+            raise
+
+    @classmethod
+    def _bring_up(cls, ctrd):
+        cp, build = cls.cp, CONFIG["build"]
+        cp.kubectl("apply", "-k", os.path.join(cluster.REPO, "deploy", "dra"))
+        cp.ensure_namespace(NS)
+        work = cp.p("dra")
+        cdi = os.path.join(work, "cdi")
+        cls.node = nodemod.Node(cp, cp.p("node"), build, gpus=GPUS,
+                                labels={"kgpu.io/gpu-allocator": "dra"},
+                                containerd_bin=ctrd, cdi_dirs=[cdi])
+        cls.node.start(preloaded=[os.path.join(build, "libkgpu-limit.so"),
+                                  cls.node.fake_cuda, cls.node.fake_nvml])
+        cls.driver = DraDriver(cp, cls.node, build, work).start()
+        assert cls.driver.cdi_dir == cdi
+        cp.start_scheduler(SCHEDULER_CONFIG)
+        cls.slice = wait_for(cls.published, 60, "the driver's ResourceSlice", interval=0.5)
+
+    @classmethod
+    def published(cls):
+        if not cls.driver.child.alive():
+            raise AssertionError("kgpu-dra-plugin exited:\n" + cls.driver.log_tail())
+        s = cls.cp.admin.try_get(RESOURCE + "/resourceslices/%s-%s" % (cls.node.name, DRIVER))
+        return s if s and len(s["spec"].get("devices") or []) == len(GPUS) else None
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tear_down()
+
+    @classmethod
+    def _tear_down(cls):
+        # The node first: kubelet takes its pods down (and unprepares) while the driver runs.
+        for part in (cls.node, cls.driver, cls.cp):
+            if part is not None:
+                part.stop()
+
+    def setUp(self):
+        self.pods, self.claims = [], []
+
+    def tearDown(self):
+        uids = [c["metadata"]["uid"] for c in
+                (self.cp.admin.try_get(self.claim_path(n)) for n in self.claims) if c]
+        for name in self.pods:
+            self.delete_pod(name)
+        # kubelet unprepares once the containers are gone, after the pod left the API.
+        for uid in uids:
+            self.wait_unprepared(uid)
+        for name in self.claims:
+            self.delete_claim(name)
+        self.assertEqual(self.driver.sanitizer_reports(), [])
+
+    # -- helpers ----------------------------------------------------------------
+
+    def claim_path(self, name=None):
+        return RESOURCE + "/namespaces/%s/resourceclaims" % NS + ("/" + name if name else "")
+
+    def create_claim(self, name, memory, model="Tesla V100", cores=None):
+        req = {"memory": memory}
+        if cores is not None:
+            req["cores"] = str(cores)
+        self.cp.admin.post(self.claim_path(), {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER,
+                "selectors": [{"cel": {"expression":
+                                       'device.attributes["%s"].model.startsWith("%s")'
+                                       % (DRIVER, model)}}],
+                "capacity": {"requests": req}}}]}}})
+        self.claims.append(name)
+
+    def delete_claim(self, name):
+        """What kube-controller-manager's resourceclaim controller (not run here) does for a
+        claim whose pods are gone: drop the reservation and the allocation, then the
+        finalizer kube-scheduler put on it, so the capacity is free for the next test."""
+        path = self.claim_path(name)
+        c = self.cp.admin.try_get(path)
+        if c is None:
+            return
+        self.cp.admin.delete(path)
+        c = self.cp.admin.try_get(path)
+        if c is not None and c.get("status"):
+            self.cp.admin.req("PUT", path + "/status", dict(c, status={}))
+        if self.cp.admin.try_get(path) is not None:
+            self.cp.admin.merge_patch(path, {"metadata": {"finalizers": None}})
+        wait_for(lambda: self.cp.admin.try_get(path) is None, 30, "claim %s to go" % name)
+
+    def delete_pod(self, name):
+        """Gracefully, as a user would: kubelet stops the containers, then the pod goes."""
+        self.cp.admin.delete(cluster.pod_path(NS, name))
+        wait_for(lambda: self.cp.get_pod(NS, name) is None, 60, "pod %s to go" % name)
+
+    def wait_unprepared(self, uid):
+        """kubelet's NodeUnprepareResources reached the driver: the CDI spec, the claim's
+        files and its checkpoint entry are gone."""
+        def gone():
+            return (self.cdi_spec_of(uid) not in self.driver.cdi_specs() and
+                    uid not in self.driver.checkpoint_uids() and
+                    not os.path.exists(os.path.join(self.driver.state_dir, "pods", uid)))
+        try:
+            wait_for(gone, 60, "claim %s to be unprepared" % uid, interval=0.3)
+        except AssertionError as e:
+            raise AssertionError("%s\nkubelet:\n%s\ndriver:\n%s" % (
+                e, "\n".join(l for l in self.node.kubelet_log().splitlines()
+                              if "nprepare" in l)[-2000:], self.driver.log_tail(10)))
+
+    def claim(self, name):
+        return self.cp.admin.get(self.claim_path(name))
+
+    def job(self, name, claim, args):
+        self.cp.create_pod({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "automountServiceAccountToken": False,
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "main", "image": node_images.JOB_IMAGE,
+                                     "imagePullPolicy": "Never",
+                                     "command": ["/bin/gpu_job"] + [str(a) for a in args],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+        self.pods.append(name)
+
+    def wait_phase(self, name, phases=("Succeeded",), timeout=90):
+        def done():
+            p = self.cp.get_pod(NS, name)
+            ph = p and p.get("status", {}).get("phase")
+            if ph == "Failed" and "Failed" not in phases:
+                raise AssertionError("pod %s failed: %s" % (name, json.dumps(p["status"])[:1500]))
+            return p if ph in phases else None
+        try:
+            return wait_for(done, timeout, "pod %s in %s" % (name, phases), interval=0.3)
+        except AssertionError as e:
+            p = self.cp.get_pod(NS, name)
+            raise AssertionError("%s\nstatus: %s\nevents: %s\ndriver log:\n%s" % (
+                e, json.dumps((p or {}).get("status"))[:1500],
+                [ev.get("message") for ev in self.cp.events_for(NS, name)],
+                self.driver.log_tail(15)))
+
+    def wait_holding(self, name, timeout=90):
+        self.wait_phase(name, ("Running",), timeout)
+        wait_for(lambda: "holding" in self.node.logs(NS, name), 30,
+                 "pod %s to hold its memory" % name, interval=0.3)
+
+    def output(self, name):
+        return parse_job(self.node.logs(NS, name))
+
+    def check_share(self, name, gpu, mib, out=None):
+        """gpu_job in pod `name` saw GPU `gpu` only, with a share of `mib` MiB: an allocation
+        within the share succeeded and one past it failed."""
+        out = out or self.output(name)
+        self.assertEqual(out["env"][0], "NVIDIA_VISIBLE_DEVICES=" + gpu["uuid"], out)
+        self.assertIn("KGPU_MEMORY_LIMIT_MIB=%d" % mib, out["env"])
+        self.assertEqual(out["limits"][0], "# kgpu limits v1")
+        self.assertRegex(out["limits"][1], r"^device 0 uuid=%s memory_mib=%d\b"
+                         % (gpu["uuid"], mib))
+        self.assertEqual(out["shim"], ["loaded"], "libkgpu-limit.so is not in the process")
+        self.assertEqual(out["uuid"], [gpu["uuid"]], "the container sees another GPU")
+        self.assertEqual(first_int(out["total_mib"]), mib)
+        self.assertEqual(first_int(out["nvml_total_mib"]), mib)
+        self.assertEqual(out["alloc_within"], ["0 mib %d" % (mib - CTX_MIB)])
+        self.assertEqual(first_int(out["alloc_past"]), OOM, "one MiB past the share was given")
+        return out
+
+    def cdi_spec_of(self, uid):
+        return "kgpu.io-gpu_%s.json" % uid
+
+    # -- 1. registration and the slice -------------------------------------------------
+
+    def test_01_registered_and_published(self):
+        """kubelet's plugin watcher found the driver (its registration socket, kubelet's
+        log), and the real server accepted its slice with consumable capacity kept."""
+        reg = os.path.join(self.node.dra_registry_dir, DRIVER + "-reg.sock")
+        self.assertTrue(os.path.exists(reg), reg)
+        # kubelet's NotifyRegistrationStatus said yes.
+        wait_for(lambda: "kubelet registered " + DRIVER in self.driver.log(), 30,
+                 "kubelet to register the driver")
+        s = self.slice
+        node = self.node.node()
+        self.assertEqual(s["spec"]["nodeName"], self.node.name)
+        self.assertEqual(s["spec"]["driver"], DRIVER)
+        self.assertEqual(s["metadata"]["ownerReferences"][0]["uid"], node["metadata"]["uid"])
+        devs = {d["attributes"]["uuid"]["string"]: d for d in s["spec"]["devices"]}
+        self.assertEqual(sorted(devs), sorted(g["uuid"] for g in GPUS))
+        v = devs[V100["uuid"]]
+        self.assertTrue(v.get("allowMultipleAllocations"), v)
+        self.assertIn("requestPolicy", v["capacity"]["memory"], v)
+        self.assertEqual(v["attributes"]["model"]["string"], V100["model"])
+
+    # -- 2. two claims on one GPU, each held to its share -----------------------------------
+
+    def test_02_two_claims_share_one_gpu(self):
+        """Two claims of 6 and 4 GiB on the one V100, their pods running at once: each
+        container sees only the V100, as big as its share, and is refused one MiB past
+        it. Deleting a pod unprepares its claim only."""
+        self.create_claim("share-a", "6Gi")
+        self.create_claim("share-b", "4Gi")
+        self.job("share-a", "share-a", ["run", "max", 120])
+        self.job("share-b", "share-b", ["run", "max", 120])
+        self.wait_holding("share-a")
+        self.wait_holding("share-b")
+        res = {n: self.claim(n)["status"]["allocation"]["devices"]["results"]
+               for n in ("share-a", "share-b")}
+        v100 = next(d["name"] for d in self.slice["spec"]["devices"]
+                    if d["attributes"]["uuid"]["string"] == V100["uuid"])
+        for n, rs in res.items():
+            self.assertEqual([r["device"] for r in rs], [v100], n)
+            self.assertTrue(rs[0].get("shareID"), rs)
+        self.assertNotEqual(res["share-a"][0]["shareID"], res["share-b"][0]["shareID"])
+        self.check_share("share-a", V100, 6144)
+        self.check_share("share-b", V100, 4096)
+        uids = {n: self.claim(n)["metadata"]["uid"] for n in ("share-a", "share-b")}
+        for n in ("share-a", "share-b"):
+            self.assertIn(self.cdi_spec_of(uids[n]), self.driver.cdi_specs())
+        self.assertEqual(self.driver.checkpoint_uids(), sorted(uids.values()))
+        # share-b deleted: kubelet unprepared its claim; share-a's stays prepared and runs.
+        self.delete_pod("share-b")
+        self.wait_unprepared(uids["share-b"])
+        self.assertEqual(self.driver.checkpoint_uids(), [uids["share-a"]])
+        self.assertIn(self.cdi_spec_of(uids["share-a"]), self.driver.cdi_specs())
+        self.assertEqual(self.cp.get_pod(NS, "share-a")["status"]["phase"], "Running")
+        self.delete_pod("share-a")
+        self.wait_unprepared(uids["share-a"])
+
+    def test_02b_finished_pod_unprepares(self):
+        """A pod that ran to completion: kubelet unprepares its claim without waiting for
+        the pod to be deleted."""
+        self.create_claim("once", "1Gi", model="Tesla T4")
+        self.job("once", "once", ["run", "max"])
+        self.wait_phase("once")
+        self.check_share("once", T4, 1024)
+        self.wait_unprepared(self.claim("once")["metadata"]["uid"])
+
+    def test_03_over_the_gpus_memory_waits(self):
+        """A claim that fits on no GPU beside the ones holding memory is not allocated:
+        kube-scheduler counts the consumed capacity."""
+        self.create_claim("hold-12", "12Gi")
+        self.job("hold-12", "hold-12", ["run", "max", 30])
+        self.wait_holding("hold-12")
+        self.create_claim("no-room", "8Gi")
+        self.job("no-room", "no-room", ["show"])
+
+        def unschedulable():
+            p = self.cp.get_pod(NS, "no-room")
+            conds = p.get("status", {}).get("conditions") or []
+            return any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conds)
+        wait_for(unschedulable, 60, "no-room to be unschedulable", interval=0.5)
+        self.assertFalse(self.claim("no-room").get("status", {}).get("allocation"))
+
+    # -- 4. a driver restart between prepare and unprepare ---------------------------------
+
+    def test_04_driver_restart_between_prepare_and_unprepare(self):
+        """kill -9 of the driver while its claim's pod runs; restarted, it registers again,
+        still holds the claim (checkpoint, CDI spec, limits), and the restarted driver is
+        the one kubelet asks to unprepare when the pod is deleted."""
+        self.create_claim("restart", "2Gi", model="Tesla T4")
+        self.job("restart", "restart", ["run", "max", 600])
+        self.wait_holding("restart")
+        uid = self.claim("restart")["metadata"]["uid"]
+        self.assertIn(self.cdi_spec_of(uid), self.driver.cdi_specs())
+        self.assertEqual(self.driver.checkpoint_uids(), [uid])
+        self.driver.kill()
+        self.driver.start()
+        wait_for(lambda: "kubelet registered " + DRIVER in open(self.driver.logs[-1]).read(),
+                 60, "kubelet to register the restarted driver")
+        # Nothing lost: the claim is still prepared, its files in place.
+        self.assertIn(self.cdi_spec_of(uid), self.driver.cdi_specs())
+        self.assertEqual(self.driver.checkpoint_uids(), [uid])
+        out = self.output("restart")
+        self.check_share("restart", T4, 2048, out)
+        # Deleting the pod: kubelet asks the restarted driver to unprepare.
+        self.delete_pod("restart")
+        self.wait_unprepared(uid)
+        self.assertEqual(self.driver.checkpoint_uids(), [])
+        with open(self.driver.logs[-1], errors="replace") as f:
+            self.assertIn("unprepared ResourceClaim %s/restart (%s)" % (NS, uid), f.read())
+
+
+if __name__ == "__main__":
+    raise SystemExit("run through tests/e2e/e2e.py (scripts/e2e.sh --suite dra)")
