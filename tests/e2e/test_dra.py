@@ -449,6 +449,37 @@ class DraSuite(unittest.TestCase):
         with open(self.driver.logs[-1], errors="replace") as f:
             self.assertIn("unprepared ResourceClaim %s/restart (%s)" % (NS, uid), f.read())
 
+    # -- 5. a kubelet restart with a claim prepared ------------------------------------------
+
+    def test_05_kubelet_restart_keeps_the_claim(self):
+        """kubelet restarted while a pod with a compute share (30 %) runs: the driver
+        registers with the new kubelet, which does not prepare the claim again; the
+        container keeps running; the pod's deletion still unprepares the claim."""
+        self.create_claim("kubelet", "2Gi", model="Tesla T4", cores=30)
+        self.job("kubelet", "kubelet", ["run", "max", 600])
+        self.wait_holding("kubelet")
+        uid = self.claim("kubelet")["metadata"]["uid"]
+        out = self.check_share("kubelet", T4, 2048)
+        self.assertIn("KGPU_CORE_LIMIT_PCT=30", out["env"])
+        self.assertRegex(out["limits"][1], r"core_pct=30\b")
+        cid = self.cp.get_pod(NS, "kubelet")["status"]["containerStatuses"][0]["containerID"]
+        marker = "kubelet registered " + DRIVER
+        before = self.driver.log().count(marker)
+        prepare_call = "DRAPlugin/NodePrepareResources"
+        calls = self.driver.log().count(prepare_call)
+        self.node.restart_kubelet()
+        wait_for(lambda: self.driver.log().count(marker) > before, 60,
+                 "the driver to register with the restarted kubelet", interval=0.3)
+        self.node.wait_ready()
+        p = self.cp.get_pod(NS, "kubelet")
+        self.assertEqual(p["status"]["phase"], "Running")
+        self.assertEqual(p["status"]["containerStatuses"][0]["containerID"], cid)
+        self.assertEqual(self.driver.checkpoint_uids(), [uid])
+        # kubelet's own checkpoint knew the claim prepared: it did not ask again.
+        self.assertEqual(self.driver.log().count(prepare_call), calls)
+        self.delete_pod("kubelet")
+        self.wait_unprepared(uid)
+
 
 if __name__ == "__main__":
     raise SystemExit("run through tests/e2e/e2e.py (scripts/e2e.sh --suite dra)")
