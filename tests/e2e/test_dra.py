@@ -433,6 +433,7 @@ class DraSuite(unittest.TestCase):
         uid = self.claim("restart")["metadata"]["uid"]
         self.assertIn(self.cdi_spec_of(uid), self.driver.cdi_specs())
         self.assertEqual(self.driver.checkpoint_uids(), [uid])
+        cid = self.cp.get_pod(NS, "restart")["status"]["containerStatuses"][0]["containerID"]
         self.driver.kill()
         self.driver.start()
         wait_for(lambda: "kubelet registered " + DRIVER in open(self.driver.logs[-1]).read(),
@@ -440,8 +441,10 @@ class DraSuite(unittest.TestCase):
         # Nothing lost: the claim is still prepared, its files in place.
         self.assertIn(self.cdi_spec_of(uid), self.driver.cdi_specs())
         self.assertEqual(self.driver.checkpoint_uids(), [uid])
-        out = self.output("restart")
-        self.check_share("restart", T4, 2048, out)
+        self.check_share("restart", T4, 2048)
+        p = self.cp.get_pod(NS, "restart")
+        self.assertEqual(p["status"]["containerStatuses"][0]["containerID"], cid)
+        self.assertEqual(p["status"]["phase"], "Running")
         # Deleting the pod: kubelet asks the restarted driver to unprepare.
         self.delete_pod("restart")
         self.wait_unprepared(uid)
