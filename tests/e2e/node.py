@@ -208,16 +208,18 @@ class Node:
 
     # -- start ------------------------------------------------------------------
 
-    def start(self, preloaded=(), kgpu_image=False):
+    def start(self, preloaded=(), kgpu_image=False, dra_image=False):
         """preloaded: shared objects the job image must carry the C library for;
-        kgpu_image: also the image the Helm chart's pods name, from self.build."""
+        kgpu_image: also the image the Helm chart's pods name, from self.build;
+        dra_image: that image with kgpu-dra-plugin in it too (deploy/dra's DaemonSet)."""
         t0 = time.monotonic()
         self._save_sysctls()
         self._make_cgroups()
         self._start_containerd()
         self.images = node_images.build_all(self.p("images"), preloaded=preloaded)
-        if kgpu_image:
-            self.images.append(node_images.kgpu_image(self.p("images"), self.build))
+        if kgpu_image or dra_image:
+            self.images.append(node_images.kgpu_image(self.p("images"), self.build,
+                                                      dra=dra_image))
         for name, path in self.images:
             self.ctr("-n", "k8s.io", "images", "import", path)
         self._write_kubelet_files()

@@ -122,12 +122,15 @@ def docker_archive(path, name, layer_bytes, entrypoint, cmd=None, env=None):
     return path
 
 
-def kgpu_image(workdir, build_dir):
-    """The DaemonSet's image: kgpu-device-plugin on the PATH, /usr/lib/kgpu/libkgpu-limit.so,
+def kgpu_image(workdir, build_dir, dra=False):
+    """The DaemonSet's image: kgpu-device-plugin on the PATH (with dra, also kgpu-dra-plugin,
+    which deploy/dra's DaemonSet runs from the same image), /usr/lib/kgpu/libkgpu-limit.so,
     and what the install-shim init container's script runs (sh, mkdir, cp, chmod, mv, from
     this machine), each with the shared objects it needs."""
     files = {"/usr/bin/kgpu-device-plugin": os.path.join(build_dir, "kgpu-device-plugin"),
              "/usr/lib/kgpu/libkgpu-limit.so": os.path.join(build_dir, "libkgpu-limit.so")}
+    if dra:
+        files["/usr/bin/kgpu-dra-plugin"] = os.path.join(build_dir, "kgpu-dra-plugin")
     for tool in ("sh", "mkdir", "cp", "chmod", "mv"):
         host = os.path.realpath(shutil.which(tool))
         files["/bin/" + tool] = host
