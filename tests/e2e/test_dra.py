@@ -6,10 +6,12 @@ at the pinned release) and one node (node.Node: the pinned kubelet with
 containerd 2.x, its runc shim and ctr, all built by scripts/upstream.sh, and
 node/fake-nvidia-runtime in front of runc, which mounts the fake driver into
 containers whose NVIDIA_VISIBLE_DEVICES names GPUs). deploy/dra is applied
-as shipped (namespace, RBAC, DeviceClass; the DaemonSet object is accepted
-but no controller runs it); the driver runs on the node as a process with what
-its pod would have: its ServiceAccount's token (TokenRequest, so its RBAC is
-what is tested) and kubelet's plugin and registry folders.
+as shipped (namespace, RBAC, DeviceClass, DaemonSet), and the driver runs on
+the node in the pod its DaemonSet would make (DraDriverPod): its
+ServiceAccount's token, so its RBAC is what is tested, its init container
+installing libkgpu-limit.so, its locked-down security context, and NVML (the
+fake one the runtime mounts, as NVIDIA's runtime mounts the real one) for
+the GPUs.
 
 What is real here and stood in for by tests/integration/test_dra_upstream.py:
 kubelet's plugin watcher registers the driver, kubelet's DRA manager calls
@@ -81,60 +83,145 @@ def containerd_bin(bindir):
     return None
 
 
-class DraDriver:
-    """kgpu-dra-plugin on the node as its DaemonSet pod would run it; restartable."""
+DRA_NS = "kgpu-dra"
+DS_CONTAINER = "kgpu-dra-plugin"
 
-    def __init__(self, cp, node, build, workdir):
+
+class DraDriverPod:
+    """kgpu-dra-plugin as deploy/dra's DaemonSet runs it, in a pod on the real node: the
+    pod the DaemonSet controller (not run here) would make from the template the API
+    server holds, bound to the node. Changed, as the DaemonSet's own comment tells an
+    operator whose kubelet keeps its root folder elsewhere: each host path with the
+    mount path and flag that name it (kubelet's plugin folders are under its --root-dir
+    in the scratch folder, and the state and CDI folders are too, so the host's
+    /var/run/cdi is never touched). Standing in for components that do not run:
+    hostNetwork and KUBERNETES_SERVICE_HOST/PORT naming the API server's loopback address
+    (kube-proxy), and the kube-root-ca.crt ConfigMap (kube-controller-manager). The GPUs
+    are found through NVML, as on a GPU node: the DaemonSet's NVIDIA_VISIBLE_DEVICES=all
+    makes the node's runtime mount the fake libnvidia-ml.so.1 into it."""
+
+    def __init__(self, cp, node, workdir):
         self.cp, self.node, self.dir = cp, node, workdir
         os.makedirs(workdir, exist_ok=True)
         self.state_dir = os.path.join(workdir, "state")
         self.cdi_dir = os.path.join(workdir, "cdi")
-        gpus = os.path.join(workdir, "gpus.yaml")
-        with open(gpus, "w") as f:
-            f.write("gpus:\n" + "".join(
-                "- {index: %d, uuid: %s, model: \"%s\", memory_mib: %d, numa: 0, "
-                "compute_capability: \"7.0\"}\n" % (g["index"], g["uuid"], g["model"],
-                                                    g["memory_mib"]) for g in GPUS))
-        token = cp.service_account_token("kgpu-dra", "kgpu-dra-plugin")
-        kc = cluster.kubeconfig(os.path.join(workdir, "dra.kubeconfig"), cp.server,
-                                cp.pki.ca_crt, token=token)
-        self.argv = [os.path.join(build, "kgpu-dra-plugin"), "--node-name", node.name,
-                     "--fake-gpus", gpus, "--kubeconfig", kc, "--state-dir", self.state_dir,
-                     "--cdi-dir", self.cdi_dir, "--plugin-dir", node.dra_plugin_dir,
-                     "--registry-dir", node.dra_registry_dir,
-                     "--shim-lib", os.path.join(build, "libkgpu-limit.so"),
-                     "--log-level", "debug"]
-        self.starts = 0
-        self.child = None
-        self.logs = []
+        self.host_paths = {"/var/lib/kubelet/plugins": node.dra_plugin_dir,
+                           "/var/lib/kubelet/plugins_registry": node.dra_registry_dir,
+                           "/var/lib/kgpu/dra": self.state_dir, "/var/run/cdi": self.cdi_dir}
+        self.name = "kgpu-dra-plugin-" + node.name
+        self.kills = 0
+        self.saved = []  # logs of containers that are gone
+
+    def _pod_spec(self):
+        ds = self.cp.admin.get("/apis/apps/v1/namespaces/%s/daemonsets/kgpu-dra-plugin"
+                               % DRA_NS)
+        tmpl = ds["spec"]["template"]
+        spec = dict(tmpl["spec"], nodeName=self.node.name, hostNetwork=True)
+        for v in spec["volumes"]:
+            old = v.get("hostPath", {}).get("path")
+            if old in self.host_paths:
+                v["hostPath"]["path"] = self.host_paths[old]
+                os.makedirs(self.host_paths[old], exist_ok=True)
+        for c in spec["containers"]:
+            if c["name"] != DS_CONTAINER:
+                continue
+            for m in c["volumeMounts"]:
+                m["mountPath"] = self.host_paths.get(m["mountPath"], m["mountPath"])
+            cmd = []
+            for arg in c["command"]:
+                flag, eq, value = arg.partition("=")
+                cmd.append(flag + eq + self.host_paths.get(value, value) if eq else arg)
+            c["command"] = cmd
+            c["env"] = list(c.get("env") or []) + [
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.cp.api_port)}]
+        return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+                "metadata": dict(tmpl["metadata"], name=self.name, namespace=DRA_NS)}
+
+    def _path(self):
+        return "/api/v1/namespaces/%s/pods/%s" % (DRA_NS, self.name)
+
+    def pod(self):
+        return self.cp.admin.try_get(self._path())
+
+    def restarts(self):
+        for st in (self.pod() or {}).get("status", {}).get("containerStatuses") or []:
+            if st["name"] == DS_CONTAINER:
+                return st["restartCount"], "running" in st.get("state", {})
+        return 0, False
 
     def start(self):
-        self.starts += 1
-        log = os.path.join(self.dir, "kgpu-dra-plugin.%d.log" % self.starts)
-        self.logs.append(log)
-        self.child = harness.Child(self.argv, log)
-        self.cp.children["kgpu-dra-plugin.%d" % self.starts] = self.child
+        """Creates the pod, or after kill() waits for kubelet to restart its container; then
+        waits until kubelet has registered the driver."""
+        if self.pod() is None:
+            path = "/api/v1/namespaces/%s/configmaps" % DRA_NS
+            if self.cp.admin.try_get(path + "/kube-root-ca.crt") is None:
+                with open(self.cp.pki.ca_crt) as f:
+                    self.cp.admin.post(path, {"apiVersion": "v1", "kind": "ConfigMap",
+                                              "metadata": {"name": "kube-root-ca.crt"},
+                                              "data": {"ca.crt": f.read()}})
+            self.cp.admin.post("/api/v1/namespaces/%s/pods" % DRA_NS, self._pod_spec())
+
+        def registered():
+            p = self.pod() or {}
+            if p.get("status", {}).get("phase") == "Failed":
+                raise AssertionError("%s failed: %s" % (self.name, json.dumps(p["status"])))
+            n, running = self.restarts()
+            return (running and n >= self.kills and
+                    "kubelet registered " + DRIVER in self.current_log())
+        try:
+            wait_for(registered, 90, "pod %s to register with kubelet" % self.name,
+                     interval=0.5)
+        except AssertionError as e:
+            raise AssertionError("%s\nstatus: %s\nlog:\n%s" % (
+                e, json.dumps((self.pod() or {}).get("status"))[:2000], self.log_tail()))
         return self
 
-    def kill(self):
-        self.child.stop(sig=signal.SIGKILL)
+    def _plugin_pids(self):
+        """The driver's process on this machine, found by its --plugin-dir in the node's
+        scratch folder (so never another node's or another suite's)."""
+        want = ("--plugin-dir=" + self.node.dra_plugin_dir).encode()
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open("/proc/%s/cmdline" % entry, "rb") as f:
+                        argv = f.read().split(b"\0")
+                except OSError:
+                    continue
+                if argv and argv[0].endswith(b"kgpu-dra-plugin") and want in argv:
+                    out.append(int(entry))
+        return out
 
-    def stop(self):
-        if self.child is not None:
-            self.child.stop()
+    def kill(self):
+        """kill -9 of the driver in its container, as a crash; kubelet restarts it."""
+        pids = self._plugin_pids()
+        assert pids, "the driver's process is not on this machine"
+        self.saved.append(self.current_log())
+        self.kills += 1
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+    def current_log(self):
+        st, text = self.cp.admin.raw("GET", self._path() + "/log?container=" + DS_CONTAINER)
+        return text.decode("utf-8", "replace") if st == 200 else ""
 
     def log(self):
-        out = ""
-        for path in self.logs:
-            try:
-                with open(path, errors="replace") as f:
-                    out += f.read()
-            except OSError:
-                pass
-        return out
+        return "".join(self.saved) + self.current_log()
 
     def log_tail(self, n=30):
         return "\n".join(self.log().splitlines()[-n:])
+
+    def save_log(self):
+        with open(os.path.join(self.dir, "kgpu-dra-plugin.log"), "w") as f:
+            f.write(self.log())
+
+    def stop(self):
+        if self.pod() is None:
+            return
+        self.save_log()
+        self.cp.admin.delete(self._path())
+        wait_for(lambda: self.pod() is None, 60, "pod %s to go" % self.name, interval=0.3)
 
     def cdi_specs(self):
         return sorted(os.listdir(self.cdi_dir)) if os.path.isdir(self.cdi_dir) else []
@@ -147,13 +234,9 @@ class DraDriver:
             return []
 
     def sanitizer_reports(self):
-        out = []
-        for path in self.logs:
-            with open(path, errors="replace") as f:
-                text = f.read()
-            if "ERROR: AddressSanitizer" in text or "runtime error:" in text:
-                out.append(path)
-        return out
+        text = self.log()
+        return [text[max(0, text.find(m) - 300):text.find(m) + 4000]
+                for m in harness.SANITIZER_MARKS if m in text]
 
 
 class DraSuite(unittest.TestCase):
@@ -186,16 +269,15 @@ class DraSuite(unittest.TestCase):
                                 labels={"kgpu.io/gpu-allocator": "dra"},
                                 containerd_bin=ctrd, cdi_dirs=[cdi])
         cls.node.start(preloaded=[os.path.join(build, "libkgpu-limit.so"),
-                                  cls.node.fake_cuda, cls.node.fake_nvml])
-        cls.driver = DraDriver(cp, cls.node, build, work).start()
+                                  cls.node.fake_cuda, cls.node.fake_nvml], dra_image=True)
+        cls.driver = DraDriverPod(cp, cls.node, work)
         assert cls.driver.cdi_dir == cdi
+        cls.driver.start()
         cp.start_scheduler(SCHEDULER_CONFIG)
         cls.slice = wait_for(cls.published, 60, "the driver's ResourceSlice", interval=0.5)
 
     @classmethod
     def published(cls):
-        if not cls.driver.child.alive():
-            raise AssertionError("kgpu-dra-plugin exited:\n" + cls.driver.log_tail())
         s = cls.cp.admin.try_get(RESOURCE + "/resourceslices/%s-%s" % (cls.node.name, DRIVER))
         return s if s and len(s["spec"].get("devices") or []) == len(GPUS) else None
 
@@ -205,8 +287,13 @@ class DraSuite(unittest.TestCase):
 
     @classmethod
     def _tear_down(cls):
-        # The node first: kubelet takes its pods down (and unprepares) while the driver runs.
-        for part in (cls.node, cls.driver, cls.cp):
+        if cls.driver is not None and cls.node is not None and not cls.node.cleaned:
+            try:
+                cls.driver.save_log()
+            except Exception as e:  # noqa: BLE001 -- the teardown goes on
+                print("saving the driver's log: %s" % e)
+        # The node takes every pod down, the driver's among them, then the control plane.
+        for part in (cls.node, cls.cp):
             if part is not None:
                 part.stop()
 
@@ -360,6 +447,8 @@ class DraSuite(unittest.TestCase):
         self.assertTrue(v.get("allowMultipleAllocations"), v)
         self.assertIn("requestPolicy", v["capacity"]["memory"], v)
         self.assertEqual(v["attributes"]["model"]["string"], V100["model"])
+        # Found through NVML in the driver's container: the fake one's PCI address.
+        self.assertEqual(v["attributes"]["pciBusID"]["string"], "0000:01:00.0")
 
     # -- 2. two claims on one GPU, each held to its share -----------------------------------
 
@@ -436,8 +525,7 @@ class DraSuite(unittest.TestCase):
         cid = self.cp.get_pod(NS, "restart")["status"]["containerStatuses"][0]["containerID"]
         self.driver.kill()
         self.driver.start()
-        wait_for(lambda: "kubelet registered " + DRIVER in open(self.driver.logs[-1]).read(),
-                 60, "kubelet to register the restarted driver")
+        self.assertEqual(self.driver.restarts()[0], 1)
         # Nothing lost: the claim is still prepared, its files in place.
         self.assertIn(self.cdi_spec_of(uid), self.driver.cdi_specs())
         self.assertEqual(self.driver.checkpoint_uids(), [uid])
@@ -449,8 +537,8 @@ class DraSuite(unittest.TestCase):
         self.delete_pod("restart")
         self.wait_unprepared(uid)
         self.assertEqual(self.driver.checkpoint_uids(), [])
-        with open(self.driver.logs[-1], errors="replace") as f:
-            self.assertIn("unprepared ResourceClaim %s/restart (%s)" % (NS, uid), f.read())
+        self.assertIn("unprepared ResourceClaim %s/restart (%s)" % (NS, uid),
+                      self.driver.current_log())
 
     # -- 5. a kubelet restart with a claim prepared ------------------------------------------
 
