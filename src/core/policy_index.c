@@ -43,6 +43,15 @@
 #define IX_BUDGET (256 << 20) /* bytes of scores and summaries over all keys */
 #define IX_UNFIT  INT64_MIN   /* a stored base of a node that does not fit */
 
+typedef struct ix_room {
+    int64_t cpu, mem;  /* free CPU and memory */
+    int64_t gpu_mem;   /* the most free memory of a healthy GPU */
+    int gpu_milli;     /* the most free compute of a healthy GPU */
+    int healthy;       /* healthy GPUs */
+    int untouched;     /* healthy GPUs nothing holds (whole GPUs take only those) */
+    uint64_t models;   /* GPU models present */
+} ix_room;
+
 typedef struct ix_block {
     int64_t best; /* highest base of a fitting node (count > 0) */
     uint32_t rank; /* fixed order: the least rank among those */
@@ -106,6 +115,12 @@ struct kgpu__index {
     uint64_t cseq;              /* the cluster change the classes are current to */
     uint32_t *cmark, cmarks;    /* per node: the class update that last moved it */
     int *moved;                 /* the nodes it moves */
+    /*
+     * What a node has free, at most, for the fit check (per node and, the
+     * largest of its nodes', per block): a block none of whose nodes can
+     * have room for a request is not looked into when rescoring every node.
+     */
+    ix_room *room, *broom;
     ix_entry *tab; /* open addressing on the key */
     size_t cap, used;
     size_t bytes; /* held by entries' scores and summaries */
@@ -146,6 +161,8 @@ static void drop_layout(kgpu__index *ix)
     free(ix->ctab);
     free(ix->cmark);
     free(ix->moved);
+    free(ix->room);
+    free(ix->broom);
     uint64_t epoch = ix->epoch, tick = ix->tick;
     memset(ix, 0, sizeof(*ix));
     ix->epoch = epoch;
@@ -272,10 +289,13 @@ static int build_layout(kgpu__index *ix, const kgpu_policy_ops *ops, void *state
     ix->ctab = malloc(ix->ctab_cap * sizeof(int));
     ix->cmark = calloc(n1, sizeof(uint32_t));
     ix->moved = malloc(n1 * sizeof(int));
+    ix->room = malloc(n1 * sizeof(*ix->room));
+    ix->broom = malloc(n1 * sizeof(*ix->broom));
     if (ix->mark == NULL || ix->nmark == NULL || ix->dirty == NULL || ix->tab == NULL ||
         ix->cls == NULL || ix->cnext == NULL || ix->cprev == NULL || ix->chash == NULL ||
         ix->crep == NULL || ix->chead == NULL || ix->cfree == NULL || ix->cstamp == NULL ||
-        ix->cval == NULL || ix->ctab == NULL || ix->cmark == NULL || ix->moved == NULL) {
+        ix->cval == NULL || ix->ctab == NULL || ix->cmark == NULL || ix->moved == NULL ||
+        ix->room == NULL || ix->broom == NULL) {
         drop_layout(ix);
         return KGPU_ENOMEM;
     }
@@ -400,13 +420,15 @@ static uint32_t rank_of(const kgpu__index *ix, int i)
     return i < ix->nrank ? ix->rank[i] : UINT32_MAX;
 }
 
+static bool room_may_fit(const ix_room *r, const kgpu_request *f);
+
 /* Node i's base for req, into its position of e (when it has one). */
 static void score_node(kgpu__index *ix, ix_entry *e, const kgpu_policy_ops *ops, void *state,
                        const kgpu_request *req, const kgpu_request *fit, int i)
 {
     const kgpu_node *n = kgpu_cluster_node(ix->c, i);
     int64_t base = IX_UNFIT;
-    if (kgpu__fit(n, fit)) {
+    if (room_may_fit(&ix->room[i], fit) && kgpu__fit(n, fit)) {
         int64_t s = ops->score(state, ix->c, i, req);
         int64_t off = ops->group_offset != NULL ? ops->group_offset(state, ix->gid[i], req) : 0;
         if (__builtin_add_overflow(s, off, &base) || base == IX_UNFIT)
@@ -447,6 +469,58 @@ static uint64_t state_hash(const kgpu_node *n)
         h = (h ^ (h >> 31)) * 0x94D049BB133111EBULL;
     }
     return h ^ (h >> 32);
+}
+
+static void room_of(kgpu__index *ix, int i)
+{
+    const kgpu_node *n = kgpu_cluster_node(ix->c, i);
+    ix_room r = {.cpu = n->cpu_free, .mem = n->memory_free, .models = n->model_mask};
+    for (int g = 0; g < n->ngpus; g++) {
+        const kgpu_gpu *x = &n->gpus[g];
+        if (!x->healthy)
+            continue;
+        r.healthy++;
+        r.untouched += x->placements == 0 && x->free_milli == KGPU_MILLI &&
+                       x->free_memory_mib == x->memory_mib;
+        r.gpu_milli = x->free_milli > r.gpu_milli ? x->free_milli : r.gpu_milli;
+        r.gpu_mem = x->free_memory_mib > r.gpu_mem ? x->free_memory_mib : r.gpu_mem;
+    }
+    ix->room[i] = r;
+}
+
+#define IX_MAX(f) b.f = r->f > b.f ? r->f : b.f
+static void block_room(kgpu__index *ix, int blk)
+{
+    ix_room b = {.cpu = INT64_MIN, .mem = INT64_MIN};
+    for (int k = ix->bstart[blk]; k < ix->bstart[blk + 1]; k++) {
+        const ix_room *r = &ix->room[ix->order[k]];
+        IX_MAX(cpu);
+        IX_MAX(mem);
+        IX_MAX(gpu_mem);
+        IX_MAX(gpu_milli);
+        IX_MAX(healthy);
+        IX_MAX(untouched);
+        b.models |= r->models;
+    }
+    ix->broom[blk] = b;
+}
+#undef IX_MAX
+
+/*
+ * False when nothing with room r can fit f: kgpu__fit's conditions against
+ * what r has free at most (of a node, or the most of a block's nodes).
+ */
+static bool room_may_fit(const ix_room *r, const kgpu_request *f)
+{
+    if (f->cpu_milli > r->cpu || f->memory_mib > r->mem)
+        return false;
+    if (f->gpu_count <= 0)
+        return true;
+    if (!(f->models & r->models) || f->gpu_count > r->healthy)
+        return false;
+    if (f->exclusive)
+        return f->gpu_count <= r->untouched;
+    return f->gpu_milli <= r->gpu_milli && f->gpu_memory_mib <= r->gpu_mem;
 }
 
 /* Node i joins the class of its state, making one when there is none. */
@@ -513,8 +587,12 @@ static void classes_all(kgpu__index *ix)
     ix->nfree = 0;
     for (int c = ix->nodes - 1; c >= 0; c--)
         ix->cfree[ix->nfree++] = c;
-    for (int i = 0; i < ix->nodes; i++)
+    for (int i = 0; i < ix->nodes; i++) {
         class_join(ix, i);
+        room_of(ix, i);
+    }
+    for (int b = 0; b < ix->nblocks; b++)
+        block_room(ix, b);
     ix->cseq = kgpu__cluster_seq(ix->c);
 }
 
@@ -550,8 +628,13 @@ static void classes_update(kgpu__index *ix)
             ix->moved[nmoved++] = i;
         }
     }
-    for (int k = 0; k < nmoved; k++)
-        class_join(ix, ix->moved[k]);
+    for (int k = 0; k < nmoved; k++) {
+        int i = ix->moved[k];
+        class_join(ix, i);
+        room_of(ix, i);
+        if (ix->blk[i] >= 0)
+            block_room(ix, ix->blk[i]); /* a block changed twice is recounted twice: cheap */
+    }
     ix->cseq = now;
 }
 
@@ -563,15 +646,23 @@ static void rescore_all(kgpu__index *ix, ix_entry *e, const kgpu_policy_ops *ops
         memset(ix->cstamp, 0, (size_t)ix->nodes * sizeof(*ix->cstamp));
         ix->cstamps = 1;
     }
-    for (int k = 0; k < ix->nodes - ix->nvol; k++) {
-        int i = ix->order[k], c = ix->cls[i];
-        if (ix->cstamp[c] == ix->cstamps) {
-            e->base[k] = ix->cval[c];
+    for (int b = 0; b < ix->nblocks; b++) {
+        int k = ix->bstart[b], end = ix->bstart[b + 1];
+        if (!room_may_fit(&ix->broom[b], fit)) {
+            for (; k < end; k++)
+                e->base[k] = IX_UNFIT;
             continue;
         }
-        score_node(ix, e, ops, state, req, fit, i);
-        ix->cstamp[c] = ix->cstamps;
-        ix->cval[c] = e->base[k];
+        for (; k < end; k++) {
+            int i = ix->order[k], c = ix->cls[i];
+            if (ix->cstamp[c] == ix->cstamps) {
+                e->base[k] = ix->cval[c];
+                continue;
+            }
+            score_node(ix, e, ops, state, req, fit, i);
+            ix->cstamp[c] = ix->cstamps;
+            ix->cval[c] = e->base[k];
+        }
     }
 }
 
@@ -606,8 +697,19 @@ static bool update_block(const kgpu__index *ix, ix_entry *e, int b, int i, int64
 {
     ix_block *s = &e->blocks[b];
     int64_t v = e->base[ix->pos[i]];
-    if (s->count > 0 && was != IX_UNFIT && was == s->best)
-        return false;
+    if (s->count > 0 && was != IX_UNFIT && was == s->best) {
+        if (v != IX_UNFIT && v >= s->best) {
+            if (v > s->best) /* it alone is the best now */
+                *s = (ix_block){.best = v, .rank = ix->fixed ? rank_of(ix, i) : 0, .node = i,
+                                .count = 1};
+            return true; /* still among the best, with its rank */
+        }
+        if (s->count > 1 && s->node != i) {
+            s->count--; /* the best others, the first of them, are unchanged */
+            return true;
+        }
+        return false; /* the block's best must be found again */
+    }
     if (v == IX_UNFIT || (s->count > 0 && v < s->best))
         return true; /* neither was nor is among the best */
     uint32_t r = ix->fixed ? rank_of(ix, i) : 0;
