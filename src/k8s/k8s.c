@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "k8s_internal.h"
 
 #define TOKEN_FILE_MAX (64 * 1024)
@@ -565,4 +567,41 @@ int kgpu_k8s_annotate_pod(kgpu_k8s *k, const char *ns, const char *name, json_t 
                               name);
     json_t *patch = json_pack("{s:{s:O}}", "metadata", "annotations", annotations);
     return send_json(k, "PATCH", path, "application/merge-patch+json", patch, resp, err);
+}
+
+int kgpu_k8s_post_pod_event(kgpu_k8s *k, const kgpu_k8s_pod_event *ev, kgpu_error *err)
+{
+    char path[2048];
+    char ens[3 * 256];
+    if (ev->ns == NULL || ev->ns[0] == '\0' || ev->pod == NULL || ev->pod[0] == '\0')
+        return kgpu_error_set(err, KGPU_EINVAL, "event: pod namespace and name must be set");
+    if (kgpu__k8s_escape(ev->ns, ens, sizeof(ens)) != 0)
+        return kgpu_error_set(err, KGPU_ERANGE, "event: namespace %s too long", ev->ns);
+    snprintf(path, sizeof(path), "/api/v1/namespaces/%s/events", ens);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char when[64], name[256];
+    kgpu_rfc3339((double)ts.tv_sec + (double)ts.tv_nsec / 1e9, 0, when, sizeof(when));
+    /* Unique like kubectl's: the object's name, a dot, a timestamp in hex (at most 253 in all). */
+    snprintf(name, sizeof(name), "%.200s.%llx", ev->pod,
+             (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec);
+    const char *inst = ev->instance != NULL ? ev->instance : "";
+    json_t *doc = json_pack(
+        "{s:s,s:s,s:{s:s,s:s},s:{s:s,s:s,s:s,s:s,s:s,s:s},s:s,s:s,s:s,s:{s:s,s:s},s:s,s:s,s:i,"
+        "s:s,s:s}",
+        "apiVersion", "v1", "kind", "Event", "metadata", "name", name, "namespace", ev->ns,
+        "involvedObject", "apiVersion", "v1", "kind", "Pod", "namespace", ev->ns, "name", ev->pod,
+        "uid", ev->uid != NULL ? ev->uid : "", "fieldPath",
+        ev->field_path != NULL ? ev->field_path : "", "reason", ev->reason, "message", ev->message,
+        "type", ev->type, "source", "component", ev->component, "host", inst, "firstTimestamp",
+        when, "lastTimestamp", when, "count", 1, "reportingComponent", ev->component,
+        "reportingInstance", inst);
+    kgpu_http_resp resp;
+    int rc = send_json(k, "POST", path, "application/json", doc, &resp, err);
+    if (rc == 0 && resp.status != 200 && resp.status != 201)
+        rc = kgpu_error_set(err, KGPU_EIO, "event %s on pod %s/%s: API server answered %ld: %.200s",
+                            ev->reason, ev->ns, ev->pod, resp.status,
+                            resp.body != NULL ? resp.body : "");
+    free(resp.body);
+    return rc;
 }

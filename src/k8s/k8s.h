@@ -133,6 +133,24 @@ int kgpu_k8s_bind(kgpu_k8s *k, const char *ns, const char *name, const char *uid
 int kgpu_k8s_annotate_pod(kgpu_k8s *k, const char *ns, const char *name, json_t *annotations,
                           kgpu_http_resp *resp, kgpu_error *err);
 
+/* A core/v1 Event about a pod, as kgpu's components report what they did to or for it. */
+typedef struct kgpu_k8s_pod_event {
+    const char *ns, *pod, *uid; /* the pod; uid may be "" */
+    const char *field_path;     /* e.g. "spec.containers{main}", or NULL */
+    const char *type;           /* "Normal" or "Warning" */
+    const char *reason;         /* UpperCamelCase, e.g. "GPUQueueReclaim" */
+    const char *message;
+    const char *component; /* source.component and reportingComponent, e.g. "kgpu-extender" */
+    const char *instance;  /* source.host / reportingInstance (a node or a pod name), or NULL */
+} kgpu_k8s_pod_event;
+
+/*
+ * POSTs the Event to the pod's namespace, named as kubectl names its own
+ * (the pod's name, a dot, the time in hex). 0 when the API server created
+ * it; else a negative code with err naming the pod, the reason and the answer.
+ */
+int kgpu_k8s_post_pod_event(kgpu_k8s *k, const kgpu_k8s_pod_event *ev, kgpu_error *err);
+
 /* Callbacks of a reflector; `ctx` is the caller's. Called on the reflector's thread only. */
 typedef struct kgpu_reflector_ops {
     /* A fresh list: `items` (array of objects, borrowed) replaces everything known. */

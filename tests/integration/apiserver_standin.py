@@ -150,12 +150,15 @@ FIELDS = {"pods": {"metadata.name", "metadata.namespace", "spec.nodeName", "spec
                    "status.phase"},
           "nodes": {"metadata.name", "spec.unschedulable"},
           "namespaces": {"metadata.name"},
-          "gpuqueues": {"metadata.name"}}
+          "gpuqueues": {"metadata.name"},
+          "events": {"metadata.name", "involvedObject.name"}}
 
 # apiVersion, kind and list kind of each kind served.
 KINDS = {"pods": ("v1", "Pod", "PodList"), "nodes": ("v1", "Node", "NodeList"),
          "namespaces": ("v1", "Namespace", "NamespaceList"),
-         "gpuqueues": ("kgpu.io/v1alpha1", "GPUQueue", "GPUQueueList")}
+         "gpuqueues": ("kgpu.io/v1alpha1", "GPUQueue", "GPUQueueList"),
+         "events": ("v1", "Event", "EventList")}
+NAMESPACED = {"pods", "events"}
 GPUQUEUES = ["apis", "kgpu.io", "v1alpha1", "gpuqueues"]
 
 
@@ -231,7 +234,7 @@ def decode_continue(token):
 def key_of(kind, key):
     """The object's storage key within its kind, sorted as etcd sorts: ns/name or name."""
     ns, name = key
-    return "%s/%s" % (ns, name) if kind == "pods" else name
+    return "%s/%s" % (ns, name) if kind in NAMESPACED else name
 
 
 class Store:
@@ -304,7 +307,7 @@ class Store:
             name = meta.get("name")
             if not name:
                 raise ApiError(422, "metadata.name: Required value")
-            if kind == "pods":
+            if kind in NAMESPACED:
                 meta["namespace"] = ns
             else:
                 meta.pop("namespace", None)
@@ -546,7 +549,7 @@ class Store:
             else:
                 rv, start, snap = self.rv, "", self._snapshot(kind)
         keys, objs = snap
-        prefix = sel.namespace + "/" if kind == "pods" and sel.namespace is not None else ""
+        prefix = sel.namespace + "/" if kind in NAMESPACED and sel.namespace is not None else ""
         i = bisect.bisect_left(keys, prefix + start)
         # The first key past the prefix: "ns0" follows every "ns/..." ('0' follows '/').
         end = bisect.bisect_left(keys, prefix[:-1] + "0") if prefix else len(keys)
@@ -691,6 +694,8 @@ class Handler(BaseHTTPRequestHandler):
             return "nodes", None, rest[1] if len(rest) == 2 else None, None
         if rest[:1] == ["pods"] and len(rest) == 1:
             return "pods", None, None, None
+        if len(rest) in (3, 4) and rest[0] == "namespaces" and rest[2] == "events":
+            return "events", rest[1], rest[3] if len(rest) == 4 else None, None
         if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] == "pods" and len(rest) <= 5:
             return ("pods", rest[1], rest[3] if len(rest) >= 4 else None,
                     rest[4] if len(rest) == 5 else None)
@@ -730,7 +735,7 @@ class Handler(BaseHTTPRequestHandler):
     # The API.
 
     def key_ns(self, kind, ns):
-        return ns if kind == "pods" else None
+        return ns if kind in NAMESPACED else None
 
     def do_get_api(self, kind, ns, name, sub):
         if sub is not None:

@@ -359,6 +359,51 @@ static void test_annotate(void **state)
     json_decref(ann);
 }
 
+/* An Event on a pod: where it goes, what it says, unique names; errors name the pod. */
+static void test_pod_event(void **state)
+{
+    (void)state;
+    kgpu_k8s_pod_event ev = {.ns = "default",
+                             .pod = "waiting",
+                             .uid = "uid-1",
+                             .type = "Warning",
+                             .reason = "GPUQueueReclaimBlocked",
+                             .message = "reclaim is blocked by a PodDisruptionBudget",
+                             .component = "kgpu-extender",
+                             .instance = "kgpu-extender-0"};
+    kgpu_error err = {0};
+    assert_int_equal(kgpu_k8s_post_pod_event(api, &ev, &err), 0);
+    assert_int_equal(kgpu_k8s_post_pod_event(api, &ev, &err), 0); /* a second, own name */
+    json_t *list = call("GET", "/api/v1/namespaces/default/events", NULL, NULL, 200);
+    json_t *items = json_object_get(list, "items");
+    assert_int_equal(json_array_size(items), 2);
+    const char *names[2];
+    for (size_t i = 0; i < 2; i++) {
+        json_t *e = json_array_get(items, i);
+        json_t *io = json_object_get(e, "involvedObject");
+        names[i] = json_string_value(json_object_get(json_object_get(e, "metadata"), "name"));
+        assert_non_null(names[i]);
+        assert_int_equal(strncmp(names[i], "waiting.", 8), 0);
+        assert_string_equal(json_string_value(json_object_get(io, "kind")), "Pod");
+        assert_string_equal(json_string_value(json_object_get(io, "name")), "waiting");
+        assert_string_equal(json_string_value(json_object_get(io, "uid")), "uid-1");
+        assert_string_equal(json_string_value(json_object_get(e, "type")), "Warning");
+        assert_string_equal(json_string_value(json_object_get(e, "reason")), ev.reason);
+        assert_string_equal(json_string_value(json_object_get(e, "message")), ev.message);
+        assert_string_equal(json_string_value(json_object_get(e, "reportingComponent")),
+                            "kgpu-extender");
+        assert_non_null(json_string_value(json_object_get(e, "firstTimestamp")));
+    }
+    assert_string_not_equal(names[0], names[1]);
+    json_decref(list);
+    ev.ns = "";
+    assert_int_not_equal(kgpu_k8s_post_pod_event(api, &ev, &err), 0);
+    /* An Event that cannot be built is an error, not a crash. */
+    ev.ns = "default";
+    ev.reason = NULL;
+    assert_int_not_equal(kgpu_k8s_post_pod_event(api, &ev, &err), 0);
+}
+
 /* The stand-in itself: replay from a resourceVersion, bookmarks, timeoutSeconds, 410. */
 static void test_watch_protocol(void **state)
 {
@@ -1236,6 +1281,7 @@ int main(void)
         cmocka_unit_test(test_transport_errors),
         cmocka_unit_test(test_bind),
         cmocka_unit_test(test_annotate),
+        cmocka_unit_test(test_pod_event),
         cmocka_unit_test(test_watch_protocol),
         cmocka_unit_test_teardown(test_reflector, reflectors_teardown),
         cmocka_unit_test_teardown(test_reflector_huge_event, reflectors_teardown),
