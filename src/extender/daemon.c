@@ -150,11 +150,37 @@ static void nodes_trim(void *ctx, json_t *node)
 
 static void pods_trim(void *ctx, json_t *pod)
 {
-    /* The queue label and the priority, which GPU queues read, survive the cut. */
+    /*
+     * The queue label and the priority, which GPU queues read, survive the
+     * cut; so does the PodScheduled condition of an unbound pod, which says
+     * kube-scheduler found no node for it (the reclaim sweep's cue).
+     */
     char label[KGPU_QUEUE_NAME_MAX + 1];
     int priority;
     ext_pod_queue_fields(pod, label, sizeof(label), &priority);
+    json_t *scheduled = NULL;
+    size_t i;
+    json_t *c;
+    const char *node = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+    json_t *conds = node == NULL || node[0] == '\0'
+                        ? json_object_get(json_object_get(pod, "status"), "conditions")
+                        : NULL;
+    json_array_foreach(conds, i, c)
+    {
+        const char *type = json_string_value(json_object_get(c, "type"));
+        if (type != NULL && strcmp(type, "PodScheduled") == 0) {
+            scheduled = json_pack("{s:s,s:O?,s:O?}", "type", type, "status",
+                                  json_object_get(c, "status"), "reason",
+                                  json_object_get(c, "reason"));
+            break;
+        }
+    }
     kgpu_pod_json_trim(pod);
+    json_t *status = json_object_get(pod, "status");
+    if (scheduled != NULL && json_is_object(status))
+        json_object_set_new(status, "conditions", json_pack("[o]", scheduled));
+    else
+        json_decref(scheduled);
     json_t *meta = json_object_get(pod, "metadata");
     if (label[0] != '\0' && json_is_object(meta))
         json_object_set_new(meta, "labels", json_pack("{s:s}", KGPU_QUEUE_LABEL, label));

@@ -289,6 +289,26 @@ typedef struct ext_eviction {
 #define EXT_RECLAIM_WAIT_S 60  /* a reclaim in flight is not repeated for its pod this long */
 #define EXT_REFUSED_S      30  /* a victim whose eviction was refused is skipped this long */
 
+/*
+ * A pod kube-scheduler found no node for (its PodScheduled condition False,
+ * Unschedulable), seen through the pod watch in cluster mode. Its own
+ * filters (NodeResourcesFit: "Insufficient nvidia.com/gpu") may have
+ * refused every node before kgpu's filter is called, so reclaim for it
+ * cannot wait for a filter call: the leader's sweep (gpuqueues.c) runs it.
+ */
+typedef struct ext_unsched {
+    double since; /* monotonic: first seen unschedulable; first (queues.c expire) */
+    char uid[64], ns[64], name[KGPU_NAME_MAX + 1];
+    json_t *pod;      /* the trimmed object, owned */
+    double event_at;  /* monotonic: when the last Event was posted about it (0: none) */
+    char event[256];  /* that Event's message: the same one is not posted again soon */
+} ext_unsched;
+
+#define EXT_UNSCHED_MAX     4096 /* unschedulable pods followed at once; more are not swept */
+#define EXT_SWEEP_MS        2000 /* how often the leader looks at them */
+#define EXT_SWEEP_PODS      16   /* reclaims started per sweep, highest priority first */
+#define EXT_EVENT_REPEAT_S  60   /* the same Event about a pod, at most this often */
+
 /* A pod remembered from filter for its bind. */
 typedef struct ext_filtered {
     kgpu_pod pod;
@@ -335,6 +355,7 @@ typedef struct ext_state {
     int evictions_next, nevictions;
     kgpu_strmap reclaims; /* waiting pod uid -> ext_reclaim* (queues.c), at most EXT_RECLAIMS_MAX */
     kgpu_strmap refused;  /* victim uid -> its refusal (queues.c), at most EXT_REFUSED_MAX */
+    kgpu_strmap unsched;  /* uid -> ext_unsched*: unschedulable GPU pods, at most EXT_UNSCHED_MAX */
     char queues_error[KGPU_ERROR_MSG_MAX]; /* why the last tree given was refused; "" */
     /* Cluster mode (gpuqueues.c): GPUQueues by name, cut to name, generation, spec, status. */
     json_t *gpuqueues;
@@ -521,6 +542,35 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
 /* Records one eviction's outcome: log, counters, the ring; 429 remembers the victim as refused. */
 void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v, int outcome);
 
+/*
+ * A pod from the watch (trimmed, with its PodScheduled condition kept):
+ * follows it while it is unbound, asks for GPUs and is unschedulable;
+ * forgets it otherwise. Caller holds st->mu.
+ */
+void ext_unsched_seen(ext_state *st, const json_t *obj, const kgpu_pod *pod);
+/* Forgets the pod (gone or bound). Caller holds st->mu. */
+void ext_unsched_drop(ext_state *st, const char *uid);
+/* Forgets every pod (a relist is about to show them again). Caller holds st->mu. */
+void ext_unsched_clear(ext_state *st);
+
+/* What one sweep decided for one pod, to carry out once st->mu is released. */
+typedef struct ext_sweep_act {
+    bool evict;         /* rec holds victims to evict */
+    ext_reclaim rec;
+    char ns[64], name[KGPU_NAME_MAX + 1], uid[64];
+    const char *type, *reason; /* an Event to post about the pod, reason NULL: none */
+    char message[256];
+} ext_sweep_act;
+
+/*
+ * The leader's sweep over unschedulable pods: for each (highest priority,
+ * then longest waiting, first; at most `max`) whose queue is within its
+ * guarantee and whose GPU request fits no node, starts a reclaim as filter
+ * would (ext_queues_reclaim). Fills acts[0..return) with the evictions and
+ * Events to carry out. Caller holds st->mu.
+ */
+int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max);
+
 /* One queue as /inspect and /metrics show it. */
 typedef struct ext_queue_row {
     char name[KGPU_QUEUE_NAME_MAX + 1], parent[KGPU_QUEUE_NAME_MAX + 1];
@@ -580,7 +630,7 @@ typedef struct ext_daemon {
     ext_state state;
     kgpu_k8s *k8s; /* NULL in cluster-file mode */
     atomic_bool stop;
-    pthread_t watch_threads[5]; /* nodes, pods; in cluster mode GPUQueues, namespaces, status */
+    pthread_t watch_threads[6]; /* nodes, pods; in cluster mode GPUQueues, namespaces, status, sweep */
     int nwatch;
     struct ext_http *http; /* the serving layer (http.c) */
     int port;              /* the port actually bound */
@@ -601,14 +651,18 @@ void ext_http_stop(ext_daemon *d);
 
 /*
  * Cluster mode's GPU queues (gpuqueues.c): threads that list and watch
- * GPUQueue objects and namespaces, and one that keeps the GPUQueues'
- * status current (the leader only). Started by ext_daemon_start with an
+ * GPUQueue objects and namespaces, one that keeps the GPUQueues' status
+ * current and one that sweeps unschedulable pods for reclaim (the leader
+ * only). Started by ext_daemon_start with an
  * API server; they end with d->stop.
  */
 int ext_gpuqueues_start(ext_daemon *d, kgpu_error *err);
 /* A GPUQueue's status as the extender would write it now (tests and the status writer). */
 json_t *ext_gpuqueue_status(const ext_queue_row *row, long long generation, const char *error,
                             const json_t *old_status, const char *now);
+
+/* Evicts r's victims through the Eviction API, recording each outcome (takes d->state.mu). */
+void ext_evict_victims(ext_daemon *d, const ext_reclaim *r);
 
 /* Loads inventory (cluster file) or starts watching (API server), then serves. */
 int ext_daemon_start(ext_daemon *d, kgpu_error *err);

@@ -459,6 +459,53 @@ static void *write_statuses(void *arg)
     return NULL;
 }
 
+/*
+ * The leader's reclaim for pods kube-scheduler found no node for: its own
+ * filters may refuse every node ("Insufficient nvidia.com/gpu") before
+ * kgpu's filter is called, so nothing else would start a reclaim for them.
+ * Evictions and Events are sent after st->mu is released; the evicted pods'
+ * deletion is what makes kube-scheduler try the waiting pod again.
+ */
+static void *sweep_unschedulable(void *arg)
+{
+    ext_daemon *d = arg;
+    ext_sweep_act *acts = calloc(EXT_SWEEP_PODS, sizeof(*acts));
+    if (acts == NULL) {
+        ext_log(EXT_ERROR, "queues: out of memory; unschedulable pods are not swept");
+        return NULL;
+    }
+    while (!atomic_load(&d->stop)) {
+        sleep_ms(d, EXT_SWEEP_MS);
+        if (!ext_is_leader(d))
+            continue;
+        pthread_mutex_lock(&d->state.mu);
+        int n = ext_unsched_sweep(&d->state, acts, EXT_SWEEP_PODS);
+        pthread_mutex_unlock(&d->state.mu);
+        for (int i = 0; i < n && !atomic_load(&d->stop); i++) {
+            const ext_sweep_act *a = &acts[i];
+            if (a->evict)
+                ext_evict_victims(d, &a->rec);
+            if (a->reason == NULL)
+                continue;
+            ext_log(EXT_INFO, "pod %s/%s: %s", a->ns, a->name, a->message);
+            kgpu_k8s_pod_event ev = {.ns = a->ns,
+                                     .pod = a->name,
+                                     .uid = a->uid,
+                                     .type = a->type,
+                                     .reason = a->reason,
+                                     .message = a->message,
+                                     .component = "kgpu-extender",
+                                     .instance = d->identity};
+            kgpu_error err;
+            kgpu_error_clear(&err);
+            if (kgpu_k8s_post_pod_event(d->k8s, &ev, &err) != 0)
+                ext_log(EXT_WARN, "%s", err.msg);
+        }
+    }
+    free(acts);
+    return NULL;
+}
+
 int ext_gpuqueues_start(ext_daemon *d, kgpu_error *err)
 {
     pthread_mutex_lock(&d->state.mu);
@@ -468,7 +515,8 @@ int ext_gpuqueues_start(ext_daemon *d, kgpu_error *err)
     pthread_mutex_unlock(&d->state.mu);
     if (!ok)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
-    void *(*const threads[])(void *) = {watch_gpuqueues, watch_namespaces, write_statuses};
+    void *(*const threads[])(void *) = {watch_gpuqueues, watch_namespaces, write_statuses,
+                                        sweep_unschedulable};
     for (size_t i = 0; i < sizeof(threads) / sizeof(threads[0]); i++) {
         if (pthread_create(&d->watch_threads[d->nwatch], NULL, threads[i], d) != 0)
             return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the GPU queue threads");

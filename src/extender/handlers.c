@@ -507,7 +507,7 @@ static void cut_reason(char *why, size_t len, const char *text)
  * Evicts reclaim's victims through the Eviction API (policy/v1), so that
  * PodDisruptionBudgets hold; the state learns each outcome. No lock held.
  */
-static void evict_victims(ext_daemon *d, const ext_reclaim *r)
+void ext_evict_victims(ext_daemon *d, const ext_reclaim *r)
 {
     for (int i = 0; i < r->nvictims; i++) {
         const ext_victim *v = &r->v[i];
@@ -712,7 +712,7 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
         remembered->waiting = wait;
     pthread_mutex_unlock(&d->state.mu);
     if (evict != NULL) {
-        evict_victims(d, evict);
+        ext_evict_victims(d, evict);
         free(evict);
     }
     kgpu_strmap_clear(&awaiting);

@@ -475,6 +475,17 @@ void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v
     }
 }
 
+/* Counts one pending pod in queue q (none when q < 0) and every ancestor. */
+static void pending_on_path(ext_state *st, ext_queue_row *r, int q)
+{
+    while (q >= 0) {
+        r[q].pending++;
+        kgpu_queue_info qi;
+        kgpu_queues_info(st->queues, q, &qi);
+        q = qi.parent;
+    }
+}
+
 bool ext_queues_rows(ext_state *st, ext_queue_row **rows, int *n, ext_eviction *ev, int *nev)
 {
     *rows = NULL;
@@ -509,22 +520,209 @@ bool ext_queues_rows(ext_state *st, ext_queue_row **rows, int *n, ext_eviction *
         x->pods = qi.pods;
         x->evictions = st->queue_evictions != NULL ? st->queue_evictions[q] : 0;
     }
-    /* Pending: pods whose last filter waited for quota or reclaim, on their queue's path. */
+    /*
+     * Pending, on their queue's path: pods whose last filter waited for quota
+     * or reclaim, and pods kube-scheduler found no node for (its own filters
+     * may refuse every node before kgpu's is called).
+     */
     const char *k;
     void *v;
     size_t it = 0;
     while (kgpu_strmap_next(&st->pending, &it, &k, &v)) {
         const ext_filtered *f = v;
-        if (f->waiting == EXT_WAIT_NONE)
-            continue;
-        for (int q = kgpu_queues_find(st->queues, f->queue); q >= 0;) {
-            r[q].pending++;
-            kgpu_queue_info qi;
-            kgpu_queues_info(st->queues, q, &qi);
-            q = qi.parent;
-        }
+        if (f->waiting != EXT_WAIT_NONE)
+            pending_on_path(st, r, kgpu_queues_find(st->queues, f->queue));
+    }
+    it = 0;
+    while (kgpu_strmap_next(&st->unsched, &it, &k, &v)) {
+        const ext_unsched *u = v;
+        const ext_filtered *f = kgpu_strmap_get(&st->pending, u->uid);
+        if (f != NULL && f->waiting != EXT_WAIT_NONE)
+            continue; /* counted above */
+        char label[KGPU_QUEUE_NAME_MAX + 1], name[KGPU_QUEUE_NAME_MAX + 1], why[256];
+        int priority;
+        ext_pod_queue_fields(u->pod, label, sizeof(label), &priority);
+        pending_on_path(st, r,
+                        ext_queues_resolve(st, u->ns, label, name, sizeof(name), why, sizeof(why)));
     }
     *rows = r;
     *n = count;
     return true;
+}
+
+/* ---- unschedulable pods: reclaim without a filter call ---- */
+
+/* Whether kube-scheduler found no node for the pod: PodScheduled False, Unschedulable. */
+static bool pod_unschedulable(const json_t *obj)
+{
+    const json_t *conds = json_object_get(json_object_get(obj, "status"), "conditions");
+    size_t i;
+    const json_t *c;
+    json_array_foreach(conds, i, c)
+    {
+        const char *type = json_string_value(json_object_get(c, "type"));
+        if (type == NULL || strcmp(type, "PodScheduled") != 0)
+            continue;
+        const char *status = json_string_value(json_object_get(c, "status"));
+        const char *reason = json_string_value(json_object_get(c, "reason"));
+        return status != NULL && strcmp(status, "False") == 0 && reason != NULL &&
+               strcmp(reason, "Unschedulable") == 0;
+    }
+    return false;
+}
+
+void ext_unsched_drop(ext_state *st, const char *uid)
+{
+    ext_unsched *u = kgpu_strmap_del(&st->unsched, uid);
+    if (u != NULL) {
+        json_decref(u->pod);
+        free(u);
+    }
+}
+
+void ext_unsched_clear(ext_state *st)
+{
+    const char *k;
+    void *v;
+    size_t it = 0;
+    while (kgpu_strmap_next(&st->unsched, &it, &k, &v)) {
+        ext_unsched *u = v;
+        json_decref(u->pod);
+        free(u);
+    }
+    kgpu_strmap_clear(&st->unsched);
+    kgpu_strmap_init(&st->unsched);
+}
+
+void ext_unsched_seen(ext_state *st, const json_t *obj, const kgpu_pod *pod)
+{
+    const json_t *meta = json_object_get(obj, "metadata");
+    bool waits = pod->node[0] == '\0' && !pod->terminal && pod->nparts > 0 &&
+                 json_object_get(meta, "deletionTimestamp") == NULL && pod_unschedulable(obj);
+    if (!waits) {
+        ext_unsched_drop(st, pod->uid);
+        return;
+    }
+    json_t *copy = json_deep_copy(obj); /* the watch's object is borrowed */
+    if (copy == NULL)
+        return;
+    ext_unsched *u = kgpu_strmap_get(&st->unsched, pod->uid);
+    if (u != NULL) {
+        json_decref(u->pod);
+        u->pod = copy;
+        return;
+    }
+    if (st->unsched.len >= EXT_UNSCHED_MAX || strlen(pod->uid) >= sizeof(u->uid) ||
+        (u = calloc(1, sizeof(*u))) == NULL) {
+        json_decref(copy);
+        return; /* bounded: its filter calls still reclaim for it, if any come */
+    }
+    u->since = ext_now();
+    snprintf(u->uid, sizeof(u->uid), "%s", pod->uid);
+    snprintf(u->ns, sizeof(u->ns), "%.63s", pod->ns);
+    snprintf(u->name, sizeof(u->name), "%s", pod->name);
+    u->pod = copy;
+    if (!kgpu_strmap_put(&st->unsched, u->uid, u, NULL)) {
+        json_decref(copy);
+        free(u);
+    }
+}
+
+typedef struct sweep_cand {
+    ext_unsched *u;
+    int priority;
+} sweep_cand;
+
+/* Highest priority first, then the longest waiting. */
+static int cmp_cand(const void *a, const void *b)
+{
+    const sweep_cand *x = a, *y = b;
+    if (x->priority != y->priority)
+        return x->priority > y->priority ? -1 : 1;
+    return (x->u->since > y->u->since) - (x->u->since < y->u->since);
+}
+
+/* Whether the pod's one GPU request fits some node as it is now. */
+static bool fits_somewhere(ext_state *st, const kgpu_pod *pod)
+{
+    kgpu_request fitreq[KGPU_MAX_PARTS];
+    const kgpu_request *reqs[KGPU_MAX_PARTS];
+    ext_fit_requests(pod, fitreq, reqs);
+    int n = kgpu_cluster_node_count(st->cluster);
+    for (int i = 0; i < n; i++)
+        if (kgpu_fit(st->cluster, i, reqs[0], NULL, 0))
+            return true;
+    return false;
+}
+
+int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max)
+{
+    if (st->queues == NULL || st->unsched.len == 0 || max <= 0)
+        return 0;
+    size_t n = 0, cap = st->unsched.len;
+    sweep_cand *c = malloc(cap * sizeof(*c));
+    kgpu_pod *pod = malloc(sizeof(*pod));
+    if (c == NULL || pod == NULL) {
+        free(c);
+        free(pod);
+        return 0;
+    }
+    const char *k;
+    void *v;
+    size_t it = 0;
+    char label[KGPU_QUEUE_NAME_MAX + 1];
+    while (kgpu_strmap_next(&st->unsched, &it, &k, &v) && n < cap) {
+        c[n].u = v;
+        ext_pod_queue_fields(c[n].u->pod, label, sizeof(label), &c[n].priority);
+        n++;
+    }
+    qsort(c, n, sizeof(*c), cmp_cand);
+    double now = ext_now();
+    int nact = 0;
+    for (size_t i = 0; i < n && nact < max; i++) {
+        ext_unsched *u = c[i].u;
+        kgpu_error err;
+        kgpu_error_clear(&err);
+        int priority;
+        char qname[KGPU_QUEUE_NAME_MAX + 1], why[256], msg[200];
+        if (kgpu_pod_from_json(u->pod, st->cfg->memory_unit_mib, pod, &err) != 0 ||
+            pod->nparts != 1 || ext_state_compile(st, pod, &err) != 0)
+            continue; /* reclaim places pods of one GPU container only */
+        ext_pod_queue_fields(u->pod, label, sizeof(label), &priority);
+        int q = ext_queues_resolve(st, pod->ns, label, qname, sizeof(qname), why, sizeof(why));
+        if (q < 0)
+            continue;
+        int qs = ext_queues_check(st, q, pod, -1, NULL, 0);
+        if ((qs != KGPU_QUEUE_WITHIN && qs != KGPU_QUEUE_RECLAIM) || fits_somewhere(st, pod))
+            continue; /* above its guarantee, or waiting for something GPUs do not decide */
+        ext_sweep_act *a = &acts[nact];
+        memset(a, 0, sizeof(*a));
+        int how = ext_queues_reclaim(st, pod, q, false, &a->rec, msg, sizeof(msg));
+        if (how == EXT_RECLAIM_STARTED) {
+            a->evict = true;
+            a->type = "Normal";
+            a->reason = "GPUQueueReclaim";
+        } else if (how == EXT_RECLAIM_NONE && strstr(msg, "PodDisruptionBudget") != NULL) {
+            a->type = "Warning";
+            a->reason = "GPUQueueReclaimBlocked";
+        } else {
+            continue; /* under way already, or nothing that borrows would make room */
+        }
+        snprintf(a->message, sizeof(a->message), "queue %.63s is within its guarantee; %.160s", qname,
+                 msg);
+        snprintf(a->ns, sizeof(a->ns), "%s", u->ns);
+        snprintf(a->name, sizeof(a->name), "%s", u->name);
+        snprintf(a->uid, sizeof(a->uid), "%s", u->uid);
+        if (strcmp(u->event, a->message) == 0 && now - u->event_at < EXT_EVENT_REPEAT_S) {
+            a->reason = NULL; /* said lately */
+        } else {
+            snprintf(u->event, sizeof(u->event), "%s", a->message);
+            u->event_at = now;
+        }
+        if (a->evict || a->reason != NULL)
+            nact++;
+    }
+    free(c);
+    free(pod);
+    return nact;
 }

@@ -73,6 +73,7 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->ns_queue);
     kgpu_strmap_init(&st->reclaims);
     kgpu_strmap_init(&st->refused);
+    kgpu_strmap_init(&st->unsched);
     st->observed_order = calloc(OBSERVED_MAX, sizeof(char *));
     st->cluster = kgpu_cluster_new();
     if (st->cluster == NULL || st->observed_order == NULL || set_prior(st) != 0) {
@@ -116,6 +117,7 @@ void ext_state_destroy(ext_state *st)
             free(v);
         kgpu_strmap_clear(owning[m]);
     }
+    ext_unsched_clear(st);
     kgpu_queues_free(st->queues);
     kgpu_queues_free(st->queues_spec);
     json_decref(st->gpuqueues);
@@ -881,6 +883,7 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
         return;
     }
     ext_await_seen(st, json, &pod);
+    ext_unsched_seen(st, json, &pod);
     ext_pod *held = kgpu_strmap_get(&st->pods, pod.uid);
     if (pod.terminal) {
         ext_state_pod_gone(st, pod.uid);
@@ -948,6 +951,7 @@ void ext_state_pod_gone(ext_state *st, const char *uid)
         f->waiting = EXT_WAIT_NONE; /* it waits for nothing any more */
     free(kgpu_strmap_del(&st->reclaims, uid));
     free(kgpu_strmap_del(&st->refused, uid));
+    ext_unsched_drop(st, uid);
     cpu_pod_gone(st, uid);
     ext_state_release(st, uid);
     drop_orphan(st, uid);
@@ -1036,6 +1040,7 @@ void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t
         retry_orphans(st);
     ext_await_relisted(st, &present);
     kgpu_strmap_clear(&present);
+    ext_unsched_clear(st); /* the list shows those still waiting */
     json_array_foreach(items, i, item) ext_state_pod_seen(st, item);
 }
 

@@ -241,12 +241,119 @@ static void test_status(void **state)
     json_decref(st);
 }
 
+/* A pod kube-scheduler has not placed: `unsched` gives it PodScheduled False, Unschedulable. */
+static json_t *waiting_pod(const char *name, const char *queue, int whole, bool unsched,
+                           const char *node)
+{
+    char n[16];
+    snprintf(n, sizeof(n), "%d", whole);
+    json_t *pod = json_pack("{s:{s:s,s:s,s:s,s:{s:s}},s:{s:[{s:s,s:{s:{s:s}}}]},s:{s:s}}",
+                            "metadata", "name", name, "namespace", "ns", "uid", name, "labels",
+                            "kgpu.io/queue", queue, "spec", "containers", "name", "main",
+                            "resources", "limits", "nvidia.com/gpu", n, "status", "phase",
+                            "Pending");
+    if (unsched)
+        json_object_set_new(json_object_get(pod, "status"), "conditions",
+                            json_pack("[{s:s,s:s,s:s}]", "type", "PodScheduled", "status",
+                                      "False", "reason", "Unschedulable"));
+    if (node != NULL)
+        json_object_set_new(json_object_get(pod, "spec"), "nodeName", json_string(node));
+    return pod;
+}
+
+static void seen(fixture *f, json_t *pod)
+{
+    kgpu_pod p;
+    kgpu_error err;
+    if (kgpu_pod_from_json(pod, 1024, &p, &err) != 0)
+        fail_msg("pod: %s", err.msg);
+    ext_unsched_seen(&f->st, pod, &p);
+    json_decref(pod);
+}
+
+static int pending_of(fixture *f, const char *q)
+{
+    ext_queue_row *rows;
+    ext_eviction ev[EXT_EVICTIONS_KEPT];
+    int n, nev, out = -1;
+    assert_true(ext_queues_rows(&f->st, &rows, &n, ev, &nev));
+    for (int i = 0; i < n; i++)
+        if (strcmp(rows[i].name, q) == 0)
+            out = rows[i].pending;
+    free(rows);
+    return out;
+}
+
+/*
+ * kube-scheduler's own filters can refuse every node (Insufficient
+ * nvidia.com/gpu) before kgpu's filter is called: the sweep then starts
+ * the reclaim filter would have, for pods within their guarantee only; a
+ * PodDisruptionBudget's refusal moves it to the next victim, then says so
+ * once; a pod bound or no longer unschedulable is forgotten.
+ */
+static void test_sweep_reclaims_for_unschedulable_pods(void **state)
+{
+    fixture *f = *state;
+    kgpu_error err;
+    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}}\n"
+                  " - {name: team-b, guarantee: {gpu: 1}}\n");
+    assert_int_equal(bind(f, "b-0", "team-b", "n0", 4, 0, 0, &err), 0);
+    assert_int_equal(bind(f, "b-1", "team-b", "n1", 4, 0, 0, &err), 0);
+    ext_sweep_act acts[4];
+    assert_int_equal(ext_unsched_sweep(&f->st, acts, 4), 0); /* nobody waits */
+
+    seen(f, waiting_pod("quiet", "team-a", 4, false, NULL)); /* not refused (yet): not followed */
+    assert_int_equal(f->st.unsched.len, 0);
+    seen(f, waiting_pod("more-b", "team-b", 4, true, NULL)); /* above its guarantee: no reclaim */
+    seen(f, waiting_pod("owner", "team-a", 4, true, NULL));
+    assert_int_equal(f->st.unsched.len, 2);
+    assert_int_equal(pending_of(f, "team-a"), 1);
+    assert_int_equal(pending_of(f, "team-b"), 1);
+
+    assert_int_equal(ext_unsched_sweep(&f->st, acts, 4), 1);
+    assert_true(acts[0].evict);
+    assert_string_equal(acts[0].name, "owner");
+    assert_string_equal(acts[0].reason, "GPUQueueReclaim");
+    assert_int_equal(acts[0].rec.nvictims, 1);
+    char first[KGPU_NAME_MAX + 1];
+    snprintf(first, sizeof(first), "%s", acts[0].rec.v[0].name);
+    assert_true(strcmp(first, "b-0") == 0 || strcmp(first, "b-1") == 0);
+    assert_non_null(strstr(acts[0].message, "queue team-a is within its guarantee"));
+    assert_non_null(strstr(acts[0].message, first));
+    ext_reclaim r = acts[0].rec;
+    /* Under way: neither a second eviction nor a second Event. */
+    assert_int_equal(ext_unsched_sweep(&f->st, acts, 4), 0);
+
+    /* A budget refuses: the other 4-GPU pod is chosen; refused too: said once. */
+    ext_queues_evicted(&f->st, &r, &r.v[0], EXT_EVICT_BLOCKED);
+    assert_int_equal(ext_unsched_sweep(&f->st, acts, 4), 1);
+    assert_true(acts[0].evict);
+    assert_int_equal(acts[0].rec.nvictims, 1);
+    assert_string_not_equal(acts[0].rec.v[0].name, first);
+    r = acts[0].rec;
+    ext_queues_evicted(&f->st, &r, &r.v[0], EXT_EVICT_BLOCKED);
+    assert_int_equal(ext_unsched_sweep(&f->st, acts, 4), 1);
+    assert_false(acts[0].evict);
+    assert_string_equal(acts[0].type, "Warning");
+    assert_string_equal(acts[0].reason, "GPUQueueReclaimBlocked");
+    assert_non_null(strstr(acts[0].message, "PodDisruptionBudget"));
+    assert_int_equal(ext_unsched_sweep(&f->st, acts, 4), 0); /* the same words, not again */
+
+    /* Bound, or placed by kube-scheduler: forgotten. */
+    seen(f, waiting_pod("owner", "team-a", 4, true, "n0"));
+    seen(f, waiting_pod("more-b", "team-b", 4, false, NULL));
+    assert_int_equal(f->st.unsched.len, 0);
+    assert_int_equal(pending_of(f, "team-a"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_bind_charges_and_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_charges_survive_rebuilds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_namespace_moves_charges, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sweep_reclaims_for_unschedulable_pods, setup,
+                                        teardown),
         cmocka_unit_test(test_status),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
