@@ -383,12 +383,16 @@ class ControlPlane:
         return os.path.join(self.dir, name)
 
     def _audit_policy(self):
-        """Lists and watches by kgpu's ServiceAccounts, so tests can see how kgpu asked."""
+        """Lists and watches by kgpu's ServiceAccounts, so tests can see how kgpu asked, and
+        the evictions they create (with the answer's code)."""
         path = self.p("audit-policy.yaml")
         with open(path, "w") as f:
             f.write("apiVersion: audit.k8s.io/v1\nkind: Policy\n"
                     "omitStages: [RequestReceived]\nrules:\n"
                     "  - level: Metadata\n    verbs: [list, watch]\n"
+                    "    userGroups: [system:serviceaccounts:kgpu-system]\n"
+                    "  - level: Metadata\n    verbs: [create]\n"
+                    "    resources: [{group: \"\", resources: [pods/eviction]}]\n"
                     "    userGroups: [system:serviceaccounts:kgpu-system]\n"
                     "  - level: None\n")
         return path

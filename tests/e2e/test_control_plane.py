@@ -30,6 +30,8 @@ NODES = {  # name: (model, GPUs, MiB each, NUMA of each)
     "gpu-t4-0": (T4, 4, 15360, [0, 0, 1, 1]),
     "gpu-v100-0": (V100, 2, 16384, [0, 0]),
 }
+GQ = "/apis/kgpu.io/v1alpha1/gpuqueues"
+QLABEL = "kgpu.io/queue"
 CONFIG = {}  # filled by e2e.py: bin dir, build dir, work dir
 
 
@@ -84,6 +86,7 @@ class ControlPlaneSuite(unittest.TestCase):
 
     def setUp(self):
         self.created = []
+        self.cleanups = []  # API paths to delete after the pods, in order
 
     def tearDown(self):
         for ns, name in self.created:
@@ -91,6 +94,11 @@ class ControlPlaneSuite(unittest.TestCase):
         for ns, name in self.created:
             wait_for(lambda ns=ns, name=name: self.cp.get_pod(ns, name) is None, 30,
                      "pod %s/%s to go" % (ns, name))
+        for path in self.cleanups:
+            self.cp.admin.delete(path)
+        for path in self.cleanups:
+            wait_for(lambda path=path: self.cp.admin.try_get(path) is None, 30,
+                     "%s to go" % path)
         for e in [self.ext] + list(getattr(self, "more_extenders", [])):
             report = e.sanitizer_report()
             self.assertIsNone(report, "%s: sanitizer report:\n%s" % (e.name, report))
@@ -555,6 +563,254 @@ class ControlPlaneSuite(unittest.TestCase):
         self.create("gpu-too", [("main", {MEM: 2})])
         self.wait_bound("gpu-too")
         self.assertEqual(self.ext.metric("kgpu_extender_pods_learned_total"), learned + 2)
+        self.assert_state_matches()
+
+    # -- 11-14. GPU queues: the GPUQueue resource, limits, reclaim, PDBs --------------
+
+    def queue(self, name, spec):
+        """Creates the GPUQueue `name`; deleted after the test's pods."""
+        path = GQ + "/" + name
+        self.cp.admin.post(GQ, {"apiVersion": "kgpu.io/v1alpha1", "kind": "GPUQueue",
+                                "metadata": {"name": name}, "spec": spec})
+        self.cleanups.insert(0, path)  # children before parents
+        return path
+
+    def queue_status(self, name, want, timeout=30):
+        """Waits until the GPUQueue's status has every (dotted key, value) of `want` and
+        speaks of its current generation; returns the object."""
+        last = {}
+
+        def ok():
+            q = self.cp.admin.get(GQ + "/" + name)
+            last["q"] = q
+            st = q.get("status") or {}
+            if st.get("observedGeneration") != q["metadata"]["generation"]:
+                return None
+            for key, value in want.items():
+                v = st
+                for part in key.split("."):
+                    v = v.get(part) if isinstance(v, dict) else None
+                if v != value:
+                    return None
+            return q
+        try:
+            return wait_for(ok, timeout, "GPUQueue %s status %r" % (name, want), interval=0.2)
+        except AssertionError:
+            raise AssertionError("GPUQueue %s: status %r, wanted %r; extender log:\n%s" % (
+                name, (last.get("q") or {}).get("status"), want, self.ext.child.log_tail(30)))
+
+    def condition(self, q, ctype):
+        for c in (q.get("status") or {}).get("conditions") or []:
+            if c.get("type") == ctype:
+                return c
+        return None
+
+    def fill_with_borrowers(self, queue, extra_labels=None):
+        """Pods of `queue` on every GPU of the cluster: one of 4 GPUs on each 4-GPU node,
+        one of 2 on the V100 node. Returns {pod: node}."""
+        where = {}
+        labels = dict({"app": "kgpu-e2e", QLABEL: queue}, **(extra_labels or {}))
+        for i, n in enumerate([4, 4, 4, 2]):
+            name = "%s-%d" % (queue, i)
+            self.create(name, [("main", {WHOLE: n})], labels=labels)
+            where[name] = self.wait_bound(name)["spec"]["nodeName"]
+        self.assertEqual(sorted(where.values()), sorted(NODES), "one pod on every node")
+        return where
+
+    def play_kubelet(self, ns=E2E_NS):
+        """No kubelet runs here: finish what an eviction started, as kubelet would once
+        the containers stop. Returns the names of the pods finished."""
+        done = []
+        for p in self.cp.admin.get("/api/v1/namespaces/%s/pods" % ns)["items"]:
+            if p["metadata"].get("deletionTimestamp"):
+                self.cp.delete_pod(ns, p["metadata"]["name"])
+                done.append(p["metadata"]["name"])
+        return done
+
+    def nudger(self, every=5.0):
+        """A function that, called in a wait loop, changes a label of one node every
+        `every` seconds: a cluster change, on which kube-scheduler tries its unschedulable
+        pods again (a PodDisruptionBudget's status change is not one). The label goes
+        after the test."""
+        path = "/api/v1/nodes/gpu-t4-0"
+        last = [0.0, 0]
+
+        def nudge():
+            if time.monotonic() - last[0] >= every:
+                last[0], last[1] = time.monotonic(), last[1] + 1
+                self.cp.admin.merge_patch(path, {"metadata": {"labels": {
+                    "kgpu-e2e/nudge": str(last[1])}}})
+        self.addCleanup(lambda: self.cp.admin.merge_patch(
+            path, {"metadata": {"labels": {"kgpu-e2e/nudge": None}}}))
+        return nudge
+
+    def evictions(self, offset):
+        """(pod name, HTTP code, user) of each Eviction created since the audit offset."""
+        out = []
+        for e in self.cp.audit_events(offset):
+            ref = e.get("objectRef") or {}
+            if ref.get("subresource") == "eviction" and e.get("verb") == "create" and \
+                    e.get("stage") == "ResponseComplete":
+                out.append((ref.get("name"), (e.get("responseStatus") or {}).get("code"),
+                            (e.get("user") or {}).get("username")))
+        return out
+
+    def test_11_gpu_queues_are_read_and_their_status_written(self):
+        crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuqueues.kgpu.io"
+        wait_for(lambda: self.condition(self.cp.admin.get(crd), "Established"), 30,
+                 "the GPUQueue CRD to be established")
+        self.queue("org", {"guarantee": {"gpu": 8}, "limit": {"gpu": 12, "memory": "2Ti"}})
+        self.queue("team-a", {"parent": "org", "guarantee": {"gpu": 4}, "weight": 2})
+        self.queue("team-b", {"parent": "org", "guarantee": {"gpu": "1.5"}})
+        # The API server validates the spec: not a quantity, a weight out of range.
+        for bad in ({"guarantee": {"gpu": "lots"}}, {"weight": 5000}):
+            st, text = self.cp.admin.raw("POST", GQ, json.dumps(
+                {"apiVersion": "kgpu.io/v1alpha1", "kind": "GPUQueue",
+                 "metadata": {"name": "bad"}, "spec": bad}))
+            self.assertEqual(st, 422, "%r accepted: %s" % (bad, text[:200]))
+        # A namespace whose pods belong to team-a unless they say otherwise.
+        # (Kept afterwards: without kube-controller-manager a deleted namespace never goes.)
+        ns = "e2e-team-a"
+        self.cp.ensure_namespace(ns)
+        self.cp.admin.merge_patch("/api/v1/namespaces/" + ns,
+                                  {"metadata": {"annotations": {QLABEL: "team-a"}}})
+
+        self.create("qa-label", [("main", {WHOLE: 2})],
+                    labels={"app": "kgpu-e2e", QLABEL: "team-a"})
+        self.create("qa-namespace", [("main", {WHOLE: 1})], ns=ns)
+        self.create("qb-share", [("main", {MEM: 8, CORE: 50})],
+                    labels={"app": "kgpu-e2e", QLABEL: "team-b"})
+        self.create("q-default", [("main", {WHOLE: 1})])
+        for name, pns in (("qa-label", E2E_NS), ("qa-namespace", ns), ("qb-share", E2E_NS),
+                          ("q-default", E2E_NS)):
+            self.wait_bound(name, ns=pns)
+        a = self.queue_status("team-a", {"used.gpu": "3", "pods": 2, "pending": 0})
+        self.assertEqual(self.condition(a, "Valid").get("status"), "True", a["status"])
+        # A share of half a GPU: its compute, whatever its memory.
+        self.queue_status("team-b", {"used.gpu": "0.5", "pods": 1})
+        # The parent holds its children's pods, not the default queue's.
+        self.queue_status("org", {"used.gpu": "3.5", "pods": 3})
+        self.assert_state_matches()
+        out = self.cp.kubectl("get", "gpuqueues", "-o", "wide").stdout
+        self.assertRegex(out, r"(?m)^team-a\s+org\s+4\s+3\s+0\s+0\s", out)
+
+        # A queue whose parent does not exist: said on it; the others keep working.
+        self.queue("team-c", {"parent": "no-such-queue"})
+        c = wait_for(lambda: (lambda q: q if (self.condition(q, "Valid") or {}).get(
+            "status") == "False" else None)(self.cp.admin.get(GQ + "/team-c")), 30,
+            "team-c to be marked not valid")
+        self.assertIn("no-such-queue", self.condition(c, "Valid").get("message", ""))
+        self.create("qa-more", [("main", {WHOLE: 1})],
+                    labels={"app": "kgpu-e2e", QLABEL: "team-a"})
+        self.wait_bound("qa-more")
+        self.queue_status("team-a", {"used.gpu": "4", "pods": 3})
+
+    def test_12_a_queue_over_its_limit_is_refused_with_the_reason(self):
+        self.queue("team-a", {"guarantee": {"gpu": 1}, "limit": {"gpu": 2}})
+        lab = {"app": "kgpu-e2e", QLABEL: "team-a"}
+        self.create("lim-0", [("main", {WHOLE: 2})], labels=lab)
+        self.wait_bound("lim-0")
+        self.queue_status("team-a", {"used.gpu": "2"})
+        self.create("lim-1", [("main", {WHOLE: 1})], labels=lab)
+        msg = self.failed_scheduling("lim-1")
+        self.assertIn("queue team-a would use 3 GPUs of its limit 2", msg)
+        self.queue_status("team-a", {"pending": 1})
+        self.assertIsNone(self.cp.get_pod(E2E_NS, "lim-1")["spec"].get("nodeName"))
+        # Room in the queue again: the waiting pod goes.
+        self.cp.delete_pod(E2E_NS, "lim-0")
+        self.wait_bound("lim-1")
+        self.queue_status("team-a", {"used.gpu": "1", "pending": 0})
+
+    def test_13_reclaim_evicts_a_borrower_through_the_eviction_api(self):
+        """team-b borrows every GPU; team-a's pod within its guarantee makes the extender
+        evict, through the Eviction API, the one borrower whose GPUs it can use: one
+        4-GPU pod, not the 2-GPU one that a priority-and-age rule would take first."""
+        self.queue("team-a", {"guarantee": {"gpu": 4}})
+        self.queue("team-b", {"guarantee": {"gpu": 2}})
+        where = self.fill_with_borrowers("team-b")
+        self.queue_status("team-b", {"used.gpu": "14", "borrowed.gpu": "12"})
+        audit = self.cp.audit_size()
+        self.create("owner", [("main", {WHOLE: 4})],
+                    labels={"app": "kgpu-e2e", QLABEL: "team-a"})
+        # kube-scheduler tries the pod again when the victim goes; if the extender's watch
+        # has not seen it go by then, the pod waits for the next cluster change.
+        nudge = self.nudger(every=10.0)
+
+        def bound():
+            nudge()
+            self.play_kubelet()
+            p = self.cp.get_pod(E2E_NS, "owner")
+            return p if p["spec"].get("nodeName") else None
+        pod = wait_for(bound, 90, "team-a's pod to be bound after reclaim", interval=0.2)
+        gone = [n for n in where if self.cp.get_pod(E2E_NS, n) is None]
+        self.assertEqual(len(gone), 1, "exactly one victim: %r" % gone)
+        self.assertEqual(where[gone[0]], pod["spec"]["nodeName"], "on the GPUs it freed")
+        self.assertNotEqual(where[gone[0]], "gpu-v100-0")
+        ev = self.evictions(audit)
+        sa = "system:serviceaccount:kgpu-system:kgpu-extender"
+        self.assertIn((gone[0], 201, sa), ev, ev)
+        self.assertEqual([e for e in ev if e[1] in (200, 201)], [(gone[0], 201, sa)], ev)
+        self.queue_status("team-a", {"used.gpu": "4", "pods": 1, "pending": 0})
+        self.queue_status("team-b", {"used.gpu": "10", "pods": 3})
+        self.assert_state_matches()
+
+    def test_14_reclaim_respects_pod_disruption_budgets(self):
+        self.queue("team-a", {"guarantee": {"gpu": 4}})
+        self.queue("team-b", {"guarantee": {"gpu": 2}})
+        where = self.fill_with_borrowers("team-b", {"pdb": "team-b"})
+        # The Eviction API ignores budgets for Pending pods, and evicts pods that are not
+        # Ready when the budget is met: report them running and ready, as kubelet would.
+        for name in where:
+            self.cp.admin.merge_patch(cluster.pod_path(E2E_NS, name) + "/status", {"status": {
+                "phase": "Running", "conditions": [
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Ready", "status": "True"}]}})
+        pdbs = "/apis/policy/v1/namespaces/%s/poddisruptionbudgets" % E2E_NS
+        pdb = self.cp.admin.post(pdbs, {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "team-b"},
+            "spec": {"minAvailable": 4, "selector": {"matchLabels": {"pdb": "team-b"}}}})
+        self.cleanups.append(pdbs + "/team-b")
+
+        def disruption_controller(allowed, generation):
+            # No kube-controller-manager here: write what its disruption controller would.
+            self.cp.admin.merge_patch(pdbs + "/team-b/status", {"status": {
+                "observedGeneration": generation, "disruptionsAllowed": allowed,
+                "currentHealthy": 4, "desiredHealthy": 4 - allowed, "expectedPods": 4}})
+        disruption_controller(0, pdb["metadata"]["generation"])
+        audit = self.cp.audit_size()
+        self.create("owner", [("main", {WHOLE: 4})],
+                    labels={"app": "kgpu-e2e", QLABEL: "team-a"})
+        nudge = self.nudger()
+
+        def pdb_named():
+            nudge()
+            return next((e["message"] for e in self.cp.events_for(E2E_NS, "owner")
+                         if "PodDisruptionBudget" in e.get("message", "")), None)
+        msg = wait_for(pdb_named, 90, "the owner's event to name the PodDisruptionBudget",
+                       interval=0.5)
+        self.assertRegex(msg, r"team-b-[0-2]")
+        refused = self.evictions(audit)
+        self.assertTrue(refused and all(code == 429 for _, code, _ in refused), refused)
+        self.assertEqual(self.play_kubelet(), [])
+        self.assertEqual([n for n in where if self.cp.get_pod(E2E_NS, n) is None], [])
+        self.queue_status("team-a", {"pending": 1})
+
+        # The budget allows one disruption: the next try evicts one pod, and only one.
+        pdb = self.cp.admin.merge_patch(pdbs + "/team-b", {"spec": {"minAvailable": 3}})
+        disruption_controller(1, pdb["metadata"]["generation"])
+
+        def bound():
+            nudge()
+            self.play_kubelet()
+            p = self.cp.get_pod(E2E_NS, "owner")
+            return p if p["spec"].get("nodeName") else None
+        pod = wait_for(bound, 120, "team-a's pod to be bound once the budget allows",
+                       interval=0.5)
+        gone = [n for n in where if self.cp.get_pod(E2E_NS, n) is None]
+        self.assertEqual(len(gone), 1, gone)
+        self.assertEqual(where[gone[0]], pod["spec"]["nodeName"])
+        self.assertEqual(len([e for e in self.evictions(audit) if e[1] in (200, 201)]), 1)
         self.assert_state_matches()
 
     # -- 0. the shipped defaults authenticate: who gets in, who does not ----------------
