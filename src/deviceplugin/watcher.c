@@ -444,42 +444,26 @@ static void post_event(dp_watcher *w, const wentry *e, const char *reason, const
            e->pod[0] ? e->pod : e->id.pod_uid, e->name[0] ? e->name : e->id.container_id, msg);
     if (!w->cfg.events || w->k8s == NULL || e->ns[0] == '\0' || e->pod[0] == '\0')
         return;
-    char when[64], name[KGPU_NAME_MAX + 1];
-    kgpu_rfc3339(unix_s(), 0, when, sizeof(when));
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    /* Unique like kubectl's: the object's name, a dot, a timestamp in hex (≤ 253 in all). */
-    snprintf(name, sizeof(name), "%.200s.%llx", e->pod,
-             (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec);
     char field[128];
     snprintf(field, sizeof(field), "spec.containers{%s}", e->name);
-    json_t *ev = json_pack(
-        "{s:s,s:s,s:{s:s,s:s},s:{s:s,s:s,s:s,s:s,s:s,s:s},s:s,s:s,s:s,s:{s:s,s:s},s:s,s:s,s:i,"
-        "s:s,s:s}",
-        "apiVersion", "v1", "kind", "Event", "metadata", "name", name, "namespace", e->ns,
-        "involvedObject", "apiVersion", "v1", "kind", "Pod", "namespace", e->ns, "name", e->pod,
-        "uid", e->id.pod_uid, "fieldPath", e->name[0] ? field : "", "reason", reason, "message",
-        msg, "type", "Warning", "source", "component", "kgpu-device-plugin", "host", w->node,
-        "firstTimestamp", when, "lastTimestamp", when, "count", 1, "reportingComponent",
-        "kgpu-device-plugin", "reportingInstance", w->node);
-    char *body = ev != NULL ? json_dumps(ev, JSON_COMPACT) : NULL;
-    json_decref(ev);
-    char path[KGPU_K8S_PATH_MAX];
-    snprintf(path, sizeof(path), "/api/v1/namespaces/%s/events", e->ns);
-    kgpu_http_resp resp = {0};
-    kgpu_error err = {0};
-    int rc = body == NULL ? KGPU_ENOMEM
-                          : kgpu_k8s_request(w->k8s, "POST", path, "application/json", body,
-                                             &resp, &err);
-    if (rc == 0 && (resp.status == 201 || resp.status == 200)) {
+    kgpu_k8s_pod_event ev = {.ns = e->ns,
+                             .pod = e->pod,
+                             .uid = e->id.pod_uid,
+                             .field_path = e->name[0] ? field : NULL,
+                             .type = "Warning",
+                             .reason = reason,
+                             .message = msg,
+                             .component = "kgpu-device-plugin",
+                             .instance = w->node};
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    if (kgpu_k8s_post_pod_event(w->k8s, &ev, &err) == 0) {
         w->events_posted++;
     } else {
         w->events_failed++;
         dp_log(DP_WARN, "watcher: posting Event %s on pod %s/%s failed: %s", reason, e->ns, e->pod,
-               rc != 0 ? err.msg : (resp.body != NULL ? resp.body : "no answer"));
+               err.msg);
     }
-    free(resp.body);
-    free(body);
 }
 
 static int sys_pidfd_open(unsigned pid)
