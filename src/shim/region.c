@@ -1,16 +1,30 @@
 /*
- * The shared accounting region (layout and contract in region.h). Every
- * change to the counters happens under one process-shared robust mutex in
- * the region. Robust, so that a process killed while holding it does not
- * block the container: the next locker gets EOWNERDEAD, recomputes each
- * device's total from the per-process slots (the dead process may have
- * updated one and not the other) and carries on. A dead process's slot is
- * reclaimed as a whole, so whatever it held comes back.
+ * The shared accounting region (layout and contract in region.h).
+ *
+ * The counters change without a lock on the hot path: a reservation adds
+ * to its own process's slot, then claims room in the device's total with a
+ * compare-and-swap that refuses to pass the limit (taking its slot's bytes
+ * back when refused); a release takes from the total, then from its slot.
+ * Only the owner writes a live slot, and the total is the one gate of the
+ * limit, so no interleaving lets the total pass it. The process-shared
+ * robust mutex guards the slot table only: taking a slot, freeing one,
+ * reclaiming the dead. Robust, so that a process killed while holding it
+ * does not block the container: the next locker gets EOWNERDEAD and
+ * carries on.
+ *
+ * Whenever a dead process's slot is freed, each device's total is counted
+ * again from the live slots. The order of the two steps above makes that
+ * count safe to race with live processes: at any instant a live slot holds
+ * at least what it has in the total, so a count can only find more than is
+ * held (kept until the next count), never less; and a process that dies
+ * between its two steps leaves its slot holding what the total lacks or
+ * more, which the count settles.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +69,11 @@ struct kgpu_shim_region {
 #define MADV_WIPEONFORK 18
 #endif
 
-/* Relaxed loads and stores: every writer holds the lock; readers outside it only observe. */
+/*
+ * Relaxed loads and stores: a live slot has one writer (its process); the
+ * totals change by compare-and-swap (reserve_total, release_total); only
+ * their values matter, no other memory is published through them.
+ */
 static uint64_t get(_Atomic uint64_t *a)
 {
     return atomic_load_explicit(a, memory_order_relaxed);
@@ -169,7 +187,7 @@ int kgpu_shim_process_alive(pid_t pid, uint64_t start_time)
     return start_time == 0 || start == start_time;
 }
 
-/* Makes used[] agree with the slots again (after a process died holding the lock). */
+/* Makes used[] agree with the live slots again (lock held; see the comment at the top). */
 static void recount(kgpu_region_file *f)
 {
     for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++) {
@@ -196,16 +214,38 @@ static void unlock(kgpu_shim_region *r)
     pthread_mutex_unlock(&r->map->lock.mutex);
 }
 
-/* Frees slot s, giving back what it holds. Lock held. */
-static void free_slot(kgpu_region_file *f, int s)
+/* Claims b in a device's total unless that passes limit: true when claimed. */
+static bool reserve_total(_Atomic uint64_t *used, uint64_t b, uint64_t limit)
 {
-    for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++) {
-        uint64_t b = get(&f->slot[s].bytes[d]), u = get(&f->dev[d].used);
-        put(&f->dev[d].used, u > b ? u - b : 0);
+    uint64_t u = atomic_load_explicit(used, memory_order_relaxed);
+    do {
+        if (b > limit || u > limit - b)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(used, &u, u + b, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    return true;
+}
+
+/* Gives b back to a device's total (never below 0). */
+static void release_total(_Atomic uint64_t *used, uint64_t b)
+{
+    uint64_t u = atomic_load_explicit(used, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(used, &u, u > b ? u - b : 0,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+/*
+ * Frees a dead process's slot s (lock held): its bytes go, and the totals
+ * are counted again from the live slots, whatever step it died between.
+ */
+static void free_dead_slot(kgpu_region_file *f, int s)
+{
+    for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++)
         put(&f->slot[s].bytes[d], 0);
-    }
     f->slot[s].start_time = 0;
     atomic_store_explicit(&f->slot[s].pid, 0, memory_order_relaxed);
+    recount(f);
 }
 
 /*
@@ -244,7 +284,7 @@ static int reclaim_locked(kgpu_shim_region *r)
         int stale = pid == r->pid && f->slot[s].start_time == r->start &&
                     (f->slot[s].pidns == 0 || f->slot[s].pidns == r->pidns);
         if (stale || !owner_alive(r, s, pid)) {
-            free_slot(f, s);
+            free_dead_slot(f, s);
             n++;
         }
     }
@@ -309,34 +349,51 @@ int kgpu_shim_region_same_process(kgpu_shim_region *r)
     return same;
 }
 
+/*
+ * Adds b to (or, add false, takes b from, never below 0) this process's own
+ * slot: only its threads write there.
+ */
+static void own_add(_Atomic uint64_t *mine, uint64_t b, bool add)
+{
+    if (add) {
+        atomic_fetch_add_explicit(mine, b, memory_order_relaxed);
+        return;
+    }
+    uint64_t h = atomic_load_explicit(mine, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(mine, &h, h > b ? h - b : 0,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
 int kgpu_shim_region_reserve(kgpu_shim_region *r, int dev, uint64_t bytes, uint64_t limit)
 {
-    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES)
-        return KGPU_ENOFIT;
+    if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES || bytes > limit)
+        return KGPU_ENOFIT; /* and the slot never has to hold what no total could */
     kgpu_shim_region_same_process(r);
-    if (lock(r) != 0)
-        return KGPU_ESTATE;
-    int rc = KGPU_OK;
-    if (r->slot < 0 && take_slot(r) != 0) {
-        rc = KGPU_ESTATE;
-        goto out;
+    if (r->slot < 0) { /* the first reservation of this process: a slot, under the lock */
+        if (lock(r) != 0)
+            return KGPU_ESTATE;
+        int rc = r->slot < 0 ? take_slot(r) : 0;
+        unlock(r);
+        if (rc != 0)
+            return KGPU_ESTATE;
     }
     kgpu_region_file *f = r->map;
-    uint64_t used = get(&f->dev[dev].used);
-    if (bytes > limit || used > limit - bytes) {
-        reclaim_locked(r);
-        used = get(&f->dev[dev].used);
-        if (bytes > limit || used > limit - bytes) {
-            rc = KGPU_ENOFIT;
-            goto out;
-        }
-    }
-    put(&f->dev[dev].used, used + bytes);
     _Atomic uint64_t *mine = &f->slot[r->slot].bytes[dev];
-    put(mine, get(mine) + bytes);
-out:
+    own_add(mine, bytes, true); /* first the slot: see the comment at the top */
+    if (reserve_total(&f->dev[dev].used, bytes, limit))
+        return KGPU_OK;
+    own_add(mine, bytes, false);
+    /* Over the limit: perhaps only because of the dead, or of a count a dead locker spoilt. */
+    if (lock(r) != 0)
+        return KGPU_ESTATE;
+    reclaim_locked(r);
     unlock(r);
-    return rc;
+    own_add(mine, bytes, true);
+    if (reserve_total(&f->dev[dev].used, bytes, limit))
+        return KGPU_OK;
+    own_add(mine, bytes, false);
+    return KGPU_ENOFIT;
 }
 
 void kgpu_shim_region_release(kgpu_shim_region *r, int dev, uint64_t bytes)
@@ -344,17 +401,12 @@ void kgpu_shim_region_release(kgpu_shim_region *r, int dev, uint64_t bytes)
     if (dev < 0 || dev >= KGPU_SHIM_MAX_DEVICES || bytes == 0 ||
         !kgpu_shim_region_same_process(r) || r->slot < 0)
         return;
-    if (lock(r) != 0)
-        return;
-    if (r->slot >= 0) {
-        kgpu_region_file *f = r->map;
-        _Atomic uint64_t *mine = &f->slot[r->slot].bytes[dev];
-        uint64_t held = get(mine), used = get(&f->dev[dev].used);
-        uint64_t b = bytes < held ? bytes : held;
-        put(mine, held - b);
-        put(&f->dev[dev].used, used > b ? used - b : 0);
-    }
-    unlock(r);
+    kgpu_region_file *f = r->map;
+    _Atomic uint64_t *mine = &f->slot[r->slot].bytes[dev];
+    uint64_t held = get(mine);
+    uint64_t b = bytes < held ? bytes : held;
+    release_total(&f->dev[dev].used, b); /* first the total: see the comment at the top */
+    own_add(mine, b, false);
 }
 
 uint64_t kgpu_shim_region_used(const kgpu_shim_region *r, int dev)
@@ -377,7 +429,15 @@ void kgpu_shim_region_leave(kgpu_shim_region *r)
     /* A child that never said it was one must not free the slot it inherited. */
     if (!kgpu_shim_region_same_process(r) || r->slot < 0 || lock(r) != 0)
         return;
-    free_slot(r->map, r->slot);
+    kgpu_region_file *f = r->map;
+    for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++) {
+        _Atomic uint64_t *mine = &f->slot[r->slot].bytes[d];
+        uint64_t b = get(mine);
+        release_total(&f->dev[d].used, b);
+        own_add(mine, b, false);
+    }
+    f->slot[r->slot].start_time = 0;
+    atomic_store_explicit(&f->slot[r->slot].pid, 0, memory_order_relaxed);
     slot_lock(r->fd, r->slot, F_UNLCK);
     r->slot = -1;
     unlock(r);

@@ -3,8 +3,10 @@
  * in the pod's accounting directory, mapped MAP_SHARED, with a fixed layout
  * (below, and in docs/shim.md). It holds how much each device has reserved
  * in total and per process, so that the sum over the container's processes
- * is checked against the limit in one step: a reservation happens under a
- * process-shared robust mutex, so two processes never both pass the check.
+ * is checked against the limit in one step: a reservation claims room in
+ * the device's total with one compare-and-swap that refuses to pass the
+ * limit, so two processes never both pass the check (region.c says why no
+ * lock is needed there).
  *
  * The limits enforced are always the caller's (from the read-only limits
  * file); the region's copy of them is for observers only, so writing the
@@ -52,7 +54,7 @@ typedef struct kgpu_region_file {
     uint32_t ndevices;    /* devices in the limits file */
     uint8_t reserved[28];
     union {
-        pthread_mutex_t mutex; /* process-shared, robust; guards used, bytes and pid */
+        pthread_mutex_t mutex; /* process-shared, robust; guards the slot table (pid, freeing) */
         uint8_t size[64];
     } lock;
     kgpu_region_device dev[KGPU_SHIM_MAX_DEVICES];

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -480,6 +481,91 @@ static void processes_race_for_one_limit(void **state)
     kgpu_shim_region_detach(r);
 }
 
+typedef struct racer {
+    kgpu_shim_region *r;
+    uint64_t seed, limit;
+    int bad, refused;
+} racer;
+
+/* One thread of a racing process: reserve and release at random, all given back at the end. */
+static void *race_thread(void *arg)
+{
+    racer *x = arg;
+    uint64_t held[4];
+    int n = 0;
+    for (int i = 0; i < 3000; i++) {
+        uint64_t v = splitmix(&x->seed);
+        if (n < 4 && (n == 0 || v % 3 != 0)) {
+            uint64_t b = (1 + (v >> 8) % 300) * MIB;
+            if (kgpu_shim_region_reserve(x->r, 0, b, x->limit) == KGPU_OK) {
+                held[n++] = b;
+                x->bad += kgpu_shim_region_used(x->r, 0) > x->limit;
+            } else {
+                x->refused++;
+            }
+        } else {
+            int k = (int)((v >> 16) % (uint64_t)n);
+            kgpu_shim_region_release(x->r, 0, held[k]);
+            held[k] = held[--n];
+        }
+    }
+    while (n > 0)
+        kgpu_shim_region_release(x->r, 0, held[--n]);
+    return NULL;
+}
+
+/*
+ * The hot path takes no lock: threads of several processes race, and one
+ * more process is killed in the middle of its own race, holding memory and
+ * perhaps between the two steps of a reservation. The total never passes
+ * the limit, and once the dead process's slot is reclaimed (the totals
+ * counted again) it is 0: nothing leaks, nothing is counted twice.
+ */
+static void threads_and_a_killed_process_race(void **state)
+{
+    enum { PROCS = 3, THREADS = 3 };
+    const uint64_t limit = 2048 * MIB;
+    kgpu_shim_region *r = attach("main");
+    pid_t pids[PROCS + 1];
+    for (int p = 0; p <= PROCS; p++) {
+        pids[p] = fork();
+        if (pids[p] != 0)
+            continue;
+        kgpu_shim_region_forked(r);
+        racer x[THREADS];
+        pthread_t th[THREADS];
+        for (int i = 0; i < THREADS; i++) {
+            x[i] = (racer){.r = r, .seed = (uint64_t)(p * 16 + i), .limit = limit};
+            pthread_create(&th[i], NULL, race_thread, &x[i]);
+        }
+        int bad = 0;
+        for (int i = 0; i < THREADS; i++) {
+            pthread_join(th[i], NULL);
+            bad += x[i].bad;
+        }
+        if (p == PROCS) /* the one to be killed: hold on, then keep racing until it is */
+            for (;;) {
+                racer y = {.r = r, .seed = 99, .limit = limit};
+                race_thread(&y);
+                kgpu_shim_region_reserve(r, 0, 64 * MIB, limit);
+            }
+        _exit(bad != 0 ? 1 : 0);
+    }
+    for (int p = 0; p < PROCS; p++) {
+        int status;
+        assert_int_equal(waitpid(pids[p], &status, 0), pids[p]);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail_msg("process %d: status %d (1: over the limit)", p, status);
+    }
+    kill(pids[PROCS], SIGKILL);
+    waitpid(pids[PROCS], NULL, 0);
+    assert_true(kgpu_shim_region_used(r, 0) <= limit);
+    /* The killed one, and those of the others not reclaimed by a racer's slow path yet. */
+    assert_true(kgpu_shim_region_reclaim(r) >= 1);
+    assert_int_equal(kgpu_shim_region_used(r, 0), 0);
+    kgpu_shim_region_detach(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -494,6 +580,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(quiet_children_leave_the_parent_slot, setup, teardown),
         cmocka_unit_test_setup_teardown(pid_namespaces_do_not_fool_the_sweep, setup, teardown),
         cmocka_unit_test_setup_teardown(processes_race_for_one_limit, setup, teardown),
+        cmocka_unit_test_setup_teardown(threads_and_a_killed_process_race, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
