@@ -254,16 +254,20 @@ typedef struct dp_status {
 
 /*
  * A unary method: `in` is the request's bytes; on success *out (malloc'd)
- * holds the response's. Runs on a worker thread.
+ * holds the response's. Runs on a worker thread; `ctx` is the server's.
  */
-typedef void (*dp_unary_fn)(void *ctx, dp_res r, const char *method, const uint8_t *in, size_t len,
+typedef void (*dp_unary_fn)(void *ctx, const char *method, const uint8_t *in, size_t len,
                             uint8_t **out, size_t *outlen, dp_status *st);
 
 typedef struct dp_server dp_server;
 
-/* Serves resource r on the unix socket `path` (removed first if stale). */
-dp_server *dp_server_start(const char *path, dp_res r, dp_snapshot *snap, dp_unary_fn unary,
-                           void *ctx, kgpu_error *err);
+/*
+ * Serves the unix socket `path` (removed first if stale). `name` (copied)
+ * begins the server's log lines: the resource it serves ("kgpu.io/gpu-mem"),
+ * or for a server that is no device plugin what else it is.
+ */
+dp_server *dp_server_start(const char *path, const char *name, dp_snapshot *snap,
+                           dp_unary_fn unary, void *ctx, kgpu_error *err);
 /* Cancels every call, waits for workers and removes the socket. */
 void dp_server_stop(dp_server *s);
 

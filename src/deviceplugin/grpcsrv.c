@@ -57,7 +57,7 @@ struct dp_server {
     grpc_server *srv;
     grpc_completion_queue *cq;
     pthread_t thread;
-    dp_res res;
+    char name[128]; /* in log lines: the resource or service served */
     dp_snapshot *snap;
     dp_unary_fn unary;
     void *ctx;
@@ -82,7 +82,7 @@ static void request_new(dp_server *s)
 {
     rpc *c = calloc(1, sizeof(*c));
     if (c == NULL) {
-        dp_log(DP_ERROR, "%s: out of memory accepting a call", dp_res_name(s->res));
+        dp_log(DP_ERROR, "%s: out of memory accepting a call", s->name);
         return;
     }
     c->s = s;
@@ -95,7 +95,7 @@ static void request_new(dp_server *s)
     grpc_call_error e =
         grpc_server_request_call(s->srv, &c->call, &c->det, &c->md, s->cq, s->cq, &c->t_main);
     if (e != GRPC_CALL_OK) {
-        dp_log(DP_ERROR, "%s: grpc_server_request_call: %d", dp_res_name(s->res), (int)e);
+        dp_log(DP_ERROR, "%s: grpc_server_request_call: %d", s->name, (int)e);
         grpc_call_details_destroy(&c->det);
         grpc_metadata_array_destroy(&c->md);
         free(c);
@@ -181,7 +181,7 @@ static void reply(rpc *c, const uint8_t *body, size_t len, const dp_status *st)
     ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
     c->t_main.kind = TAG_REPLY;
     if (grpc_call_start_batch(c->call, ops, (size_t)n, &c->t_main, NULL) != GRPC_CALL_OK)
-        dp_log(DP_ERROR, "%s %s: could not start the reply", dp_res_name(c->s->res), c->method);
+        dp_log(DP_ERROR, "%s %s: could not start the reply", c->s->name, c->method);
 }
 
 static void *worker(void *arg)
@@ -199,7 +199,7 @@ static void *worker(void *arg)
             grpc_byte_buffer_reader_destroy(&r);
         }
     }
-    s->unary(s->ctx, s->res, c->method, GRPC_SLICE_START_PTR(req), GRPC_SLICE_LENGTH(req), &out,
+    s->unary(s->ctx, c->method, GRPC_SLICE_START_PTR(req), GRPC_SLICE_LENGTH(req), &out,
              &outlen, &st);
     grpc_slice_unref(req);
     if (st.code == 0 && out == NULL) {
@@ -220,7 +220,7 @@ static void on_new(dp_server *s, rpc *c, bool ok)
     if (!atomic_load(&s->stopping))
         request_new(s);
     c->method = grpc_slice_to_c_string(c->det.method);
-    dp_log(DP_DEBUG, "%s: call %s", dp_res_name(s->res), c->method);
+    dp_log(DP_DEBUG, "%s: call %s", s->name, c->method);
     if (strcmp(c->method, LIST_AND_WATCH) == 0) {
         c->stream = true;
         c->next = s->streams;
@@ -277,7 +277,7 @@ static void on_stream_event(dp_server *s, rpc *c, tag_kind kind, bool ok)
             c->closed = true;
     } else {
         c->closed = true;
-        dp_log(DP_INFO, "%s: ListAndWatch stream closed%s", dp_res_name(s->res),
+        dp_log(DP_INFO, "%s: ListAndWatch stream closed%s", s->name,
                c->cancelled ? " by the client" : "");
     }
     if (c->closed) {
@@ -374,15 +374,15 @@ static void server_free(dp_server *s, bool remove_socket)
     free(s);
 }
 
-dp_server *dp_server_start(const char *path, dp_res r, dp_snapshot *snap, dp_unary_fn unary,
-                           void *ctx, kgpu_error *err)
+dp_server *dp_server_start(const char *path, const char *name, dp_snapshot *snap,
+                           dp_unary_fn unary, void *ctx, kgpu_error *err)
 {
     dp_server *s = calloc(1, sizeof(*s));
     if (s == NULL) {
         kgpu_error_set(err, KGPU_ENOMEM, "out of memory starting a server");
         return NULL;
     }
-    s->res = r;
+    snprintf(s->name, sizeof(s->name), "%s", name);
     s->snap = snap;
     s->unary = unary;
     s->ctx = ctx;

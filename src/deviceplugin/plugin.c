@@ -49,7 +49,15 @@ void dp_log(dp_level lvl, const char *fmt, ...)
     pthread_mutex_unlock(&log_mu);
 }
 
-typedef struct plugin {
+typedef struct plugin plugin;
+
+/* What one resource's server hands its unary calls: the plugin and the resource. */
+typedef struct res_ctx {
+    plugin *p;
+    dp_res r;
+} res_ctx;
+
+struct plugin {
     const dp_config *cfg;
     /* The inventory: written by the main thread under inv_mu, read by workers. */
     pthread_mutex_t inv_mu;
@@ -57,6 +65,7 @@ typedef struct plugin {
     dp_snapshot snap[DP_NRES];
     unsigned registered;
     dp_server *srv[DP_NRES];
+    res_ctx srv_ctx[DP_NRES];
     bool need_register[DP_NRES];
     ino_t sock_ino[DP_NRES];
     ino_t kubelet_ino;
@@ -82,7 +91,7 @@ typedef struct plugin {
     /* The watcher and its /metrics (watcher.h): their own threads; NULL without --watch-config. */
     dp_watcher *watcher;
     dp_metrics_server *metrics;
-} plugin;
+};
 
 static double now_s(void)
 {
@@ -617,10 +626,11 @@ out:
     v1beta1__preferred_allocation_request__free_unpacked(req, NULL);
 }
 
-static void unary(void *ctx, dp_res r, const char *method, const uint8_t *in, size_t len,
-                  uint8_t **out, size_t *outlen, dp_status *st)
+static void unary(void *ctx, const char *method, const uint8_t *in, size_t len, uint8_t **out,
+                  size_t *outlen, dp_status *st)
 {
-    plugin *p = ctx;
+    plugin *p = ((res_ctx *)ctx)->p;
+    dp_res r = ((res_ctx *)ctx)->r;
     const char *prefix = "/v1beta1.DevicePlugin/";
     const char *m = strncmp(method, prefix, strlen(prefix)) == 0 ? method + strlen(prefix) : "";
     if (strcmp(m, "GetDevicePluginOptions") == 0) {
@@ -648,7 +658,8 @@ static int start_server(plugin *p, dp_res r, kgpu_error *err)
 {
     char path[1100];
     sock_path(p, dp_res_socket(r), path, sizeof(path));
-    p->srv[r] = dp_server_start(path, r, &p->snap[r], unary, p, err);
+    p->srv_ctx[r] = (res_ctx){p, r};
+    p->srv[r] = dp_server_start(path, dp_res_name(r), &p->snap[r], unary, &p->srv_ctx[r], err);
     if (p->srv[r] == NULL)
         return err->code ? err->code : KGPU_EIO;
     struct stat st;

@@ -707,10 +707,9 @@ static bool is(const char *method, const char *prefix, const char *name)
     return strncmp(method, prefix, n) == 0 && strcmp(method + n, name) == 0;
 }
 
-static void on_call(void *ctx, dp_res r, const char *method, const uint8_t *in, size_t len,
-                    uint8_t **out, size_t *outlen, dp_status *st)
+static void on_call(void *ctx, const char *method, const uint8_t *in, size_t len, uint8_t **out,
+                    size_t *outlen, dp_status *st)
 {
-    (void)r;
     driver *d = ctx;
     if (is(method, DRA_METHOD_REG, "GetInfo")) {
         handle_info(d, out, outlen, st);
@@ -782,12 +781,13 @@ static int write_preload(driver *d, kgpu_error *err)
 
 static int start_servers(driver *d, kgpu_error *err)
 {
-    if (d->dra == NULL &&
-        (d->dra = dp_server_start(d->dra_sock, DP_NRES, &d->nosnap, on_call, d, err)) == NULL)
+    /* The names begin the servers' log lines. */
+    if (d->dra == NULL && (d->dra = dp_server_start(d->dra_sock, DRA_DRIVER " DRA", &d->nosnap,
+                                                    on_call, d, err)) == NULL)
         return err->code ? err->code : KGPU_EIO;
     /* Registration last: kubelet dials the DRA socket as soon as it has registered us. */
-    if (d->reg == NULL &&
-        (d->reg = dp_server_start(d->reg_sock, DP_NRES, &d->nosnap, on_call, d, err)) == NULL)
+    if (d->reg == NULL && (d->reg = dp_server_start(d->reg_sock, DRA_DRIVER " registration",
+                                                    &d->nosnap, on_call, d, err)) == NULL)
         return err->code ? err->code : KGPU_EIO;
     return 0;
 }
