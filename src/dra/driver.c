@@ -35,11 +35,9 @@
 #include "dra_v1.pb-c.h"
 #include "k8s.h"
 #include "pluginregistration.pb-c.h"
-#include "yamljson.h"
 
 #define LOOP_MS      200
 #define DISCOVER_S   10 /* NVML re-read: a GPU lost leaves the slice within seconds */
-#define CC_MAX       16
 #define GRPC_INVALID 3
 #define GRPC_UNIMPL  12
 #define GRPC_INTERN  13
@@ -63,7 +61,6 @@ typedef struct driver {
     /* The inventory: written by the main thread under inv_mu, read by the others. */
     pthread_mutex_t inv_mu;
     dp_inventory inv;
-    char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
     uint64_t inv_gen;
     struct stat fake_st;
     time_t rediscover_at;
@@ -100,50 +97,20 @@ static bool same_gpus(const dp_inventory *a, const kgpu_gpu_info *g, int n)
     return a->ngpus == n && memcmp(a->gpus, g, (size_t)n * sizeof(*g)) == 0;
 }
 
-static void set_inventory(driver *d, const kgpu_gpu_info *g, int n,
-                          char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX])
+static void set_inventory(driver *d, const kgpu_gpu_info *g, int n)
 {
     if (n > KGPU_MAX_GPUS_PER_NODE)
         n = KGPU_MAX_GPUS_PER_NODE;
     pthread_mutex_lock(&d->inv_mu);
-    bool same = same_gpus(&d->inv, g, n) &&
-                memcmp(d->cc, cc, sizeof(d->cc)) == 0;
+    bool same = same_gpus(&d->inv, g, n);
     if (!same) {
         d->inv.ngpus = n;
         memcpy(d->inv.gpus, g, (size_t)n * sizeof(*g));
-        memcpy(d->cc, cc, sizeof(d->cc));
         d->inv_gen++;
     }
     pthread_mutex_unlock(&d->inv_mu);
     if (!same)
         dp_log(DP_INFO, "inventory: %d GPUs", n);
-}
-
-/*
- * The fake file's optional per-GPU compute_capability ("8.0"): NVML
- * discovery (src/gpu) does not report it yet, so only fake inventories carry it.
- */
-static void fake_cc(const char *path, const kgpu_gpu_info *g, int n,
-                    char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX])
-{
-    json_t *doc = kgpu_yaml_load_file(path, NULL);
-    json_t *list = json_object_get(doc, "gpus");
-    size_t i;
-    json_t *item;
-    json_array_foreach(list, i, item)
-    {
-        const char *v = json_string_value(json_object_get(item, "compute_capability"));
-        json_t *idx = json_object_get(item, "index");
-        if (v == NULL || !json_is_integer(idx) || strlen(v) >= CC_MAX - 4)
-            continue;
-        bool ok = true;
-        for (const char *p = v; *p; p++)
-            ok = ok && ((*p >= '0' && *p <= '9') || *p == '.');
-        for (int k = 0; k < n && ok; k++)
-            if (g[k].index == json_integer_value(idx))
-                snprintf(cc[k], CC_MAX, "%s", v);
-    }
-    json_decref(doc);
 }
 
 static int poll_fake(driver *d, bool first, kgpu_error *err)
@@ -162,14 +129,8 @@ static int poll_fake(driver *d, bool first, kgpu_error *err)
     int n = 0;
     kgpu_error e = {0};
     int rc = kgpu_fake_gpus_load(d->cfg->fake_gpus, &gpus, &n, &e);
-    if (rc == 0) {
-        char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
-        memset(cc, 0, sizeof(cc));
-        if (n > KGPU_MAX_GPUS_PER_NODE)
-            n = KGPU_MAX_GPUS_PER_NODE;
-        fake_cc(d->cfg->fake_gpus, gpus, n, cc);
-        set_inventory(d, gpus, n, cc);
-    }
+    if (rc == 0)
+        set_inventory(d, gpus, n);
     free(gpus);
     if (rc == 0)
         return 0;
@@ -188,11 +149,9 @@ static int poll_nvml(driver *d, kgpu_error *err)
     kgpu_error e = {0};
     int rc = kgpu_nvml_discover(d->nvml, &gpus, &n, &e);
     if (rc == 0) {
-        char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
-        memset(cc, 0, sizeof(cc));
         for (int i = 0; i < n; i++)
             gpus[i].healthy = gpus[i].healthy && kgpu_nvml_alive(d->nvml, gpus[i].index);
-        set_inventory(d, gpus, n, cc);
+        set_inventory(d, gpus, n);
     } else if (err != NULL) {
         *err = e;
     } else {
@@ -298,16 +257,14 @@ static int publish(driver *d, uint64_t *gen_done, kgpu_error *err)
     if (rc != 0)
         return rc;
     kgpu_gpu_info gpus[KGPU_MAX_GPUS_PER_NODE];
-    char cc[KGPU_MAX_GPUS_PER_NODE][CC_MAX];
     const char *ccp[KGPU_MAX_GPUS_PER_NODE];
     pthread_mutex_lock(&d->inv_mu);
     int n = d->inv.ngpus;
     memcpy(gpus, d->inv.gpus, sizeof(gpus));
-    memcpy(cc, d->cc, sizeof(cc));
     uint64_t gen = d->inv_gen;
     pthread_mutex_unlock(&d->inv_mu);
     for (int i = 0; i < KGPU_MAX_GPUS_PER_NODE; i++)
-        ccp[i] = cc[i];
+        ccp[i] = gpus[i].compute_capability;
     char name[300], path[700];
     dra_slice_name(d->cfg->node_name, name, sizeof(name));
     snprintf(path, sizeof(path), "%s/%s", SLICES, name);

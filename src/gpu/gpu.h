@@ -22,6 +22,7 @@
 #define KGPU_GPU_UUID_MAX  96
 #define KGPU_GPU_NAME_MAX  96
 #define KGPU_GPU_BUSID_MAX 32
+#define KGPU_GPU_CC_MAX    16
 
 typedef struct kgpu_gpu_info {
     int index;
@@ -31,6 +32,7 @@ typedef struct kgpu_gpu_info {
     int numa; /* -1 when the platform does not say */
     bool healthy;
     char pci_bus_id[KGPU_GPU_BUSID_MAX]; /* "0000:3b:00.0"; "" when unknown */
+    char compute_capability[KGPU_GPU_CC_MAX]; /* CUDA's "8.0"; "" when unknown */
 } kgpu_gpu_info;
 
 /* ---- NVML ---- */
@@ -41,7 +43,8 @@ typedef struct kgpu_nvml kgpu_nvml;
  * dlopen()s `library` (NULL: "libnvidia-ml.so.1"), resolves the functions
  * kgpu uses (newest symbol version first) and initialises NVML. A missing
  * required symbol fails naming it; missing event functions only disable XID
- * health events. `sysfs` (NULL: "/sys") is where NUMA nodes are read from.
+ * health events, a missing nvmlDeviceGetCudaComputeCapability only leaves
+ * compute_capability empty. `sysfs` (NULL: "/sys") is where NUMA nodes are read from.
  */
 int kgpu_nvml_open(const char *library, const char *sysfs, kgpu_nvml **out, kgpu_error *err);
 void kgpu_nvml_close(kgpu_nvml *nv);
@@ -99,8 +102,10 @@ int kgpu_nvml_processes(kgpu_nvml *nv, int index, kgpu_gpu_proc *out, int cap, i
 /*
  * Reads a YAML or JSON file with a top-level `gpus:` list; each item has
  * `index`, `uuid`, `model`, `memory_mib` and optionally `numa` (default -1)
- * and `healthy` (default true), as in the extender's cluster file. Errors
- * name the file, the item and the field.
+ * and `healthy` (default true), as in the extender's cluster file, and
+ * `compute_capability` ("8.0": digits and dots, under 12 characters; any
+ * other value is passed over as unknown). Errors name the file, the item and
+ * the field.
  */
 int kgpu_fake_gpus_load(const char *path, kgpu_gpu_info **gpus, int *ngpus, kgpu_error *err);
 /* The same from a buffer; `name` stands for the file in errors. */

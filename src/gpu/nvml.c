@@ -88,6 +88,8 @@ struct kgpu_nvml {
     nvml_ret (*name)(nvml_device, char *, unsigned int);
     nvml_ret (*memory)(nvml_device, nvml_memory *);
     nvml_ret (*pci)(nvml_device, nvml_pci_info *);
+    /* optional: CUDA compute capability (major, minor) */
+    nvml_ret (*cuda_cc)(nvml_device, int *, int *);
     /* optional: XID events */
     nvml_ret (*set_create)(nvml_event_set *);
     nvml_ret (*register_events)(nvml_device, unsigned long long, nvml_event_set);
@@ -202,6 +204,9 @@ int kgpu_nvml_open(const char *library, const char *sysfs, kgpu_nvml **out, kgpu
     }
     if ((f = resolve(lib, (const char *const[]){"nvmlDeviceGetProcessUtilization", NULL})) != NULL)
         memcpy(&nv->proc_util, &f, sizeof(f));
+    if ((f = resolve(lib, (const char *const[]){"nvmlDeviceGetCudaComputeCapability", NULL})) !=
+        NULL)
+        memcpy(&nv->cuda_cc, &f, sizeof(f));
     nvml_ret r = nv->init();
     if (r != NVML_OK) {
         kgpu_error_set(err, KGPU_EIO, "nvmlInit: %s (%d)", nvml_strerror(nv, r), r);
@@ -312,6 +317,13 @@ int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_err
             snprintf(g->pci_bus_id, sizeof(g->pci_bus_id), "%s", pci.bus_id);
             g->numa = numa_of(nv, pci.bus_id);
         }
+        /* Unknown rather than a GPU left out: only the DRA slice's attribute needs it. */
+        int major = -1, minor = -1;
+        char cc[32];
+        if (nv->cuda_cc != NULL && nv->cuda_cc(devs[i], &major, &minor) == NVML_OK && major >= 0 &&
+            minor >= 0 && (size_t)snprintf(cc, sizeof(cc), "%d.%d", major, minor) <
+                              sizeof(g->compute_capability))
+            memcpy(g->compute_capability, cc, strlen(cc) + 1);
         n++;
     }
     unsigned long long *seen = calloc(count ? count : 1, sizeof(*seen));

@@ -4,7 +4,9 @@
  * truncated to the caller's size with NVML's "insufficient size" code,
  * events are delivered through an event set. Its GPUs come from the
  * environment, so tests need no files:
- *   FAKE_NVML_GPUS   "uuid,name,MiB,busid;..."   (default: none)
+ *   FAKE_NVML_GPUS   "uuid,name,MiB,busid[,major.minor];..."   (default: none);
+ *                    major.minor is the CUDA compute capability (default 8.0:
+ *                    the real call answers for every GPU it knows)
  *   FAKE_NVML_INIT   a return code for nvmlInit_v2 (default 0)
  *   FAKE_NVML_XID    "index:xid" delivered by the first wait
  *   FAKE_NVML_LOST   index of a GPU that reports GPU_IS_LOST
@@ -43,6 +45,7 @@
 typedef struct fake_dev {
     char uuid[96], name[96], bus[32];
     unsigned long long mib;
+    int cc_major, cc_minor;
 } fake_dev;
 
 typedef struct {
@@ -111,8 +114,15 @@ static int init_locked(void)
     while (spec != NULL && *spec && ndevs < 16) {
         fake_dev *d = &devs[ndevs];
         memset(d, 0, sizeof(*d));
-        if (sscanf(spec, "%95[^,],%95[^,],%llu,%31[^;]", d->uuid, d->name, &d->mib, d->bus) != 4)
+        int used = 0;
+        if (sscanf(spec, "%95[^,],%95[^,],%llu,%31[^,;]%n", d->uuid, d->name, &d->mib, d->bus,
+                   &used) != 4 || used == 0)
             return 999; /* NVML_ERROR_UNKNOWN */
+        d->cc_major = 8;
+        d->cc_minor = 0;
+        if (spec[used] == ',' &&
+            sscanf(spec + used, ",%d.%d", &d->cc_major, &d->cc_minor) != 2)
+            return 999;
         ndevs++;
         spec = strchr(spec, ';');
         spec = spec ? spec + 1 : NULL;
@@ -267,6 +277,24 @@ int nvmlDeviceGetMemoryInfo_v2(fake_dev *d, fake_memory_v2 *m)
     return 0;
 }
 #endif
+
+/*
+ * As NVML documents it: UNINITIALIZED before init, INVALID_ARGUMENT for a
+ * device that is not one or a NULL output, GPU_IS_LOST for a lost GPU.
+ */
+EXPORT int nvmlDeviceGetCudaComputeCapability(fake_dev *d, int *major, int *minor);
+int nvmlDeviceGetCudaComputeCapability(fake_dev *d, int *major, int *minor)
+{
+    if (!initialised)
+        return 1;
+    if (d == NULL || d < devs || d >= devs + ndevs || major == NULL || minor == NULL)
+        return 2;
+    if (lost(d))
+        return 15;
+    *major = d->cc_major;
+    *minor = d->cc_minor;
+    return 0;
+}
 
 int nvmlDeviceGetPciInfo_v3(fake_dev *d, fake_pci *p)
 {

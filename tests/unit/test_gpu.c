@@ -49,7 +49,7 @@ static int setup(void **state)
     write_file(path, "1\n");
     setenv("FAKE_NVML_GPUS",
            "GPU-aaaa,NVIDIA A100-SXM4-40GB,40960,00000000:3B:00.0;"
-           "GPU-bbbb,Tesla T4,15360,00000000:AF:00.0",
+           "GPU-bbbb,Tesla T4,15360,00000000:AF:00.0,7.5",
            1);
     unsetenv("FAKE_NVML_INIT");
     unsetenv("FAKE_NVML_XID");
@@ -86,6 +86,9 @@ static void test_discover(void **state)
     assert_string_equal(g[1].model, "Tesla T4");
     assert_int_equal(g[1].memory_mib, 15360);
     assert_int_equal(g[1].numa, -1); /* no sysfs entry */
+    /* nvmlDeviceGetCudaComputeCapability: the fake's default, then the one given. */
+    assert_string_equal(g[0].compute_capability, "8.0");
+    assert_string_equal(g[1].compute_capability, "7.5");
     free(g);
     kgpu_nvml_close(nv);
 }
@@ -180,9 +183,10 @@ static void test_fake_file(void **state)
     kgpu_error err = {0};
     assert_int_equal(
         load_text("gpus:\n"
-                  "- {index: 0, uuid: GPU-1, model: V100, memory_mib: 16384, numa: 0}\n"
+                  "- {index: 0, uuid: GPU-1, model: V100, memory_mib: 16384, numa: 0,"
+                  " compute_capability: \"7.0\"}\n"
                   "- {index: 1, uuid: GPU-2, model: V100, memory_mib: 16384,"
-                  " healthy: false}\n",
+                  " healthy: false, compute_capability: \"7.0 beta\"}\n",
                   &g, &n, &err),
         KGPU_OK);
     assert_int_equal(n, 2);
@@ -192,6 +196,8 @@ static void test_fake_file(void **state)
     assert_true(g[0].healthy);
     assert_false(g[1].healthy);
     assert_int_equal(g[1].memory_mib, 16384);
+    assert_string_equal(g[0].compute_capability, "7.0");
+    assert_string_equal(g[1].compute_capability, ""); /* not a version: unknown */
     free(g);
 
     static const struct {
