@@ -10,9 +10,9 @@
  *   bench_decide NODES.csv PODS.csv POLICY [SEED] [--scan]
  *
  * kgpu (online_only) learns its target from the pods arrived; other
- * policies get the pod file's. Ties go to a fixed per-seed node order, as in
- * the study (drawn here from its own stream: the choices are representative,
- * not those of `kgpu simulate` byte for byte).
+ * policies get the pod file's. Ties go to the study's per-seed node order
+ * (kgpu_sim_tie_order): the choices are those of `kgpu simulate` for the
+ * seed, so its pods_failed is failed here.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,16 +84,10 @@ int main(int argc, char **argv)
     double *t = malloc((len > 0 ? len : 1) * sizeof(*t));
     if (rank == NULL || t == NULL)
         return 1;
-    kgpu_rng rng;
-    kgpu_rng_seed(&rng, seed, 9);
-    for (int i = 0; i < nn; i++)
-        rank[i] = (uint32_t)i;
-    for (int i = nn; i > 1; i--) {
-        int j = (int)kgpu_rng_below(&rng, (uint64_t)i);
-        uint32_t s = rank[i - 1];
-        rank[i - 1] = rank[j];
-        rank[j] = s;
-    }
+    kgpu_rng rng; /* seeded as kgpu_sim_run seeds its stream for ties and GPUs */
+    kgpu_rng_seed(&rng, seed, 2);
+    if (kgpu_sim_tie_order(&in, seed, 1.3, rank, &err) != 0)
+        die("tie order", &err);
     kgpu_policy_set_tie_order(p, rank, nn);
     kgpu_policy_set_indexed(p, !scan);
     long failed = 0;

@@ -126,6 +126,14 @@ void kgpu_sim_input_free(kgpu_sim_input *in);
 int kgpu_sim_workload(const kgpu_sim_input *in, uint64_t seed, double inflate, size_t **order,
                       size_t *len, kgpu_error *err);
 
+/*
+ * The study's tie order kgpu_sim_run uses for (input, seed, inflate): rank[i]
+ * for each node i of in->cluster (the caller's array, one entry per node),
+ * lowest rank first among equal scores (kgpu_policy_set_tie_order).
+ */
+int kgpu_sim_tie_order(const kgpu_sim_input *in, uint64_t seed, double inflate, uint32_t *rank,
+                       kgpu_error *err);
+
 /* One run. Deterministic for (input, policy, seed, inflate). */
 int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_result *out,
                  kgpu_error *err);

@@ -207,6 +207,35 @@ static int build_workload(const kgpu_sim_input *in, double inflate, kgpu_rng *rn
     return 0;
 }
 
+/* The study's tie order from the workload stream, where the workload left it. */
+static void draw_tie_order(kgpu_rng *wrng, uint32_t *rank, int nn)
+{
+    for (int i = 0; i < nn; i++)
+        rank[i] = (uint32_t)i;
+    for (int i = nn; i > 1; i--) {
+        int j = (int)kgpu_rng_below(wrng, (uint64_t)i);
+        uint32_t t = rank[i - 1];
+        rank[i - 1] = rank[j];
+        rank[j] = t;
+    }
+}
+
+int kgpu_sim_tie_order(const kgpu_sim_input *in, uint64_t seed, double inflate, uint32_t *rank,
+                       kgpu_error *err)
+{
+    if (!(inflate > 0 && inflate <= 100))
+        return kgpu_error_set(err, KGPU_EINVAL, "inflate %.3f outside (0, 100]", inflate);
+    kgpu_rng wrng; /* as kgpu_sim_run: the order follows the workload's draws */
+    kgpu_rng_seed(&wrng, seed, 1);
+    size_t *order, len;
+    int rc = build_workload(in, inflate, &wrng, &order, &len, err);
+    if (rc != 0)
+        return rc;
+    free(order);
+    draw_tie_order(&wrng, rank, kgpu_cluster_node_count(in->cluster));
+    return 0;
+}
+
 int kgpu_sim_workload(const kgpu_sim_input *in, uint64_t seed, double inflate, size_t **order,
                       size_t *len, kgpu_error *err)
 {
@@ -382,14 +411,7 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
     }
-    for (int i = 0; i < nn; i++)
-        rank[i] = (uint32_t)i;
-    for (int i = nn; i > 1; i--) {
-        int j = (int)kgpu_rng_below(&wrng, (uint64_t)i);
-        uint32_t t = rank[i - 1];
-        rank[i - 1] = rank[j];
-        rank[j] = t;
-    }
+    draw_tie_order(&wrng, rank, nn);
     if (!cfg->random_ties)
         kgpu_policy_set_tie_order(p, rank, nn);
     uint64_t present = 0;
