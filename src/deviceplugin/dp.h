@@ -10,6 +10,9 @@
  *              text; files written by dp_write_pod_files)
  *   grpcsrv.c  gRPC core servers, one per resource, and the Register client
  *   plugin.c   the daemon: inventory and health, sockets, API server calls
+ *   node.c     what the DRA driver (src/dra) shares with it (node.h): the
+ *              common flags, main(), the contract's host paths, the API
+ *              server connection, the fake inventory's polling
  *   watcher.c, watchparse.c, metricsrv.c
  *              the node's watcher and its /metrics (watcher.h): real GPU use
  *              per container against its share, with --watch-config
@@ -280,8 +283,8 @@ void dp_grpc_shutdown(void);
 
 /* ---- plugin.c ---- */
 
-typedef struct dp_config {
-    char plugin_dir[1024];
+/* The flags both node daemons take, with the same meaning (node.h). */
+typedef struct dp_node_config {
     char node_name[KGPU_NAME_MAX + 1];
     char kubeconfig[1024];
     char fake_gpus[1024];
@@ -289,13 +292,18 @@ typedef struct dp_config {
     char sysfs[1024];
     char state_dir[1024];
     char shim_lib[1024]; /* "" = <state_dir>/lib/libkgpu-limit.so; "none" = off */
-    int64_t unit_mib;
+    int64_t unit_mib;    /* the device plugin's memory unit, gpushare's env unit */
+    dp_sharing sharing;  /* compute shares: schedule files or NVIDIA MPS */
+    char mps_pipe_dir[1024]; /* host: with DP_SHARING_MPS */
+} dp_node_config;
+
+typedef struct dp_config {
+    dp_node_config node;
+    char plugin_dir[1024];
     bool whole_gpus;
     bool gpushare_alias;
     bool no_api; /* never talk to an API server (tests) */
     char watch_config[1024]; /* the watcher's config file (watcher.h); "" = no watcher */
-    dp_sharing sharing;
-    char mps_pipe_dir[1024]; /* host: with DP_SHARING_MPS */
 } dp_config;
 
 /* Runs the daemon until *stop; 0 on a clean stop. */

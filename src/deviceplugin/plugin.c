@@ -21,6 +21,7 @@
 #include "deviceplugin.pb-c.h"
 #include "dp.h"
 #include "k8s.h"
+#include "node.h"
 #include "podspec.h"
 #include "watcher.h"
 
@@ -107,16 +108,6 @@ static void sock_path(const plugin *p, const char *name, char *buf, size_t cap)
 
 /* ---- inventory and health ---- */
 
-static bool same_gpus(const dp_inventory *a, const kgpu_gpu_info *g, int n)
-{
-    if (a->ngpus != n)
-        return false;
-    for (int i = 0; i < n; i++)
-        if (memcmp(&a->gpus[i], &g[i], sizeof(*g)) != 0)
-            return false;
-    return true;
-}
-
 /* Encodes every registered resource's list; on failure nothing changes. */
 static int publish_lists(plugin *p, const dp_inventory *inv, kgpu_error *err)
 {
@@ -156,9 +147,9 @@ static int update_inventory(plugin *p, const kgpu_gpu_info *gpus, int n, kgpu_er
     if (n > KGPU_MAX_GPUS_PER_NODE)
         return kgpu_error_set(err, KGPU_ERANGE, "%d GPUs: at most %d per node", n,
                               KGPU_MAX_GPUS_PER_NODE);
-    if (same_gpus(&p->inv, gpus, n))
+    if (dp_same_gpus(&p->inv, gpus, n))
         return 0;
-    dp_inventory next = {.ngpus = n, .unit_mib = p->cfg->unit_mib};
+    dp_inventory next = {.ngpus = n, .unit_mib = p->cfg->node.unit_mib};
     memcpy(next.gpus, gpus, (size_t)n * sizeof(*gpus));
     for (int i = 0; i < n; i++)
         if (i >= p->inv.ngpus || p->inv.gpus[i].healthy != gpus[i].healthy ||
@@ -170,38 +161,15 @@ static int update_inventory(plugin *p, const kgpu_gpu_info *gpus, int n, kgpu_er
     return publish_lists(p, &next, err);
 }
 
-/*
- * Re-reads the fake inventory when its file changed. At the first read a
- * failure is returned (the daemon cannot start without GPUs); later ones are
- * logged and the previous inventory stays.
- */
+static int take_fake(void *p, const kgpu_gpu_info *gpus, int n, kgpu_error *err)
+{
+    return update_inventory(p, gpus, n, err);
+}
+
+/* Re-reads the fake inventory when its file changed (dp_fake_poll). */
 static int poll_fake(plugin *p, bool first, kgpu_error *err_first)
 {
-    struct stat st;
-    if (stat(p->cfg->fake_gpus, &st) != 0)
-        return first ? kgpu_error_set(err_first, KGPU_ENOENT, "%s: %s", p->cfg->fake_gpus,
-                                      strerror(errno))
-                     : 0;
-    if (!first && st.st_mtim.tv_sec == p->fake_st.st_mtim.tv_sec &&
-        st.st_mtim.tv_nsec == p->fake_st.st_mtim.tv_nsec && st.st_size == p->fake_st.st_size &&
-        st.st_ino == p->fake_st.st_ino)
-        return 0;
-    p->fake_st = st;
-    kgpu_gpu_info *gpus = NULL;
-    int n = 0;
-    kgpu_error e = {0};
-    int rc = kgpu_fake_gpus_load(p->cfg->fake_gpus, &gpus, &n, &e);
-    if (rc == 0)
-        rc = update_inventory(p, gpus, n, &e);
-    free(gpus);
-    if (rc == 0)
-        return 0;
-    if (first) {
-        *err_first = e;
-        return rc;
-    }
-    dp_log(DP_ERROR, "%s (keeping the previous inventory)", e.msg);
-    return 0;
+    return dp_fake_poll(p->cfg->node.fake_gpus, &p->fake_st, first, take_fake, p, err_first);
 }
 
 static void poll_nvml(plugin *p)
@@ -289,18 +257,18 @@ static int publish_node(plugin *p, const dp_inventory *inv, double backoff)
 {
     char *body = node_patch(inv);
     char path[KGPU_K8S_PATH_MAX];
-    snprintf(path, sizeof(path), "/api/v1/nodes/%s", p->cfg->node_name);
+    snprintf(path, sizeof(path), "/api/v1/nodes/%s", p->cfg->node.node_name);
     kgpu_http_resp resp = {0};
     kgpu_error e = {0};
     int rc = body == NULL ? kgpu_error_set(&e, KGPU_ENOMEM, "out of memory")
                           : kgpu_k8s_request(p->k8s, "PATCH", path, "application/merge-patch+json",
                                              body, &resp, &e);
     if (rc == 0 && resp.status == 200) {
-        dp_log(DP_INFO, "node %s: published %d GPUs", p->cfg->node_name, inv->ngpus);
+        dp_log(DP_INFO, "node %s: published %d GPUs", p->cfg->node.node_name, inv->ngpus);
     } else {
         dp_log(DP_WARN, "node %s: publishing the GPU inventory failed (%s); again in %.0f s",
-               p->cfg->node_name, rc != 0 ? e.msg : (resp.body != NULL ? resp.body : "no answer"),
-               backoff);
+               p->cfg->node.node_name,
+               rc != 0 ? e.msg : (resp.body != NULL ? resp.body : "no answer"), backoff);
         rc = rc != 0 ? rc : KGPU_EIO;
     }
     free(resp.body);
@@ -314,12 +282,13 @@ static int publish_node(plugin *p, const dp_inventory *inv, double backoff)
 static json_t *list_node_pods(plugin *p, kgpu_error *err)
 {
     char query[KGPU_K8S_PATH_MAX];
-    snprintf(query, sizeof(query), "fieldSelector=spec.nodeName%%3D%s", p->cfg->node_name);
+    snprintf(query, sizeof(query), "fieldSelector=spec.nodeName%%3D%s", p->cfg->node.node_name);
     json_t *items = NULL;
     char rv[KGPU_K8S_RV_MAX];
     kgpu_error e;
     if (kgpu_k8s_list(p->k8s, "/api/v1/pods", query, NULL, &items, rv, sizeof(rv), NULL, &e) != 0)
-        kgpu_error_set(err, e.code, "listing the pods of node %s: %s", p->cfg->node_name, e.msg);
+        kgpu_error_set(err, e.code, "listing the pods of node %s: %s", p->cfg->node.node_name,
+                       e.msg);
     return items;
 }
 
@@ -447,7 +416,7 @@ static int check_assigned_gpus(const plugin *p, const dp_match *m, const dp_inve
                                   "%s does not have (did its GPUs change after the pod was "
                                   "bound?)",
                                   m->ns, m->name, KGPU_ANN_ASSIGNMENT, m->container,
-                                  m->gpus[i].uuid, p->cfg->node_name);
+                                  m->gpus[i].uuid, p->cfg->node.node_name);
     }
     return 0;
 }
@@ -498,7 +467,7 @@ static void allocate(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t
         inv = p->inv;
         pthread_mutex_unlock(&p->inv_mu);
         int rc = list == NULL ? (e.code ? e.code : KGPU_EIO)
-                              : dp_match_find(list, p->cfg->node_name, r, (int64_t)count,
+                              : dp_match_find(list, p->cfg->node.node_name, r, (int64_t)count,
                                               p->registered, inv.unit_mib, &m, &e);
         json_decref(list);
         if (rc == 0)
@@ -580,7 +549,7 @@ static void preferred(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_
             dp_match m;
             pthread_mutex_lock(&p->alloc_mu);
             json_t *list = list_node_pods(p, &e);
-            if (list != NULL && dp_match_find(list, p->cfg->node_name, r, size, p->registered,
+            if (list != NULL && dp_match_find(list, p->cfg->node.node_name, r, size, p->registered,
                                               inv.unit_mib, &m, &e) == 0)
                 want_of(&m, &inv, &want);
             else
@@ -728,7 +697,7 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 static void gc_pods(plugin *p)
 {
     char dir[1100];
-    snprintf(dir, sizeof(dir), "%s/pods", p->cfg->state_dir);
+    snprintf(dir, sizeof(dir), "%s/pods", p->cfg->node.state_dir);
     pthread_mutex_lock(&p->alloc_mu);
     kgpu_error e = {0};
     json_t *list = list_node_pods(p, &e);
@@ -847,45 +816,19 @@ static int connect_api(plugin *p, kgpu_error *err)
 {
     if (p->cfg->no_api)
         return 0;
-    kgpu_k8s_config kc;
-    memset(&kc, 0, sizeof(kc));
-    int rc;
-    if (p->cfg->kubeconfig[0] != '\0') {
-        rc = kgpu_k8s_config_kubeconfig(p->cfg->kubeconfig, &kc, err);
-    } else {
-        rc = kgpu_k8s_config_in_cluster(NULL, &kc, err);
-        if (rc == KGPU_ENOENT) {
-            dp_log(DP_WARN, "no in-cluster credentials and no --kubeconfig: running without an "
-                            "API server (devices are listed; Allocate will refuse)");
-            kgpu_k8s_config_clear(&kc);
-            /* Not an error: callers must not find the in-cluster lookup's message in err. */
-            kgpu_error_clear(err);
-            return 0;
-        }
+    bool no_cluster;
+    int rc = dp_k8s_connect(p->cfg->node.kubeconfig, &p->k8s, &no_cluster, err);
+    if (no_cluster) {
+        dp_log(DP_WARN, "no in-cluster credentials and no --kubeconfig: running without an "
+                        "API server (devices are listed; Allocate will refuse)");
+        /* Not an error: callers must not find the in-cluster lookup's message in err. */
+        kgpu_error_clear(err);
+        return 0;
     }
-    if (rc == 0) {
-        p->k8s = kgpu_k8s_new(&kc, err);
-        rc = p->k8s == NULL ? (err->code ? err->code : KGPU_EIO) : 0;
-    }
-    kgpu_k8s_config_clear(&kc);
-    if (rc == 0 && p->cfg->node_name[0] == '\0')
+    if (rc == 0 && p->cfg->node.node_name[0] == '\0')
         rc = kgpu_error_set(err, KGPU_EINVAL,
                             "the node's name is unknown: set --node-name or NODE_NAME");
     return rc;
-}
-
-static int write_preload(plugin *p, kgpu_error *err)
-{
-    if (p->paths.shim_lib == NULL)
-        return 0;
-    char path[1100], tmp[1110];
-    snprintf(path, sizeof(path), "%s/ld.so.preload", p->cfg->state_dir);
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL || fprintf(f, "%s\n", DP_SHIM_PATH) < 0 || fclose(f) != 0 ||
-        chmod(tmp, 0644) != 0 || rename(tmp, path) != 0)
-        return kgpu_error_set(err, KGPU_EIO, "writing %s: %s", path, strerror(errno));
-    return 0;
 }
 
 /* Starts the watcher and its /metrics when --watch-config names a file. */
@@ -898,9 +841,9 @@ static int start_watcher(plugin *p, kgpu_error *err)
     if (rc != 0)
         return rc;
     dp_watch_sources src = {.k8s = p->k8s,
-                            .node_name = p->cfg->node_name,
-                            .state_dir = p->cfg->state_dir,
-                            .nvml_lib = p->cfg->nvml_lib};
+                            .node_name = p->cfg->node.node_name,
+                            .state_dir = p->cfg->node.state_dir,
+                            .nvml_lib = p->cfg->node.nvml_lib};
     p->watcher = dp_watcher_new(&wc, &src, err);
     if (p->watcher == NULL)
         return err->code ? err->code : KGPU_ENOMEM;
@@ -930,36 +873,27 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     pthread_condattr_destroy(&ca);
     for (int r = 0; r < DP_NRES; r++)
         pthread_mutex_init(&p->snap[r].mu, NULL);
-    p->inv.unit_mib = cfg->unit_mib;
+    p->inv.unit_mib = cfg->node.unit_mib;
     p->registered = 1u << DP_RES_MEM | 1u << DP_RES_CORE;
     if (cfg->whole_gpus)
         p->registered |= 1u << DP_RES_WHOLE;
     if (cfg->gpushare_alias)
         p->registered |= 1u << DP_RES_ALIAS;
-    p->paths.state_dir = cfg->state_dir;
-    if (cfg->sharing == DP_SHARING_MPS)
-        p->paths.mps_pipe_dir = cfg->mps_pipe_dir;
-    if (strcmp(cfg->shim_lib, "none") != 0) {
-        if (cfg->shim_lib[0] != '\0')
-            snprintf(p->shim, sizeof(p->shim), "%s", cfg->shim_lib);
-        else
-            snprintf(p->shim, sizeof(p->shim), "%s/lib/libkgpu-limit.so", cfg->state_dir);
-        p->paths.shim_lib = p->shim;
-    }
+    dp_node_paths(&cfg->node, p->shim, sizeof(p->shim), &p->paths);
     /* Refused at start: without the daemon, containers would get MPS limits nobody enforces. */
-    int rc = cfg->sharing == DP_SHARING_MPS ? dp_mps_check(cfg->mps_pipe_dir, err) : 0;
-    if (rc == 0 && mkdir(cfg->state_dir, 0755) != 0 && errno != EEXIST)
-        rc = kgpu_error_set(err, KGPU_EIO, "state directory %s: %s", cfg->state_dir,
+    int rc = cfg->node.sharing == DP_SHARING_MPS ? dp_mps_check(cfg->node.mps_pipe_dir, err) : 0;
+    if (rc == 0 && mkdir(cfg->node.state_dir, 0755) != 0 && errno != EEXIST)
+        rc = kgpu_error_set(err, KGPU_EIO, "state directory %s: %s", cfg->node.state_dir,
                             strerror(errno));
     if (rc == 0)
-        rc = write_preload(p, err);
+        rc = dp_write_preload(&p->paths, err);
     if (rc == 0)
         rc = connect_api(p, err);
-    if (rc == 0 && cfg->fake_gpus[0] != '\0') {
+    if (rc == 0 && cfg->node.fake_gpus[0] != '\0') {
         rc = poll_fake(p, true, err);
     } else if (rc == 0) {
-        rc = kgpu_nvml_open(cfg->nvml_lib[0] ? cfg->nvml_lib : NULL,
-                            cfg->sysfs[0] ? cfg->sysfs : NULL, &p->nvml, err);
+        rc = kgpu_nvml_open(cfg->node.nvml_lib[0] ? cfg->node.nvml_lib : NULL,
+                            cfg->node.sysfs[0] ? cfg->node.sysfs : NULL, &p->nvml, err);
         kgpu_gpu_info *gpus = NULL;
         int n = 0;
         if (rc == 0 && (rc = kgpu_nvml_discover(p->nvml, &gpus, &n, err)) == 0)
@@ -977,7 +911,7 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
         dp_log(DP_WARN, "no GPUs found: registering empty device lists");
     if (rc == 0 && p->snap[DP_RES_MEM].buf == NULL) {
         /* No GPUs: still publish (empty) lists so kubelet sees zero capacity. */
-        dp_inventory empty = {.ngpus = 0, .unit_mib = cfg->unit_mib};
+        dp_inventory empty = {.ngpus = 0, .unit_mib = cfg->node.unit_mib};
         rc = publish_lists(p, &empty, err);
     }
     for (int r = 0; r < DP_NRES && rc == 0; r++)
@@ -990,10 +924,11 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     if (rc == 0)
         dp_log(DP_INFO,
                "kgpu-device-plugin %s on node %s: %d GPUs, memory unit %" PRId64 " MiB, %s",
-               KGPU_VERSION, cfg->node_name[0] ? cfg->node_name : "(unnamed)", p->inv.ngpus,
-               cfg->unit_mib, p->k8s != NULL ? "API server connected" : "no API server");
+               KGPU_VERSION, cfg->node.node_name[0] ? cfg->node.node_name : "(unnamed)",
+               p->inv.ngpus, cfg->node.unit_mib,
+               p->k8s != NULL ? "API server connected" : "no API server");
     while (rc == 0 && !atomic_load(stop)) {
-        if (cfg->fake_gpus[0] != '\0')
+        if (cfg->node.fake_gpus[0] != '\0')
             (void)poll_fake(p, false, NULL);
         else
             poll_nvml(p);

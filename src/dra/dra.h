@@ -230,19 +230,10 @@ int dra_ckpt_load(const char *path, dra_ckpt *out, kgpu_error *err);
 /* ---- driver.c ---- */
 
 typedef struct dra_config {
-    char node_name[KGPU_NAME_MAX + 1];
-    char kubeconfig[1024];
-    char fake_gpus[1024];
-    char nvml_lib[1024];
-    char sysfs[1024];
-    char state_dir[1024];
-    char shim_lib[1024]; /* "" = <state_dir>/lib/libkgpu-limit.so; "none" = off */
-    dp_sharing sharing;       /* compute shares: schedule files or NVIDIA MPS, as the plugin's */
-    char mps_pipe_dir[1024];  /* host: with DP_SHARING_MPS */
+    dp_node_config node; /* the device plugin's flags; unit_mib is gpushare's env unit */
     char cdi_dir[1024];
     char plugin_dir[1024];   /* kubelet's plugins folder; the socket is <dir>/gpu.kgpu.io/dra.sock */
     char registry_dir[1024]; /* kubelet's plugins_registry folder */
-    int64_t unit_mib;        /* gpushare's env unit, as the device plugin's --memory-unit */
     int resync_s;            /* how often the slice is checked against the API server */
 } dra_config;
 

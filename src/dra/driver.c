@@ -34,6 +34,7 @@
 #include "dra.h"
 #include "dra_v1.pb-c.h"
 #include "k8s.h"
+#include "node.h"
 #include "pluginregistration.pb-c.h"
 
 #define LOOP_MS      200
@@ -92,17 +93,12 @@ static time_t now_s(void)
 
 /* ---- inventory ---- */
 
-static bool same_gpus(const dp_inventory *a, const kgpu_gpu_info *g, int n)
-{
-    return a->ngpus == n && memcmp(a->gpus, g, (size_t)n * sizeof(*g)) == 0;
-}
-
 static void set_inventory(driver *d, const kgpu_gpu_info *g, int n)
 {
     if (n > KGPU_MAX_GPUS_PER_NODE)
         n = KGPU_MAX_GPUS_PER_NODE;
     pthread_mutex_lock(&d->inv_mu);
-    bool same = same_gpus(&d->inv, g, n);
+    bool same = dp_same_gpus(&d->inv, g, n);
     if (!same) {
         d->inv.ngpus = n;
         memcpy(d->inv.gpus, g, (size_t)n * sizeof(*g));
@@ -113,33 +109,17 @@ static void set_inventory(driver *d, const kgpu_gpu_info *g, int n)
         dp_log(DP_INFO, "inventory: %d GPUs", n);
 }
 
+static int take_fake(void *d, const kgpu_gpu_info *gpus, int n, kgpu_error *err)
+{
+    (void)err;
+    set_inventory(d, gpus, n);
+    return 0;
+}
+
+/* Re-reads the fake inventory when its file changed (dp_fake_poll). */
 static int poll_fake(driver *d, bool first, kgpu_error *err)
 {
-    struct stat st;
-    if (stat(d->cfg->fake_gpus, &st) != 0)
-        return first ? kgpu_error_set(err, KGPU_ENOENT, "%s: %s", d->cfg->fake_gpus,
-                                      strerror(errno))
-                     : 0;
-    if (!first && st.st_mtim.tv_sec == d->fake_st.st_mtim.tv_sec &&
-        st.st_mtim.tv_nsec == d->fake_st.st_mtim.tv_nsec && st.st_size == d->fake_st.st_size &&
-        st.st_ino == d->fake_st.st_ino)
-        return 0;
-    d->fake_st = st;
-    kgpu_gpu_info *gpus = NULL;
-    int n = 0;
-    kgpu_error e = {0};
-    int rc = kgpu_fake_gpus_load(d->cfg->fake_gpus, &gpus, &n, &e);
-    if (rc == 0)
-        set_inventory(d, gpus, n);
-    free(gpus);
-    if (rc == 0)
-        return 0;
-    if (first) {
-        *err = e;
-        return rc;
-    }
-    dp_log(DP_ERROR, "%s (keeping the previous inventory)", e.msg);
-    return 0;
+    return dp_fake_poll(d->cfg->node.fake_gpus, &d->fake_st, first, take_fake, d, err);
 }
 
 static int poll_nvml(driver *d, kgpu_error *err)
@@ -174,7 +154,7 @@ static const char *SLICES = "/apis/resource.k8s.io/v1/resourceslices";
 static int read_node(driver *d, kgpu_error *err)
 {
     char path[512];
-    snprintf(path, sizeof(path), "/api/v1/nodes/%s", d->cfg->node_name);
+    snprintf(path, sizeof(path), "/api/v1/nodes/%s", d->cfg->node.node_name);
     long status = 0;
     json_t *node = kgpu_k8s_get_json(d->k8s, path, &status, err);
     if (node == NULL)
@@ -193,10 +173,10 @@ static int read_node(driver *d, kgpu_error *err)
                    "node %s also serves GPUs through device plugins (allocatable %s): publishing "
                    "no devices until they are gone, so no GPU is handed out twice; label the "
                    "node for one path only (docs/install-dra.md)",
-                   d->cfg->node_name, conflicts);
+                   d->cfg->node.node_name, conflicts);
         else if (d->conflicts[0] != '\0')
             dp_log(DP_INFO, "node %s: no device plugin serves GPUs any more: publishing them",
-                   d->cfg->node_name);
+                   d->cfg->node.node_name);
         snprintf(d->conflicts, sizeof(d->conflicts), "%s", conflicts);
     }
     json_decref(node);
@@ -225,7 +205,7 @@ static void delete_strays(driver *d, const char *keep)
 {
     char query[600];
     snprintf(query, sizeof(query), "fieldSelector=spec.nodeName%%3D%s%%2Cspec.driver%%3D%s",
-             d->cfg->node_name, DRA_DRIVER);
+             d->cfg->node.node_name, DRA_DRIVER);
     json_t *items = NULL;
     char rv[KGPU_K8S_RV_MAX];
     kgpu_error e = {0};
@@ -266,7 +246,7 @@ static int publish(driver *d, uint64_t *gen_done, kgpu_error *err)
     for (int i = 0; i < KGPU_MAX_GPUS_PER_NODE; i++)
         ccp[i] = gpus[i].compute_capability;
     char name[300], path[700];
-    dra_slice_name(d->cfg->node_name, name, sizeof(name));
+    dra_slice_name(d->cfg->node.node_name, name, sizeof(name));
     snprintf(path, sizeof(path), "%s/%s", SLICES, name);
     long status = 0;
     kgpu_error ge = {0};
@@ -274,7 +254,7 @@ static int publish(driver *d, uint64_t *gen_done, kgpu_error *err)
     if (have == NULL && status != 404)
         return status ? kgpu_error_set(err, KGPU_EIO, "GET %s: HTTP %ld", path, status)
                       : kgpu_error_set(err, KGPU_EIO, "%s", ge.msg);
-    dra_slice_input in = {.node = d->cfg->node_name,
+    dra_slice_input in = {.node = d->cfg->node.node_name,
                           .node_uid = d->node_uid,
                           .gpus = gpus,
                           .ngpus = d->conflicts[0] != '\0' ? 0 : n,
@@ -398,7 +378,7 @@ static int prepare_one(driver *d, const claim_ref *ref, dra_claim *out, kgpu_err
         return kgpu_error_set(err, KGPU_EIO, "GET ResourceClaim %s/%s: %s", ref->namespace_,
                               ref->name, ge.msg);
     }
-    dra_node_view view = {.pool = d->cfg->node_name, .gpus = inv.gpus, .ngpus = inv.ngpus};
+    dra_node_view view = {.pool = d->cfg->node.node_name, .gpus = inv.gpus, .ngpus = inv.ngpus};
     int rc = dra_claim_read(claim, ref->uid, &view, out, err);
     json_decref(claim);
     if (rc == 0)
@@ -457,7 +437,7 @@ static int claim_devices(const driver *d, const dra_claim *c, bool v1, prep_one 
         names[i] = (char *)c->reqs[a->req];
         devs[i].n_request_names = 1;
         devs[i].request_names = &names[i];
-        devs[i].pool_name = (char *)d->cfg->node_name;
+        devs[i].pool_name = (char *)d->cfg->node.node_name;
         devs[i].device_name = (char *)a->device;
         /*
          * One CDI device per request, named on its first device only: kubelet
@@ -688,19 +668,11 @@ static void on_call(void *ctx, const char *method, const uint8_t *in, size_t len
 
 /* ---- life cycle ---- */
 
+/* The driver needs the API server (claims are read from it): no account is an error. */
 static int connect_api(driver *d, kgpu_error *err)
 {
-    kgpu_k8s_config kc;
-    memset(&kc, 0, sizeof(kc));
-    int rc = d->cfg->kubeconfig[0] != '\0'
-                 ? kgpu_k8s_config_kubeconfig(d->cfg->kubeconfig, &kc, err)
-                 : kgpu_k8s_config_in_cluster(NULL, &kc, err);
-    if (rc == 0) {
-        d->k8s = kgpu_k8s_new(&kc, err);
-        rc = d->k8s == NULL ? (err->code ? err->code : KGPU_EIO) : 0;
-    }
-    kgpu_k8s_config_clear(&kc);
-    return rc;
+    bool no_cluster;
+    return dp_k8s_connect(d->cfg->node.kubeconfig, &d->k8s, &no_cluster, err);
 }
 
 static int make_dirs(const char *path, mode_t mode, kgpu_error *err)
@@ -717,22 +689,6 @@ static int make_dirs(const char *path, mode_t mode, kgpu_error *err)
     }
     if (mkdir(buf, mode) != 0 && errno != EEXIST)
         return kgpu_error_set(err, KGPU_EIO, "mkdir %s: %s", buf, strerror(errno));
-    return 0;
-}
-
-static int write_preload(driver *d, kgpu_error *err)
-{
-    if (d->paths.shim_lib == NULL)
-        return 0;
-    char path[1100], tmp[1110];
-    snprintf(path, sizeof(path), "%s/ld.so.preload", d->cfg->state_dir);
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    bool ok = f != NULL && fprintf(f, "%s\n", DP_SHIM_PATH) >= 0;
-    if (f != NULL && fclose(f) != 0)
-        ok = false;
-    if (!ok || chmod(tmp, 0644) != 0 || rename(tmp, path) != 0)
-        return kgpu_error_set(err, KGPU_EIO, "writing %s: %s", path, strerror(errno));
     return 0;
 }
 
@@ -778,30 +734,33 @@ static void restore_claims(driver *d)
 static int start(driver *d, kgpu_error *err)
 {
     const dra_config *cfg = d->cfg;
-    if (cfg->node_name[0] == '\0')
+    if (cfg->node.node_name[0] == '\0')
         return kgpu_error_set(err, KGPU_EINVAL, "the node's name is unknown: set --node-name or "
                                                 "NODE_NAME");
     /* As the device plugin: no claim prepared with MPS limits that no daemon enforces. */
     int rc;
-    if (cfg->sharing == DP_SHARING_MPS && (rc = dp_mps_check(cfg->mps_pipe_dir, err)) != 0)
+    if (cfg->node.sharing == DP_SHARING_MPS &&
+        (rc = dp_mps_check(cfg->node.mps_pipe_dir, err)) != 0)
         return rc;
     char dir[1100];
     snprintf(dir, sizeof(dir), "%s/%s", cfg->plugin_dir, DRA_DRIVER);
     snprintf(d->dra_sock, sizeof(d->dra_sock), "%s/%s/dra.sock", cfg->plugin_dir, DRA_DRIVER);
     snprintf(d->reg_sock, sizeof(d->reg_sock), "%s/%s-reg.sock", cfg->registry_dir, DRA_DRIVER);
-    snprintf(d->ckpt_path, sizeof(d->ckpt_path), "%s/checkpoint.json", cfg->state_dir);
-    if ((rc = make_dirs(cfg->state_dir, 0755, err)) != 0 || (rc = make_dirs(dir, 0750, err)) != 0 ||
-        (rc = make_dirs(cfg->registry_dir, 0750, err)) != 0 || (rc = write_preload(d, err)) != 0)
+    snprintf(d->ckpt_path, sizeof(d->ckpt_path), "%s/checkpoint.json", cfg->node.state_dir);
+    if ((rc = make_dirs(cfg->node.state_dir, 0755, err)) != 0 ||
+        (rc = make_dirs(dir, 0750, err)) != 0 ||
+        (rc = make_dirs(cfg->registry_dir, 0750, err)) != 0 ||
+        (rc = dp_write_preload(&d->paths, err)) != 0)
         return rc;
     if ((rc = dra_ckpt_load(d->ckpt_path, &d->ck, err)) != 0)
         return rc;
     if ((rc = connect_api(d, err)) != 0)
         return rc;
-    if (cfg->fake_gpus[0] != '\0') {
+    if (cfg->node.fake_gpus[0] != '\0') {
         rc = poll_fake(d, true, err);
     } else {
-        rc = kgpu_nvml_open(cfg->nvml_lib[0] ? cfg->nvml_lib : NULL,
-                            cfg->sysfs[0] ? cfg->sysfs : NULL, &d->nvml, err);
+        rc = kgpu_nvml_open(cfg->node.nvml_lib[0] ? cfg->node.nvml_lib : NULL,
+                            cfg->node.sysfs[0] ? cfg->node.sysfs : NULL, &d->nvml, err);
         if (rc == 0)
             rc = poll_nvml(d, err);
         d->rediscover_at = now_s() + DISCOVER_S;
@@ -817,7 +776,7 @@ static int start(driver *d, kgpu_error *err)
     dp_log(DP_INFO,
            "kgpu-dra-plugin %s on node %s: %d GPUs, %d prepared claims, DRA socket %s, "
            "registration %s",
-           KGPU_VERSION, cfg->node_name, d->inv.ngpus, d->ck.n, d->dra_sock, d->reg_sock);
+           KGPU_VERSION, cfg->node.node_name, d->inv.ngpus, d->ck.n, d->dra_sock, d->reg_sock);
     return 0;
 }
 
@@ -828,23 +787,14 @@ int dra_run(const dra_config *cfg, atomic_bool *stop, kgpu_error *err)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     d->cfg = cfg;
     d->stop = stop;
-    d->inv.unit_mib = cfg->unit_mib;
+    d->inv.unit_mib = cfg->node.unit_mib;
     pthread_mutex_init(&d->inv_mu, NULL);
     pthread_mutex_init(&d->claim_mu, NULL);
     pthread_mutex_init(&d->nosnap.mu, NULL);
-    d->paths.state_dir = cfg->state_dir;
-    if (strcmp(cfg->shim_lib, "none") != 0) {
-        if (cfg->shim_lib[0] != '\0')
-            snprintf(d->shim, sizeof(d->shim), "%s", cfg->shim_lib);
-        else
-            snprintf(d->shim, sizeof(d->shim), "%s/lib/libkgpu-limit.so", cfg->state_dir);
-        d->paths.shim_lib = d->shim;
-    }
-    if (cfg->sharing == DP_SHARING_MPS)
-        d->paths.mps_pipe_dir = cfg->mps_pipe_dir;
+    dp_node_paths(&cfg->node, d->shim, sizeof(d->shim), &d->paths);
     int rc = start(d, err);
     while (rc == 0 && !atomic_load(stop)) {
-        if (cfg->fake_gpus[0] != '\0') {
+        if (cfg->node.fake_gpus[0] != '\0') {
             (void)poll_fake(d, false, NULL);
         } else if (now_s() >= d->rediscover_at) {
             (void)poll_nvml(d, NULL);
