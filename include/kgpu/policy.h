@@ -194,7 +194,7 @@ void kgpu_policy_set_fit_cpu(kgpu_policy *p, bool check);
  * (nodes / 64) instead of one score per node. The choice, the GPUs and the
  * random numbers drawn are the same either way; off, every node is scored
  * at every decision (for tests and measurements that compare the two).
- * The index holds at most about 256 MB; past that the shapes least recently
+ * The index holds at most about 512 MB; past that the shapes least recently
  * asked about lose theirs. A policy serves one cluster: the index follows
  * its changes through the cluster's own change journal.
  */

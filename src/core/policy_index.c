@@ -40,7 +40,7 @@
 #include "core.h"
 
 #define IX_BLOCK  64          /* nodes per block summary */
-#define IX_BUDGET (256 << 20) /* bytes of scores and summaries over all keys */
+#define IX_BUDGET (512 << 20) /* bytes of scores and summaries over all keys */
 #define IX_UNFIT  INT64_MIN   /* a stored base of a node that does not fit */
 
 typedef struct ix_room {
