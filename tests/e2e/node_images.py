@@ -161,3 +161,21 @@ def build_all(workdir, preloaded=()):
         layer(files, libs_for=[job] + list(preloaded)),
         ["/bin/gpu_job"], ["show"])))
     return out
+
+# What gpu_job prints and returns, as the suites read it.
+OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+CTX_MIB = 300  # what libkgpu-limit.so charges for a context at least (docs/shim.md)
+
+
+def parse_job(text):
+    """gpu_job's "key value" lines: {key: [values...]} (last line of a key wins in .get)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        out.setdefault(key, []).append(value)
+    return out
+
+
+def first_int(values):
+    """The first number of the last of a key's values."""
+    return int(values[-1].split()[0])

@@ -38,6 +38,7 @@ import cluster
 import harness
 import node as nodemod
 import node_images
+from node_images import CTX_MIB, OOM, first_int, parse_job
 from cluster import wait_for
 
 CONFIG = {}  # filled by e2e.py: bin dir, build dir, work dir
@@ -49,8 +50,6 @@ V100 = {"index": 0, "uuid": "GPU-6b670000-0000-4000-8000-0000000000d0",
 T4 = {"index": 1, "uuid": "GPU-6b670000-0000-4000-8000-0000000000d1", "model": "Tesla T4",
       "memory_mib": 15360}
 GPUS = [V100, T4]
-OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
-CTX_MIB = 300  # what libkgpu-limit.so charges for a context (docs/shim.md)
 SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
@@ -58,18 +57,6 @@ clientConnection:
 leaderElection:
   leaderElect: false
 """
-
-
-def parse_job(text):
-    out = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        out.setdefault(key, []).append(value)
-    return out
-
-
-def first_int(values):
-    return int(values[-1].split()[0])
 
 
 def containerd_bin(bindir):

@@ -27,6 +27,7 @@ import cluster
 import kgpu_deploy
 import node as nodemod
 import node_images
+from node_images import CTX_MIB, OOM, first_int, parse_job
 from cluster import E2E_NS, MEM, pod_object, wait_for
 
 CONFIG = {}  # filled by e2e.py: bin dir, build dir, work dir
@@ -36,22 +37,7 @@ V100 = {"uuid": "GPU-6b670000-0000-4000-8000-000000000000", "model": "Tesla V100
 T4 = {"uuid": "GPU-6b670000-0000-4000-8000-000000000001", "model": "Tesla T4",
       "memory_mib": 15360}
 GPUS = [V100, T4]
-OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 CONTROL_NODE = "kgpu-e2e-control"
-CTX_MIB = 300  # what libkgpu-limit.so charges for a context (docs/shim.md)
-
-
-def parse_job(text):
-    """gpu_job's "key value" lines: {key: [values...]} (last line of a key wins in .get)."""
-    out = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        out.setdefault(key, []).append(value)
-    return out
-
-
-def first_int(values):
-    return int(values[-1].split()[0])
 
 
 def strategic_merge(base, patch):
