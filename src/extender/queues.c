@@ -631,6 +631,7 @@ void ext_unsched_seen(ext_state *st, const json_t *obj, const kgpu_pod *pod)
 typedef struct sweep_cand {
     ext_unsched *u;
     int priority;
+    char label[KGPU_QUEUE_NAME_MAX + 1]; /* its kgpu.io/queue label, "" without one */
 } sweep_cand;
 
 /* Highest priority first, then the longest waiting. */
@@ -670,10 +671,9 @@ int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max)
     const char *k;
     void *v;
     size_t it = 0;
-    char label[KGPU_QUEUE_NAME_MAX + 1];
     while (kgpu_strmap_next(&st->unsched, &it, &k, &v) && n < cap) {
         c[n].u = v;
-        ext_pod_queue_fields(c[n].u->pod, label, sizeof(label), &c[n].priority);
+        ext_pod_queue_fields(c[n].u->pod, c[n].label, sizeof(c[n].label), &c[n].priority);
         n++;
     }
     qsort(c, n, sizeof(*c), cmp_cand);
@@ -683,13 +683,12 @@ int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max)
         ext_unsched *u = c[i].u;
         kgpu_error err;
         kgpu_error_clear(&err);
-        int priority;
         char qname[KGPU_QUEUE_NAME_MAX + 1], why[256], msg[200];
         if (kgpu_pod_from_json(u->pod, st->cfg->memory_unit_mib, pod, &err) != 0 ||
             pod->nparts != 1 || ext_state_compile(st, pod, &err) != 0)
             continue; /* reclaim places pods of one GPU container only */
-        ext_pod_queue_fields(u->pod, label, sizeof(label), &priority);
-        int q = ext_queues_resolve(st, pod->ns, label, qname, sizeof(qname), why, sizeof(why));
+        int q = ext_queues_resolve(st, pod->ns, c[i].label, qname, sizeof(qname), why,
+                                   sizeof(why));
         if (q < 0)
             continue;
         int qs = ext_queues_check(st, q, pod, -1, NULL, 0);
