@@ -1,6 +1,6 @@
 /*
  * The kgpu-extender process: inventory from a cluster file or from the API
- * server (list + watch on two reflector threads); the HTTP(S) serving layer
+ * server (list + watch on two reflector threads, and DRA's two in dra.c); the HTTP(S) serving layer
  * that hands each complete, size-checked request to ext_handle is http.c.
  */
 #include <errno.h>
@@ -196,39 +196,58 @@ static void nodes_reset(void *ctx, json_t *items)
     /* One store to parse into, each GPU node packed (~1 KiB instead of 6). */
     kgpu_node_spec *specs = calloc(n + 1, sizeof(*specs));
     void **packed = calloc(n + 1, sizeof(*packed));
+    bool *dra = calloc(n + 1, sizeof(*dra)); /* labelled for DRA: GPUs from its slice */
     kgpu_node_store *store = malloc(sizeof(*store));
     kgpu_error err;
     kgpu_error_clear(&err);
-    int rc = specs == NULL || packed == NULL || store == NULL
+    int rc = specs == NULL || packed == NULL || dra == NULL || store == NULL
                  ? kgpu_error_set(&err, KGPU_ENOMEM, "out of memory")
                  : 0;
+    size_t ndra = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         kgpu_node_spec spec;
-        if (kgpu_node_from_json(json_array_get(items, i), &spec, store, &err) != 0) {
+        json_t *item = json_array_get(items, i);
+        if (kgpu_node_from_json(item, &spec, store, &err) != 0) {
             ext_log(EXT_WARN, "node inventory ignored: %s", err.msg);
             continue;
         }
-        if (spec.ngpus == 0)
+        dra[m] = ext_dra_node_labelled(item);
+        if (spec.ngpus == 0 && !dra[m])
             continue;
         if ((packed[m] = kgpu_node_spec_pack(&spec, &specs[m])) == NULL)
             rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
         else
-            m++;
+            ndra += dra[m++];
     }
+    /* DRA nodes' GPUs, borrowed from their slices while the lock is held. */
+    kgpu_gpu_spec(*gpus)[KGPU_MAX_GPUS_PER_NODE] = calloc(ndra + 1, sizeof(*gpus));
+    if (rc == 0 && gpus == NULL)
+        rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
     pthread_mutex_lock(&d->state.mu);
-    if (rc == 0)
-        rc = ext_state_set_nodes(&d->state, specs, (int)m, &err);
+    if (rc == 0) {
+        ext_dra_nodes_clear(&d->state);
+        size_t k = 0, kept = 0;
+        for (size_t i = 0; i < m; i++) {
+            if (dra[i])
+                ext_dra_node_seen(&d->state, &specs[i], true, gpus[k++]);
+            if (specs[i].ngpus > 0)
+                specs[kept++] = specs[i]; /* a DRA node without a slice yet waits for it */
+        }
+        rc = ext_state_set_nodes(&d->state, specs, (int)kept, &err);
+    }
     if (rc == 0)
         d->state.nodes_synced = true;
     pthread_mutex_unlock(&d->state.mu);
     if (rc != 0)
         ext_log(EXT_ERROR, "node list not applied: %s", err.msg);
     else
-        ext_log(EXT_INFO, "inventory: %zu GPU nodes", m);
+        ext_log(EXT_INFO, "inventory: %zu GPU nodes (%zu of them DRA nodes)", m, ndra);
     for (size_t i = 0; i < m; i++)
         free(packed[i]);
     free(packed);
     free(specs);
+    free(dra);
+    free(gpus);
     free(store);
     malloc_trim(0); /* the list was a large transient tree */
 }
@@ -243,6 +262,7 @@ static void nodes_event(void *ctx, const char *type, json_t *obj)
         if (name == NULL)
             return;
         pthread_mutex_lock(&d->state.mu);
+        ext_dra_node_gone(&d->state, name);
         ext_state_remove_node(&d->state, name);
         pthread_mutex_unlock(&d->state.mu);
         return;
@@ -254,7 +274,10 @@ static void nodes_event(void *ctx, const char *type, json_t *obj)
     if (kgpu_node_from_json(obj, &spec, store, &err) != 0) {
         ext_log(EXT_WARN, "node inventory ignored: %s", err.msg);
     } else {
+        kgpu_gpu_spec gpus[KGPU_MAX_GPUS_PER_NODE];
         pthread_mutex_lock(&d->state.mu);
+        /* A DRA node's GPUs are its slice's; one that is not (any more) keeps its own. */
+        ext_dra_node_seen(&d->state, &spec, ext_dra_node_labelled(obj), gpus);
         int rc = ext_state_upsert_node(&d->state, &spec, &err);
         pthread_mutex_unlock(&d->state.mu);
         if (rc != 0)
@@ -438,7 +461,7 @@ int ext_daemon_start(ext_daemon *d, kgpu_error *err)
             d->nwatch = 2;
         if (d->nwatch != 2)
             return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the watch threads");
-        if ((rc = ext_gpuqueues_start(d, err)) != 0)
+        if ((rc = ext_gpuqueues_start(d, err)) != 0 || (rc = ext_dra_start(d, err)) != 0)
             return rc;
         if (d->cfg.leader_elect && (rc = ext_leader_start(d, err)) != 0)
             return rc;

@@ -10,7 +10,10 @@
  *   across I/O. A bind reserves under the lock, calls the API server without
  *   it, then confirms or releases under the lock: binds proceed in parallel.
  * - In API-server mode two reflector threads (nodes, pods) feed watch events
- *   into the state under the same mutex.
+ *   into the state under the same mutex; so do two more for DRA (dra.c):
+ *   ResourceSlices of driver gpu.kgpu.io (the DRA nodes' GPUs) and
+ *   ResourceClaims (what kube-scheduler's allocator gave out on them). Each
+ *   parses its objects outside the lock and takes it only to put the result in.
  * - Metrics counters are atomics, written by any thread without the lock.
  */
 #ifndef KGPU_EXT_H
@@ -360,6 +363,12 @@ typedef struct ext_state {
     /* Cluster mode (gpuqueues.c): GPUQueues by name, cut to name, generation, spec, status. */
     json_t *gpuqueues;
     bool gpuqueue_crd_absent; /* the API server answered 404 for GPUQueues */
+    /* DRA (dra.c): nodes served by kgpu-dra-plugin, their slices, and the claims on them. */
+    kgpu_strmap dra_nodes;  /* node -> ext_dra_node*: labelled kgpu.io/gpu-allocator=dra */
+    kgpu_strmap dra_slices; /* node (the pool) -> ext_dra_slice* of driver gpu.kgpu.io */
+    kgpu_strmap dra_claims; /* "ns/name" -> ext_dra_claim*: claims of gpu.kgpu.io only */
+    int dra_unapplied;      /* allocation results not charged now (node or GPU unknown, full) */
+    bool dra_absent[2];     /* the API server answered 404 for resourceslices, resourceclaims */
 } ext_state;
 
 int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_error *err);
@@ -415,6 +424,17 @@ int ext_state_compile(ext_state *st, kgpu_pod *pod, kgpu_error *err);
  */
 int ext_state_compile_gpuless(ext_state *st, const kgpu_pod *pod, kgpu_request *req,
                               kgpu_error *err);
+/*
+ * The same for a request built elsewhere (a DRA pod's, dra.c): compiled,
+ * given a shape id, and counted as the arrival of pod `uid`. Caller holds st->mu.
+ */
+int ext_state_compile_request(ext_state *st, const char *uid, kgpu_request *req, kgpu_error *err);
+/*
+ * The spec of inventory node i as it stands (gpus: KGPU_MAX_GPUS_PER_NODE
+ * entries), pointing into the cluster: valid until it changes. For
+ * rebuilding the inventory with some nodes replaced. Caller holds st->mu.
+ */
+void ext_state_node_spec(const ext_state *st, int i, kgpu_node_spec *spec, kgpu_gpu_spec *gpus);
 
 /* The pod's requests without CPU and memory, for fit checks: tmp and out have pod->nparts room. */
 void ext_fit_requests(const kgpu_pod *pod, kgpu_request *tmp, const kgpu_request **out);
@@ -622,6 +642,125 @@ void ext_await_reason(const ext_await *w, const ext_ask *same, char *buf, size_t
 /* A relist: drops entries of pods not in it recorded before it was asked for. */
 void ext_await_relisted(ext_state *st, const kgpu_strmap *present);
 
+/* ---- DRA nodes and claims (dra.c; docs/install-dra.md "kgpu's scores on DRA nodes") ---- */
+
+#define EXT_DRA_DRIVER      "gpu.kgpu.io" /* kgpu-dra-plugin's driver name */
+#define EXT_DRA_CLASS       "gpu.kgpu.io" /* the DeviceClass kgpu's claims name */
+#define EXT_DRA_LABEL       "kgpu.io/gpu-allocator"
+#define EXT_DRA_LABEL_VALUE "dra"
+#define EXT_DRA_DEVICE_MAX  64     /* a device name is a DNS label */
+#define EXT_DRA_REQUESTS    8      /* requests of one claim kept (the driver's own bound) */
+#define EXT_DRA_RESULTS     32     /* allocation results of one claim (the driver's own bound) */
+#define EXT_DRA_CLAIMS_MAX  200000 /* claims held at once; more are ignored, logged */
+
+/* A node labelled for DRA: its CPU and memory, which the slice has not. */
+typedef struct ext_dra_node {
+    int64_t cpu_milli, memory_mib;
+} ext_dra_node;
+
+/* One device of a slice of gpu.kgpu.io. */
+typedef struct ext_dra_device {
+    char name[EXT_DRA_DEVICE_MAX]; /* gpu-<index> */
+    int index;                     /* attribute index */
+    char uuid[KGPU_UUID_MAX];
+    char model[KGPU_MODEL_NAME_MAX]; /* productName (else model) */
+    int64_t memory_mib;              /* capacity memory (else attribute memoryMiB) */
+    int numa;                        /* attribute numaNode, -1 without */
+} ext_dra_device;
+
+/* A ResourceSlice of gpu.kgpu.io: one node's pool. */
+typedef struct ext_dra_slice {
+    char name[KGPU_NAME_MAX + 1]; /* the object's */
+    char node[KGPU_NAME_MAX + 1]; /* spec.nodeName, which is the pool's name too */
+    int64_t generation;           /* spec.pool.generation: the newest of two slices wins */
+    int ndevices;
+    ext_dra_device devices[KGPU_MAX_GPUS_PER_NODE];
+} ext_dra_slice;
+
+/* A request of a claim of class gpu.kgpu.io (spec.devices.requests[].exactly). */
+typedef struct ext_dra_request {
+    int count;          /* exactly.count, 1 by default */
+    bool all;           /* allocationMode All */
+    int64_t memory_mib; /* capacity.requests.memory, rounded up; 0: none (the whole GPU's) */
+    int cores;          /* capacity.requests.cores, percent; 0 by default */
+} ext_dra_request;
+
+/* A device of gpu.kgpu.io allocated to a claim (status.allocation.devices.results[]). */
+typedef struct ext_dra_result {
+    char pool[KGPU_NAME_MAX + 1];
+    char device[EXT_DRA_DEVICE_MAX];
+    int64_t memory_mib; /* consumedCapacity.memory, rounded up; -1: none given (the whole GPU) */
+    int cores;          /* consumedCapacity.cores, percent; 0 without */
+    bool applied;       /* charged to the cluster now, as `a` */
+    kgpu_assignment a;
+} ext_dra_result;
+
+/* A ResourceClaim that names gpu.kgpu.io, cut to what kgpu reads. One block: free() it. */
+typedef struct ext_dra_claim {
+    char ns[64], name[KGPU_NAME_MAX + 1], uid[64];
+    char error[200]; /* why it cannot be read (then nreq and nres are 0); "" */
+    int nreq;        /* requests of class gpu.kgpu.io under `exactly` */
+    int nres;        /* results of driver gpu.kgpu.io */
+    bool warned;     /* a result that could not be charged was logged */
+    ext_dra_request req[EXT_DRA_REQUESTS];
+    ext_dra_result res[]; /* nres */
+} ext_dra_claim;
+
+/*
+ * Parsers of outside input (fuzz_extdra). A ResourceSlice: 0 and *out
+ * filled when it is gpu.kgpu.io's; KGPU_ENOENT for another driver's;
+ * KGPU_EPARSE with err naming the slice and the field when malformed.
+ */
+int ext_dra_slice_parse(const json_t *obj, ext_dra_slice *out, kgpu_error *err);
+/*
+ * A ResourceClaim: *out (malloc'd, caller frees) when it names class or
+ * driver gpu.kgpu.io, with (*out)->error set when the rest cannot be read;
+ * *out NULL for anyone else's claim. KGPU_EPARSE without a namespace and a
+ * name, KGPU_ENOMEM. Pure: no state, no lock.
+ */
+int ext_dra_claim_parse(const json_t *obj, ext_dra_claim **out, kgpu_error *err);
+
+/* Whether a v1 Node is labelled kgpu.io/gpu-allocator=dra. */
+bool ext_dra_node_labelled(const json_t *node);
+
+/*
+ * Caller holds st->mu for the rest. A node seen by the node reflector:
+ * `dra` says whether it is labelled; a DRA node's spec gets its GPUs from
+ * its slice into `gpus` (KGPU_MAX_GPUS_PER_NODE entries, pointing into
+ * the state until the slice changes), a node that is not keeps its own.
+ */
+void ext_dra_node_seen(ext_state *st, kgpu_node_spec *spec, bool dra, kgpu_gpu_spec *gpus);
+void ext_dra_node_gone(ext_state *st, const char *name);
+/* A node relist: forgets every DRA node; the list's are seen again right after. */
+void ext_dra_nodes_clear(ext_state *st);
+/* Whether `name` is a DRA node (labelled). */
+bool ext_dra_is_node(const ext_state *st, const char *name);
+
+/* Slices: one seen (copied), one gone, a relist (n slices, copied). */
+void ext_dra_slice_put(ext_state *st, const ext_dra_slice *s);
+void ext_dra_slice_gone(ext_state *st, const char *name, const char *node);
+void ext_dra_slices_reset(ext_state *st, const ext_dra_slice *s, int n);
+
+/* Claims: one seen (taken over), one gone, a relist (n taken over: the set is replaced). */
+void ext_dra_claim_put(ext_state *st, ext_dra_claim *c);
+void ext_dra_claim_gone(ext_state *st, const char *ns, const char *name);
+void ext_dra_claims_reset(ext_state *st, ext_dra_claim **c, int n);
+
+/* The cluster was rebuilt (ext_state_set_nodes): charges every claim again. */
+void ext_dra_cluster_rebuilt(ext_state *st);
+/* Charges the results not charged yet (a node joined, GPUs were released). */
+void ext_dra_retry(ext_state *st);
+
+/*
+ * For prioritize: the kgpu request of a pod with spec.resourceClaims (its
+ * first request of class gpu.kgpu.io, resolved through the claims held):
+ * 1 and *req (uncompiled, the pod's CPU and memory not set) when there is
+ * one; 0 when the pod has no resourceClaims; -1 when it has some but none
+ * gives a request kgpu can score, `why` naming the pod and the claim.
+ */
+int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, char *why,
+                        size_t len);
+
 /* ---- the daemon ---- */
 
 typedef struct ext_daemon {
@@ -630,7 +769,8 @@ typedef struct ext_daemon {
     ext_state state;
     kgpu_k8s *k8s; /* NULL in cluster-file mode */
     atomic_bool stop;
-    pthread_t watch_threads[6]; /* nodes, pods; in cluster mode GPUQueues, namespaces, status, sweep */
+    pthread_t watch_threads[8]; /* nodes, pods; in cluster mode GPUQueues, namespaces, status,
+                                   sweep, ResourceSlices, ResourceClaims */
     int nwatch;
     struct ext_http *http; /* the serving layer (http.c) */
     int port;              /* the port actually bound */
@@ -657,6 +797,12 @@ void ext_http_stop(ext_daemon *d);
  * API server; they end with d->stop.
  */
 int ext_gpuqueues_start(ext_daemon *d, kgpu_error *err);
+/*
+ * Cluster mode's DRA reflectors (dra.c): ResourceSlices of gpu.kgpu.io and
+ * ResourceClaims, listed and watched; without resource.k8s.io/v1 (404) DRA
+ * is off, said once, and looked for again at the reflector's backoff. They end with d->stop.
+ */
+int ext_dra_start(ext_daemon *d, kgpu_error *err);
 /* A GPUQueue's status as the extender would write it now (tests and the status writer). */
 json_t *ext_gpuqueue_status(const ext_queue_row *row, long long generation, const char *error,
                             const json_t *old_status, const char *now);

@@ -74,6 +74,9 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->reclaims);
     kgpu_strmap_init(&st->refused);
     kgpu_strmap_init(&st->unsched);
+    kgpu_strmap_init(&st->dra_nodes);
+    kgpu_strmap_init(&st->dra_slices);
+    kgpu_strmap_init(&st->dra_claims);
     st->observed_order = calloc(OBSERVED_MAX, sizeof(char *));
     st->cluster = kgpu_cluster_new();
     if (st->cluster == NULL || st->observed_order == NULL || set_prior(st) != 0) {
@@ -110,7 +113,8 @@ void ext_state_destroy(ext_state *st)
     i = 0;
     while (kgpu_strmap_next(&st->cpu_pods, &i, &k, &v))
         free(v);
-    kgpu_strmap *owning[] = {&st->ns_queue, &st->reclaims, &st->refused};
+    kgpu_strmap *owning[] = {&st->ns_queue,  &st->reclaims,   &st->refused,
+                             &st->dra_nodes, &st->dra_slices, &st->dra_claims};
     for (size_t m = 0; m < sizeof(owning) / sizeof(owning[0]); m++) {
         i = 0;
         while (kgpu_strmap_next(owning[m], &i, &k, &v))
@@ -378,6 +382,17 @@ int ext_state_compile_gpuless(ext_state *st, const kgpu_pod *pod, kgpu_request *
     req->shape = shape_id(st, req);
     const kgpu_request *reqs[1] = {req};
     observe_requests(st, pod->uid, reqs, 1);
+    return 0;
+}
+
+int ext_state_compile_request(ext_state *st, const char *uid, kgpu_request *req, kgpu_error *err)
+{
+    int rc = kgpu_request_compile(st->cluster, req, err);
+    if (rc != 0)
+        return rc;
+    req->shape = shape_id(st, req);
+    const kgpu_request *reqs[1] = {req};
+    observe_requests(st, uid, reqs, 1);
     return 0;
 }
 
@@ -1068,6 +1083,11 @@ static void spec_of(const kgpu_cluster *c, const kgpu_node *n, kgpu_node_spec *s
     spec->ngpus = n->ngpus;
 }
 
+void ext_state_node_spec(const ext_state *st, int i, kgpu_node_spec *spec, kgpu_gpu_spec *gpus)
+{
+    spec_of(st->cluster, kgpu_cluster_node(st->cluster, i), spec, gpus);
+}
+
 /* Device indexes (not positions) of a held assignment, to survive a rebuild. */
 typedef struct held_ref {
     ext_pod *p;
@@ -1225,7 +1245,8 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
     }
     free(dropped);
     kgpu_cluster_free(old);
-    ext_queues_recharge(st); /* from the GPUs each pod holds in the new cluster */
+    ext_dra_cluster_rebuilt(st); /* DRA claims: charged again on the new cluster */
+    ext_queues_recharge(st);     /* from the GPUs each pod holds in the new cluster */
     retry_orphans(st); /* GPUs that came back, or a node that reappeared */
     return 0;
 }
@@ -1289,8 +1310,10 @@ int ext_state_upsert_node(ext_state *st, const kgpu_node_spec *spec, kgpu_error 
         int rc = kgpu_cluster_add_node(st->cluster, spec, err);
         if (rc >= 0 && st->queues_spec != NULL)
             ext_queues_recharge(st); /* its models may be new: per-model entries bind to them */
-        if (rc >= 0)
+        if (rc >= 0) {
             retry_orphans(st);
+            ext_dra_retry(st); /* claims on a DRA node that had no GPUs known */
+        }
         return rc < 0 ? rc : 0;
     }
     const kgpu_node *n = kgpu_cluster_node(st->cluster, idx);

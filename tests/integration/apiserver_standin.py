@@ -51,6 +51,8 @@ a POST would: a large cluster in a second instead of one request per object.
     reset_stats: true    zero the counters and forget the request log
     crd_absent: B        answer 404 for GPUQueues (/apis/kgpu.io/v1alpha1/gpuqueues) while B
                          is true, as a server without the CRD does
+    dra_absent: B        answer 404 for everything under /apis/resource.k8s.io/v1 while B is
+                         true, as a server without DRA does
     evict_status: {"NS/NAME": N}  answer evictions of these pods with N (429: a
                          PodDisruptionBudget refuses; any other) instead of evicting
     evict_keep: B        an accepted eviction (201) leaves the pod in place, as one with a
@@ -60,7 +62,11 @@ Besides nodes and pods it serves namespaces (/api/v1/namespaces), GPUQueues
 (kgpu.io/v1alpha1, cluster-scoped, generation bumped on spec changes, status
 written only through the /status subresource with a merge patch) and pod
 evictions (POST .../pods/NAME/eviction: 201 and the pod deleted, 404 without
-the pod); GET /_control/evictions lists the evictions asked for.
+the pod); GET /_control/evictions lists the evictions asked for. For DRA it
+serves resource.k8s.io/v1 ResourceSlices (cluster-scoped; field selectors
+spec.driver, spec.nodeName, spec.pool.name as the real server) and
+ResourceClaims (namespaced, listed and watched across namespaces too); a
+claim's status is written with PUT or a merge patch of the claim itself.
 GET /_control/stats returns the counters and the current resourceVersion;
 GET /_control/requests the last 5000 list and watch requests, each with the
 query it came with and, for lists, what it was answered.
@@ -151,14 +157,19 @@ FIELDS = {"pods": {"metadata.name", "metadata.namespace", "spec.nodeName", "spec
           "nodes": {"metadata.name", "spec.unschedulable"},
           "namespaces": {"metadata.name"},
           "gpuqueues": {"metadata.name"},
-          "events": {"metadata.name", "involvedObject.name"}}
+          "events": {"metadata.name", "involvedObject.name"},
+          "resourceslices": {"metadata.name", "spec.driver", "spec.nodeName", "spec.pool.name"},
+          "resourceclaims": {"metadata.name", "metadata.namespace"}}
 
 # apiVersion, kind and list kind of each kind served.
 KINDS = {"pods": ("v1", "Pod", "PodList"), "nodes": ("v1", "Node", "NodeList"),
          "namespaces": ("v1", "Namespace", "NamespaceList"),
          "gpuqueues": ("kgpu.io/v1alpha1", "GPUQueue", "GPUQueueList"),
-         "events": ("v1", "Event", "EventList")}
-NAMESPACED = {"pods", "events"}
+         "events": ("v1", "Event", "EventList"),
+         "resourceslices": ("resource.k8s.io/v1", "ResourceSlice", "ResourceSliceList"),
+         "resourceclaims": ("resource.k8s.io/v1", "ResourceClaim", "ResourceClaimList")}
+NAMESPACED = {"pods", "events", "resourceclaims"}
+RESOURCE_V1 = ["apis", "resource.k8s.io", "v1"]
 GPUQUEUES = ["apis", "kgpu.io", "v1alpha1", "gpuqueues"]
 
 
@@ -259,7 +270,7 @@ class Store:
         self.faults = {"bind_status": 0, "bind_count": 0, "bind_delay_ms": 0, "fail_lists": 0,
                        "patch_delay_ms": 0, "ignore_limit": False, "expire_continues": 0,
                        "hold_continues": "", "crd_absent": False, "evict_status": {},
-                       "evict_keep": False}
+                       "evict_keep": False, "dra_absent": False}
         # List snapshots by (kind, resourceVersion): (sorted keys, objects), oldest first.
         self.snapshots = OrderedDict()
         self.compacted = 0      # snapshots older than this resourceVersion are gone
@@ -606,7 +617,7 @@ class Store:
                 self.floor = self.rv
             if req.get("reset_stats"):
                 self.reset_stats()
-            for key in ("crd_absent", "evict_keep"):
+            for key in ("crd_absent", "evict_keep", "dra_absent"):
                 if key in req:
                     self.faults[key] = bool(req[key])
             if "evict_status" in req:
@@ -685,6 +696,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(404, "the server could not find the requested resource")
             return ("gpuqueues", None, parts[4] if len(parts) >= 5 else None,
                     parts[5] if len(parts) == 6 else None)
+        if parts[:3] == RESOURCE_V1:
+            return self.route_resource_v1(parts[3:])
         if parts[:2] != ["api", "v1"]:
             raise ApiError(404, "the server could not find the requested resource")
         rest = parts[2:]
@@ -699,6 +712,21 @@ class Handler(BaseHTTPRequestHandler):
         if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] == "pods" and len(rest) <= 5:
             return ("pods", rest[1], rest[3] if len(rest) >= 4 else None,
                     rest[4] if len(rest) == 5 else None)
+        raise ApiError(404, "the server could not find the requested resource")
+
+    def route_resource_v1(self, rest):
+        """resource.k8s.io/v1: resourceslices[/NAME], resourceclaims (every namespace),
+        namespaces/NS/resourceclaims[/NAME]."""
+        with self.store.cond:
+            absent = self.store.faults["dra_absent"]
+        if absent:
+            raise ApiError(404, "the server could not find the requested resource")
+        if rest[:1] == ["resourceslices"] and len(rest) <= 2:
+            return "resourceslices", None, rest[1] if len(rest) == 2 else None, None
+        if rest == ["resourceclaims"]:
+            return "resourceclaims", None, None, None
+        if len(rest) in (3, 4) and rest[0] == "namespaces" and rest[2] == "resourceclaims":
+            return "resourceclaims", rest[1], rest[3] if len(rest) == 4 else None, None
         raise ApiError(404, "the server could not find the requested resource")
 
     def dispatch(self, method):
@@ -798,7 +826,7 @@ class Handler(BaseHTTPRequestHandler):
             code = self.store.evict(ns, name, body)
             return self.send_json(code, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                          "status": "Success", "code": code})
-        if name is not None or sub is not None or (kind == "pods" and ns is None):
+        if name is not None or sub is not None or (kind in NAMESPACED and ns is None):
             raise ApiError(405, "POST is not supported here")
         if not isinstance(body, dict):
             raise ApiError(400, "a %s object is required" % kind)
