@@ -36,6 +36,12 @@ typedef struct kgpu_sim_input {
     int gpus;
 } kgpu_sim_input;
 
+/* Who picks the GPUs within the chosen node (kgpu_sim_config.allocator). */
+typedef enum kgpu_sim_allocator {
+    KGPU_SIM_ALLOC_POLICY = 0, /* the policy (kgpu_policy_select on that node) */
+    KGPU_SIM_ALLOC_DRA,        /* kube-scheduler's DRA allocator: first fit in slice order */
+} kgpu_sim_allocator;
+
 typedef struct kgpu_sim_config {
     const char *policy;
     uint64_t seed;
@@ -69,11 +75,28 @@ typedef struct kgpu_sim_config {
      * policy. NULL: the extender's score alone over every node.
      */
     const struct kgpu_sim_k8s *k8s;
+    /*
+     * Who picks the GPUs on the chosen node. KGPU_SIM_ALLOC_POLICY (0, the
+     * default): the policy. KGPU_SIM_ALLOC_DRA: kube-scheduler's DRA allocator
+     * (v1.37), the first devices in the ResourceSlice's order (GPU index order)
+     * that match the model and still have the compute and memory asked for;
+     * the node is always kube-scheduler's choice then (k8s, or
+     * KGPU_SIM_K8S_DEFAULT when NULL; extender_scores 0 counts as 1).
+     */
+    kgpu_sim_allocator allocator;
 } kgpu_sim_config;
 
 /* kube-scheduler's side of a placement (kubescheduler.config.k8s.io/v1 defaults shown). */
 typedef struct kgpu_sim_k8s {
-    int extender_weight;   /* extenders[].weight (5 shipped); the score counts x weight x 10 */
+    /*
+     * extenders[].weight (5 shipped); the score counts x weight x 10. 0: no
+     * prioritize at all (kube-scheduler refuses a prioritizeVerb without a
+     * positive weight), so the policy is never asked to score; the plugins
+     * alone choose the node. Under KGPU_SIM_ALLOC_DRA that leaves no extender:
+     * the policy is not consulted at all. Under KGPU_SIM_ALLOC_POLICY the
+     * extender still binds, so it picks the GPUs and learns the GPU pods.
+     */
+    int extender_weight;
     int nodes_to_score;    /* percentageOfNodesToScore: 0 adaptive (50 - nodes/125, >= 5) */
     int fit_weight;        /* NodeResourcesFit score weight (1; 0 = off) */
     bool most_allocated;   /* NodeResourcesFit strategy MostAllocated (default LeastAllocated) */
@@ -84,6 +107,15 @@ typedef struct kgpu_sim_k8s {
      */
     bool all_pods;
 } kgpu_sim_k8s;
+
+/* The shipped configuration on kube-scheduler's defaults, as a kgpu_sim_k8s initialiser. */
+#define KGPU_SIM_K8S_DEFAULT                                                                       \
+    {.extender_weight = 5,                                                                         \
+     .nodes_to_score = 0,                                                                          \
+     .fit_weight = 1,                                                                              \
+     .most_allocated = false,                                                                      \
+     .balanced_weight = 1,                                                                         \
+     .all_pods = true}
 
 typedef struct kgpu_sim_result {
     double alloc_pct_100;   /* allocation % when arrival reached 100 % */

@@ -127,6 +127,9 @@ json_t *kgpu_study_json(const kgpu_study *s, bool timing)
     json_object_set_new(root, "target", json_string(s->online ? "online" : "trace"));
     if (s->extender_scores)
         json_object_set_new(root, "choice", json_string(s->k8s ? "kube-scheduler" : "extender-scores"));
+    /* Only when not the default, so that the default's output stays what it always was. */
+    if (s->allocator == KGPU_SIM_ALLOC_DRA)
+        json_object_set_new(root, "allocator", json_string("dra"));
     if (s->k8s) {
         json_t *k = json_object();
         json_object_set_new(k, "extender_weight", json_integer(s->k8s->extender_weight));
@@ -199,6 +202,11 @@ static void print_table(FILE *f, const kgpu_study *s, const char *pods_path)
     fprintf(f, "seeds: %" PRIu64, s->seeds[0]);
     if (s->nseeds > 1)
         fprintf(f, "..%" PRIu64 " (%d runs each, means shown)", s->seeds[s->nseeds - 1], s->nseeds);
+    if (s->allocator == KGPU_SIM_ALLOC_DRA) {
+        fprintf(f, "\nallocator: dra (GPUs first fit in slice order on kube-scheduler's node)");
+        if (s->k8s != NULL && s->k8s->extender_weight == 0)
+            fprintf(f, "; extender weight 0: no extender, the policy is not consulted");
+    }
     fprintf(f, "\n\n%-16s %11s %11s %13s %12s %9s %8s\n", "policy", "alloc@100%", "alloc@130%",
             "unalloc GPUs", "failed pods", "frag@90%", "wall s");
     for (int r = 0; r < s->nrows; r++) {
@@ -755,12 +763,18 @@ static void simulate_usage(FILE *f)
                "  --kube-scheduler SPEC  as --extender-scores, with kube-scheduler's own part:\n"
                "                    its node sample, its default score plugins beside the\n"
                "                    extender's. SPEC: default (the shipped configuration),\n"
-               "                    or a comma list of weight=N (extender weight, 5),\n"
+               "                    or a comma list of weight=N (extender weight, 5; 0: no\n"
+               "                    prioritize, the plugins alone choose the node),\n"
                "                    score=PCT (percentageOfNodesToScore, 0 adaptive),\n"
                "                    fit=least|most|off, fit-weight=N, balanced=N (weights 1),\n"
                "                    gpu-pods (pods without GPU placed by the plugins alone,\n"
                "                    as without the prioritize-gpuless entry), all-pods (the\n"
                "                    default: pods without GPU get the extender's scores too)\n"
+               "  --allocator A     who picks the GPUs on the chosen node: policy (default:\n"
+               "                    the policy), or dra: devices as kube-scheduler's DRA\n"
+               "                    allocator takes them (first fit in slice order) on the\n"
+               "                    node kube-scheduler chooses (--kube-scheduler SPEC,\n"
+               "                    default `default`; weight=0: no extender, DRA alone)\n"
                "  --workload        print the arrival sequence of the (one) seed as CSV\n"
                "                    (seq,pod,name,cpu_milli,memory_mib,num_gpu,gpu_milli,\n"
                "                    gpu_spec) instead of simulating\n"
@@ -783,16 +797,15 @@ static void simulate_usage(FILE *f)
 
 /*
  * --kube-scheduler SPEC: comma-separated `default` (the shipped configuration
- * on kube-scheduler's defaults: pods without a GPU scored too), `weight=N`,
- * `score=PCT` (percentageOfNodesToScore, 0 adaptive), `fit=least|most|off`,
+ * on kube-scheduler's defaults: pods without a GPU scored too), `weight=N`
+ * (0: no prioritize), `score=PCT` (percentageOfNodesToScore, 0 adaptive), `fit=least|most|off`,
  * `fit-weight=N`, `balanced=N`, `gpu-pods` (no prioritize-gpuless entry: only
  * GPU pods reach the extender), `all-pods`. Later items override earlier ones.
  * False after saying on stderr what was wrong.
  */
 static bool k8s_arg(const char *text, kgpu_sim_k8s *k)
 {
-    *k = (kgpu_sim_k8s){.extender_weight = 5, .nodes_to_score = 0, .fit_weight = 1,
-                        .most_allocated = false, .balanced_weight = 1, .all_pods = true};
+    *k = (kgpu_sim_k8s)KGPU_SIM_K8S_DEFAULT;
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", text);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -802,7 +815,7 @@ static bool k8s_arg(const char *text, kgpu_sim_k8s *k)
         bool num = eq && end != eq + 1 && *end == '\0' && v >= 0 && v <= 1000000;
         if (strcmp(t, "default") == 0)
             continue;
-        if (strncmp(t, "weight=", 7) == 0 && num && v > 0)
+        if (strncmp(t, "weight=", 7) == 0 && num)
             k->extender_weight = (int)v;
         else if (strncmp(t, "score=", 6) == 0 && num && v <= 100)
             k->nodes_to_score = (int)v;
@@ -865,6 +878,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"kube-scheduler", required_argument, NULL, 'K'},
         {"queues", required_argument, NULL, 'Q'},
         {"queue-modes", required_argument, NULL, 'M'},
+        {"allocator", required_argument, NULL, 'A'},
         {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL, *queues_path = NULL;
@@ -875,8 +889,9 @@ int kgpu_cmd_simulate(int argc, char **argv)
     int threads = 0;
     bool json = false, timing = true, random_ties = false, online = false;
     bool churn = false, inflate_set = false, speedup_set = false;
-    bool extender_scores = false, workload = false, k8s_set = false;
-    kgpu_sim_k8s k8s;
+    bool extender_scores = false, workload = false, k8s_set = false, extender_only = false;
+    kgpu_sim_allocator allocator = KGPU_SIM_ALLOC_POLICY;
+    kgpu_sim_k8s k8s = KGPU_SIM_K8S_DEFAULT;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -942,7 +957,19 @@ int kgpu_cmd_simulate(int argc, char **argv)
             online = true;
             break;
         case 'E':
-            extender_scores = true;
+            extender_scores = extender_only = true;
+            break;
+        case 'A':
+            if (strcmp(optarg, "policy") == 0) {
+                allocator = KGPU_SIM_ALLOC_POLICY;
+            } else if (strcmp(optarg, "dra") == 0) {
+                allocator = KGPU_SIM_ALLOC_DRA;
+            } else {
+                fprintf(stderr, "kgpu simulate: --allocator '%s': expected policy or dra\n",
+                        optarg);
+                free(policy_text);
+                return 2;
+            }
             break;
         case 'W':
             workload = true;
@@ -1030,6 +1057,18 @@ int kgpu_cmd_simulate(int argc, char **argv)
         kgpu_error_set(&err, KGPU_EINVAL, "--extender-scores does not work with --churn yet");
         goto out;
     }
+    if (allocator == KGPU_SIM_ALLOC_DRA && churn) {
+        kgpu_error_set(&err, KGPU_EINVAL, "--allocator dra does not work with --churn yet");
+        goto out;
+    }
+    if (allocator == KGPU_SIM_ALLOC_DRA && extender_only && !k8s_set) {
+        /* The DRA allocator sits inside kube-scheduler: its node choice comes with it. */
+        kgpu_error_set(&err, KGPU_EINVAL,
+                       "--allocator dra takes --kube-scheduler SPEC, not --extender-scores");
+        goto out;
+    }
+    if (allocator == KGPU_SIM_ALLOC_DRA)
+        k8s_set = extender_scores = true; /* k8s holds the default when no SPEC was given */
     if (churn) {
         kgpu_churn_queue_mode modes[4];
         int nmodes = 0;
@@ -1065,6 +1104,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
     study.online = online;
     study.extender_scores = extender_scores ? 1 : 0;
     study.k8s = k8s_set ? &k8s : NULL;
+    study.allocator = allocator;
     study.progress = isatty(STDERR_FILENO);
     if (kgpu_study_run(&study, &err) != 0)
         goto out;

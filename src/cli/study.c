@@ -84,7 +84,8 @@ static void *worker(void *arg)
                                .random_ties = s->random_ties,
                                .online = s->online,
                                .extender_scores = s->extender_scores,
-                               .k8s = s->k8s};
+                               .k8s = s->k8s,
+                               .allocator = s->allocator};
         kgpu_error err;
         kgpu_error_clear(&err);
         double t0 = kgpu_now();

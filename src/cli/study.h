@@ -39,6 +39,7 @@ typedef struct kgpu_study {
     bool online;      /* see kgpu_sim_config */
     int extender_scores; /* see kgpu_sim_config */
     const kgpu_sim_k8s *k8s; /* see kgpu_sim_config; borrowed */
+    kgpu_sim_allocator allocator; /* see kgpu_sim_config */
     double elapsed_s; /* wall time of the whole study */
 } kgpu_study;
 

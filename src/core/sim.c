@@ -326,15 +326,16 @@ static int64_t k8s_plugin_score(const kgpu_cluster *c, int i, const kgpu_request
 }
 
 /*
- * kube-scheduler with the extender (kgpu_sim_k8s): filter from the rotating
- * start until the sample is full, the extender's 0-10 scores (for pods that ask
- * for a GPU) times weight x 10 plus the default score plugins, the highest
- * total wins, ties at random; then the policy's GPUs on that node. `feasible`
- * and `scores` have room for every node; *start is nextStartNodeIndex.
+ * kube-scheduler's node choice (kgpu_sim_k8s): filter from the rotating start
+ * until the sample is full, the extender's 0-10 scores (for pods that ask for
+ * a GPU, or all with all_pods; never with weight 0 or without a policy) times
+ * weight x 10 plus the default score plugins, the highest total wins, ties at
+ * random. `feasible` and `scores` have room for every node; *start is
+ * nextStartNodeIndex. p may be NULL (no extender).
  */
-static int k8s_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
-                      const kgpu_sim_k8s *k, int *feasible, int *scores, int nn, int *start,
-                      kgpu_rng *rng, int *node_out, int *gpus, kgpu_error *err)
+static int k8s_node(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request *req,
+                    const kgpu_sim_k8s *k, int *feasible, int *scores, int nn, int *start,
+                    kgpu_rng *rng, int *node_out, kgpu_error *err)
 {
     int want = k8s_nodes_to_find(nn, k->nodes_to_score), nf = 0, processed = 0;
     for (int j = 0; j < nn && nf < want; j++) {
@@ -346,7 +347,8 @@ static int k8s_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request 
     *start = (*start + processed) % nn;
     if (nf == 0)
         return kgpu_error_set(err, KGPU_ENOFIT, "no node fits");
-    bool managed = req->gpu_count > 0 || k->all_pods;
+    /* Weight 0 adds nothing to any node: skipping the call changes no choice. */
+    bool managed = p != NULL && k->extender_weight > 0 && (req->gpu_count > 0 || k->all_pods);
     if (managed) {
         int rc = kgpu_policy_node_scores(p, c, req, feasible, nf, scores, err);
         if (rc != 0)
@@ -367,7 +369,40 @@ static int k8s_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request 
             chosen = feasible[j];
         }
     }
-    return kgpu_policy_select(p, c, req, &chosen, 1, rng, node_out, gpus, err);
+    *node_out = chosen;
+    return 0;
+}
+
+/*
+ * kube-scheduler's DRA allocator on node `node` (v1.37.2, structured
+ * parameters): devices in the ResourceSlice's order, which kgpu's driver
+ * publishes as gpu-0, gpu-1, ...; each request takes the first gpu_count
+ * distinct devices that match its selectors and still have the consumable
+ * capacity asked for (kgpu_gpu_usable: model, health, compute, memory, and
+ * untouched for a whole GPU). No scoring among devices. The caller has
+ * checked that the node fits; finding too few devices then means the fit
+ * check and this walk disagree, which is a bug, not a failed pod.
+ */
+static int dra_first_fit(const kgpu_cluster *c, int node, const kgpu_request *req, int *gpus,
+                         kgpu_error *err)
+{
+    const kgpu_node *n = kgpu_cluster_node(c, node);
+    int order[KGPU_MAX_GPUS_PER_NODE], k = 0;
+    /* Slice order is device index order; positions in n->gpus need not be (trace nodes are). */
+    for (int i = 0; i < n->ngpus; i++) {
+        int j = i;
+        for (; j > 0 && n->gpus[order[j - 1]].index > n->gpus[i].index; j--)
+            order[j] = order[j - 1];
+        order[j] = i;
+    }
+    for (int i = 0; i < n->ngpus && k < req->gpu_count; i++)
+        if (kgpu_gpu_usable(n, &n->gpus[order[i]], req))
+            gpus[k++] = order[i];
+    if (k < req->gpu_count)
+        return kgpu_error_set(err, KGPU_ESTATE,
+                              "node %s fits a %d-GPU request but first fit found %d devices",
+                              n->name, req->gpu_count, k);
+    return 0;
 }
 
 /* A GPU share: under 1000 milli of each GPU it takes (what share_packing measures). */
@@ -383,6 +418,19 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     memset(out, 0, sizeof(*out));
     if (!(cfg->inflate > 0 && cfg->inflate <= 100))
         return kgpu_error_set(err, KGPU_EINVAL, "inflate %.3f outside (0, 100]", cfg->inflate);
+    if (cfg->allocator != KGPU_SIM_ALLOC_POLICY && cfg->allocator != KGPU_SIM_ALLOC_DRA)
+        return kgpu_error_set(err, KGPU_EINVAL, "allocator %d unknown", (int)cfg->allocator);
+    static const kgpu_sim_k8s k8s_default = KGPU_SIM_K8S_DEFAULT;
+    bool dra = cfg->allocator == KGPU_SIM_ALLOC_DRA;
+    const kgpu_sim_k8s *k8s = cfg->k8s != NULL ? cfg->k8s : dra ? &k8s_default : NULL;
+    bool choose = cfg->extender_scores != 0 || dra; /* kube-scheduler chooses the node */
+    /*
+     * DRA with no extender's prioritize leaves no extender at all: the policy
+     * is never opened, shown a pod or asked, so the run cannot depend on it.
+     */
+    bool no_policy = dra && k8s->extender_weight <= 0;
+    if (no_policy && cfg->policy != NULL && kgpu_policy_find(cfg->policy) == NULL)
+        return kgpu_error_set(err, KGPU_ENOENT, "unknown policy '%s'", cfg->policy);
     kgpu_rng wrng, srng;
     kgpu_rng_seed(&wrng, cfg->seed, 1);
     kgpu_rng_seed(&srng, cfg->seed, 2);
@@ -401,8 +449,8 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
     }
-    if ((rc = kgpu__policy_open(cfg->policy, cfg->online, c, &in->target, &p, &learner,
-                                &out->online, err)) != 0)
+    if (!no_policy && (rc = kgpu__policy_open(cfg->policy, cfg->online, c, &in->target, &p,
+                                              &learner, &out->online, err)) != 0)
         goto done;
     /* The study's tie order: a random node permutation per seed. */
     int nn = kgpu_cluster_node_count(c);
@@ -412,14 +460,14 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         goto done;
     }
     draw_tie_order(&wrng, rank, nn);
-    if (!cfg->random_ties)
+    if (!cfg->random_ties && p != NULL)
         kgpu_policy_set_tie_order(p, rank, nn);
     uint64_t present = 0;
     for (int i = 0; i < nn; i++)
         present |= kgpu_cluster_node(c, i)->model_mask;
     int k8s_start = 0; /* kube-scheduler's nextStartNodeIndex */
-    if (cfg->extender_scores) {
-        all = malloc((size_t)(nn > 0 ? nn : 1) * 2 * sizeof(*all)); /* and k8s_select's sample */
+    if (choose) {
+        all = malloc((size_t)(nn > 0 ? nn : 1) * 2 * sizeof(*all)); /* and k8s_node's sample */
         scores = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*scores));
         if (all == NULL || scores == NULL) {
             rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
@@ -427,7 +475,8 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         }
         for (int i = 0; i < nn; i++)
             all[i] = i;
-        kgpu_policy_set_linear_scores(p, cfg->extender_scores == 2);
+        if (p != NULL)
+            kgpu_policy_set_linear_scores(p, cfg->extender_scores == 2);
     }
     double cap = (double)in->capacity_milli;
     int64_t arrived = 0;
@@ -439,15 +488,27 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         arrived += kgpu__gpu_demand(req);
         bool constrained = req->gpu_count > 0 && (req->models & present) != present;
         out->constrained_pods += constrained;
-        /* Under kube-scheduler the extender never sees a pod without a GPU arrive. */
-        if ((cfg->k8s == NULL || cfg->k8s->all_pods || req->gpu_count > 0) &&
-            (rc = kgpu__policy_learn(p, learner, c, req, err)) != 0)
+        /*
+         * Under kube-scheduler the extender sees a pod without a GPU only
+         * through its prioritize entry for them (all_pods), which a weight of
+         * 0 takes away.
+         */
+        bool shown =
+            k8s == NULL || req->gpu_count > 0 || (k8s->all_pods && k8s->extender_weight > 0);
+        if (p != NULL && shown && (rc = kgpu__policy_learn(p, learner, c, req, err)) != 0)
             goto done;
         int node, gpus[KGPU_MAX_GPUS_PER_NODE];
-        if (all != NULL && cfg->k8s != NULL)
-            rc = k8s_select(p, c, req, cfg->k8s, all + nn, scores, nn, &k8s_start, &srng, &node,
-                            gpus, err);
-        else if (all != NULL)
+        if (choose && k8s != NULL) {
+            int chosen = -1;
+            rc = k8s_node(p, c, req, k8s, all + nn, scores, nn, &k8s_start, &srng, &chosen, err);
+            if (rc == 0 && dra) {
+                node = chosen;
+                if (req->gpu_count > 0)
+                    rc = dra_first_fit(c, chosen, req, gpus, err);
+            } else if (rc == 0) {
+                rc = kgpu_policy_select(p, c, req, &chosen, 1, &srng, &node, gpus, err);
+            }
+        } else if (all != NULL)
             rc = extender_select(p, c, req, all, scores, nn, &srng, &node, gpus, err);
         else
             rc = kgpu_policy_select(p, c, req, NULL, 0, &srng, &node, gpus, err);
