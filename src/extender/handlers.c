@@ -15,6 +15,10 @@
 #include "jsonw.h"
 
 #define REASON_MAX  300
+/* Filter's reason for a DRA node (dra.c), where device-plugin resources are not served. */
+#define DRA_NODE_REASON                                                                           \
+    "a DRA node (" EXT_DRA_LABEL "=" EXT_DRA_LABEL_VALUE "): its GPUs are given out through "    \
+    "ResourceClaims of class " EXT_DRA_CLASS ", not as kgpu.io/gpu-mem or nvidia.com/gpu"
 #define INVALID_MAX (KGPU_ERROR_MSG_MAX + 8) /* "kgpu: " and the pod's error */
 
 static char *dump(json_t *v)
@@ -624,6 +628,10 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
                 continue;
             }
             int idx = kgpu_cluster_find_node(d->state.cluster, names[i]);
+            if (idx >= 0 && ext_dra_is_node(&d->state, names[i])) {
+                add_reason(&unresolvable, names[i], DRA_NODE_REASON);
+                continue;
+            }
             if (idx < 0) {
                 add_reason(&unresolvable, names[i],
                            "node has no GPU inventory known to kgpu (no kgpu.io/gpus annotation "
@@ -855,8 +863,12 @@ static void handle_prioritize(ext_daemon *d, json_t *args, fast_names *fast, ext
         int m = 0;
         for (int i = 0; i < n; i++) {
             idx[i] = kgpu_cluster_find_node(d->state.cluster, names[i]);
-            if (dra && idx[i] >= 0 && !ext_dra_is_node(&d->state, names[i]))
-                idx[i] = -1; /* its claim cannot be allocated on a device-plugin node */
+            /*
+             * A DRA pod's claim is allocated on DRA nodes only; a device-plugin
+             * pod's resources are served on the others only (one owner per node).
+             */
+            if (idx[i] >= 0 && (dra || !gpuless) && dra != ext_dra_is_node(&d->state, names[i]))
+                idx[i] = -1;
             m += idx[i] >= 0;
         }
         /* Score the known nodes in one call, then spread the scores back. */
@@ -1298,6 +1310,8 @@ static void handle_preempt(ext_daemon *d, json_t *args, ext_response *r)
         }
         bool keep = pod->nparts == 0;
         int idx = kgpu_cluster_find_node(d->state.cluster, node);
+        if (idx >= 0 && ext_dra_is_node(&d->state, node))
+            idx = -1; /* no device-plugin GPU there: preemption cannot make room */
         if (!keep && idx >= 0) {
             /* Would the pod fit once the victims that hold GPUs here are gone? */
             kgpu_assignment *release = calloc((size_t)nv * KGPU_MAX_PARTS + 1, sizeof(*release));

@@ -651,8 +651,9 @@ static bool fits_somewhere(ext_state *st, const kgpu_pod *pod)
     ext_fit_requests(pod, fitreq, reqs);
     int n = kgpu_cluster_node_count(st->cluster);
     for (int i = 0; i < n; i++)
-        if (kgpu_fit(st->cluster, i, reqs[0], NULL, 0))
-            return true;
+        if (!ext_dra_is_node(st, kgpu_cluster_node(st->cluster, i)->name) &&
+            kgpu_fit(st->cluster, i, reqs[0], NULL, 0))
+            return true; /* a DRA node serves no device-plugin pod */
     return false;
 }
 
