@@ -132,7 +132,7 @@ int dp_prefer(const dp_inventory *inv, dp_res r, const char *const *avail, int n
 /* One GPU of a matched container. */
 typedef struct dp_gpu_share {
     int index; /* host index */
-    char uuid[KGPU_UUID_MAX];
+    char uuid[KGPU_GPU_UUID_MAX]; /* as discovery's: a GPU's UUID is never cut */
     int milli;
     int64_t memory_mib;
 } dp_gpu_share;
