@@ -51,8 +51,7 @@ static int quantity_at(const json_t *obj, const char *key, int64_t *out)
         *out = json_integer_value(v);
         return *out < 0 ? -1 : 0;
     }
-    if (!json_is_string(v) || kgpu_quantity_value(json_string_value(v), out, NULL) != 0 ||
-        *out < 0)
+    if (!json_is_string(v) || kgpu_quantity_value(json_string_value(v), out, NULL) != 0 || *out < 0)
         return -1;
     return 0;
 }
@@ -299,8 +298,8 @@ int ext_dra_claim_parse(const json_t *obj, ext_dra_claim **out, kgpu_error *err)
 
 bool ext_dra_node_labelled(const json_t *node)
 {
-    const char *v = str_at(json_object_get(json_object_get(node, "metadata"), "labels"),
-                           EXT_DRA_LABEL);
+    const char *v =
+        str_at(json_object_get(json_object_get(node, "metadata"), "labels"), EXT_DRA_LABEL);
     return v != NULL && strcmp(v, EXT_DRA_LABEL_VALUE) == 0;
 }
 
@@ -548,8 +547,7 @@ static void uncharge(ext_state *st, ext_dra_claim *c)
             continue;
         kgpu_error err;
         if (kgpu_cluster_release(st->cluster, &c->res[i].a, &err) != 0)
-            ext_log(EXT_ERROR, "ResourceClaim %s/%s: release failed: %s", c->ns, c->name,
-                    err.msg);
+            ext_log(EXT_ERROR, "ResourceClaim %s/%s: release failed: %s", c->ns, c->name, err.msg);
         c->res[i].applied = false;
     }
 }
@@ -673,8 +671,7 @@ static void request_of(const ext_dra_request *q, kgpu_request *req)
     }
 }
 
-int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, char *why,
-                        size_t len)
+int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, char *why, size_t len)
 {
     const json_t *meta = json_object_get(pod, "metadata");
     const json_t *claims = json_object_get(json_object_get(pod, "spec"), "resourceClaims");
@@ -728,8 +725,8 @@ int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, cha
         }
         if (c->error[0] != '\0') {
             if (why[0] == '\0')
-                snprintf(why, len, "pod %s/%s: ResourceClaim %s cannot be read: %s", ns, pname,
-                         key, c->error);
+                snprintf(why, len, "pod %s/%s: ResourceClaim %s cannot be read: %s", ns, pname, key,
+                         c->error);
             continue;
         }
         for (int k = 0; k < c->nreq; k++) {
@@ -895,8 +892,8 @@ static void claims_reset(void *ctx, json_t *items)
     ext_dra_claims_reset(&d->state, c, (int)m);
     int waiting = d->state.dra_unapplied;
     pthread_mutex_unlock(&d->state.mu);
-    ext_log(EXT_INFO, "DRA: %zu ResourceClaims of %s (%zu listed); %d devices not counted now",
-            m, EXT_DRA_CLASS, n, waiting);
+    ext_log(EXT_INFO, "DRA: %zu ResourceClaims of %s (%zu listed); %d devices not counted now", m,
+            EXT_DRA_CLASS, n, waiting);
     free(c);
     malloc_trim(0);
 }
@@ -931,8 +928,7 @@ static void claims_restart(void *ctx, const char *why)
 static void *watch_slices(void *arg)
 {
     ext_daemon *d = arg;
-    static const kgpu_reflector_ops ops = {slices_reset, slices_event, slices_restart,
-                                           slices_trim};
+    static const kgpu_reflector_ops ops = {slices_reset, slices_event, slices_restart, slices_trim};
     /* spec.driver is a field selector of ResourceSlices; the parser checks it again. */
     kgpu_reflector_run(d->k8s, SLICES, "fieldSelector=spec.driver%3D" EXT_DRA_DRIVER, &ops, d,
                        &d->stop);
@@ -942,8 +938,7 @@ static void *watch_slices(void *arg)
 static void *watch_claims(void *arg)
 {
     ext_daemon *d = arg;
-    static const kgpu_reflector_ops ops = {claims_reset, claims_event, claims_restart,
-                                           claims_trim};
+    static const kgpu_reflector_ops ops = {claims_reset, claims_event, claims_restart, claims_trim};
     kgpu_reflector_run(d->k8s, CLAIMS, NULL, &ops, d, &d->stop);
     return NULL;
 }

@@ -97,8 +97,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc != 0 && (c != NULL || err.msg[0] == '\0'))
         abort();
     if (c != NULL) {
-        if (c->nreq < 0 || c->nreq > EXT_DRA_REQUESTS || c->nres < 0 ||
-            c->nres > EXT_DRA_RESULTS || (c->error[0] != '\0' && (c->nreq | c->nres) != 0))
+        if (c->nreq < 0 || c->nreq > EXT_DRA_REQUESTS || c->nres < 0 || c->nres > EXT_DRA_RESULTS ||
+            (c->error[0] != '\0' && (c->nreq | c->nres) != 0))
             abort();
         char ns[64], name[KGPU_NAME_MAX + 1];
         strcpy(ns, c->ns);

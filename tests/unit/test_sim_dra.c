@@ -152,7 +152,7 @@ static void test_multi_gpu_first_n(void **state)
 {
     (void)state;
     static const gpu_def gpus[] = {{0, "T4"}, {1, "T4"}, {2, "T4"}, {3, "T4"}};
-    static const pod_def pods[] = {{1, 400, NULL}, {1, 650, NULL},  {1, 700, NULL},
+    static const pod_def pods[] = {{1, 400, NULL}, {1, 650, NULL}, {1, 700, NULL},
                                    {2, 300, NULL}, {1, 600, NULL}, {1, 1000, NULL}};
     kgpu_sim_input in;
     build_input(gpus, 4, pods, 6, &in);
