@@ -79,6 +79,18 @@ typedef struct kg_state {
     double demand_total;            /* GPU milli of all pods seen */
     bool constrained_seen;
     long pods, pods_at_count;
+    /*
+     * The free count, kept up to date from the cluster's change journal
+     * (kg_count): each node's share of it as last counted, per GPU (free
+     * milli if healthy, else 0) at gfree[gstart[i]..gstart[i + 1]), and the
+     * sums in integers. Of cluster counted_c with counted_nodes nodes, as of
+     * change counted_seq; counted_c NULL: count every node again.
+     */
+    const kgpu_cluster *counted_c;
+    int counted_nodes;
+    uint64_t counted_seq;
+    int *gstart, *gfree;
+    int64_t free_milli[KGPU_MAX_MODELS], free_milli_total;
     kgpu__frag_table table; /* the target's shapes for kgpu__frag_node_of; stale: w NULL */
     int table_ints[KGPU__FRAG_TABLE_INTS(KG_MAX_SHAPES)];
 } kg_state;
@@ -107,19 +119,95 @@ static void kg_learn(kg_state *st)
     st->cpu_per_milli = gpu > 0 ? cpu / gpu : 0;
 }
 
-/* Counts free GPU compute per model and derives each model's scarcity from it. */
+/* Node i's healthy free milli into the integer sums, with sign +1 or -1 (as last counted). */
+static void kg_count_node(kg_state *st, const kgpu_node *n, int i, int sign)
+{
+    for (int g = 0, k = st->gstart[i]; g < n->ngpus; g++, k++) {
+        st->free_milli[n->gpus[g].model] += sign * st->gfree[k];
+        st->free_milli_total += sign * st->gfree[k];
+    }
+}
+
+static void kg_note_node(kg_state *st, const kgpu_node *n, int i)
+{
+    for (int g = 0, k = st->gstart[i]; g < n->ngpus; g++, k++)
+        st->gfree[k] = n->gpus[g].healthy ? n->gpus[g].free_milli : 0;
+}
+
+/*
+ * The integer sums of every node's healthy free milli, from scratch, noting
+ * each node's share (when there is room to; otherwise the next count is from
+ * scratch again).
+ */
+static void kg_count_all(kg_state *st, const kgpu_cluster *c)
+{
+    int nn = kgpu_cluster_node_count(c);
+    memset(st->free_milli, 0, sizeof(st->free_milli));
+    st->free_milli_total = 0;
+    free(st->gstart);
+    free(st->gfree);
+    st->gstart = malloc(((size_t)nn + 1) * sizeof(*st->gstart));
+    size_t gpus = 0;
+    for (int i = 0; i < nn; i++)
+        gpus += (size_t)kgpu_cluster_node(c, i)->ngpus;
+    st->gfree = malloc((gpus > 0 ? gpus : 1) * sizeof(*st->gfree));
+    if (st->gstart == NULL || st->gfree == NULL) {
+        free(st->gstart);
+        free(st->gfree);
+        st->gstart = st->gfree = NULL;
+        st->counted_c = NULL;
+        for (int i = 0; i < nn; i++) {
+            const kgpu_node *n = kgpu_cluster_node(c, i);
+            for (int g = 0; g < n->ngpus; g++)
+                if (n->gpus[g].healthy) {
+                    st->free_milli[n->gpus[g].model] += n->gpus[g].free_milli;
+                    st->free_milli_total += n->gpus[g].free_milli;
+                }
+        }
+        return;
+    }
+    st->gstart[0] = 0;
+    for (int i = 0; i < nn; i++) {
+        const kgpu_node *n = kgpu_cluster_node(c, i);
+        st->gstart[i + 1] = st->gstart[i] + n->ngpus;
+        kg_note_node(st, n, i);
+        kg_count_node(st, n, i, +1);
+    }
+    st->counted_c = c;
+    st->counted_nodes = nn;
+    st->counted_seq = kgpu__cluster_seq(c);
+}
+
+/*
+ * Counts free GPU compute per model and derives each model's scarcity from
+ * it. The count follows the cluster's journal: only the nodes changed since
+ * the last count are counted again, O(changes) instead of O(GPUs). The sums
+ * are integers (far below 2^53), so the doubles are those of adding each
+ * GPU's free milli in turn, to the last bit.
+ */
 static void kg_count(kg_state *st, const kgpu_cluster *c)
 {
-    memset(st->free, 0, sizeof(st->free));
-    st->free_total = 0;
-    for (int i = 0; i < kgpu_cluster_node_count(c); i++) {
+    int nn = kgpu_cluster_node_count(c);
+    uint64_t now = kgpu__cluster_seq(c);
+    bool all = st->counted_c != c || st->counted_nodes != nn || st->counted_seq > now ||
+               now - st->counted_seq > (uint64_t)nn;
+    for (uint64_t k = st->counted_seq + 1; !all && k <= now; k++) {
+        int i = kgpu__cluster_changed(c, k);
+        if (i < 0 || i >= nn) {
+            all = true;
+            break;
+        }
         const kgpu_node *n = kgpu_cluster_node(c, i);
-        for (int g = 0; g < n->ngpus; g++)
-            if (n->gpus[g].healthy) {
-                st->free[n->gpus[g].model] += n->gpus[g].free_milli;
-                st->free_total += n->gpus[g].free_milli;
-            }
+        kg_count_node(st, n, i, -1);
+        kg_note_node(st, n, i);
+        kg_count_node(st, n, i, +1);
     }
+    if (all)
+        kg_count_all(st, c);
+    st->counted_seq = now;
+    st->free_total = (double)st->free_milli_total;
+    for (int m = 0; m < KGPU_MAX_MODELS; m++)
+        st->free[m] = (double)st->free_milli[m];
     for (int m = 0; m < KGPU_MAX_MODELS; m++)
         st->scarcity[m] = st->demand_total > 0 && st->free[m] > 0
                               ? st->demand[m] / st->demand_total * st->free_total / st->free[m]
@@ -163,13 +251,15 @@ static void kg_fini(void *state)
     kg_state *st = state;
     free(st->nodes);
     free(st->cache);
+    free(st->gstart);
+    free(st->gfree);
 }
 
 /*
  * Counts the pod's GPU demand; a pod that allows only some of the cluster's
  * models spreads its demand over them by their free compute. Once such pods
  * have been seen, free compute per model is recounted every
- * KG_SCARCITY_EVERY pods: O(GPUs), and no cache is dropped.
+ * KG_SCARCITY_EVERY pods: O(nodes changed since), and no cache is dropped.
  */
 static void kg_observe(void *state, const kgpu_cluster *c, const kgpu_request *req)
 {
