@@ -102,13 +102,14 @@ struct kgpu__index {
      * the journal: a full rescoring scores one node of each class. Per node:
      * its class and its neighbours in the class's member list; per class
      * (ids 0..nodes-1, a free list of unused ones): its state hash, one
-     * member, the first member, the rescoring that last scored it and the
-     * base it got; an open-addressing table on the hash (-1 empty, -2 gone).
+     * member, the first member (-1: unused) and the base the last full
+     * rescoring gave it; an open-addressing table on the hash (-1 empty,
+     * -2 gone). Per position: the class of the node there.
      */
-    int *cls, *cnext, *cprev;
+    int *cls, *cnext, *cprev, *cpos;
+    int chi; /* class ids below this may be in use (ids come from the free list) */
     uint64_t *chash;
     int *crep, *chead, *cfree, nfree;
-    uint32_t *cstamp, cstamps;
     int64_t *cval;
     int *ctab;
     size_t ctab_cap, ctab_used; /* used: live and gone slots */
@@ -121,6 +122,7 @@ struct kgpu__index {
      * have room for a request is not looked into when rescoring every node.
      */
     ix_room *room, *broom;
+    ix_room *croom; /* per class: its nodes' room, in class order for the full rescoring */
     ix_entry *tab; /* open addressing on the key */
     size_t cap, used;
     size_t bytes; /* held by entries' scores and summaries */
@@ -150,18 +152,19 @@ static void drop_layout(kgpu__index *ix)
     free(ix->nmark);
     free(ix->dirty);
     free(ix->cls);
+    free(ix->cpos);
     free(ix->cnext);
     free(ix->cprev);
     free(ix->chash);
     free(ix->crep);
     free(ix->chead);
     free(ix->cfree);
-    free(ix->cstamp);
     free(ix->cval);
     free(ix->ctab);
     free(ix->cmark);
     free(ix->moved);
     free(ix->room);
+    free(ix->croom);
     free(ix->broom);
     uint64_t epoch = ix->epoch, tick = ix->tick;
     memset(ix, 0, sizeof(*ix));
@@ -203,6 +206,7 @@ static int cmp_pair(const void *x, const void *y)
 }
 
 static void classes_all(kgpu__index *ix);
+static void summarise(const kgpu__index *ix, ix_entry *e, int b);
 
 /* Lays the cluster's nodes out in blocks: by group for a fixed order, in index order otherwise. */
 static int build_layout(kgpu__index *ix, const kgpu_policy_ops *ops, void *state,
@@ -278,24 +282,25 @@ static int build_layout(kgpu__index *ix, const kgpu_policy_ops *ops, void *state
     while (ix->ctab_cap < 4 * n1)
         ix->ctab_cap *= 2;
     ix->cls = malloc(n1 * sizeof(int));
+    ix->cpos = malloc(n1 * sizeof(int));
     ix->cnext = malloc(n1 * sizeof(int));
     ix->cprev = malloc(n1 * sizeof(int));
     ix->chash = malloc(n1 * sizeof(uint64_t));
     ix->crep = malloc(n1 * sizeof(int));
     ix->chead = malloc(n1 * sizeof(int));
     ix->cfree = malloc(n1 * sizeof(int));
-    ix->cstamp = calloc(n1, sizeof(uint32_t));
     ix->cval = malloc(n1 * sizeof(int64_t));
     ix->ctab = malloc(ix->ctab_cap * sizeof(int));
     ix->cmark = calloc(n1, sizeof(uint32_t));
     ix->moved = malloc(n1 * sizeof(int));
     ix->room = malloc(n1 * sizeof(*ix->room));
+    ix->croom = malloc(n1 * sizeof(*ix->croom));
     ix->broom = malloc(n1 * sizeof(*ix->broom));
     if (ix->mark == NULL || ix->nmark == NULL || ix->dirty == NULL || ix->tab == NULL ||
-        ix->cls == NULL || ix->cnext == NULL || ix->cprev == NULL || ix->chash == NULL ||
-        ix->crep == NULL || ix->chead == NULL || ix->cfree == NULL || ix->cstamp == NULL ||
+        ix->cls == NULL || ix->cpos == NULL || ix->cnext == NULL || ix->cprev == NULL || ix->chash == NULL ||
+        ix->crep == NULL || ix->chead == NULL || ix->cfree == NULL ||
         ix->cval == NULL || ix->ctab == NULL || ix->cmark == NULL || ix->moved == NULL ||
-        ix->room == NULL || ix->broom == NULL) {
+        ix->room == NULL || ix->croom == NULL || ix->broom == NULL) {
         drop_layout(ix);
         return KGPU_ENOMEM;
     }
@@ -422,19 +427,30 @@ static uint32_t rank_of(const kgpu__index *ix, int i)
 
 static bool room_may_fit(const ix_room *r, const kgpu_request *f);
 
-/* Node i's base for req, into its position of e (when it has one). */
-static void score_node(kgpu__index *ix, ix_entry *e, const kgpu_policy_ops *ops, void *state,
-                       const kgpu_request *req, const kgpu_request *fit, int i)
+/*
+ * Node i's base for req, the room test passed (IX_UNFIT: it does not fit);
+ * a base not representable marks e.
+ */
+static int64_t score_roomy(kgpu__index *ix, ix_entry *e, const kgpu_policy_ops *ops, void *state,
+                           const kgpu_request *req, const kgpu_request *fit, int i)
 {
-    const kgpu_node *n = kgpu_cluster_node(ix->c, i);
     int64_t base = IX_UNFIT;
-    if (room_may_fit(&ix->room[i], fit) && kgpu__fit(n, fit)) {
+    if (kgpu__fit(kgpu_cluster_node(ix->c, i), fit)) {
         int64_t s = ops->score(state, ix->c, i, req);
         int64_t off = ops->group_offset != NULL ? ops->group_offset(state, ix->gid[i], req) : 0;
         if (__builtin_add_overflow(s, off, &base) || base == IX_UNFIT)
             e->degenerate = true;
     }
-    e->base[ix->pos[i]] = base;
+    return base;
+}
+
+/* Node i's base for req, into its position of e. */
+static void score_node(kgpu__index *ix, ix_entry *e, const kgpu_policy_ops *ops, void *state,
+                       const kgpu_request *req, const kgpu_request *fit, int i)
+{
+    e->base[ix->pos[i]] = room_may_fit(&ix->room[i], fit)
+                              ? score_roomy(ix, e, ops, state, req, fit, i)
+                              : IX_UNFIT;
 }
 
 /*
@@ -523,7 +539,7 @@ static bool room_may_fit(const ix_room *r, const kgpu_request *f)
     return f->gpu_milli <= r->gpu_milli && f->gpu_memory_mib <= r->gpu_mem;
 }
 
-/* Node i joins the class of its state, making one when there is none. */
+/* Node i joins the class of its state, making one when there is none; room[i] is current. */
 static void class_join(kgpu__index *ix, int i)
 {
     const kgpu_node *n = kgpu_cluster_node(ix->c, i);
@@ -544,12 +560,15 @@ static void class_join(kgpu__index *ix, int i)
         ix->chash[c] = h;
         ix->crep[c] = i;
         ix->chead[c] = -1;
-        ix->cstamp[c] = 0;
+        ix->croom[c] = ix->room[i];
+        ix->chi = c >= ix->chi ? c + 1 : ix->chi;
         if (hole == SIZE_MAX)
             ix->ctab_used++;
         ix->ctab[hole != SIZE_MAX ? hole : slot] = c;
     }
     ix->cls[i] = c;
+    if (ix->pos[i] >= 0)
+        ix->cpos[ix->pos[i]] = c;
     ix->cprev[i] = -1;
     ix->cnext[i] = ix->chead[c];
     if (ix->chead[c] >= 0)
@@ -585,11 +604,14 @@ static void classes_all(kgpu__index *ix)
         ix->ctab[k] = -1;
     ix->ctab_used = 0;
     ix->nfree = 0;
-    for (int c = ix->nodes - 1; c >= 0; c--)
+    ix->chi = 0;
+    for (int c = ix->nodes - 1; c >= 0; c--) {
         ix->cfree[ix->nfree++] = c;
+        ix->chead[c] = -1;
+    }
     for (int i = 0; i < ix->nodes; i++) {
-        class_join(ix, i);
         room_of(ix, i);
+        class_join(ix, i);
     }
     for (int b = 0; b < ix->nblocks; b++)
         block_room(ix, b);
@@ -630,56 +652,65 @@ static void classes_update(kgpu__index *ix)
     }
     for (int k = 0; k < nmoved; k++) {
         int i = ix->moved[k];
-        class_join(ix, i);
         room_of(ix, i);
+        class_join(ix, i);
         if (ix->blk[i] >= 0)
             block_room(ix, ix->blk[i]); /* a block changed twice is recounted twice: cheap */
     }
     ix->cseq = now;
 }
 
-/* Every node's base afresh, one node of each class scored (most nodes are alike early on). */
+/*
+ * Every node's base afresh: one node of each class scored (most nodes are
+ * alike early on), then each block filled from its nodes' classes and
+ * summarised while it is in cache. A block none of whose nodes can have room
+ * is not looked into: nothing in it fits, and no class of its nodes can
+ * pass the room test either, so none is scored on its account.
+ */
 static void rescore_all(kgpu__index *ix, ix_entry *e, const kgpu_policy_ops *ops, void *state,
                         const kgpu_request *req, const kgpu_request *fit)
 {
-    if (++ix->cstamps == 0) {
-        memset(ix->cstamp, 0, (size_t)ix->nodes * sizeof(*ix->cstamp));
-        ix->cstamps = 1;
+    for (int c = 0; c < ix->chi; c++) {
+        int i = ix->chead[c];
+        if (i < 0)
+            continue; /* no such class */
+        if (!room_may_fit(&ix->croom[c], fit))
+            ix->cval[c] = IX_UNFIT;
+        else if (ix->pos[i] >= 0) /* not of the nodes scored afresh (a class is of one group) */
+            ix->cval[c] = score_roomy(ix, e, ops, state, req, fit, i);
     }
     for (int b = 0; b < ix->nblocks; b++) {
         int k = ix->bstart[b], end = ix->bstart[b + 1];
         if (!room_may_fit(&ix->broom[b], fit)) {
             for (; k < end; k++)
                 e->base[k] = IX_UNFIT;
+            e->blocks[b] = (ix_block){.count = 0, .node = -1, .rank = UINT32_MAX};
             continue;
         }
-        for (; k < end; k++) {
-            int i = ix->order[k], c = ix->cls[i];
-            if (ix->cstamp[c] == ix->cstamps) {
-                e->base[k] = ix->cval[c];
-                continue;
-            }
-            score_node(ix, e, ops, state, req, fit, i);
-            ix->cstamp[c] = ix->cstamps;
-            ix->cval[c] = e->base[k];
-        }
+        for (; k < end; k++)
+            e->base[k] = ix->cval[ix->cpos[k]];
+        summarise(ix, e, b);
     }
 }
 
 static void summarise(const kgpu__index *ix, ix_entry *e, int b)
 {
+    /* The best first, without branches (IX_UNFIT is below every base), then its ties. */
+    int start = ix->bstart[b], end = ix->bstart[b + 1];
+    const int64_t *base = e->base;
+    int64_t best = IX_UNFIT;
+    for (int k = start; k < end; k++)
+        best = base[k] > best ? base[k] : best;
     ix_block sum = {.count = 0, .node = -1, .rank = UINT32_MAX};
-    for (int k = ix->bstart[b]; k < ix->bstart[b + 1]; k++) {
-        int64_t v = e->base[k];
-        if (v == IX_UNFIT)
-            continue;
-        int i = ix->order[k];
-        uint32_t r = ix->fixed ? rank_of(ix, i) : 0;
-        if (sum.count == 0 || v > sum.best) {
-            sum = (ix_block){.best = v, .rank = r, .node = i, .count = 1};
-        } else if (v == sum.best) {
+    if (best != IX_UNFIT) {
+        sum.best = best;
+        for (int k = start; k < end; k++) {
+            if (base[k] != best)
+                continue;
+            int i = ix->order[k];
+            uint32_t r = ix->fixed ? rank_of(ix, i) : 0;
             sum.count++;
-            if (r < sum.rank) { /* positions ascend by index within a block: first of a rank wins */
+            if (sum.node < 0 || r < sum.rank) { /* positions ascend by index in a block */
                 sum.rank = r;
                 sum.node = i;
             }
@@ -760,8 +791,6 @@ static int refresh(kgpu__index *ix, ix_entry *e, const kgpu_policy_ops *ops, voi
             return KGPU_ENOMEM;
         e->degenerate = false;
         rescore_all(ix, e, ops, state, req, fit);
-        for (int b = 0; b < ix->nblocks; b++)
-            summarise(ix, e, b);
     } else {
         for (int d = 0; d < ndirty; d++)
             summarise(ix, e, ix->dirty[d]);
