@@ -185,6 +185,7 @@ typedef struct kgpu__frag_table {
     bool cpu_int;             /* every shape's CPU fits an int: the vector path may run */
     int *gm, *count, *cpu;    /* per shape: GPU milli, GPUs, CPU milli (when cpu_int) */
     int *ok, *lost, *usable;  /* per shape, of the node: model allowed (-1/0), and as above */
+    int ok_model;             /* the model ok holds (of the last node of one model); -1 none */
     int *counted;             /* per shape, of a placement: the milli it counts as lost */
 } kgpu__frag_table;
 
@@ -214,6 +215,19 @@ typedef struct kgpu__frag_node {
 
 /* Fills *b for node n against the shapes of t (into t's scratch: valid until the next call). */
 void kgpu__frag_node_of(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node *b);
+
+/*
+ * The per-shape figures of b (from kgpu__frag_node_of, still in its table's
+ * scratch) into saved[0 .. 2 x t->n), as int16: true, or false (nothing
+ * saved) when the node's free milli passes INT16_MAX (its lost figures
+ * could; never with KGPU_MILLI a GPU). kgpu__frag_node_restore fills *b and
+ * the scratch again from them, for the node in the same state and the same
+ * table: what kgpu__frag_node_of would, without its O(shapes x GPUs).
+ */
+#define KGPU__FRAG_SAVED_INTS(n) (2 * (size_t)(n))
+bool kgpu__frag_node_save(const kgpu__frag_node *b, int16_t *saved);
+void kgpu__frag_node_restore(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node *b,
+                             const int16_t *saved);
 
 /*
  * Fragmentation of the node of b after taking take[k] milli from GPU gpus[k]

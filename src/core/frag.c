@@ -161,6 +161,7 @@ void kgpu__frag_table_load(kgpu__frag_table *t, const kgpu_workload *w, int n, i
     t->usable = ints + 5 * len;
     t->counted = ints + 6 * len;
     t->cpu_int = true;
+    t->ok_model = -1;
     for (int s = 0; s < n; s++) {
         const kgpu_shape *sh = &w->shapes[s];
         t->gm[s] = sh->gpu_milli;
@@ -170,7 +171,18 @@ void kgpu__frag_table_load(kgpu__frag_table *t, const kgpu_workload *w, int n, i
     }
 }
 
-void kgpu__frag_node_of(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node *b)
+/* t->ok for a node of the one model m0 (as it is when the last such node was of m0). */
+static void frag_ok(kgpu__frag_table *t, int m0)
+{
+    if (t->ok_model == m0)
+        return;
+    for (int s = 0; s < t->n; s++)
+        t->ok[s] = -(int)((t->shapes[s].models >> m0) & 1);
+    t->ok_model = m0;
+}
+
+/* The node's GPUs into b: what kgpu__frag_node_of and kgpu__frag_node_restore share. */
+static void frag_node_gpus(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node *b)
 {
     int ng = n->ngpus, total = 0;
     for (int i = 0; i < ng; i++) {
@@ -183,6 +195,12 @@ void kgpu__frag_node_of(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node
     b->total = total;
     b->ngpus = ng;
     b->one_model = (n->model_mask & (n->model_mask - 1)) == 0;
+}
+
+void kgpu__frag_node_of(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node *b)
+{
+    frag_node_gpus(n, t, b);
+    int ng = b->ngpus, total = b->total;
     if (total == 0)
         return; /* kgpu__frag_after returns 0 before it reads a shape */
     /*
@@ -190,6 +208,8 @@ void kgpu__frag_node_of(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node
      * Without branches (which GPUs a shape can use follows no pattern a
      * predictor learns), over the table's columns: vector code.
      */
+    if (b->one_model)
+        frag_ok(t, b->model[0]); /* before the restrict pointers below: it writes ok */
     int ns = t->n;
     const kgpu_shape *shapes = t->shapes;
     const int *restrict gm = t->gm;
@@ -199,9 +219,6 @@ void kgpu__frag_node_of(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node
         usable[s] = 0;
     }
     if (b->one_model) { /* most nodes: the model test once per shape */
-        int m0 = b->model[0];
-        for (int s = 0; s < ns; s++)
-            ok[s] = -(int)((shapes[s].models >> m0) & 1);
         for (int i = 0; i < ng; i++) {
             int fm = b->fm[i];
             for (int s = 0; s < ns; s++) {
@@ -224,6 +241,37 @@ void kgpu__frag_node_of(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node
             usable[s] -= fits;
             lost[s] += fm & ~fits;
         }
+    }
+}
+
+bool kgpu__frag_node_save(const kgpu__frag_node *b, int16_t *saved)
+{
+    const kgpu__frag_table *t = b->t;
+    int ns = t->n;
+    if (b->total > INT16_MAX) /* a lost figure is at most total, usable at most the GPUs */
+        return false;
+    if (b->total == 0)
+        return true;
+    for (int s = 0; s < ns; s++) {
+        saved[s] = (int16_t)t->lost[s];
+        saved[ns + s] = (int16_t)t->usable[s];
+    }
+    return true;
+}
+
+void kgpu__frag_node_restore(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag_node *b,
+                             const int16_t *saved)
+{
+    frag_node_gpus(n, t, b);
+    if (b->total == 0)
+        return;
+    if (b->one_model) /* ok[] as kgpu__frag_node_of leaves it, for frag_counts */
+        frag_ok(t, b->model[0]);
+    int ns = t->n;
+    int *restrict lost = t->lost, *restrict usable = t->usable;
+    for (int s = 0; s < ns; s++) {
+        lost[s] = saved[s];
+        usable[s] = saved[ns + s];
     }
 }
 

@@ -45,6 +45,8 @@
 #define KG_SCARCITY_EVERY 64
 /* Shapes of the target considered (the heaviest; a longer tail weighs next to nothing). */
 #define KG_MAX_SHAPES 512
+/* Nodes whose fragmentation by parts is kept (2 KB each at KG_MAX_SHAPES): at most 32 MB. */
+#define KG_PARTS_SLOTS (1 << 14)
 /* Scores are kept in micro-GPU: fine enough that only truly equal placements tie. */
 #define KG_SCALE 1000.0
 
@@ -62,6 +64,13 @@ typedef struct kg_node {
     uint32_t gen;     /* kg_state.gen when computed */
     double value;     /* frag + stranded of the node as it is */
 } kg_node;
+
+/* A node's fragmentation by parts as kept: valid for node, at version - 1, of table load `load`. */
+typedef struct kg_parts_tag {
+    uint64_t version; /* node version + 1; 0 = empty */
+    uint64_t load;
+    int node;
+} kg_parts_tag;
 
 typedef struct kg_state {
     const kgpu_workload *target; /* borrowed: learned online by the caller */
@@ -93,6 +102,16 @@ typedef struct kg_state {
     int64_t free_milli[KGPU_MAX_MODELS], free_milli_total;
     kgpu__frag_table table; /* the target's shapes for kgpu__frag_node_of; stale: w NULL */
     int table_ints[KGPU__FRAG_TABLE_INTS(KG_MAX_SHAPES)];
+    uint64_t loads; /* times the table was loaded */
+    /*
+     * Fragmentation by parts of recently scored nodes, direct-mapped by node
+     * index (pslots, a power of two; parts NULL: none kept): after a new
+     * target, every request shape's first decision rescores the same nodes,
+     * and all but the first take the parts from here.
+     */
+    int pslots;
+    kg_parts_tag *ptags;
+    int16_t *parts; /* pslots x KGPU__FRAG_SAVED_INTS(KG_MAX_SHAPES) */
 } kg_state;
 
 static int kg_grow(kg_state *st, int need)
@@ -239,6 +258,18 @@ static int kg_init(void *state, const kgpu_cluster *c, const kgpu_workload *targ
         st->slots /= 2;
     if (kg_grow(st, nodes) != 0)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory for kgpu caches");
+    st->pslots = 1;
+    while (st->pslots < nodes && st->pslots < KG_PARTS_SLOTS)
+        st->pslots *= 2;
+    st->ptags = calloc((size_t)st->pslots, sizeof(*st->ptags));
+    st->parts = malloc((size_t)st->pslots * KGPU__FRAG_SAVED_INTS(KG_MAX_SHAPES) *
+                       sizeof(*st->parts));
+    if (st->ptags == NULL || st->parts == NULL) { /* a speed-up only: do without */
+        free(st->ptags);
+        free(st->parts);
+        st->ptags = NULL;
+        st->parts = NULL;
+    }
     for (int i = 0; i < nodes; i++)
         st->present |= kgpu_cluster_node(c, i)->model_mask;
     kg_learn(st);
@@ -253,6 +284,8 @@ static void kg_fini(void *state)
     free(st->cache);
     free(st->gstart);
     free(st->gfree);
+    free(st->ptags);
+    free(st->parts);
 }
 
 /*
@@ -374,6 +407,27 @@ static int64_t kg_placement(const kg_state *st, const kgpu_node *n, const kgpu__
     return (int64_t)llround(s * KG_SCALE);
 }
 
+/* Node n's fragmentation by parts into *b: kept from an earlier score when it can be. */
+static void kg_parts(kg_state *st, const kgpu_node *n, int node, kgpu__frag_node *b)
+{
+    if (st->parts == NULL) {
+        kgpu__frag_node_of(n, &st->table, b);
+        return;
+    }
+    size_t slot = (size_t)node & (size_t)(st->pslots - 1);
+    kg_parts_tag *tag = &st->ptags[slot];
+    int16_t *saved = st->parts + slot * KGPU__FRAG_SAVED_INTS(KG_MAX_SHAPES);
+    if (tag->node == node && tag->version == n->version + 1 && tag->load == st->loads) {
+        kgpu__frag_node_restore(n, &st->table, b, saved);
+        return;
+    }
+    kgpu__frag_node_of(n, &st->table, b);
+    bool kept = kgpu__frag_node_save(b, saved);
+    tag->node = node;
+    tag->version = kept ? n->version + 1 : 0;
+    tag->load = st->loads;
+}
+
 /*
  * Score of req on node n, and for a single GPU share the GPU that earns it
  * (first of the best): a share tries every GPU with room, several or whole
@@ -383,10 +437,12 @@ static int64_t kg_placement(const kg_state *st, const kgpu_node *n, const kgpu__
 static int64_t kg_eval(kg_state *st, const kgpu_node *n, int node, const kgpu_request *req,
                        int *gpu_out, int64_t *base_out, int *take_out)
 {
-    if (!kgpu__frag_table_fresh(&st->table, st->target, kg_shapes(st)))
+    if (!kgpu__frag_table_fresh(&st->table, st->target, kg_shapes(st))) {
         kgpu__frag_table_load(&st->table, st->target, kg_shapes(st), st->table_ints);
+        st->loads++; /* the parts kept were of the table before */
+    }
     kgpu__frag_node b;
-    kgpu__frag_node_of(n, &st->table, &b);
+    kg_parts(st, n, node, &b);
     double before = current_value(st, n, node, &b);
     int64_t cpu_after = n->cpu_free - req->cpu_milli;
     *gpu_out = -1;
