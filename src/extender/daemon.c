@@ -189,6 +189,37 @@ static void pods_trim(void *ctx, json_t *pod)
         json_object_set_new(spec, "priority", json_integer(priority));
 }
 
+/*
+ * A Node's inventory as kgpu_node_from_json reads it, and whether it is
+ * labelled for DRA. A DRA node's GPUs are its slice's: a kgpu.io/gpus
+ * annotation on it (a device plugin that ran there before, or an empty one)
+ * is not read, so it can neither fail the node nor add GPUs to it.
+ */
+static int node_parse(const json_t *item, kgpu_node_spec *spec, kgpu_node_store *store, bool *dra,
+                      kgpu_error *err)
+{
+    *dra = ext_dra_node_labelled(item);
+    const json_t *ann = json_object_get(json_object_get(item, "metadata"), "annotations");
+    if (!*dra || json_object_get(ann, KGPU_ANN_GPUS) == NULL)
+        return kgpu_node_from_json(item, spec, store, err);
+    json_t *node = json_copy((json_t *)item);
+    json_t *meta = node ? json_copy(json_object_get(node, "metadata")) : NULL;
+    json_t *ann2 = meta ? json_copy(json_object_get(meta, "annotations")) : NULL;
+    int rc;
+    if (ann2 == NULL) {
+        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    } else {
+        json_object_del(ann2, KGPU_ANN_GPUS);
+        json_object_set_new(meta, "annotations", ann2);
+        json_object_set_new(node, "metadata", meta);
+        meta = NULL;
+        rc = kgpu_node_from_json(node, spec, store, err);
+    }
+    json_decref(meta);
+    json_decref(node);
+    return rc;
+}
+
 static void nodes_reset(void *ctx, json_t *items)
 {
     ext_daemon *d = ctx;
@@ -207,11 +238,10 @@ static void nodes_reset(void *ctx, json_t *items)
     for (size_t i = 0; i < n && rc == 0; i++) {
         kgpu_node_spec spec;
         json_t *item = json_array_get(items, i);
-        if (kgpu_node_from_json(item, &spec, store, &err) != 0) {
+        if (node_parse(item, &spec, store, &dra[m], &err) != 0) {
             ext_log(EXT_WARN, "node inventory ignored: %s", err.msg);
             continue;
         }
-        dra[m] = ext_dra_node_labelled(item);
         if (spec.ngpus == 0 && !dra[m])
             continue;
         if ((packed[m] = kgpu_node_spec_pack(&spec, &specs[m])) == NULL)
@@ -271,13 +301,14 @@ static void nodes_event(void *ctx, const char *type, json_t *obj)
     kgpu_node_store *store = malloc(sizeof(*store));
     if (store == NULL)
         return;
-    if (kgpu_node_from_json(obj, &spec, store, &err) != 0) {
+    bool dra;
+    if (node_parse(obj, &spec, store, &dra, &err) != 0) {
         ext_log(EXT_WARN, "node inventory ignored: %s", err.msg);
     } else {
         kgpu_gpu_spec gpus[KGPU_MAX_GPUS_PER_NODE];
         pthread_mutex_lock(&d->state.mu);
         /* A DRA node's GPUs are its slice's; one that is not (any more) keeps its own. */
-        ext_dra_node_seen(&d->state, &spec, ext_dra_node_labelled(obj), gpus);
+        ext_dra_node_seen(&d->state, &spec, dra, gpus);
         int rc = ext_state_upsert_node(&d->state, &spec, &err);
         pthread_mutex_unlock(&d->state.mu);
         if (rc != 0)

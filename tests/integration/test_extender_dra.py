@@ -334,6 +334,30 @@ class TestNotDRA(DRATest):
                 self.held().get(("n0", 0)) == (8 * GIB, 200)
         wait_for(n0_dra, 15, what="n0's GPU from its slice, the stray claim charged")
 
+    def test_a_dra_nodes_gpu_annotation_is_not_read(self):
+        """Found against the real kube-scheduler: a DRA node that carries kgpu.io/gpus
+        (empty, as a node object written with no GPUs has it, or left broken by a device
+        plugin that ran there before) was dropped from the inventory whole, so its claims
+        were never charged. A DRA node's GPUs are its slice's: the annotation is not read."""
+        for name, text in (("dE", "[]"), ("dF", "{not json")):
+            node = node_object(name, labels=DRA_LABEL)
+            node["metadata"].setdefault("annotations", {})["kgpu.io/gpus"] = text
+            self.s.api("POST", "/api/v1/nodes", node, expect=201)
+            self.add_slice(name, [("A100-SXM4-40GB", 40 * GIB)])
+        self.start()
+        self.wait_inventory()
+        self.add_claim("on-e", memory="8Gi", cores=20)
+        self.allocate("on-e", "dE", "gpu-0", memory="8Gi", cores=20)
+        self.add_claim("on-f", memory="4Gi", cores=10)
+        self.allocate("on-f", "dF", "gpu-0", memory="4Gi", cores=10)
+        self.wait_held({("dE", 0): (8 * GIB, 200), ("dF", 0): (4 * GIB, 100)},
+                       "both claims charged on the annotated DRA nodes")
+        # And by a watch event too: a label change re-reads the node.
+        self.s.api("PATCH", "/api/v1/nodes/dE", {"metadata": {"labels": {"x": "y"}}},
+                   "application/merge-patch+json", expect=200)
+        time.sleep(0.5)
+        self.assertEqual(self.held().get(("dE", 0)), (8 * GIB, 200))
+
     def test_no_resource_api_runs_as_before(self):
         self.s.control(dra_absent=True)
         self.start()
