@@ -413,7 +413,14 @@ class ControlPlaneSuite(unittest.TestCase):
         me = cluster.Api("127.0.0.1", self.cp.api_port, self.cp.pki.ca_crt, token=token)
         self.assertIsInstance(me.get("/api/v1/nodes?limit=1"), dict)
         self.assertIsInstance(me.get("/api/v1/pods?limit=1"), dict)
+        # DRA: slices and claims are read, never written (kube-scheduler allocates).
+        self.assertIsInstance(me.get("/apis/resource.k8s.io/v1/resourceslices?limit=1"), dict)
+        self.assertIsInstance(me.get("/apis/resource.k8s.io/v1/resourceclaims?limit=1"), dict)
         refused = [
+            ("POST", "/apis/resource.k8s.io/v1/namespaces/e2e/resourceclaims",
+             {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+              "metadata": {"name": "x"}, "spec": {}}),
+            ("DELETE", "/apis/resource.k8s.io/v1/resourceslices/anything", None),
             ("POST", "/api/v1/namespaces/kgpu-system/secrets",
              {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}}),
             ("GET", "/api/v1/namespaces/kgpu-system/secrets", None),
@@ -814,6 +821,147 @@ class ControlPlaneSuite(unittest.TestCase):
         self.assert_state_matches()
 
     # -- 0. the shipped defaults authenticate: who gets in, who does not ----------------
+
+    # -- 15. pods that get their GPUs through DRA, placed by kgpu's scores ----------------
+
+    def dra_claim(self, name, requests=None):
+        """A ResourceClaim for one device of class gpu.kgpu.io; `requests`: its capacity
+        requests (memory, cores), None for a whole GPU (the default memory is all of it)."""
+        exactly = {"deviceClassName": "gpu.kgpu.io"}
+        if requests:
+            exactly["capacity"] = {"requests": requests}
+        path = "/apis/resource.k8s.io/v1/namespaces/%s/resourceclaims" % E2E_NS
+        self.cp.admin.post(path, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": E2E_NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
+        return path + "/" + name
+
+    def drop_dra_claim(self, path):
+        """What kube-controller-manager's resourceclaim controller (not run in this suite)
+        does once the claim's pods are gone: the reservation and allocation dropped, then
+        the finalizer kube-scheduler put on it."""
+        if self.cp.admin.try_get(path) is None:
+            return
+        self.cp.admin.delete(path)
+        c = self.cp.admin.try_get(path)
+        if c is not None and c.get("status"):
+            self.cp.admin.req("PUT", path + "/status", dict(c, status={}))
+        if self.cp.admin.try_get(path) is not None:
+            self.cp.admin.merge_patch(path, {"metadata": {"finalizers": None}})
+        wait_for(lambda: self.cp.admin.try_get(path) is None, 30, "%s to go" % path)
+
+    def dra_pod(self, name, claim):
+        pod = pod_object(name, [("main", {})])
+        c = pod["spec"]["containers"][0]
+        c["resources"] = {"requests": {"cpu": "2"}, "claims": [{"name": "gpu"}]}
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+        self.cp.create_pod(pod)
+        self.created.append((E2E_NS, name))
+
+    def test_15_dra_pods_are_placed_by_kgpus_scores(self):
+        """Two nodes whose GPUs kgpu's DRA driver publishes (kgpu.io/gpu-allocator=dra),
+        claims allocated by kube-scheduler's own DRA allocator. Its own plugins would send
+        each next pod to the emptier node (LeastAllocated on the 2 CPUs each asks); the
+        shipped configuration's prioritize-gpuless entry gets the pod, the extender reads
+        the claims and the slices, and kgpu's scores pack the second 30 % share beside the
+        first, on the same GPU, and a whole GPU on the same node, keeping the other
+        node's two GPUs whole."""
+        cp, build = self.cp, CONFIG["build"]
+        dra_dir = os.path.join(cluster.REPO, "deploy", "dra")
+        cp.kubectl("apply", "-k", dra_dir)
+        drivers, claims, nodes = [], [], ["dra-a", "dra-b"]
+        tmp = os.path.join(CONFIG["work"], "dra-15")
+        verb = 'verb="prioritize-gpuless"'
+        calls = self.ext.metric("kgpu_extender_requests_total", verb)
+        try:
+            os.makedirs(tmp, exist_ok=True)
+            token = cp.service_account_token("kgpu-dra", "kgpu-dra-plugin")
+            kc = cluster.kubeconfig(os.path.join(tmp, "dra.kubeconfig"), cp.server,
+                                    cp.pki.ca_crt, token=token)
+            shim = os.path.join(tmp, "libkgpu-limit.so")
+            open(shim, "w").close()
+            for name in nodes:
+                node = node_object(name, "A100-SXM4-40GB", 0, 40960, cpu="16", memory="64Gi",
+                                   labels={"kgpu.io/gpu-allocator": "dra"})
+                cp.add_node(node)
+                gpus = os.path.join(tmp, name + "-gpus.yaml")
+                with open(gpus, "w") as f:
+                    f.write("gpus:\n" + "".join(
+                        "- {index: %d, uuid: GPU-%s-%d, model: A100-SXM4-40GB, "
+                        "memory_mib: 40960, numa: 0}\n" % (i, name, i) for i in range(2)))
+                d = {k: os.path.join(tmp, name, k) for k in ("plugins", "registry", "state",
+                                                             "cdi")}
+                for path in d.values():
+                    os.makedirs(path, exist_ok=True)
+                drivers.append(harness.Child(
+                    [os.path.join(build, "kgpu-dra-plugin"), "--node-name", name,
+                     "--fake-gpus", gpus, "--kubeconfig", kc, "--state-dir", d["state"],
+                     "--cdi-dir", d["cdi"], "--plugin-dir", d["plugins"],
+                     "--registry-dir", d["registry"], "--shim-lib", shim, "--resync", "2"],
+                    os.path.join(tmp, name + "-driver.log")))
+            for name in nodes:
+                wait_for(lambda name=name: len((cp.admin.try_get(
+                    "/apis/resource.k8s.io/v1/resourceslices/%s-gpu.kgpu.io" % name) or {})
+                    .get("spec", {}).get("devices") or []) == 2, 60,
+                    "the ResourceSlice of %s" % name)
+
+            def allocation(path):
+                c = cp.admin.get(path)
+                r = ((c.get("status") or {}).get("allocation") or {}).get("devices", {})
+                return [(x["pool"], x["device"]) for x in r.get("results", [])]
+
+            def placed(pod, claim):
+                node = self.wait_bound(pod)["spec"]["nodeName"]
+                got = wait_for(lambda: allocation(claim), 30, "%s allocated" % claim)
+                self.assertEqual([p for p, _ in got], [node], got)
+                return node, got[0][1]
+
+            claims.append(self.dra_claim("share-1", {"memory": "8Gi", "cores": "30"}))
+            self.dra_pod("dra-share-1", "share-1")
+            first, dev = placed("dra-share-1", claims[-1])
+            self.assertEqual(dev, "gpu-0")  # first fit in the slice's order
+            # The extender counts the allocation it read from the claim.
+            wait_for(lambda: self.ext.held().get((first, 0)) == (8192, 300), 30,
+                     "the extender to charge share-1 on %s gpu 0 (holds %r)"
+                     % (first, self.ext.held()))
+
+            claims.append(self.dra_claim("share-2", {"memory": "8Gi", "cores": "30"}))
+            self.dra_pod("dra-share-2", "share-2")
+            self.assertEqual(placed("dra-share-2", claims[-1]), (first, "gpu-0"),
+                             "kgpu packs the second share beside the first")
+            wait_for(lambda: self.ext.held().get((first, 0)) == (16384, 600), 30,
+                     "the extender to charge both shares")
+
+            claims.append(self.dra_claim("whole-1"))
+            self.dra_pod("dra-whole-1", "whole-1")
+            self.assertEqual(placed("dra-whole-1", claims[-1]), (first, "gpu-1"),
+                             "a whole GPU where it breaks no pair of free GPUs")
+            self.assertGreaterEqual(self.ext.metric("kgpu_extender_requests_total", verb),
+                                    calls + 3)
+            self.assertEqual(self.ext.metric("kgpu_extender_invalid_pods_total", verb), 0)
+        finally:
+            for ns, name in self.created:
+                cp.delete_pod(ns, name)
+            for ns, name in self.created:
+                wait_for(lambda ns=ns, name=name: cp.get_pod(ns, name) is None, 30,
+                         "pod %s/%s to go" % (ns, name))
+            self.created = []
+            for path in claims:
+                self.drop_dra_claim(path)
+            for d in drivers:
+                d.stop()
+            for name in nodes:
+                cp.admin.delete("/apis/resource.k8s.io/v1/resourceslices/%s-gpu.kgpu.io" % name)
+                cp.admin.delete("/api/v1/nodes/" + name)
+            cp.kubectl("delete", "-k", dra_dir, "--ignore-not-found", "--wait=false",
+                       check=False)
+        # Claims gone: the extender holds nothing on the DRA nodes any more.
+        wait_for(lambda: not any(n in nodes for n, _ in self.ext.held()), 30,
+                 "the extender to release the DRA claims")
+        for d in drivers:
+            report = d.sanitizer_report()
+            self.assertIsNone(report, report)
 
     def test_0_only_kube_scheduler_gets_in(self):
         """The extender runs the chart's config (HTTPS, client CA); kube-scheduler runs the
