@@ -9,9 +9,11 @@ the Service kgpu-extender, the extender's Lease is called kgpu-extender
 {{- define "kgpu.devicePlugin.name" -}}kgpu-device-plugin{{- end -}}
 {{- define "kgpu.schedulerConfig.name" -}}kgpu-scheduler-config{{- end -}}
 {{- define "kgpu.fakeGpus.name" -}}kgpu-device-plugin-fake-gpus{{- end -}}
+{{- define "kgpu.dra.name" -}}kgpu-dra-plugin{{- end -}}
 
 {{- define "kgpu.extender.namespace" -}}{{ required "namespaces.extender.name is required" .Values.namespaces.extender.name }}{{- end -}}
 {{- define "kgpu.devicePlugin.namespace" -}}{{ required "namespaces.devicePlugin.name is required" .Values.namespaces.devicePlugin.name }}{{- end -}}
+{{- define "kgpu.dra.namespace" -}}{{ required "namespaces.dra.name is required" .Values.namespaces.dra.name }}{{- end -}}
 
 {{- define "kgpu.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
@@ -77,6 +79,33 @@ app.kubernetes.io/name: {{ . }}
 {{- fail (printf "extender.config.memoryUnit must be a quantity string such as 1Gi or 512Mi, not %v" $u) -}}
 {{- end -}}
 {{- $u -}}
+{{- end -}}
+
+{{/*
+The device plugin's affinity: devicePlugin.affinity with, in every term of
+its required node affinity, kgpu.io/gpu-allocator NotIn [dra] added, so that
+whatever the operator writes there, the plugin never runs on a node whose
+GPUs the DRA driver serves (one owner per node). Without a required node
+affinity, that expression alone becomes the one term. A YAML map, indented
+from column 0.
+*/}}
+{{- define "kgpu.devicePlugin.affinity" -}}
+{{- $notDra := dict "key" "kgpu.io/gpu-allocator" "operator" "NotIn" "values" (list "dra") -}}
+{{- $aff := deepCopy (.Values.devicePlugin.affinity | default dict) -}}
+{{- $na := $aff.nodeAffinity | default dict -}}
+{{- $req := $na.requiredDuringSchedulingIgnoredDuringExecution | default dict -}}
+{{- $terms := list -}}
+{{- range ($req.nodeSelectorTerms | default (list dict)) -}}
+{{- $exprs := .matchExpressions | default list -}}
+{{- if not (has $notDra $exprs) -}}
+{{- $exprs = append $exprs $notDra -}}
+{{- end -}}
+{{- $terms = append $terms (set . "matchExpressions" $exprs) -}}
+{{- end -}}
+{{- $_ := set $req "nodeSelectorTerms" $terms -}}
+{{- $_ = set $na "requiredDuringSchedulingIgnoredDuringExecution" $req -}}
+{{- $_ = set $aff "nodeAffinity" $na -}}
+{{- toYaml $aff -}}
 {{- end -}}
 
 {{/* Settings that cannot work together stop the render with a reason. */}}
