@@ -837,20 +837,6 @@ class ControlPlaneSuite(unittest.TestCase):
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
         return path + "/" + name
 
-    def drop_dra_claim(self, path):
-        """What kube-controller-manager's resourceclaim controller (not run in this suite)
-        does once the claim's pods are gone: the reservation and allocation dropped, then
-        the finalizer kube-scheduler put on it."""
-        if self.cp.admin.try_get(path) is None:
-            return
-        self.cp.admin.delete(path)
-        c = self.cp.admin.try_get(path)
-        if c is not None and c.get("status"):
-            self.cp.admin.req("PUT", path + "/status", dict(c, status={}))
-        if self.cp.admin.try_get(path) is not None:
-            self.cp.admin.merge_patch(path, {"metadata": {"finalizers": None}})
-        wait_for(lambda: self.cp.admin.try_get(path) is None, 30, "%s to go" % path)
-
     def dra_pod(self, name, claim):
         pod = pod_object(name, [("main", {})])
         c = pod["spec"]["containers"][0]
@@ -948,7 +934,7 @@ class ControlPlaneSuite(unittest.TestCase):
                          "pod %s/%s to go" % (ns, name))
             self.created = []
             for path in claims:
-                self.drop_dra_claim(path)
+                cp.drop_claim(path)
             for d in drivers:
                 d.stop()
             for name in nodes:

@@ -320,20 +320,8 @@ class DraSuite(unittest.TestCase):
         self.claims.append(name)
 
     def delete_claim(self, name):
-        """What kube-controller-manager's resourceclaim controller (not run here) does for a
-        claim whose pods are gone: drop the reservation and the allocation, then the
-        finalizer kube-scheduler put on it, so the capacity is free for the next test."""
-        path = self.claim_path(name)
-        c = self.cp.admin.try_get(path)
-        if c is None:
-            return
-        self.cp.admin.delete(path)
-        c = self.cp.admin.try_get(path)
-        if c is not None and c.get("status"):
-            self.cp.admin.req("PUT", path + "/status", dict(c, status={}))
-        if self.cp.admin.try_get(path) is not None:
-            self.cp.admin.merge_patch(path, {"metadata": {"finalizers": None}})
-        wait_for(lambda: self.cp.admin.try_get(path) is None, 30, "claim %s to go" % name)
+        """The claim gone, its capacity free for the next test (cluster.drop_claim)."""
+        self.cp.drop_claim(self.claim_path(name))
 
     def delete_pod(self, name):
         """Gracefully, as a user would: kubelet stops the containers, then the pod goes."""
