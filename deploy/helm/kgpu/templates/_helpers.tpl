@@ -116,4 +116,10 @@ from column 0.
 {{- if and .Values.devicePlugin.enabled (eq .Values.namespaces.extender.name .Values.namespaces.devicePlugin.name) -}}
 {{- fail "namespaces.devicePlugin.name must differ from namespaces.extender.name: the device plugin needs host access, which only a privileged namespace of its own should allow" -}}
 {{- end -}}
+{{- if and .Values.dra.enabled (eq .Values.namespaces.extender.name .Values.namespaces.dra.name) -}}
+{{- fail "namespaces.dra.name must differ from namespaces.extender.name: the DRA driver needs host access, which only a privileged namespace of its own should allow" -}}
+{{- end -}}
+{{- if and .Values.dra.enabled .Values.devicePlugin.enabled (eq .Values.namespaces.devicePlugin.name .Values.namespaces.dra.name) -}}
+{{- fail "namespaces.dra.name must differ from namespaces.devicePlugin.name: each is installed and removed alone" -}}
+{{- end -}}
 {{- end -}}
