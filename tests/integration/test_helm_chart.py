@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """Checks the Helm chart deploy/helm/kgpu against the kustomize manifests.
 
-Renders the chart with `helm template` and deploy/extender plus
-deploy/device-plugin with `kubectl kustomize` (no cluster involved), then:
+Renders the chart with `helm template` and deploy/extender,
+deploy/device-plugin and deploy/dra with `kubectl kustomize` (no cluster
+involved), then:
 
-- with default values, the chart renders exactly the kustomize objects (kind,
-  namespace, name) with equal contents: everything but labels compared as
-  parsed YAML (ConfigMap data too), labels a superset of kustomize's where
-  the extra keys are Helm's standard ones only;
+- with default values, the chart renders exactly the objects of
+  deploy/extender and deploy/device-plugin (kind, namespace, name) with equal
+  contents: everything but labels compared as parsed YAML (ConfigMap data
+  too), labels a superset of kustomize's where the extra keys are Helm's
+  standard ones only; with dra.enabled=true it adds exactly deploy/dra's
+  objects, compared the same way;
 - in every variant rendered, each Role and ClusterRole has exactly the
   kustomize rules, and no other RBAC object exists (least privilege);
+- one owner per node: the device plugin's DaemonSet (kustomize's and the
+  chart's, whatever devicePlugin.affinity says) is never scheduled on a node
+  labelled kgpu.io/gpu-allocator=dra, and the DRA driver's only there;
 - in every variant, the KubeSchedulerConfiguration in the ConfigMap
   kgpu-scheduler-config parses and its urlPrefix names the rendered Service
   (name, namespace, port) and the extender's listen port;
@@ -21,7 +27,8 @@ deploy/device-plugin with `kubectl kustomize` (no cluster involved), then:
   ends, probes that need no certificate, a NetworkPolicy;
 - value overrides (replicas, policy, port, TLS, network policy, namespaces,
   device plugin switches, leader election) change what they should and
-  nothing else.
+  nothing else; the DRA driver's values (image, flags, namespace, node
+  selection) reach its DaemonSet.
 
 helm and kubectl are taken from --helm/--kubectl, else from the bin dir that
 `scripts/upstream.sh --bin` names (which builds nothing), else from PATH.
@@ -59,7 +66,8 @@ HELM_LABELS = {
 HELM_POD_ANNOTATIONS = {"checksum/config"}
 RBAC_KINDS = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 
-EXT_NS, DP_NS = "kgpu-system", "kgpu-node"
+EXT_NS, DP_NS, DRA_NS = "kgpu-system", "kgpu-node", "kgpu-dra"
+DRA_LABEL = {"kgpu.io/gpu-allocator": "dra"}
 QUEUE_CRD = "gpuqueues.kgpu.io"
 
 
@@ -97,17 +105,23 @@ def index(objs):
 _helm_cache = {}
 
 
-def helm(*values, files=()):
-    """`helm template kgpu deploy/helm/kgpu` with --set VALUES and --set-file FILES,
-    as a dict keyed by (kind, namespace, name). Raises on a failed render."""
-    cache_key = (values, tuple(files))
+def helm(*values, files=(), values_yaml=None):
+    """`helm template kgpu deploy/helm/kgpu` with --set VALUES, --set-file FILES
+    and, given values_yaml (YAML text), a values file, as a dict keyed by
+    (kind, namespace, name). Raises on a failed render."""
+    cache_key = (values, tuple(files), values_yaml)
     if cache_key not in _helm_cache:
         cmd = [HELM, "template", "kgpu", CHART]
         for v in values:
             cmd += ["--set", v]
         for f in files:
             cmd += ["--set-file", f]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=HELM_ENV)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as vf:
+            if values_yaml is not None:
+                vf.write(values_yaml)
+                vf.flush()
+                cmd += ["-f", vf.name]
+            r = subprocess.run(cmd, capture_output=True, text=True, env=HELM_ENV)
         if r.returncode != 0:
             raise AssertionError("%s failed:\n%s" % (" ".join(cmd), r.stderr))
         _helm_cache[cache_key] = index(load_docs(r.stdout))
@@ -125,20 +139,23 @@ def helm_error(*values):
     return r.stderr
 
 
-_kustomize = None
+_kustomize = {}
 
 
-def kustomize():
-    global _kustomize
-    if _kustomize is None:
+def kustomize(*dirs):
+    """`kubectl kustomize` of deploy/DIRS (default: what the chart renders with
+    default values, extender and device-plugin), keyed as helm()'s."""
+    dirs = dirs or KUSTOMIZE_DIRS
+    if dirs not in _kustomize:
         objs = []
-        for d in KUSTOMIZE_DIRS:
-            r = subprocess.run([KUBECTL, "kustomize", d], capture_output=True, text=True)
+        for d in dirs:
+            path = os.path.join(ARGS.source, "deploy", d)
+            r = subprocess.run([KUBECTL, "kustomize", path], capture_output=True, text=True)
             if r.returncode != 0:
-                raise AssertionError("kubectl kustomize %s failed:\n%s" % (d, r.stderr))
+                raise AssertionError("kubectl kustomize %s failed:\n%s" % (path, r.stderr))
             objs += load_docs(r.stdout)
-        _kustomize = index(objs)
-    return copy.deepcopy(_kustomize)
+        _kustomize[dirs] = index(objs)
+    return copy.deepcopy(_kustomize[dirs])
 
 
 def comparable(obj):
@@ -212,6 +229,36 @@ def plugin_pod(objs, ns=DP_NS):
     return objs[("DaemonSet", ns, "kgpu-device-plugin")]["spec"]["template"]["spec"]
 
 
+def dra_pod(objs, ns=DRA_NS):
+    return objs[("DaemonSet", ns, "kgpu-dra-plugin")]["spec"]["template"]["spec"]
+
+
+def expr_matches(e, labels):
+    op, k = e["operator"], e["key"]
+    if op == "In":
+        return labels.get(k) in e["values"]
+    if op == "NotIn":
+        return labels.get(k) not in e["values"]
+    if op == "Exists":
+        return k in labels
+    if op == "DoesNotExist":
+        return k not in labels
+    raise AssertionError("operator %s not handled here" % op)
+
+
+def schedulable(pod, labels):
+    """Whether kube-scheduler could place POD (a pod spec) on a node with
+    LABELS, as far as nodeSelector and the required node affinity say."""
+    if not pod.get("nodeSelector", {}).items() <= labels.items():
+        return False
+    req = (pod.get("affinity", {}).get("nodeAffinity", {})
+           .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if not req:
+        return True
+    return any(all(expr_matches(e, labels) for e in t.get("matchExpressions", []))
+               for t in req["nodeSelectorTerms"])
+
+
 def extender_config(objs, ns=EXT_NS):
     return yaml.safe_load(objs[("ConfigMap", ns, "kgpu-extender")]["data"]["config.yaml"])
 
@@ -233,7 +280,7 @@ class HelmChartTest(unittest.TestCase):
     def check_rbac(self, objs):
         """Every Role/ClusterRole has kustomize's rules; no other RBAC object;
         bindings name the rendered service accounts."""
-        k = kustomize()
+        k = kustomize("extender", "device-plugin", "dra")
         k_rbac = {(kind, name): o for (kind, _, name), o in k.items() if kind in RBAC_KINDS}
         accounts = {(ns, name) for (kind, ns, name) in objs if kind == "ServiceAccount"}
         for (kind, ns, name), o in objs.items():
@@ -325,8 +372,8 @@ class HelmChartTest(unittest.TestCase):
 
     # --- defaults against kustomize -------------------------------------------
 
-    def test_defaults_match_kustomize(self):
-        h, k = helm(), kustomize()
+    def assert_matches_kustomize(self, h, k):
+        """H holds exactly K's objects, with equal contents and labels, Helm's added."""
         self.assertEqual(sorted(h), sorted(k), "objects (kind, namespace, name)")
         for obj_key in sorted(k):
             with self.subTest(object=obj_key):
@@ -344,6 +391,11 @@ class HelmChartTest(unittest.TestCase):
                     self.assertLessEqual(tmpl["metadata"]["labels"].items(), htm["labels"].items())
                     self.assertLessEqual(set(htm["labels"]) - set(tmpl["metadata"]["labels"]),
                                          HELM_LABELS)
+
+    def test_defaults_match_kustomize(self):
+        h = helm()
+        self.assertEqual(helm("dra.enabled=false"), h, "dra.enabled is false by default")
+        self.assert_matches_kustomize(h, kustomize())
         self.check_invariants(h)
 
     def test_scheduler_config_is_the_shipped_file(self):
@@ -696,6 +748,192 @@ class HelmChartTest(unittest.TestCase):
         self.assertEqual({c["image"] for c in pod["containers"] + pod["initContainers"]},
                          {"registry.example/kgpu:dev"})
 
+    # --- the DRA driver -----------------------------------------------------------
+
+    def test_dra_matches_kustomize(self):
+        """dra.enabled=true adds exactly deploy/dra's objects, as kustomize renders
+        them, and changes nothing else."""
+        h, k = helm("dra.enabled=true"), kustomize("dra")
+        added = changed(helm(), h)
+        self.assertEqual(sorted(added), sorted(k))
+        self.assertTrue(all(v == ["only in second"] for v in added.values()), added)
+        self.assert_matches_kustomize({kk: h[kk] for kk in k}, k)
+        self.check_invariants(h)
+
+    def test_dra_only(self):
+        """A cluster served by DRA alone: the extender and the driver, no device plugin."""
+        h = helm("dra.enabled=true", "devicePlugin.enabled=false")
+        self.assertFalse([kk for kk in h if kk[1] == DP_NS or kk[2] in (DP_NS, "kgpu-device-plugin")])
+        self.assertLessEqual(set(kustomize("dra")), set(h))
+        self.assertEqual(changed(helm("devicePlugin.enabled=false"), h),
+                         {kk: ["only in second"] for kk in kustomize("dra")})
+        self.check_invariants(h)
+
+    def test_dra_rbac_least_privilege(self):
+        """The driver's ClusterRole is what it does and no more: no watch, no patch,
+        claims read only, nothing but slices, claims and nodes. (check_rbac holds it
+        equal to deploy/dra's; this holds both to the driver's needs.)"""
+        h = helm("dra.enabled=true")
+        rbac = sorted(kk for kk in set(h) - set(helm()) if kk[0] in RBAC_KINDS)
+        self.assertEqual(rbac, [("ClusterRole", "", "kgpu-dra-plugin"),
+                                ("ClusterRoleBinding", "", "kgpu-dra-plugin")])
+        self.assertEqual(h[("ClusterRole", "", "kgpu-dra-plugin")]["rules"], [
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+             "verbs": ["get", "list", "create", "update", "delete"]},
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}])
+        crb = h[("ClusterRoleBinding", "", "kgpu-dra-plugin")]
+        self.assertEqual(crb["subjects"], [{"kind": "ServiceAccount", "name": "kgpu-dra-plugin",
+                                            "namespace": DRA_NS}])
+        self.assertEqual(dra_pod(h)["serviceAccountName"], "kgpu-dra-plugin")
+        self.assertIn(("ServiceAccount", DRA_NS, "kgpu-dra-plugin"), h)
+
+    def test_dra_deviceclass_is_the_shared_file(self):
+        """deploy/dra and the chart install one file, so the class cannot drift."""
+        with open(os.path.join(CHART, "files", "dra", "deviceclass.yaml")) as f:
+            shipped = yaml.safe_load(f)
+        for objs in (helm("dra.enabled=true"), kustomize("dra")):
+            self.assertEqual(comparable(objs[("DeviceClass", "", "gpu.kgpu.io")]),
+                             comparable(shipped))
+
+    def test_dra_flags(self):
+        h = helm("dra.enabled=true", "dra.args.sharing=mps", "dra.args.mpsPipeDir=/run/nvidia-mps",
+                 "dra.args.logLevel=debug", "dra.args.shim=false", "dra.args.extraArgs={--resync=600}",
+                 "dra.args.stateDir=/data/kgpu-dra", "dra.args.cdiDir=/etc/cdi")
+        self.assertEqual(sorted(changed(helm("dra.enabled=true"), h)),
+                         [("DaemonSet", DRA_NS, "kgpu-dra-plugin")])
+        pod = dra_pod(h)
+        c = pod["containers"][0]
+        self.assertEqual(c["command"], [
+            "kgpu-dra-plugin", "--plugin-dir=/var/lib/kubelet/plugins",
+            "--registry-dir=/var/lib/kubelet/plugins_registry", "--state-dir=/data/kgpu-dra",
+            "--cdi-dir=/etc/cdi", "--log-level=debug", "--shim-lib=none", "--sharing=mps",
+            "--mps-pipe-dir=/run/nvidia-mps", "--resync=600"])
+        self.assertNotIn("initContainers", pod)
+        # Host folders at their host paths: the driver names them in CDI specs.
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        vols = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+        for name, path in (("state", "/data/kgpu-dra"), ("cdi", "/etc/cdi"),
+                           ("mps-pipes", "/run/nvidia-mps")):
+            self.assertEqual((mounts[name], vols[name]["path"]), (path, path))
+        self.assertEqual(vols["mps-pipes"]["type"], "Directory")
+        self.check_invariants(h)
+        # Defaults: no --sharing, the shim installed into the state folder.
+        pod = dra_pod(helm("dra.enabled=true"))
+        self.assertFalse([a for a in pod["containers"][0]["command"] if a.startswith("--sharing")])
+        self.assertIn("dst=/var/lib/kgpu/dra/lib", pod["initContainers"][0]["command"][2])
+        self.assertIn("expected sched or mps",
+                      helm_error("dra.enabled=true", "dra.args.sharing=timeslice"))
+
+    def test_dra_image_and_pod(self):
+        h = helm("dra.enabled=true", "image.repository=registry.example/kgpu", "image.tag=dev",
+                 "imagePullSecrets[0].name=regcred", "dra.runtimeClassName=nvidia",
+                 "dra.resources.limits.memory=256Mi", "dra.priorityClassName=",
+                 "dra.tolerations[0].operator=Exists")
+        pod = dra_pod(h)
+        self.assertEqual({c["image"] for c in pod["containers"] + pod["initContainers"]},
+                         {"registry.example/kgpu:dev"})
+        self.assertEqual(pod["imagePullSecrets"], [{"name": "regcred"}])
+        self.assertEqual(pod["runtimeClassName"], "nvidia")
+        self.assertEqual(pod["containers"][0]["resources"]["limits"], {"memory": "256Mi"})
+        self.assertNotIn("priorityClassName", pod)
+        self.assertEqual(pod["tolerations"], [{"operator": "Exists"}])
+        self.check_invariants(h)
+
+    def test_dra_namespace(self):
+        h = helm("dra.enabled=true", "namespaces.dra.name=gpu-dra")
+        self.assertEqual(sorted(kk for kk in h if DRA_NS in kk), [])
+        for o in h.values():
+            for st in strings(o):
+                self.assertNotIn(DRA_NS, st.replace("kgpu-dra-plugin", ""),
+                                 "%s still names kgpu-dra" % (key(o),))
+        self.assertEqual(h[("Namespace", "", "gpu-dra")]["metadata"]["labels"]
+                         ["pod-security.kubernetes.io/enforce"], "privileged")
+        self.assertIn(("DaemonSet", "gpu-dra", "kgpu-dra-plugin"), h)
+        self.assertEqual(h[("ClusterRoleBinding", "", "kgpu-dra-plugin")]["subjects"][0]
+                         ["namespace"], "gpu-dra")
+        self.check_invariants(h)
+        h = helm("dra.enabled=true", "createNamespaces=false")
+        self.assertNotIn(("Namespace", "", DRA_NS), h)
+        self.assertIn(("DaemonSet", DRA_NS, "kgpu-dra-plugin"), h)
+        self.assertIn("must differ", helm_error("dra.enabled=true",
+                                                "namespaces.dra.name=kgpu-system"))
+        self.assertIn("must differ", helm_error("dra.enabled=true", "namespaces.dra.name=kgpu-node"))
+        # With the device plugin off, its namespace's name is free.
+        self.assertIn(("DaemonSet", DP_NS, "kgpu-dra-plugin"),
+                      helm("dra.enabled=true", "devicePlugin.enabled=false",
+                           "namespaces.dra.name=kgpu-node"))
+
+    def test_lint_dra(self):
+        for values in (["dra.enabled=true"], ["dra.enabled=true", "devicePlugin.enabled=false"]):
+            cmd = [HELM, "lint", "--strict", CHART]
+            for v in values:
+                cmd += ["--set", v]
+            r = subprocess.run(cmd, capture_output=True, text=True, env=HELM_ENV)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def assert_one_owner(self, plugin, driver):
+        """The device plugin's pod spec PLUGIN and the DRA driver's DRIVER never
+        land on the same GPU node; each lands where its label says."""
+        for gpu in ({"kgpu.io/gpu-node": "true"}, {"nvidia.com/gpu.present": "true"},
+                    {"feature.node.kubernetes.io/pci-10de.present": "true"}):
+            dra_node = dict(gpu, **DRA_LABEL)
+            self.assertTrue(schedulable(plugin, gpu), gpu)
+            self.assertFalse(schedulable(plugin, dra_node), dra_node)
+            if driver is not None:
+                self.assertFalse(schedulable(driver, gpu), gpu)
+                self.assertTrue(schedulable(driver, dra_node), dra_node)
+        self.assertTrue(schedulable(plugin, {"kgpu.io/gpu-node": "true",
+                                             "kgpu.io/gpu-allocator": "device-plugin"}))
+
+    def test_device_plugin_avoids_dra_nodes(self):
+        # kustomize's manifests, applied side by side.
+        k = kustomize("device-plugin", "dra")
+        self.assert_one_owner(k[("DaemonSet", DP_NS, "kgpu-device-plugin")]["spec"]["template"]
+                              ["spec"], dra_pod(k))
+        # The chart, with and without the driver: the rule does not hang on
+        # dra.enabled (the driver may come from deploy/dra).
+        h = helm("dra.enabled=true")
+        self.assert_one_owner(plugin_pod(h), dra_pod(h))
+        self.assert_one_owner(plugin_pod(helm()), None)
+        self.assertEqual(plugin_pod(h)["affinity"], plugin_pod(helm())["affinity"])
+        # An affinity of the operator's own keeps the rule: added to each term...
+        own = """
+devicePlugin:
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions:
+              - {key: gpu, operator: Exists}
+          - matchExpressions:
+              - {key: kgpu.io/gpu-allocator, operator: NotIn, values: [dra]}
+              - {key: accel, operator: In, values: [nvidia]}
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 1
+          preference:
+            matchExpressions: [{key: fast, operator: Exists}]
+"""
+        aff = plugin_pod(helm(values_yaml=own))["affinity"]["nodeAffinity"]
+        not_dra = {"key": "kgpu.io/gpu-allocator", "operator": "NotIn", "values": ["dra"]}
+        self.assertEqual(aff["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"], [
+            {"matchExpressions": [{"key": "gpu", "operator": "Exists"}, not_dra]},
+            {"matchExpressions": [not_dra, {"key": "accel", "operator": "In",
+                                            "values": ["nvidia"]}]}])
+        self.assertEqual(aff["preferredDuringSchedulingIgnoredDuringExecution"],
+                         yaml.safe_load(own)["devicePlugin"]["affinity"]["nodeAffinity"]
+                         ["preferredDuringSchedulingIgnoredDuringExecution"])
+        # ...or, with none, the one term.
+        for v in ("devicePlugin.affinity=null", "devicePlugin.affinity.nodeAffinity=null"):
+            pod = plugin_pod(helm(v))
+            self.assertEqual(pod["affinity"], {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [not_dra]}]}}})
+        # The driver's label cannot be dropped from its node selector, only added to.
+        pod = dra_pod(helm("dra.enabled=true", "dra.nodeSelector.pool=a100",
+                           "dra.nodeSelector.kgpu\\.io/gpu-allocator=null"))
+        self.assertEqual(pod["nodeSelector"], {"kgpu.io/gpu-allocator": "dra", "pool": "a100"})
+
 
 def main():
     global ARGS, HELM, KUBECTL, HELM_ENV, CHART, KUSTOMIZE_DIRS
@@ -713,7 +951,7 @@ def main():
             sys.exit(77)
     print("helm: %s\nkubectl: %s" % (HELM, KUBECTL))
     CHART = os.path.join(ARGS.source, "deploy", "helm", "kgpu")
-    KUSTOMIZE_DIRS = [os.path.join(ARGS.source, "deploy", d) for d in ("extender", "device-plugin")]
+    KUSTOMIZE_DIRS = ("extender", "device-plugin")
     home = tempfile.mkdtemp(prefix="kgpu-helm-")
     # Helm's caches and config in a throwaway place: nothing read from or
     # written to the user's home.
