@@ -636,6 +636,99 @@ static void test_scarcity_bypasses_the_cache(void **state)
     kgpu_cluster_free(c);
 }
 
+/*
+ * kgpu recounts free compute per model from the cluster's journal, only the
+ * nodes changed since its last count. A state that follows c must score as
+ * one that counts every node at every count (it sees a fresh clone of c each
+ * time, with no journal it could follow), through arrivals of constrained
+ * pods (which start the counts, one per 64 pods), placements, releases and
+ * GPU health changes; fewer changes between counts than nodes, so the
+ * journal is followed, not given up.
+ */
+static void test_free_count_follows_the_journal(void **state)
+{
+    (void)state;
+    kgpu_cluster *c = kgpu_cluster_new();
+    const char *mixed[] = {V100, T4};
+    kgpu_gpu_spec gs[2];
+    for (int i = 0; i < 2; i++)
+        gs[i] = (kgpu_gpu_spec){
+            .index = i, .model = mixed[i], .memory_mib = 32768, .numa = -1, .healthy = true};
+    for (int i = 0; i < 120; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "n%d", i);
+        if (i % 3 == 2) {
+            kgpu_node_spec ms = {
+                .name = name, .cpu_milli = 64000, .memory_mib = 1 << 20, .gpus = gs, .ngpus = 2};
+            assert_true(kgpu_cluster_add_node(c, &ms, NULL) >= 0);
+        } else {
+            add_node(c, name, 64000, i % 3 == 0 ? 4 : 8, i % 3 == 0 ? T4 : V100);
+        }
+    }
+    const char *only_t4[] = {T4};
+    kgpu_request t4_pod = {.cpu_milli = 4000,
+                           .gpu_count = 1,
+                           .gpu_milli = 600,
+                           .allow = only_t4,
+                           .nallow = 1,
+                           .shape = -1};
+    compile(c, &t4_pod);
+    kgpu_request kinds[] = {share_req(c, 2000, 500), whole_req(c, 8000, 1), cpu_req(c, 4000),
+                            t4_pod};
+    enum { NK = sizeof(kinds) / sizeof(kinds[0]), ROUNDS = 400 };
+    kgpu_workload w;
+    kgpu_error e;
+    assert_int_equal(kgpu_workload_build(kinds, NK, 1.0, &w, &e), 0);
+    state_handle follows = state_open("kgpu", c, &w), counts = state_open("kgpu", c, &w);
+    kgpu_cluster *clones[ROUNDS];
+    kgpu_assignment held[ROUNDS];
+    int nheld = 0;
+    long compared = 0;
+    kgpu_rng rng;
+    kgpu_rng_seed(&rng, 5, 0);
+    for (int round = 0; round < ROUNDS; round++) {
+        int k = (int)kgpu_rng_below(&rng, NK);
+        int node = (int)kgpu_rng_below(&rng, (uint64_t)kgpu_cluster_node_count(c));
+        uint64_t op = kgpu_rng_below(&rng, 10);
+        int gpus[KGPU_MAX_GPUS_PER_NODE];
+        const kgpu_node *n = kgpu_cluster_node(c, node);
+        if (op < 6 && kgpu__fit(n, &kinds[k]) &&
+            (kinds[k].gpu_count == 0 || kgpu__pick_best_fit(n, &kinds[k], gpus) == 0)) {
+            held[nheld++] = apply_ok(c, &kinds[k], node, gpus);
+        } else if (op < 9 && nheld > 0) {
+            int j = (int)kgpu_rng_below(&rng, (uint64_t)nheld);
+            assert_int_equal(kgpu_cluster_release(c, &held[j], NULL), 0);
+            held[j] = held[--nheld];
+        } else {
+            int g = (int)kgpu_rng_below(&rng, (uint64_t)n->ngpus);
+            kgpu_cluster_set_gpu_health(c, node, g, !n->gpus[g].healthy, NULL);
+        }
+        clones[round] = kgpu_cluster_clone(c);
+        assert_non_null(clones[round]);
+        const kgpu_request *arrived = round % 3 == 0 ? &t4_pod : &kinds[round % NK];
+        follows.ops->observe(follows.state, c, arrived);
+        counts.ops->observe(counts.state, clones[round], arrived);
+        for (int q = 0; q < NK; q++)
+            for (int i = 0; i < kgpu_cluster_node_count(c); i++) {
+                if (!kgpu__fit(kgpu_cluster_node(c, i), &kinds[q]))
+                    continue;
+                int64_t s1 = follows.ops->score(follows.state, c, i, &kinds[q]);
+                int64_t s2 = counts.ops->score(counts.state, clones[round], i, &kinds[q]);
+                if (s1 != s2)
+                    fail_msg("round %d kind %d node %d: journal %lld, full count %lld", round, q,
+                             i, (long long)s1, (long long)s2);
+                compared++;
+            }
+    }
+    assert_true(compared > 50000);
+    for (int round = 0; round < ROUNDS; round++)
+        kgpu_cluster_free(clones[round]);
+    state_close(&follows);
+    state_close(&counts);
+    kgpu_workload_free(&w);
+    kgpu_cluster_free(c);
+}
+
 /* ---- the registry and the simulator ------------------------------------------------------- */
 
 static void test_registered_online_only(void **state)
@@ -736,6 +829,7 @@ int main(void)
         cmocka_unit_test(test_spares_scarce_models),
         cmocka_unit_test(test_cache_matches_uncached_and_reference),
         cmocka_unit_test(test_scarcity_bypasses_the_cache),
+        cmocka_unit_test(test_free_count_follows_the_journal),
         cmocka_unit_test(test_registered_online_only),
         cmocka_unit_test(test_simulated_run_is_deterministic),
     };
