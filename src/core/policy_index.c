@@ -297,8 +297,8 @@ static int build_layout(kgpu__index *ix, const kgpu_policy_ops *ops, void *state
     ix->croom = malloc(n1 * sizeof(*ix->croom));
     ix->broom = malloc(n1 * sizeof(*ix->broom));
     if (ix->mark == NULL || ix->nmark == NULL || ix->dirty == NULL || ix->tab == NULL ||
-        ix->cls == NULL || ix->cpos == NULL || ix->cnext == NULL || ix->cprev == NULL || ix->chash == NULL ||
-        ix->crep == NULL || ix->chead == NULL || ix->cfree == NULL ||
+        ix->cls == NULL || ix->cpos == NULL || ix->cnext == NULL || ix->cprev == NULL ||
+        ix->chash == NULL || ix->crep == NULL || ix->chead == NULL || ix->cfree == NULL ||
         ix->cval == NULL || ix->ctab == NULL || ix->cmark == NULL || ix->moved == NULL ||
         ix->room == NULL || ix->croom == NULL || ix->broom == NULL) {
         drop_layout(ix);
