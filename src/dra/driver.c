@@ -38,6 +38,9 @@
 #include "pluginregistration.pb-c.h"
 
 #define LOOP_MS      200
+/* After kubelet registers the driver, the slice is checked every DRA_RECHECK_S for this long. */
+#define DRA_AFTER_REGISTRATION_S 90
+#define DRA_RECHECK_S            2
 #define DISCOVER_S   10 /* NVML re-read: a GPU lost leaves the slice within seconds */
 #define GRPC_INVALID 3
 #define GRPC_UNIMPL  12
@@ -81,6 +84,15 @@ typedef struct driver {
     atomic_bool *stop;
     char node_uid[DRA_UID_MAX]; /* publisher thread only */
     bool strays_checked;        /* publisher thread only */
+    /*
+     * When kubelet last said it registered the driver (0: never). kubelet
+     * deletes the node's ResourceSlices when it starts, before or after
+     * registering the drivers again, so for a while after each registration
+     * the publisher checks the slice every few seconds instead of every
+     * --resync: a restarted kubelet must not leave the node without devices
+     * for minutes.
+     */
+    atomic_llong registered_at;
     char conflicts[256];        /* publisher thread only: dra_node_gpu_conflicts' list */
 } driver;
 
@@ -303,18 +315,22 @@ static void *publisher(void *arg)
 {
     driver *d = arg;
     uint64_t done = UINT64_MAX; /* the inventory generation the server has; none yet */
-    time_t resync_at = 0, retry_at = 0;
+    time_t checked_at = 0, retry_at = 0;
     int backoff = 1;
     while (!atomic_load(d->stop)) {
         pthread_mutex_lock(&d->inv_mu);
         uint64_t gen = d->inv_gen;
         pthread_mutex_unlock(&d->inv_mu);
         time_t now = now_s();
-        if (now >= retry_at && (gen != done || now >= resync_at)) {
+        long long reg = atomic_load(&d->registered_at);
+        int period = d->cfg->resync_s;
+        if (reg != 0 && now - reg <= DRA_AFTER_REGISTRATION_S && period > DRA_RECHECK_S)
+            period = DRA_RECHECK_S;
+        if (now >= retry_at && (gen != done || now >= checked_at + period)) {
             kgpu_error e = {0};
             if (publish(d, &done, &e) == 0) {
                 backoff = 1;
-                resync_at = now + d->cfg->resync_s;
+                checked_at = now;
             } else {
                 dp_log(DP_WARN, "publishing the ResourceSlice: %s (again in %d s)", e.msg,
                        backoff);
@@ -615,8 +631,8 @@ static void handle_info(driver *d, uint8_t **out, size_t *outlen, dp_status *st)
     *outlen = pluginregistration__plugin_info__pack(&info, *out);
 }
 
-static void handle_status(const uint8_t *in, size_t len, uint8_t **out, size_t *outlen,
-                          dp_status *st)
+static void handle_status(driver *d, const uint8_t *in, size_t len, uint8_t **out,
+                          size_t *outlen, dp_status *st)
 {
     Pluginregistration__RegistrationStatus *s =
         pluginregistration__registration_status__unpack(NULL, len, in);
@@ -625,8 +641,10 @@ static void handle_status(const uint8_t *in, size_t len, uint8_t **out, size_t *
         snprintf(st->message, sizeof(st->message), "RegistrationStatus does not decode");
         return;
     }
-    if (s->plugin_registered)
+    if (s->plugin_registered) {
         dp_log(DP_INFO, "kubelet registered %s", DRA_DRIVER);
+        atomic_store(&d->registered_at, (long long)now_s());
+    }
     else
         dp_log(DP_ERROR, "kubelet refused to register %s: %.400s", DRA_DRIVER, s->error);
     pluginregistration__registration_status__free_unpacked(s, NULL);
@@ -651,7 +669,7 @@ static void on_call(void *ctx, const char *method, const uint8_t *in, size_t len
     if (is(method, DRA_METHOD_REG, "GetInfo")) {
         handle_info(d, out, outlen, st);
     } else if (is(method, DRA_METHOD_REG, "NotifyRegistrationStatus")) {
-        handle_status(in, len, out, outlen, st);
+        handle_status(d, in, len, out, outlen, st);
     } else if (is(method, DRA_METHOD_V1, "NodePrepareResources")) {
         handle_prepare(d, true, in, len, out, outlen, st);
     } else if (is(method, DRA_METHOD_V1BETA1, "NodePrepareResources")) {

@@ -517,6 +517,52 @@ class DraSuite(unittest.TestCase):
 
     # -- 5. a kubelet restart with a claim prepared ------------------------------------------
 
+    # -- 6. a classic extended resource served through DRA -------------------------------
+
+    def test_06_extended_resource_served_by_dra(self):
+        """DRA extended-resource mapping (KEP-5004, GA in 1.37): with the DeviceClass's
+        extendedResourceName set to nvidia.com/gpu, a pod that asks for `nvidia.com/gpu: 1`
+        on this node, which no device plugin serves, gets a whole GPU through the driver:
+        kube-scheduler allocates a claim for it, kubelet prepares it, containerd injects
+        the CDI spec, and the container sees the one GPU, all of its memory its own."""
+        # After test_05's kubelet restart the slice is republished at the driver's next
+        # resync: wait for it, as a pod created now would.
+        wait_for(self.published, 60, "the driver's ResourceSlice", interval=0.5)
+        path = RESOURCE + "/deviceclasses/" + DRIVER
+        cls = self.cp.admin.get(path)
+        self.cp.admin.merge_patch(path, {"spec": {"extendedResourceName": "nvidia.com/gpu"}})
+        try:
+            self.cp.create_pod({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "classic", "namespace": NS},
+                "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                         "automountServiceAccountToken": False,
+                         "containers": [{"name": "main", "image": node_images.JOB_IMAGE,
+                                         "imagePullPolicy": "Never",
+                                         "command": ["/bin/gpu_job", "run", "max"],
+                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+            self.pods.append("classic")
+            pod = self.wait_phase("classic")
+            st = pod["status"].get("extendedResourceClaimStatus") or {}
+            claim = st.get("resourceClaimName")
+            self.assertTrue(claim, "no extendedResourceClaimStatus: %s" % json.dumps(pod["status"]))
+            out = self.output("classic")
+            gpu = next(g for g in GPUS if out["env"][0] == "NVIDIA_VISIBLE_DEVICES=" + g["uuid"])
+            # A whole GPU: the claim consumed all of its memory, and the share is all of it.
+            self.check_share("classic", gpu, gpu["memory_mib"], out)
+            c = self.claim(claim)
+            self.assertEqual([r["device"] for r in c["status"]["allocation"]["devices"]
+                              ["results"]], ["gpu-%d" % gpu["index"]])
+            # Finished: unprepared as any claim; the pod and (kube-controller-manager's part)
+            # its claim go, so the GPU is free again.
+            self.wait_unprepared(c["metadata"]["uid"])
+            self.delete_pod("classic")
+            self.pods.remove("classic")
+            self.cp.drop_claim(self.claim_path(claim))
+        finally:
+            self.cp.admin.merge_patch(path, {"spec": {"extendedResourceName": None}})
+        self.assertNotIn("extendedResourceName", self.cp.admin.get(path)["spec"], cls)
+
     def test_05_kubelet_restart_keeps_the_claim(self):
         """kubelet restarted while a pod with a compute share (30 %) runs: the driver
         registers with the new kubelet, which does not prepare the claim again; the
@@ -533,10 +579,18 @@ class DraSuite(unittest.TestCase):
         before = self.driver.log().count(marker)
         prepare_call = "DRAPlugin/NodePrepareResources"
         calls = self.driver.log().count(prepare_call)
+        slice_uid = self.published()["metadata"]["uid"]
         self.node.restart_kubelet()
         wait_for(lambda: self.driver.log().count(marker) > before, 60,
                  "the driver to register with the restarted kubelet", interval=0.3)
         self.node.wait_ready()
+        # kubelet deletes its node's ResourceSlices when it starts. Told of the new
+        # registration, the driver checks its slice every 2 s for a while and creates it
+        # again; at its --resync of 300 s the node had no devices for up to 5 minutes.
+        s = wait_for(self.published, 20, "the slice back after the kubelet restart",
+                     interval=0.3)
+        print("    slice %s by the restart" % (
+            "recreated" if s["metadata"]["uid"] != slice_uid else "kept"))
         p = self.cp.get_pod(NS, "kubelet")
         self.assertEqual(p["status"]["phase"], "Running")
         self.assertEqual(p["status"]["containerStatuses"][0]["containerID"], cid)
