@@ -796,6 +796,16 @@ class HelmChartTest(unittest.TestCase):
             self.assertEqual(comparable(objs[("DeviceClass", "", "gpu.kgpu.io")]),
                              comparable(shipped))
 
+    def test_dra_extended_resource_name(self):
+        """dra.extendedResourceName sets the class's extendedResourceName (the e2e DRA suite's
+        test_06 serves nvidia.com/gpu through it); unset, the class has none."""
+        key = ("DeviceClass", "", "gpu.kgpu.io")
+        self.assertNotIn("extendedResourceName", helm("dra.enabled=true")[key]["spec"])
+        h = helm("dra.enabled=true", "dra.extendedResourceName=nvidia.com/gpu")
+        self.assertEqual(h[key]["spec"]["extendedResourceName"], "nvidia.com/gpu")
+        self.assertEqual(h[key]["spec"]["selectors"],
+                         helm("dra.enabled=true")[key]["spec"]["selectors"])
+
     def test_dra_flags(self):
         h = helm("dra.enabled=true", "dra.args.sharing=mps", "dra.args.mpsPipeDir=/run/nvidia-mps",
                  "dra.args.logLevel=debug", "dra.args.shim=false", "dra.args.extraArgs={--resync=600}",
