@@ -16,6 +16,22 @@
 
 /* ---- cluster file ---- */
 
+
+/*
+ * malloc_trim(0) for the reflectors' large transient lists, one call at a
+ * time. glibc's malloc_trim initialises its arena lazily, and two threads
+ * making the first call at once can walk bins not yet set up: under
+ * AddressSanitizer, whose allocator leaves glibc's untouched until then, the
+ * node and the DRA claim reflectors' first lists crashed the extender so.
+ */
+void ext_malloc_trim(void)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    malloc_trim(0);
+    pthread_mutex_unlock(&mu);
+}
+
 static int int_field(json_t *obj, const char *key, const char *where, int64_t *out, bool required,
                      kgpu_error *err)
 {
@@ -118,7 +134,7 @@ out:
     free(strings);
     json_decref(root);
     /* The parsed file was many small blocks; give that memory back to the system. */
-    malloc_trim(0);
+    ext_malloc_trim();
     return rc;
 }
 
@@ -279,7 +295,7 @@ static void nodes_reset(void *ctx, json_t *items)
     free(dra);
     free(gpus);
     free(store);
-    malloc_trim(0); /* the list was a large transient tree */
+    ext_malloc_trim(); /* the list was a large transient tree */
 }
 
 static void nodes_event(void *ctx, const char *type, json_t *obj)
@@ -372,7 +388,7 @@ static void pods_reset(void *ctx, json_t *items)
     long held = (long)d->state.pods.len;
     pthread_mutex_unlock(&d->state.mu);
     ext_log(EXT_INFO, "pods: %zu listed, %ld hold GPUs", json_array_size(items), held);
-    malloc_trim(0);
+    ext_malloc_trim();
 }
 
 static void pods_event(void *ctx, const char *type, json_t *obj)

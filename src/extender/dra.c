@@ -23,7 +23,6 @@
  * gpu.kgpu.io are kept.
  */
 #include <inttypes.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -895,7 +894,7 @@ static void claims_reset(void *ctx, json_t *items)
     ext_log(EXT_INFO, "DRA: %zu ResourceClaims of %s (%zu listed); %d devices not counted now", m,
             EXT_DRA_CLASS, n, waiting);
     free(c);
-    malloc_trim(0);
+    ext_malloc_trim();
 }
 
 static void claims_event(void *ctx, const char *type, json_t *obj)

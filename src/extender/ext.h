@@ -88,6 +88,9 @@ void ext_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define EXT_INFO  2
 #define EXT_DEBUG 3
 
+/* malloc_trim(0), serialised (daemon.c): for the reflectors' threads. */
+void ext_malloc_trim(void);
+
 /* ---- metrics ---- */
 
 /* VERB_PRIORITIZE_GPULESS: prioritize for the pods that ask for no GPU (handlers.c). */
