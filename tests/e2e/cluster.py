@@ -473,6 +473,26 @@ class ControlPlane:
     def get_pod(self, ns, name):
         return self.admin.try_get(pod_path(ns, name))
 
+    def wait_phase(self, ns, name, phases=("Succeeded",), timeout=90, component=None):
+        """Waits for pod ns/name to reach one of `phases` and returns it; one that Failed
+        when that was not asked for fails at once. On a failure the pod's status, its events
+        and the last log lines of `component` ((name, log_tail callable), the node's kgpu
+        part) say why."""
+        def done():
+            p = self.get_pod(ns, name)
+            ph = p and p.get("status", {}).get("phase")
+            if ph == "Failed" and "Failed" not in phases:
+                raise AssertionError("pod %s failed: %s" % (name, json.dumps(p["status"])[:1500]))
+            return p if ph in phases else None
+        try:
+            return wait_for(done, timeout, "pod %s in %s" % (name, phases), interval=0.3)
+        except AssertionError as e:
+            p = self.get_pod(ns, name)
+            tail = "\n%s log:\n%s" % (component[0], component[1](15)) if component else ""
+            raise AssertionError("%s\nstatus: %s\nevents: %s%s" % (
+                e, json.dumps((p or {}).get("status"))[:1500],
+                [ev.get("message") for ev in self.events_for(ns, name)], tail))
+
     def drop_claim(self, path):
         """Deletes the ResourceClaim at `path` as kube-controller-manager's resourceclaim
         controller (which the suites do not run) lets it go once its pods are gone: the

@@ -358,20 +358,7 @@ class DraSuite(unittest.TestCase):
         self.pods.append(name)
 
     def wait_phase(self, name, phases=("Succeeded",), timeout=90):
-        def done():
-            p = self.cp.get_pod(NS, name)
-            ph = p and p.get("status", {}).get("phase")
-            if ph == "Failed" and "Failed" not in phases:
-                raise AssertionError("pod %s failed: %s" % (name, json.dumps(p["status"])[:1500]))
-            return p if ph in phases else None
-        try:
-            return wait_for(done, timeout, "pod %s in %s" % (name, phases), interval=0.3)
-        except AssertionError as e:
-            p = self.cp.get_pod(NS, name)
-            raise AssertionError("%s\nstatus: %s\nevents: %s\ndriver log:\n%s" % (
-                e, json.dumps((p or {}).get("status"))[:1500],
-                [ev.get("message") for ev in self.cp.events_for(NS, name)],
-                self.driver.log_tail(15)))
+        return self.cp.wait_phase(NS, name, phases, timeout, ("driver", self.driver.log_tail))
 
     def wait_holding(self, name, timeout=90):
         self.wait_phase(name, ("Running",), timeout)

@@ -162,20 +162,7 @@ class NodeSuite(unittest.TestCase):
         return self.cp.get_pod(E2E_NS, name)
 
     def wait_phase(self, name, phases=("Succeeded",), timeout=90):
-        def done():
-            p = self.pod(name)
-            ph = p and p.get("status", {}).get("phase")
-            if ph == "Failed" and "Failed" not in phases:
-                raise AssertionError("pod %s failed: %s" % (name, json.dumps(p["status"])[:1500]))
-            return p if ph in phases else None
-        try:
-            return wait_for(done, timeout, "pod %s in %s" % (name, phases), interval=0.3)
-        except AssertionError as e:
-            p = self.pod(name)
-            raise AssertionError("%s\nstatus: %s\nevents: %s\nplugin log:\n%s" % (
-                e, json.dumps((p or {}).get("status"))[:1500],
-                [ev.get("message") for ev in self.cp.events_for(E2E_NS, name)],
-                self.plugin.log_tail(15)))
+        return self.cp.wait_phase(E2E_NS, name, phases, timeout, ("plugin", self.plugin.log_tail))
 
     def wait_running(self, name, timeout=90):
         """Running with its container started (gpu_job has printed its first lines)."""
