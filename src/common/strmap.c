@@ -35,6 +35,14 @@ void kgpu_strmap_clear(kgpu_strmap *m)
     memset(m, 0, sizeof(*m));
 }
 
+void kgpu_strmap_clear_free(kgpu_strmap *m)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->slots[i].key != NULL && m->slots[i].key != TOMBSTONE)
+            free(m->slots[i].value);
+    kgpu_strmap_clear(m);
+}
+
 static kgpu_strmap_entry *find(const kgpu_strmap *m, const char *key)
 {
     if (m->cap == 0)

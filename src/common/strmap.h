@@ -21,8 +21,10 @@ typedef struct kgpu_strmap {
 } kgpu_strmap;
 
 void kgpu_strmap_init(kgpu_strmap *m);
-/* Frees the table and keys (not the values). */
+/* Frees the table and keys (not the values); the map is then empty and usable. */
 void kgpu_strmap_clear(kgpu_strmap *m);
+/* The same for a map that owns its values: each is free()d first. */
+void kgpu_strmap_clear_free(kgpu_strmap *m);
 void *kgpu_strmap_get(const kgpu_strmap *m, const char *key);
 /* Inserts or replaces; returns the previous value (or NULL) through *old. false when out of memory.
  */

@@ -354,20 +354,9 @@ void ext_dra_node_gone(ext_state *st, const char *name)
     free(kgpu_strmap_del(&st->dra_nodes, name));
 }
 
-static void free_values(kgpu_strmap *m)
-{
-    size_t it = 0;
-    const char *k;
-    void *v;
-    while (kgpu_strmap_next(m, &it, &k, &v))
-        free(v);
-    kgpu_strmap_clear(m);
-    kgpu_strmap_init(m);
-}
-
 void ext_dra_nodes_clear(ext_state *st)
 {
-    free_values(&st->dra_nodes);
+    kgpu_strmap_clear_free(&st->dra_nodes);
 }
 
 /* A DRA node's inventory after its slice changed (one node: an upsert). */
@@ -455,7 +444,7 @@ void ext_dra_slice_gone(ext_state *st, const char *name, const char *node)
 
 void ext_dra_slices_reset(ext_state *st, const ext_dra_slice *s, int n)
 {
-    free_values(&st->dra_slices);
+    kgpu_strmap_clear_free(&st->dra_slices);
     for (int i = 0; i < n; i++) {
         ext_dra_slice *old = kgpu_strmap_get(&st->dra_slices, s[i].node), *copy;
         if (old != NULL && old->generation >= s[i].generation)
@@ -601,7 +590,7 @@ void ext_dra_claims_reset(ext_state *st, ext_dra_claim **c, int n)
     void *v;
     while (kgpu_strmap_next(&st->dra_claims, &it, &k, &v))
         uncharge(st, v);
-    free_values(&st->dra_claims);
+    kgpu_strmap_clear_free(&st->dra_claims);
     st->dra_unapplied = 0;
     for (int i = 0; i < n; i++) {
         char key[64 + KGPU_NAME_MAX + 2];

@@ -228,13 +228,7 @@ static void namespaces_reset(void *ctx, json_t *items)
     ext_daemon *d = ctx;
     ext_state *st = &d->state;
     pthread_mutex_lock(&st->mu);
-    const char *k;
-    void *v;
-    size_t it = 0;
-    while (kgpu_strmap_next(&st->ns_queue, &it, &k, &v))
-        free(v);
-    kgpu_strmap_clear(&st->ns_queue);
-    kgpu_strmap_init(&st->ns_queue);
+    kgpu_strmap_clear_free(&st->ns_queue);
     size_t i;
     json_t *ns;
     json_array_foreach(items, i, ns)
@@ -406,17 +400,6 @@ static void remember_written(kgpu_strmap *written, const char *name, const json_
     free(old);
 }
 
-static void forget_written(kgpu_strmap *written)
-{
-    const char *k;
-    void *v;
-    size_t it = 0;
-    while (kgpu_strmap_next(written, &it, &k, &v))
-        free(v);
-    kgpu_strmap_clear(written);
-    kgpu_strmap_init(written);
-}
-
 static void *write_statuses(void *arg)
 {
     ext_daemon *d = arg;
@@ -425,7 +408,7 @@ static void *write_statuses(void *arg)
     while (!atomic_load(&d->stop)) {
         sleep_ms(d, STATUS_INTERVAL_MS);
         if (!ext_is_leader(d)) {
-            forget_written(&written); /* another replica writes meanwhile */
+            kgpu_strmap_clear_free(&written); /* another replica writes meanwhile */
             continue;
         }
         status_job *jobs;
@@ -454,7 +437,7 @@ static void *write_statuses(void *arg)
         }
         free(jobs);
     }
-    forget_written(&written);
+    kgpu_strmap_clear_free(&written);
     kgpu_strmap_clear(&written);
     return NULL;
 }

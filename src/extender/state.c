@@ -115,12 +115,8 @@ void ext_state_destroy(ext_state *st)
         free(v);
     kgpu_strmap *owning[] = {&st->ns_queue,  &st->reclaims,   &st->refused,
                              &st->dra_nodes, &st->dra_slices, &st->dra_claims};
-    for (size_t m = 0; m < sizeof(owning) / sizeof(owning[0]); m++) {
-        i = 0;
-        while (kgpu_strmap_next(owning[m], &i, &k, &v))
-            free(v);
-        kgpu_strmap_clear(owning[m]);
-    }
+    for (size_t m = 0; m < sizeof(owning) / sizeof(owning[0]); m++)
+        kgpu_strmap_clear_free(owning[m]);
     ext_unsched_clear(st);
     kgpu_queues_free(st->queues);
     kgpu_queues_free(st->queues_spec);
