@@ -32,6 +32,8 @@
 #define SLICES "/apis/resource.k8s.io/v1/resourceslices"
 #define CLAIMS "/apis/resource.k8s.io/v1/resourceclaims"
 #define MIB    (1024 * 1024)
+/* "namespace/name" of a claim: a DNS label, '/', a name. */
+#define EXT_DRA_KEY_MAX (64 + KGPU_NAME_MAX + 2)
 
 /* ---- parsers of outside input ---- */
 
@@ -540,6 +542,12 @@ static void uncharge(ext_state *st, ext_dra_claim *c)
     }
 }
 
+/* The key of claim ns/name in st->dra_claims (buf: EXT_DRA_KEY_MAX bytes). */
+static void claim_key(char *buf, const char *ns, const char *name)
+{
+    snprintf(buf, EXT_DRA_KEY_MAX, "%.63s/%s", ns, name);
+}
+
 /* Forgets a held claim: released, out of the map, freed. Returns whether it held anything. */
 static bool drop_claim(ext_state *st, const char *key)
 {
@@ -555,8 +563,8 @@ static bool drop_claim(ext_state *st, const char *key)
 
 void ext_dra_claim_put(ext_state *st, ext_dra_claim *c)
 {
-    char key[64 + KGPU_NAME_MAX + 2];
-    snprintf(key, sizeof(key), "%s/%s", c->ns, c->name);
+    char key[EXT_DRA_KEY_MAX];
+    claim_key(key, c->ns, c->name);
     bool released = drop_claim(st, key);
     if (st->dra_claims.len >= EXT_DRA_CLAIMS_MAX) {
         ext_log(EXT_ERROR, "ResourceClaim %s ignored: kgpu holds %d claims already", key,
@@ -577,8 +585,8 @@ void ext_dra_claim_put(ext_state *st, ext_dra_claim *c)
 
 void ext_dra_claim_gone(ext_state *st, const char *ns, const char *name)
 {
-    char key[64 + KGPU_NAME_MAX + 2];
-    snprintf(key, sizeof(key), "%s/%s", ns, name);
+    char key[EXT_DRA_KEY_MAX];
+    claim_key(key, ns, name);
     if (drop_claim(st, key))
         ext_dra_retry(st);
 }
@@ -593,8 +601,8 @@ void ext_dra_claims_reset(ext_state *st, ext_dra_claim **c, int n)
     kgpu_strmap_clear_free(&st->dra_claims);
     st->dra_unapplied = 0;
     for (int i = 0; i < n; i++) {
-        char key[64 + KGPU_NAME_MAX + 2];
-        snprintf(key, sizeof(key), "%s/%s", c[i]->ns, c[i]->name);
+        char key[EXT_DRA_KEY_MAX];
+        claim_key(key, c[i]->ns, c[i]->name);
         void *old = NULL;
         if (st->dra_claims.len >= EXT_DRA_CLAIMS_MAX ||
             !kgpu_strmap_put(&st->dra_claims, key, c[i], &old)) {
@@ -610,36 +618,38 @@ void ext_dra_claims_reset(ext_state *st, ext_dra_claim **c, int n)
     ext_dra_cluster_rebuilt(st);
 }
 
-void ext_dra_cluster_rebuilt(ext_state *st)
+/* Charges every result not charged now, and counts those that still cannot be. */
+static void charge_all(ext_state *st)
 {
     size_t it = 0;
     const char *k;
     void *v;
     st->dra_unapplied = 0;
-    /* The cluster holds none of the old charges: every result is charged afresh. */
     while (kgpu_strmap_next(&st->dra_claims, &it, &k, &v)) {
         ext_dra_claim *c = v;
-        for (int i = 0; i < c->nres; i++)
-            c->res[i].applied = false;
         charge(st, c);
         st->dra_unapplied += unapplied(c);
     }
 }
 
-void ext_dra_retry(ext_state *st)
+void ext_dra_cluster_rebuilt(ext_state *st)
 {
-    if (st->dra_unapplied <= 0)
-        return;
     size_t it = 0;
     const char *k;
     void *v;
-    st->dra_unapplied = 0;
+    /* The cluster holds none of the old charges: every result is charged afresh. */
     while (kgpu_strmap_next(&st->dra_claims, &it, &k, &v)) {
         ext_dra_claim *c = v;
-        if (unapplied(c) > 0)
-            charge(st, c);
-        st->dra_unapplied += unapplied(c);
+        for (int i = 0; i < c->nres; i++)
+            c->res[i].applied = false;
     }
+    charge_all(st);
+}
+
+void ext_dra_retry(ext_state *st)
+{
+    if (st->dra_unapplied > 0)
+        charge_all(st);
 }
 
 /* ---- prioritize: a DRA pod's request ---- */
@@ -700,8 +710,8 @@ int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, cha
                          entry);
             continue;
         }
-        char key[64 + KGPU_NAME_MAX + 2];
-        snprintf(key, sizeof(key), "%.63s/%s", ns, claim);
+        char key[EXT_DRA_KEY_MAX];
+        claim_key(key, ns, claim);
         const ext_dra_claim *c = kgpu_strmap_get(&st->dra_claims, key);
         if (c == NULL) {
             if (why[0] == '\0')
