@@ -233,27 +233,48 @@ static bool read_result(ext_dra_claim *c, const json_t *res, ext_dra_result *out
     return true;
 }
 
+/* A claim's namespace and name, when it has both and they fit; else false. */
+static bool claim_named(const json_t *obj, const char **ns, const char **name)
+{
+    const json_t *meta = json_object_get(obj, "metadata");
+    *ns = str_at(meta, "namespace");
+    *name = str_at(meta, "name");
+    return json_is_object(obj) && *ns != NULL && *name != NULL && (*ns)[0] != '\0' &&
+           (*name)[0] != '\0' && strlen(*ns) < sizeof(((ext_dra_claim *)0)->ns) &&
+           strlen(*name) <= KGPU_NAME_MAX;
+}
+
+/*
+ * A claim's requests and allocation results, and whether it is kgpu's: a
+ * request names class gpu.kgpu.io or a result driver gpu.kgpu.io (*nres:
+ * how many results do).
+ */
+static bool claim_ours(const json_t *obj, const json_t **reqs, const json_t **results, size_t *nres)
+{
+    *reqs = json_object_get(json_object_get(json_object_get(obj, "spec"), "devices"), "requests");
+    *results = json_object_get(
+        json_object_get(json_object_get(json_object_get(obj, "status"), "allocation"), "devices"),
+        "results");
+    size_t i;
+    bool ours = false;
+    const json_t *v;
+    *nres = 0;
+    json_array_foreach(*reqs, i, v) ours = ours || names_class(v);
+    json_array_foreach(*results, i, v) *nres += ours_result(v);
+    return ours || *nres > 0;
+}
+
 int ext_dra_claim_parse(const json_t *obj, ext_dra_claim **out, kgpu_error *err)
 {
     *out = NULL;
-    const json_t *meta = json_object_get(obj, "metadata");
-    const char *ns = str_at(meta, "namespace"), *name = str_at(meta, "name");
-    const char *uid = str_at(meta, "uid");
-    if (!json_is_object(obj) || ns == NULL || name == NULL || ns[0] == '\0' || name[0] == '\0' ||
-        strlen(ns) >= sizeof((*out)->ns) || strlen(name) > KGPU_NAME_MAX)
+    const char *ns, *name;
+    if (!claim_named(obj, &ns, &name))
         return kgpu_error_set(err, KGPU_EPARSE, "ResourceClaim without namespace and name");
-    const json_t *reqs =
-        json_object_get(json_object_get(json_object_get(obj, "spec"), "devices"), "requests");
-    const json_t *results = json_object_get(
-        json_object_get(json_object_get(json_object_get(obj, "status"), "allocation"), "devices"),
-        "results");
-    size_t i, nres = 0;
-    bool ours = false;
+    const char *uid = str_at(json_object_get(obj, "metadata"), "uid");
+    const json_t *reqs, *results;
+    size_t i, nres;
     const json_t *v;
-    json_array_foreach(reqs, i, v) ours = ours || names_class(v);
-    json_array_foreach(results, i, v) nres += ours_result(v);
-    ours = ours || nres > 0;
-    if (!ours)
+    if (!claim_ours(obj, &reqs, &results, &nres))
         return 0;
     bool too_many = nres > EXT_DRA_RESULTS;
     if (too_many)
@@ -797,12 +818,14 @@ static void slices_trim(void *ctx, json_t *obj)
 static void claims_trim(void *ctx, json_t *obj)
 {
     (void)ctx;
-    ext_dra_claim *c = NULL;
-    if (ext_dra_claim_parse(obj, &c, NULL) != 0 || c == NULL) {
+    const char *ns, *name;
+    const json_t *reqs, *results;
+    size_t nres;
+    /* What ext_dra_claim_parse would refuse or find not ours, without reading the rest. */
+    if (!claim_named(obj, &ns, &name) || !claim_ours(obj, &reqs, &results, &nres)) {
         json_object_clear(obj);
         return;
     }
-    free(c);
     json_t *meta = json_object_get(obj, "metadata");
     json_object_del(meta, "managedFields");
     json_object_del(meta, "annotations");
