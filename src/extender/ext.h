@@ -651,6 +651,10 @@ void ext_await_relisted(ext_state *st, const kgpu_strmap *present);
 #define EXT_DRA_CLASS       "gpu.kgpu.io" /* the DeviceClass kgpu's claims name */
 #define EXT_DRA_LABEL       "kgpu.io/gpu-allocator"
 #define EXT_DRA_LABEL_VALUE "dra"
+/* Why a DRA node serves no device-plugin pod (filter's reason, bind's error). */
+#define EXT_DRA_NODE_REASON                                                                        \
+    "a DRA node (" EXT_DRA_LABEL "=" EXT_DRA_LABEL_VALUE "): its GPUs are given out through "      \
+    "ResourceClaims of class " EXT_DRA_CLASS ", not as kgpu.io/gpu-mem or nvidia.com/gpu"
 #define EXT_DRA_DEVICE_MAX  64     /* a device name is a DNS label */
 #define EXT_DRA_REQUESTS    8      /* requests of one claim kept (the driver's own bound) */
 #define EXT_DRA_RESULTS     32     /* allocation results of one claim (the driver's own bound) */

@@ -15,10 +15,6 @@
 #include "jsonw.h"
 
 #define REASON_MAX  300
-/* Filter's reason for a DRA node (dra.c), where device-plugin resources are not served. */
-#define DRA_NODE_REASON                                                                           \
-    "a DRA node (" EXT_DRA_LABEL "=" EXT_DRA_LABEL_VALUE "): its GPUs are given out through "    \
-    "ResourceClaims of class " EXT_DRA_CLASS ", not as kgpu.io/gpu-mem or nvidia.com/gpu"
 #define INVALID_MAX (KGPU_ERROR_MSG_MAX + 8) /* "kgpu: " and the pod's error */
 
 static char *dump(json_t *v)
@@ -629,7 +625,7 @@ static void handle_filter(ext_daemon *d, json_t *args, fast_names *fast, ext_res
             }
             int idx = kgpu_cluster_find_node(d->state.cluster, names[i]);
             if (idx >= 0 && ext_dra_is_node(&d->state, names[i])) {
-                add_reason(&unresolvable, names[i], DRA_NODE_REASON);
+                add_reason(&unresolvable, names[i], EXT_DRA_NODE_REASON);
                 continue;
             }
             if (idx < 0) {

@@ -615,10 +615,7 @@ int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node,
     if (idx < 0)
         return kgpu_error_set(err, KGPU_ENOENT, "node %s has no GPU inventory known to kgpu", node);
     if (ext_dra_is_node(st, node))
-        return kgpu_error_set(err, KGPU_ENOENT,
-                              "node %s is a DRA node: its GPUs are given out through "
-                              "ResourceClaims",
-                              node);
+        return kgpu_error_set(err, KGPU_ENOENT, "node %s is %s", node, EXT_DRA_NODE_REASON);
     kgpu_policy *pol = ext_state_policy(st, pod, err);
     if (pol == NULL)
         return err ? err->code : KGPU_EINVAL;
