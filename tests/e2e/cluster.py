@@ -27,6 +27,14 @@ import harness
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 E2E_NS = "e2e"
+# kube-scheduler on its defaults, no extender (its DRA plugin included): the DRA suites'.
+PLAIN_SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: set-by-cluster.py
+leaderElection:
+  leaderElect: false
+"""
 MEM, CORE, WHOLE, COUNT = ("kgpu.io/gpu-mem", "kgpu.io/gpu-core", "nvidia.com/gpu",
                            "kgpu.io/gpu-count")
 

@@ -50,13 +50,6 @@ V100 = {"index": 0, "uuid": "GPU-6b670000-0000-4000-8000-0000000000d0",
 T4 = {"index": 1, "uuid": "GPU-6b670000-0000-4000-8000-0000000000d1", "model": "Tesla T4",
       "memory_mib": 15360}
 GPUS = [V100, T4]
-SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: set-by-cluster.py
-leaderElection:
-  leaderElect: false
-"""
 
 
 def containerd_bin(bindir):
@@ -260,7 +253,7 @@ class DraSuite(unittest.TestCase):
         cls.driver = DraDriverPod(cp, cls.node, work)
         assert cls.driver.cdi_dir == cdi
         cls.driver.start()
-        cp.start_scheduler(SCHEDULER_CONFIG)
+        cp.start_scheduler(cluster.PLAIN_SCHEDULER_CONFIG)
         cls.slice = wait_for(cls.published, 60, "the driver's ResourceSlice", interval=0.5)
 
     @classmethod

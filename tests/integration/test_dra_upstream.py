@@ -48,14 +48,6 @@ GPUS = """gpus:
 - {index: 5, uuid: GPU-7400005, model: Tesla-T4, memory_mib: 15360, numa: 1}
 """
 
-SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: set-by-cluster.py
-leaderElection:
-  leaderElect: false
-"""
-
 
 def quantity_bytes(q):
     units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
@@ -135,7 +127,7 @@ class DraUpstreamTest(unittest.TestCase):
         self.assertEqual(slice_accepted()["metadata"]["resourceVersion"], rv)
 
         cp.ensure_namespace(NS)
-        cp.start_scheduler(SCHEDULER_CONFIG)
+        cp.start_scheduler(self.cluster.PLAIN_SCHEDULER_CONFIG)
         examples = os.path.join(ARGS.source, "examples", "dra")
         names = ["a100-8gib", "gpu-30pct", "two-gpus-one-numa"]
         for n in names:
