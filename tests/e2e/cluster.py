@@ -501,6 +501,16 @@ class ControlPlane:
                 e, json.dumps((p or {}).get("status"))[:1500],
                 [ev.get("message") for ev in self.events_for(ns, name)], tail))
 
+    def publish_root_ca(self, ns):
+        """The kube-root-ca.crt ConfigMap of namespace ns, which kube-controller-manager (not
+        run by the suites) publishes and a pod's service account token volume needs."""
+        path = "/api/v1/namespaces/%s/configmaps" % ns
+        if self.admin.try_get(path + "/kube-root-ca.crt") is None:
+            with open(self.pki.ca_crt) as f:
+                self.admin.post(path, {"apiVersion": "v1", "kind": "ConfigMap",
+                                       "metadata": {"name": "kube-root-ca.crt"},
+                                       "data": {"ca.crt": f.read()}})
+
     def drop_claim(self, path):
         """Deletes the ResourceClaim at `path` as kube-controller-manager's resourceclaim
         controller (which the suites do not run) lets it go once its pods are gone: the

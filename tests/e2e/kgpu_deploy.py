@@ -508,16 +508,8 @@ class DevicePluginPod:
         self.name = None
         self.logs = []  # the log of every run that has ended, for sanitizer reports
 
-    def _ensure_root_ca(self):
-        path = "/api/v1/namespaces/%s/configmaps" % DP_NS
-        if self.cp.admin.try_get(path + "/kube-root-ca.crt") is None:
-            with open(self.cp.pki.ca_crt) as f:
-                self.cp.admin.post(path, {"apiVersion": "v1", "kind": "ConfigMap",
-                                          "metadata": {"name": "kube-root-ca.crt"},
-                                          "data": {"ca.crt": f.read()}})
-
     def start(self, wait_registered=True):
-        self._ensure_root_ca()
+        self.cp.publish_root_ca(DP_NS)
         ds = self.cp.admin.get("/apis/apps/v1/namespaces/%s/daemonsets/kgpu-device-plugin"
                                % DP_NS)
         tmpl = ds["spec"]["template"]

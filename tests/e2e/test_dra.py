@@ -134,12 +134,7 @@ class DraDriverPod:
         """Creates the pod, or after kill() waits for kubelet to restart its container; then
         waits until kubelet has registered the driver."""
         if self.pod() is None:
-            path = "/api/v1/namespaces/%s/configmaps" % DRA_NS
-            if self.cp.admin.try_get(path + "/kube-root-ca.crt") is None:
-                with open(self.cp.pki.ca_crt) as f:
-                    self.cp.admin.post(path, {"apiVersion": "v1", "kind": "ConfigMap",
-                                              "metadata": {"name": "kube-root-ca.crt"},
-                                              "data": {"ca.crt": f.read()}})
+            self.cp.publish_root_ca(DRA_NS)
             self.cp.admin.post("/api/v1/namespaces/%s/pods" % DRA_NS, self._pod_spec())
 
         def registered():
