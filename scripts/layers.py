@@ -90,7 +90,8 @@ def objects(build):
                 continue
             obj = os.path.join(dirpath, fn)
             m = re.search(r"\.dir/(src/.*)\.o$", obj.replace(os.sep, "/"))
-            if m:
+            # An object whose source is gone (renamed, split) is stale: not read.
+            if m and os.path.exists(os.path.join(ROOT, m.group(1))):
                 out.append((m.group(1), obj))
     return out
 

@@ -8,7 +8,7 @@
  * lets them coexist: while a pod it knows of awaits allocation on a node,
  * filter and bind refuse that node to pods with a clashing ask. Other sizes
  * and other nodes are unaffected; a stuck pod stops counting after
- * allocate_wait. Every function expects st->mu held (see ext.h).
+ * allocate_wait. Every function expects st->mu held (see state.h).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -17,108 +17,7 @@
 #include <time.h>
 
 #include "clock.h"
-#include "ext.h"
-
-static const char *const res_names[] = {KGPU_RES_WHOLE, KGPU_RES_MEM, KGPU_RES_CORE};
-
-const char *ext_res_name(int res)
-{
-    return res >= 0 && res < (int)(sizeof(res_names) / sizeof(res_names[0])) ? res_names[res] : "?";
-}
-
-/* ---- asks ---- */
-
-/* A count resource of a container: limits first, then requests, as podspec.c reads them. */
-static int64_t count_of(const json_t *limits, const json_t *requests, const char *key)
-{
-    const json_t *v = json_object_get(limits, key);
-    if (v == NULL || json_is_null(v))
-        v = json_object_get(requests, key);
-    if (json_is_integer(v))
-        return json_integer_value(v) > 0 ? json_integer_value(v) : 0;
-    int64_t milli;
-    if (!json_is_string(v) || kgpu_quantity_milli(json_string_value(v), &milli, NULL) != 0 ||
-        milli <= 0 || milli % KGPU_MILLI != 0)
-        return 0;
-    return milli / KGPU_MILLI;
-}
-
-static int cmp_ask(const ext_ask *x, const ext_ask *y)
-{
-    if (x->res != y->res)
-        return x->res < y->res ? -1 : 1;
-    return x->amount < y->amount ? -1 : x->amount > y->amount ? 1 : 0;
-}
-
-/* Inserts in order, once. */
-static void add_ask(ext_asks *s, int res, int64_t amount)
-{
-    if (amount <= 0)
-        return;
-    ext_ask a = {res, amount};
-    int i = 0;
-    while (i < s->n && cmp_ask(&s->a[i], &a) < 0)
-        i++;
-    if (i < s->n && cmp_ask(&s->a[i], &a) == 0)
-        return;
-    if (s->n == EXT_ASKS_MAX) {
-        s->overflow = true;
-        return;
-    }
-    memmove(&s->a[i + 1], &s->a[i], (size_t)(s->n - i) * sizeof(s->a[0]));
-    s->a[i] = a;
-    s->n++;
-}
-
-static void add_list(ext_asks *s, const json_t *list)
-{
-    size_t i;
-    const json_t *c;
-    json_array_foreach(list, i, c)
-    {
-        const json_t *res = json_object_get(c, "resources");
-        const json_t *limits = json_object_get(res, "limits");
-        const json_t *requests = json_object_get(res, "requests");
-        int64_t mem = count_of(limits, requests, KGPU_RES_MEM);
-        if (mem == 0)
-            mem = count_of(limits, requests, KGPU_RES_MEM_ALIAS);
-        add_ask(s, EXT_RES_WHOLE, count_of(limits, requests, KGPU_RES_WHOLE));
-        add_ask(s, EXT_RES_MEM, mem);
-        add_ask(s, EXT_RES_CORE, count_of(limits, requests, KGPU_RES_CORE));
-    }
-}
-
-void ext_asks_from_json(const json_t *pod, ext_asks *out)
-{
-    memset(out, 0, sizeof(*out));
-    const json_t *spec = json_object_get(pod, "spec");
-    /* kubelet allocates init containers' devices too, before the app containers'. */
-    add_list(out, json_object_get(spec, "initContainers"));
-    add_list(out, json_object_get(spec, "containers"));
-}
-
-bool ext_asks_clash(const ext_asks *x, const ext_asks *y, ext_ask *same)
-{
-    if ((x->overflow && (y->n > 0 || y->overflow)) || (y->overflow && x->n > 0)) {
-        if (same != NULL)
-            *same = x->overflow && y->n > 0 ? y->a[0] : x->a[0];
-        return true;
-    }
-    int i = 0, j = 0;
-    while (i < x->n && j < y->n) {
-        int c = cmp_ask(&x->a[i], &y->a[j]);
-        if (c == 0) {
-            if (same != NULL)
-                *same = x->a[i];
-            return true;
-        }
-        if (c < 0)
-            i++;
-        else
-            j++;
-    }
-    return false;
-}
+#include "state.h"
 
 /* ---- the pods awaiting allocation ---- */
 

@@ -1,6 +1,6 @@
 /*
  * kgpu-extender configuration: defaults, one YAML file (--config), then
- * flags, which have the last word. Also the daemon's logging.
+ * flags, which have the last word.
  */
 #include <getopt.h>
 #include <pthread.h>
@@ -11,40 +11,13 @@
 #include <time.h>
 
 #include "clock.h"
-#include "ext.h"
+#include "base.h"
+#include "podspec.h"
 #include "queuefile.h"
 #include "yamljson.h"
 
 #define ALLOCATE_WAIT_MAX 86400 /* a day: anything longer is a pod that will never start */
 #define MAX_CONNECTIONS   65536 /* descriptors, and libmicrohttpd's buffer each */
-
-static atomic_int log_level = EXT_INFO;
-static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
-
-void ext_log_set_level(int level)
-{
-    atomic_store(&log_level, level);
-}
-
-void ext_log(int level, const char *fmt, ...)
-{
-    if (level > atomic_load(&log_level))
-        return;
-    static const char *names[] = {"error", "warn", "info", "debug"};
-    char msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    char when[64];
-    kgpu_rfc3339((double)ts.tv_sec + (double)ts.tv_nsec / 1e9, 3, when, sizeof(when));
-    /* One write per line so concurrent threads never interleave inside a line. */
-    pthread_mutex_lock(&log_mu);
-    fprintf(stderr, "%s %-5s %s\n", when, names[level & 3], msg);
-    pthread_mutex_unlock(&log_mu);
-}
 
 void ext_config_defaults(ext_config *cfg)
 {

@@ -2,7 +2,7 @@
  * kgpu-extender's HTTP serving layer (libmicrohttpd): the scheduling
  * listener, the probe listener, and the limits that keep both answering
  * under attack. It knows nothing of scheduling: a complete, size-checked
- * request goes to ext_handle, its answer goes back.
+ * request goes to the handler it was given, its answer goes back.
  *
  * Why it is built this way (docs/install-extender.md, "Limits"):
  * - epoll with a small pool of I/O threads (serveThreads): a slow client
@@ -37,7 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ext.h"
+#include "serve.h"
 #include "fileio.h"
 
 /* Bodies above this, and the observers, are handled one at a time by the large-body thread. */
@@ -95,8 +95,13 @@ typedef struct worker {
     pthread_t thread;
 } worker;
 
-typedef struct ext_http {
-    ext_daemon *d;
+struct ext_http {
+    const ext_config *cfg; /* the limits; borrowed, outlives the server */
+    ext_metrics *metrics;  /* http_* counters */
+    ext_http_handler handle;
+    void *ctx;
+    char *tls_cert_pem, *tls_key_pem, *tls_ca_pem; /* read once at start, owned */
+    int port, probe_port;                          /* as bound */
     struct MHD_Daemon *main, *probe;
     bool pooled; /* epoll + handler pool; else one thread per connection, handlers inline */
 
@@ -112,30 +117,30 @@ typedef struct ext_http {
     bool watchdog_running;
 
     atomic_llong buffered; /* bytes charged by requests in flight */
-} ext_http;
+};
 
 /* ---- the buffer budget ---- */
 
 static bool budget_take(ext_http *h, size_t n)
 {
-    long long limit = h->d->cfg.max_buffered_bytes;
+    long long limit = h->cfg->max_buffered_bytes;
     long long cur = atomic_load(&h->buffered);
     do {
         if (cur + (long long)n > limit)
             return false;
     } while (!atomic_compare_exchange_weak(&h->buffered, &cur, cur + (long long)n));
     long long now = cur + (long long)n;
-    long long peak = atomic_load(&h->d->metrics.http_buffered_peak);
-    while (now > peak && !atomic_compare_exchange_weak(&h->d->metrics.http_buffered_peak, &peak, now))
+    long long peak = atomic_load(&h->metrics->http_buffered_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&h->metrics->http_buffered_peak, &peak, now))
         ;
-    atomic_store(&h->d->metrics.http_buffered, now);
+    atomic_store(&h->metrics->http_buffered, now);
     return true;
 }
 
 static void budget_give(ext_http *h, size_t n)
 {
     long long now = atomic_fetch_sub(&h->buffered, (long long)n) - (long long)n;
-    atomic_store(&h->d->metrics.http_buffered, now);
+    atomic_store(&h->metrics->http_buffered, now);
 }
 
 static void request_free_body(request *rq)
@@ -181,7 +186,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         h->registry.prev->next = s;
         h->registry.prev = s;
         pthread_mutex_unlock(&h->mu);
-        atomic_fetch_add(&h->d->metrics.http_connections, 1);
+        atomic_fetch_add(&h->metrics->http_connections, 1);
         *socket_context = s;
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context != NULL) {
         conn_slot *s = *socket_context;
@@ -189,7 +194,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         s->prev->next = s->next;
         s->next->prev = s->prev;
         pthread_mutex_unlock(&h->mu);
-        atomic_fetch_sub(&h->d->metrics.http_connections, 1);
+        atomic_fetch_sub(&h->metrics->http_connections, 1);
         free(s);
         *socket_context = NULL;
     }
@@ -204,7 +209,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 static void *watchdog_main(void *arg)
 {
     ext_http *h = arg;
-    double limit = h->d->cfg.request_timeout_s;
+    double limit = h->cfg->request_timeout_s;
     pthread_mutex_lock(&h->mu);
     while (!h->stopping) {
         double now = ext_now();
@@ -213,7 +218,7 @@ static void *watchdog_main(void *arg)
                 continue;
             shutdown(s->fd, SHUT_RDWR);
             s->shut = true;
-            atomic_fetch_add(&h->d->metrics.http_deadline_closes, 1);
+            atomic_fetch_add(&h->metrics->http_deadline_closes, 1);
         }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -312,7 +317,7 @@ static enum MHD_Result refuse(ext_http *h, request *rq, int status, const char *
               : status == 503 ? EXT_HTTP_REFUSED_BUSY
               : status == 403 ? EXT_HTTP_REFUSED_UNAUTHENTICATED
                               : EXT_HTTP_REFUSED_BAD_FRAMING;
-    atomic_fetch_add(&h->d->metrics.http_refused[why], 1);
+    atomic_fetch_add(&h->metrics->http_refused[why], 1);
     slot_phase(h, rq->slot, SLOT_SENDING);
     if (status == 403)
         return send_reply(rq->conn, status, "text/plain", strdup("client certificate required\n"));
@@ -356,7 +361,7 @@ static size_t working_estimate(const ext_config *cfg, const char *body, size_t l
 
 static void handle_now(ext_http *h, request *rq)
 {
-    const ext_config *cfg = &h->d->cfg;
+    const ext_config *cfg = h->cfg;
     size_t est = rq->len > 0 ? working_estimate(cfg, rq->body, rq->len) : 0;
     char msg[256];
     if (est > (size_t)cfg->max_buffered_bytes) {
@@ -365,7 +370,7 @@ static void handle_now(ext_http *h, request *rq)
                  "maxBufferedBytes %ld\"}",
                  est, cfg->max_buffered_bytes);
         rq->resp = (ext_response){413, "application/json", strdup(msg), {0}};
-        atomic_fetch_add(&h->d->metrics.http_refused[EXT_HTTP_REFUSED_TOO_LARGE], 1);
+        atomic_fetch_add(&h->metrics->http_refused[EXT_HTTP_REFUSED_TOO_LARGE], 1);
         est = 0;
     } else if (!budget_take(h, est)) {
         snprintf(msg, sizeof(msg),
@@ -373,10 +378,10 @@ static void handle_now(ext_http *h, request *rq)
                  "retry\"}",
                  cfg->max_buffered_bytes);
         rq->resp = (ext_response){503, "application/json", strdup(msg), {0}};
-        atomic_fetch_add(&h->d->metrics.http_refused[EXT_HTTP_REFUSED_BUSY], 1);
+        atomic_fetch_add(&h->metrics->http_refused[EXT_HTTP_REFUSED_BUSY], 1);
         est = 0;
     } else {
-        ext_handle(h->d, rq->method, rq->url, rq->body ? rq->body : "", rq->len, &rq->resp);
+        h->handle(h->ctx, rq->method, rq->url, rq->body ? rq->body : "", rq->len, &rq->resp);
         budget_give(h, est);
     }
     if (rq->resp.body == NULL && rq->resp.stream.read == NULL) {
@@ -444,7 +449,7 @@ static bool dispatch(ext_http *h, request *rq)
 /* ---- the scheduling listener ---- */
 
 /* With a client CA configured, only peers whose certificate it signed get in. */
-static bool client_allowed(ext_daemon *d, struct MHD_Connection *conn)
+static bool client_allowed(const ext_http *d, struct MHD_Connection *conn)
 {
     if (d->tls_ca_pem == NULL)
         return true;
@@ -490,7 +495,7 @@ static enum MHD_Result count_length(void *cls, enum MHD_ValueKind kind, const ch
 static enum MHD_Result request_start(ext_http *h, request *rq, const char *method,
                                      const char *url)
 {
-    ext_daemon *d = h->d;
+    ext_http *d = h;
     /* Probes carry no client certificate: health and version reveal nothing. */
     bool probe = strcmp(method, "GET") == 0 &&
                  (strcmp(url, "/healthz") == 0 || strcmp(url, "/readyz") == 0 ||
@@ -510,14 +515,14 @@ static enum MHD_Result request_start(ext_http *h, request *rq, const char *metho
      */
     if (lh.n > 0 && lh.transfer_encoding)
         return refuse(h, rq, 400, "both Transfer-Encoding and Content-Length headers");
-    if (lh.n > 0 && lh.value > (unsigned long long)d->cfg.max_body_bytes)
-        return refuse(h, rq, 413, "request body larger than %ld bytes", d->cfg.max_body_bytes);
+    if (lh.n > 0 && lh.value > (unsigned long long)d->cfg->max_body_bytes)
+        return refuse(h, rq, 413, "request body larger than %ld bytes", d->cfg->max_body_bytes);
     if (lh.n > 0 && lh.value > 0) {
         /* The whole declared body is charged now: a stalled upload holds its share. */
         if (!budget_take(h, (size_t)lh.value))
             return refuse(h, rq, 503,
                           "the extender holds %ld bytes of request bodies already; retry",
-                          d->cfg.max_buffered_bytes);
+                          d->cfg->max_buffered_bytes);
         rq->charged = (size_t)lh.value; /* the body; its terminating NUL is not counted */
         if ((rq->body = malloc((size_t)lh.value + 1)) == NULL)
             return refuse(h, rq, 503, "out of memory");
@@ -529,20 +534,20 @@ static enum MHD_Result request_start(ext_http *h, request *rq, const char *metho
 /* A piece of the body: appended within maxBodyBytes and the budget. */
 static enum MHD_Result request_data(ext_http *h, request *rq, const char *data, size_t n)
 {
-    ext_daemon *d = h->d;
-    if (rq->len + n > (size_t)d->cfg.max_body_bytes)
-        return refuse(h, rq, 413, "request body larger than %ld bytes", d->cfg.max_body_bytes);
+    ext_http *d = h;
+    if (rq->len + n > (size_t)d->cfg->max_body_bytes)
+        return refuse(h, rq, 413, "request body larger than %ld bytes", d->cfg->max_body_bytes);
     if (rq->len + n + 1 > rq->cap) {
         /* Chunked (or longer than declared, which libmicrohttpd does not pass on). */
         size_t cap = rq->cap ? rq->cap : 4096;
         while (cap < rq->len + n + 1)
             cap *= 2;
-        if (cap > (size_t)d->cfg.max_body_bytes + 1)
-            cap = (size_t)d->cfg.max_body_bytes + 1;
+        if (cap > (size_t)d->cfg->max_body_bytes + 1)
+            cap = (size_t)d->cfg->max_body_bytes + 1;
         if (!budget_take(h, cap - 1 - rq->charged))
             return refuse(h, rq, 503,
                           "the extender holds %ld bytes of request bodies already; retry",
-                          d->cfg.max_buffered_bytes);
+                          d->cfg->max_buffered_bytes);
         rq->charged = cap - 1;
         char *b = realloc(rq->body, cap);
         if (b == NULL)
@@ -635,7 +640,7 @@ static enum MHD_Result on_probe(void *cls, struct MHD_Connection *conn, const ch
         r.content_type = "text/plain";
         r.body = strdup("method not allowed: this port serves GET /healthz, /readyz and /version\n");
     } else if (known) {
-        ext_handle(h->d, method, url, "", 0, &r);
+        h->handle(h->ctx, method, url, "", 0, &r);
     } else {
         r.status = 404;
         r.content_type = "text/plain";
@@ -725,9 +730,9 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 static int start_probe(ext_http *h, kgpu_error *err)
 {
-    ext_daemon *d = h->d;
+    ext_http *d = h;
     struct sockaddr_storage ss;
-    int rc = parse_listen("--probe-listen", d->cfg.probe_listen, &ss, err);
+    int rc = parse_listen("--probe-listen", d->cfg->probe_listen, &ss, err);
     if (rc != 0)
         return rc;
     unsigned int flags = MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
@@ -742,44 +747,49 @@ static int start_probe(ext_http *h, kgpu_error *err)
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)PROBE_CONN_MEMORY, MHD_OPTION_END);
     if (h->probe == NULL)
         return kgpu_error_set(err, KGPU_EIO, "cannot serve probes on %s (address in use?)",
-                              d->cfg.probe_listen);
+                              d->cfg->probe_listen);
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->probe, MHD_DAEMON_INFO_BIND_PORT);
     d->probe_port = info ? info->port : 0;
     return 0;
 }
 
-int ext_http_start(ext_daemon *d, kgpu_error *err)
+int ext_http_serve(const ext_config *cfg, ext_metrics *metrics, ext_http_handler handle,
+                   void *ctx, ext_http **out, kgpu_error *err)
 {
     ext_http *h = calloc(1, sizeof(*h));
+    *out = h;
     if (h == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
-    d->http = h;
-    h->d = d;
-    h->pooled = d->cfg.serve_threads > 0;
+    h->cfg = cfg;
+    h->metrics = metrics;
+    h->handle = handle;
+    h->ctx = ctx;
+    ext_http *d = h;
+    h->pooled = d->cfg->serve_threads > 0;
     h->registry.next = h->registry.prev = &h->registry;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->small.cv, NULL);
     pthread_cond_init(&h->large.cv, NULL);
     pthread_cond_init(&h->watch_cv, NULL);
     atomic_init(&h->buffered, 0);
-    int rc = raise_nofile(&d->cfg, err);
+    int rc = raise_nofile(d->cfg, err);
     if (rc != 0)
         return rc;
     struct sockaddr_storage ss;
-    if ((rc = parse_listen("--listen", d->cfg.listen, &ss, err)) != 0)
+    if ((rc = parse_listen("--listen", d->cfg->listen, &ss, err)) != 0)
         return rc;
     unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     flags |= h->pooled ? MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME
                        : MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    if (d->cfg.tls_cert[0]) {
-        d->tls_cert_pem = read_pem(d->cfg.tls_cert, err);
-        d->tls_key_pem = d->tls_cert_pem ? read_pem(d->cfg.tls_key, err) : NULL;
+    if (d->cfg->tls_cert[0]) {
+        d->tls_cert_pem = read_pem(d->cfg->tls_cert, err);
+        d->tls_key_pem = d->tls_cert_pem ? read_pem(d->cfg->tls_key, err) : NULL;
         if (d->tls_key_pem == NULL)
             return err ? err->code : KGPU_EIO;
-        if (d->cfg.tls_client_ca[0] &&
-            (d->tls_ca_pem = read_pem(d->cfg.tls_client_ca, err)) == NULL)
+        if (d->cfg->tls_client_ca[0] &&
+            (d->tls_ca_pem = read_pem(d->cfg->tls_client_ca, err)) == NULL)
             return err ? err->code : KGPU_EIO;
         flags |= MHD_USE_TLS;
     }
@@ -794,33 +804,33 @@ int ext_http_start(ext_daemon *d, kgpu_error *err)
         opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, d->tls_ca_pem};
     if (h->pooled)
         opts[no++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE,
-                                             (intptr_t)d->cfg.serve_threads, NULL};
+                                             (intptr_t)d->cfg->serve_threads, NULL};
     opts[no] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     h->main = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
         (void *)"listener", MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, h, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)d->cfg.max_connections,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)d->cfg.max_connections_per_client,
+        on_completed, h, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)d->cfg->max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)d->cfg->max_connections_per_client,
         /* Idle timeout; the deadline (watchdog) is the one bytes cannot extend. */
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)d->cfg.request_timeout_s,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)d->cfg->request_timeout_s,
         /* Bounds the request line and headers; bodies stream through in pieces. */
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY, MHD_OPTION_LISTEN_BACKLOG_SIZE,
         (unsigned int)1024, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
     if (h->main == NULL)
         return kgpu_error_set(
-            err, KGPU_EIO, "cannot serve on %s (address in use, or bad TLS files?)", d->cfg.listen);
+            err, KGPU_EIO, "cannot serve on %s (address in use, or bad TLS files?)", d->cfg->listen);
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->main, MHD_DAEMON_INFO_BIND_PORT);
     d->port = info ? info->port : 0;
     if (h->pooled) {
-        h->workers = calloc((size_t)d->cfg.handler_threads + 1, sizeof(*h->workers));
+        h->workers = calloc((size_t)d->cfg->handler_threads + 1, sizeof(*h->workers));
         if (h->workers == NULL)
             return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
-        for (int i = 0; i <= d->cfg.handler_threads; i++) {
+        for (int i = 0; i <= d->cfg->handler_threads; i++) {
             /* The last one serves the large-body queue alone. */
             worker *w = &h->workers[i];
             w->h = h;
-            w->q = i < d->cfg.handler_threads ? &h->small : &h->large;
+            w->q = i < d->cfg->handler_threads ? &h->small : &h->large;
             if (pthread_create(&w->thread, NULL, worker_main, w) != 0)
                 return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the handler threads");
             h->nworkers++;
@@ -829,18 +839,27 @@ int ext_http_start(ext_daemon *d, kgpu_error *err)
     if (pthread_create(&h->watchdog, NULL, watchdog_main, h) != 0)
         return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the connection watchdog");
     h->watchdog_running = true;
-    if (d->cfg.probe_listen[0] && (rc = start_probe(h, err)) != 0)
+    if (d->cfg->probe_listen[0] && (rc = start_probe(h, err)) != 0)
         return rc;
     ext_log(EXT_INFO,
             "kgpu-extender %s serving %s on port %d (%s), probes on port %d, policy %s",
             KGPU_VERSION, d->tls_cert_pem ? "HTTPS" : "HTTP", d->port,
-            h->pooled ? "epoll" : "a thread per connection", d->probe_port, d->cfg.policy);
+            h->pooled ? "epoll" : "a thread per connection", d->probe_port, d->cfg->policy);
     return 0;
 }
 
-void ext_http_stop(ext_daemon *d)
+int ext_http_port(const ext_http *h)
 {
-    ext_http *h = d->http;
+    return h != NULL ? h->port : 0;
+}
+
+int ext_http_probe_port(const ext_http *h)
+{
+    return h != NULL ? h->probe_port : 0;
+}
+
+void ext_http_close(ext_http *h)
+{
     if (h == NULL)
         return;
     if (h->probe != NULL)
@@ -863,6 +882,8 @@ void ext_http_stop(ext_daemon *d)
     pthread_cond_destroy(&h->large.cv);
     pthread_cond_destroy(&h->watch_cv);
     pthread_mutex_destroy(&h->mu);
+    free(h->tls_cert_pem);
+    free(h->tls_key_pem);
+    free(h->tls_ca_pem);
     free(h);
-    d->http = NULL;
 }

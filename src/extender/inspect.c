@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "clock.h"
-#include "ext.h"
+#include "serve.h"
 
 /* Strings are kept in one arena and named by their offset in it. */
 typedef size_t str_at;
@@ -352,9 +352,8 @@ static json_t *render(const snapshot *s, bool one)
     return doc;
 }
 
-json_t *ext_inspect_json(ext_daemon *d, const char *only)
+json_t *ext_inspect_json(ext_state *st, const char *only)
 {
-    ext_state *st = &d->state;
     snapshot s;
     memset(&s, 0, sizeof(s));
     bool found;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ext.h"
+#include "daemon.h"
 
 /*
  * glibc's malloc, tuned for a daemon whose peaks are large transient buffers

@@ -10,37 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ext.h"
-
-static const double bounds[EXT_HIST_BUCKETS] = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
-
-const char *ext_verb_name(enum ext_verb v)
-{
-    static const char *names[VERB_COUNT] = {"filter",  "prioritize",         "bind",
-                                            "preempt", "prioritize-gpuless", "other"};
-    return v >= 0 && v < VERB_COUNT ? names[v] : "other";
-}
-
-const char *ext_bind_fail_name(enum ext_bind_fail f)
-{
-    static const char *names[BIND_FAIL_COUNT] = {
-        "bad_request",     "unknown_pod",  "unknown_node",
-        "no_fit",          "api_conflict", "api_error",
-        "api_unreachable", "standby",      "awaiting_allocation"};
-    return f >= 0 && f < BIND_FAIL_COUNT ? names[f] : "other";
-}
-
-void ext_metrics_observe(ext_metrics *m, enum ext_verb v, double seconds)
-{
-    ext_hist *h = &m->latency[v];
-    int b = 0;
-    while (b < EXT_HIST_BUCKETS && seconds > bounds[b])
-        b++;
-    atomic_fetch_add(&h->bucket[b], 1);
-    atomic_fetch_add(&h->count, 1);
-    atomic_fetch_add(&h->sum_ns, (unsigned long long)(seconds * 1e9));
-}
+#include "serve.h"
 
 typedef struct buf {
     char *s;
@@ -122,7 +92,7 @@ static void render_requests(buf *b, ext_metrics *m)
             if (i < EXT_HIST_BUCKETS)
                 put(b,
                     "kgpu_extender_request_duration_seconds_bucket{verb=\"%s\",le=\"%g\"} %llu\n",
-                    ext_verb_name(v), bounds[i], cum);
+                    ext_verb_name(v), ext_hist_bounds[i], cum);
             else
                 put(b,
                     "kgpu_extender_request_duration_seconds_bucket{verb=\"%s\",le=\"+Inf\"} %llu\n",
@@ -322,10 +292,9 @@ typedef struct ns_row {
  * GPU snapshot they are written from into *snap (the caller frees it). False
  * when out of memory.
  */
-static bool render_into(ext_daemon *d, buf *b, snapshot *snap)
+static bool render_into(ext_metrics *m, ext_state *st, bool ready, buf *b, snapshot *snap)
 {
-    render_requests(b, &d->metrics);
-    ext_state *st = &d->state;
+    render_requests(b, m);
     memset(snap, 0, sizeof(*snap));
     pthread_mutex_lock(&st->mu);
     ext_state_integrate_usage(st);
@@ -393,7 +362,7 @@ static bool render_into(ext_daemon *d, buf *b, snapshot *snap)
     put(b,
         "# HELP kgpu_extender_ready Whether inventory and pods are loaded.\n"
         "# TYPE kgpu_extender_ready gauge\nkgpu_extender_ready %d\n",
-        ext_daemon_ready(d) ? 1 : 0);
+        ready ? 1 : 0);
     return ok && !b->oom;
 }
 
@@ -460,23 +429,23 @@ static void metrics_free(void *ctx)
     free(ms);
 }
 
-bool ext_metrics_stream(ext_daemon *d, ext_stream *out, bool *busy)
+bool ext_metrics_stream(ext_metrics *m, ext_state *st, bool ready, ext_stream *out, bool *busy)
 {
     *busy = false;
-    if (atomic_fetch_add(&d->metrics.metrics_streams, 1) >= EXT_METRICS_STREAMS) {
-        atomic_fetch_sub(&d->metrics.metrics_streams, 1);
+    if (atomic_fetch_add(&m->metrics_streams, 1) >= EXT_METRICS_STREAMS) {
+        atomic_fetch_sub(&m->metrics_streams, 1);
         *busy = true;
         return false;
     }
     metrics_stream *ms = calloc(1, sizeof(*ms));
     if (ms == NULL || !buf_init(&ms->text)) {
         free(ms);
-        atomic_fetch_sub(&d->metrics.metrics_streams, 1);
+        atomic_fetch_sub(&m->metrics_streams, 1);
         return false;
     }
-    ms->m = &d->metrics;
+    ms->m = m;
     ms->row = -1;
-    if (!render_into(d, &ms->text, &ms->snap)) {
+    if (!render_into(m, st, ready, &ms->text, &ms->snap)) {
         metrics_free(ms);
         return false;
     }

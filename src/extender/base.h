@@ -1,0 +1,179 @@
+/*
+ * kgpu-extender, base layer: what every layer above uses and nothing below
+ * it needs: the configuration, logging, the clock, the metrics counters, and
+ * the shape of a reply. Depends only on the core and src/common.
+ *
+ * Layers, bottom first (docs/architecture.md "The extender's layers"):
+ *   base.h -> sources.h -> state.h -> decide.h -> serve.h -> daemon.h
+ * Each file of a layer includes its layer's header; a call never goes up.
+ * Metrics counters are atomics, written by any thread without a lock.
+ */
+#ifndef KGPU_EXT_BASE_H
+#define KGPU_EXT_BASE_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kgpu/error.h"
+#include "kgpu/queue.h"
+
+#define EXT_PATH_MAX 1024
+
+typedef struct ext_config {
+    char listen[256]; /* ADDR:PORT; default 0.0.0.0:12346 */
+    char config_file[EXT_PATH_MAX];
+    char cluster_file[EXT_PATH_MAX];
+    char kubeconfig[EXT_PATH_MAX];
+    char policy[32];         /* default policy; "fgd" */
+    int64_t memory_unit_mib; /* one kgpu.io/gpu-mem unit; 1024 */
+    char tls_cert[EXT_PATH_MAX], tls_key[EXT_PATH_MAX], tls_client_ca[EXT_PATH_MAX];
+    int log_level;                /* 0 error, 1 warn, 2 info, 3 debug */
+    long max_body_bytes;          /* request bodies; 16 MiB (a 5,000-node NodeList is ~10 MiB) */
+    int max_json_depth;           /* 64 */
+    int max_connections;          /* 1024 */
+    int pending_pods_max;         /* pods remembered from filter for their bind; 1024 */
+    char sa_dir[EXT_PATH_MAX];    /* service account folder (tests); "" = standard */
+    char port_file[EXT_PATH_MAX]; /* write the bound port here once serving (tests, --listen :0) */
+    bool leader_elect;            /* run as one of several replicas, the leader serving binds */
+    char lease_ns[64], lease_name[64];
+    int lease_duration_s; /* 15 */
+    int allocate_wait_s;  /* a bound pod holds back same-size pods on its node this long; 0 off */
+    /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
+    char probe_listen[256];         /* ADDR:PORT of /healthz and /readyz; "" none; :12347 */
+    bool probe_listen_given;        /* set by the file or a flag, not the default */
+    int max_connections_per_client; /* connections from one IP address; 256 */
+    int request_timeout_s;          /* a whole request, read, within this of its start; 30 */
+    long max_buffered_bytes;        /* request bodies held across all connections; 64 MiB */
+    int max_node_names;             /* NodeNames or Nodes.items per call; 20000 */
+    int serve_threads;              /* epoll I/O threads; 0: one thread per connection; 2 */
+    int handler_threads;            /* threads running the handlers (one more for large bodies); 16 */
+    /*
+     * GPU queues of --cluster-file mode, from the file's `queues:` (owned;
+     * moved into the state by ext_daemon_start; NULL: queues off), and
+     * `namespaceQueues:` ({namespace: queue}, owned, or NULL), standing for
+     * the namespaces' kgpu.io/queue annotations. In cluster mode both keys
+     * are errors: queues come from GPUQueue objects there.
+     */
+    kgpu_queues *queues;
+    json_t *namespace_queues;
+} ext_config;
+
+/* Defaults, then the YAML file (if --config), then flags, as the last word. */
+void ext_config_defaults(ext_config *cfg);
+int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err);
+/* Frees what the configuration owns (queues, namespaceQueues). */
+void ext_config_free(ext_config *cfg);
+/* Parses argv; returns 0, or 1 after printing help, or a negative error. */
+int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *err);
+
+/* Logging to stderr, one line per call, at or below cfg's level. Thread-safe. */
+void ext_log_set_level(int level);
+void ext_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define EXT_ERROR 0
+#define EXT_WARN  1
+#define EXT_INFO  2
+#define EXT_DEBUG 3
+
+/* malloc_trim(0), serialised (daemon.c): for the reflectors' threads. */
+void ext_malloc_trim(void);
+
+/* ---- metrics ---- */
+
+/* VERB_PRIORITIZE_GPULESS: prioritize for the pods that ask for no GPU (handlers.c). */
+enum ext_verb {
+    VERB_FILTER,
+    VERB_PRIORITIZE,
+    VERB_BIND,
+    VERB_PREEMPT,
+    VERB_PRIORITIZE_GPULESS,
+    VERB_OTHER,
+    VERB_COUNT
+};
+enum ext_bind_fail {
+    BIND_FAIL_BAD_REQUEST,
+    BIND_FAIL_UNKNOWN_POD,
+    BIND_FAIL_UNKNOWN_NODE,
+    BIND_FAIL_NO_FIT,
+    BIND_FAIL_API_CONFLICT,
+    BIND_FAIL_API_ERROR,
+    BIND_FAIL_API_UNREACHABLE,
+    BIND_FAIL_STANDBY,
+    BIND_FAIL_AWAITING, /* a same-size pod on the node still waits for kubelet's Allocate */
+    BIND_FAIL_COUNT
+};
+enum ext_http_refused {
+    EXT_HTTP_REFUSED_TOO_LARGE,       /* 413: over maxBodyBytes */
+    EXT_HTTP_REFUSED_BUSY,            /* 503: over maxBufferedBytes */
+    EXT_HTTP_REFUSED_BAD_FRAMING,     /* 400: bad Content-Length, or one with Transfer-Encoding */
+    EXT_HTTP_REFUSED_UNAUTHENTICATED, /* 403: no client certificate */
+    EXT_HTTP_REFUSED_COUNT
+};
+#define EXT_HIST_BUCKETS 15
+
+typedef struct ext_hist {
+    atomic_ullong bucket[EXT_HIST_BUCKETS + 1]; /* last = +Inf */
+    atomic_ullong count;
+    atomic_ullong sum_ns;
+} ext_hist;
+
+typedef struct ext_metrics {
+    atomic_ullong requests[VERB_COUNT];
+    atomic_ullong bad_requests[VERB_COUNT]; /* requests kube-scheduler would not send: 400 */
+    atomic_ullong invalid_pods[VERB_COUNT]; /* pods whose GPU request kgpu cannot honour */
+    ext_hist latency[VERB_COUNT];
+    atomic_ullong bind_failures[BIND_FAIL_COUNT];
+    atomic_ullong watch_restarts[2];    /* nodes, pods */
+    atomic_ullong assignment_conflicts; /* annotations that would overbook a GPU */
+    /* The serving layer (http.c). */
+    atomic_ullong http_refused[EXT_HTTP_REFUSED_COUNT]; /* answered before the body was read */
+    atomic_int metrics_streams;                          /* /metrics answers being sent */
+    atomic_ullong http_deadline_closes; /* connections shut at requestTimeoutSeconds */
+    atomic_llong http_connections;      /* open on the scheduling listener */
+    atomic_llong http_buffered;         /* bytes of request bodies charged now */
+    atomic_llong http_buffered_peak;    /* the most ever charged at once */
+} ext_metrics;
+
+/* Upper bounds (seconds) of the latency histogram's buckets; the last bucket is +Inf. */
+extern const double ext_hist_bounds[EXT_HIST_BUCKETS];
+void ext_metrics_observe(ext_metrics *m, enum ext_verb v, double seconds);
+const char *ext_verb_name(enum ext_verb v);
+const char *ext_bind_fail_name(enum ext_bind_fail f);
+
+/* Monotonic seconds. */
+double ext_now(void);
+
+/* ---- replies (reply.c): what a request handler answers ---- */
+
+/*
+ * A body made piece by piece while it is sent, instead of whole beforehand
+ * (/metrics of 40,000 GPUs is ~25 MB of text). read() fills up to max bytes
+ * and returns how many, 0 at the end or -1 on error; it runs on the HTTP
+ * layer's thread, one call at a time, and owns ctx until free(ctx).
+ */
+typedef struct ext_stream {
+    long (*read)(void *ctx, char *buf, size_t max);
+    void (*free)(void *ctx);
+    void *ctx;
+} ext_stream;
+
+typedef struct ext_response {
+    int status;
+    const char *content_type;
+    char *body;        /* malloc'd */
+    ext_stream stream; /* read non-NULL: the body, instead of `body` */
+} ext_response;
+
+/* Drops what r holds (body or stream) unsent. */
+void ext_response_discard(ext_response *r);
+/* r answers `status` with v as JSON (v is taken over); 500 when out of memory. */
+void ext_reply_json(ext_response *r, int status, json_t *v);
+/* r answers `status` with text/plain. */
+void ext_reply_text(ext_response *r, int status, const char *text);
+/* Depth of JSON nesting in text (outside strings); stops counting past limit. */
+int ext_json_depth(const char *text, size_t len, int limit);
+
+#endif

@@ -1,0 +1,334 @@
+/*
+ * The bind verb: GPUs reserved under the lock within the search filter
+ * asked, the Binding with the assignment annotations posted without it,
+ * then the reservation confirmed or released.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+#include "request.h"
+
+static void bind_result(ext_response *r, const char *error)
+{
+    ext_reply_json(r, 200, json_pack("{s:s}", "Error", error));
+}
+
+static void bind_failed(ext_ctx *d, ext_response *r, enum ext_bind_fail why, const char *msg)
+{
+    atomic_fetch_add(&d->metrics->bind_failures[why], 1);
+    ext_log(EXT_WARN, "bind failed (%s): %s", ext_bind_fail_name(why), msg);
+    bind_result(r, msg);
+}
+
+/*
+ * The pod for a bind, and its asks: remembered from filter, else asked of the
+ * API server. NULL with msg and *fail saying why.
+ */
+static kgpu_pod *bind_pod(ext_ctx *d, const char *ns, const char *name, const char *uid,
+                          ext_asks *asks, char *qlabel, size_t qlen, int *priority, char *msg,
+                          size_t len, enum ext_bind_fail *fail)
+{
+    qlabel[0] = '\0';
+    *priority = 0;
+    *fail = BIND_FAIL_UNKNOWN_POD;
+    kgpu_pod *pod = malloc(sizeof(*pod));
+    if (pod == NULL)
+        return NULL;
+    pthread_mutex_lock(&d->state->mu);
+    const ext_filtered *known = ext_state_recall(d->state, uid);
+    if (known != NULL) {
+        ext_pod_copy(pod, &known->pod);
+        *asks = known->asks;
+        snprintf(qlabel, qlen, "%s", known->queue_label);
+        *priority = known->priority;
+    }
+    pthread_mutex_unlock(&d->state->mu);
+    if (known != NULL && (strcmp(pod->ns, ns) != 0 || strcmp(pod->name, name) != 0)) {
+        /* A uid names one pod for its life: kube-scheduler binds the pod it filtered. */
+        *fail = BIND_FAIL_BAD_REQUEST;
+        snprintf(msg, len,
+                 "pod %s/%s (uid %s): that uid was filtered as pod %s/%s; refused to bind it "
+                 "under another name",
+                 ns, name, uid, pod->ns, pod->name);
+        free(pod);
+        return NULL;
+    }
+    if (known != NULL)
+        return pod;
+    if (d->k8s != NULL) {
+        char path[KGPU_K8S_PATH_MAX];
+        snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
+        kgpu_error err;
+        kgpu_error_clear(&err);
+        long status = 0;
+        json_t *j = kgpu_k8s_get_json(d->k8s, path, &status, &err);
+        if (status == 200) {
+            int rc = j ? kgpu_pod_from_json(j, d->cfg->memory_unit_mib, pod, &err) : -1;
+            const char *juid =
+                json_string_value(json_object_get(json_object_get(j, "metadata"), "uid"));
+            bool same = juid != NULL && strcmp(juid, uid) == 0;
+            ext_asks_from_json(j, asks);
+            ext_pod_queue_fields(j, qlabel, qlen, priority);
+            json_decref(j);
+            if (rc == 0 && strcmp(pod->uid, uid) == 0)
+                return pod;
+            if (rc != 0 && same) { /* the pod, but a request kgpu cannot honour */
+                *fail = BIND_FAIL_BAD_REQUEST;
+                snprintf(msg, len, "pod %s/%s: kgpu: %s", ns, name, err.msg);
+            } else {
+                snprintf(msg, len,
+                         "pod %s/%s: the API server has another pod of that name (uid %s)", ns,
+                         name, rc == 0 ? pod->uid : "unreadable");
+            }
+            free(pod);
+            return NULL;
+        }
+        json_decref(j);
+        if (status == 404)
+            snprintf(msg, len,
+                     "pod %s/%s (uid %s) is unknown to kgpu: the API server has no such pod", ns,
+                     name, uid);
+        else if (status > 0)
+            snprintf(msg, len,
+                     "pod %s/%s (uid %s) is unknown to kgpu, and the API server answered "
+                     "%ld when asked for it",
+                     ns, name, uid, status);
+        else
+            snprintf(msg, len,
+                     "pod %s/%s (uid %s) is unknown to kgpu, and the API server could "
+                     "not be asked for it: %s",
+                     ns, name, uid, err.msg);
+        free(pod);
+        return NULL;
+    }
+    snprintf(msg, len,
+             "pod %s/%s (uid %s) is unknown to kgpu: kube-scheduler calls filter before bind, "
+             "and without an API server to ask kgpu knows only the last %d pods filtered; was "
+             "the extender restarted, or were more pods filtered, in between?",
+             ns, name, uid, d->cfg->pending_pods_max);
+    free(pod);
+    return NULL;
+}
+
+/*
+ * POSTs the Binding (with `ann`, or none for a pod without GPUs). Returns
+ * BIND_FAIL_COUNT when the API server accepted it, else the reason, with
+ * msg saying what the API server answered.
+ */
+static enum ext_bind_fail post_binding(ext_ctx *d, const char *ns, const char *name,
+                                       const char *uid, const char *node, json_t *ann, char *msg,
+                                       size_t len)
+{
+    kgpu_error err;
+    kgpu_http_resp resp = {0};
+    enum ext_bind_fail why = BIND_FAIL_COUNT;
+    if (kgpu_k8s_bind(d->k8s, ns, name, uid, node, ann, &resp, &err) != 0) {
+        why = BIND_FAIL_API_UNREACHABLE;
+        snprintf(msg, len, "binding %s/%s to %s: %s", ns, name, node, err.msg);
+    } else if (resp.status != 200 && resp.status != 201) {
+        why = resp.status == 409 ? BIND_FAIL_API_CONFLICT : BIND_FAIL_API_ERROR;
+        json_t *st = resp.body ? json_loads(resp.body, 0, NULL) : NULL;
+        const char *m = json_string_value(json_object_get(st, "message"));
+        snprintf(msg, len, "binding %s/%s to %s: API server answered %ld: %.600s", ns, name, node,
+                 resp.status, m ? m : (resp.body ? resp.body : ""));
+        json_decref(st);
+    }
+    free(resp.body);
+    return why;
+}
+
+/*
+ * Whether s is a DNS subdomain (RFC 1123: lowercase letters, digits, '-'
+ * and '.', alphanumeric at both ends), as every pod name and namespace is.
+ * Bind puts them in API paths: nothing else may get there.
+ */
+static bool dns_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > KGPU_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+        if (!alnum && ((c != '-' && c != '.') || i == 0 || i == n - 1))
+            return false;
+    }
+    return true;
+}
+
+void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
+{
+    const char *name = json_string_value(json_object_get(args, "PodName"));
+    const char *ns = json_string_value(json_object_get(args, "PodNamespace"));
+    const char *uid = json_string_value(json_object_get(args, "PodUID"));
+    const char *node = json_string_value(json_object_get(args, "Node"));
+    char msg[1024];
+    if (name == NULL || ns == NULL || uid == NULL || node == NULL || !name[0] || !uid[0] ||
+        !node[0] || strlen(name) > KGPU_NAME_MAX || strlen(ns) > KGPU_NAME_MAX ||
+        strlen(node) > KGPU_NAME_MAX || strlen(uid) >= 64) {
+        atomic_fetch_add(&d->metrics->bind_failures[BIND_FAIL_BAD_REQUEST], 1);
+        ext_bad_request(d, r, VERB_BIND,
+                    "ExtenderBindingArgs needs string fields PodName, PodNamespace, PodUID and "
+                    "Node");
+        return;
+    }
+    if (!dns_name(name) || !dns_name(ns)) {
+        atomic_fetch_add(&d->metrics->bind_failures[BIND_FAIL_BAD_REQUEST], 1);
+        ext_bad_request(d, r, VERB_BIND,
+                    "PodName and PodNamespace must be DNS names (lowercase letters, digits, "
+                    "'-' and '.'), as every pod's are");
+        return;
+    }
+    if (!ext_ctx_leads(d)) {
+        atomic_fetch_add(&d->metrics->bind_failures[BIND_FAIL_STANDBY], 1);
+        snprintf(msg, sizeof(msg),
+                 "this kgpu-extender replica (%s) is a standby: only the holder of lease %s/%s "
+                 "binds; kube-scheduler should reach it through the Service",
+                 d->identity, d->cfg->lease_ns, d->cfg->lease_name);
+        bind_result(r, msg);
+        return;
+    }
+    ext_asks asks;
+    enum ext_bind_fail fail;
+    char qlabel[KGPU_QUEUE_NAME_MAX + 1], qname[KGPU_QUEUE_NAME_MAX + 1], qwhy[REASON_MAX];
+    int priority;
+    kgpu_pod *pod = bind_pod(d, ns, name, uid, &asks, qlabel, sizeof(qlabel), &priority, msg,
+                             sizeof(msg), &fail);
+    if (pod == NULL) {
+        if (fail == BIND_FAIL_BAD_REQUEST)
+            atomic_fetch_add(&d->metrics->invalid_pods[VERB_BIND], 1);
+        bind_failed(d, r, fail, msg);
+        return;
+    }
+    if (pod->nparts == 0) { /* asks for no GPU (e.g. kgpu.io/gpu-mem: 0): bind, hold nothing */
+        free(pod);
+        enum ext_bind_fail why =
+            d->k8s ? post_binding(d, ns, name, uid, node, NULL, msg, sizeof(msg)) : BIND_FAIL_COUNT;
+        if (why != BIND_FAIL_COUNT)
+            bind_failed(d, r, why, msg);
+        else
+            bind_result(r, "");
+        return;
+    }
+    const ext_pod *held = NULL;
+    char held_node[KGPU_NAME_MAX + 1] = "", held_ns[64] = "", held_name[KGPU_NAME_MAX + 1] = "";
+    bool held_bound = false;
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    char *assignment = NULL;
+    char waiting[REASON_MAX] = "";
+    pthread_mutex_lock(&d->state->mu);
+    int rc = ext_state_compile(d->state, pod, &err);
+    if (rc == 0 && kgpu_strmap_get(&d->state->pods, uid) == NULL && d->state->awaiting.len > 0) {
+        /* Filter let it through, but another bind of the same size may have come first. */
+        ext_await_expire(d->state);
+        ext_ask same;
+        const ext_await *w = ext_await_clash(d->state, node, uid, &asks, &same);
+        if (w != NULL) {
+            ext_await_reason(w, &same, waiting, sizeof(waiting));
+            rc = kgpu_error_set(&err, KGPU_ESTATE, "%s", waiting);
+        }
+    }
+    if (rc == 0 && ext_queues_resolve(d->state, ns, qlabel, qname, sizeof(qname), qwhy,
+                                      sizeof(qwhy)) == -2)
+        rc = kgpu_error_set(&err, KGPU_ENOFIT, "%s", qwhy);
+    if (rc == 0)
+        rc = ext_state_reserve(d->state, pod, node, qlabel, priority, &held, &err);
+    if (rc == 0) {
+        ext_filtered *f = kgpu_strmap_get(&d->state->pending, uid);
+        if (f != NULL)
+            f->waiting = EXT_WAIT_NONE;
+    }
+    if (held != NULL) { /* copied while the lock makes it safe to read */
+        snprintf(held_node, sizeof(held_node), "%s", held->node);
+        snprintf(held_ns, sizeof(held_ns), "%s", held->ns);
+        snprintf(held_name, sizeof(held_name), "%s", held->name);
+        held_bound = held->status == POD_BOUND;
+    }
+    if (rc == 0) {
+        const kgpu_node *n =
+            kgpu_cluster_node(d->state->cluster, kgpu_cluster_find_node(d->state->cluster, node));
+        kgpu_assignment a[KGPU_MAX_PARTS];
+        for (int i = 0; i < held->nparts && i < KGPU_MAX_PARTS; i++)
+            a[i] = held->part[i].a;
+        assignment = kgpu_assignment_format(n, pod->parts, a, held->nparts);
+        if (assignment == NULL) {
+            ext_state_release(d->state, uid);
+            rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
+        } else {
+            /* From now on, same-size pods stay off this node until kubelet allocates this one. */
+            ext_await_record(d->state, uid, ns, name, node, &asks, 0);
+        }
+    }
+    pthread_mutex_unlock(&d->state->mu);
+    if (waiting[0] != '\0') {
+        free(pod);
+        snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node, waiting);
+        bind_failed(d, r, BIND_FAIL_AWAITING, msg);
+        return;
+    }
+    if (rc == KGPU_EEXIST) {
+        free(pod);
+        if (strcmp(held_ns, ns) != 0 || strcmp(held_name, name) != 0) {
+            snprintf(msg, sizeof(msg),
+                     "pod %s/%s (uid %s): that uid holds GPUs as pod %s/%s; refused to bind it "
+                     "under another name",
+                     ns, name, uid, held_ns, held_name);
+            bind_failed(d, r, BIND_FAIL_BAD_REQUEST, msg);
+            return;
+        }
+        if (strcmp(held_node, node) == 0 && held_bound) {
+            bind_result(r, ""); /* a retry of a bind that went through */
+            return;
+        }
+        snprintf(msg, sizeof(msg), "pod %s/%s: %s%s", ns, name, err.msg,
+                 held_bound ? "" : " (a bind is in flight)");
+        bind_failed(d, r, BIND_FAIL_API_CONFLICT, msg);
+        return;
+    }
+    if (rc != 0) {
+        free(pod);
+        snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node, err.msg);
+        bind_failed(d, r,
+                    rc == KGPU_ENOENT   ? BIND_FAIL_UNKNOWN_NODE
+                    : rc == KGPU_EINVAL ? BIND_FAIL_BAD_REQUEST
+                                        : BIND_FAIL_NO_FIT,
+                    msg);
+        return;
+    }
+    if (d->k8s == NULL) { /* cluster-file mode: the binding lives in memory */
+        pthread_mutex_lock(&d->state->mu);
+        ext_state_confirm(d->state, uid);
+        pthread_mutex_unlock(&d->state->mu);
+        ext_log(EXT_INFO, "bound %s/%s to %s: %s", ns, name, node, assignment);
+        free(assignment);
+        free(pod);
+        bind_result(r, "");
+        return;
+    }
+    char when[64];
+    kgpu_rfc3339_now(when, sizeof(when));
+    json_t *ann = json_pack("{s:s,s:s,s:s}", KGPU_ANN_ASSIGNMENT, assignment, KGPU_ANN_NODE, node,
+                            KGPU_ANN_BIND_TIME, when);
+    enum ext_bind_fail why = post_binding(d, ns, name, uid, node, ann, msg, sizeof(msg));
+    json_decref(ann);
+    pthread_mutex_lock(&d->state->mu);
+    if (why == BIND_FAIL_COUNT)
+        ext_state_confirm(d->state, uid);
+    else
+        ext_state_release(d->state, uid); /* nothing leaks when the API server says no */
+    pthread_mutex_unlock(&d->state->mu);
+    free(pod);
+    if (why != BIND_FAIL_COUNT) {
+        free(assignment);
+        bind_failed(d, r, why, msg);
+        return;
+    }
+    ext_log(EXT_INFO, "bound %s/%s to %s: %s", ns, name, node, assignment);
+    free(assignment);
+    bind_result(r, "");
+}

@@ -1,0 +1,334 @@
+/*
+ * The DRA objects the extender reads: kgpu-dra-plugin's ResourceSlices
+ * (gpu.kgpu.io: one per node, each GPU a device) and the ResourceClaims
+ * that name its class or driver, parsed into fixed-size records and cut as
+ * their list pages arrive. Pure: no state, no lock (fuzz_extdra).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sources.h"
+
+#define MIB (1024 * 1024)
+
+/* ---- parsers of outside input ---- */
+
+static const char *str_at(const json_t *obj, const char *key)
+{
+    return json_string_value(json_object_get(obj, key));
+}
+
+/* A quantity member: 0 and *out, 1 when absent, -1 when not a quantity. */
+static int quantity_at(const json_t *obj, const char *key, int64_t *out)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (v == NULL || json_is_null(v))
+        return 1;
+    if (json_is_integer(v)) { /* the API server writes strings; a hand-made object may not */
+        *out = json_integer_value(v);
+        return *out < 0 ? -1 : 0;
+    }
+    if (!json_is_string(v) || kgpu_quantity_value(json_string_value(v), out, NULL) != 0 || *out < 0)
+        return -1;
+    return 0;
+}
+
+/* A device attribute's value: {"int": n}, {"string": s}. */
+static const json_t *attr(const json_t *dev, const char *name, const char *type)
+{
+    return json_object_get(json_object_get(json_object_get(dev, "attributes"), name), type);
+}
+
+int ext_dra_slice_parse(const json_t *obj, ext_dra_slice *out, kgpu_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    const json_t *meta = json_object_get(obj, "metadata"), *spec = json_object_get(obj, "spec");
+    const char *name = str_at(meta, "name"), *driver = str_at(spec, "driver");
+    if (!json_is_object(obj) || name == NULL)
+        return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice without metadata.name");
+    if (driver == NULL || strcmp(driver, EXT_DRA_DRIVER) != 0)
+        return kgpu_error_set(err, KGPU_ENOENT, "ResourceSlice %.200s is another driver's", name);
+    if (strlen(name) > KGPU_NAME_MAX)
+        return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %.200s...: name too long", name);
+    snprintf(out->name, sizeof(out->name), "%s", name);
+    const json_t *pool = json_object_get(spec, "pool");
+    const char *node = str_at(spec, "nodeName"), *pname = str_at(pool, "name");
+    if (node == NULL || node[0] == '\0' || strlen(node) > KGPU_NAME_MAX)
+        return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: spec.nodeName missing", name);
+    if (pname == NULL || strcmp(pname, node) != 0)
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "ResourceSlice %s: pool %.200s is not named after node %s", name,
+                              pname ? pname : "(none)", node);
+    snprintf(out->node, sizeof(out->node), "%s", node);
+    const json_t *gen = json_object_get(pool, "generation");
+    out->generation = json_is_integer(gen) ? json_integer_value(gen) : 0;
+    const json_t *devs = json_object_get(spec, "devices");
+    if (devs != NULL && !json_is_array(devs))
+        return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: spec.devices is not a list",
+                              name);
+    if (json_array_size(devs) > KGPU_MAX_GPUS_PER_NODE)
+        return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: %zu devices, at most %d", name,
+                              json_array_size(devs), KGPU_MAX_GPUS_PER_NODE);
+    size_t i;
+    const json_t *dev;
+    json_array_foreach(devs, i, dev)
+    {
+        ext_dra_device *d = &out->devices[out->ndevices];
+        const char *dname = str_at(dev, "name");
+        const json_t *index = attr(dev, "index", "int"), *numa = attr(dev, "numaNode", "int");
+        const char *uuid = json_string_value(attr(dev, "uuid", "string"));
+        const char *model = json_string_value(attr(dev, "productName", "string"));
+        if (model == NULL)
+            model = json_string_value(attr(dev, "model", "string"));
+        if (dname == NULL || strlen(dname) >= sizeof(d->name))
+            return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: devices[%zu] has no name",
+                                  name, i);
+        if (!json_is_integer(index) || json_integer_value(index) < 0 ||
+            json_integer_value(index) > 1023)
+            return kgpu_error_set(err, KGPU_EPARSE,
+                                  "ResourceSlice %s: device %s: attribute index is not 0..1023",
+                                  name, dname);
+        if (model == NULL || model[0] == '\0' || strlen(model) >= sizeof(d->model))
+            return kgpu_error_set(err, KGPU_EPARSE,
+                                  "ResourceSlice %s: device %s: no productName or model", name,
+                                  dname);
+        int64_t bytes = 0;
+        int q = quantity_at(json_object_get(json_object_get(dev, "capacity"), "memory"), "value",
+                            &bytes);
+        const json_t *mib = attr(dev, "memoryMiB", "int");
+        if (q < 0)
+            return kgpu_error_set(err, KGPU_EPARSE,
+                                  "ResourceSlice %s: device %s: capacity memory is not a quantity",
+                                  name, dname);
+        d->memory_mib = q == 0 ? bytes / MIB : json_is_integer(mib) ? json_integer_value(mib) : 0;
+        if (d->memory_mib <= 0 || d->memory_mib > ((int64_t)1 << 40))
+            return kgpu_error_set(err, KGPU_EPARSE,
+                                  "ResourceSlice %s: device %s: no memory capacity", name, dname);
+        snprintf(d->name, sizeof(d->name), "%s", dname);
+        d->index = (int)json_integer_value(index);
+        snprintf(d->uuid, sizeof(d->uuid), "%s", uuid ? uuid : "");
+        snprintf(d->model, sizeof(d->model), "%s", model);
+        d->numa = json_is_integer(numa) && json_integer_value(numa) >= 0 &&
+                          json_integer_value(numa) <= 1023
+                      ? (int)json_integer_value(numa)
+                      : -1;
+        for (int k = 0; k < out->ndevices; k++)
+            if (out->devices[k].index == d->index || strcmp(out->devices[k].name, d->name) == 0)
+                return kgpu_error_set(err, KGPU_EPARSE,
+                                      "ResourceSlice %s: devices %s and %s have one index or name",
+                                      name, out->devices[k].name, d->name);
+        out->ndevices++;
+    }
+    return 0;
+}
+
+/* Whether a request (or one of its firstAvailable subrequests) names class gpu.kgpu.io. */
+static bool names_class(const json_t *r)
+{
+    const char *cls = str_at(json_object_get(r, "exactly"), "deviceClassName");
+    if (cls != NULL && strcmp(cls, EXT_DRA_CLASS) == 0)
+        return true;
+    size_t i;
+    const json_t *sub;
+    json_array_foreach(json_object_get(r, "firstAvailable"), i, sub)
+    {
+        cls = str_at(sub, "deviceClassName");
+        if (cls != NULL && strcmp(cls, EXT_DRA_CLASS) == 0)
+            return true;
+    }
+    return false;
+}
+
+static bool ours_result(const json_t *res)
+{
+    const char *driver = str_at(res, "driver");
+    return driver != NULL && strcmp(driver, EXT_DRA_DRIVER) == 0;
+}
+
+/* Reads one request under `exactly`; false with c->error set. */
+static bool read_request(ext_dra_claim *c, const json_t *r, ext_dra_request *q)
+{
+    const json_t *ex = json_object_get(r, "exactly");
+    const char *rname = str_at(r, "name");
+    rname = rname ? rname : "?";
+    memset(q, 0, sizeof(*q));
+    q->count = 1;
+    const char *mode = str_at(ex, "allocationMode");
+    const json_t *count = json_object_get(ex, "count");
+    if (mode != NULL && strcmp(mode, "All") == 0) {
+        q->all = true;
+    } else if (mode != NULL && strcmp(mode, "ExactCount") != 0) {
+        snprintf(c->error, sizeof(c->error), "request %.40s: allocationMode %.40s", rname, mode);
+        return false;
+    }
+    if (count != NULL && (!json_is_integer(count) || json_integer_value(count) < 1 ||
+                          json_integer_value(count) > KGPU_MAX_GPUS_PER_NODE)) {
+        snprintf(c->error, sizeof(c->error), "request %.40s: count is not 1..%d", rname,
+                 KGPU_MAX_GPUS_PER_NODE);
+        return false;
+    }
+    if (count != NULL)
+        q->count = (int)json_integer_value(count);
+    const json_t *reqs = json_object_get(json_object_get(ex, "capacity"), "requests");
+    int64_t mem = 0, cores = 0;
+    int qm = quantity_at(reqs, "memory", &mem), qc = quantity_at(reqs, "cores", &cores);
+    if (qm < 0 || qc < 0 || (qc == 0 && cores > 100)) {
+        snprintf(c->error, sizeof(c->error),
+                 "request %.40s: capacity.requests memory or cores is not a quantity in range",
+                 rname);
+        return false;
+    }
+    q->memory_mib = qm == 0 ? (mem + MIB - 1) / MIB : 0;
+    q->cores = qc == 0 ? (int)cores : 0;
+    return true;
+}
+
+/* Reads one allocation result of gpu.kgpu.io; false with c->error set. */
+static bool read_result(ext_dra_claim *c, const json_t *res, ext_dra_result *out)
+{
+    const char *pool = str_at(res, "pool"), *dev = str_at(res, "device");
+    memset(out, 0, sizeof(*out));
+    if (pool == NULL || dev == NULL || pool[0] == '\0' || strlen(pool) > KGPU_NAME_MAX ||
+        strlen(dev) >= sizeof(out->device)) {
+        snprintf(c->error, sizeof(c->error), "an allocation result without pool or device");
+        return false;
+    }
+    snprintf(out->pool, sizeof(out->pool), "%s", pool);
+    snprintf(out->device, sizeof(out->device), "%s", dev);
+    const json_t *cc = json_object_get(res, "consumedCapacity");
+    int64_t mem = 0, cores = 0;
+    int qm = quantity_at(cc, "memory", &mem), qc = quantity_at(cc, "cores", &cores);
+    if ((cc != NULL && !json_is_object(cc) && !json_is_null(cc)) || qm < 0 || qc < 0 ||
+        (qm == 0 && mem < MIB) || (qc == 0 && cores > 100)) {
+        snprintf(c->error, sizeof(c->error),
+                 "device %.60s of pool %.60s: consumedCapacity out of range", dev, pool);
+        return false;
+    }
+    out->memory_mib = qm == 0 ? (mem + MIB - 1) / MIB : -1;
+    out->cores = qc == 0 ? (int)cores : 0;
+    return true;
+}
+
+/* A claim's namespace and name, when it has both and they fit; else false. */
+static bool claim_named(const json_t *obj, const char **ns, const char **name)
+{
+    const json_t *meta = json_object_get(obj, "metadata");
+    *ns = str_at(meta, "namespace");
+    *name = str_at(meta, "name");
+    return json_is_object(obj) && *ns != NULL && *name != NULL && (*ns)[0] != '\0' &&
+           (*name)[0] != '\0' && strlen(*ns) < sizeof(((ext_dra_claim *)0)->ns) &&
+           strlen(*name) <= KGPU_NAME_MAX;
+}
+
+/*
+ * A claim's requests and allocation results, and whether it is kgpu's: a
+ * request names class gpu.kgpu.io or a result driver gpu.kgpu.io (*nres:
+ * how many results do).
+ */
+static bool claim_ours(const json_t *obj, const json_t **reqs, const json_t **results, size_t *nres)
+{
+    *reqs = json_object_get(json_object_get(json_object_get(obj, "spec"), "devices"), "requests");
+    *results = json_object_get(
+        json_object_get(json_object_get(json_object_get(obj, "status"), "allocation"), "devices"),
+        "results");
+    size_t i;
+    bool ours = false;
+    const json_t *v;
+    *nres = 0;
+    json_array_foreach(*reqs, i, v) ours = ours || names_class(v);
+    json_array_foreach(*results, i, v) *nres += ours_result(v);
+    return ours || *nres > 0;
+}
+
+int ext_dra_claim_parse(const json_t *obj, ext_dra_claim **out, kgpu_error *err)
+{
+    *out = NULL;
+    const char *ns, *name;
+    if (!claim_named(obj, &ns, &name))
+        return kgpu_error_set(err, KGPU_EPARSE, "ResourceClaim without namespace and name");
+    const char *uid = str_at(json_object_get(obj, "metadata"), "uid");
+    const json_t *reqs, *results;
+    size_t i, nres;
+    const json_t *v;
+    if (!claim_ours(obj, &reqs, &results, &nres))
+        return 0;
+    bool too_many = nres > EXT_DRA_RESULTS;
+    if (too_many)
+        nres = 0;
+    ext_dra_claim *c = calloc(1, sizeof(*c) + nres * sizeof(ext_dra_result));
+    if (c == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    snprintf(c->ns, sizeof(c->ns), "%s", ns);
+    snprintf(c->name, sizeof(c->name), "%s", name);
+    snprintf(c->uid, sizeof(c->uid), "%.63s", uid ? uid : "");
+    *out = c;
+    if (too_many) {
+        snprintf(c->error, sizeof(c->error), "more than %d devices of %s allocated",
+                 EXT_DRA_RESULTS, EXT_DRA_DRIVER);
+        return 0;
+    }
+    bool ok = true;
+    json_array_foreach(reqs, i, v)
+    {
+        const char *cls = str_at(json_object_get(v, "exactly"), "deviceClassName");
+        if (!ok || cls == NULL || strcmp(cls, EXT_DRA_CLASS) != 0)
+            continue; /* firstAvailable: the DRA plugin's Score ranks those */
+        if (c->nreq == EXT_DRA_REQUESTS) {
+            snprintf(c->error, sizeof(c->error), "more than %d requests of class %s",
+                     EXT_DRA_REQUESTS, EXT_DRA_CLASS);
+            ok = false;
+            break;
+        }
+        ok = read_request(c, v, &c->req[c->nreq]);
+        c->nreq += ok;
+    }
+    json_array_foreach(results, i, v)
+    {
+        if (!ok || !ours_result(v))
+            continue;
+        ok = read_result(c, v, &c->res[c->nres]);
+        c->nres += ok;
+    }
+    if (!ok)
+        c->nreq = c->nres = 0; /* read nothing of a claim read in part */
+    return 0;
+}
+
+bool ext_dra_node_labelled(const json_t *node)
+{
+    const char *v =
+        str_at(json_object_get(json_object_get(node, "metadata"), "labels"), EXT_DRA_LABEL);
+    return v != NULL && strcmp(v, EXT_DRA_LABEL_VALUE) == 0;
+}
+
+/* Listed objects are cut as their page arrives: what is not ours, to nothing. */
+void ext_dra_slice_trim(void *ctx, json_t *obj)
+{
+    (void)ctx;
+    const char *driver = str_at(json_object_get(obj, "spec"), "driver");
+    if (driver == NULL || strcmp(driver, EXT_DRA_DRIVER) != 0)
+        json_object_clear(obj);
+    else
+        json_object_del(json_object_get(obj, "metadata"), "managedFields");
+}
+
+void ext_dra_claim_trim(void *ctx, json_t *obj)
+{
+    (void)ctx;
+    const char *ns, *name;
+    const json_t *reqs, *results;
+    size_t nres;
+    /* What ext_dra_claim_parse would refuse or find not ours, without reading the rest. */
+    if (!claim_named(obj, &ns, &name) || !claim_ours(obj, &reqs, &results, &nres)) {
+        json_object_clear(obj);
+        return;
+    }
+    json_t *meta = json_object_get(obj, "metadata");
+    json_object_del(meta, "managedFields");
+    json_object_del(meta, "annotations");
+    json_t *status = json_object_get(obj, "status");
+    json_object_del(status, "reservedFor"); /* up to 256 pods */
+    json_object_del(status, "devices");
+}

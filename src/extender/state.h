@@ -1,0 +1,527 @@
+/*
+ * kgpu-extender, state layer: the cluster's GPU state and its lock. Only
+ * this layer writes it; sources hand it facts through ext_sink, decisions
+ * change it through the functions here.
+ *
+ * Files, bottom first: awaiting.c (pods awaiting kubelet's Allocate),
+ * dra_claims.c (what DRA claims hold), queues.c and reclaim_state.c (the
+ * GPU queue tree, unschedulable pods, reclaims in flight), learn.c (shapes
+ * and policies), pods.c (pods holding GPUs), inventory.c (the node
+ * inventory), dra_nodes.c (DRA nodes' GPUs from their slices), state.c
+ * (life cycle and the sink).
+ *
+ * Threads: every function expects st->mu held unless it says otherwise;
+ * the sink's functions take it themselves. Work under the lock is in-memory
+ * only (microseconds), never I/O.
+ */
+#ifndef KGPU_EXT_STATE_H
+#define KGPU_EXT_STATE_H
+
+#include "sources.h"
+
+/* ---- state ---- */
+
+enum ext_pod_status { POD_RESERVED, POD_BOUND };
+
+/* One GPU container of a pod holding GPUs. */
+typedef struct ext_pod_part {
+    char container[64]; /* container names are DNS labels: at most 63 characters */
+    kgpu_assignment a;
+} ext_pod_part;
+
+/* A pod holding GPUs: reserved by a bind in flight, or bound. Sized to its parts. */
+typedef struct ext_pod {
+    char uid[64];
+    char ns[64]; /* namespaces are DNS labels */
+    char name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
+    enum ext_pod_status status;
+    double gpus;  /* GPU fraction held, for GPU-hours */
+    double since; /* monotonic time it started holding: a relist may not drop younger pods */
+    /*
+     * Its GPU queue (queues.c): its kgpu.io/queue label ("" none), and the
+     * queue that and its namespace's annotation name, resolved again
+     * whenever the queues or the namespaces change.
+     */
+    char queue_label[KGPU_QUEUE_NAME_MAX + 1];
+    char queue[KGPU_QUEUE_NAME_MAX + 1];
+    int priority;     /* spec.priority: reclaim evicts the lowest first */
+    /*
+     * Charged to the queue tree: what its GPUs are (kgpu_qdemand_of_assignment
+     * on the cluster now; every change of the cluster charges all again).
+     */
+    bool charged;
+    bool evicting; /* an eviction went through; charged until the pod is gone */
+    int nparts;
+    ext_pod_part part[];
+} ext_pod;
+
+/*
+ * A pod the API server says is bound with a GPU assignment that cannot be
+ * honoured right now: its node or GPUs are not in the inventory (yet, or
+ * any more), or they are held by another pod. Kept and retried whenever the
+ * inventory changes or pods leave, so a GPU that comes back is not handed out twice.
+ */
+typedef struct ext_orphan {
+    char uid[64], ns[64];
+    char name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
+    double since;
+    int64_t cpu_milli, memory_mib; /* the pod's requests, counted once it is adopted */
+    char queue_label[KGPU_QUEUE_NAME_MAX + 1];
+    int priority;
+    int n;
+    kgpu_assigned_part parts[];
+} ext_orphan;
+
+/*
+ * A pod bound to an inventory node without a kgpu assignment (CPU-only, or
+ * placed without kgpu): its CPU and memory, taken from its node so that the
+ * policies' scores see the node's free CPU as kube-scheduler does.
+ */
+typedef struct ext_cpu_pod {
+    char node[KGPU_NAME_MAX + 1];
+    int64_t cpu_milli, memory_mib; /* the pod's requests */
+    kgpu_assignment a;             /* what was taken: clamped to what the node had free */
+} ext_cpu_pod;
+
+/* Per-namespace GPU-hours, integrated over time. */
+typedef struct ext_ns_usage {
+    double gpus; /* held now */
+    double gpu_seconds;
+} ext_ns_usage;
+
+typedef struct ext_shape_info {
+    kgpu_shape s;
+    long count; /* observations */
+    /* The rest of the shape's key (state.c shape_key) besides s's fields. */
+    bool exclusive;
+    int milli; /* the request's gpu_milli (s.gpu_milli is 1000 for a whole GPU) */
+    int64_t memory_mib;
+    bool open; /* no allow list: a model the mask has no bit for yet counts as allowed */
+} ext_shape_info;
+
+/*
+ * A pod bound to a node whose devices kubelet has not asked for yet (no
+ * kgpu.io/allocated): until it has them, or ends, or `until` passes, no
+ * pod with a clashing ask may be placed on that node.
+ */
+typedef struct ext_await {
+    char uid[64], ns[64];
+    char name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
+    double until;    /* monotonic: the bind time plus allocate_wait */
+    double recorded; /* monotonic: when recorded; a relist spares entries younger than it */
+    ext_asks asks;
+} ext_await;
+
+/* Why a pod's last filter passed no node, as far as queues are concerned. */
+enum ext_wait { EXT_WAIT_NONE, EXT_WAIT_QUOTA, EXT_WAIT_RECLAIM };
+
+/* How an eviction for reclaim went. */
+enum ext_evict_outcome {
+    EXT_EVICT_APPLIED, /* --cluster-file: applied to the in-memory state */
+    EXT_EVICT_EVICTED, /* the Eviction API accepted it: charged until the pod is gone */
+    EXT_EVICT_BLOCKED, /* 429: a PodDisruptionBudget refused it */
+    EXT_EVICT_GONE,    /* 404: the pod was gone already */
+    EXT_EVICT_FAILED,  /* another answer, or the API server could not be reached */
+};
+
+/* One eviction for reclaim, kept in a ring of the most recent for /inspect. */
+typedef struct ext_eviction {
+    double at; /* realtime seconds */
+    char ns[64], name[KGPU_NAME_MAX + 1], uid[64], node[KGPU_NAME_MAX + 1];
+    char queue[KGPU_QUEUE_NAME_MAX + 1];
+    char for_ns[64], for_name[KGPU_NAME_MAX + 1]; /* the waiting pod */
+    char for_queue[KGPU_QUEUE_NAME_MAX + 1];
+    int64_t freed_milli;
+    int outcome; /* enum ext_evict_outcome */
+} ext_eviction;
+
+#define EXT_EVICTIONS_KEPT 64  /* recent evictions /inspect shows */
+#define EXT_RECLAIMS_MAX   256 /* reclaims in flight (cluster mode) remembered at once */
+#define EXT_REFUSED_MAX    256 /* victims a PodDisruptionBudget protected, remembered at once */
+#define EXT_RECLAIM_WAIT_S 60  /* a reclaim in flight is not repeated for its pod this long */
+#define EXT_REFUSED_S      30  /* a victim whose eviction was refused is skipped this long */
+
+/*
+ * A pod kube-scheduler found no node for (its PodScheduled condition False,
+ * Unschedulable), seen through the pod watch in cluster mode. Its own
+ * filters (NodeResourcesFit: "Insufficient nvidia.com/gpu") may have
+ * refused every node before kgpu's filter is called, so reclaim for it
+ * cannot wait for a filter call: the leader's sweep (gpuqueues.c) runs it.
+ */
+typedef struct ext_unsched {
+    double since; /* monotonic: first seen unschedulable; first (queues.c expire) */
+    char uid[64], ns[64], name[KGPU_NAME_MAX + 1];
+    json_t *pod;      /* the trimmed object, owned */
+    double event_at;  /* monotonic: when the last Event was posted about it (0: none) */
+    char event[256];  /* that Event's message: the same one is not posted again soon */
+} ext_unsched;
+
+#define EXT_UNSCHED_MAX     4096 /* unschedulable pods followed at once; more are not swept */
+#define EXT_SWEEP_MS        2000 /* how often the leader looks at them */
+#define EXT_SWEEP_PODS      16   /* reclaims started per sweep, highest priority first */
+#define EXT_EVENT_REPEAT_S  60   /* the same Event about a pod, at most this often */
+
+/* A pod remembered from filter for its bind. */
+typedef struct ext_filtered {
+    kgpu_pod pod;
+    ext_asks asks;
+    char queue_label[KGPU_QUEUE_NAME_MAX + 1]; /* its kgpu.io/queue label, "" without one */
+    int priority;                              /* spec.priority */
+    int waiting; /* enum ext_wait: why its last filter passed no node, for queues' pending */
+    char queue[KGPU_QUEUE_NAME_MAX + 1]; /* the queue it waits in */
+    struct ext_filtered *older, *newer; /* by when last filtered: evicted oldest first */
+} ext_filtered;
+
+typedef struct ext_state {
+    pthread_mutex_t mu;
+    const ext_config *cfg;
+    ext_metrics *metrics;
+    kgpu_cluster *cluster;
+    kgpu_policy *policies[16]; /* by registry position, created on first use */
+    kgpu_workload target;      /* fgd's target: shapes seen so far, or a prior */
+    kgpu_strmap shapes;        /* shape key -> (intptr) id+1 */
+    int nshapes;
+    ext_shape_info *shape_info; /* by shape id */
+    int shape_cap;
+    long observations, observations_at_build;
+    kgpu_strmap pods;      /* uid -> ext_pod* */
+    kgpu_strmap orphans;   /* uid -> ext_orphan* */
+    kgpu_strmap cpu_pods;  /* uid -> ext_cpu_pod*: bound pods without kgpu GPUs */
+    double relist_started; /* when the pod relist in progress was asked for (0: first list) */
+    kgpu_strmap pending; /* uid -> ext_filtered*, from filter, for bind; at most pending_pods_max */
+    ext_filtered *pending_oldest, *pending_newest; /* least and most recently filtered */
+    kgpu_strmap awaiting;  /* uid -> ext_await*: pods kubelet has yet to allocate devices for */
+    kgpu_strmap observed;  /* uids counted by observe(), at most OBSERVED_MAX (state.c) */
+    char **observed_order; /* FIFO of observed uids (owned; the map's keys are copies) */
+    int observed_head, observed_len;
+    kgpu_strmap ns_usage; /* namespace -> ext_ns_usage* */
+    double usage_at;      /* monotonic seconds of the last integration */
+    kgpu_rng rng;
+    bool nodes_synced, pods_synced;
+    /* GPU queues (queues.c); queues NULL: off, every pod in `default`, nothing refused. */
+    kgpu_queues *queues;      /* the tree with usage */
+    kgpu_queues *queues_spec; /* the same tree without usage, rebuilt from on every change */
+    unsigned long long *queue_evictions; /* by queue id: evictions of its pods, ever */
+    kgpu_strmap ns_queue;     /* namespace -> its kgpu.io/queue (char *, owned) */
+    ext_eviction evictions[EXT_EVICTIONS_KEPT]; /* ring of the most recent */
+    int evictions_next, nevictions;
+    kgpu_strmap reclaims; /* waiting pod uid -> ext_reclaim* (queues.c), at most EXT_RECLAIMS_MAX */
+    kgpu_strmap refused;  /* victim uid -> its refusal (queues.c), at most EXT_REFUSED_MAX */
+    kgpu_strmap unsched;  /* uid -> ext_unsched*: unschedulable GPU pods, at most EXT_UNSCHED_MAX */
+    char queues_error[KGPU_ERROR_MSG_MAX]; /* why the last tree given was refused; "" */
+    /* Cluster mode (gpuqueues.c): GPUQueues by name, cut to name, generation, spec, status. */
+    json_t *gpuqueues;
+    bool gpuqueue_crd_absent; /* the API server answered 404 for GPUQueues */
+    /* DRA (dra.c): nodes served by kgpu-dra-plugin, their slices, and the claims on them. */
+    kgpu_strmap dra_nodes;  /* node -> ext_dra_node*: labelled kgpu.io/gpu-allocator=dra */
+    kgpu_strmap dra_slices; /* node (the pool) -> ext_dra_slice* of driver gpu.kgpu.io */
+    kgpu_strmap dra_claims; /* "ns/name" -> ext_dra_claim*: claims of gpu.kgpu.io only */
+    int dra_unapplied;      /* allocation results not charged now (node or GPU unknown, full) */
+    bool dra_absent[2];     /* the API server answered 404 for resourceslices, resourceclaims */
+} ext_state;
+
+int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_error *err);
+void ext_state_destroy(ext_state *st);
+
+/*
+ * Replaces the node inventory (cluster-file load, node relist, a node's
+ * inventory changing): rebuilds the cluster and re-applies every held pod
+ * whose node still exists. Models no node has any more are forgotten (their
+ * ids reclaimed); a node whose models would take the table past
+ * KGPU_MAX_MODELS is left out, logged. Caller holds st->mu.
+ */
+int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_error *err);
+
+/* Adds or replaces one node (watch events). Caller holds st->mu. */
+int ext_state_upsert_node(ext_state *st, const kgpu_node_spec *spec, kgpu_error *err);
+int ext_state_remove_node(ext_state *st, const char *name);
+
+/*
+ * A pod seen in the API server (list or watch). Holds its GPUs from its
+ * assignment annotation when it is bound and not terminal, releases them
+ * when it ends. Caller holds st->mu.
+ */
+void ext_state_pod_seen(ext_state *st, const json_t *pod);
+void ext_state_pod_gone(ext_state *st, const char *uid);
+/*
+ * A full pod relist: drops bound pods not in `items` that were bound before
+ * st->relist_started, then sees each. Younger pods missing from the list may
+ * have been bound after its snapshot, or deleted before it: they come back in
+ * *suspects ("ns/name/uid", malloc'd, caller frees) for the caller to look up
+ * in the API server (outside the lock) and drop with ext_state_pod_gone if
+ * gone. Caller holds st->mu.
+ */
+void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t *nsuspects);
+
+/*
+ * Compiles the pod's requests against the cluster and gives them shape ids.
+ * The first part keeps the pod's CPU and memory requests: the policies score
+ * with them (kgpu's stranded GPU), but kube-scheduler is the authority on
+ * CPU and memory, so fit checks take ext_fit_requests and placements are
+ * applied with CPU and memory clamped to what the node has free. Caller holds st->mu.
+ */
+int ext_state_compile(ext_state *st, kgpu_pod *pod, kgpu_error *err);
+
+/*
+ * For a pod that asks for no GPU (nparts 0): *req becomes its CPU and memory
+ * as a request of no GPU, compiled and given a shape id, and the pod counts
+ * as arrived (once per uid), so the policies learn the CPU that pods without
+ * a GPU take from nodes. Caller holds st->mu.
+ */
+int ext_state_compile_gpuless(ext_state *st, const kgpu_pod *pod, kgpu_request *req,
+                              kgpu_error *err);
+/*
+ * The same for a request built elsewhere (a DRA pod's, dra.c): compiled,
+ * given a shape id, and counted as the arrival of pod `uid`. Caller holds st->mu.
+ */
+int ext_state_compile_request(ext_state *st, const char *uid, kgpu_request *req, kgpu_error *err);
+/*
+ * The spec of inventory node i as it stands (gpus: KGPU_MAX_GPUS_PER_NODE
+ * entries), pointing into the cluster: valid until it changes. For
+ * rebuilding the inventory with some nodes replaced. Caller holds st->mu.
+ */
+void ext_state_node_spec(const ext_state *st, int i, kgpu_node_spec *spec, kgpu_gpu_spec *gpus);
+
+/* The policy for a pod: its kgpu.io/policy annotation, else the configured default. */
+kgpu_policy *ext_state_policy(ext_state *st, const kgpu_pod *pod, kgpu_error *err);
+
+
+/*
+ * Remembers a pod from filter (copied, with its asks) for its bind, as the
+ * most recently filtered; past pending_pods_max the least recently filtered
+ * is forgotten (its bind then asks the API server for the pod, see
+ * handlers.c bind_pod). Returns the entry (borrowed, NULL when out of
+ * memory) for the caller to fill in the queue fields. Caller holds st->mu.
+ */
+ext_filtered *ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks);
+/* The remembered pod, or NULL. Borrowed; valid while st->mu is held. */
+const ext_filtered *ext_state_recall(ext_state *st, const char *uid);
+
+/*
+ * Reserves GPUs for `pod` on `node` with its policy, within the placement
+ * search filter asked (kgpu_policy_place): a pod filter passed on a node
+ * that has not changed since is placed there. *out points at what the
+ * pod now holds (borrowed: valid while st->mu is held). Returns KGPU_EEXIST
+ * when the uid already holds GPUs (then *out is what it holds). The pod is
+ * charged to the queue its label `queue_label` ("" or NULL: none) and its
+ * namespace name, on the GPUs chosen: KGPU_ENOFIT, with the queue's reason,
+ * when that would pass a limit. Caller holds st->mu.
+ */
+int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node,
+                      const char *queue_label, int priority, const ext_pod **out,
+                      kgpu_error *err);
+/* The bind went through: the reservation becomes a binding. */
+void ext_state_confirm(ext_state *st, const char *uid);
+/* Drops whatever uid holds. */
+void ext_state_release(ext_state *st, const char *uid);
+
+/* Brings per-namespace GPU-seconds up to now. Caller holds st->mu. */
+void ext_state_integrate_usage(ext_state *st);
+
+/*
+ * The sink (sources.h) that puts what sources read into st, each call under
+ * st->mu. st outlives every source using it.
+ */
+void ext_state_sink(ext_state *st, ext_sink *out);
+/* Whether inventory and pods are known (readyz). Takes st->mu. */
+bool ext_state_synced(ext_state *st);
+
+/* ---- GPU queues (queues.c; docs/queues.md). Caller holds st->mu unless said. ---- */
+
+/*
+ * Replaces the tree by `spec` (a tree without usage, owned from now on;
+ * NULL turns queues off) and charges every held pod to it again, running
+ * pods being never refused (a queue may then be above its limit: its new
+ * pods wait until enough of its pods end). Evictions counted are kept by
+ * queue name.
+ */
+void ext_queues_set(ext_state *st, kgpu_queues *spec);
+/*
+ * Charges every held pod again from its GPUs, to the queue its label and
+ * namespace name now: after the inventory, the queues or a namespace's
+ * annotation changed.
+ */
+void ext_queues_recharge(ext_state *st);
+/* p->queue from its label and its namespace's annotation (kgpu_queue_name_for). */
+void ext_queues_name_pod(ext_state *st, ext_pod *p);
+/* A namespace's kgpu.io/queue annotation; NULL or "" clears it. */
+void ext_queues_set_namespace(ext_state *st, const char *ns, const char *queue);
+/*
+ * The queue of a pod of namespace ns with label `label` (kgpu_queue_name_for):
+ * its name into name, and its id; -1 when queues are off; -2 when no queue
+ * has that name, with a reason for the pod's event in why.
+ */
+int ext_queues_resolve(ext_state *st, const char *ns, const char *label, char *name, size_t len,
+                       char *why, size_t whylen);
+/*
+ * Charges what p holds to p->queue (and its ancestors). A new bind
+ * (running false) is refused past a limit: KGPU_ENOFIT, err in the words
+ * of the fit reasons. A pod already running is never refused. No queue of
+ * that name, or queues off: 0, nothing charged.
+ */
+int ext_queues_charge(ext_state *st, ext_pod *p, bool running, kgpu_error *err);
+void ext_queues_uncharge(ext_state *st, ext_pod *p);
+/*
+ * kgpu_queues_check for the pod on node idx (its GPUs taken as the node's
+ * first of an allowed model, so per-model limits apply; bind charges the
+ * GPUs actually chosen), or with idx -1 for its request alone.
+ */
+int ext_queues_check(ext_state *st, int q, const kgpu_pod *pod, int idx, char *why, size_t len);
+
+/* A pod reclaim evicts. */
+typedef struct ext_victim {
+    char uid[64], ns[64], name[KGPU_NAME_MAX + 1], node[KGPU_NAME_MAX + 1];
+    char queue[KGPU_QUEUE_NAME_MAX + 1];
+    int64_t freed_milli;
+} ext_victim;
+
+#define EXT_RECLAIM_VICTIMS_MAX 32 /* evictions one reclaim may ask for */
+
+/* A reclaim chosen for a waiting pod. */
+typedef struct ext_reclaim {
+    double until; /* monotonic: not repeated for the pod before; first (queues.c expire) */
+    char for_uid[64], for_ns[64], for_name[KGPU_NAME_MAX + 1], for_queue[KGPU_QUEUE_NAME_MAX + 1];
+    int nvictims;
+    ext_victim v[EXT_RECLAIM_VICTIMS_MAX];
+} ext_reclaim;
+
+enum ext_reclaim_result {
+    EXT_RECLAIM_NONE,     /* nothing to evict makes room: msg says why */
+    EXT_RECLAIM_APPLIED,  /* --cluster-file: victims gone from the state; place the pod again */
+    EXT_RECLAIM_STARTED,  /* victims in *out, to evict through the API after the lock */
+    EXT_RECLAIM_INFLIGHT, /* a reclaim for this pod is under way: msg says which */
+};
+
+/*
+ * For a pod of queue q within its guarantee that fits no node (one GPU
+ * container: reclaim places one request): chooses borrowing pods to evict
+ * (kgpu_queues_reclaim, KGPU_RECLAIM_FRAG) among the held pods not being
+ * evicted already nor protected by a PodDisruptionBudget lately. `apply`
+ * (--cluster-file): releases them now, recorded as evictions. Otherwise
+ * remembers the reclaim for the pod (EXT_RECLAIM_WAIT_S) and gives its
+ * victims in *out. msg: what the pod's filter answer says.
+ */
+int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ext_reclaim *out,
+                       char *msg, size_t len);
+/* Records one eviction's outcome: log, counters, the ring; 429 remembers the victim as refused. */
+void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v, int outcome);
+
+/*
+ * A pod from the watch (trimmed, with its PodScheduled condition kept):
+ * follows it while it is unbound, asks for GPUs and is unschedulable;
+ * forgets it otherwise. Caller holds st->mu.
+ */
+void ext_unsched_seen(ext_state *st, const json_t *obj, const kgpu_pod *pod);
+/* Forgets the pod (gone or bound). Caller holds st->mu. */
+void ext_unsched_drop(ext_state *st, const char *uid);
+/* Forgets every pod (a relist is about to show them again). Caller holds st->mu. */
+void ext_unsched_clear(ext_state *st);
+
+/* What one sweep decided for one pod, to carry out once st->mu is released. */
+typedef struct ext_sweep_act {
+    bool evict;         /* rec holds victims to evict */
+    ext_reclaim rec;
+    char ns[64], name[KGPU_NAME_MAX + 1], uid[64];
+    const char *type, *reason; /* an Event to post about the pod, reason NULL: none */
+    char message[256];
+} ext_sweep_act;
+
+/*
+ * The leader's sweep over unschedulable pods: for each (highest priority,
+ * then longest waiting, first; at most `max`) whose queue is within its
+ * guarantee and whose GPU request fits no node, starts a reclaim as filter
+ * would (ext_queues_reclaim). Fills acts[0..return) with the evictions and
+ * Events to carry out. Caller holds st->mu.
+ */
+int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max);
+
+/* One queue as /inspect and /metrics show it. */
+typedef struct ext_queue_row {
+    char name[KGPU_QUEUE_NAME_MAX + 1], parent[KGPU_QUEUE_NAME_MAX + 1];
+    int depth, weight;
+    kgpu_qamount guarantee, limit, used;
+    int64_t borrowed_milli;
+    int pods, pending;
+    unsigned long long evictions;
+} ext_queue_row;
+
+/*
+ * Copies every queue (tree order; malloc'd, caller frees) and the recent
+ * evictions (newest first; up to EXT_EVICTIONS_KEPT into ev). *rows NULL
+ * and *n 0 when queues are off. false: out of memory.
+ */
+bool ext_queues_rows(ext_state *st, ext_queue_row **rows, int *n, ext_eviction *ev, int *nev);
+
+/* ---- pods awaiting kubelet's Allocate (awaiting.c) ---- */
+
+/* Whether the rule is on: allocate_wait > 0 and an API server (a cluster file has no kubelet). */
+bool ext_await_enabled(const ext_state *st);
+/*
+ * Records a pod awaiting allocation on `node`, bound `age` seconds ago; for
+ * a pod already recorded, only its node is refreshed (asks may then be NULL).
+ * Caller holds st->mu, as for every ext_await_ call.
+ */
+void ext_await_record(ext_state *st, const char *uid, const char *ns, const char *name,
+                      const char *node, const ext_asks *asks, double age);
+void ext_await_drop(ext_state *st, const char *uid);
+/* A pod from the API server (list or watch): starts, keeps or ends its wait. */
+void ext_await_seen(ext_state *st, const json_t *json, const kgpu_pod *pod);
+/* Ends the waits past allocate_wait, with a warning for each. */
+void ext_await_expire(ext_state *st);
+/* A pod other than `uid` awaiting allocation on `node` whose asks clash with `asks`, or NULL. */
+const ext_await *ext_await_clash(ext_state *st, const char *node, const char *uid,
+                                 const ext_asks *asks, ext_ask *same);
+/* The same for every node at once: node name -> const ext_await* (borrowed) into `out`. */
+void ext_await_clashing_nodes(ext_state *st, const char *uid, const ext_asks *asks,
+                              kgpu_strmap *out);
+/* "waiting for kubelet to allocate NS/NAME (same RES: N); retry shortly" */
+void ext_await_reason(const ext_await *w, const ext_ask *same, char *buf, size_t len);
+/* A relist: drops entries of pods not in it recorded before it was asked for. */
+void ext_await_relisted(ext_state *st, const kgpu_strmap *present);
+
+/* ---- DRA nodes and claims (dra_claims.c, dra_nodes.c) ---- */
+
+/* A node labelled for DRA: its CPU and memory, which the slice has not. */
+typedef struct ext_dra_node {
+    int64_t cpu_milli, memory_mib;
+} ext_dra_node;
+
+/*
+ * Caller holds st->mu for the rest. A node seen by the node reflector:
+ * `dra` says whether it is labelled; a DRA node's spec gets its GPUs from
+ * its slice into `gpus` (KGPU_MAX_GPUS_PER_NODE entries, pointing into
+ * the state until the slice changes), a node that is not keeps its own.
+ */
+void ext_dra_node_seen(ext_state *st, kgpu_node_spec *spec, bool dra, kgpu_gpu_spec *gpus);
+void ext_dra_node_gone(ext_state *st, const char *name);
+/* A node relist: forgets every DRA node; the list's are seen again right after. */
+void ext_dra_nodes_clear(ext_state *st);
+/* Whether `name` is a DRA node (labelled). */
+bool ext_dra_is_node(const ext_state *st, const char *name);
+
+/* Slices: one seen (copied), one gone, a relist (n slices, copied). */
+void ext_dra_slice_put(ext_state *st, const ext_dra_slice *s);
+void ext_dra_slice_gone(ext_state *st, const char *name, const char *node);
+void ext_dra_slices_reset(ext_state *st, const ext_dra_slice *s, int n);
+
+/* Claims: one seen (taken over), one gone, a relist (n taken over: the set is replaced). */
+void ext_dra_claim_put(ext_state *st, ext_dra_claim *c);
+void ext_dra_claim_gone(ext_state *st, const char *ns, const char *name);
+void ext_dra_claims_reset(ext_state *st, ext_dra_claim **c, int n);
+
+/* The cluster was rebuilt (ext_state_set_nodes): charges every claim again. */
+void ext_dra_cluster_rebuilt(ext_state *st);
+/* Charges the results not charged yet (a node joined, GPUs were released). */
+void ext_dra_retry(ext_state *st);
+
+/*
+ * For prioritize: the kgpu request of a pod with spec.resourceClaims (its
+ * first request of class gpu.kgpu.io, resolved through the claims held):
+ * 1 and *req (uncompiled, the pod's CPU and memory not set) when there is
+ * one; 0 when the pod has no resourceClaims; -1 when it has some but none
+ * gives a request kgpu can score, `why` naming the pod and the claim.
+ */
+int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, char *why,
+                        size_t len);
+
+#endif

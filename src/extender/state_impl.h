@@ -1,0 +1,55 @@
+/*
+ * What the files of the state layer share among themselves and with no one
+ * else (state.h is what the layers above see). Bottom first, as the files
+ * call each other: learn.c, pods.c, inventory.c. Caller holds st->mu.
+ */
+#ifndef KGPU_EXT_STATE_IMPL_H
+#define KGPU_EXT_STATE_IMPL_H
+
+#include "state.h"
+
+/* Pod uids remembered as observed: a pod is counted once unless this many newer pods came since. */
+#define OBSERVED_MAX 16384
+
+/* ---- dra_claims.c ---- */
+
+/* spec's GPUs from its node's slice into gpus (KGPU_MAX_GPUS_PER_NODE; none without a slice). */
+void ext_dra_gpus_from_slice(ext_state *st, kgpu_node_spec *spec, kgpu_gpu_spec *gpus);
+
+/* ---- queues.c ---- */
+
+/* What p holds, as queue demand on cluster c (the one it was charged on). */
+void ext__pod_demand(const kgpu_cluster *c, const ext_pod *p, kgpu_qdemand *d);
+
+/* ---- learn.c ---- */
+
+/* Drops every policy (their caches are keyed by node positions of the cluster). */
+void ext__free_policies(ext_state *st);
+/* fgd's target before any pod is seen: the learner's generic mix. */
+int ext__set_prior(ext_state *st);
+/* Forgets the learned shapes' bits of models no node has any more (`gone`, a mask). */
+void ext__shapes_forget_models(ext_state *st, uint64_t gone);
+/* Counts the pod's requests as an arrival, once per uid. */
+void ext__observe(ext_state *st, const kgpu_pod *pod);
+
+/* ---- pods.c ---- */
+
+/* GPUs held by namespace ns change by `gpus` (integrated up to now first). */
+void ext__usage_add(ext_state *st, const char *ns, double gpus);
+/* Applies req with its CPU and memory clamped to what node idx has free (see ext_fit_requests). */
+int ext__apply_clamped(kgpu_cluster *c, const kgpu_request *req, int idx, const int *gpus,
+                       kgpu_assignment *out, kgpu_error *err);
+/* The position on n of the GPU with device index `index` (and uuid, when given), or -1. */
+int ext__gpu_position(const kgpu_node *n, int index, const char *uuid);
+/* Keeps a bound pod whose GPUs cannot be honoured now (parts copied), to retry later. */
+void ext__keep_orphan(ext_state *st, const char *uid, const char *ns, const char *name,
+                      const char *node, const kgpu_assigned_part *parts, int n, int64_t cpu_milli,
+                      int64_t memory_mib, const char *queue_label, int priority, const char *why);
+/* Adopts the orphans whose GPUs can be honoured now. */
+void ext__retry_orphans(ext_state *st);
+/* Takes a GPU-less pod's CPU and memory from its node in c; false when the node is gone. */
+bool ext__cpu_take(kgpu_cluster *c, ext_cpu_pod *p);
+/* Appends str (owned) to *list of *n. */
+void ext__push_owned(char ***list, size_t *n, char *str);
+
+#endif
