@@ -1,11 +1,11 @@
 /*
- * The hooks of libkgpu-limit.so (listed in hooks.def). Each counted call
- * reserves its bytes in the container's region before the driver allocates
- * and gives them back if the driver fails: the limit is checked for the
- * whole container in one step, so concurrent processes cannot pass it
- * together. Over the limit the call returns CUDA_ERROR_OUT_OF_MEMORY and
- * nothing else happens. Frees give back what the allocation was charged;
- * destroying a context gives back everything that died with it.
+ * The hooks of libkgpu-limit.so for what every CUDA program does (listed in
+ * hooks.def): cuInit, the share as the application sees it, contexts,
+ * counted allocations and frees, their pre-3.2 entry points, and NVML's
+ * memory figures. Each counted call is charged before the driver is called
+ * and settled after (charge.c); over the limit it returns
+ * CUDA_ERROR_OUT_OF_MEMORY and nothing else happens. Destroying a context
+ * gives back everything that died with it.
  *
  * Every hook starts with KGPU_ENTER: without limits it calls the driver and
  * nothing more; with unusable limits it refuses.
@@ -15,162 +15,9 @@
 #include <unistd.h>
 
 #include "compat.h"
-#include "shim.h"
+#include "hooks.h"
 
-
-CUresult kgpu__where_current(kgpu_where *w)
-{
-    CUdevice dev;
-    CUresult r = KGPU_REAL(cuCtxGetCurrent)(&w->ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    /* A retained primary context (what the runtime API uses) names its device: no driver call. */
-    int n = atomic_load_explicit(&kgpu__shim.nprimary, memory_order_acquire);
-    for (int d = 0; d < n && w->ctx != NULL; d++)
-        if (atomic_load_explicit(&kgpu__shim.primary[d].ctx, memory_order_relaxed) == w->ctx) {
-            w->li = kgpu__dev_index(d);
-            w->dev = d;
-            return CUDA_SUCCESS;
-        }
-    r = KGPU_REAL(cuCtxGetDevice)(&dev);
-    if (r == CUDA_SUCCESS) {
-        w->li = kgpu__dev_index(dev);
-        w->dev = dev;
-    }
-    return r;
-}
-
-/* The device of a stream's context (asynchronous allocations land there). */
-CUresult kgpu__where_stream(CUstream s, kgpu_where *w)
-{
-    kgpu__pfn_cuStreamGetCtx get = KGPU_REAL(cuStreamGetCtx);
-    kgpu__pfn_cuCtxPushCurrent_v2 push = KGPU_REAL(cuCtxPushCurrent_v2);
-    kgpu__pfn_cuCtxPopCurrent_v2 pop = KGPU_REAL(cuCtxPopCurrent_v2);
-    CUcontext ctx, popped;
-    CUresult r = kgpu__where_current(w);
-    if (r != CUDA_SUCCESS || s == NULL || s == STREAM_LEGACY || s == STREAM_PER_THREAD ||
-        get == NULL || get(s, &ctx) != CUDA_SUCCESS || ctx == w->ctx || push == NULL || pop == NULL)
-        return r;
-    /* Another context's stream: ask that context for its device. */
-    if ((r = push(ctx)) != CUDA_SUCCESS)
-        return r;
-    r = kgpu__where_current(w);
-    pop(&popped);
-    return r;
-}
-
-/*
- * Reserves `bytes` on limits index li: CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY
- * over the limit, or CUDA_ERROR_NOT_INITIALIZED before cuInit (devices not
- * matched yet, li -2), as the driver would answer then.
- */
-CUresult kgpu__charge(int li, uint64_t bytes)
-{
-    if (li == -2)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (li < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY; /* a device on no line of the limits file */
-    if (bytes == 0)
-        return CUDA_SUCCESS;
-    int rc = kgpu_shim_region_reserve(kgpu__shim.region, li, bytes, kgpu__limit(li));
-    if (rc == KGPU_ENOFIT) {
-        /* What closed exports, shrunken pools and trimmed graph memory gave up comes back. */
-        kgpu__mem_refresh();
-        rc = kgpu_shim_region_reserve(kgpu__shim.region, li, bytes, kgpu__limit(li));
-    }
-    if (rc == KGPU_ESTATE && atomic_exchange(&kgpu__shim.told, 1) == 0) {
-        static const char line[] = "kgpu-limit: the accounting region has no free process slot "
-                                   "or its lock is unusable: GPU memory is refused\n";
-        ssize_t n = write(2, line, sizeof(line) - 1);
-        (void)n;
-    }
-    return rc == KGPU_OK ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-
-void kgpu__charge_anyway(int li, uint64_t bytes)
-{
-    if (bytes != 0 && li >= 0)
-        kgpu_shim_region_reserve(kgpu__shim.region, li, bytes, UINT64_MAX);
-}
-
-void kgpu__uncharge(int li, uint64_t bytes)
-{
-    kgpu_shim_region_release(kgpu__shim.region, li, bytes);
-}
-
-void kgpu__uncharge_freed(const kgpu_vmm_freed *f)
-{
-    for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++)
-        if (f->bytes[d] != 0)
-            kgpu__uncharge(d, f->bytes[d]);
-}
-
-/* Frees what a counted call made when it cannot be recorded. */
-static void undo(int kind, uint64_t key)
-{
-    switch (kind) {
-    case KGPU_TRACK_MEM:
-        KGPU_REAL(cuMemFree_v2)((CUdeviceptr)key);
-        break;
-    case KGPU_TRACK_HANDLE:
-        if (KGPU_REAL(cuMemRelease) != NULL)
-            KGPU_REAL(cuMemRelease)(key);
-        break;
-    case KGPU_TRACK_ARRAY:
-        KGPU_REAL(cuArrayDestroy)((CUarray)(uintptr_t)key);
-        break;
-    case KGPU_TRACK_MIPMAP:
-        if (KGPU_REAL(cuMipmappedArrayDestroy) != NULL)
-            KGPU_REAL(cuMipmappedArrayDestroy)((CUmipmappedArray)(uintptr_t)key);
-        break;
-    case KGPU_TRACK_CTX:
-        KGPU_REAL(cuCtxDestroy_v2)((CUcontext)(uintptr_t)key);
-        break;
-    }
-}
-
-/* After the driver answered a counted call charged `bytes` at w: keep or give back the charge. */
-CUresult kgpu__settle(CUresult r, int kind, uint64_t key, uint64_t bytes, const kgpu_where *w)
-{
-    if (r != CUDA_SUCCESS) {
-        kgpu__uncharge(w->li, bytes);
-        return r;
-    }
-    kgpu_track_rec rec = {
-        .key = key, .bytes = bytes, .ctx = (uintptr_t)w->ctx, .dev = (int16_t)w->li, .kind = kind};
-    if (kgpu_track_put(&kgpu__shim.track, &rec) != 0) {
-        undo(kind, key);
-        kgpu__uncharge(w->li, bytes);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
-}
-
-/* After the driver answered a free: the charge goes back only if the memory did. */
-CUresult kgpu__settle_free(CUresult r, int had, const kgpu_track_rec *rec)
-{
-    if (!had)
-        return r;
-    if (r != CUDA_SUCCESS) {
-        kgpu_track_put(&kgpu__shim.track, rec);
-        return r;
-    }
-    kgpu__uncharge(rec->dev, rec->bytes);
-    return r;
-}
-
-void kgpu__drop_ctx(CUcontext ctx)
-{
-    uint64_t bytes[KGPU_SHIM_MAX_DEVICES] = {0};
-    if (kgpu_track_take_ctx(&kgpu__shim.track, (uintptr_t)ctx, bytes) == 0)
-        return;
-    for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++)
-        if (bytes[d] != 0)
-            kgpu__uncharge(d, bytes[d]);
-}
-
-/* ---- initialisation and lookup ---- */
+/* ---- initialisation ---- */
 
 CUresult cuInit(unsigned int flags)
 {
@@ -178,25 +25,6 @@ CUresult cuInit(unsigned int flags)
     CUresult r = real_(flags);
     if (r == CUDA_SUCCESS)
         kgpu__map_devices();
-    return r;
-}
-
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
-{
-    KGPU_ENTER(cuGetProcAddress, (symbol, pfn, cudaVersion, flags));
-    CUresult r = real_(symbol, pfn, cudaVersion, flags);
-    if (r == CUDA_SUCCESS && pfn != NULL)
-        *pfn = kgpu__proc_substitute(symbol, *pfn, cudaVersion, flags);
-    return r;
-}
-
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                             CUdriverProcAddressQueryResult *symbolStatus)
-{
-    KGPU_ENTER(cuGetProcAddress_v2, (symbol, pfn, cudaVersion, flags, symbolStatus));
-    CUresult r = real_(symbol, pfn, cudaVersion, flags, symbolStatus);
-    if (r == CUDA_SUCCESS && pfn != NULL)
-        *pfn = kgpu__proc_substitute(symbol, *pfn, cudaVersion, flags);
     return r;
 }
 
@@ -252,6 +80,14 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
  * allocating or freeing on the GPU at that moment) is not believed: the
  * configured figure stays. KGPU_CONTEXT_MIB is a floor for both.
  */
+
+/* How a context's footprint is measured: filled by ctx_before, read by ctx_footprint. */
+typedef struct ctx_probe {
+    int how; /* 0: not measurable; 1: NVML's free memory; 2: cuMemGetInfo in a context */
+    uint64_t free;
+    nvmlDevice_t nvml;
+} ctx_probe;
+
 static pthread_once_t ctx_nvml_once = PTHREAD_ONCE_INIT;
 static _Atomic int ctx_nvml_ok;
 
@@ -289,7 +125,8 @@ static int cuda_free(CUcontext ctx, uint64_t *free)
     return r == CUDA_SUCCESS ? 0 : -1;
 }
 
-void kgpu__ctx_before(CUdevice dev, int li, kgpu_ctx_probe *p)
+/* Before a context is made on dev (limits index li): the free memory, and by what means. */
+static void ctx_before(CUdevice dev, int li, ctx_probe *p)
 {
     p->how = 0;
     if (li >= 0 && li < kgpu__shim.limits.ndevices) {
@@ -312,7 +149,8 @@ void kgpu__ctx_before(CUdevice dev, int li, kgpu_ctx_probe *p)
         p->how = 2;
 }
 
-uint64_t kgpu__ctx_footprint(const kgpu_ctx_probe *p, CUcontext made, int *measured)
+/* The charge for `made`, measured by the same means as p (measured: set when it was). */
+static uint64_t ctx_footprint(const ctx_probe *p, CUcontext made, int *measured)
 {
     uint64_t after = 0, took = 0, floor = kgpu__shim.context_floor;
     int ok = p->how == 1 ? nvml_free(p->nvml, &after) == 0
@@ -344,14 +182,14 @@ static CUresult recharge(int li, uint64_t est, uint64_t fp)
 }
 
 /* After the driver answered a context creation charged context_bytes, measured from p. */
-static CUresult ctx_created(CUresult r, CUcontext *pctx, int li, const kgpu_ctx_probe *p)
+static CUresult ctx_created(CUresult r, CUcontext *pctx, int li, const ctx_probe *p)
 {
     /* The footprint dies with the context: recorded by its key, under no context. */
     kgpu_where w = {.li = li, .ctx = NULL};
     uint64_t est = kgpu__shim.context_bytes, fp = est;
     int measured;
     if (r == CUDA_SUCCESS) {
-        fp = kgpu__ctx_footprint(p, *pctx, &measured);
+        fp = ctx_footprint(p, *pctx, &measured);
         if (recharge(li, est, fp) != CUDA_SUCCESS) {
             KGPU_REAL(cuCtxDestroy_v2)(*pctx);
             return CUDA_ERROR_OUT_OF_MEMORY;
@@ -363,9 +201,9 @@ static CUresult ctx_created(CUresult r, CUcontext *pctx, int li, const kgpu_ctx_
 /* The body of every cuCtxCreate hook: `call` makes the context. */
 #define CTX_CREATE(call)                                                                           \
     int li = kgpu__dev_index(dev);                                                                 \
-    kgpu_ctx_probe probe_;                                                                         \
+    ctx_probe probe_;                                                                         \
     CHARGE_OR_RETURN(li, kgpu__shim.context_bytes);                                                \
-    kgpu__ctx_before(dev, li, &probe_);                                                            \
+    ctx_before(dev, li, &probe_);                                                            \
     return ctx_created(call, pctx, li, &probe_)
 
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
@@ -405,17 +243,17 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return real_(pctx, dev); /* the driver says what is wrong with it */
     int li = kgpu__dev_index(dev);
     uint64_t est = kgpu__shim.context_bytes;
-    kgpu_ctx_probe probe;
+    ctx_probe probe;
     pthread_mutex_lock(&kgpu__shim.prim_mu);
     int first = kgpu__shim.primary[dev].refs == 0;
     CUresult r = first ? kgpu__charge(li, est) : CUDA_SUCCESS;
     if (r == CUDA_SUCCESS) {
         if (first)
-            kgpu__ctx_before(dev, li, &probe);
+            ctx_before(dev, li, &probe);
         r = real_(pctx, dev);
         if (r == CUDA_SUCCESS && first) {
             int measured;
-            uint64_t fp = kgpu__ctx_footprint(&probe, *pctx, &measured);
+            uint64_t fp = ctx_footprint(&probe, *pctx, &measured);
             if (recharge(li, est, fp) == CUDA_SUCCESS) {
                 kgpu__shim.primary[dev].bytes = fp;
             } else {
@@ -559,7 +397,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
  * cuArrayCreate and cuArray3DCreate, in their current (_v2) and pre-3.2
  * forms: the descriptors differ only in the width of their fields. DEPTH
  * and FLAGS read the descriptor `d` (1 and 0 for a 2D array). A sparse
- * array has no memory of its own: its tiles map handles (hooks_mem.c).
+ * array has no memory of its own: its tiles map handles (hooks_vmm.c).
  */
 #define ARRAY_CREATE_HOOK(fn, desc_t, DEPTH, FLAGS)                                              \
     CUresult fn(CUarray *pHandle, const desc_t *pAllocateArray)                                  \

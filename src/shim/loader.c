@@ -1,11 +1,6 @@
 /*
- * The loader's other ways to the driver.
- *
- * dlvsym, and glibc's own dlsym or dlvsym fetched through either:
- * libkgpu-limit.so exports dlvsym; whatever route names a hooked function,
- * or dlsym/dlvsym themselves, gets the library's. To call glibc's dlvsym
- * without coming back here (every reference in this library binds to its
- * own export first), it is looked up once in the C library's symbol table.
+ * The loader's ways to the driver that lookups do not cover, above
+ * lookup.c: this library's dlopen and dlmopen.
  *
  * RTLD_DEEPBIND: an object opened with it resolves its own references in
  * its own dependencies first (the driver, the C library's dlsym), past
@@ -20,14 +15,15 @@
  * namespace get their dlopen/dlmopen rewritten as above, so that a later
  * load of the driver from inside it is refused too.
  *
- * Both need this library's own dlopen and dlmopen. glibc's use the
- * caller's address (its namespace, its RUNPATH, $ORIGIN): the plain case
- * is a tail call, which leaves the caller's return address in place; the
- * rewritten cases call glibc with a path resolved as the caller's search
- * path would resolve it (dlinfo RTLD_DI_SERINFO), in the caller's namespace.
+ * glibc's dlopen and dlmopen use the caller's address (its namespace, its
+ * RUNPATH, $ORIGIN): the plain case is a tail call, which leaves the
+ * caller's return address in place; the rewritten cases call glibc with a
+ * path resolved as the caller's search path would resolve it (dlinfo
+ * RTLD_DI_SERINFO), in the caller's namespace.
  *
- * compat.h is told that this file defines dlvsym and dlopen: its .symver
- * for them would version the definitions below.
+ * compat.h is told that this file defines dlopen, and names dlvsym (its
+ * address, for the rewritten GOT entries): its .symver for them would
+ * version the definition and the reference below.
  */
 #define KGPU_SHIM_DEFINES_DLVSYM
 #define KGPU_SHIM_DEFINES_DLOPEN
@@ -41,164 +37,10 @@
 #include <unistd.h>
 
 #include "compat.h"
-#include "shim.h"
+#include "lookup.h"
 
-typedef void *(*dlvsym_fn)(void *, const char *, const char *);
-static _Atomic(dlvsym_fn) real_dlvsym_ptr;
-
-static uint32_t gnu_hash(const char *s)
-{
-    uint32_t h = 5381;
-    for (; *s != '\0'; s++)
-        h = h * 33 + (unsigned char)*s;
-    return h;
-}
-
-/* The address of the definition of `name` in object l (its GNU hash table), or NULL. */
-static void *elf_lookup(const struct link_map *l, const char *name)
-{
-    const ElfW(Sym) *symtab = NULL;
-    const char *strtab = NULL;
-    const uint32_t *gh = NULL;
-    for (const ElfW(Dyn) *d = l->l_ld; d != NULL && d->d_tag != DT_NULL; d++) {
-        /* The loader has relocated these on the architectures the library builds for. */
-        ElfW(Addr) a = d->d_un.d_ptr < l->l_addr ? d->d_un.d_ptr + l->l_addr : d->d_un.d_ptr;
-        if (d->d_tag == DT_SYMTAB)
-            symtab = (const ElfW(Sym) *)a;
-        else if (d->d_tag == DT_STRTAB)
-            strtab = (const char *)a;
-        else if (d->d_tag == DT_GNU_HASH)
-            gh = (const uint32_t *)a;
-    }
-    if (symtab == NULL || strtab == NULL || gh == NULL || gh[0] == 0)
-        return NULL;
-    uint32_t nbuckets = gh[0], symoffset = gh[1], bloom_size = gh[2];
-    const ElfW(Addr) *bloom = (const ElfW(Addr) *)&gh[4];
-    const uint32_t *buckets = (const uint32_t *)&bloom[bloom_size];
-    const uint32_t *chain = &buckets[nbuckets];
-    uint32_t h = gnu_hash(name);
-    for (uint32_t i = buckets[h % nbuckets]; i >= symoffset; i++) {
-        uint32_t c = chain[i - symoffset];
-        if ((c | 1) == (h | 1) && symtab[i].st_shndx != SHN_UNDEF &&
-            strcmp(strtab + symtab[i].st_name, name) == 0)
-            return (void *)(l->l_addr + symtab[i].st_value);
-        if (c & 1)
-            break;
-    }
-    return NULL;
-}
-
-/* glibc's dlvsym: in libc.so.6 since 2.34, in libdl.so.2 before. */
-void *kgpu__real_dlvsym(void *handle, const char *name, const char *version)
-{
-    dlvsym_fn f = atomic_load_explicit(&real_dlvsym_ptr, memory_order_acquire);
-    if (f == NULL) {
-        Dl_info info;
-        struct link_map *l = NULL;
-        if (!dladdr1((void *)&getpid, &info, (void **)&l, RTLD_DL_LINKMAP) || l == NULL)
-            return NULL;
-        while (l->l_prev != NULL)
-            l = l->l_prev;
-        for (; l != NULL && f == NULL; l = l->l_next)
-            if (l->l_name != NULL &&
-                (strstr(l->l_name, "/libc.so") != NULL || strstr(l->l_name, "/libdl.so") != NULL))
-                f = (dlvsym_fn)elf_lookup(l, "dlvsym");
-        if (f == NULL)
-            return NULL;
-        atomic_store_explicit(&real_dlvsym_ptr, f, memory_order_release);
-    }
-    return f(handle, name, version);
-}
-
-/*
- * dlvsym(RTLD_NEXT, ...) on behalf of the code at `caller`: the first
- * object loaded after the caller's that defines the symbol itself.
- */
-static void *next_after(const void *caller, const char *name, const char *version)
-{
-    Dl_info info;
-    struct link_map *self = NULL;
-    if (!dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) || self == NULL)
-        return NULL;
-    for (struct link_map *l = self->l_next; l != NULL; l = l->l_next) {
-        if (l->l_name == NULL || l->l_name[0] == '\0')
-            continue;
-        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
-        if (h == NULL)
-            continue;
-        void *p = kgpu__real_dlvsym(h, name, version);
-        dlclose(h);
-        struct link_map *owner = NULL;
-        if (p != NULL && dladdr1(p, &info, (void **)&owner, RTLD_DL_LINKMAP) && owner == l)
-            return p;
-    }
-    return NULL;
-}
-
-KGPU_EXPORT void *dlvsym(void *restrict handle, const char *restrict name,
-                         const char *restrict version);
 KGPU_EXPORT void *dlopen(const char *file, int mode);
 KGPU_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode);
-
-/*
- * What a lookup of `name` that found `p` should hand out: the library's
- * own dlsym and dlvsym, or the hook of a hooked driver function; `p`
- * itself when there are no limits at all.
- */
-void *kgpu__lookup_result(const char *name, void *p)
-{
-    if (p == NULL || name == NULL)
-        return p;
-    void *ours = strcmp(name, "dlsym") == 0    ? (void *)dlsym
-                 : strcmp(name, "dlvsym") == 0 ? (void *)dlvsym
-                                               : kgpu__hook_named(name);
-    /* Only a name that matters reads the limits: other lookups cost a process nothing. */
-    return ours == NULL || kgpu__config() == KGPU_MODE_PASS ? p : ours;
-}
-
-void *dlvsym(void *restrict handle, const char *restrict name, const char *restrict version)
-{
-    void *p = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name, version)
-                                  : kgpu__real_dlvsym(handle, name, version);
-    return kgpu__lookup_result(name, p);
-}
-
-/* ---- dlopen and dlmopen ---- */
-
-typedef void *(*dlopen_fn)(const char *, int);
-typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
-
-static void *real_fn(const char *name)
-{
-    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.3.4",
-                                           "GLIBC_2.17", "GLIBC_2.1", "GLIBC_2.0"};
-    void *f = NULL;
-    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]) && f == NULL; i++)
-        f = kgpu__real_dlvsym(RTLD_NEXT, name, versions[i]);
-    return f;
-}
-
-static dlopen_fn real_dlopen(void)
-{
-    static _Atomic(dlopen_fn) f;
-    dlopen_fn g = atomic_load_explicit(&f, memory_order_acquire);
-    if (g == NULL) {
-        g = (dlopen_fn)real_fn("dlopen");
-        atomic_store_explicit(&f, g, memory_order_release);
-    }
-    return g;
-}
-
-static dlmopen_fn real_dlmopen(void)
-{
-    static _Atomic(dlmopen_fn) f;
-    dlmopen_fn g = atomic_load_explicit(&f, memory_order_acquire);
-    if (g == NULL) {
-        g = (dlmopen_fn)real_fn("dlmopen");
-        atomic_store_explicit(&f, g, memory_order_release);
-    }
-    return g;
-}
 
 /* The link map of the object containing `addr`, or NULL. */
 static struct link_map *map_of(const void *addr)
@@ -463,7 +305,8 @@ static __attribute__((noinline)) void *watched_open(Lmid_t lmid, const char *fil
     struct link_map *here = lmid == LM_ID_BASE ? map_of((const void *)&map_of) : NULL;
     if (here != NULL)
         take_snapshot(here, &before);
-    void *h = lmid == LM_ID_BASE ? real_dlopen()(path, mode) : real_dlmopen()(lmid, path, mode);
+    void *h = lmid == LM_ID_BASE ? kgpu__real_dlopen()(path, mode)
+                                 : kgpu__real_dlmopen()(lmid, path, mode);
     free(buf);
     if (h == NULL || file == NULL) {
         free(before.maps);
@@ -539,7 +382,7 @@ __attribute__((optimize("O2", "optimize-sibling-calls"))) KGPU_EXPORT void *dlop
         return NULL;
     if (how == OPEN_WATCHED)
         return watched_open(namespace_of(map_of(ret)), file, mode, ret);
-    return real_dlopen()(file, mode);
+    return kgpu__real_dlopen()(file, mode);
 }
 
 __attribute__((optimize("O2", "optimize-sibling-calls"))) KGPU_EXPORT void *dlmopen(Lmid_t lmid,
@@ -549,5 +392,5 @@ __attribute__((optimize("O2", "optimize-sibling-calls"))) KGPU_EXPORT void *dlmo
     const void *ret = __builtin_return_address(0);
     if ((lmid != LM_ID_BASE || (mode & RTLD_DEEPBIND) != 0) && kgpu__config() == KGPU_MODE_ACTIVE)
         return watched_open(lmid, file, mode, ret);
-    return real_dlmopen()(lmid, file, mode);
+    return kgpu__real_dlmopen()(lmid, file, mode);
 }

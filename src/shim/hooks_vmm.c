@@ -1,0 +1,215 @@
+/*
+ * The hooks of virtual memory management: physical memory lives while a
+ * handle, a mapping or an export does (vmm.c keeps count), so cuMemCreate
+ * is charged and the charge goes back only when the driver really frees
+ * the memory. Also the sparse arrays' tiles mapped from such handles
+ * (cuMemMapArrayAsync), and exports and imports of handles between
+ * processes. docs/shim.md says, per route, where the count can be wrong.
+ */
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "compat.h"
+#include "hooks.h"
+
+/* ---- virtual memory management ---- */
+
+static int export_of(int fd, kgpu_vmm_export *e)
+{
+    struct stat st;
+    if (fd < 0 || kgpu_shim_fstat(fd, &st) != 0)
+        return -1;
+    *e = (kgpu_vmm_export){.fd = fd, .dev = (uint64_t)st.st_dev, .ino = (uint64_t)st.st_ino};
+    return 0;
+}
+
+/* Physical memory: device memory only, tied to no context. */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    KGPU_ENTER(cuMemCreate, (handle, size, prop, flags));
+    if (handle == NULL || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        size == 0)
+        return real_(handle, size, prop, flags);
+    int li = kgpu__dev_index(prop->location.id);
+    CHARGE_OR_RETURN(li, size);
+    CUresult r = real_(handle, size, prop, flags);
+    if (r != CUDA_SUCCESS) {
+        kgpu__uncharge(li, size);
+        return r;
+    }
+    if (kgpu_vmm_created(&kgpu__shim.vmm, *handle, size, li) != 0) {
+        KGPU_REAL(cuMemRelease)(*handle);
+        kgpu__uncharge(li, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* The charge goes back only when the last handle, mapping and export are gone. */
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    KGPU_ENTER(cuMemRelease, (handle));
+    int known = kgpu_vmm_knows(&kgpu__shim.vmm, handle);
+    CUresult r = real_(handle);
+    if (r == CUDA_SUCCESS && known) {
+        kgpu_vmm_freed f = {0};
+        kgpu_vmm_released(&kgpu__shim.vmm, handle, &f);
+        kgpu__uncharge_freed(&f);
+    }
+    return r;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags)
+{
+    KGPU_ENTER(cuMemMap, (ptr, size, offset, handle, flags));
+    uint64_t more = 0;
+    int li = -1;
+    int known = kgpu_vmm_map_cost(&kgpu__shim.vmm, handle, offset, size, &more, &li);
+    if (known && more > 0)
+        CHARGE_OR_RETURN(li, more); /* an import: charged as far as it is mapped */
+    CUresult r = real_(ptr, size, offset, handle, flags);
+    if (r != CUDA_SUCCESS) {
+        kgpu__uncharge(li, more);
+        return r;
+    }
+    if (!known)
+        return r;
+    int64_t excess = kgpu_vmm_mapped(&kgpu__shim.vmm, ptr, size, offset, handle, more);
+    if (excess < 0) {
+        KGPU_REAL(cuMemUnmap)(ptr, size);
+        kgpu__uncharge(li, more);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    kgpu__uncharge(li, (uint64_t)excess);
+    return r;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    KGPU_ENTER(cuMemUnmap, (ptr, size));
+    CUresult r = real_(ptr, size);
+    if (r == CUDA_SUCCESS) {
+        kgpu_vmm_freed f = {0};
+        kgpu_vmm_unmapped(&kgpu__shim.vmm, ptr, size, &f);
+        kgpu__uncharge_freed(&f);
+    }
+    return r;
+}
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    KGPU_ENTER(cuMemRetainAllocationHandle, (handle, addr));
+    CUresult r = real_(handle, addr);
+    if (r == CUDA_SUCCESS && handle != NULL)
+        kgpu_vmm_retained(&kgpu__shim.vmm, *handle, (uint64_t)(uintptr_t)addr);
+    return r;
+}
+
+/* Which subresource a CUarrayMapInfo names, from its defined fields only (not its padding). */
+static uint64_t tile_of(const CUarrayMapInfo *m)
+{
+    uint64_t h = 1469598103934665603ULL, f[8] = {0};
+    int n = 0;
+    if (m->subresourceType == 0) {
+        f[0] = m->subresource.sparseLevel.level;
+        f[1] = m->subresource.sparseLevel.layer;
+        f[2] = m->subresource.sparseLevel.offsetX;
+        f[3] = m->subresource.sparseLevel.offsetY;
+        f[4] = m->subresource.sparseLevel.offsetZ;
+        n = 5;
+    } else {
+        f[0] = 1ULL << 32 | m->subresource.miptail.layer;
+        f[1] = m->subresource.miptail.offset;
+        n = 2;
+    }
+    for (int i = 0; i < n; i++)
+        h = (h ^ f[i]) * 1099511628211ULL;
+    return h == UINT64_MAX ? h - 1 : h;
+}
+
+/*
+ * Tiles of sparse arrays mapped from handles: the handle's memory lives
+ * while a tile maps it, like a virtual mapping. (The driver performs the
+ * operations in stream order; they are recorded when queued.)
+ */
+static CUresult map_array(kgpu__pfn_cuMemMapArrayAsync real, CUarrayMapInfo *infos,
+                          unsigned int count, CUstream stream)
+{
+    CUresult r = real(infos, count, stream);
+    for (unsigned int i = 0; r == CUDA_SUCCESS && infos != NULL && i < count; i++) {
+        const CUarrayMapInfo *m = &infos[i];
+        uint64_t array = (uint64_t)(uintptr_t)m->resource.array, where = tile_of(m);
+        kgpu_vmm_freed f = {0};
+        kgpu_vmm_tile_unmapped(&kgpu__shim.vmm, array, where, &f); /* what was mapped there */
+        if (m->memOperationType == 1 && m->memHandleType == 0)
+            kgpu_vmm_tile_mapped(&kgpu__shim.vmm, array, where, m->memHandle);
+        kgpu__uncharge_freed(&f);
+    }
+    return r;
+}
+
+CUresult cuMemMapArrayAsync(CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream)
+{
+    KGPU_ENTER(cuMemMapArrayAsync, (mapInfoList, count, hStream));
+    return map_array(real_, mapInfoList, count, hStream);
+}
+
+CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *mapInfoList, unsigned int count,
+                                 CUstream hStream)
+{
+    KGPU_ENTER(cuMemMapArrayAsync_ptsz, (mapInfoList, count, hStream));
+    return map_array(real_, mapInfoList, count, hStream);
+}
+
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                      int handleType, unsigned long long flags)
+{
+    KGPU_ENTER(cuMemExportToShareableHandle, (shareableHandle, handle, handleType, flags));
+    CUresult r = real_(shareableHandle, handle, handleType, flags);
+    if (r != CUDA_SUCCESS || shareableHandle == NULL)
+        return r;
+    kgpu_vmm_export e;
+    /* A descriptor can be watched; a fabric handle cannot: it keeps the charge for good. */
+    int watched = handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+                  export_of(*(int *)shareableHandle, &e) == 0;
+    kgpu_vmm_exported(&kgpu__shim.vmm, handle, watched ? &e : NULL);
+    return r;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                        int shHandleType)
+{
+    KGPU_ENTER(cuMemImportFromShareableHandle, (handle, osHandle, shHandleType));
+    CUresult r = real_(handle, osHandle, shHandleType);
+    if (r != CUDA_SUCCESS || handle == NULL)
+        return r;
+    kgpu_vmm_export e;
+    int fd = shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                 ? (int)(intptr_t)osHandle
+                 : -1;
+    /* Its device: where the properties say it lives, else the current context's. */
+    int li = -1;
+    union {
+        CUmemAllocationProp prop;
+        unsigned char room[256]; /* the driver writes the whole, larger, structure */
+    } p;
+    memset(&p, 0, sizeof(p));
+    kgpu__pfn_cuMemGetAllocationPropertiesFromHandle props =
+        KGPU_REAL(cuMemGetAllocationPropertiesFromHandle);
+    kgpu_where w;
+    if (props != NULL && props(&p.prop, *handle) == CUDA_SUCCESS &&
+        p.prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        li = kgpu__dev_index(p.prop.location.id);
+    else if (kgpu__where_current(&w) == CUDA_SUCCESS)
+        li = w.li;
+    if (kgpu_vmm_imported(&kgpu__shim.vmm, *handle, export_of(fd, &e) == 0 ? &e : NULL, li) !=
+        0) {
+        KGPU_REAL(cuMemRelease)(*handle);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return r;
+}
