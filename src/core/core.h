@@ -28,6 +28,23 @@ static inline bool kgpu__share_usable(const kgpu_gpu *g, const kgpu_request *req
 int kgpu__usable_gpus(const kgpu_node *n, const kgpu_request *req);
 
 /*
+ * Taking a request from a node and giving it back (node.c), for the cluster's
+ * apply/release and the placement search's scratch node. _check_gpus: that
+ * `gpus` names req->gpu_count distinct GPUs of n that can each hold req (0,
+ * or KGPU_EINVAL/KGPU_ENOFIT with err filled). _take: takes req from n on
+ * those GPUs (already checked), bumps n's version and describes the
+ * placement in *a (node index `node`). _check_release: that giving a back to
+ * n stays within its capacity (0 or KGPU_ESTATE). _give: undoes a _take
+ * exactly (already checked).
+ */
+int kgpu__node_check_gpus(const kgpu_node *n, const kgpu_request *req, const int *gpus,
+                          kgpu_error *err);
+void kgpu__node_take(kgpu_node *n, int node, const kgpu_request *req, const int *gpus,
+                     kgpu_assignment *a);
+int kgpu__node_check_release(const kgpu_node *n, const kgpu_assignment *a, kgpu_error *err);
+void kgpu__node_give(kgpu_node *n, const kgpu_assignment *a);
+
+/*
  * The cluster's change journal: kgpu__cluster_seq counts the changes made
  * to its nodes (apply, release, health); kgpu__cluster_changed(c, k) is the
  * node change number k (1..seq) touched, or -1 once the last KGPU__JOURNAL

@@ -476,59 +476,6 @@ int kgpu_request_validate(const kgpu_request *req, kgpu_error *err)
     return 0;
 }
 
-int kgpu_request_class(const kgpu_request *req)
-{
-    if (req->gpu_count <= 0)
-        return KGPU_CLASS_CPU;
-    if (!req->exclusive)
-        return KGPU_CLASS_SHARE;
-    return 1 + req->gpu_count;
-}
-
-bool kgpu_gpu_usable(const kgpu_node *n, const kgpu_gpu *g, const kgpu_request *req)
-{
-    (void)n;
-    if (!g->healthy || !((req->models >> g->model) & 1))
-        return false;
-    if (req->exclusive)
-        return g->placements == 0 && g->free_milli == KGPU_MILLI &&
-               g->free_memory_mib == g->memory_mib;
-    return g->free_milli >= req->gpu_milli && g->free_memory_mib >= req->gpu_memory_mib;
-}
-
-int kgpu__usable_gpus(const kgpu_node *n, const kgpu_request *req)
-{
-    int k = 0;
-    for (int i = 0; i < n->ngpus; i++)
-        k += kgpu_gpu_usable(n, &n->gpus[i], req);
-    return k;
-}
-
-int kgpu__node_free_milli(const kgpu_node *n)
-{
-    int s = 0;
-    for (int i = 0; i < n->ngpus; i++)
-        if (n->gpus[i].healthy)
-            s += n->gpus[i].free_milli;
-    return s;
-}
-
-bool kgpu__fit(const kgpu_node *n, const kgpu_request *req)
-{
-    if (n->cpu_free < req->cpu_milli || n->memory_free < req->memory_mib)
-        return false;
-    if (req->gpu_count <= 0)
-        return true;
-    if (req->gpu_count > n->ngpus || !(n->model_mask & req->models))
-        return false;
-    int k = 0;
-    for (int i = 0; i < n->ngpus; i++) {
-        if (kgpu_gpu_usable(n, &n->gpus[i], req) && ++k >= req->gpu_count)
-            return true;
-    }
-    return false;
-}
-
 /* Appends the model names of `mask` present in the cluster to buf. */
 static void models_text(const kgpu_cluster *c, uint64_t mask, char *buf, size_t len)
 {
@@ -658,97 +605,6 @@ bool kgpu_fit(const kgpu_cluster *c, int node, const kgpu_request *req, char *wh
     if (why != NULL && whylen > 0)
         fit_reason(c, n, req, why, whylen);
     return false;
-}
-
-/* Checks that `gpus` names req->gpu_count distinct GPUs of n that can each hold req. */
-static int check_gpus(const kgpu_node *n, const kgpu_request *req, const int *gpus, kgpu_error *err)
-{
-    int k = req->gpu_count > 0 ? req->gpu_count : 0;
-    if (k > 0 && gpus == NULL)
-        return kgpu_error_set(err, KGPU_EINVAL, "node %s: no GPUs chosen", n->name);
-    for (int i = 0; i < k; i++) {
-        if (gpus[i] < 0 || gpus[i] >= n->ngpus)
-            return kgpu_error_set(err, KGPU_EINVAL, "node %s has no GPU at position %d", n->name,
-                                  gpus[i]);
-        for (int j = 0; j < i; j++)
-            if (gpus[j] == gpus[i])
-                return kgpu_error_set(err, KGPU_EINVAL, "node %s: GPU %d chosen twice", n->name,
-                                      n->gpus[gpus[i]].index);
-        if (!kgpu_gpu_usable(n, &n->gpus[gpus[i]], req))
-            return kgpu_error_set(err, KGPU_ENOFIT, "node %s: GPU %d cannot hold this request",
-                                  n->name, n->gpus[gpus[i]].index);
-    }
-    return 0;
-}
-
-/* Takes req from n on `gpus` (already checked) and describes it in *a. */
-static void node_take(kgpu_node *n, int node, const kgpu_request *req, const int *gpus,
-                      kgpu_assignment *a)
-{
-    int k = req->gpu_count > 0 ? req->gpu_count : 0;
-    memset(a, 0, sizeof(*a));
-    a->node = node;
-    a->ngpus = k;
-    a->gpu_milli = req->exclusive ? KGPU_MILLI : req->gpu_milli;
-    a->gpu_memory_mib = req->gpu_memory_mib;
-    a->exclusive = req->exclusive;
-    a->cpu_milli = req->cpu_milli;
-    a->memory_mib = req->memory_mib;
-    a->klass = kgpu_request_class(req);
-    n->cpu_free -= req->cpu_milli;
-    n->memory_free -= req->memory_mib;
-    for (int i = 0; i < k; i++) {
-        kgpu_gpu *g = &n->gpus[gpus[i]];
-        a->gpus[i] = gpus[i];
-        g->free_milli -= a->gpu_milli;
-        g->free_memory_mib -= a->exclusive ? g->memory_mib : a->gpu_memory_mib;
-        g->placements++;
-    }
-    n->placements++;
-    n->class_count[a->klass]++;
-    n->version++;
-}
-
-/* Checks that giving a back to n stays within capacity. */
-static int check_release(const kgpu_node *n, const kgpu_assignment *a, kgpu_error *err)
-{
-    if (a->klass < 0 || a->klass >= KGPU_CLASS_MAX || n->class_count[a->klass] <= 0 ||
-        n->placements <= 0 || a->ngpus < 0 || a->ngpus > n->ngpus ||
-        n->cpu_free + a->cpu_milli > n->cpu_milli || n->memory_free + a->memory_mib > n->memory_mib)
-        return kgpu_error_set(err, KGPU_ESTATE, "node %s: release of a placement not held here",
-                              n->name);
-    for (int i = 0; i < a->ngpus; i++) {
-        if (a->gpus[i] < 0 || a->gpus[i] >= n->ngpus)
-            return kgpu_error_set(err, KGPU_ESTATE, "node %s: no GPU at position %d", n->name,
-                                  a->gpus[i]);
-        for (int j = 0; j < i; j++)
-            if (a->gpus[j] == a->gpus[i]) /* checked one by one, a repeat would escape the bound */
-                return kgpu_error_set(err, KGPU_ESTATE, "node %s: GPU %d listed twice in a release",
-                                      n->name, n->gpus[a->gpus[i]].index);
-        const kgpu_gpu *g = &n->gpus[a->gpus[i]];
-        int64_t mem = a->exclusive ? g->memory_mib : a->gpu_memory_mib;
-        if (g->placements <= 0 || g->free_milli + a->gpu_milli > KGPU_MILLI ||
-            g->free_memory_mib + mem > g->memory_mib)
-            return kgpu_error_set(err, KGPU_ESTATE,
-                                  "node %s: GPU %d would exceed its capacity on release", n->name,
-                                  g->index);
-    }
-    return 0;
-}
-
-static void node_give(kgpu_node *n, const kgpu_assignment *a)
-{
-    n->cpu_free += a->cpu_milli;
-    n->memory_free += a->memory_mib;
-    for (int i = 0; i < a->ngpus; i++) {
-        kgpu_gpu *g = &n->gpus[a->gpus[i]];
-        g->free_milli += a->gpu_milli;
-        g->free_memory_mib += a->exclusive ? g->memory_mib : a->gpu_memory_mib;
-        g->placements--;
-    }
-    n->placements--;
-    n->class_count[a->klass]--;
-    n->version++;
 }
 
 /*
@@ -955,9 +811,9 @@ static int search_level(place_search *s, int level);
 static int search_try(place_search *s, int level)
 {
     kgpu_assignment a;
-    node_take(s->n, s->node, s->req[level], s->pick[level], &a);
+    kgpu__node_take(s->n, s->node, s->req[level], s->pick[level], &a);
     int rc = search_level(s, level + 1);
-    node_give(s->n, &a);
+    kgpu__node_give(s->n, &a);
     return rc;
 }
 
@@ -1107,10 +963,10 @@ static bool place_greedy(const kgpu_cluster *c, kgpu_node *n, int node,
             ok = false;
             break;
         }
-        node_take(n, node, r, gpus[placed], &a[placed]);
+        kgpu__node_take(n, node, r, gpus[placed], &a[placed]);
     }
     while (placed-- > 0)
-        node_give(n, &a[placed]);
+        kgpu__node_give(n, &a[placed]);
     return ok;
 }
 
@@ -1156,12 +1012,12 @@ int kgpu_place_all(const kgpu_cluster *c, int node, const kgpu_assignment *relea
         nrelease = 0;
     }
     for (int i = 0; i < nrelease; i++) {
-        if (release[i].node != node || check_release(&tmp, &release[i], NULL) != 0) {
+        if (release[i].node != node || kgpu__node_check_release(&tmp, &release[i], NULL) != 0) {
             if (why != NULL && whylen > 0)
                 snprintf(why, whylen, "a placement to undo is not held on node %s", tmp.name);
             return KGPU_PLACE_NONE;
         }
-        node_give(&tmp, &release[i]);
+        kgpu__node_give(&tmp, &release[i]);
     }
     /*
      * Greedy placement in the caller's order first: what placing containers
@@ -1238,11 +1094,11 @@ int kgpu_cluster_apply(kgpu_cluster *c, const kgpu_request *req, int node, const
     char why[256];
     if (!kgpu_fit(c, node, req, why, sizeof(why)))
         return kgpu_error_set(err, KGPU_ENOFIT, "node %s: %s", n->name, why);
-    int rc = check_gpus(n, req, gpus, err);
+    int rc = kgpu__node_check_gpus(n, req, gpus, err);
     if (rc != 0)
         return rc;
     kgpu_assignment a;
-    node_take(n, node, req, gpus, &a);
+    kgpu__node_take(n, node, req, gpus, &a);
     journal(c, node);
     c->allocated_milli += (int64_t)a.ngpus * a.gpu_milli;
     if (out != NULL)
@@ -1255,10 +1111,10 @@ int kgpu_cluster_release(kgpu_cluster *c, const kgpu_assignment *a, kgpu_error *
     if (a->node < 0 || a->node >= c->nnodes)
         return kgpu_error_set(err, KGPU_EINVAL, "no node with index %d", a->node);
     kgpu_node *n = &c->nodes[a->node];
-    int rc = check_release(n, a, err);
+    int rc = kgpu__node_check_release(n, a, err);
     if (rc != 0)
         return rc;
-    node_give(n, a);
+    kgpu__node_give(n, a);
     journal(c, a->node);
     c->allocated_milli -= (int64_t)a->ngpus * a->gpu_milli;
     return 0;
