@@ -75,6 +75,13 @@ int kgpu__index_select(kgpu__index *ix, const kgpu_policy_ops *ops, void *state,
 /* Mutable node access for the core (policies never mutate; apply/release do). */
 kgpu_node *kgpu__cluster_node_mut(kgpu_cluster *c, int i);
 
+/*
+ * Why req does not fit n, a node of c that it does not fit, into why (whylen
+ * > 0): the most fundamental reason first, as kgpu_fit words it.
+ */
+void kgpu__fit_reason(const kgpu_cluster *c, const kgpu_node *n, const kgpu_request *req,
+                      char *why, size_t whylen);
+
 /* Demand of a request in milli-GPU (whole GPUs count 1000 each). */
 static inline int64_t kgpu__gpu_demand(const kgpu_request *req)
 {
