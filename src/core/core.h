@@ -1,6 +1,8 @@
 /*
  * Internals shared by the files of the scheduling core (not installed).
- * Double-underscore names are private to libkgpu.
+ * Double-underscore names are private to libkgpu. The sections follow the
+ * core's layers in src/layers.conf, bottom first, each naming the file that
+ * offers it: a file uses only the sections of its own layer and below.
  */
 #ifndef KGPU_CORE_INTERNAL_H
 #define KGPU_CORE_INTERNAL_H
@@ -9,6 +11,18 @@
 
 #include "kgpu/model.h"
 #include "kgpu/policy.h"
+
+/* ---- sharepack.c (layer base): how well a run packed its shares ---- */
+
+/*
+ * GPU shares as a histogram h[1..KGPU_MILLI-1] of items by milli: a lower
+ * bound on the GPUs that any packing of them needs (nodes, CPU and models
+ * ignored), and the GPUs best-fit decreasing packs them into (sharepack.c).
+ */
+long kgpu__share_lower_bound(const long *h);
+long kgpu__share_bfd(const long *h);
+
+/* ---- node.c (layer node): one node and one request ---- */
 
 /* The fit check without the reason text: the hot path of every policy. */
 bool kgpu__fit(const kgpu_node *n, const kgpu_request *req);
@@ -27,36 +41,8 @@ static inline bool kgpu__share_usable(const kgpu_gpu *g, const kgpu_request *req
 /* Number of GPUs of n usable by req right now. */
 int kgpu__usable_gpus(const kgpu_node *n, const kgpu_request *req);
 
-/*
- * The cluster's change journal: kgpu__cluster_seq counts the changes made
- * to its nodes (apply, release, health); kgpu__cluster_changed(c, k) is the
- * node change number k (1..seq) touched, or -1 once the last KGPU__JOURNAL
- * changes no longer include it (the caller must then look at every node).
- * Adding a node is not a change here: it changes the node count.
- */
-#define KGPU__JOURNAL 65536
-uint64_t kgpu__cluster_seq(const kgpu_cluster *c);
-int kgpu__cluster_changed(const kgpu_cluster *c, uint64_t k);
-
-/*
- * The index of kgpu_policy_select over a whole cluster (policy_index.c).
- * One per policy; _reset drops everything it holds, _bump marks every score
- * it holds as stale (the policy changed its mind about every node).
- * kgpu__index_select answers as the scan of every node would, drawing the
- * same numbers from rng: 0 with *node_out, KGPU_ENOFIT when no node fits,
- * or 1 when it cannot answer exactly (nothing drawn): the caller scans.
- */
-typedef struct kgpu__index kgpu__index;
-kgpu__index *kgpu__index_new(void);
-void kgpu__index_free(kgpu__index *ix);
-void kgpu__index_reset(kgpu__index *ix);
-void kgpu__index_bump(kgpu__index *ix);
-int kgpu__index_select(kgpu__index *ix, const kgpu_policy_ops *ops, void *state,
-                       const kgpu_cluster *c, const kgpu_request *req, const kgpu_request *fit,
-                       const uint32_t *rank, int nrank, kgpu_rng *rng, int *node_out);
-
-/* Mutable node access for the core (policies never mutate; apply/release do). */
-kgpu_node *kgpu__cluster_node_mut(kgpu_cluster *c, int i);
+/* Total free milli over the node's healthy GPUs. */
+int kgpu__node_free_milli(const kgpu_node *n);
 
 /* Demand of a request in milli-GPU (whole GPUs count 1000 each). */
 static inline int64_t kgpu__gpu_demand(const kgpu_request *req)
@@ -66,72 +52,34 @@ static inline int64_t kgpu__gpu_demand(const kgpu_request *req)
     return (int64_t)req->gpu_count * (req->exclusive ? KGPU_MILLI : req->gpu_milli);
 }
 
-/* The workload shape of a request (whole GPUs as 1000 milli each; CPU-only: no GPU, any model). */
-kgpu_shape kgpu__shape_of(const kgpu_request *r);
-
 /*
- * A workload from weighted shapes (weight in .p, distinct keys): heaviest
- * first until `coverage` of the total weight is covered, renormalised.
- * Sorts `groups` in place. Fills *out (empty when no weight); 0 or KGPU_ENOMEM.
+ * Taking a request from a node and giving it back (node.c), for the cluster's
+ * apply/release and the placement search's scratch node. _check_gpus: that
+ * `gpus` names req->gpu_count distinct GPUs of n that can each hold req (0,
+ * or KGPU_EINVAL/KGPU_ENOFIT with err filled). _take: takes req from n on
+ * those GPUs (already checked), bumps n's version and describes the
+ * placement in *a (node index `node`). _check_release: that giving a back to
+ * n stays within its capacity (0 or KGPU_ESTATE). _give: undoes a _take
+ * exactly (already checked).
  */
-int kgpu__workload_from_weights(kgpu_shape *groups, size_t ng, double coverage, kgpu_workload *out);
+int kgpu__node_check_gpus(const kgpu_node *n, const kgpu_request *req, const int *gpus,
+                          kgpu_error *err);
+void kgpu__node_take(kgpu_node *n, int node, const kgpu_request *req, const int *gpus,
+                     kgpu_assignment *a);
+int kgpu__node_check_release(const kgpu_node *n, const kgpu_assignment *a, kgpu_error *err);
+void kgpu__node_give(kgpu_node *n, const kgpu_assignment *a);
+
+/* ---- pick.c (layer pick): choosing GPUs on one node ---- */
 
 /*
- * The FGD study's volume, shared by kgpu_sim_run and kgpu_churn_run: indices
- * into reqs[0..n), the file's order first. inflate 0: the pods as given.
- * Otherwise random pods dropped (seeded) while GPU demand is over inflate x
- * capacity_milli, or pods drawn with replacement until the next would pass
- * it. The caller orders the result. Caller frees *order; 0, KGPU_ENOMEM, or
- * KGPU_ERANGE when the workload grows past its bound first.
- */
-int kgpu__workload_draw(const kgpu_request *reqs, size_t n, int64_t capacity_milli, double inflate,
-                        kgpu_rng *rng, size_t **order, size_t *len, kgpu_error *err);
-
-/*
- * A run's policy, shared by kgpu_sim_run and kgpu_churn_run: online when asked
- * or when the policy is online_only (*online_out), with a fresh learner's
- * target (*learner), else `fixed`. On failure *p or *learner may still be set:
- * the caller frees both. 0 or the error's code.
- */
-int kgpu__policy_open(const char *policy, bool online, const kgpu_cluster *c,
-                      const kgpu_workload *fixed, kgpu_policy **p, kgpu_learner **learner,
-                      bool *online_out, kgpu_error *err);
-
-/* An arrival seen by the run's learner (NULL: offline) and then by p. 0 or KGPU_ENOMEM. */
-int kgpu__policy_learn(kgpu_policy *p, kgpu_learner *learner, const kgpu_cluster *c,
-                       const kgpu_request *req, kgpu_error *err);
-
-/*
- * GPU shares as a histogram h[1..KGPU_MILLI-1] of items by milli: a lower
- * bound on the GPUs that any packing of them needs (nodes, CPU and models
- * ignored), and the GPUs best-fit decreasing packs them into (sharepack.c).
- */
-long kgpu__share_lower_bound(const long *h);
-long kgpu__share_bfd(const long *h);
-
-/*
- * The extender's 0-10 scores from raw policy scores (INT64_MIN: the node does
- * not fit, 0). Linear: min-max scaled and rounded. Ranked: the best distinct
- * raw score 10, the next 9, ... the tenth 1, equal raw scores equal, the rest 0.
- */
-void kgpu__zero_to_ten(const int64_t *raw, int n, bool ranked, int *scores);
-
-/* Total free milli over the node's healthy GPUs. */
-int kgpu__node_free_milli(const kgpu_node *n);
-
-/*
- * GPU choice shared by several policies: tightest fit (least free that
- * suffices, lowest index); whole GPUs the first untouched; several GPUs
- * within one NUMA node when one can serve them.
+ * GPU choice shared by the placement search and several policies: tightest
+ * fit (least free that suffices, lowest index); whole GPUs the first
+ * untouched; several GPUs within one NUMA node when one can serve them.
  */
 int kgpu__pick_best_fit(const kgpu_node *n, const kgpu_request *req, int *gpus);
 
 /* The opposite: the emptiest GPUs that suffice (same NUMA rule). */
 int kgpu__pick_loosest(const kgpu_node *n, const kgpu_request *req, int *gpus);
-
-/* kgpu__pick_best_fit in the shape of kgpu_policy_ops.pick_gpus, for policies that use it as is. */
-int kgpu__pick_gpus_best_fit(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
-                             kgpu_rng *rng, int *gpus);
 
 /*
  * The GPUs a one-GPU share could take on n, one of each kind: the usable
@@ -143,26 +91,40 @@ int kgpu__share_candidates(const kgpu_node *n, const kgpu_request *req, int *can
 /* GPU choice: uniformly random among usable GPUs. */
 int kgpu__pick_random(const kgpu_node *n, const kgpu_request *req, kgpu_rng *rng, int *gpus);
 
-/*
- * Per-node score caches of the fragmentation policies (FGD, kgpu): grow
- * *nodes (node_size bytes each) and *cache (slots x slot_size bytes per node)
- * to at least `need` nodes, doubling from 64; the new part is zeroed. *cap is
- * raised only on success. 0 or KGPU_ENOMEM (either array may have moved).
- */
-/*
- * Drops every entry of those caches by starting a new generation in *gen:
- * entries carry the generation they were filled in, so this is O(1) instead
- * of clearing megabytes in the arrival that rebuilt the workload (which also
- * evicted the cluster from the CPU caches just before the rescan that
- * follows). Past `max` (the widest stamp the entries hold) the counter wraps
- * to 1 and the arrays (node_bytes and cache_bytes long) are cleared; 0 is
- * never a valid generation, so zeroed entries are empty.
- */
-void kgpu__cache_new_generation(uint32_t *gen, uint32_t max, void *nodes, size_t node_bytes,
-                                void *cache, size_t cache_bytes);
+/* ---- model.c (layer cluster): the cluster ---- */
 
-int kgpu__grow_node_cache(void **nodes, size_t node_size, void **cache, size_t slot_size, int slots,
-                          int *cap, int need);
+/*
+ * The cluster's change journal: kgpu__cluster_seq counts the changes made
+ * to its nodes (apply, release, health); kgpu__cluster_changed(c, k) is the
+ * node change number k (1..seq) touched, or -1 once the last KGPU__JOURNAL
+ * changes no longer include it (the caller must then look at every node).
+ * Adding a node is not a change here: it changes the node count.
+ */
+#define KGPU__JOURNAL 65536
+uint64_t kgpu__cluster_seq(const kgpu_cluster *c);
+int kgpu__cluster_changed(const kgpu_cluster *c, uint64_t k);
+
+/* Mutable node access for the core (policies never mutate; apply/release do). */
+kgpu_node *kgpu__cluster_node_mut(kgpu_cluster *c, int i);
+
+/*
+ * Why req does not fit n, a node of c that it does not fit, into why (whylen
+ * > 0): the most fundamental reason first, as kgpu_fit words it.
+ */
+void kgpu__fit_reason(const kgpu_cluster *c, const kgpu_node *n, const kgpu_request *req,
+                      char *why, size_t whylen);
+
+/* ---- frag.c (layer measure): fragmentation and the target workload ---- */
+
+/* The workload shape of a request (whole GPUs as 1000 milli each; CPU-only: no GPU, any model). */
+kgpu_shape kgpu__shape_of(const kgpu_request *r);
+
+/*
+ * A workload from weighted shapes (weight in .p, distinct keys): heaviest
+ * first until `coverage` of the total weight is covered, renormalised.
+ * Sorts `groups` in place. Fills *out (empty when no weight); 0 or KGPU_ENOMEM.
+ */
+int kgpu__workload_from_weights(kgpu_shape *groups, size_t ng, double coverage, kgpu_workload *out);
 
 /*
  * kgpu_node_frag by parts, for policies that try several placements on one
@@ -238,6 +200,12 @@ void kgpu__frag_node_restore(const kgpu_node *n, kgpu__frag_table *t, kgpu__frag
 double kgpu__frag_after(const kgpu__frag_node *b, const int *gpus, const int *take, int nchg,
                         int64_t cpu_after, int *total_after);
 
+/* ---- policy_common.c (layer shared): what every policy shares ---- */
+
+/* kgpu__pick_best_fit in the shape of kgpu_policy_ops.pick_gpus, for policies that use it as is. */
+int kgpu__pick_gpus_best_fit(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
+                             kgpu_rng *rng, int *gpus);
+
 /* A policy's score that also names the GPU it would take for the request (-1: none). */
 typedef int64_t (*kgpu__scored_fn)(void *state, const kgpu_cluster *c, int node,
                                    const kgpu_request *req, int *gpu_out);
@@ -249,5 +217,81 @@ typedef int64_t (*kgpu__scored_fn)(void *state, const kgpu_cluster *c, int node,
  */
 int kgpu__pick_scored(void *state, const kgpu_cluster *c, int node, const kgpu_request *req,
                       kgpu__scored_fn scored, int *gpus);
+
+/*
+ * Per-node score caches of the fragmentation policies (FGD, kgpu): grow
+ * *nodes (node_size bytes each) and *cache (slots x slot_size bytes per node)
+ * to at least `need` nodes, doubling from 64; the new part is zeroed. *cap is
+ * raised only on success. 0 or KGPU_ENOMEM (either array may have moved).
+ */
+int kgpu__grow_node_cache(void **nodes, size_t node_size, void **cache, size_t slot_size, int slots,
+                          int *cap, int need);
+
+/*
+ * Drops every entry of those caches by starting a new generation in *gen:
+ * entries carry the generation they were filled in, so this is O(1) instead
+ * of clearing megabytes in the arrival that rebuilt the workload (which also
+ * evicted the cluster from the CPU caches just before the rescan that
+ * follows). Past `max` (the widest stamp the entries hold) the counter wraps
+ * to 1 and the arrays (node_bytes and cache_bytes long) are cleared; 0 is
+ * never a valid generation, so zeroed entries are empty.
+ */
+void kgpu__cache_new_generation(uint32_t *gen, uint32_t max, void *nodes, size_t node_bytes,
+                                void *cache, size_t cache_bytes);
+
+/* ---- policy_index.c (layer index): selection over a whole cluster ---- */
+
+/*
+ * The index of kgpu_policy_select over a whole cluster (policy_index.c).
+ * One per policy; _reset drops everything it holds, _bump marks every score
+ * it holds as stale (the policy changed its mind about every node).
+ * kgpu__index_select answers as the scan of every node would, drawing the
+ * same numbers from rng: 0 with *node_out, KGPU_ENOFIT when no node fits,
+ * or 1 when it cannot answer exactly (nothing drawn): the caller scans.
+ */
+typedef struct kgpu__index kgpu__index;
+kgpu__index *kgpu__index_new(void);
+void kgpu__index_free(kgpu__index *ix);
+void kgpu__index_reset(kgpu__index *ix);
+void kgpu__index_bump(kgpu__index *ix);
+int kgpu__index_select(kgpu__index *ix, const kgpu_policy_ops *ops, void *state,
+                       const kgpu_cluster *c, const kgpu_request *req, const kgpu_request *fit,
+                       const uint32_t *rank, int nrank, kgpu_rng *rng, int *node_out);
+
+/* ---- policy.c (layer registry): the registry and selection ---- */
+
+/*
+ * The extender's 0-10 scores from raw policy scores (INT64_MIN: the node does
+ * not fit, 0). Linear: min-max scaled and rounded. Ranked: the best distinct
+ * raw score 10, the next 9, ... the tenth 1, equal raw scores equal, the rest 0.
+ */
+void kgpu__zero_to_ten(const int64_t *raw, int n, bool ranked, int *scores);
+
+/* ---- run.c (layer run): what both simulators start a run from ---- */
+
+/*
+ * The FGD study's volume, shared by kgpu_sim_run and kgpu_churn_run: indices
+ * into reqs[0..n), the file's order first. inflate 0: the pods as given.
+ * Otherwise random pods dropped (seeded) while GPU demand is over inflate x
+ * capacity_milli, or pods drawn with replacement until the next would pass
+ * it. The caller orders the result. Caller frees *order; 0, KGPU_ENOMEM, or
+ * KGPU_ERANGE when the workload grows past its bound first.
+ */
+int kgpu__workload_draw(const kgpu_request *reqs, size_t n, int64_t capacity_milli, double inflate,
+                        kgpu_rng *rng, size_t **order, size_t *len, kgpu_error *err);
+
+/*
+ * A run's policy, shared by kgpu_sim_run and kgpu_churn_run: online when asked
+ * or when the policy is online_only (*online_out), with a fresh learner's
+ * target (*learner), else `fixed`. On failure *p or *learner may still be set:
+ * the caller frees both. 0 or the error's code.
+ */
+int kgpu__policy_open(const char *policy, bool online, const kgpu_cluster *c,
+                      const kgpu_workload *fixed, kgpu_policy **p, kgpu_learner **learner,
+                      bool *online_out, kgpu_error *err);
+
+/* An arrival seen by the run's learner (NULL: offline) and then by p. 0 or KGPU_ENOMEM. */
+int kgpu__policy_learn(kgpu_policy *p, kgpu_learner *learner, const kgpu_cluster *c,
+                       const kgpu_request *req, kgpu_error *err);
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * Unit tests of the fragmentation measure by parts (src/core/frag.c,
  * kgpu__frag_node_of and kgpu__frag_after) and of kgpu__share_candidates
- * (src/core/policy.c), the cold path of the fgd and kgpu policies. By parts
+ * (src/core/pick.c), the cold path of the fgd and kgpu policies. By parts
  * must give kgpu_node_frag's figure to the last bit, or the policies' choices
  * would drift from the measure they claim to minimise; checked on random
  * nodes (one or several models, unhealthy GPUs, up to 32 GPUs) and random
