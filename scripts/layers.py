@@ -18,6 +18,8 @@ components it may use and its layers, bottom first. The check fails on:
 
   scripts/layers.py BUILD_DIR            check; exit 1 with one line a problem
   scripts/layers.py BUILD_DIR --edges    also print every edge, for reading
+  --root DIR                             the source tree (default: this script's repository),
+                                         whose src/layers.conf is read
 """
 import os
 import re
@@ -26,7 +28,6 @@ import sys
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONF = os.path.join(ROOT, "src", "layers.conf")
 
 
 def load_conf(path):
@@ -170,9 +171,13 @@ def main(argv):
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if len(argv) >= 2 else 2
+    global ROOT
     build = argv[1]
-    show_edges = "--edges" in argv[2:]
-    comps = load_conf(CONF)
+    rest = argv[2:]
+    show_edges = "--edges" in rest
+    if "--root" in rest:
+        ROOT = os.path.abspath(rest[rest.index("--root") + 1])
+    comps = load_conf(os.path.join(ROOT, "src", "layers.conf"))
     problems = []
 
     # Which component and layer each source file is in, from the configuration.
