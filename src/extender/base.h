@@ -78,12 +78,12 @@ void ext_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define EXT_INFO  2
 #define EXT_DEBUG 3
 
-/* malloc_trim(0), serialised (daemon.c): for the reflectors' threads. */
+/* malloc_trim(0), serialised (log.c): for threads that just dropped a large parse tree. */
 void ext_malloc_trim(void);
 
 /* ---- metrics ---- */
 
-/* VERB_PRIORITIZE_GPULESS: prioritize for the pods that ask for no GPU (handlers.c). */
+/* VERB_PRIORITIZE_GPULESS: prioritize for the pods that ask for no GPU (prioritize.c). */
 enum ext_verb {
     VERB_FILTER,
     VERB_PRIORITIZE,

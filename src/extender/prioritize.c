@@ -22,7 +22,7 @@
  * LeastAllocated spreads it (docs/simulate.md), and learns them as arrivals.
  * A pod with resourceClaims asks for GPUs through DRA, no extended
  * resource, so it comes here too: it is scored by its first request of
- * class gpu.kgpu.io (dra.c) on the DRA nodes, 0 elsewhere, and 0
+ * class gpu.kgpu.io (dra_claims.c) on the DRA nodes, 0 elsewhere, and 0
  * everywhere when its claims give none (logged).
  * Each pod is scored by exactly one of the two verbs.
  */
@@ -55,7 +55,7 @@ void ext_verb_prioritize(ext_ctx *d, json_t *args, fast_names *fast, ext_respons
     kgpu_request alone; /* prioritize-gpuless: the pod's CPU and memory, or its DRA claim's GPU */
     const kgpu_request *req = NULL;
     const json_t *pj = json_object_get(args, "Pod");
-    /* A pod with resourceClaims asks through DRA (dra.c): scored on DRA nodes alone. */
+    /* A pod with resourceClaims asks through DRA (dra_claims.c): scored on DRA nodes alone. */
     bool dra = gpuless && pod->nparts == 0 && invalid[0] == '\0' &&
                json_array_size(json_object_get(json_object_get(pj, "spec"), "resourceClaims")) > 0;
     char dra_why[2 * REASON_MAX] = ""; /* why a DRA pod scores 0 everywhere */

@@ -79,8 +79,6 @@ int ext_node_parse(const json_t *item, kgpu_node_spec *spec, kgpu_node_store *st
 
 /* ---- DRA objects (dra_objects.c; docs/install-dra.md "kgpu's scores on DRA nodes") ---- */
 
-/* ---- DRA nodes and claims (dra.c; docs/install-dra.md "kgpu's scores on DRA nodes") ---- */
-
 #define EXT_DRA_DRIVER      "gpu.kgpu.io" /* kgpu-dra-plugin's driver name */
 #define EXT_DRA_CLASS       "gpu.kgpu.io" /* the DeviceClass kgpu's claims name */
 #define EXT_DRA_LABEL       "kgpu.io/gpu-allocator"

@@ -92,7 +92,7 @@ typedef struct ext_ns_usage {
 typedef struct ext_shape_info {
     kgpu_shape s;
     long count; /* observations */
-    /* The rest of the shape's key (state.c shape_key) besides s's fields. */
+    /* The rest of the shape's key (learn.c shape_key) besides s's fields. */
     bool exclusive;
     int milli; /* the request's gpu_milli (s.gpu_milli is 1000 for a whole GPU) */
     int64_t memory_mib;
@@ -146,10 +146,10 @@ typedef struct ext_eviction {
  * Unschedulable), seen through the pod watch in cluster mode. Its own
  * filters (NodeResourcesFit: "Insufficient nvidia.com/gpu") may have
  * refused every node before kgpu's filter is called, so reclaim for it
- * cannot wait for a filter call: the leader's sweep (gpuqueues.c) runs it.
+ * cannot wait for a filter call: the leader's sweep (reclaim_state.c, reclaim.c) runs it.
  */
 typedef struct ext_unsched {
-    double since; /* monotonic: first seen unschedulable; first (queues.c expire) */
+    double since; /* monotonic: first seen unschedulable; first (reclaim_state.c expire) */
     char uid[64], ns[64], name[KGPU_NAME_MAX + 1];
     json_t *pod;      /* the trimmed object, owned */
     double event_at;  /* monotonic: when the last Event was posted about it (0: none) */
@@ -191,7 +191,7 @@ typedef struct ext_state {
     kgpu_strmap pending; /* uid -> ext_filtered*, from filter, for bind; at most pending_pods_max */
     ext_filtered *pending_oldest, *pending_newest; /* least and most recently filtered */
     kgpu_strmap awaiting;  /* uid -> ext_await*: pods kubelet has yet to allocate devices for */
-    kgpu_strmap observed;  /* uids counted by observe(), at most OBSERVED_MAX (state.c) */
+    kgpu_strmap observed;  /* uids counted by observe(), at most OBSERVED_MAX (state_impl.h) */
     char **observed_order; /* FIFO of observed uids (owned; the map's keys are copies) */
     int observed_head, observed_len;
     kgpu_strmap ns_usage; /* namespace -> ext_ns_usage* */
@@ -205,14 +205,14 @@ typedef struct ext_state {
     kgpu_strmap ns_queue;     /* namespace -> its kgpu.io/queue (char *, owned) */
     ext_eviction evictions[EXT_EVICTIONS_KEPT]; /* ring of the most recent */
     int evictions_next, nevictions;
-    kgpu_strmap reclaims; /* waiting pod uid -> ext_reclaim* (queues.c), at most EXT_RECLAIMS_MAX */
-    kgpu_strmap refused;  /* victim uid -> its refusal (queues.c), at most EXT_REFUSED_MAX */
+    kgpu_strmap reclaims; /* waiting pod uid -> ext_reclaim* (reclaim_state.c), at most EXT_RECLAIMS_MAX */
+    kgpu_strmap refused;  /* victim uid -> its refusal (reclaim_state.c), at most EXT_REFUSED_MAX */
     kgpu_strmap unsched;  /* uid -> ext_unsched*: unschedulable GPU pods, at most EXT_UNSCHED_MAX */
     char queues_error[KGPU_ERROR_MSG_MAX]; /* why the last tree given was refused; "" */
-    /* Cluster mode (gpuqueues.c): GPUQueues by name, cut to name, generation, spec, status. */
+    /* Cluster mode (sink.c): GPUQueues by name, cut to name, generation, spec, status. */
     json_t *gpuqueues;
     bool gpuqueue_crd_absent; /* the API server answered 404 for GPUQueues */
-    /* DRA (dra.c): nodes served by kgpu-dra-plugin, their slices, and the claims on them. */
+    /* DRA (dra_claims.c, dra_nodes.c): nodes served by kgpu-dra-plugin, their slices, and the claims on them. */
     kgpu_strmap dra_nodes;  /* node -> ext_dra_node*: labelled kgpu.io/gpu-allocator=dra */
     kgpu_strmap dra_slices; /* node (the pool) -> ext_dra_slice* of driver gpu.kgpu.io */
     kgpu_strmap dra_claims; /* "ns/name" -> ext_dra_claim*: claims of gpu.kgpu.io only */
@@ -271,7 +271,7 @@ int ext_state_compile(ext_state *st, kgpu_pod *pod, kgpu_error *err);
 int ext_state_compile_gpuless(ext_state *st, const kgpu_pod *pod, kgpu_request *req,
                               kgpu_error *err);
 /*
- * The same for a request built elsewhere (a DRA pod's, dra.c): compiled,
+ * The same for a request built elsewhere (a DRA pod's, dra_claims.c): compiled,
  * given a shape id, and counted as the arrival of pod `uid`. Caller holds st->mu.
  */
 int ext_state_compile_request(ext_state *st, const char *uid, kgpu_request *req, kgpu_error *err);
@@ -290,7 +290,7 @@ kgpu_policy *ext_state_policy(ext_state *st, const kgpu_pod *pod, kgpu_error *er
  * Remembers a pod from filter (copied, with its asks) for its bind, as the
  * most recently filtered; past pending_pods_max the least recently filtered
  * is forgotten (its bind then asks the API server for the pod, see
- * handlers.c bind_pod). Returns the entry (borrowed, NULL when out of
+ * bind.c bind_pod). Returns the entry (borrowed, NULL when out of
  * memory) for the caller to fill in the queue fields. Caller holds st->mu.
  */
 ext_filtered *ext_state_remember(ext_state *st, const kgpu_pod *pod, const ext_asks *asks);
@@ -326,7 +326,7 @@ void ext_state_sink(ext_state *st, ext_sink *out);
 /* Whether inventory and pods are known (readyz). Takes st->mu. */
 bool ext_state_synced(ext_state *st);
 
-/* ---- GPU queues (queues.c; docs/queues.md). Caller holds st->mu unless said. ---- */
+/* ---- GPU queues (queues.c, reclaim_state.c; docs/queues.md). Caller holds st->mu. ---- */
 
 /*
  * Replaces the tree by `spec` (a tree without usage, owned from now on;
@@ -379,7 +379,7 @@ typedef struct ext_victim {
 
 /* A reclaim chosen for a waiting pod. */
 typedef struct ext_reclaim {
-    double until; /* monotonic: not repeated for the pod before; first (queues.c expire) */
+    double until; /* monotonic: not repeated for the pod before; first (reclaim_state.c expire) */
     char for_uid[64], for_ns[64], for_name[KGPU_NAME_MAX + 1], for_queue[KGPU_QUEUE_NAME_MAX + 1];
     int nvictims;
     ext_victim v[EXT_RECLAIM_VICTIMS_MAX];

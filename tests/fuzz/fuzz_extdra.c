@@ -1,5 +1,5 @@
 /*
- * Fuzz target for the extender's DRA parsers (dra.c): every input is read
+ * Fuzz target for the extender's DRA parsers (dra_objects.c): every input is read
  * as a ResourceSlice, a ResourceClaim and a Pod with resourceClaims, and
  * what is accepted goes into a small state with one DRA node. Whatever
  * comes in, the GPUs stay within capacity, a claim gone gives back exactly

@@ -1,6 +1,6 @@
 /*
  * Unit tests of the extender's GPU model table across inventory rebuilds
- * (src/extender/state.c ext_state_set_nodes): models that no node has any
+ * (src/extender/inventory.c ext_state_set_nodes): models that no node has any
  * more are reclaimed, so the 64 ids hold what the inventory has; the models
  * that remain keep their ids; and what was learned about the models that
  * left (the shapes' model masks fgd and kgpu learn from) is not laid on the

@@ -1,6 +1,6 @@
 /*
  * Unit tests of the extender's GPU queues (src/extender/queues.c,
- * gpuqueues.c) below the HTTP layer: a bind is charged on the GPUs chosen
+ * reclaim_state.c, sink.c) below the HTTP layer: a bind is charged on the GPUs chosen
  * and refused past a limit (per model too); the charges survive inventory
  * rebuilds, a pod whose GPUs leave and come back, and a new tree, where
  * running pods are never refused; and the GPUQueue status the leader
