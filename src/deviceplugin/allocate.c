@@ -5,7 +5,6 @@
  * the inventory, writes the contract's files, marks the pod and answers with
  * the contract's env and mounts (src/contract, respond.c).
  */
-
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdbool.h>

@@ -3,7 +3,6 @@
  * labels, the node's pods (for Allocate's match and the clean-up), and the
  * pod's allocation progress.
  */
-
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>

@@ -1,9 +1,10 @@
 /*
- * The device plugin daemon: discovers the GPUs, keeps their health, serves
- * and registers one gRPC server per resource, answers kubelet's calls and
- * publishes the node's inventory. Threads: see dp.h; besides those, one API
- * thread publishes the node and cleans up pod directories, so that the main
- * loop never waits on the API server.
+ * The device plugin daemon's main loop (dp_run): discovers the GPUs, keeps
+ * their health, publishes each resource's device list, and serves and
+ * registers one gRPC server per resource, whose unary calls allocate.c
+ * answers; the API thread (apithread.c) publishes the node and cleans up pod
+ * directories, so that the main loop never waits on the API server.
+ * Threads: see dp.h.
  */
 #include <errno.h>
 #include <inttypes.h>

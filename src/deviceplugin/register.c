@@ -2,7 +2,6 @@
  * The device plugin's one gRPC client call: Registration/Register of a
  * resource's socket with kubelet (device plugin API v1beta1).
  */
-
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>

@@ -3,7 +3,6 @@
  * and mounts (src/contract) on the resource that carries them, and the
  * AllocateResponse that takes them to kubelet.
  */
-
 #include <stdlib.h>
 #include <string.h>
 

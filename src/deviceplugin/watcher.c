@@ -10,7 +10,6 @@
  * watchmap.c, watchact.c and watchmetrics.c (watchstate.h). Ownership: see
  * watcher.h.
  */
-
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>

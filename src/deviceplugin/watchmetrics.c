@@ -3,7 +3,6 @@
  * after each scan and published under pub_mu for /metrics readers
  * (watchstate.h).
  */
-
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>

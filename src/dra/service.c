@@ -4,7 +4,6 @@
  * the API server, writes its files (cdi.c) and checkpoints it; Unprepare
  * undoes that. Both run one at a time under the claim mutex.
  */
-
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>

@@ -3,7 +3,6 @@
  * agent's own flags mixed in, and the container contract's host paths they
  * give.
  */
-
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,7 +14,6 @@
  * batch itself, and the reply's completion, back on the queue thread, frees
  * the call.
  */
-
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -59,8 +58,8 @@ struct node_server {
     grpc_server *srv;
     grpc_completion_queue *cq;
     pthread_t thread;
-    char name[128]; /* in log lines: the resource or service served */
-    char stream[256]; /* the streamed method's full name; "" = none */
+    char name[128];           /* in log lines: the resource or service served */
+    char stream[256];         /* the streamed method's full name; "" = none */
     const char *stream_short; /* its last part, in log lines ("ListAndWatch") */
     node_snapshot *snap;
     node_unary_fn unary;
@@ -254,6 +253,7 @@ static void on_new(node_server *s, rpc *c, bool ok)
 static void on_recv(node_server *s, rpc *c, bool ok)
 {
     if (!ok || atomic_load(&s->stopping)) {
+        /* The text predates the DRA driver, which answers the same; clients may match it. */
         node_status st = {GRPC_STATUS_UNAVAILABLE, "kgpu-device-plugin is stopping"};
         if (!ok)
             snprintf(st.message, sizeof(st.message), "request not received");
