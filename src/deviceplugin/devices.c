@@ -1,6 +1,6 @@
 /*
  * Device IDs of each resource, the ListAndWatch message, and the choice of
- * preferred devices. Pure functions over a dp_inventory.
+ * preferred devices. Pure functions over a contract_inventory.
  *
  * IDs: kgpu.io/gpu-mem and aliyun.com/gpu-mem "<uuid>::<k>" for memory unit
  * k of the GPU, kgpu.io/gpu-core "<uuid>::<k>" for percent k, nvidia.com/gpu
@@ -38,7 +38,7 @@ int dp_res_from_name(const char *name)
     return -1;
 }
 
-int64_t dp_devices_per_gpu(const dp_inventory *inv, int g, dp_res r)
+int64_t dp_devices_per_gpu(const contract_inventory *inv, int g, dp_res r)
 {
     switch (r) {
     case DP_RES_MEM:
@@ -53,7 +53,7 @@ int64_t dp_devices_per_gpu(const dp_inventory *inv, int g, dp_res r)
     }
 }
 
-void dp_device_id(const dp_inventory *inv, int g, dp_res r, int64_t k, char *buf, size_t cap)
+void dp_device_id(const contract_inventory *inv, int g, dp_res r, int64_t k, char *buf, size_t cap)
 {
     if (r == DP_RES_WHOLE)
         snprintf(buf, cap, "%s", inv->gpus[g].uuid);
@@ -61,7 +61,7 @@ void dp_device_id(const dp_inventory *inv, int g, dp_res r, int64_t k, char *buf
         snprintf(buf, cap, "%s::%" PRId64, inv->gpus[g].uuid, k);
 }
 
-int dp_device_gpu(const dp_inventory *inv, dp_res r, const char *id)
+int dp_device_gpu(const contract_inventory *inv, dp_res r, const char *id)
 {
     size_t ulen = strlen(id);
     int64_t k = 0;
@@ -84,7 +84,8 @@ int dp_device_gpu(const dp_inventory *inv, dp_res r, const char *id)
     return -1;
 }
 
-int dp_list_encode(const dp_inventory *inv, dp_res r, uint8_t **out, size_t *len, kgpu_error *err)
+int dp_list_encode(const contract_inventory *inv, dp_res r, uint8_t **out, size_t *len,
+                   kgpu_error *err)
 {
     *out = NULL;
     *len = 0;
@@ -162,7 +163,7 @@ out:
     return rc;
 }
 
-int dp_prefer(const dp_inventory *inv, dp_res r, const char *const *avail, int navail,
+int dp_prefer(const contract_inventory *inv, dp_res r, const char *const *avail, int navail,
               const char *const *must, int nmust, int size, const dp_want *want, int *chosen)
 {
     int n = 0;

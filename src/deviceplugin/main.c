@@ -1,12 +1,12 @@
 /*
  * kgpu-device-plugin: its own flags, then the daemon (plugin.c); the shared flags, signals
- * and main() are node.c's.
+ * and main() are the node agents' (src/nodeagent).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "dp.h"
-#include "node.h"
+#include "nodeagent.h"
 
 static const char usage[] =
     "usage: kgpu-device-plugin [flags]\n"
@@ -43,17 +43,17 @@ static const char usage[] =
     "  --log-level LEVEL    debug, info, warn or error (default info)\n"
     "  --version, --help\n";
 
-enum { O_PLUGIN = DP_OPT_OWN, O_WHOLE, O_ALIAS, O_NOAPI, O_WATCH };
+enum { O_PLUGIN = NODE_OPT_OWN, O_WHOLE, O_ALIAS, O_NOAPI, O_WATCH };
 
 static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_error *err)
 {
     dp_config *cfg = ctx;
     switch (key) {
     case O_PLUGIN:
-        return dp_flag_copy(flag, arg, cfg->plugin_dir, sizeof(cfg->plugin_dir), 0, false, err);
+        return node_flag_copy(flag, arg, cfg->plugin_dir, sizeof(cfg->plugin_dir), 0, false, err);
     case O_WATCH:
-        return dp_flag_copy(flag, arg, cfg->watch_config, sizeof(cfg->watch_config), 0, false,
-                            err);
+        return node_flag_copy(flag, arg, cfg->watch_config, sizeof(cfg->watch_config), 0, false,
+                              err);
     case O_WHOLE:
         cfg->whole_gpus = true;
         return 0;
@@ -72,7 +72,7 @@ static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_
 static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
 {
     static const struct option opts[] = {
-        DP_NODE_OPTIONS,
+        NODE_OPTIONS,
         {"plugin-dir", required_argument, NULL, O_PLUGIN},
         {"whole-gpus", no_argument, NULL, O_WHOLE},
         {"gpushare-alias", no_argument, NULL, O_ALIAS},
@@ -81,10 +81,10 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
         {NULL, 0, NULL, 0},
     };
     memset(cfg, 0, sizeof(*cfg));
-    dp_node_defaults(&cfg->node, "/var/lib/kgpu");
+    node_defaults(&cfg->node, "/var/lib/kgpu");
     snprintf(cfg->plugin_dir, sizeof(cfg->plugin_dir), "/var/lib/kubelet/device-plugins");
-    return dp_node_parse(argc, argv, opts, "kgpu-device-plugin", usage, 0, &cfg->node, own_flag,
-                         cfg, err);
+    return node_parse(argc, argv, opts, "kgpu-device-plugin", usage, 0, &cfg->node, own_flag,
+                      cfg, err);
 }
 
 static int run(const void *cfg, atomic_bool *stop, kgpu_error *err)
@@ -98,5 +98,5 @@ int main(int argc, char **argv)
     kgpu_error err;
     kgpu_error_clear(&err);
     int rc = parse(argc, argv, &cfg, &err);
-    return dp_daemon_main("kgpu-device-plugin", rc, &err, run, &cfg);
+    return node_daemon_main("kgpu-device-plugin", rc, &err, run, &cfg);
 }

@@ -237,12 +237,12 @@ static int fill_gpus(const pod_view *v, const container_need *cn, int64_t unit_m
                                   "memory unit?",
                                   v->ns, v->name, cn->name, units, unit_mib, mem);
         out->exclusive = p->exclusive;
-        out->ngpus = p->ngpus;
+        out->t.ngpus = p->ngpus;
         for (int g = 0; g < p->ngpus; g++) {
-            out->gpus[g].index = p->gpus[g].index;
-            snprintf(out->gpus[g].uuid, sizeof(out->gpus[g].uuid), "%s", p->gpus[g].uuid);
-            out->gpus[g].milli = p->gpus[g].milli;
-            out->gpus[g].memory_mib = p->gpus[g].memory_mib;
+            out->t.gpus[g].index = p->gpus[g].index;
+            snprintf(out->t.gpus[g].uuid, sizeof(out->t.gpus[g].uuid), "%s", p->gpus[g].uuid);
+            out->t.gpus[g].milli = p->gpus[g].milli;
+            out->t.gpus[g].memory_mib = p->gpus[g].memory_mib;
         }
         return 0;
     }
@@ -271,12 +271,12 @@ static int fill_gpus(const pod_view *v, const container_need *cn, int64_t unit_m
         if (!fits)
             continue;
         out->exclusive = p->exclusive;
-        out->ngpus = (int)k;
+        out->t.ngpus = (int)k;
         for (int g = 0; g < k; g++) {
-            out->gpus[g].index = p->gpus[g].index;
-            snprintf(out->gpus[g].uuid, sizeof(out->gpus[g].uuid), "%s", p->gpus[g].uuid);
-            out->gpus[g].milli = p->exclusive ? p->gpus[g].milli : milli_each;
-            out->gpus[g].memory_mib = p->exclusive ? p->gpus[g].memory_mib : mem_each;
+            out->t.gpus[g].index = p->gpus[g].index;
+            snprintf(out->t.gpus[g].uuid, sizeof(out->t.gpus[g].uuid), "%s", p->gpus[g].uuid);
+            out->t.gpus[g].milli = p->exclusive ? p->gpus[g].milli : milli_each;
+            out->t.gpus[g].memory_mib = p->exclusive ? p->gpus[g].memory_mib : mem_each;
         }
         return 0;
     }
@@ -308,7 +308,7 @@ static void finish(const pod_view *v, int ci, dp_res r, unsigned registered, dp_
                 out->complete = false;
     for (int i = 0; i < v->ncontainers; i++)
         if (!v->c[i].init)
-            out->pod_units += v->c[i].count[DP_RES_MEM] + v->c[i].count[DP_RES_ALIAS];
+            out->t.pod_units += v->c[i].count[DP_RES_MEM] + v->c[i].count[DP_RES_ALIAS];
 }
 
 int dp_match_find(const json_t *items, const char *node, dp_res r, int64_t count,
@@ -377,10 +377,10 @@ int dp_match_find(const json_t *items, const char *node, dp_res r, int64_t count
             count, dp_res_name(r), nothers ? " (awaiting: " : "", others, nothers ? ")" : "");
     } else {
         const container_need *cn = &best->c[best->next];
-        snprintf(out->ns, sizeof(out->ns), "%s", best->ns);
-        snprintf(out->name, sizeof(out->name), "%s", best->name);
-        snprintf(out->uid, sizeof(out->uid), "%s", best->uid);
-        snprintf(out->container, sizeof(out->container), "%s", cn->name);
+        snprintf(out->t.ns, sizeof(out->t.ns), "%s", best->ns);
+        snprintf(out->t.name, sizeof(out->t.name), "%s", best->name);
+        snprintf(out->t.uid, sizeof(out->t.uid), "%s", best->uid);
+        snprintf(out->t.container, sizeof(out->t.container), "%s", cn->name);
         out->init = cn->init;
         out->count = count;
         rc = fill_gpus(best, cn, unit_mib, out, err);

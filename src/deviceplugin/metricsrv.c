@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "dp.h"
+#include "log.h"
 #include "watcher.h"
 
 #define CONNECTIONS   16
@@ -116,7 +116,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(msg);
     while (n > 0 && msg[n - 1] == '\n')
         msg[--n] = '\0';
-    dp_log(DP_DEBUG, "metrics listener: %s", msg);
+    kgpu_log(KGPU_LOG_DEBUG, "metrics listener: %s", msg);
 }
 
 dp_metrics_server *dp_metrics_server_start(const char *listen, dp_watcher *w, kgpu_error *err)

@@ -8,8 +8,11 @@
  *
  *   watchparse.c  the two parsers of outside input: the watcher's config
  *                 file and a process's /proc/<pid>/cgroup (pure, fuzzed)
- *   watcher.c     the watcher thread: scan, compare, Events, kills, and the
- *                 metrics text it publishes
+ *   watchmap.c    which container a GPU process belongs to, and its share
+ *   watchmetrics.c  the metrics text the watcher publishes
+ *   watchact.c    Events and kills for a container over its share
+ *   watcher.c     the watcher thread: life cycle, NVML, the scan
+ *                 (the four share watchstate.h, internal)
  *   metricsrv.c   /metrics over HTTP (libmicrohttpd)
  *
  * Mapping a GPU process to its container: the kernel's record of the

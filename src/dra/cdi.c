@@ -3,12 +3,12 @@
  * (Container Device Interface; containerd 1.7+ and CRI-O inject what it
  * names) with one device per request of the claim. The device's container
  * edits are the device plugin's Allocate answer, built by the same code
- * (respond.c, dp_response_build): NVIDIA_VISIBLE_DEVICES and kgpu's env,
+ * (src/contract, contract_response_build): NVIDIA_VISIBLE_DEVICES and kgpu's env,
  * the limits file, the accounting folder, libkgpu-limit.so and the
  * ld.so.preload that loads it, the GPUs' schedules. So a container is
  * isolated the same whichever path gave it its GPU.
  *
- * Host layout under the DRA state folder (respond.c's, with the claim in
+ * Host layout under the DRA state folder (the contract's, with the claim in
  * the pod's place): pods/<claim uid>/<request>.limits, pods/<claim uid>/shared,
  * ld.so.preload, sched/<uuid>.sched. Every container of every pod that shares
  * a claim shares its limits and its accounting: a claim is one share.
@@ -42,23 +42,20 @@ void dra_cdi_path(const char *cdi_dir, const char *uid, char *buf, size_t cap)
     snprintf(buf, cap, "%s/kgpu.io-gpu_%s.json", cdi_dir, uid);
 }
 
-void dra_claim_match(const dra_claim *c, int r, int64_t unit_mib, dp_match *out)
+void dra_claim_target(const dra_claim *c, int r, int64_t unit_mib, contract_target *out)
 {
     memset(out, 0, sizeof(*out));
     snprintf(out->ns, sizeof(out->ns), "%s", c->ns);
     snprintf(out->name, sizeof(out->name), "%s", c->name);
     snprintf(out->uid, sizeof(out->uid), "%s", c->uid);
     snprintf(out->container, sizeof(out->container), "%s", c->reqs[r]);
-    out->primary = true;
-    out->complete = true;
     int64_t mem = 0;
-    bool whole = true;
     for (int i = 0; i < c->nallocs; i++) {
         const dra_alloc *a = &c->allocs[i];
         if (a->req != r)
             continue;
         /* Two shares of one GPU (two shareIDs) are one GPU with both shares. */
-        dp_gpu_share *g = NULL;
+        contract_share *g = NULL;
         for (int k = 0; k < out->ngpus && g == NULL; k++)
             if (strcmp(out->gpus[k].uuid, a->uuid) == 0)
                 g = &out->gpus[k];
@@ -72,14 +69,11 @@ void dra_claim_match(const dra_claim *c, int r, int64_t unit_mib, dp_match *out)
         g->milli = g->milli + a->milli > 1000 ? 1000 : g->milli + a->milli;
         g->memory_mib += a->memory_mib;
         mem += a->memory_mib;
-        whole = whole && a->share_id[0] == '\0';
     }
-    out->exclusive = whole;
-    out->count = out->ngpus;
     out->pod_units = unit_mib > 0 ? mem / unit_mib : 0;
 }
 
-static json_t *edits(const dp_response *resp)
+static json_t *edits(const contract_response *resp)
 {
     json_t *env = json_array(), *mounts = json_array();
     for (int i = 0; i < resp->nenv; i++) {
@@ -88,7 +82,7 @@ static json_t *edits(const dp_response *resp)
         json_array_append_new(env, json_string(kv));
     }
     for (int i = 0; i < resp->nmounts; i++) {
-        const dp_mount *m = &resp->mounts[i];
+        const contract_mount *m = &resp->mounts[i];
         /* What containerd makes of a device plugin's Mount: a bind mount, ro or rw. */
         json_array_append_new(
             mounts, json_pack("{s:s, s:s, s:s, s:[s, s, s, s]}", "hostPath", m->host_path,
@@ -98,14 +92,15 @@ static json_t *edits(const dp_response *resp)
     return json_pack("{s:o, s:o}", "env", env, "mounts", mounts);
 }
 
-json_t *dra_cdi_spec(const dra_claim *c, const dp_inventory *inv, const dp_paths *paths)
+json_t *dra_cdi_spec(const dra_claim *c, const contract_inventory *inv,
+                     const contract_paths *paths)
 {
     json_t *devices = json_array();
     for (int r = 0; r < c->nreqs; r++) {
-        dp_match m;
-        dra_claim_match(c, r, inv->unit_mib, &m);
-        dp_response resp;
-        dp_response_build(&m, inv, paths, &resp);
+        contract_target m;
+        dra_claim_target(c, r, inv->unit_mib, &m);
+        contract_response resp;
+        contract_response_build(&m, inv, paths, &resp);
         char name[DRA_UID_MAX + DRA_REQ_MAX + 2];
         dra_cdi_name(c, r, name, sizeof(name));
         json_array_append_new(devices, json_pack("{s:s, s:o}", "name", name, "containerEdits",
@@ -138,15 +133,15 @@ static int write_atomic(const char *path, const char *text, mode_t mode, kgpu_er
     return 0;
 }
 
-int dra_claim_files_write(const dra_claim *c, const dp_inventory *inv, const dp_paths *paths,
-                          const char *cdi_dir, kgpu_error *err)
+int dra_claim_files_write(const dra_claim *c, const contract_inventory *inv,
+                          const contract_paths *paths, const char *cdi_dir, kgpu_error *err)
 {
     if (!dra_safe_name(c->uid))
         return kgpu_error_set(err, KGPU_EINVAL, "claim UID '%.64s' cannot name a file", c->uid);
     for (int r = 0; r < c->nreqs; r++) {
-        dp_match m;
-        dra_claim_match(c, r, inv->unit_mib, &m);
-        int rc = dp_write_pod_files(&m, paths, err);
+        contract_target m;
+        dra_claim_target(c, r, inv->unit_mib, &m);
+        int rc = contract_write_files(&m, paths, err);
         if (rc != 0)
             return rc;
     }
@@ -172,7 +167,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
     return remove(path) != 0 && errno != ENOENT ? -1 : 0;
 }
 
-int dra_claim_files_remove(const char *uid, const dp_paths *paths, const char *cdi_dir,
+int dra_claim_files_remove(const char *uid, const contract_paths *paths, const char *cdi_dir,
                            kgpu_error *err)
 {
     if (!dra_safe_name(uid))

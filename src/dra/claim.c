@@ -97,7 +97,7 @@ static int read_result(const json_t *res, const dra_node_view *node, const char 
     /*
      * A device that allows multiple allocations may serve one request twice,
      * as two shares (two shareIDs): the container gets the GPU once, with both
-     * shares (dra_claim_match adds them up). The same share twice is an error.
+     * shares (dra_claim_target adds them up). The same share twice is an error.
      */
     for (int i = 0; i < out->nallocs; i++) {
         const dra_alloc *o = &out->allocs[i];

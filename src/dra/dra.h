@@ -8,17 +8,20 @@
  *                 and consumable capacity (pure)
  *   claim.c       a ResourceClaim's allocation for this driver, read into the
  *                 GPUs and shares it gives (pure)
- *   cdi.c         a prepared claim's CDI spec: the device plugin's Allocate
- *                 contract (respond.c's env, mounts and limits file) as CDI
+ *   cdi.c         a prepared claim's CDI spec: the container contract
+ *                 (src/contract: env, mounts and limits file) as CDI
  *                 container edits; and the files on the host
  *   checkpoint.c  the prepared claims, saved by write-and-rename
- *   driver.c      the daemon: discovery, slice publishing, registration and
- *                 the DRA node service
+ *   publish.c     the ResourceSlice publisher thread (driver.h)
+ *   service.c     the DRA node service and plugin registration: kubelet's
+ *                 calls (driver.h)
+ *   driver.c      the daemon: discovery, the servers' life cycle, dra_run
  *
- * gRPC is the device plugin's (src/deviceplugin/grpcsrv.c, dp_server_start),
- * and so are the container's env, mounts and limits file (respond.c): one
- * contract on both paths, so isolation is the same whichever path a
- * container came by.
+ * The flags, main(), the gRPC servers and the API server connection are the
+ * node agents' (src/nodeagent), and the container's env, mounts and limits
+ * file are the container contract (src/contract), both shared with the
+ * device plugin: one contract on both paths, so isolation is the same
+ * whichever path a container came by.
  *
  * Threads: the main thread owns discovery and the servers' life cycle; one
  * publisher thread owns the ResourceSlice; the gRPC servers' workers run
@@ -34,10 +37,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dp.h"
+#include "contract.h"
 #include "gpu.h"
 #include "kgpu/error.h"
 #include "kgpu/model.h"
+#include "nodeagent.h"
 
 #define DRA_DRIVER   "gpu.kgpu.io"
 #define DRA_CDI_KIND "kgpu.io/gpu" /* CDI device IDs are kgpu.io/gpu=<name> */
@@ -170,32 +174,33 @@ void dra_cdi_id(const dra_claim *c, int r, char *buf, size_t cap);
 void dra_cdi_path(const char *cdi_dir, const char *uid, char *buf, size_t cap);
 
 /*
- * The device plugin's match record for request r of a claim, as Allocate
- * would build it for a container that got these GPUs and shares: the pod
- * fields hold the claim (uid = the claim's UID, container = the request's
- * name), so respond.c's files land in <state>/pods/<claim uid>/. Two shares
- * of one GPU in the request are that GPU once, with their sum.
+ * The contract's target for request r of a claim, as the device plugin's
+ * Allocate would build it for a container that got these GPUs and shares:
+ * the pod fields hold the claim (uid = the claim's UID, container = the
+ * request's name), so the contract's files land in <state>/pods/<claim uid>/.
+ * Two shares of one GPU in the request are that GPU once, with their sum.
  */
-void dra_claim_match(const dra_claim *c, int r, int64_t unit_mib, dp_match *out);
+void dra_claim_target(const dra_claim *c, int r, int64_t unit_mib, contract_target *out);
 
 /*
  * The CDI spec (cdiVersion 0.5.0, kind kgpu.io/gpu) of a claim: one device
  * per request, whose containerEdits carry exactly the env and mounts the
- * device plugin's Allocate gives (dp_response_build). New reference.
+ * device plugin's Allocate gives (contract_response_build). New reference.
  */
-json_t *dra_cdi_spec(const dra_claim *c, const dp_inventory *inv, const dp_paths *paths);
+json_t *dra_cdi_spec(const dra_claim *c, const contract_inventory *inv,
+                     const contract_paths *paths);
 
 /*
  * Writes what a prepared claim needs on the host: each request's limits file
- * and accounting directory and the GPUs' schedules (dp_write_pod_files),
+ * and accounting directory and the GPUs' schedules (contract_write_files),
  * then the CDI spec file (write, fsync, rename: the runtime never reads half
  * a spec). Idempotent.
  */
-int dra_claim_files_write(const dra_claim *c, const dp_inventory *inv, const dp_paths *paths,
-                          const char *cdi_dir, kgpu_error *err);
+int dra_claim_files_write(const dra_claim *c, const contract_inventory *inv,
+                          const contract_paths *paths, const char *cdi_dir, kgpu_error *err);
 
 /* Removes a claim's CDI spec and <state>/pods/<uid>; absent files are fine. */
-int dra_claim_files_remove(const char *uid, const dp_paths *paths, const char *cdi_dir,
+int dra_claim_files_remove(const char *uid, const contract_paths *paths, const char *cdi_dir,
                            kgpu_error *err);
 
 /* ---- checkpoint.c ---- */
@@ -230,7 +235,7 @@ int dra_ckpt_load(const char *path, dra_ckpt *out, kgpu_error *err);
 /* ---- driver.c ---- */
 
 typedef struct dra_config {
-    dp_node_config node; /* the device plugin's flags; unit_mib is gpushare's env unit */
+    node_config node; /* the node agents' flags (nodeagent.h); unit_mib is gpushare's env unit */
     char cdi_dir[1024];
     char plugin_dir[1024];   /* kubelet's plugins folder; the socket is <dir>/gpu.kgpu.io/dra.sock */
     char registry_dir[1024]; /* kubelet's plugins_registry folder */

@@ -1,13 +1,13 @@
 /*
  * kgpu-dra-plugin: its own flags, then the driver (driver.c); the shared flags, signals
- * and main() are the device plugin's (src/deviceplugin/node.c).
+ * and main() are the node agents' (src/nodeagent).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dra.h"
-#include "node.h"
+#include "nodeagent.h"
 
 /* Paths end up in socket addresses and file names: bounded well below PATH_MAX. */
 #define PATH_RESERVE 128
@@ -42,21 +42,21 @@ static const char usage[] =
     "  --log-level LEVEL     debug, info, warn or error (default info)\n"
     "  --version, --help\n";
 
-enum { O_CDI = DP_OPT_OWN, O_PLUGIN, O_REGISTRY, O_RESYNC };
+enum { O_CDI = NODE_OPT_OWN, O_PLUGIN, O_REGISTRY, O_RESYNC };
 
 static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_error *err)
 {
     dra_config *cfg = ctx;
     switch (key) {
     case O_CDI:
-        return dp_flag_copy(flag, arg, cfg->cdi_dir, sizeof(cfg->cdi_dir), PATH_RESERVE, false,
-                            err);
+        return node_flag_copy(flag, arg, cfg->cdi_dir, sizeof(cfg->cdi_dir), PATH_RESERVE, false,
+                              err);
     case O_PLUGIN:
-        return dp_flag_copy(flag, arg, cfg->plugin_dir, sizeof(cfg->plugin_dir), PATH_RESERVE,
-                            false, err);
+        return node_flag_copy(flag, arg, cfg->plugin_dir, sizeof(cfg->plugin_dir), PATH_RESERVE,
+                              false, err);
     case O_REGISTRY:
-        return dp_flag_copy(flag, arg, cfg->registry_dir, sizeof(cfg->registry_dir),
-                            PATH_RESERVE, false, err);
+        return node_flag_copy(flag, arg, cfg->registry_dir, sizeof(cfg->registry_dir),
+                              PATH_RESERVE, false, err);
     case O_RESYNC: {
         char *end;
         long v = strtol(arg, &end, 10);
@@ -74,7 +74,7 @@ static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_
 static int parse(int argc, char **argv, dra_config *cfg, kgpu_error *err)
 {
     static const struct option opts[] = {
-        DP_NODE_OPTIONS,
+        NODE_OPTIONS,
         {"cdi-dir", required_argument, NULL, O_CDI},
         {"plugin-dir", required_argument, NULL, O_PLUGIN},
         {"registry-dir", required_argument, NULL, O_REGISTRY},
@@ -82,13 +82,13 @@ static int parse(int argc, char **argv, dra_config *cfg, kgpu_error *err)
         {NULL, 0, NULL, 0},
     };
     memset(cfg, 0, sizeof(*cfg));
-    dp_node_defaults(&cfg->node, "/var/lib/kgpu/dra");
+    node_defaults(&cfg->node, "/var/lib/kgpu/dra");
     snprintf(cfg->cdi_dir, sizeof(cfg->cdi_dir), "/var/run/cdi");
     snprintf(cfg->plugin_dir, sizeof(cfg->plugin_dir), "/var/lib/kubelet/plugins");
     snprintf(cfg->registry_dir, sizeof(cfg->registry_dir), "/var/lib/kubelet/plugins_registry");
     cfg->resync_s = 300;
-    return dp_node_parse(argc, argv, opts, "kgpu-dra-plugin", usage, PATH_RESERVE, &cfg->node,
-                         own_flag, cfg, err);
+    return node_parse(argc, argv, opts, "kgpu-dra-plugin", usage, PATH_RESERVE, &cfg->node,
+                      own_flag, cfg, err);
 }
 
 static int run(const void *cfg, atomic_bool *stop, kgpu_error *err)
@@ -102,5 +102,5 @@ int main(int argc, char **argv)
     kgpu_error err;
     kgpu_error_clear(&err);
     int rc = parse(argc, argv, &cfg, &err);
-    return dp_daemon_main("kgpu-dra-plugin", rc, &err, run, &cfg);
+    return node_daemon_main("kgpu-dra-plugin", rc, &err, run, &cfg);
 }

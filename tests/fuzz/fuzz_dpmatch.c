@@ -27,7 +27,7 @@ static const char pod_template[] =
 
 static void check(const json_t *items)
 {
-    dp_inventory inv;
+    contract_inventory inv;
     memset(&inv, 0, sizeof(inv));
     inv.ngpus = 1;
     inv.unit_mib = 1024;
@@ -45,26 +45,26 @@ static void check(const json_t *items)
                     abort(); /* every refusal says why */
                 continue;
             }
-            if (m.container[0] == '\0' || m.ngpus < 0 || m.ngpus > KGPU_MAX_GPUS_PER_NODE ||
-                m.count != count || strstr(m.progress, m.container) == NULL)
+            if (m.t.container[0] == '\0' || m.t.ngpus < 0 || m.t.ngpus > KGPU_MAX_GPUS_PER_NODE ||
+                m.count != count || strstr(m.progress, m.t.container) == NULL)
                 abort();
-            char *text = dp_limits_text(&m);
+            char *text = contract_limits_text(&m.t);
             if (text == NULL || strncmp(text, "# kgpu limits v1\n", 17) != 0)
                 abort();
             free(text);
-            dp_paths paths = {"/nonexistent", NULL, NULL};
-            dp_response resp;
-            dp_response_build(&m, &inv, &paths, &resp);
+            contract_paths paths = {"/nonexistent", NULL, NULL};
+            contract_response resp;
+            dp_response_of(&m, &inv, &paths, &resp);
             /* Limits and accounting, and each GPU's schedule where the share is of compute. */
             int scheds = 0;
-            for (int i = 0; i < m.ngpus; i++)
-                scheds += dp_sched_shared(&m, i);
-            if (m.primary && m.ngpus > 0 && resp.nmounts != 2 + scheds)
+            for (int i = 0; i < m.t.ngpus; i++)
+                scheds += contract_sched_shared(&m.t, i);
+            if (m.primary && m.t.ngpus > 0 && resp.nmounts != 2 + scheds)
                 abort();
             for (int i = 2; i < resp.nmounts; i++)
                 if (resp.mounts[i].read_only ||
-                    strncmp(resp.mounts[i].container_path, DP_SCHED_PATH "/",
-                            sizeof(DP_SCHED_PATH)) != 0)
+                    strncmp(resp.mounts[i].container_path, CONTRACT_SCHED_PATH "/",
+                            sizeof(CONTRACT_SCHED_PATH)) != 0)
                     abort();
         }
 }

@@ -38,9 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             a->req >= c.nreqs || !dra_safe_name(c.reqs[a->req]))
             abort();
     }
-    dp_inventory inv = {.ngpus = 2, .unit_mib = 1024};
+    contract_inventory inv = {.ngpus = 2, .unit_mib = 1024};
     memcpy(inv.gpus, gpus, sizeof(gpus));
-    dp_paths paths = {.state_dir = "/s", .shim_lib = "/s/lib.so"};
+    contract_paths paths = {.state_dir = "/s", .shim_lib = "/s/lib.so"};
     json_t *spec = dra_cdi_spec(&c, &inv, &paths);
     if (spec == NULL || json_array_size(json_object_get(spec, "devices")) != (size_t)c.nreqs)
         abort();

@@ -24,7 +24,7 @@
 #define ALL  (1u << DP_RES_MEM | 1u << DP_RES_CORE)
 #define NODE "gpu-0"
 
-static void inventory(dp_inventory *inv, int64_t unit_mib)
+static void inventory(contract_inventory *inv, int64_t unit_mib)
 {
     memset(inv, 0, sizeof(*inv));
     inv->ngpus = 2;
@@ -45,7 +45,7 @@ static void inventory(dp_inventory *inv, int64_t unit_mib)
 static void test_device_ids(void **state)
 {
     (void)state;
-    dp_inventory inv;
+    contract_inventory inv;
     inventory(&inv, 1024);
     assert_int_equal(dp_devices_per_gpu(&inv, 0, DP_RES_MEM), 15);
     assert_int_equal(dp_devices_per_gpu(&inv, 0, DP_RES_CORE), 100);
@@ -75,7 +75,7 @@ static void test_device_ids(void **state)
 static void test_list_encode(void **state)
 {
     (void)state;
-    dp_inventory inv;
+    contract_inventory inv;
     inventory(&inv, 1024);
     inv.gpus[1].healthy = false;
     uint8_t *buf;
@@ -130,7 +130,7 @@ static void test_list_encode(void **state)
 static void test_prefer(void **state)
 {
     (void)state;
-    dp_inventory inv;
+    contract_inventory inv;
     inventory(&inv, 1024);
     /* Available: GPU 0 units 0-9, GPU 1 units 0-4 (GPU 1 is fuller). */
     char ids[15][160];
@@ -211,17 +211,17 @@ static void test_match_single(void **state)
     dp_match m;
     kgpu_error err = {0};
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
-    assert_string_equal(m.name, "a");
-    assert_string_equal(m.uid, "uid-a");
-    assert_string_equal(m.container, "main");
-    assert_int_equal(m.ngpus, 1);
-    assert_string_equal(m.gpus[0].uuid, U1);
-    assert_int_equal(m.gpus[0].index, 1);
-    assert_int_equal(m.gpus[0].memory_mib, 4096);
+    assert_string_equal(m.t.name, "a");
+    assert_string_equal(m.t.uid, "uid-a");
+    assert_string_equal(m.t.container, "main");
+    assert_int_equal(m.t.ngpus, 1);
+    assert_string_equal(m.t.gpus[0].uuid, U1);
+    assert_int_equal(m.t.gpus[0].index, 1);
+    assert_int_equal(m.t.gpus[0].memory_mib, 4096);
     assert_true(m.primary);
     assert_true(m.complete);
     assert_string_equal(m.progress, "main:kgpu.io/gpu-mem");
-    assert_int_equal(m.pod_units, 4);
+    assert_int_equal(m.t.pod_units, 4);
     /* The wrong count finds nothing and says what is awaited. */
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 3, ALL, 1024, &m, &err), KGPU_ENOENT);
     assert_non_null(strstr(err.msg, "default/a container main asks 4"));
@@ -248,27 +248,27 @@ static void test_match_same_size(void **state)
     /* Once a is allocated, b is the one, with its own GPU. */
     annotate(a, "kgpu.io/allocated", "2026-11-26T00:00:00Z");
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
-    assert_string_equal(m.name, "b");
-    assert_string_equal(m.gpus[0].uuid, U1);
+    assert_string_equal(m.t.name, "b");
+    assert_string_equal(m.t.gpus[0].uuid, U1);
     /* Terminal, deleting, or assigned to another node: not awaiting. */
     json_object_del(json_object_get(a, "metadata"), "annotations");
     json_object_set_new(json_object_get(a, "metadata"), "annotations", json_object());
     annotate(a, "kgpu.io/assignment", ASSIGN("main", 0, U0, 4096));
     json_object_set_new(json_object_get(a, "status"), "phase", json_string("Failed"));
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
-    assert_string_equal(m.name, "b");
+    assert_string_equal(m.t.name, "b");
     json_object_set_new(json_object_get(a, "status"), "phase", json_string("Running"));
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
-    assert_string_equal(m.name, "b");
+    assert_string_equal(m.t.name, "b");
     json_object_set_new(json_object_get(a, "status"), "phase", json_string("Pending"));
     json_object_set_new(json_object_get(a, "metadata"), "deletionTimestamp",
                         json_string("2026-11-26T00:00:00Z"));
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
-    assert_string_equal(m.name, "b");
+    assert_string_equal(m.t.name, "b");
     json_object_del(json_object_get(a, "metadata"), "deletionTimestamp");
     annotate(a, "kgpu.io/node", "gpu-9");
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
-    assert_string_equal(m.name, "b");
+    assert_string_equal(m.t.name, "b");
     json_decref(a);
     json_decref(b);
     json_decref(items);
@@ -286,11 +286,11 @@ static void test_match_sizes_tell_apart(void **state)
     dp_match m;
     kgpu_error err = {0};
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 2, ALL, 1024, &m, &err), 0);
-    assert_string_equal(m.name, "b");
-    assert_string_equal(m.gpus[0].uuid, U1);
+    assert_string_equal(m.t.name, "b");
+    assert_string_equal(m.t.gpus[0].uuid, U1);
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
-    assert_string_equal(m.name, "a");
-    assert_string_equal(m.gpus[0].uuid, U0);
+    assert_string_equal(m.t.name, "a");
+    assert_string_equal(m.t.gpus[0].uuid, U0);
     json_decref(items);
 }
 
@@ -302,7 +302,7 @@ static void serve(json_t *items, json_t *p, dp_res r, int64_t count, const char 
     int rc = dp_match_find(items, NODE, r, count, ALL, 1024, m, &err);
     if (rc != 0)
         fail_msg("%s", err.msg);
-    assert_string_equal(m->container, container);
+    assert_string_equal(m->t.container, container);
     assert_int_equal(m->primary, primary);
     assert_int_equal(m->complete, complete);
     if (complete) {
@@ -333,23 +333,23 @@ static void test_match_multi_container(void **state)
     dp_match m;
     serve(items, p, DP_RES_MEM, 2, "prep", true, false, &m);
     assert_true(m.init);
-    assert_string_equal(m.gpus[0].uuid, U0); /* main's GPU, the init container's own amount */
-    assert_int_equal(m.gpus[0].memory_mib, 2048);
+    assert_string_equal(m.t.gpus[0].uuid, U0); /* main's GPU, the init container's own amount */
+    assert_int_equal(m.t.gpus[0].memory_mib, 2048);
     /* kubelet now asks for main: 4 units; 2 would be the wrong container. */
     kgpu_error err = {0};
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 2, ALL, 1024, &m, &err), KGPU_ENOENT);
     assert_non_null(strstr(err.msg, "container main asks 4"));
     serve(items, p, DP_RES_MEM, 4, "main", true, false, &m);
-    assert_string_equal(m.gpus[0].uuid, U0);
-    assert_int_equal(m.gpus[0].memory_mib, 4096);
+    assert_string_equal(m.t.gpus[0].uuid, U0);
+    assert_int_equal(m.t.gpus[0].memory_mib, 4096);
     /* side's resources come in either order (kubelet walks a map): core first here. */
     serve(items, p, DP_RES_CORE, 30, "side", false, false, &m);
     assert_string_equal(m.progress,
                         "prep:kgpu.io/gpu-mem,main:kgpu.io/gpu-mem,side:kgpu.io/gpu-core");
     serve(items, p, DP_RES_MEM, 2, "side", true, true, &m);
-    assert_string_equal(m.gpus[0].uuid, U1);
-    assert_int_equal(m.gpus[0].milli, 300);
-    assert_int_equal(m.pod_units, 6);
+    assert_string_equal(m.t.gpus[0].uuid, U1);
+    assert_int_equal(m.t.gpus[0].milli, 300);
+    assert_int_equal(m.t.pod_units, 6);
     /* Done: nothing awaits any more. */
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 2, ALL, 1024, &m, &err), KGPU_ENOENT);
     json_decref(p);
@@ -426,9 +426,9 @@ static void test_match_unregistered(void **state)
     assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, all, 1024, &m, &err), 0);
     assert_false(m.complete);
     assert_int_equal(dp_match_find(items, NODE, DP_RES_WHOLE, 1, all, 1024, &m, &err), 0);
-    assert_string_equal(m.container, "train");
+    assert_string_equal(m.t.container, "train");
     assert_true(m.exclusive);
-    assert_int_equal(m.gpus[0].memory_mib, 15360);
+    assert_int_equal(m.t.gpus[0].memory_mib, 15360);
     json_decref(items);
 }
 
@@ -437,23 +437,23 @@ static void test_match_unregistered(void **state)
 static void sample_match(dp_match *m)
 {
     memset(m, 0, sizeof(*m));
-    snprintf(m->ns, sizeof(m->ns), "default");
-    snprintf(m->name, sizeof(m->name), "a");
-    snprintf(m->uid, sizeof(m->uid), "0b0c-11");
-    snprintf(m->container, sizeof(m->container), "main");
-    m->ngpus = 2;
+    snprintf(m->t.ns, sizeof(m->t.ns), "default");
+    snprintf(m->t.name, sizeof(m->t.name), "a");
+    snprintf(m->t.uid, sizeof(m->t.uid), "0b0c-11");
+    snprintf(m->t.container, sizeof(m->t.container), "main");
+    m->t.ngpus = 2;
     for (int i = 0; i < 2; i++) {
-        m->gpus[i].index = i + 2;
-        snprintf(m->gpus[i].uuid, sizeof(m->gpus[i].uuid), "%s", i ? U1 : U0);
-        m->gpus[i].milli = 250;
-        m->gpus[i].memory_mib = 3072;
+        m->t.gpus[i].index = i + 2;
+        snprintf(m->t.gpus[i].uuid, sizeof(m->t.gpus[i].uuid), "%s", i ? U1 : U0);
+        m->t.gpus[i].milli = 250;
+        m->t.gpus[i].memory_mib = 3072;
     }
     m->count = 6;
-    m->pod_units = 8;
+    m->t.pod_units = 8;
     m->primary = true;
 }
 
-static const char *env_of(const dp_response *r, const char *key)
+static const char *env_of(const contract_response *r, const char *key)
 {
     for (int i = 0; i < r->nenv; i++)
         if (strcmp(r->env[i].key, key) == 0)
@@ -466,16 +466,16 @@ static void test_response(void **state)
     (void)state;
     dp_match m;
     sample_match(&m);
-    char *text = dp_limits_text(&m);
+    char *text = contract_limits_text(&m.t);
     assert_string_equal(text, "# kgpu limits v1\n"
                               "device 0 uuid=" U0 " memory_mib=3072 core_pct=25\n"
                               "device 1 uuid=" U1 " memory_mib=3072 core_pct=25\n");
     free(text);
-    dp_inventory inv;
+    contract_inventory inv;
     inventory(&inv, 1024);
-    dp_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so", NULL};
-    dp_response r;
-    dp_response_build(&m, &inv, &paths, &r);
+    contract_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so", NULL};
+    contract_response r;
+    dp_response_of(&m, &inv, &paths, &r);
     assert_string_equal(env_of(&r, "NVIDIA_VISIBLE_DEVICES"), U0 "," U1);
     assert_string_equal(env_of(&r, "KGPU_MEMORY_LIMIT_MIB"), "3072");
     assert_string_equal(env_of(&r, "KGPU_CORE_LIMIT_PCT"), "25");
@@ -514,21 +514,21 @@ static void test_response(void **state)
     free(enc);
 
     /* Memory-only shares are not limited in compute: no schedule; without the shim, two mounts. */
-    m.gpus[0].milli = m.gpus[1].milli = 0;
+    m.t.gpus[0].milli = m.t.gpus[1].milli = 0;
     paths.shim_lib = NULL;
-    dp_response_build(&m, &inv, &paths, &r);
+    dp_response_of(&m, &inv, &paths, &r);
     assert_string_equal(env_of(&r, "KGPU_CORE_LIMIT_PCT"), "100");
     assert_int_equal(r.nmounts, 2);
     /* The container's other resources answer empty (kubelet merges the answers). */
     m.primary = false;
-    dp_response_build(&m, &inv, &paths, &r);
+    dp_response_of(&m, &inv, &paths, &r);
     assert_int_equal(r.nenv, 0);
     assert_int_equal(r.nmounts, 0);
 
     /* The encoded answer decodes to the same. */
     m.primary = true;
-    dp_response two[2];
-    dp_response_build(&m, &inv, &paths, &two[0]);
+    contract_response two[2];
+    dp_response_of(&m, &inv, &paths, &two[0]);
     memset(&two[1], 0, sizeof(two[1]));
     uint8_t *buf;
     size_t len;
@@ -550,13 +550,14 @@ static void test_response_mps(void **state)
     (void)state;
     dp_match m;
     sample_match(&m);
-    m.gpus[0].milli = m.gpus[1].milli = 300;
-    m.gpus[0].memory_mib = m.gpus[1].memory_mib = 8192;
-    dp_inventory inv;
+    m.t.gpus[0].milli = m.t.gpus[1].milli = 300;
+    m.t.gpus[0].memory_mib = m.t.gpus[1].memory_mib = 8192;
+    contract_inventory inv;
     inventory(&inv, 1024);
-    dp_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so", "/run/nvidia-mps"};
-    dp_response r;
-    dp_response_build(&m, &inv, &paths, &r);
+    contract_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so",
+                            "/run/nvidia-mps"};
+    contract_response r;
+    dp_response_of(&m, &inv, &paths, &r);
     assert_string_equal(env_of(&r, "CUDA_MPS_PIPE_DIRECTORY"), "/tmp/nvidia-mps");
     assert_string_equal(env_of(&r, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "30");
     assert_string_equal(env_of(&r, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=8192M,1=8192M");
@@ -580,14 +581,14 @@ static void test_response_mps(void **state)
     v1beta1__allocate_response__free_unpacked(dec, NULL);
     free(enc);
     /* A memory-only share: all the SMs, its memory still pinned. */
-    m.gpus[0].milli = m.gpus[1].milli = 0;
-    dp_response_build(&m, &inv, &paths, &r);
+    m.t.gpus[0].milli = m.t.gpus[1].milli = 0;
+    dp_response_of(&m, &inv, &paths, &r);
     assert_string_equal(env_of(&r, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "100");
     assert_string_equal(env_of(&r, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=8192M,1=8192M");
     /* The schedule-file mode hands out none of it. */
     paths.mps_pipe_dir = NULL;
-    m.gpus[0].milli = m.gpus[1].milli = 300;
-    dp_response_build(&m, &inv, &paths, &r);
+    m.t.gpus[0].milli = m.t.gpus[1].milli = 300;
+    dp_response_of(&m, &inv, &paths, &r);
     assert_null(env_of(&r, "CUDA_MPS_PIPE_DIRECTORY"));
     assert_null(env_of(&r, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
     assert_null(env_of(&r, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
@@ -598,33 +599,33 @@ static void test_response_mps(void **state)
 static void test_mps_mode_needs_the_daemon(void **state)
 {
     (void)state;
-    dp_sharing s;
-    assert_int_equal(dp_sharing_parse("mps", &s), 0);
-    assert_int_equal(s, DP_SHARING_MPS);
-    assert_int_equal(dp_sharing_parse("sched", &s), 0);
-    assert_int_equal(s, DP_SHARING_SCHED);
-    assert_int_equal(dp_sharing_parse("MPS", &s), -1);
-    assert_int_equal(dp_sharing_parse("", &s), -1);
+    contract_sharing s;
+    assert_int_equal(contract_sharing_parse("mps", &s), 0);
+    assert_int_equal(s, CONTRACT_SHARING_MPS);
+    assert_int_equal(contract_sharing_parse("sched", &s), 0);
+    assert_int_equal(s, CONTRACT_SHARING_SCHED);
+    assert_int_equal(contract_sharing_parse("MPS", &s), -1);
+    assert_int_equal(contract_sharing_parse("", &s), -1);
     char dir[] = "/tmp/kgpu-test-mps-XXXXXX", path[512];
     assert_non_null(mkdtemp(dir));
     kgpu_error err = {0};
-    assert_int_equal(dp_mps_check(dir, &err), KGPU_ENOENT);
+    assert_int_equal(contract_mps_check(dir, &err), KGPU_ENOENT);
     assert_non_null(strstr(err.msg, "control is missing"));
     assert_non_null(strstr(err.msg, "nvidia-cuda-mps-control -d"));
     snprintf(path, sizeof(path), "%s/control", dir);
     FILE *f = fopen(path, "w"); /* a plain file is not the daemon's pipe */
     assert_non_null(f);
     fclose(f);
-    assert_int_equal(dp_mps_check(dir, &err), KGPU_ENOENT);
+    assert_int_equal(contract_mps_check(dir, &err), KGPU_ENOENT);
     assert_non_null(strstr(err.msg, "not the daemon's control pipe"));
     assert_int_equal(unlink(path), 0);
     assert_int_equal(mkfifo(path, 0600), 0);
-    assert_int_equal(dp_mps_check(dir, &err), 0);
+    assert_int_equal(contract_mps_check(dir, &err), 0);
     /* Pod files in MPS mode: limits and accounting, no schedule. */
     dp_match m;
     sample_match(&m);
-    dp_paths paths = {dir, NULL, dir};
-    assert_int_equal(dp_write_pod_files(&m, &paths, &err), 0);
+    contract_paths paths = {dir, NULL, dir};
+    assert_int_equal(contract_write_files(&m.t, &paths, &err), 0);
     struct stat st;
     snprintf(path, sizeof(path), "%s/pods/0b0c-11/main.limits", dir);
     assert_int_equal(stat(path, &st), 0);
@@ -641,9 +642,9 @@ static void test_pod_files(void **state)
     assert_non_null(mkdtemp(dir));
     dp_match m;
     sample_match(&m);
-    dp_paths paths = {dir, NULL, NULL};
+    contract_paths paths = {dir, NULL, NULL};
     kgpu_error err = {0};
-    assert_int_equal(dp_write_pod_files(&m, &paths, &err), 0);
+    assert_int_equal(contract_write_files(&m.t, &paths, &err), 0);
     char path[512];
     struct stat st;
     snprintf(path, sizeof(path), "%s/pods/0b0c-11/shared", dir);
@@ -658,7 +659,7 @@ static void test_pod_files(void **state)
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);
     fclose(f);
     buf[n] = '\0';
-    char *want = dp_limits_text(&m);
+    char *want = contract_limits_text(&m.t);
     assert_string_equal(buf, want);
     free(want);
     /* The compute share's schedules: one per GPU, any user may open them, the host may not. */
@@ -670,11 +671,11 @@ static void test_pod_files(void **state)
     assert_int_equal(st.st_mode & 07777, 0666);
     assert_int_equal((size_t)st.st_size, sizeof(kgpu_sched_file));
     /* Rewritten in place (a second call for the same container, e.g. another resource). */
-    m.gpus[0].memory_mib = 1024;
-    assert_int_equal(dp_write_pod_files(&m, &paths, &err), 0);
+    m.t.gpus[0].memory_mib = 1024;
+    assert_int_equal(contract_write_files(&m.t, &paths, &err), 0);
     /* A uid that would climb out of the state directory is refused. */
-    snprintf(m.uid, sizeof(m.uid), "../../etc");
-    assert_int_equal(dp_write_pod_files(&m, &paths, &err), KGPU_EINVAL);
+    snprintf(m.t.uid, sizeof(m.t.uid), "../../etc");
+    assert_int_equal(contract_write_files(&m.t, &paths, &err), KGPU_EINVAL);
     snprintf(path, sizeof(path), "rm -rf '%s'", dir);
     assert_int_equal(system(path), 0);
 }

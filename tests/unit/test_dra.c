@@ -24,7 +24,7 @@
 
 static kgpu_gpu_info gpus[3];
 
-static void inventory(dp_inventory *inv)
+static void inventory(contract_inventory *inv)
 {
     memset(gpus, 0, sizeof(gpus));
     const char *u[3] = {U0, U1, U2};
@@ -228,7 +228,7 @@ static void expect_refused(const char *text, const char *uid, const char *needle
 static void test_claim_two_shares_one_gpu(void **state)
 {
     (void)state;
-    dp_inventory inv;
+    contract_inventory inv;
     inventory(&inv);
     dra_node_view node = {.pool = NODE, .gpus = inv.gpus, .ngpus = 3};
     const char *text =
@@ -241,15 +241,15 @@ static void test_claim_two_shares_one_gpu(void **state)
     kgpu_error err = {0};
     assert_int_equal(dra_claim_read_text(text, strlen(text), NULL, &node, &c, &err), 0);
     assert_int_equal(c.nallocs, 3);
-    dp_match m;
-    dra_claim_match(&c, 0, 1024, &m);
+    contract_target m;
+    dra_claim_target(&c, 0, 1024, &m);
     assert_int_equal(m.ngpus, 2);
     assert_string_equal(m.gpus[0].uuid, U0);
     assert_int_equal(m.gpus[0].memory_mib, 6144);
     assert_int_equal(m.gpus[0].milli, 300);
     assert_int_equal(m.gpus[1].memory_mib, 1024);
     assert_int_equal(m.pod_units, 7);
-    char *limits = dp_limits_text(&m);
+    char *limits = contract_limits_text(&m);
     assert_non_null(strstr(limits, "device 0 uuid=" U0 " memory_mib=6144 core_pct=30\n"));
     free(limits);
 }
@@ -299,13 +299,13 @@ static void test_claim_refused(void **state)
 static void test_cdi_matches_allocate(void **state)
 {
     (void)state;
-    dp_inventory inv;
+    contract_inventory inv;
     inventory(&inv);
     dra_node_view node = {.pool = NODE, .gpus = inv.gpus, .ngpus = 3};
     dra_claim c;
     kgpu_error err = {0};
     assert_int_equal(dra_claim_read_text(CLAIM, strlen(CLAIM), NULL, &node, &c, &err), 0);
-    dp_paths paths = {.state_dir = "/var/lib/kgpu/dra",
+    contract_paths paths = {.state_dir = "/var/lib/kgpu/dra",
                       .shim_lib = "/var/lib/kgpu/dra/lib/libkgpu-limit.so"};
     json_t *spec = dra_cdi_spec(&c, &inv, &paths);
     assert_string_equal(spath(spec, "cdiVersion"), "0.5.0");
@@ -318,23 +318,22 @@ static void test_cdi_matches_allocate(void **state)
         dra_cdi_name(&c, r, name, sizeof(name));
         assert_string_equal(spath(dev, "name"), name);
         /* What Allocate answers a container whose shares these are. */
-        dp_match m;
+        contract_target m;
         memset(&m, 0, sizeof(m));
         snprintf(m.uid, sizeof(m.uid), "uid-1");
         snprintf(m.container, sizeof(m.container), "%s", c.reqs[r]);
-        m.primary = true;
         for (int i = 0; i < c.nallocs; i++) {
             if (c.allocs[i].req != r)
                 continue;
-            dp_gpu_share *g = &m.gpus[m.ngpus++];
+            contract_share *g = &m.gpus[m.ngpus++];
             g->index = c.allocs[i].index;
             snprintf(g->uuid, sizeof(g->uuid), "%s", c.allocs[i].uuid);
             g->milli = c.allocs[i].milli;
             g->memory_mib = c.allocs[i].memory_mib;
             m.pod_units += c.allocs[i].memory_mib / 1024;
         }
-        dp_response want;
-        dp_response_build(&m, &inv, &paths, &want);
+        contract_response want;
+        contract_response_build(&m, &inv, &paths, &want);
         json_t *env = path(dev, "containerEdits.env");
         assert_int_equal(json_array_size(env), (size_t)want.nenv);
         for (int e = 0; e < want.nenv; e++) {
@@ -377,7 +376,7 @@ static void test_cdi_matches_allocate(void **state)
 static void test_files(void **state)
 {
     (void)state;
-    dp_inventory inv;
+    contract_inventory inv;
     inventory(&inv);
     dra_node_view node = {.pool = NODE, .gpus = inv.gpus, .ngpus = 3};
     dra_claim c;
@@ -387,7 +386,7 @@ static void test_files(void **state)
     assert_non_null(mkdtemp(dir));
     char cdi[200], p[400];
     snprintf(cdi, sizeof(cdi), "%s/cdi", dir);
-    dp_paths paths = {.state_dir = dir, .shim_lib = NULL};
+    contract_paths paths = {.state_dir = dir, .shim_lib = NULL};
     assert_int_equal(dra_claim_files_write(&c, &inv, &paths, cdi, &err), 0);
     assert_int_equal(dra_claim_files_write(&c, &inv, &paths, cdi, &err), 0); /* idempotent */
     struct stat st;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "dp.h"
+#include "log.h"
 #include "gpu.h"
 #include "watcher.h"
 
@@ -255,6 +256,6 @@ static int run(void)
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    dp_log_level = DP_WARN;
+    kgpu_log_set_level(KGPU_LOG_WARN);
     return run();
 }

@@ -1,12 +1,12 @@
 /*
- * gRPC for the device plugin, on gRPC core's C API (Debian's libgrpc):
- * one server per resource on its unix socket, and the client call that
- * registers a resource with kubelet. Messages are protobuf-c bytes; this
- * file only moves them.
+ * gRPC servers for the node agents (nodeagent.h), on gRPC core's C API
+ * (Debian's libgrpc): one server per unix socket. Messages are protobuf-c
+ * bytes; this file only moves them.
  *
  * Each server has one thread that owns its completion queue and every call
  * on it. Calls are tagged with a small struct that says which step
- * completed. ListAndWatch calls stay open: the thread sends the current
+ * completed. Calls of the streamed method (the device plugin's
+ * ListAndWatch) stay open: the thread sends the current
  * snapshot when the stream starts and again whenever the snapshot's
  * generation moves on (checked every 100 ms, however busy the queue is),
  * one send in flight per stream. Unary calls are handed to a detached
@@ -20,15 +20,16 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "dp.h"
+#include "log.h"
+#include "nodeagent.h"
 
-#define LIST_AND_WATCH "/v1beta1.DevicePlugin/ListAndWatch"
-#define POLL_MS        100
+#define POLL_MS 100
 
 typedef enum tag_kind { TAG_NEW, TAG_RECV, TAG_REPLY, TAG_SEND, TAG_CLOSE, TAG_SHUTDOWN } tag_kind;
 
@@ -39,7 +40,7 @@ typedef struct tag {
 } tag;
 
 typedef struct rpc {
-    dp_server *s;
+    node_server *s;
     grpc_call *call;
     grpc_call_details det;
     grpc_metadata_array md;
@@ -53,13 +54,15 @@ typedef struct rpc {
     struct rpc *next; /* in the server's list of streams */
 } rpc;
 
-struct dp_server {
+struct node_server {
     grpc_server *srv;
     grpc_completion_queue *cq;
     pthread_t thread;
-    char name[128]; /* in log lines: the resource or service served */
-    dp_snapshot *snap;
-    dp_unary_fn unary;
+    char name[128];           /* in log lines: the resource or service served */
+    char stream[256];         /* the streamed method's full name; "" = none */
+    const char *stream_short; /* its last part, in log lines ("ListAndWatch") */
+    node_snapshot *snap;
+    node_unary_fn unary;
     void *ctx;
     char path[1100];
     atomic_bool stopping;
@@ -68,21 +71,21 @@ struct dp_server {
     tag t_shutdown;
 };
 
-void dp_grpc_init(void)
+void node_grpc_init(void)
 {
     grpc_init();
 }
 
-void dp_grpc_shutdown(void)
+void node_grpc_shutdown(void)
 {
     grpc_shutdown();
 }
 
-static void request_new(dp_server *s)
+static void request_new(node_server *s)
 {
     rpc *c = calloc(1, sizeof(*c));
     if (c == NULL) {
-        dp_log(DP_ERROR, "%s: out of memory accepting a call", s->name);
+        kgpu_log(KGPU_LOG_ERROR, "%s: out of memory accepting a call", s->name);
         return;
     }
     c->s = s;
@@ -95,7 +98,7 @@ static void request_new(dp_server *s)
     grpc_call_error e =
         grpc_server_request_call(s->srv, &c->call, &c->det, &c->md, s->cq, s->cq, &c->t_main);
     if (e != GRPC_CALL_OK) {
-        dp_log(DP_ERROR, "%s: grpc_server_request_call: %d", s->name, (int)e);
+        kgpu_log(KGPU_LOG_ERROR, "%s: grpc_server_request_call: %d", s->name, (int)e);
         grpc_call_details_destroy(&c->det);
         grpc_metadata_array_destroy(&c->md);
         free(c);
@@ -105,7 +108,7 @@ static void request_new(dp_server *s)
 
 static void free_call(rpc *c)
 {
-    dp_server *s = c->s;
+    node_server *s = c->s;
     if (c->in != NULL)
         grpc_byte_buffer_destroy(c->in);
     if (c->out != NULL)
@@ -121,7 +124,7 @@ static void free_call(rpc *c)
 }
 
 /* A copy of the snapshot as a byte buffer; its generation in *gen. */
-static grpc_byte_buffer *snapshot_buffer(dp_snapshot *snap, uint64_t *gen)
+static grpc_byte_buffer *snapshot_buffer(node_snapshot *snap, uint64_t *gen)
 {
     pthread_mutex_lock(&snap->mu);
     grpc_slice sl = grpc_slice_from_copied_buffer((const char *)snap->buf, snap->len);
@@ -150,7 +153,7 @@ static void stream_send(rpc *c, bool first)
     }
 }
 
-static void unlink_stream(dp_server *s, rpc *c)
+static void unlink_stream(node_server *s, rpc *c)
 {
     for (rpc **p = &s->streams; *p != NULL; p = &(*p)->next)
         if (*p == c) {
@@ -160,7 +163,7 @@ static void unlink_stream(dp_server *s, rpc *c)
 }
 
 /* Starts the final batch of a unary call: message (when OK) and status. */
-static void reply(rpc *c, const uint8_t *body, size_t len, const dp_status *st)
+static void reply(rpc *c, const uint8_t *body, size_t len, const node_status *st)
 {
     grpc_op ops[4];
     memset(ops, 0, sizeof(ops));
@@ -181,16 +184,16 @@ static void reply(rpc *c, const uint8_t *body, size_t len, const dp_status *st)
     ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
     c->t_main.kind = TAG_REPLY;
     if (grpc_call_start_batch(c->call, ops, (size_t)n, &c->t_main, NULL) != GRPC_CALL_OK)
-        dp_log(DP_ERROR, "%s %s: could not start the reply", c->s->name, c->method);
+        kgpu_log(KGPU_LOG_ERROR, "%s %s: could not start the reply", c->s->name, c->method);
 }
 
 static void *worker(void *arg)
 {
     rpc *c = arg;
-    dp_server *s = c->s;
+    node_server *s = c->s;
     uint8_t *out = NULL;
     size_t outlen = 0;
-    dp_status st = {0, ""};
+    node_status st = {0, ""};
     grpc_slice req = grpc_empty_slice();
     if (c->in != NULL) {
         grpc_byte_buffer_reader r;
@@ -211,7 +214,7 @@ static void *worker(void *arg)
     return NULL;
 }
 
-static void on_new(dp_server *s, rpc *c, bool ok)
+static void on_new(node_server *s, rpc *c, bool ok)
 {
     if (!ok) {
         free_call(c); /* the server is shutting down */
@@ -220,8 +223,8 @@ static void on_new(dp_server *s, rpc *c, bool ok)
     if (!atomic_load(&s->stopping))
         request_new(s);
     c->method = grpc_slice_to_c_string(c->det.method);
-    dp_log(DP_DEBUG, "%s: call %s", s->name, c->method);
-    if (strcmp(c->method, LIST_AND_WATCH) == 0) {
+    kgpu_log(KGPU_LOG_DEBUG, "%s: call %s", s->name, c->method);
+    if (s->stream[0] != '\0' && strcmp(c->method, s->stream) == 0) {
         c->stream = true;
         c->next = s->streams;
         s->streams = c;
@@ -247,10 +250,11 @@ static void on_new(dp_server *s, rpc *c, bool ok)
         free_call(c);
 }
 
-static void on_recv(dp_server *s, rpc *c, bool ok)
+static void on_recv(node_server *s, rpc *c, bool ok)
 {
     if (!ok || atomic_load(&s->stopping)) {
-        dp_status st = {GRPC_STATUS_UNAVAILABLE, "kgpu-device-plugin is stopping"};
+        /* The text predates the DRA driver, which answers the same; clients may match it. */
+        node_status st = {GRPC_STATUS_UNAVAILABLE, "kgpu-device-plugin is stopping"};
         if (!ok)
             snprintf(st.message, sizeof(st.message), "request not received");
         reply(c, NULL, 0, &st);
@@ -261,13 +265,13 @@ static void on_recv(dp_server *s, rpc *c, bool ok)
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     if (pthread_create(&t, &attr, worker, c) != 0) {
-        dp_status st = {GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start a worker thread"};
+        node_status st = {GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start a worker thread"};
         reply(c, NULL, 0, &st);
     }
     pthread_attr_destroy(&attr);
 }
 
-static void on_stream_event(dp_server *s, rpc *c, tag_kind kind, bool ok)
+static void on_stream_event(node_server *s, rpc *c, tag_kind kind, bool ok)
 {
     if (kind == TAG_SEND) {
         c->send_busy = false;
@@ -277,8 +281,8 @@ static void on_stream_event(dp_server *s, rpc *c, tag_kind kind, bool ok)
             c->closed = true;
     } else {
         c->closed = true;
-        dp_log(DP_INFO, "%s: ListAndWatch stream closed%s", s->name,
-               c->cancelled ? " by the client" : "");
+        kgpu_log(KGPU_LOG_INFO, "%s: %s stream closed%s", s->name, s->stream_short,
+                 c->cancelled ? " by the client" : "");
     }
     if (c->closed) {
         if (!c->send_busy) {
@@ -295,8 +299,10 @@ static void on_stream_event(dp_server *s, rpc *c, tag_kind kind, bool ok)
         stream_send(c, false);
 }
 
-static void poll_streams(dp_server *s)
+static void poll_streams(node_server *s)
 {
+    if (s->streams == NULL)
+        return; /* also: no snapshot without a streamed method */
     uint64_t gen;
     pthread_mutex_lock(&s->snap->mu);
     gen = s->snap->gen;
@@ -308,7 +314,7 @@ static void poll_streams(dp_server *s)
 
 static void *serve(void *arg)
 {
-    dp_server *s = arg;
+    node_server *s = arg;
     bool shut = false, down = false;
     for (int i = 0; i < 4; i++)
         request_new(s);
@@ -361,7 +367,7 @@ static void *serve(void *arg)
 }
 
 /* Destroys a server whose calls are all done, drains its queue, and frees it. */
-static void server_free(dp_server *s, bool remove_socket)
+static void server_free(node_server *s, bool remove_socket)
 {
     grpc_server_destroy(s->srv);
     grpc_completion_queue_shutdown(s->cq);
@@ -374,15 +380,19 @@ static void server_free(dp_server *s, bool remove_socket)
     free(s);
 }
 
-dp_server *dp_server_start(const char *path, const char *name, dp_snapshot *snap,
-                           dp_unary_fn unary, void *ctx, kgpu_error *err)
+node_server *node_server_start(const char *path, const char *name, const char *stream,
+                               node_snapshot *snap, node_unary_fn unary, void *ctx,
+                               kgpu_error *err)
 {
-    dp_server *s = calloc(1, sizeof(*s));
+    node_server *s = calloc(1, sizeof(*s));
     if (s == NULL) {
         kgpu_error_set(err, KGPU_ENOMEM, "out of memory starting a server");
         return NULL;
     }
     snprintf(s->name, sizeof(s->name), "%s", name);
+    snprintf(s->stream, sizeof(s->stream), "%s", stream != NULL && snap != NULL ? stream : "");
+    const char *slash = strrchr(s->stream, '/');
+    s->stream_short = slash != NULL ? slash + 1 : s->stream;
     s->snap = snap;
     s->unary = unary;
     s->ctx = ctx;
@@ -414,95 +424,11 @@ dp_server *dp_server_start(const char *path, const char *name, dp_snapshot *snap
     return s;
 }
 
-void dp_server_stop(dp_server *s)
+void node_server_stop(node_server *s)
 {
     if (s == NULL)
         return;
     atomic_store(&s->stopping, true);
     pthread_join(s->thread, NULL);
     server_free(s, true);
-}
-
-#include "deviceplugin.pb-c.h"
-
-int dp_register(const char *kubelet_sock, const char *endpoint, dp_res r, bool preferred,
-                unsigned timeout_ms, kgpu_error *err)
-{
-    V1beta1__DevicePluginOptions opts = V1BETA1__DEVICE_PLUGIN_OPTIONS__INIT;
-    opts.pre_start_required = 0;
-    opts.get_preferred_allocation_available = preferred;
-    V1beta1__RegisterRequest req = V1BETA1__REGISTER_REQUEST__INIT;
-    req.version = "v1beta1";
-    req.endpoint = (char *)endpoint;
-    req.resource_name = (char *)dp_res_name(r);
-    req.options = &opts;
-    uint8_t buf[2048];
-    if (v1beta1__register_request__get_packed_size(&req) > sizeof(buf))
-        return kgpu_error_set(err, KGPU_EINVAL, "register request too large");
-    size_t len = v1beta1__register_request__pack(&req, buf);
-
-    char target[1200];
-    snprintf(target, sizeof(target), "unix:%s", kubelet_sock);
-    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(target, cr, NULL);
-    grpc_channel_credentials_release(cr);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline =
-        gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
-    grpc_slice method = grpc_slice_from_static_string("/v1beta1.Registration/Register");
-    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
-                                               deadline, NULL);
-    grpc_slice sl = grpc_slice_from_copied_buffer((const char *)buf, len);
-    grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&sl, 1);
-    grpc_slice_unref(sl);
-    grpc_metadata_array initial, trailing;
-    grpc_metadata_array_init(&initial);
-    grpc_metadata_array_init(&trailing);
-    grpc_byte_buffer *in = NULL;
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
-    grpc_op ops[6];
-    memset(ops, 0, sizeof(ops));
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = out;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &in;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &trailing;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &details;
-    int rc = 0;
-    static int done_tag;
-    if (grpc_call_start_batch(call, ops, 6, &done_tag, NULL) != GRPC_CALL_OK) {
-        rc = kgpu_error_set(err, KGPU_EIO, "Register with %s: cannot start the call", kubelet_sock);
-    } else {
-        grpc_event ev =
-            grpc_completion_queue_pluck(cq, &done_tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        if (ev.type != GRPC_OP_COMPLETE || !ev.success) {
-            rc = kgpu_error_set(err, KGPU_EIO, "Register with %s failed", kubelet_sock);
-        } else if (status != GRPC_STATUS_OK) {
-            char *d = grpc_slice_to_c_string(details);
-            rc = kgpu_error_set(err, KGPU_EIO, "Register %s with %s: gRPC status %d: %s",
-                                dp_res_name(r), kubelet_sock, (int)status, d);
-            gpr_free(d);
-        }
-    }
-    if (in != NULL)
-        grpc_byte_buffer_destroy(in);
-    grpc_byte_buffer_destroy(out);
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&initial);
-    grpc_metadata_array_destroy(&trailing);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN) {
-    }
-    grpc_completion_queue_destroy(cq);
-    grpc_channel_destroy(ch);
-    return rc;
 }

@@ -1,0 +1,323 @@
+/*
+ * kubelet's unary calls on the device plugin's sockets: GetPreferredAllocation
+ * steers to the GPUs the extender assigned (devices.c's dp_prefer), and
+ * Allocate finds the pod and container (match.c), checks its GPUs against
+ * the inventory, writes the contract's files, marks the pod and answers with
+ * the contract's env and mounts (src/contract, respond.c).
+ */
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "deviceplugin.pb-c.h"
+#include "log.h"
+#include "plugin.h"
+#include "podspec.h"
+
+static void set_status(node_status *st, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_status(node_status *st, int code, const char *fmt, ...)
+{
+    st->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->message, sizeof(st->message), fmt, ap);
+    va_end(ap);
+}
+
+/* gRPC status codes used here (grpc/status.h). */
+enum {
+    ST_INVALID = 3,
+    ST_NOT_FOUND = 5,
+    ST_FAILED_PRECONDITION = 9,
+    ST_ABORTED = 10,
+    ST_UNIMPLEMENTED = 12,
+    ST_INTERNAL = 13,
+    ST_UNAVAILABLE = 14
+};
+
+static int status_of(int code)
+{
+    switch (code) {
+    case KGPU_ENOENT:
+        return ST_NOT_FOUND;
+    case KGPU_EAMBIG:
+        return ST_ABORTED;
+    case KGPU_EPARSE:
+    case KGPU_EINVAL:
+        return ST_FAILED_PRECONDITION;
+    case KGPU_EIO:
+        return ST_UNAVAILABLE;
+    default:
+        return ST_INTERNAL;
+    }
+}
+
+/* Checks that every ID is a current device of r; the first stranger is named. */
+static bool known_ids(plugin *p, dp_res r, char **ids, size_t n, node_status *st)
+{
+    pthread_mutex_lock(&p->inv_mu);
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++)
+        if (dp_device_gpu(&p->inv, r, ids[i]) < 0) {
+            set_status(st, ST_INVALID, "unknown %s device ID '%.200s' (not one this plugin lists)",
+                       dp_res_name(r), ids[i]);
+            ok = false;
+        }
+    for (size_t i = 0; i < n && ok; i++)
+        for (size_t j = i + 1; j < n && ok; j++)
+            if (strcmp(ids[i], ids[j]) == 0) {
+                set_status(st, ST_INVALID, "%s device ID '%.200s' requested twice", dp_res_name(r),
+                           ids[i]);
+                ok = false;
+            }
+    pthread_mutex_unlock(&p->inv_mu);
+    return ok;
+}
+
+/*
+ * The container's GPUs must be GPUs of this node: NVIDIA_VISIBLE_DEVICES with
+ * a UUID the node lacks (an assignment made from an older inventory, or
+ * written by hand) makes the container fail at start with a runtime error
+ * that names neither kgpu nor the pod; an assignment without GPUs would mark
+ * the pod allocated while giving it nothing.
+ */
+static int check_assigned_gpus(const plugin *p, const dp_match *m, const contract_inventory *inv,
+                               kgpu_error *err)
+{
+    if (m->t.ngpus == 0)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s: annotation %s gives container %s no GPU", m->t.ns,
+                              m->t.name, KGPU_ANN_ASSIGNMENT, m->t.container);
+    for (int i = 0; i < m->t.ngpus; i++) {
+        int found = -1;
+        for (int g = 0; g < inv->ngpus && found < 0; g++)
+            if (strcmp(inv->gpus[g].uuid, m->t.gpus[i].uuid) == 0)
+                found = g;
+        /*
+         * A GPU that turned unhealthy after the pod was bound: refusing makes
+         * kubelet reject the pod, so its controller recreates it and the
+         * extender places it on a healthy GPU; handing out the broken GPU
+         * would start a container that cannot work.
+         */
+        if (found >= 0 && !inv->gpus[found].healthy)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "pod %s/%s: container %s was assigned GPU %d (%s), which turned "
+                                  "unhealthy after the pod was bound",
+                                  m->t.ns, m->t.name, m->t.container, inv->gpus[found].index,
+                                  m->t.gpus[i].uuid);
+        if (found < 0)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "pod %s/%s: annotation %s gives container %s GPU %s, which node "
+                                  "%s does not have (did its GPUs change after the pod was "
+                                  "bound?)",
+                                  m->t.ns, m->t.name, KGPU_ANN_ASSIGNMENT, m->t.container,
+                                  m->t.gpus[i].uuid, p->cfg->node.node_name);
+    }
+    return 0;
+}
+
+static const char no_api_msg[] =
+    "kgpu-device-plugin runs without an API server (no in-cluster service account and no "
+    "--kubeconfig), so it cannot tell which pod this allocation is for; it hands out no GPU "
+    "without knowing";
+
+static void allocate(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t **out,
+                     size_t *outlen, node_status *st)
+{
+    V1beta1__AllocateRequest *req = v1beta1__allocate_request__unpack(NULL, len, in);
+    if (req == NULL) {
+        set_status(st, ST_INVALID, "Allocate: request is not a valid AllocateRequest");
+        return;
+    }
+    size_t n = req->n_container_requests;
+    contract_response *resp = calloc(n + 1, sizeof(*resp));
+    if (resp == NULL) {
+        set_status(st, ST_INTERNAL, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!known_ids(p, r, req->container_requests[i]->devices_ids,
+                       req->container_requests[i]->n_devices_ids, st))
+            goto out;
+    if (p->k8s == NULL) {
+        set_status(st, ST_FAILED_PRECONDITION, "%s", no_api_msg);
+        goto out;
+    }
+    if (p->paths.shim_lib != NULL && access(p->paths.shim_lib, R_OK) != 0) {
+        set_status(st, ST_FAILED_PRECONDITION,
+                   "the interception library %s is missing on this node, so the container's "
+                   "memory limit could not be enforced; install it or run the plugin with "
+                   "--shim-lib none",
+                   p->paths.shim_lib);
+        goto out;
+    }
+    pthread_mutex_lock(&p->alloc_mu);
+    for (size_t i = 0; i < n && st->code == 0; i++) {
+        kgpu_error e = {0};
+        size_t count = req->container_requests[i]->n_devices_ids;
+        json_t *list = dp_list_node_pods(p, &e);
+        dp_match m;
+        contract_inventory inv;
+        pthread_mutex_lock(&p->inv_mu);
+        inv = p->inv;
+        pthread_mutex_unlock(&p->inv_mu);
+        int rc = list == NULL ? (e.code ? e.code : KGPU_EIO)
+                              : dp_match_find(list, p->cfg->node.node_name, r, (int64_t)count,
+                                              p->registered, inv.unit_mib, &m, &e);
+        json_decref(list);
+        if (rc == 0)
+            rc = check_assigned_gpus(p, &m, &inv, &e);
+        if (rc == 0 && m.primary)
+            rc = contract_write_files(&m.t, &p->paths, &e);
+        if (rc == 0)
+            rc = dp_mark_pod(p, &m, &e);
+        if (rc != 0) {
+            set_status(st, status_of(rc), "Allocate %zu %s: %s", count, dp_res_name(r), e.msg);
+            break;
+        }
+        dp_response_of(&m, &inv, &p->paths, &resp[i]);
+        kgpu_log(KGPU_LOG_INFO, "Allocate %zu %s: pod %s/%s %scontainer %s%s", count,
+                 dp_res_name(r), m.t.ns, m.t.name, m.init ? "init " : "", m.t.container,
+                 m.complete ? " (pod fully allocated)" : "");
+    }
+    pthread_mutex_unlock(&p->alloc_mu);
+    if (st->code == 0 && dp_allocate_encode(resp, (int)n, out, outlen) != 0)
+        set_status(st, ST_INTERNAL, "out of memory encoding the response");
+out:
+    if (st->code != 0)
+        kgpu_log(KGPU_LOG_WARN, "%s", st->message);
+    free(resp);
+    v1beta1__allocate_request__free_unpacked(req, NULL);
+}
+
+/* The GPUs and device counts the matched container should get for resource r. */
+static void want_of(const dp_match *m, const contract_inventory *inv, dp_want *w)
+{
+    w->n = 0;
+    for (int i = 0; i < m->t.ngpus; i++) {
+        int g = -1;
+        for (int j = 0; j < inv->ngpus; j++)
+            if (strcmp(inv->gpus[j].uuid, m->t.gpus[i].uuid) == 0)
+                g = j;
+        if (g < 0)
+            continue;
+        int64_t share = m->count / m->t.ngpus + (i < m->count % m->t.ngpus ? 1 : 0);
+        w->gpu[w->n] = g;
+        w->count[w->n++] = share;
+    }
+}
+
+static void preferred(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t **out,
+                      size_t *outlen, node_status *st)
+{
+    V1beta1__PreferredAllocationRequest *req =
+        v1beta1__preferred_allocation_request__unpack(NULL, len, in);
+    if (req == NULL) {
+        set_status(st, ST_INVALID, "GetPreferredAllocation: not a valid request");
+        return;
+    }
+    size_t n = req->n_container_requests;
+    V1beta1__ContainerPreferredAllocationResponse *cr = calloc(n + 1, sizeof(*cr));
+    V1beta1__ContainerPreferredAllocationResponse **crp = calloc(n + 1, sizeof(*crp));
+    char ***ids = calloc(n + 1, sizeof(*ids));
+    int **chosen = calloc(n + 1, sizeof(*chosen));
+    if (cr == NULL || crp == NULL || ids == NULL || chosen == NULL) {
+        set_status(st, ST_INTERNAL, "out of memory");
+        goto out;
+    }
+    contract_inventory inv;
+    pthread_mutex_lock(&p->inv_mu);
+    inv = p->inv;
+    pthread_mutex_unlock(&p->inv_mu);
+    for (size_t i = 0; i < n; i++) {
+        V1beta1__ContainerPreferredAllocationRequest *c = req->container_requests[i];
+        int size = c->allocation_size;
+        if (size < 0 || (size_t)size > c->n_available_deviceids) {
+            set_status(st, ST_INVALID, "allocation_size %d with %zu devices available", size,
+                       c->n_available_deviceids);
+            goto out;
+        }
+        dp_want want = {0};
+        if (p->k8s != NULL) {
+            /* Steer to the extender's GPUs when the pod can be told; else just pack. */
+            kgpu_error e = {0};
+            dp_match m;
+            pthread_mutex_lock(&p->alloc_mu);
+            json_t *list = dp_list_node_pods(p, &e);
+            if (list != NULL && dp_match_find(list, p->cfg->node.node_name, r, size, p->registered,
+                                              inv.unit_mib, &m, &e) == 0)
+                want_of(&m, &inv, &want);
+            else
+                kgpu_log(KGPU_LOG_DEBUG, "GetPreferredAllocation: packing (%s)", e.msg);
+            pthread_mutex_unlock(&p->alloc_mu);
+            json_decref(list);
+        }
+        chosen[i] = calloc((size_t)size + 1, sizeof(int));
+        ids[i] = calloc((size_t)size + 1, sizeof(char *));
+        if (chosen[i] == NULL || ids[i] == NULL) {
+            set_status(st, ST_INTERNAL, "out of memory");
+            goto out;
+        }
+        int k =
+            dp_prefer(&inv, r, (const char *const *)c->available_deviceids,
+                      (int)c->n_available_deviceids, (const char *const *)c->must_include_deviceids,
+                      (int)c->n_must_include_deviceids, size, &want, chosen[i]);
+        for (int j = 0; j < k; j++)
+            ids[i][j] = c->available_deviceids[chosen[i][j]];
+        v1beta1__container_preferred_allocation_response__init(&cr[i]);
+        cr[i].n_deviceids = (size_t)k;
+        cr[i].deviceids = ids[i];
+        crp[i] = &cr[i];
+    }
+    V1beta1__PreferredAllocationResponse msg = V1BETA1__PREFERRED_ALLOCATION_RESPONSE__INIT;
+    msg.n_container_responses = n;
+    msg.container_responses = crp;
+    size_t size = v1beta1__preferred_allocation_response__get_packed_size(&msg);
+    *out = malloc(size ? size : 1);
+    if (*out == NULL)
+        set_status(st, ST_INTERNAL, "out of memory");
+    else
+        *outlen = v1beta1__preferred_allocation_response__pack(&msg, *out);
+out:
+    for (size_t i = 0; ids != NULL && chosen != NULL && i < n; i++) {
+        free(ids[i]);
+        free(chosen[i]);
+    }
+    free(ids);
+    free(chosen);
+    free(cr);
+    free(crp);
+    v1beta1__preferred_allocation_request__free_unpacked(req, NULL);
+}
+
+void dp_plugin_unary(void *ctx, const char *method, const uint8_t *in, size_t len, uint8_t **out,
+                     size_t *outlen, node_status *st)
+{
+    plugin *p = ((res_ctx *)ctx)->p;
+    dp_res r = ((res_ctx *)ctx)->r;
+    const char *prefix = "/v1beta1.DevicePlugin/";
+    const char *m = strncmp(method, prefix, strlen(prefix)) == 0 ? method + strlen(prefix) : "";
+    if (strcmp(m, "GetDevicePluginOptions") == 0) {
+        V1beta1__DevicePluginOptions o = V1BETA1__DEVICE_PLUGIN_OPTIONS__INIT;
+        o.pre_start_required = 0;
+        o.get_preferred_allocation_available = 1;
+        *out = malloc(16);
+        if (*out != NULL)
+            *outlen = v1beta1__device_plugin_options__pack(&o, *out);
+    } else if (strcmp(m, "PreStartContainer") == 0) {
+        *out = malloc(1); /* PreStartContainerResponse is empty */
+        *outlen = 0;
+    } else if (strcmp(m, "GetPreferredAllocation") == 0) {
+        preferred(p, r, in, len, out, outlen, st);
+    } else if (strcmp(m, "Allocate") == 0) {
+        allocate(p, r, in, len, out, outlen, st);
+    } else {
+        set_status(st, ST_UNIMPLEMENTED, "method %.200s is not served", method);
+    }
+}
