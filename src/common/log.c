@@ -47,7 +47,7 @@ void kgpu_log_set_format(int time_digits, const char *pre)
     snprintf(prefix, sizeof(prefix), "%s", pre != NULL ? pre : "");
 }
 
-void kgpu_log(kgpu_log_level l, const char *fmt, ...)
+void kgpu_vlog(kgpu_log_level l, const char *fmt, va_list args)
 {
     if ((int)l < atomic_load(&level) || (int)l < 0 || (int)l > KGPU_LOG_ERROR)
         return;
@@ -63,13 +63,13 @@ void kgpu_log(kgpu_log_level l, const char *fmt, ...)
     char small[2048];
     char *msg = small;
     va_list ap;
-    va_start(ap, fmt);
+    va_copy(ap, args);
     int n = vsnprintf(small, sizeof(small), fmt, ap);
     va_end(ap);
     if (n >= (int)sizeof(small)) {
         char *big = malloc((size_t)n + 1);
         if (big != NULL) {
-            va_start(ap, fmt);
+            va_copy(ap, args);
             vsnprintf(big, (size_t)n + 1, fmt, ap);
             va_end(ap);
             msg = big;
@@ -80,4 +80,12 @@ void kgpu_log(kgpu_log_level l, const char *fmt, ...)
     pthread_mutex_unlock(&mu);
     if (msg != small)
         free(msg);
+}
+
+void kgpu_log(kgpu_log_level l, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kgpu_vlog(l, fmt, ap);
+    va_end(ap);
 }

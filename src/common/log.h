@@ -6,6 +6,8 @@
 #ifndef KGPU_LOG_H
 #define KGPU_LOG_H
 
+#include <stdarg.h>
+
 /* Ordered: a message is printed when its level is at least the program's. */
 typedef enum kgpu_log_level {
     KGPU_LOG_DEBUG,
@@ -34,5 +36,8 @@ void kgpu_log_set_format(int time_digits, const char *prefix);
  * interleaved with another thread's.
  */
 void kgpu_log(kgpu_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same with the arguments in a va_list (for a program's own wrapper). */
+void kgpu_vlog(kgpu_log_level level, const char *fmt, va_list args)
+    __attribute__((format(printf, 2, 0)));
 
 #endif

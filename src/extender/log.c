@@ -1,7 +1,8 @@
 /*
- * Small tools every layer of the extender uses: its log (one line per call,
- * to stderr, at or below the configured level), the monotonic clock, and a
- * serialised malloc_trim for threads that just dropped a large parse tree.
+ * Small tools every layer of the extender uses: its log (src/common's
+ * kgpu_log, with the extender's levels and millisecond times), the
+ * monotonic clock, and a serialised malloc_trim for threads that just
+ * dropped a large parse tree.
  */
 #include <malloc.h>
 #include <pthread.h>
@@ -11,33 +12,31 @@
 
 #include "base.h"
 #include "clock.h"
+#include "log.h"
 
-static atomic_int log_level = EXT_INFO;
-static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+/* The extender's lines keep their millisecond times, whichever call comes first. */
+static pthread_once_t format_once = PTHREAD_ONCE_INIT;
+
+static void set_format(void)
+{
+    kgpu_log_set_format(3, "");
+}
 
 void ext_log_set_level(int level)
 {
-    atomic_store(&log_level, level);
+    pthread_once(&format_once, set_format);
+    /* 0 error .. 3 debug, as the configuration counts; below 0 nothing at all. */
+    kgpu_log_set_level(level < 0 ? (kgpu_log_level)(KGPU_LOG_ERROR + 1)
+                                 : (kgpu_log_level)(KGPU_LOG_ERROR - (level > 3 ? 3 : level)));
 }
 
 void ext_log(int level, const char *fmt, ...)
 {
-    if (level > atomic_load(&log_level))
-        return;
-    static const char *names[] = {"error", "warn", "info", "debug"};
-    char msg[2048];
+    pthread_once(&format_once, set_format);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    kgpu_vlog((kgpu_log_level)(KGPU_LOG_ERROR - (level & 3)), fmt, ap);
     va_end(ap);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    char when[64];
-    kgpu_rfc3339((double)ts.tv_sec + (double)ts.tv_nsec / 1e9, 3, when, sizeof(when));
-    /* One write per line so concurrent threads never interleave inside a line. */
-    pthread_mutex_lock(&log_mu);
-    fprintf(stderr, "%s %-5s %s\n", when, names[level & 3], msg);
-    pthread_mutex_unlock(&log_mu);
 }
 
 double ext_now(void)
