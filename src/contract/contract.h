@@ -78,9 +78,15 @@ typedef struct contract_paths {
     const char *mps_pipe_dir; /* host: MPS mode's pipe directory; NULL = schedule-file mode */
 } contract_paths;
 
+/*
+ * Room for the longest value: NVIDIA_VISIBLE_DEVICES naming every GPU a node
+ * can have, each UUID whole (a cut one names no GPU, and the runtime fails).
+ */
+#define CONTRACT_ENV_VALUE_MAX (KGPU_MAX_GPUS_PER_NODE * KGPU_GPU_UUID_MAX)
+
 typedef struct contract_kv {
     char key[48];
-    char value[512];
+    char value[CONTRACT_ENV_VALUE_MAX];
 } contract_kv;
 
 typedef struct contract_mount {

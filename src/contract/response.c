@@ -60,7 +60,7 @@ int contract_sharing_parse(const char *s, contract_sharing *out)
 
 char *contract_limits_text(const contract_target *t)
 {
-    size_t cap = 64 + (size_t)t->ngpus * (KGPU_UUID_MAX + 80);
+    size_t cap = 64 + (size_t)t->ngpus * (KGPU_GPU_UUID_MAX + 80);
     char *buf = malloc(cap);
     if (buf == NULL)
         return NULL;
@@ -109,7 +109,7 @@ void contract_response_build(const contract_target *t, const contract_inventory 
     memset(out, 0, sizeof(*out));
     if (t->ngpus == 0)
         return;
-    char uuids[KGPU_MAX_GPUS_PER_NODE * (KGPU_UUID_MAX + 1)] = "";
+    char uuids[CONTRACT_ENV_VALUE_MAX] = ""; /* each UUID and its comma or NUL */
     int64_t mem = 0;
     for (int i = 0; i < t->ngpus; i++) {
         if (i > 0)
