@@ -77,8 +77,9 @@ int contract_write_files(const contract_target *t, const contract_paths *paths, 
     /* Written beside and renamed: a container never sees half a file. */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
     size_t len = strlen(text);
-    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0 || close(fd) != 0 ||
-        rename(tmp, path) != 0) {
+    /* 0444 whatever the umask: a container running as another user must read it, or has no GPU. */
+    if (fd < 0 || fchmod(fd, 0444) != 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0 ||
+        close(fd) != 0 || rename(tmp, path) != 0) {
         rc = kgpu_error_set(err, KGPU_EIO, "writing %s: %s", path, strerror(errno));
         if (fd >= 0)
             close(fd);
