@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,11 +79,16 @@ int contract_write_files(const contract_target *t, const contract_paths *paths, 
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
     size_t len = strlen(text);
     /* 0444 whatever the umask: a container running as another user must read it, or has no GPU. */
-    if (fd < 0 || fchmod(fd, 0444) != 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0 ||
-        close(fd) != 0 || rename(tmp, path) != 0) {
-        rc = kgpu_error_set(err, KGPU_EIO, "writing %s: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
+    bool ok = fd >= 0 && fchmod(fd, 0444) == 0 && write(fd, text, len) == (ssize_t)len &&
+              fsync(fd) == 0;
+    int why = errno;
+    /* Closed once, whatever failed: a second close could take another thread's new descriptor. */
+    if (fd >= 0 && close(fd) != 0 && ok)
+        ok = false, why = errno;
+    if (ok && rename(tmp, path) != 0)
+        ok = false, why = errno;
+    if (!ok) {
+        rc = kgpu_error_set(err, KGPU_EIO, "writing %s: %s", path, strerror(why));
         unlink(tmp);
     }
     free(text);
