@@ -5,7 +5,6 @@
  */
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -13,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "fileio.h"
 #include "log.h"
 #include "plugin.h"
 
@@ -20,15 +20,6 @@
 #define PUBLISH_MAX_S 30
 
 /* ---- removing the directories of pods that are gone ---- */
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    if (remove(path) != 0 && flag != FTW_DNR)
-        kgpu_log(KGPU_LOG_WARN, "removing %s: %s", path, strerror(errno));
-    return 0;
-}
 
 static void gc_pods(plugin *p)
 {
@@ -58,7 +49,10 @@ static void gc_pods(plugin *p)
             continue;
         snprintf(cmd_dir, sizeof(cmd_dir), "%s/%s", dir, de->d_name);
         kgpu_log(KGPU_LOG_INFO, "removing %s: its pod is gone", cmd_dir);
-        nftw(cmd_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+        /* Root removing what a container may still write: never through its symlinks. */
+        kgpu_error rm = {0};
+        if (kgpu_remove_tree(cmd_dir, &rm) != 0)
+            kgpu_log(KGPU_LOG_WARN, "%s", rm.msg);
     }
     if (d != NULL)
         closedir(d);

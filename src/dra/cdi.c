@@ -15,7 +15,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +22,7 @@
 #include <unistd.h>
 
 #include "dra.h"
+#include "fileio.h"
 
 void dra_cdi_name(const dra_claim *c, int r, char *buf, size_t cap)
 {
@@ -159,14 +159,6 @@ int dra_claim_files_write(const dra_claim *c, const contract_inventory *inv,
     return rc;
 }
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path) != 0 && errno != ENOENT ? -1 : 0;
-}
-
 int dra_claim_files_remove(const char *uid, const contract_paths *paths, const char *cdi_dir,
                            kgpu_error *err)
 {
@@ -178,7 +170,6 @@ int dra_claim_files_remove(const char *uid, const contract_paths *paths, const c
     if (unlink(path) != 0 && errno != ENOENT)
         return kgpu_error_set(err, KGPU_EIO, "removing %s: %s", path, strerror(errno));
     snprintf(path, sizeof(path), "%s/pods/%s", paths->state_dir, uid);
-    if (nftw(path, remove_entry, 8, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
-        return kgpu_error_set(err, KGPU_EIO, "removing %s: %s", path, strerror(errno));
-    return 0;
+    /* Root removing what a container may still write: never through its symlinks. */
+    return kgpu_remove_tree(path, err);
 }
