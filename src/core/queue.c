@@ -273,9 +273,10 @@ int kgpu_queues_new(const kgpu_queue_spec *specs, int n, kgpu_queues **out, kgpu
     for (int i = 0; i < qs->n; i++) {
         int depth = 0, p = qs->q[i].parent;
         while (p >= 0) {
-            if (++depth > KGPU_QUEUE_MAX_DEPTH) {
+            /* depth counts parents: a root is level 1, so depth + 1 levels. */
+            if (++depth >= KGPU_QUEUE_MAX_DEPTH) {
                 rc = kgpu_error_set(err, KGPU_EINVAL,
-                                    "queue %s: parents form a cycle or nest deeper than %d",
+                                    "queue %s: parents form a cycle or nest more than %d levels",
                                     qs->q[i].name, KGPU_QUEUE_MAX_DEPTH);
                 goto fail;
             }

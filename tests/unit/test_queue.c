@@ -130,6 +130,22 @@ static void test_tree_errors(void **state)
     assert_string_equal(e.msg, "queue org: its children are guaranteed 3.5 GPUs, more than its "
                                "own guarantee.gpu 3");
 
+    /* KGPU_QUEUE_MAX_DEPTH levels from a root to a leaf, and not one more (issue 24, item 7). */
+    char names[KGPU_QUEUE_MAX_DEPTH + 1][8];
+    kgpu_queue_spec chain[KGPU_QUEUE_MAX_DEPTH + 1];
+    for (int i = 0; i <= KGPU_QUEUE_MAX_DEPTH; i++) {
+        snprintf(names[i], sizeof(names[i]), "q%d", i);
+        chain[i] = (kgpu_queue_spec){.name = names[i],
+                                     .parent = i > 0 ? names[i - 1] : NULL,
+                                     .guarantee = GPUS(0),
+                                     .limit = UNSET};
+    }
+    kgpu_queues *deep = build(chain, KGPU_QUEUE_MAX_DEPTH);
+    kgpu_queues_free(deep);
+    assert_int_equal(build_err(chain, KGPU_QUEUE_MAX_DEPTH + 1, &e), KGPU_EINVAL);
+    assert_non_null(strstr(e.msg, "queue q16: "));
+    assert_non_null(strstr(e.msg, "more than 16 levels"));
+
     kgpu_queue_spec bad[] = {{.name = "Team_A"}};
     assert_int_equal(build_err(bad, 1, &e), KGPU_EINVAL);
     kgpu_queue_spec w[] = {{.name = "a", .weight = 1001}};
