@@ -169,6 +169,8 @@ typedef struct ext_response {
 
 /* Drops what r holds (body or stream) unsent. */
 void ext_response_discard(ext_response *r);
+/* r answers `status` with the JSON text body (malloc'd, taken over); NULL: 500, out of memory. */
+void ext_reply_json_text(ext_response *r, int status, char *body);
 /* r answers `status` with v as JSON (v is taken over); 500 when out of memory. */
 void ext_reply_json(ext_response *r, int status, json_t *v);
 /* r answers `status` with text/plain. */

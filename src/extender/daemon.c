@@ -12,11 +12,6 @@
 
 #include "daemon.h"
 
-static bool leads(ext_daemon *d)
-{
-    return !d->cfg.leader_elect || atomic_load(&d->leader.leads);
-}
-
 static void sleep_ms(ext_daemon *d, long ms)
 {
     for (long t = 0; t < ms && !atomic_load(&d->stop); t += 100)
@@ -31,7 +26,7 @@ static void *write_statuses(void *arg)
     kgpu_strmap_init(&written);
     while (!atomic_load(&d->stop)) {
         sleep_ms(d, EXT_STATUS_INTERVAL_MS);
-        if (!leads(d)) {
+        if (!ext_daemon_leads(d)) {
             kgpu_strmap_clear_free(&written); /* another replica writes meanwhile */
             continue;
         }
@@ -53,7 +48,7 @@ static void *sweep_unschedulable(void *arg)
     }
     while (!atomic_load(&d->stop)) {
         sleep_ms(d, EXT_SWEEP_MS);
-        if (!leads(d))
+        if (!ext_daemon_leads(d))
             continue;
         ext_ctx c = ext_daemon_ctx(d);
         ext_sweep_once(&c, acts, &d->stop);

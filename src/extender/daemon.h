@@ -41,6 +41,9 @@ void ext_http_stop(ext_daemon *d);
 int ext_daemon_start(ext_daemon *d, kgpu_error *err);
 void ext_daemon_stop(ext_daemon *d);
 
+/* Whether this replica leads now (always, without leader election). */
+bool ext_daemon_leads(ext_daemon *d);
+
 /* True once inventory and pods are known and, with leader election, this replica leads (readyz). */
 bool ext_daemon_ready(ext_daemon *d);
 

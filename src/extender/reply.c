@@ -15,15 +15,20 @@ static char *dump(json_t *v)
     return s;
 }
 
-void ext_reply_json(ext_response *r, int status, json_t *v)
+void ext_reply_json_text(ext_response *r, int status, char *body)
 {
     r->status = status;
     r->content_type = "application/json";
-    r->body = dump(v);
+    r->body = body;
     if (r->body == NULL) {
         r->status = 500;
         r->body = strdup("{\"Error\":\"out of memory\"}");
     }
+}
+
+void ext_reply_json(ext_response *r, int status, json_t *v)
+{
+    ext_reply_json_text(r, status, dump(v));
 }
 
 void ext_reply_text(ext_response *r, int status, const char *text)

@@ -406,13 +406,7 @@ void ext_add_reason(kgpu_jsonw *w, const char *node, const char *why)
 
 void ext_reply_written(ext_response *r, kgpu_jsonw *w)
 {
-    r->status = 200;
-    r->content_type = "application/json";
-    r->body = kgpu_jsonw_finish(w);
-    if (r->body == NULL) {
-        r->status = 500;
-        r->body = strdup("{\"Error\":\"out of memory\"}");
-    }
+    ext_reply_json_text(r, 200, kgpu_jsonw_finish(w));
 }
 
 /* text into why, cut to fit. */

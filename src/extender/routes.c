@@ -10,8 +10,7 @@
 
 #include "daemon.h"
 
-/* Whether this replica leads (always, without leader election). */
-static bool leads(ext_daemon *d)
+bool ext_daemon_leads(ext_daemon *d)
 {
     return !d->cfg.leader_elect || atomic_load(&d->leader.leads);
 }
@@ -28,7 +27,7 @@ ext_ctx ext_daemon_ctx(ext_daemon *d)
 
 bool ext_daemon_ready(ext_daemon *d)
 {
-    return ext_state_synced(&d->state) && leads(d);
+    return ext_state_synced(&d->state) && ext_daemon_leads(d);
 }
 
 /*
@@ -115,11 +114,11 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
         ext_reply_text(r, 200, "ok\n");
     } else if (strcmp(url, "/readyz") == 0) {
         bool ready = ext_daemon_ready(d);
-        ext_reply_text(r, ready ? 200 : 503,
-                   ready        ? "ok\n"
-                   : leads(d)   ? "not ready: nodes or pods not listed from the API server "
-                                        "yet\n"
-                                      : "standby: another replica holds the lease\n");
+        const char *why = ready                 ? "ok\n"
+                          : ext_daemon_leads(d) ? "not ready: nodes or pods not listed from the "
+                                                  "API server yet\n"
+                                                : "standby: another replica holds the lease\n";
+        ext_reply_text(r, ready ? 200 : 503, why);
     } else if (strcmp(url, "/version") == 0) {
         ext_reply_json(r, 200,
                    json_pack("{s:s,s:s}", "version", KGPU_VERSION, "component", "kgpu-extender"));
