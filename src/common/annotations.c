@@ -252,6 +252,56 @@ int kgpu_assignment_parse(const char *text, kgpu_assigned_part *parts, int max, 
     return rc;
 }
 
+int kgpu_assignment_within(const kgpu_pod *pod, const kgpu_assigned_part *parts, int n,
+                           kgpu_error *err)
+{
+    bool used[KGPU_MAX_PARTS] = {false};
+    for (int i = 0; i < n; i++) {
+        const kgpu_assigned_part *a = &parts[i];
+        int k = -1;
+        for (int j = 0; j < pod->nparts && k < 0; j++)
+            if (strcmp(pod->parts[j].container, a->container) == 0)
+                k = j;
+        if (k < 0)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "assignment[%d] (container %.63s): the pod asks for no GPU "
+                                  "for this container",
+                                  i, a->container);
+        if (used[k])
+            return kgpu_error_set(err, KGPU_EINVAL, "assignment[%d] (container %.63s): listed twice",
+                                  i, a->container);
+        used[k] = true;
+        const kgpu_request *r = &pod->parts[k].req;
+        if (a->ngpus > r->gpu_count)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "assignment[%d] (container %.63s): %d GPUs, the pod asks for %d",
+                                  i, a->container, a->ngpus, r->gpu_count);
+        if (a->exclusive && !r->exclusive)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "assignment[%d] (container %.63s): whole GPUs, the pod asks "
+                                  "for a share",
+                                  i, a->container);
+        if (a->exclusive)
+            continue;
+        for (int g = 0; g < a->ngpus; g++) {
+            const kgpu_assigned_gpu *x = &a->gpus[g];
+            int milli = r->exclusive ? KGPU_MILLI : r->gpu_milli;
+            if (x->milli > milli)
+                return kgpu_error_set(err, KGPU_EINVAL,
+                                      "assignment[%d] (container %.63s): GPU %d gets %d/1000 of "
+                                      "its compute, the pod asks for %d",
+                                      i, a->container, x->index, x->milli, milli);
+            if (!r->exclusive && x->memory_mib > r->gpu_memory_mib)
+                return kgpu_error_set(err, KGPU_EINVAL,
+                                      "assignment[%d] (container %.63s): GPU %d gets %" PRId64
+                                      " MiB, the pod asks for %" PRId64,
+                                      i, a->container, x->index, x->memory_mib,
+                                      r->gpu_memory_mib);
+        }
+    }
+    return 0;
+}
+
 /* ---- kgpu.io/gpus ---- */
 
 char *kgpu_gpus_annotation_format(const kgpu_gpu_spec *gpus, int n)

@@ -127,6 +127,19 @@ int kgpu_assignment_parse(const char *text, kgpu_assigned_part *parts, int max, 
                           kgpu_error *err);
 
 /*
+ * Whether a parsed assignment stays within what the pod asks for: each part
+ * names a GPU-using container of the pod (at most once), holds no more GPUs
+ * than it requests, is exclusive only when it asked for whole GPUs, and gives
+ * each shared GPU no more compute or memory than asked. The assignment is
+ * annotation text on the pod, which whoever can write the pod can forge;
+ * both node agents and the extender check it before trusting it. Returns 0,
+ * or KGPU_EINVAL with the first excess named ("assignment[0] (container
+ * main): 2 GPUs, the pod asks for 1").
+ */
+int kgpu_assignment_within(const kgpu_pod *pod, const kgpu_assigned_part *parts, int n,
+                           kgpu_error *err);
+
+/*
  * A node's GPU inventory from its v1 Node JSON: the kgpu.io/gpus annotation
  * when present, else nvidia.com/gpu allocatable with the product and memory
  * labels of GPU feature discovery (uuids then read "<node>-gpu<i>").

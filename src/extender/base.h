@@ -128,6 +128,7 @@ typedef struct ext_metrics {
     atomic_ullong bind_failures[BIND_FAIL_COUNT];
     atomic_ullong watch_restarts[2];    /* nodes, pods */
     atomic_ullong assignment_conflicts; /* annotations that would overbook a GPU */
+    atomic_ullong assignments_refused;  /* annotations giving more than the pod asks */
     /* The serving layer (http.c). */
     atomic_ullong http_refused[EXT_HTTP_REFUSED_COUNT]; /* answered before the body was read */
     atomic_int metrics_streams;                          /* /metrics answers being sent */

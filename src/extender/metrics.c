@@ -119,6 +119,11 @@ static void render_requests(buf *b, ext_metrics *m)
            "# TYPE kgpu_extender_assignment_conflicts_total counter\n");
     put(b, "kgpu_extender_assignment_conflicts_total %llu\n",
         atomic_load(&m->assignment_conflicts));
+    put(b, "# HELP kgpu_extender_assignments_refused_total Recorded GPU assignments not counted "
+           "because they give more than the pod asks for (forged by whoever wrote the pod).\n"
+           "# TYPE kgpu_extender_assignments_refused_total counter\n");
+    put(b, "kgpu_extender_assignments_refused_total %llu\n",
+        atomic_load(&m->assignments_refused));
     static const char *refused[EXT_HTTP_REFUSED_COUNT] = {"too_large", "busy", "bad_framing",
                                                           "unauthenticated"};
     put(b, "# HELP kgpu_extender_http_refused_total Requests answered before their body was "

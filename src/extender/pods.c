@@ -520,6 +520,18 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
         free(parts);
         return;
     }
+    if (kgpu_assignment_within(&pod, parts, n, &err) != 0) {
+        /* Not written by kgpu's bind (the admission policy keeps tenants from writing it):
+         * counting it as written would give the pod GPUs it never asked for, and charge
+         * them to whatever queue it names. Its CPU still counts; the device plugin
+         * refuses the same assignment at Allocate. */
+        atomic_fetch_add(&st->metrics->assignments_refused, 1);
+        ext_log(EXT_ERROR, "pod %s/%s: %s annotation refused: %s", pod.ns, pod.name,
+                KGPU_ANN_ASSIGNMENT, err.msg);
+        free(parts);
+        cpu_pod_seen(st, &pod);
+        return;
+    }
     if (kgpu_strmap_get(&st->pending, pod.uid) == NULL &&
         kgpu_strmap_get(&st->orphans, pod.uid) == NULL) {
         ext_state_compile(st, &pod, &err);

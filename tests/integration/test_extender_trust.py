@@ -17,6 +17,9 @@ kube-scheduler's wire format as test_extender.py does (its helpers are reused):
 - Smaller wrong answers: preempt keeps every victim it was sent; a flood of
   filtered pods does not cost a real pod its bind; a bind under another
   pod's name is refused.
+- A forged assignment: a pod bound by its author (spec.nodeName) with a
+  kgpu.io/assignment giving more than it asks for is not counted as written
+  (its GPUs stay kgpu's to give), and the metric and log say why.
 
     test_extender_trust.py --extender PATH --kgpu PATH [unittest arguments...]
 
@@ -379,6 +382,46 @@ class TestClusterFileMode(ExtenderTest):
                                                                       name="pod-b")), "n0"))
         self.assertEqual(ext.bind(a, "n0"), "", "a repeated bind still succeeds")
         self.assertEqual(ext.inspect()["totals"]["pods"], 1)
+
+
+class TestForgedAssignment(ExtenderTest):
+    """A pod created with spec.nodeName never meets kube-scheduler or the extender's bind:
+    whatever kgpu.io/assignment it carries was written by its author (issue 24, item 2)."""
+
+    def setUp(self):
+        super().setUp()
+        self.standin = self.start_standin()
+        self.standin.add_node("t4-0", gpu_list("t4-0", "T4", 15360, 2))
+
+    def bound(self, name, limits, parts):
+        ann = {"kgpu.io/assignment": te.assignment_annotation(parts), "kgpu.io/node": "t4-0",
+               "kgpu.io/bind-time": "2025-01-01T00:00:00.0Z"}
+        return self.standin.add_pod(pod_object(name, [container("main", limits)], ann,
+                                               node_name="t4-0", phase="Running"))
+
+    def test_assignment_beyond_the_request_is_not_adopted(self):
+        # One 1 GiB unit asked for; both GPUs, whole, written.
+        self.bound("forged", share(mem=1),
+                   [("main", True, [(0, "GPU-t4-0-0", 1000, 15360),
+                                    (1, "GPU-t4-0-1", 1000, 15360)])])
+        # A genuine one (what kgpu's bind writes for 2 units) is adopted as written.
+        self.bound("genuine", share(mem=2), [("main", False, [(1, "GPU-t4-0-1", 0, 2048)])])
+        ext = self.start_extender_for(self.standin, ["--allocate-wait", "0"])
+        wait_for(lambda: ext.metric("kgpu_extender_assignments_refused_total") == 1, 10,
+                 what="the forged assignment refused")
+        self.assertEqual(ext.held(), {("t4-0", 1): (2048, 0)})
+        self.assertIn("2 GPUs, the pod asks for 1", ext.log())
+        # The GPU it claimed is still kgpu's to give.
+        pod = self.standin.add_pod(pod_object("real", [container("main", whole(1))]))
+        self.assertEqual(ext.schedule(pod, ["t4-0"]), ("t4-0", ""))
+        self.assertEqual(ext.metric("kgpu_extender_assignment_conflicts_total"), 0)
+
+    def test_more_memory_than_asked_is_not_adopted(self):
+        self.bound("greedy", share(mem=1), [("main", False, [(0, "GPU-t4-0-0", 0, 15360)])])
+        ext = self.start_extender_for(self.standin, ["--allocate-wait", "0"])
+        wait_for(lambda: ext.metric("kgpu_extender_assignments_refused_total") == 1, 10,
+                 what="the forged assignment refused")
+        self.assertEqual(ext.held(), {})
 
 
 def main():

@@ -862,6 +862,39 @@ static void test_assignment_round_trip(void **state)
     kgpu_assignment bad = a[0];
     bad.gpus[0] = 9;
     assert_null(kgpu_assignment_format(n, pod->parts, &bad, 1));
+    /* What kgpu wrote is within the pod's requests; a forged one is not (issue 24). */
+    assert_int_equal(kgpu_assignment_within(pod, parsed, 2, &err), 0);
+    assert_int_equal(kgpu_assignment_within(pod, parsed, 0, &err), 0);
+    kgpu_assigned_part forged[2];
+    memcpy(forged, parsed, sizeof(forged));
+    forged[1].gpus[0].memory_mib = 40960; /* all of the GPU's memory for 8 units */
+    assert_int_equal(kgpu_assignment_within(pod, forged, 2, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "container infer): GPU 4 gets 40960 MiB, the pod asks for 4096"));
+    memcpy(forged, parsed, sizeof(forged));
+    forged[1].gpus[1].milli = 1000; /* all of its compute */
+    assert_int_equal(kgpu_assignment_within(pod, forged, 2, &err), KGPU_EINVAL);
+    memcpy(forged, parsed, sizeof(forged));
+    forged[1].exclusive = true; /* whole GPUs for a share */
+    assert_int_equal(kgpu_assignment_within(pod, forged, 2, &err), KGPU_EINVAL);
+    memcpy(forged, parsed, sizeof(forged));
+    forged[0].ngpus = 2; /* two whole GPUs for one */
+    forged[0].gpus[1] = forged[0].gpus[0];
+    forged[0].gpus[1].index = 7;
+    assert_int_equal(kgpu_assignment_within(pod, forged, 2, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "2 GPUs, the pod asks for 1"));
+    memcpy(forged, parsed, sizeof(forged));
+    snprintf(forged[1].container, sizeof(forged[1].container), "sidecar"); /* asks for none */
+    assert_int_equal(kgpu_assignment_within(pod, forged, 2, &err), KGPU_EINVAL);
+    memcpy(forged, parsed, sizeof(forged));
+    forged[1] = forged[0]; /* one container's GPUs twice */
+    assert_int_equal(kgpu_assignment_within(pod, forged, 2, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "listed twice"));
+    /* Fewer GPUs than asked, or a share of a whole GPU, is not more than asked. */
+    memcpy(forged, parsed, sizeof(forged));
+    forged[1].ngpus = 1;
+    forged[0].exclusive = false;
+    forged[0].gpus[0].milli = 500;
+    assert_int_equal(kgpu_assignment_within(pod, forged, 2, &err), 0);
     /* No parts: an empty array. */
     text = kgpu_assignment_format(n, pod->parts, a, 0);
     assert_non_null(text);
