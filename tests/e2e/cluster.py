@@ -132,8 +132,9 @@ class Api:
                     raise
         raise AssertionError("unreachable")
 
-    def req(self, method, path, body=None, ctype="application/json", ok=(200, 201, 202)):
-        status, text = self.raw(method, path, body, ctype)
+    def req(self, method, path, body=None, ctype="application/json", ok=(200, 201, 202),
+            headers=None):
+        status, text = self.raw(method, path, body, ctype, headers)
         try:
             doc = json.loads(text) if text else None
         except ValueError:
@@ -460,11 +461,17 @@ class ControlPlane:
                             {"apiVersion": "v1", "kind": "ServiceAccount",
                              "metadata": {"name": "default"}})
 
-    def service_account_token(self, ns, name, seconds=7200):
+    def service_account_token(self, ns, name, seconds=7200, pod=None):
+        """A token of ServiceAccount ns/name; given `pod` (a Pod object of ns), bound to
+        it as kubelet's projected tokens are (then it names the pod's node)."""
+        spec = {"expirationSeconds": seconds}
+        if pod is not None:
+            spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1",
+                                      "name": pod["metadata"]["name"],
+                                      "uid": pod["metadata"]["uid"]}
         doc = self.admin.post("/api/v1/namespaces/%s/serviceaccounts/%s/token" % (ns, name),
                               {"apiVersion": "authentication.k8s.io/v1",
-                               "kind": "TokenRequest",
-                               "spec": {"expirationSeconds": seconds}})
+                               "kind": "TokenRequest", "spec": spec})
         return doc["status"]["token"]
 
     def add_node(self, node):

@@ -33,6 +33,9 @@ NODES = {  # name: (model, GPUs, MiB each, NUMA of each)
 GQ = "/apis/kgpu.io/v1alpha1/gpuqueues"
 QLABEL = "kgpu.io/queue"
 CONFIG = {}  # filled by e2e.py: bin dir, build dir, work dir
+# Impersonation headers for the admin: kgpu's extender by name, with the admin's rights.
+AS_KGPU = {"Impersonate-User": "system:serviceaccount:kgpu-system:kgpu-extender",
+           "Impersonate-Group": "system:masters"}
 
 
 def annotations(obj):
@@ -523,7 +526,11 @@ class ControlPlaneSuite(unittest.TestCase):
                                                              "uuid": g["uuid"],
                                                              "milli": 0,
                                                              "memory_mib": 1024}]}])}
-            self.cp.create_pod(pod)
+            # Written as an earlier kgpu run wrote them: under kgpu's own name (the
+            # admission policy lets nobody else write kgpu.io/assignment or create a GPU
+            # pod bound already), with the admin's rights (the extender's RBAC creates
+            # no pods).
+            self.cp.admin.req("POST", cluster.pod_path(E2E_NS), pod, headers=AS_KGPU)
             made.append(name)
         self.created.extend((E2E_NS, n) for n in made)
         audit_from = self.cp.audit_size()
@@ -862,15 +869,23 @@ class ControlPlaneSuite(unittest.TestCase):
         calls = self.ext.metric("kgpu_extender_requests_total", verb)
         try:
             os.makedirs(tmp, exist_ok=True)
-            token = cp.service_account_token("kgpu-dra", "kgpu-dra-plugin")
-            kc = cluster.kubeconfig(os.path.join(tmp, "dra.kubeconfig"), cp.server,
-                                    cp.pki.ca_crt, token=token)
             shim = os.path.join(tmp, "libkgpu-limit.so")
             open(shim, "w").close()
             for name in nodes:
                 node = node_object(name, "A100-SXM4-40GB", 0, 40960, cpu="16", memory="64Gi",
                                    labels={"kgpu.io/gpu-allocator": "dra"})
                 cp.add_node(node)
+                # The driver's token as kubelet projects it into the DaemonSet's pod on
+                # that node: bound to the pod, so it names the node, which the admission
+                # policy kgpu-node-agents requires (its slices only).
+                agent = pod_object("dra-agent-" + name, [("main", {})], ns="kgpu-dra")
+                agent["spec"].update(nodeName=name, serviceAccountName="kgpu-dra-plugin")
+                agent["spec"]["containers"][0]["resources"] = {}  # nothing for the scores
+                agent = cp.admin.post(cluster.pod_path("kgpu-dra"), agent)
+                self.created.append(("kgpu-dra", agent["metadata"]["name"]))
+                token = cp.service_account_token("kgpu-dra", "kgpu-dra-plugin", pod=agent)
+                kc = cluster.kubeconfig(os.path.join(tmp, name + "-dra.kubeconfig"), cp.server,
+                                        cp.pki.ca_crt, token=token)
                 gpus = os.path.join(tmp, name + "-gpus.yaml")
                 with open(gpus, "w") as f:
                     f.write("gpus:\n" + "".join(
@@ -948,6 +963,122 @@ class ControlPlaneSuite(unittest.TestCase):
         for d in drivers:
             report = d.sanitizer_report()
             self.assertIsNone(report, report)
+
+    # -- 16. the admission policies: what kgpu trusts, nobody else writes ------------
+
+    def tenant(self, ns="e2e-tenant"):
+        """A tenant of namespace ns: a ServiceAccount that may do anything with pods there
+        (and nothing else), as an API client."""
+        cp = self.cp
+        cp.ensure_namespace(ns)
+        for path, obj in (
+                ("/api/v1/namespaces/%s/serviceaccounts" % ns,
+                 {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant"}}),
+                ("/apis/rbac.authorization.k8s.io/v1/namespaces/%s/roles" % ns,
+                 {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                  "metadata": {"name": "tenant"},
+                  "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}]}),
+                ("/apis/rbac.authorization.k8s.io/v1/namespaces/%s/rolebindings" % ns,
+                 {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                  "metadata": {"name": "tenant"},
+                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                              "name": "tenant"},
+                  "subjects": [{"kind": "ServiceAccount", "name": "tenant",
+                                "namespace": ns}]})):
+            if cp.admin.try_get(path + "/tenant") is None:
+                cp.admin.post(path, obj)
+        token = cp.service_account_token(ns, "tenant")
+        return cluster.Api("127.0.0.1", cp.api_port, cp.pki.ca_crt, token=token)
+
+    def test_16_admission_policies_keep_kgpus_bookkeeping(self):
+        """The chart's ValidatingAdmissionPolicies, on by default, in the real API server:
+        a tenant cannot create a GPU pod past kube-scheduler (spec.nodeName), nor write,
+        change or remove kgpu.io/assignment; a node agent's pod-bound token changes only
+        its own node, only kgpu.io/ keys, and only pods bound there."""
+        cp, ns = self.cp, "e2e-tenant"
+        for name in ("kgpu-pod-bookkeeping", "kgpu-node-agents"):
+            pol = cp.admin.get("/apis/admissionregistration.k8s.io/v1/"
+                               "validatingadmissionpolicies/" + name)
+            # The API server type-checks every expression against the matched kinds.
+            warnings = ((pol.get("status") or {}).get("typeChecking") or {}).get(
+                "expressionWarnings")
+            self.assertFalse(warnings, "%s: %r" % (name, warnings))
+        me = self.tenant(ns)
+        path = cluster.pod_path(ns)
+        forged = json.dumps([{"container": "main", "exclusive": True, "gpus": [
+            {"index": g["index"], "uuid": g["uuid"], "milli": 1000, "memory_mib": 15360}
+            for g in self.inventory["gpu-t4-0"]]}])
+
+        def refused(method, p, body, what):
+            ctype = "application/merge-patch+json" if method == "PATCH" else "application/json"
+            st, text = me.raw(method, p, json.dumps(body), ctype)
+            self.assertEqual(st, 403, "%s was let through: %s" % (what, text[:300]))
+            return json.loads(text)["message"]
+
+        # Bound at creation: both with and without an assignment of its own.
+        pod = pod_object("sneak", [("main", {MEM: 1})], ns=ns)
+        pod["spec"]["nodeName"] = "gpu-t4-0"
+        msg = refused("POST", path, pod, "a GPU pod created with spec.nodeName")
+        self.assertIn("may not create it with spec.nodeName set", msg)
+        pod["metadata"]["annotations"] = {"kgpu.io/assignment": forged, "kgpu.io/node": "gpu-t4-0"}
+        refused("POST", path, pod, "a GPU pod with nodeName and an assignment")
+        # Unbound, with an assignment: the extender's bind would find one there.
+        del pod["spec"]["nodeName"]
+        msg = refused("POST", path, pod, "a pod created with kgpu.io/assignment")
+        self.assertIn("may not set, change or remove them", msg)
+        # A pod without GPUs may still name its node: not kgpu's business.
+        cpu = pod_object("cpu-only", [("main", {})], ns=ns)
+        cpu["spec"]["nodeName"] = "gpu-t4-0"
+        me.post(path, cpu)
+        self.created.append((ns, "cpu-only"))
+
+        # A pod placed by kgpu: its bookkeeping stays as kgpu wrote it.
+        me.post(path, pod_object("placed", [("main", {MEM: 2})], ns=ns))
+        self.created.append((ns, "placed"))
+        placed = self.wait_bound("placed", ns=ns)
+        written = annotations(placed)["kgpu.io/assignment"]
+        mine = cluster.pod_path(ns, "placed")
+        for change in ({"kgpu.io/assignment": None}, {"kgpu.io/assignment": forged},
+                       {"kgpu.io/bind-time": None}, {"kgpu.io/allocated": "true"}):
+            refused("PATCH", mine, {"metadata": {"annotations": change}}, "patch %r" % change)
+        me.merge_patch(mine, {"metadata": {"annotations": {"team.example/owner": "me"}}})
+        self.assertEqual(annotations(cp.get_pod(ns, "placed"))["kgpu.io/assignment"], written)
+
+        # The device plugin's credentials, as a taken-over node would hold them.
+        dp_ns, dp_sa = "kgpu-node", "kgpu-device-plugin"
+        # Its node is not the one "placed" runs on, and "other" is a third.
+        here, other_node = [n for n in sorted(NODES) if n != placed["spec"]["nodeName"]][:2]
+        agent = pod_object("agent-on-t4", [("main", {})], ns=dp_ns)
+        agent["spec"].update(nodeName=here, serviceAccountName=dp_sa)
+        agent["spec"]["containers"][0]["resources"] = {}
+        agent = cp.admin.post(cluster.pod_path(dp_ns), agent)
+        self.created.append((dp_ns, "agent-on-t4"))
+        bound = cluster.Api("127.0.0.1", cp.api_port, cp.pki.ca_crt,
+                            token=cp.service_account_token(dp_ns, dp_sa, pod=agent))
+        unbound = cluster.Api("127.0.0.1", cp.api_port, cp.pki.ca_crt,
+                              token=cp.service_account_token(dp_ns, dp_sa))
+
+        def patch(api, p, body):
+            return api.raw("PATCH", p, json.dumps(body), "application/merge-patch+json")
+
+        own, other = "/api/v1/nodes/" + here, "/api/v1/nodes/" + other_node
+        probe = {"metadata": {"labels": {"kgpu.io/e2e-probe": "1"}}}
+        st, text = patch(bound, own, probe)
+        self.assertEqual(st, 200, text[:300])
+        for api, p, body, why in (
+                (bound, other, probe, "only that node"),
+                (bound, own, {"metadata": {"labels": {"node-role.kubernetes.io/x": ""}}},
+                 "only kgpu.io/ labels"),
+                (bound, own, {"metadata": {"annotations": {"example.com/x": "1"}}},
+                 "only kgpu.io/ labels"),
+                (bound, own, {"spec": {"unschedulable": True}}, "not its spec"),
+                (bound, mine, {"metadata": {"annotations": {"kgpu.io/allocated": "x"}}},
+                 "only pods bound to that node"),
+                (unbound, own, probe, "must use the token of its pod")):
+            st, text = patch(api, p, body)
+            self.assertEqual(st, 403, "%s %r: %s" % (p, body, text[:300]))
+            self.assertIn(why, json.loads(text)["message"])
+        cp.admin.merge_patch(own, {"metadata": {"labels": {"kgpu.io/e2e-probe": None}}})
 
     def test_0_only_kube_scheduler_gets_in(self):
         """The extender runs the chart's config (HTTPS, client CA); kube-scheduler runs the

@@ -25,6 +25,8 @@ involved), then:
   the extender's probeListen serves;
 - the defaults are authenticated: HTTPS with client certificates on both
   ends, probes that need no certificate, a NetworkPolicy;
+- the admission policies (docs/security.md) are on by default and name the
+  service accounts the chart renders, whatever the namespaces;
 - value overrides (replicas, policy, port, TLS, network policy, namespaces,
   device plugin switches, leader election) change what they should and
   nothing else; the DRA driver's values (image, flags, namespace, node
@@ -644,6 +646,42 @@ class HelmChartTest(unittest.TestCase):
         self.assertEqual(sorted(changed(helm(), h)),
                          [("Namespace", "", DP_NS), ("Namespace", "", EXT_NS)])
         self.check_invariants(h)
+
+    def test_admission_policies(self):
+        """On by default (docs/security.md), naming the service accounts the chart renders,
+        whatever the namespaces; off and report-only on request."""
+        import re
+        policies = ("kgpu-pod-bookkeeping", "kgpu-node-agents")
+        for h in (helm(), helm("dra.enabled=true"),
+                  helm("namespaces.extender.name=gpu-sched",
+                       "namespaces.devicePlugin.name=gpu-node", "dra.enabled=true",
+                       "namespaces.dra.name=gpu-dra")):
+            accounts = {"system:serviceaccount:%s:%s" % (ns, name)
+                        for (kind, ns, name) in h if kind == "ServiceAccount"}
+            for p in policies:
+                pol = h[("ValidatingAdmissionPolicy", "", p)]
+                binding = h[("ValidatingAdmissionPolicyBinding", "", p)]
+                self.assertEqual(binding["spec"], {"policyName": p, "validationActions": ["Deny"]})
+                self.assertEqual(pol["spec"]["failurePolicy"], "Fail")
+                named = set(re.findall(r"system:serviceaccount:[a-z0-9-]+:[a-z0-9-]+",
+                                       str(pol["spec"])))
+                self.assertTrue(named)
+                # Every account a policy names that this release runs is the rendered one.
+                kgpu_named = {n for n in named if n.split(":")[3] in
+                              {a.split(":")[3] for a in accounts}}
+                self.assertLessEqual(kgpu_named, accounts | {
+                    n for n in named if n.endswith(":kgpu-dra-plugin")}, p)
+            bookkeeping = h[("ValidatingAdmissionPolicy", "", policies[0])]
+            self.assertIn(next(a for a in accounts if a.endswith(":kgpu-extender")),
+                          str(bookkeeping["spec"]["matchConditions"]))
+        off = helm("admissionPolicies.enabled=false")
+        self.assertEqual(sorted(changed(helm(), off)),
+                         sorted((kind, "", p) for p in policies for kind in (
+                             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")))
+        warn = helm("admissionPolicies.validationActions={Warn,Audit}")
+        self.assertEqual(warn[("ValidatingAdmissionPolicyBinding", "", policies[1])]["spec"]
+                         ["validationActions"], ["Warn", "Audit"])
+        self.check_invariants(off)
 
     def test_leader_election_off(self):
         h = helm("extender.leaderElection.enabled=false", "extender.replicas=1")
