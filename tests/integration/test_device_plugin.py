@@ -1116,6 +1116,48 @@ class TestAllocate(AllocateCase):
         wait_for(lambda: not os.path.exists(os.path.join(self.state_dir, "pods", "gone-uid")),
                  3, what="the stale pod directory to go")
 
+    def kubelet_checkpoint(self, uids):
+        """kubelet's device manager checkpoint, listing `uids` as holding devices."""
+        entries = [{"PodUID": u, "ContainerName": "main", "ResourceName": MEM,
+                    "DeviceIDs": {"0": ["x"]}, "AllocResp": "AA=="} for u in uids]
+        with open(os.path.join(self.plugin_dir, "kubelet_internal_checkpoint"), "w") as f:
+            json.dump({"Data": {"PodDeviceEntries": entries or None,
+                                "RegisteredDevices": {MEM: ["x"]}}, "Checksum": 1}, f)
+
+    def test_gone_pod_directory_waits_for_kubelet_to_stop_its_containers(self):
+        """A pod force-deleted leaves the API server while its containers still run and
+        write into its folder: the folder goes only once kubelet no longer lists the pod."""
+        running, gone = "0a1b2c3d-0000-4000-8000-000000000001", "0a1b2c3d-0000-4000-8000-000000000002"
+        for uid in (running, gone):
+            os.makedirs(os.path.join(self.state_dir, "pods", uid, "shared"))
+        self.kubelet_checkpoint([running])
+        self.bring_up(1)
+        wait_for(lambda: not os.path.exists(os.path.join(self.state_dir, "pods", gone)), 3,
+                 what="the folder of the pod kubelet no longer lists to go")
+        self.p.stop()  # the API thread finishes its pass before it stops
+        self.assertTrue(os.path.isdir(os.path.join(self.state_dir, "pods", running, "shared")),
+                        "removed while kubelet still lists the pod")
+        self.assertIn("keeping %s/pods/%s" % (self.state_dir, running), self.p.child.log())
+        # kubelet has stopped the containers and dropped the entry: the next pass removes it.
+        self.kubelet_checkpoint([])
+        t0 = time.monotonic()
+        self.p = self.start_plugin(
+            ["--fake-gpus", self.gpu_file, "--kubeconfig", os.path.join(self.tmp, "kubeconfig"),
+             "--node-name", self.node], name="again")
+        self.kubelet.wait_registered((MEM, CORE), since=t0, timeout=10)
+        wait_for(lambda: not os.path.exists(os.path.join(self.state_dir, "pods", running)), 3,
+                 what="the stopped pod's folder to go")
+
+    def test_unreadable_kubelet_checkpoint_removes_nothing(self):
+        os.makedirs(os.path.join(self.state_dir, "pods", "gone-uid", "shared"))
+        with open(os.path.join(self.plugin_dir, "kubelet_internal_checkpoint"), "w") as f:
+            f.write('{"Data": {"PodDeviceEntries": [{"PodUID": 7}]}}')
+        self.bring_up(1)
+        wait_for(lambda: "pod directory cleanup skipped" in self.p.child.log(), 3,
+                 what="the cleanup to give up")
+        self.assertIn("PodDeviceEntries[0].PodUID: expected a pod UID", self.p.child.log())
+        self.assertTrue(os.path.isdir(os.path.join(self.state_dir, "pods", "gone-uid")))
+
 
 # ---------------------------------------------------------------------------
 # 7. A pod with an init container and two app containers
