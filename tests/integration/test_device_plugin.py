@@ -571,6 +571,40 @@ class TestMpsMode(PluginCase):
         self.assertTrue(p.child.alive())
 
 
+class TestStateFilesystem(PluginCase):
+    """Containers write into --state-dir outside ephemeral-storage: it must be a bounded
+    filesystem (docs: "The state folder's filesystem")."""
+
+    def test_refuses_a_state_folder_on_a_larger_filesystem(self):
+        self.start_kubelet()
+        p = self.start_plugin(["--no-api-server", "--state-limit", "1Mi", "--state-check",
+                               "refuse"], make_gpus(1))
+        self.assertEqual(p.child.wait_exit(30), 1)
+        p.stopped = True
+        self.assertIsNone(p.sanitizer_report())
+        log = p.child.log()
+        self.assertIn("--state-dir %s is on a filesystem of" % self.state_dir, log)
+        self.assertIn("more than --state-limit (1 MiB)", log)
+        self.assertEqual(self.kubelet.registered(), {})
+
+    def test_warns_by_default_and_serves(self):
+        p = self.up(make_gpus(1), ["--no-api-server", "--state-limit", "1Mi"])
+        self.assertIn("more than --state-limit (1 MiB)", p.child.log())
+        self.assertTrue(p.child.alive())
+
+    def test_a_small_enough_filesystem_passes(self):
+        p = self.up(make_gpus(1), ["--no-api-server", "--state-limit", "1Ei",
+                                   "--state-check", "refuse"])
+        self.assertNotIn("--state-limit", p.child.log())
+
+    def test_bad_values_are_refused(self):
+        for args, msg in ((["--state-limit", "lots"], "--state-limit lots: expected a size"),
+                          (["--state-check", "maybe"], "--state-check maybe: expected warn")):
+            r = subprocess.run([PLUGIN_BIN] + args, capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(msg, r.stderr)
+
+
 # ---------------------------------------------------------------------------
 # 2. kubelet's message size limit
 # ---------------------------------------------------------------------------
