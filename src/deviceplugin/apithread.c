@@ -8,11 +8,13 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "fileio.h"
+#include "kubeletckpt.h"
 #include "log.h"
 #include "plugin.h"
 
@@ -21,6 +23,51 @@
 
 /* ---- removing the directories of pods that are gone ---- */
 
+/*
+ * The pods kubelet's device manager still lists (a new object keyed by pod
+ * UID), or NULL when that cannot be known (logged): then nothing is removed.
+ * No checkpoint at all means kubelet has allocated nothing: an empty object.
+ */
+static json_t *kubelet_pods(const plugin *p)
+{
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/%s", p->cfg->plugin_dir, DP_KUBELET_CKPT_NAME);
+    struct stat st;
+    if (lstat(path, &st) != 0 && errno == ENOENT)
+        return json_object();
+    char *buf = NULL;
+    size_t len = 0;
+    json_t *pods = NULL;
+    kgpu_error e = {0};
+    if (kgpu_read_file_max(path, DP_KUBELET_CKPT_MAX, &buf, &len, &e) == 0)
+        (void)dp_kubelet_ckpt_parse(buf, len, path, &pods, &e);
+    free(buf);
+    if (pods == NULL)
+        kgpu_log(KGPU_LOG_WARN,
+                 "pod directory cleanup skipped: %s (which pods' containers still run is unknown)",
+                 e.msg);
+    return pods;
+}
+
+/* Whether the API server's list of the node's pods has one with this UID. */
+static bool listed(const json_t *items, const char *uid)
+{
+    for (size_t i = 0; i < json_array_size(items); i++) {
+        const char *u = json_string_value(
+            json_object_get(json_object_get(json_array_get(items, i), "metadata"), "uid"));
+        if (u != NULL && strcmp(u, uid) == 0)
+            return true;
+    }
+    return false;
+}
+
+/*
+ * A pod's folder goes once the pod is gone from the API server AND kubelet
+ * no longer lists it: a pod deleted with --grace-period=0 --force leaves
+ * the API server at once while its containers still run (and write into
+ * the folder) until kubelet has stopped them; kubelet's device manager
+ * keeps a pod's entry until then.
+ */
 static void gc_pods(plugin *p)
 {
     char dir[1100];
@@ -33,22 +80,20 @@ static void gc_pods(plugin *p)
         kgpu_log(KGPU_LOG_DEBUG, "pod directory cleanup skipped: %s", e.msg);
         return;
     }
+    /* Read after the list: a pod that left the list has left it before kubelet's entry is read. */
+    json_t *running = kubelet_pods(p);
     char cmd_dir[1400];
-    DIR *d = opendir(dir);
+    DIR *d = running != NULL ? opendir(dir) : NULL;
     for (struct dirent *de; d != NULL && (de = readdir(d)) != NULL;) {
-        if (de->d_name[0] == '.')
-            continue;
-        bool live = false;
-        const json_t *items = list;
-        for (size_t i = 0; i < json_array_size(items) && !live; i++) {
-            const char *uid = json_string_value(
-                json_object_get(json_object_get(json_array_get(items, i), "metadata"), "uid"));
-            live = uid != NULL && strcmp(uid, de->d_name) == 0;
-        }
-        if (live)
+        if (de->d_name[0] == '.' || listed(list, de->d_name))
             continue;
         snprintf(cmd_dir, sizeof(cmd_dir), "%s/%s", dir, de->d_name);
-        kgpu_log(KGPU_LOG_INFO, "removing %s: its pod is gone", cmd_dir);
+        if (json_object_get(running, de->d_name) != NULL) {
+            kgpu_log(KGPU_LOG_DEBUG, "keeping %s: its pod is gone but kubelet still runs it",
+                     cmd_dir);
+            continue;
+        }
+        kgpu_log(KGPU_LOG_INFO, "removing %s: its pod and its containers are gone", cmd_dir);
         /* Root removing what a container may still write: never through its symlinks. */
         kgpu_error rm = {0};
         if (kgpu_remove_tree(cmd_dir, &rm) != 0)
@@ -56,6 +101,7 @@ static void gc_pods(plugin *p)
     }
     if (d != NULL)
         closedir(d);
+    json_decref(running);
     json_decref(list);
     pthread_mutex_unlock(&p->alloc_mu);
 }

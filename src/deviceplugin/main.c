@@ -40,6 +40,9 @@ static const char usage[] =
     "  --watch-config FILE  run the watcher: compare each container's real GPU use (NVML)\n"
     "                       with its share, serve /metrics, post Events, optionally kill\n"
     "                       (docs/install-device-plugin.md, \"The watcher\")\n"
+    "  --state-limit QTY    the largest filesystem STATE-DIR may be on (default 1Gi):\n"
+    "                       containers write into it outside ephemeral-storage\n"
+    "  --state-check MODE   'warn' (default) or 'refuse' to start when it is larger\n"
     "  --log-level LEVEL    debug, info, warn or error (default info)\n"
     "  --version, --help\n";
 
@@ -89,7 +92,8 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
 
 static int run(const void *cfg, atomic_bool *stop, kgpu_error *err)
 {
-    return dp_run(cfg, stop, err);
+    int rc = node_state_check(&((const dp_config *)cfg)->node, err);
+    return rc != 0 ? rc : dp_run(cfg, stop, err);
 }
 
 int main(int argc, char **argv)

@@ -39,6 +39,9 @@ static const char usage[] =
     "  --memory-unit QTY     unit of the gpushare-compatible env variables (default 1Gi)\n"
     "  --resync SECONDS      how often the ResourceSlice is checked against the API server\n"
     "                        (default 300; it is written at once whenever the GPUs change)\n"
+    "  --state-limit QTY     the largest filesystem STATE-DIR may be on (default 1Gi):\n"
+    "                        containers write into it outside ephemeral-storage\n"
+    "  --state-check MODE    'warn' (default) or 'refuse' to start when it is larger\n"
     "  --log-level LEVEL     debug, info, warn or error (default info)\n"
     "  --version, --help\n";
 
@@ -93,7 +96,8 @@ static int parse(int argc, char **argv, dra_config *cfg, kgpu_error *err)
 
 static int run(const void *cfg, atomic_bool *stop, kgpu_error *err)
 {
-    return dra_run(cfg, stop, err);
+    int rc = node_state_check(&((const dra_config *)cfg)->node, err);
+    return rc != 0 ? rc : dra_run(cfg, stop, err);
 }
 
 int main(int argc, char **argv)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 
 #include "log.h"
 #include "nodeagent.h"
@@ -48,6 +49,40 @@ int node_daemon_main(const char *prog, int parse_rc, const kgpu_error *perr, nod
         kgpu_log(KGPU_LOG_ERROR, "%s", err.msg);
         return 1;
     }
+    return 0;
+}
+
+int node_state_check(const node_config *c, kgpu_error *err)
+{
+    /* Not made yet (the agent makes it): the filesystem it will be made on. */
+    char dir[sizeof(c->state_dir)];
+    snprintf(dir, sizeof(dir), "%s", c->state_dir);
+    struct statfs fs;
+    int rc;
+    while ((rc = statfs(dir, &fs)) != 0 && errno == ENOENT && strrchr(dir, '/') != NULL &&
+           strrchr(dir, '/') != dir)
+        *strrchr(dir, '/') = '\0';
+    if (rc != 0 && errno == ENOENT && dir[0] == '/')
+        rc = statfs("/", &fs);
+    if (rc != 0)
+        return kgpu_error_set(err, KGPU_EIO, "--state-dir %s: %s", c->state_dir, strerror(errno));
+    long double size = (long double)fs.f_blocks * (long double)fs.f_frsize;
+    if (size <= (long double)c->state_limit)
+        return 0;
+    kgpu_error e = {0};
+    kgpu_error_set(&e, KGPU_ERANGE,
+                   "--state-dir %s is on a filesystem of %.0Lf MiB, more than --state-limit "
+                   "(%lld MiB): containers write into it outside their pods' ephemeral-storage, "
+                   "so a tenant can fill it; give it a filesystem of its own that small "
+                   "(docs/install-device-plugin.md, \"The state folder's filesystem\")",
+                   c->state_dir, size / (1024.0L * 1024.0L),
+                   (long long)(c->state_limit / (1024 * 1024)));
+    if (c->state_refuse) {
+        if (err != NULL)
+            *err = e;
+        return KGPU_ERANGE;
+    }
+    kgpu_log(KGPU_LOG_WARN, "%s", e.msg);
     return 0;
 }
 

@@ -21,6 +21,7 @@ void node_defaults(node_config *c, const char *state_dir)
     if (env != NULL)
         snprintf(c->node_name, sizeof(c->node_name), "%s", env);
     c->unit_mib = 1024;
+    c->state_limit = NODE_STATE_LIMIT_DEFAULT;
 }
 
 int node_flag_copy(const char *flag, const char *arg, char *dst, size_t cap, size_t reserve,
@@ -68,6 +69,17 @@ int node_flag(int key, const char *arg, const char *flag, size_t reserve, node_c
         c->unit_mib = bytes / (1024 * 1024);
         return 0;
     }
+    case NODE_OPT_STATE_LIMIT:
+        if (kgpu_quantity_value(arg, &c->state_limit, NULL) != 0 || c->state_limit <= 0)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "--state-limit %s: expected a size such as 256Mi or 1Gi", arg);
+        return 0;
+    case NODE_OPT_STATE_CHECK:
+        if (strcmp(arg, "warn") != 0 && strcmp(arg, "refuse") != 0)
+            return kgpu_error_set(err, KGPU_EINVAL, "--state-check %s: expected warn or refuse",
+                                  arg);
+        c->state_refuse = strcmp(arg, "refuse") == 0;
+        return 0;
     case NODE_OPT_LOG: {
         kgpu_log_level level;
         if (kgpu_log_level_parse(arg, &level) != 0)

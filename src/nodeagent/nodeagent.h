@@ -46,6 +46,8 @@ typedef struct node_config {
     int64_t unit_mib;    /* the device plugin's memory unit, gpushare's env unit */
     contract_sharing sharing; /* compute shares: schedule files or NVIDIA MPS */
     char mps_pipe_dir[1024];  /* host: with CONTRACT_SHARING_MPS */
+    int64_t state_limit;      /* --state-limit: the largest filesystem state_dir may be on */
+    bool state_refuse;        /* --state-check refuse: a larger one stops the agent */
 } node_config;
 
 /* getopt_long keys of the shared flags; an agent numbers its own from NODE_OPT_OWN. */
@@ -61,6 +63,8 @@ enum {
     NODE_OPT_MPS_PIPE,
     NODE_OPT_UNIT,
     NODE_OPT_LOG,
+    NODE_OPT_STATE_LIMIT,
+    NODE_OPT_STATE_CHECK,
     NODE_OPT_VERSION,
     NODE_OPT_HELP,
     NODE_OPT_OWN
@@ -79,13 +83,17 @@ enum {
         {"mps-pipe-dir", required_argument, NULL, NODE_OPT_MPS_PIPE},                              \
         {"memory-unit", required_argument, NULL, NODE_OPT_UNIT},                                   \
         {"log-level", required_argument, NULL, NODE_OPT_LOG},                                      \
+        {"state-limit", required_argument, NULL, NODE_OPT_STATE_LIMIT},                            \
+        {"state-check", required_argument, NULL, NODE_OPT_STATE_CHECK},                            \
         {"version", no_argument, NULL, NODE_OPT_VERSION},                                          \
         {"help", no_argument, NULL, NODE_OPT_HELP}
 
 /*
  * The defaults: state_dir as given, MPS pipes in /tmp/nvidia-mps, the node
- * from $NODE_NAME, a 1 GiB memory unit; everything else empty or zero.
+ * from $NODE_NAME, a 1 GiB memory unit, a state filesystem of at most
+ * NODE_STATE_LIMIT_DEFAULT (warned about); everything else empty or zero.
  */
+#define NODE_STATE_LIMIT_DEFAULT (1LL << 30)
 void node_defaults(node_config *c, const char *state_dir);
 
 /*
@@ -131,6 +139,19 @@ int node_parse(int argc, char **argv, const struct option *opts, const char *pro
  * *paths also borrows c's strings.
  */
 void node_contract_paths(const node_config *c, char *shim, size_t cap, contract_paths *paths);
+
+/*
+ * Whether the state folder is on a filesystem of at most c->state_limit
+ * bytes (statfs: a tmpfs's size=, a loop image's, a partition's).
+ * Containers write into it (their pod's accounting folder, mode 1777, and
+ * the GPUs' schedule files), outside their pods' ephemeral-storage
+ * accounting: on the node's root filesystem a tenant could fill the disk
+ * kubelet watches and get other pods evicted for DiskPressure. A larger
+ * one is logged as a warning (0), or refused with c->state_refuse
+ * (KGPU_ERANGE naming the folder, both sizes and the remedy). A folder that
+ * cannot be looked at is KGPU_EIO.
+ */
+int node_state_check(const node_config *c, kgpu_error *err);
 
 /* ---- grpcsrv.c ---- */
 

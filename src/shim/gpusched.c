@@ -465,6 +465,13 @@ int kgpu_sched_prepare(const char *dir, const char *gpu, mode_t mode, kgpu_error
         rc = create(dir, path, mode, 1, err);
     else if ((st.st_mode & 07777) != mode && fchmod(fd, mode) != 0)
         rc = kgpu_error_set(err, KGPU_EIO, "chmod %s: %s", path, strerror(errno));
+    /*
+     * Back to its size: every container may write the file, and what one
+     * appended would stay on the node's disk, outside its pod's accounting.
+     */
+    else if (st.st_size != (off_t)sizeof(kgpu_sched_file) &&
+             ftruncate(fd, (off_t)sizeof(kgpu_sched_file)) != 0)
+        rc = kgpu_error_set(err, KGPU_EIO, "truncating %s: %s", path, strerror(errno));
     if (fd >= 0)
         close(fd);
     return rc;

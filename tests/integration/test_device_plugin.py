@@ -571,6 +571,40 @@ class TestMpsMode(PluginCase):
         self.assertTrue(p.child.alive())
 
 
+class TestStateFilesystem(PluginCase):
+    """Containers write into --state-dir outside ephemeral-storage: it must be a bounded
+    filesystem (docs: "The state folder's filesystem")."""
+
+    def test_refuses_a_state_folder_on_a_larger_filesystem(self):
+        self.start_kubelet()
+        p = self.start_plugin(["--no-api-server", "--state-limit", "1Mi", "--state-check",
+                               "refuse"], make_gpus(1))
+        self.assertEqual(p.child.wait_exit(30), 1)
+        p.stopped = True
+        self.assertIsNone(p.sanitizer_report())
+        log = p.child.log()
+        self.assertIn("--state-dir %s is on a filesystem of" % self.state_dir, log)
+        self.assertIn("more than --state-limit (1 MiB)", log)
+        self.assertEqual(self.kubelet.registered(), {})
+
+    def test_warns_by_default_and_serves(self):
+        p = self.up(make_gpus(1), ["--no-api-server", "--state-limit", "1Mi"])
+        self.assertIn("more than --state-limit (1 MiB)", p.child.log())
+        self.assertTrue(p.child.alive())
+
+    def test_a_small_enough_filesystem_passes(self):
+        p = self.up(make_gpus(1), ["--no-api-server", "--state-limit", "1Ei",
+                                   "--state-check", "refuse"])
+        self.assertNotIn("--state-limit", p.child.log())
+
+    def test_bad_values_are_refused(self):
+        for args, msg in ((["--state-limit", "lots"], "--state-limit lots: expected a size"),
+                          (["--state-check", "maybe"], "--state-check maybe: expected warn")):
+            r = subprocess.run([PLUGIN_BIN] + args, capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(msg, r.stderr)
+
+
 # ---------------------------------------------------------------------------
 # 2. kubelet's message size limit
 # ---------------------------------------------------------------------------
@@ -1115,6 +1149,48 @@ class TestAllocate(AllocateCase):
         self.bring_up(1)
         wait_for(lambda: not os.path.exists(os.path.join(self.state_dir, "pods", "gone-uid")),
                  3, what="the stale pod directory to go")
+
+    def kubelet_checkpoint(self, uids):
+        """kubelet's device manager checkpoint, listing `uids` as holding devices."""
+        entries = [{"PodUID": u, "ContainerName": "main", "ResourceName": MEM,
+                    "DeviceIDs": {"0": ["x"]}, "AllocResp": "AA=="} for u in uids]
+        with open(os.path.join(self.plugin_dir, "kubelet_internal_checkpoint"), "w") as f:
+            json.dump({"Data": {"PodDeviceEntries": entries or None,
+                                "RegisteredDevices": {MEM: ["x"]}}, "Checksum": 1}, f)
+
+    def test_gone_pod_directory_waits_for_kubelet_to_stop_its_containers(self):
+        """A pod force-deleted leaves the API server while its containers still run and
+        write into its folder: the folder goes only once kubelet no longer lists the pod."""
+        running, gone = "0a1b2c3d-0000-4000-8000-000000000001", "0a1b2c3d-0000-4000-8000-000000000002"
+        for uid in (running, gone):
+            os.makedirs(os.path.join(self.state_dir, "pods", uid, "shared"))
+        self.kubelet_checkpoint([running])
+        self.bring_up(1)
+        wait_for(lambda: not os.path.exists(os.path.join(self.state_dir, "pods", gone)), 3,
+                 what="the folder of the pod kubelet no longer lists to go")
+        self.p.stop()  # the API thread finishes its pass before it stops
+        self.assertTrue(os.path.isdir(os.path.join(self.state_dir, "pods", running, "shared")),
+                        "removed while kubelet still lists the pod")
+        self.assertIn("keeping %s/pods/%s" % (self.state_dir, running), self.p.child.log())
+        # kubelet has stopped the containers and dropped the entry: the next pass removes it.
+        self.kubelet_checkpoint([])
+        t0 = time.monotonic()
+        self.p = self.start_plugin(
+            ["--fake-gpus", self.gpu_file, "--kubeconfig", os.path.join(self.tmp, "kubeconfig"),
+             "--node-name", self.node], name="again")
+        self.kubelet.wait_registered((MEM, CORE), since=t0, timeout=10)
+        wait_for(lambda: not os.path.exists(os.path.join(self.state_dir, "pods", running)), 3,
+                 what="the stopped pod's folder to go")
+
+    def test_unreadable_kubelet_checkpoint_removes_nothing(self):
+        os.makedirs(os.path.join(self.state_dir, "pods", "gone-uid", "shared"))
+        with open(os.path.join(self.plugin_dir, "kubelet_internal_checkpoint"), "w") as f:
+            f.write('{"Data": {"PodDeviceEntries": [{"PodUID": 7}]}}')
+        self.bring_up(1)
+        wait_for(lambda: "pod directory cleanup skipped" in self.p.child.log(), 3,
+                 what="the cleanup to give up")
+        self.assertIn("PodDeviceEntries[0].PodUID: expected a pod UID", self.p.child.log())
+        self.assertTrue(os.path.isdir(os.path.join(self.state_dir, "pods", "gone-uid")))
 
 
 # ---------------------------------------------------------------------------

@@ -616,6 +616,62 @@ class HelmChartTest(unittest.TestCase):
                          {("NetworkPolicy", EXT_NS, "kgpu-extender"): ["only in first"]})
         self.check_invariants(h)
 
+    def test_device_plugin_network_policy(self):
+        """The watcher's /metrics (pods and namespaces named) admits only the configured
+        peers; no other port of the plugin's pods is open; the pod is not on the host
+        network, where a NetworkPolicy would not apply."""
+        h = helm()
+        pod = plugin_pod(h)
+        self.assertNotIn("hostNetwork", pod)
+        ds = h[("DaemonSet", DP_NS, "kgpu-device-plugin")]
+        spec = h[("NetworkPolicy", DP_NS, "kgpu-device-plugin")]["spec"]
+        self.assertLessEqual(spec["podSelector"]["matchLabels"].items(),
+                             ds["spec"]["template"]["metadata"]["labels"].items())
+        self.assertEqual(spec["policyTypes"], ["Ingress"])
+        self.assertEqual(spec["ingress"], [{
+            "ports": [{"port": "metrics", "protocol": "TCP"}],
+            "from": [{"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": "monitoring"}}}]}])
+        self.assertEqual([p["name"] for p in pod["containers"][0]["ports"]], ["metrics"])
+        # Other peers replace the default; none admits no one (a rule without peers
+        # would admit everyone, so none is rendered).
+        h2 = helm(values_yaml="devicePlugin:\n  networkPolicy:\n    from:\n"
+                              "      - podSelector: {matchLabels: {app: prometheus}}\n")
+        self.assertEqual(sorted(changed(h, h2)), [("NetworkPolicy", DP_NS, "kgpu-device-plugin")])
+        self.assertEqual(h2[("NetworkPolicy", DP_NS, "kgpu-device-plugin")]["spec"]["ingress"][0]
+                         ["from"], [{"podSelector": {"matchLabels": {"app": "prometheus"}}}])
+        h3 = helm("devicePlugin.networkPolicy.from=null")
+        self.assertNotIn("ingress", h3[("NetworkPolicy", DP_NS, "kgpu-device-plugin")]["spec"])
+        h4 = helm("devicePlugin.networkPolicy.enabled=false")
+        self.assertEqual(changed(h, h4),
+                         {("NetworkPolicy", DP_NS, "kgpu-device-plugin"): ["only in first"]})
+
+    def test_dra_network_policy(self):
+        """The DRA driver listens on no port: its pods admit no one."""
+        h = helm("dra.enabled=true")
+        spec = h[("NetworkPolicy", DRA_NS, "kgpu-dra-plugin")]["spec"]
+        self.assertLessEqual(spec["podSelector"]["matchLabels"].items(),
+                             h[("DaemonSet", DRA_NS, "kgpu-dra-plugin")]["spec"]["template"]
+                             ["metadata"]["labels"].items())
+        self.assertEqual(spec["policyTypes"], ["Ingress"])
+        self.assertNotIn("ingress", spec)
+        self.assertNotIn("ports", dra_pod(h)["containers"][0])
+        self.assertNotIn(("NetworkPolicy", DRA_NS, "kgpu-dra-plugin"),
+                         helm("dra.enabled=true", "dra.networkPolicy.enabled=false"))
+
+    def test_state_filesystem_flags(self):
+        """Both agents check their state folder's filesystem (warned by default)."""
+        h = helm("dra.enabled=true")
+        for pod in (plugin_pod(h), dra_pod(h)):
+            cmd = pod["containers"][0]["command"]
+            self.assertIn("--state-limit=1Gi", cmd)
+            self.assertIn("--state-check=warn", cmd)
+        h = helm("dra.enabled=true", "devicePlugin.stateFilesystem.limit=256Mi",
+                 "devicePlugin.stateFilesystem.check=refuse", "dra.stateFilesystem.check=refuse")
+        self.assertIn("--state-limit=256Mi", plugin_pod(h)["containers"][0]["command"])
+        self.assertIn("--state-check=refuse", plugin_pod(h)["containers"][0]["command"])
+        self.assertIn("--state-check=refuse", dra_pod(h)["containers"][0]["command"])
+
     def test_custom_namespaces(self):
         h = helm("namespaces.extender.name=gpu-sched", "namespaces.devicePlugin.name=gpu-node")
         k = kustomize()

@@ -364,6 +364,18 @@ static void the_node_prepares_the_file(void **state)
     assert_int_equal(stat(path, &st2), 0);
     assert_true(st2.st_ino == st.st_ino); /* kept: a running container has it */
     kgpu_sched_detach(a);
+    /* A container appended to it (filling the node's disk): prepared again, it is cut back. */
+    char junk[256];
+    memset(junk, 'x', sizeof(junk));
+    FILE *grow = fopen(path, "a");
+    assert_non_null(grow);
+    for (int i = 0; i < 256; i++)
+        assert_int_equal(fwrite(junk, 1, sizeof(junk), grow), sizeof(junk));
+    assert_int_equal(fclose(grow), 0);
+    assert_int_equal(kgpu_sched_prepare(dir, GPU, 0666, &err), KGPU_OK);
+    assert_int_equal(stat(path, &st2), 0);
+    assert_true(st2.st_ino == st.st_ino); /* the same file: running containers keep it */
+    assert_int_equal((size_t)st2.st_size, sizeof(kgpu_sched_file));
     assert_int_equal(truncate(path, 100), 0); /* not a schedule any more */
     assert_int_equal(kgpu_sched_prepare(dir, GPU, 0666, &err), KGPU_OK);
     assert_int_equal(stat(path, &st2), 0);
