@@ -877,7 +877,7 @@ class ControlPlaneSuite(unittest.TestCase):
                 cp.add_node(node)
                 # The driver's token as kubelet projects it into the DaemonSet's pod on
                 # that node: bound to the pod, so it names the node, which the admission
-                # policy kgpu-node-agents requires (its slices only).
+                # policy kgpu-agents-own-node requires (its slices only).
                 agent = pod_object("dra-agent-" + name, [("main", {})], ns="kgpu-dra")
                 agent["spec"].update(nodeName=name, serviceAccountName="kgpu-dra-plugin")
                 agent["spec"]["containers"][0]["resources"] = {}  # nothing for the scores
@@ -996,7 +996,7 @@ class ControlPlaneSuite(unittest.TestCase):
         change or remove kgpu.io/assignment; a node agent's pod-bound token changes only
         its own node, only kgpu.io/ keys, and only pods bound there."""
         cp, ns = self.cp, "e2e-tenant"
-        for name in ("kgpu-pod-bookkeeping", "kgpu-node-agents"):
+        for name in ("kgpu-pod-bookkeeping", "kgpu-agents-own-node"):
             pol = cp.admin.get("/apis/admissionregistration.k8s.io/v1/"
                                "validatingadmissionpolicies/" + name)
             # The API server type-checks every expression against the matched kinds.

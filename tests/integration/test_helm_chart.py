@@ -494,7 +494,8 @@ class HelmChartTest(unittest.TestCase):
         h = helm("devicePlugin.enabled=false")
         k = kustomize()
         extender_only = {kk for kk in k if kk[1] == EXT_NS or
-                         (kk[1] == "" and kk[2] in ("kgpu-extender", EXT_NS, QUEUE_CRD))}
+                         (kk[1] == "" and kk[2] in ("kgpu-extender", EXT_NS, QUEUE_CRD)) or
+                         kk[0].startswith("ValidatingAdmissionPolicy")}
         self.assertEqual(sorted(h), sorted(extender_only))
         self.assertEqual(changed(helm(), h),
                          {kk: ["only in first"] for kk in set(k) - extender_only})
@@ -707,7 +708,7 @@ class HelmChartTest(unittest.TestCase):
         """On by default (docs/security.md), naming the service accounts the chart renders,
         whatever the namespaces; off and report-only on request."""
         import re
-        policies = ("kgpu-pod-bookkeeping", "kgpu-node-agents")
+        policies = ("kgpu-pod-bookkeeping", "kgpu-agents-own-node")
         for h in (helm(), helm("dra.enabled=true"),
                   helm("namespaces.extender.name=gpu-sched",
                        "namespaces.devicePlugin.name=gpu-node", "dra.enabled=true",
@@ -911,7 +912,8 @@ class HelmChartTest(unittest.TestCase):
         self.assertEqual(c["command"], [
             "kgpu-dra-plugin", "--plugin-dir=/var/lib/kubelet/plugins",
             "--registry-dir=/var/lib/kubelet/plugins_registry", "--state-dir=/data/kgpu-dra",
-            "--cdi-dir=/etc/cdi", "--log-level=debug", "--shim-lib=none", "--sharing=mps",
+            "--cdi-dir=/etc/cdi", "--log-level=debug", "--state-limit=1Gi", "--state-check=warn",
+            "--shim-lib=none", "--sharing=mps",
             "--mps-pipe-dir=/run/nvidia-mps", "--resync=600"])
         self.assertNotIn("initContainers", pod)
         # Host folders at their host paths: the driver names them in CDI specs.
