@@ -25,6 +25,20 @@ static void bind_failed(ext_ctx *d, ext_response *r, enum ext_bind_fail why, con
 }
 
 /*
+ * "pod NS/NAME" when NS is `viewer`, the namespace of the pod the message
+ * goes to (kube-scheduler posts bind errors on it); else "a pod of another
+ * namespace": tenants learn nothing of each other's pods.
+ */
+static void same_ns_name(const char *pns, const char *pname, const char *viewer, char *buf,
+                         size_t len)
+{
+    if (strcmp(pns, viewer) == 0)
+        snprintf(buf, len, "pod %s/%s", pns, pname);
+    else
+        snprintf(buf, len, "a pod of another namespace");
+}
+
+/*
  * The pod for a bind, and its asks: remembered from filter, else asked of the
  * API server. NULL with msg and *fail saying why.
  */
@@ -50,10 +64,12 @@ static kgpu_pod *bind_pod(ext_ctx *d, const char *ns, const char *name, const ch
     if (known != NULL && (strcmp(pod->ns, ns) != 0 || strcmp(pod->name, name) != 0)) {
         /* A uid names one pod for its life: kube-scheduler binds the pod it filtered. */
         *fail = BIND_FAIL_BAD_REQUEST;
+        char as[KGPU_NAME_MAX + 70];
+        same_ns_name(pod->ns, pod->name, ns, as, sizeof(as));
         snprintf(msg, len,
-                 "pod %s/%s (uid %s): that uid was filtered as pod %s/%s; refused to bind it "
-                 "under another name",
-                 ns, name, uid, pod->ns, pod->name);
+                 "pod %s/%s (uid %s): that uid was filtered as %s; refused to bind it under "
+                 "another name",
+                 ns, name, uid, as);
         free(pod);
         return NULL;
     }
@@ -229,7 +245,7 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
         ext_ask same;
         const ext_await *w = ext_await_clash(d->state, node, uid, &asks, &same);
         if (w != NULL) {
-            ext_await_reason(w, &same, waiting, sizeof(waiting));
+            ext_await_reason(w, &same, ns, waiting, sizeof(waiting));
             rc = kgpu_error_set(&err, KGPU_ESTATE, "%s", waiting);
         }
     }
@@ -274,10 +290,12 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
     if (rc == KGPU_EEXIST) {
         free(pod);
         if (strcmp(held_ns, ns) != 0 || strcmp(held_name, name) != 0) {
+            char as[KGPU_NAME_MAX + 70];
+            same_ns_name(held_ns, held_name, ns, as, sizeof(as));
             snprintf(msg, sizeof(msg),
-                     "pod %s/%s (uid %s): that uid holds GPUs as pod %s/%s; refused to bind it "
-                     "under another name",
-                     ns, name, uid, held_ns, held_name);
+                     "pod %s/%s (uid %s): that uid holds GPUs as %s; refused to bind it under "
+                     "another name",
+                     ns, name, uid, as);
             bind_failed(d, r, BIND_FAIL_BAD_REQUEST, msg);
             return;
         }

@@ -110,7 +110,7 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
                 ext_ask same;
                 if (w != NULL && ext_asks_clash(&w->asks, &asks, &same)) {
                     /* It fits, but the device plugin could not tell the two pods apart: soon. */
-                    ext_await_reason(w, &same, why, sizeof(why));
+                    ext_await_reason(w, &same, pod->ns, why, sizeof(why));
                     ext_add_reason(&failed, names[i], why);
                     continue;
                 }

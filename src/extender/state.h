@@ -474,8 +474,12 @@ const ext_await *ext_await_clash(ext_state *st, const char *node, const char *ui
 /* The same for every node at once: node name -> const ext_await* (borrowed) into `out`. */
 void ext_await_clashing_nodes(ext_state *st, const char *uid, const ext_asks *asks,
                               kgpu_strmap *out);
-/* "waiting for kubelet to allocate NS/NAME (same RES: N); retry shortly" */
-void ext_await_reason(const ext_await *w, const ext_ask *same, char *buf, size_t len);
+/*
+ * "waiting for kubelet to allocate NS/NAME (same RES: N); retry shortly" to a
+ * pod of namespace `viewer` NS; to others "a pod of another namespace".
+ */
+void ext_await_reason(const ext_await *w, const ext_ask *same, const char *viewer, char *buf,
+                      size_t len);
 /* A relist: drops entries of pods not in it recorded before it was asked for. */
 void ext_await_relisted(ext_state *st, const kgpu_strmap *present);
 

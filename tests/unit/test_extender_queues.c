@@ -346,6 +346,27 @@ static void test_sweep_reclaims_for_unschedulable_pods(void **state)
     assert_int_equal(pending_of(f, "team-a"), 0);
 }
 
+/*
+ * A reason kube-scheduler posts on a tenant's pod names a pod of its own
+ * namespace, never one of another (docs/security.md).
+ */
+static void test_await_reason_names_own_namespace_only(void **state)
+{
+    (void)state;
+    ext_await w;
+    memset(&w, 0, sizeof(w));
+    snprintf(w.ns, sizeof(w.ns), "team-a");
+    snprintf(w.name, sizeof(w.name), "secret-job");
+    ext_ask same = {.res = EXT_RES_MEM, .amount = 4};
+    char buf[256];
+    ext_await_reason(&w, &same, "team-a", buf, sizeof(buf));
+    assert_string_equal(buf, "waiting for kubelet to allocate team-a/secret-job (same "
+                             "kgpu.io/gpu-mem: 4); retry shortly");
+    ext_await_reason(&w, &same, "team-b", buf, sizeof(buf));
+    assert_string_equal(buf, "waiting for kubelet to allocate a pod of another namespace (same "
+                             "kgpu.io/gpu-mem: 4); retry shortly");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -355,6 +376,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sweep_reclaims_for_unschedulable_pods, setup,
                                         teardown),
         cmocka_unit_test(test_status),
+        cmocka_unit_test(test_await_reason_names_own_namespace_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
