@@ -176,6 +176,31 @@ static bool dns_name(const char *s)
     return true;
 }
 
+/*
+ * Whether binding `pod` to `node` would take room a reclaim freed for
+ * another pod (reclaim_state.c "Holds"), asked before its reservation, or
+ * `after` it (the holds must still fit with what it was given):
+ * KGPU_ENOFIT with the reason in err, or 0. Caller holds st->mu.
+ */
+static int held_for_another(ext_state *st, const kgpu_pod *pod, const char *node, bool after,
+                            kgpu_error *err)
+{
+    if (!after)
+        ext_reclaims_refresh(st);
+    int idx = st->reclaims.len > 0 ? kgpu_cluster_find_node(st->cluster, node) : -1;
+    if (idx < 0)
+        return 0;
+    kgpu_request fitreq[KGPU_MAX_PARTS];
+    const kgpu_request *reqs[KGPU_MAX_PARTS];
+    ext_fit_requests(pod, fitreq, reqs);
+    const ext_reclaim *h = ext_reclaim_hold_taken(st, idx, pod->uid, reqs, after ? 0 : pod->nparts);
+    if (h == NULL)
+        return 0;
+    char why[REASON_MAX];
+    ext_reclaim_hold_reason(h, pod->ns, why, sizeof(why));
+    return kgpu_error_set(err, KGPU_ENOFIT, "%s", why);
+}
+
 void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
 {
     const char *name = json_string_value(json_object_get(args, "PodName"));
@@ -252,8 +277,17 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
     if (rc == 0 && ext_queues_resolve(d->state, ns, qlabel, qname, sizeof(qname), qwhy,
                                       sizeof(qwhy)) == -2)
         rc = kgpu_error_set(&err, KGPU_ENOFIT, "%s", qwhy);
+    bool fresh = rc == 0 && kgpu_strmap_get(&d->state->pods, uid) == NULL;
+    if (fresh)
+        rc = held_for_another(d->state, pod, node, false, &err);
     if (rc == 0)
         rc = ext_state_reserve(d->state, pod, node, qlabel, priority, &held, &err);
+    if (rc == 0 && fresh && held_for_another(d->state, pod, node, true, &err) != 0) {
+        /* The GPUs the policy chose were the ones held: the room stays the waiting pod's. */
+        ext_state_release(d->state, uid);
+        held = NULL;
+        rc = KGPU_ENOFIT;
+    }
     if (rc == 0) {
         ext_filtered *f = kgpu_strmap_get(&d->state->pending, uid);
         if (f != NULL)
