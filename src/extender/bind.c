@@ -25,6 +25,20 @@ static void bind_failed(ext_ctx *d, ext_response *r, enum ext_bind_fail why, con
 }
 
 /*
+ * "pod NS/NAME" when NS is `viewer`, the namespace of the pod the message
+ * goes to (kube-scheduler posts bind errors on it); else "a pod of another
+ * namespace": tenants learn nothing of each other's pods.
+ */
+static void same_ns_name(const char *pns, const char *pname, const char *viewer, char *buf,
+                         size_t len)
+{
+    if (strcmp(pns, viewer) == 0)
+        snprintf(buf, len, "pod %s/%s", pns, pname);
+    else
+        snprintf(buf, len, "a pod of another namespace");
+}
+
+/*
  * The pod for a bind, and its asks: remembered from filter, else asked of the
  * API server. NULL with msg and *fail saying why.
  */
@@ -50,10 +64,12 @@ static kgpu_pod *bind_pod(ext_ctx *d, const char *ns, const char *name, const ch
     if (known != NULL && (strcmp(pod->ns, ns) != 0 || strcmp(pod->name, name) != 0)) {
         /* A uid names one pod for its life: kube-scheduler binds the pod it filtered. */
         *fail = BIND_FAIL_BAD_REQUEST;
+        char as[KGPU_NAME_MAX + 70];
+        same_ns_name(pod->ns, pod->name, ns, as, sizeof(as));
         snprintf(msg, len,
-                 "pod %s/%s (uid %s): that uid was filtered as pod %s/%s; refused to bind it "
-                 "under another name",
-                 ns, name, uid, pod->ns, pod->name);
+                 "pod %s/%s (uid %s): that uid was filtered as %s; refused to bind it under "
+                 "another name",
+                 ns, name, uid, as);
         free(pod);
         return NULL;
     }
@@ -160,6 +176,31 @@ static bool dns_name(const char *s)
     return true;
 }
 
+/*
+ * Whether binding `pod` to `node` would take room a reclaim freed for
+ * another pod (reclaim_state.c "Holds"), asked before its reservation, or
+ * `after` it (the holds must still fit with what it was given):
+ * KGPU_ENOFIT with the reason in err, or 0. Caller holds st->mu.
+ */
+static int held_for_another(ext_state *st, const kgpu_pod *pod, const char *node, bool after,
+                            kgpu_error *err)
+{
+    if (!after)
+        ext_reclaims_refresh(st);
+    int idx = st->reclaims.len > 0 ? kgpu_cluster_find_node(st->cluster, node) : -1;
+    if (idx < 0)
+        return 0;
+    kgpu_request fitreq[KGPU_MAX_PARTS];
+    const kgpu_request *reqs[KGPU_MAX_PARTS];
+    ext_fit_requests(pod, fitreq, reqs);
+    const ext_reclaim *h = ext_reclaim_hold_taken(st, idx, pod->uid, reqs, after ? 0 : pod->nparts);
+    if (h == NULL)
+        return 0;
+    char why[REASON_MAX];
+    ext_reclaim_hold_reason(h, pod->ns, why, sizeof(why));
+    return kgpu_error_set(err, KGPU_ENOFIT, "%s", why);
+}
+
 void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
 {
     const char *name = json_string_value(json_object_get(args, "PodName"));
@@ -229,15 +270,24 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
         ext_ask same;
         const ext_await *w = ext_await_clash(d->state, node, uid, &asks, &same);
         if (w != NULL) {
-            ext_await_reason(w, &same, waiting, sizeof(waiting));
+            ext_await_reason(w, &same, ns, waiting, sizeof(waiting));
             rc = kgpu_error_set(&err, KGPU_ESTATE, "%s", waiting);
         }
     }
     if (rc == 0 && ext_queues_resolve(d->state, ns, qlabel, qname, sizeof(qname), qwhy,
                                       sizeof(qwhy)) == -2)
         rc = kgpu_error_set(&err, KGPU_ENOFIT, "%s", qwhy);
+    bool fresh = rc == 0 && kgpu_strmap_get(&d->state->pods, uid) == NULL;
+    if (fresh)
+        rc = held_for_another(d->state, pod, node, false, &err);
     if (rc == 0)
         rc = ext_state_reserve(d->state, pod, node, qlabel, priority, &held, &err);
+    if (rc == 0 && fresh && held_for_another(d->state, pod, node, true, &err) != 0) {
+        /* The GPUs the policy chose were the ones held: the room stays the waiting pod's. */
+        ext_state_release(d->state, uid);
+        held = NULL;
+        rc = KGPU_ENOFIT;
+    }
     if (rc == 0) {
         ext_filtered *f = kgpu_strmap_get(&d->state->pending, uid);
         if (f != NULL)
@@ -274,10 +324,12 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
     if (rc == KGPU_EEXIST) {
         free(pod);
         if (strcmp(held_ns, ns) != 0 || strcmp(held_name, name) != 0) {
+            char as[KGPU_NAME_MAX + 70];
+            same_ns_name(held_ns, held_name, ns, as, sizeof(as));
             snprintf(msg, sizeof(msg),
-                     "pod %s/%s (uid %s): that uid holds GPUs as pod %s/%s; refused to bind it "
-                     "under another name",
-                     ns, name, uid, held_ns, held_name);
+                     "pod %s/%s (uid %s): that uid holds GPUs as %s; refused to bind it under "
+                     "another name",
+                     ns, name, uid, as);
             bind_failed(d, r, BIND_FAIL_BAD_REQUEST, msg);
             return;
         }

@@ -52,6 +52,7 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
     int priority, qid = -1;
     ext_pod_queue_fields(json_object_get(args, "Pod"), qlabel, sizeof(qlabel), &priority);
     ext_reclaim *evict = NULL; /* victims to evict through the API once the lock is released */
+    bool holds = false;        /* some reclaim holds room for its pod (reclaim_state.c) */
     pthread_mutex_lock(&d->state->mu);
     rc = ext_check_pod(d, pod, NULL, invalid, sizeof(invalid));
     ext_filtered *remembered = NULL;
@@ -63,6 +64,8 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
         }
         qid = ext_queues_resolve(d->state, pod->ns, qlabel, qname, sizeof(qname), qwhy,
                                  sizeof(qwhy));
+        ext_reclaims_refresh(d->state);
+        holds = d->state->reclaims.len > 0;
         if (remembered != NULL) {
             snprintf(remembered->queue_label, sizeof(remembered->queue_label), "%s", qlabel);
             snprintf(remembered->queue, sizeof(remembered->queue), "%s", qname);
@@ -110,7 +113,15 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
                 ext_ask same;
                 if (w != NULL && ext_asks_clash(&w->asks, &asks, &same)) {
                     /* It fits, but the device plugin could not tell the two pods apart: soon. */
-                    ext_await_reason(w, &same, why, sizeof(why));
+                    ext_await_reason(w, &same, pod->ns, why, sizeof(why));
+                    ext_add_reason(&failed, names[i], why);
+                    continue;
+                }
+                const ext_reclaim *h =
+                    holds ? ext_reclaim_hold_taken(d->state, idx, pod->uid, reqs, pod->nparts)
+                          : NULL;
+                if (h != NULL) { /* room a reclaim freed for another pod: that pod's, for now */
+                    ext_reclaim_hold_reason(h, pod->ns, why, sizeof(why));
                     ext_add_reason(&failed, names[i], why);
                     continue;
                 }

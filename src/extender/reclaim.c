@@ -56,6 +56,7 @@ void ext_evict_victims(ext_ctx *d, const ext_reclaim *r)
 void ext_sweep_once(ext_ctx *d, ext_sweep_act *acts, const atomic_bool *stop)
 {
     pthread_mutex_lock(&d->state->mu);
+    ext_reclaims_refresh(d->state); /* holds start as their victims leave, not at the next filter */
     int n = ext_unsched_sweep(d->state, acts, EXT_SWEEP_PODS);
     pthread_mutex_unlock(&d->state->mu);
     for (int i = 0; i < n && !atomic_load(stop); i++) {

@@ -20,7 +20,7 @@
 /* A victim whose eviction a PodDisruptionBudget refused: skipped by reclaim until `until`. */
 typedef struct refusal {
     double until; /* first: see expire() */
-    char who[KGPU_NAME_MAX + 66]; /* ns/name */
+    char ns[64], name[KGPU_NAME_MAX + 1];
 } refusal;
 
 /* Victim uid's refusal if it was refused lately; forgets old ones. */
@@ -69,29 +69,268 @@ static bool victims_gone(ext_state *st, const ext_reclaim *r)
     return true;
 }
 
-static void victims_text(const ext_reclaim *r, char *out, size_t len)
+/*
+ * The victims as the waiting pod's owner (namespace `viewer`) may read
+ * them: a pod of its own namespace by name and queue, the others only
+ * counted (docs/security.md: tenants learn nothing of each other's pods).
+ */
+static void victims_text(const ext_reclaim *r, const char *viewer, char *out, size_t len)
 {
     size_t off = 0;
+    int others = 0;
     out[0] = '\0';
-    for (int i = 0; i < r->nvictims && off < len; i++)
-        off += (size_t)snprintf(out + off, len - off, "%s%s/%s (queue %s)", i ? ", " : "",
-                                r->v[i].ns, r->v[i].name, r->v[i].queue);
+    for (int i = 0; i < r->nvictims; i++) {
+        if (strcmp(r->v[i].ns, viewer) != 0) {
+            others++;
+            continue;
+        }
+        if (off < len)
+            off += (size_t)snprintf(out + off, len - off, "%s%s/%s (queue %s)", off ? ", " : "",
+                                    r->v[i].ns, r->v[i].name, r->v[i].queue);
+    }
+    if (others > 0 && off < len)
+        snprintf(out + off, len - off, "%s%s", off ? ", " : "",
+                 others == 1 ? "a pod of another namespace" : "pods of other namespaces");
 }
+
+void ext_reclaims_refresh(ext_state *st)
+{
+    if (st->reclaims.len == 0)
+        return;
+    double now = ext_now();
+    const char *k;
+    void *v;
+    size_t it = 0, nd = 0;
+    char(*drop)[64] = calloc(st->reclaims.len + 1, sizeof(*drop));
+    while (kgpu_strmap_next(&st->reclaims, &it, &k, &v)) {
+        ext_reclaim *r = v;
+        if (kgpu_strmap_get(&st->pods, r->for_uid) != NULL) {
+            if (drop != NULL)
+                snprintf(drop[nd++], sizeof(drop[0]), "%s", k); /* placed: it holds GPUs now */
+            continue;
+        }
+        if (!r->freed && victims_gone(st, r)) {
+            r->freed = true;
+            r->until = now + EXT_RECLAIM_HOLD_S;
+        }
+    }
+    for (size_t i = 0; i < nd; i++)
+        free(kgpu_strmap_del(&st->reclaims, drop[i]));
+    free(drop);
+    expire(&st->reclaims, now, (size_t)-1);
+}
+
+/* ---- holds: the room a reclaim frees is its pod's until it is placed ---- */
+
+#define HOLD_RELEASES 64 /* victims' placements on one node a hold check undoes */
+
+const ext_reclaim *ext_reclaim_hold_taken(ext_state *st, int idx, const char *uid,
+                                          const kgpu_request *const *reqs, int nreqs)
+{
+    const kgpu_node *n = st->reclaims.len > 0 ? kgpu_cluster_node(st->cluster, idx) : NULL;
+    if (n == NULL)
+        return NULL;
+    double now = ext_now();
+    const kgpu_request *all[KGPU_PLACE_MAX_REQS];
+    kgpu_assignment rel[HOLD_RELEASES];
+    int nall = 0, nrel = 0;
+    bool crowded = false;
+    const ext_reclaim *first = NULL;
+    const char *k;
+    void *v;
+    size_t it = 0;
+    while (kgpu_strmap_next(&st->reclaims, &it, &k, &v)) {
+        const ext_reclaim *r = v;
+        if (r->until <= now || strcmp(r->node, n->name) != 0 ||
+            (uid != NULL && strcmp(r->for_uid, uid) == 0))
+            continue;
+        if (first == NULL)
+            first = r;
+        if (nall == KGPU_PLACE_MAX_REQS) {
+            crowded = true;
+            continue;
+        }
+        all[nall++] = &r->req;
+        for (int i = 0; i < r->nvictims && !r->freed; i++) {
+            const ext_pod *p = kgpu_strmap_get(&st->pods, r->v[i].uid);
+            for (int j = 0; p != NULL && j < p->nparts; j++)
+                if (p->part[j].a.node == idx && nrel < HOLD_RELEASES)
+                    rel[nrel++] = p->part[j].a;
+        }
+    }
+    if (first == NULL)
+        return NULL;
+    if (crowded || nall + nreqs > KGPU_PLACE_MAX_REQS)
+        return first; /* more than one search can weigh: held */
+    for (int i = 0; i < nreqs; i++)
+        all[nall++] = reqs[i];
+    return kgpu_place_all(st->cluster, idx, rel, nrel, all, nall, 0, 0, NULL, NULL, 0) ==
+                   KGPU_PLACE_FOUND
+               ? NULL
+               : first;
+}
+
+void ext_reclaim_hold_reason(const ext_reclaim *h, const char *viewer, char *buf, size_t len)
+{
+    if (viewer != NULL && strcmp(h->for_ns, viewer) == 0)
+        snprintf(buf, len,
+                 "GPUs here are held for pod %s/%s, for which reclaim freed them; retry shortly",
+                 h->for_ns, h->for_name);
+    else
+        snprintf(buf, len,
+                 "GPUs here are held for a pod of another namespace, for which reclaim freed "
+                 "them; retry shortly");
+}
+
+/*
+ * A copy of the cluster as the other reclaims under way will leave it: on
+ * each one's node its victims there gone and its pod placed. NULL in *out
+ * when there are none (the cluster itself serves). false: out of memory.
+ */
+static bool cluster_with_holds(ext_state *st, const char *uid, double now, kgpu_cluster **out)
+{
+    *out = NULL;
+    const char *k;
+    void *v;
+    size_t it = 0;
+    while (kgpu_strmap_next(&st->reclaims, &it, &k, &v)) {
+        const ext_reclaim *r = v;
+        if (r->until <= now || strcmp(r->for_uid, uid) == 0 || r->node[0] == '\0')
+            continue;
+        if (*out == NULL && (*out = kgpu_cluster_clone(st->cluster)) == NULL)
+            return false;
+        int idx = kgpu_cluster_find_node(*out, r->node);
+        if (idx < 0)
+            continue;
+        kgpu_assignment rel[HOLD_RELEASES];
+        int nrel = 0;
+        for (int i = 0; i < r->nvictims && !r->freed; i++) {
+            const ext_pod *p = kgpu_strmap_get(&st->pods, r->v[i].uid);
+            for (int j = 0; p != NULL && j < p->nparts; j++)
+                if (p->part[j].a.node == idx && nrel < HOLD_RELEASES)
+                    rel[nrel++] = p->part[j].a;
+        }
+        const kgpu_request *reqs[1] = {&r->req};
+        kgpu_placement pl;
+        if (kgpu_place_all(*out, idx, rel, nrel, reqs, 1, 0, 0, &pl, NULL, 0) != KGPU_PLACE_FOUND)
+            continue; /* it no longer fits there: nothing to keep */
+        kgpu_error err;
+        kgpu_assignment a;
+        for (int i = 0; i < nrel; i++)
+            kgpu_cluster_release(*out, &rel[i], &err);
+        ext__apply_clamped(*out, &r->req, idx, pl.gpus[0], &a, &err);
+    }
+    return true;
+}
+
+/*
+ * The queues as they will be: what pods being evicted hold uncharged, and
+ * what the pods of other reclaims under way will take charged, so that a
+ * queue's guarantee is reclaimed for once and a victim's queue is never
+ * counted on twice. Returns how many reclaims of q's own were counted.
+ */
+static int queues_as_they_will_be(ext_state *st, kgpu_queues *qs, int q, const char *uid,
+                                  double now)
+{
+    const char *k;
+    void *v;
+    size_t it = 0;
+    kgpu_error err;
+    while (kgpu_strmap_next(&st->pods, &it, &k, &v)) {
+        const ext_pod *p = v;
+        int pq = p->evicting && p->charged ? kgpu_queues_find(qs, p->queue) : -1;
+        if (pq < 0)
+            continue;
+        kgpu_qdemand d;
+        ext__pod_demand(st->cluster, p, &d);
+        kgpu_queues_uncharge(qs, pq, &d, &err);
+    }
+    int mine = 0;
+    it = 0;
+    while (kgpu_strmap_next(&st->reclaims, &it, &k, &v)) {
+        const ext_reclaim *r = v;
+        int rq = r->until > now && strcmp(r->for_uid, uid) != 0
+                     ? kgpu_queues_find(qs, r->for_queue)
+                     : -1;
+        if (rq >= 0 && kgpu_queues_charge_running(qs, rq, &r->demand, &err) == 0 && rq == q)
+            mine++;
+    }
+    return mine;
+}
+
+/* Uncharges (sign -1) or charges back (+1) running[v[0..n)] in qs; what failed is marked in ok. */
+static void take_away(kgpu_queues *qs, const kgpu_qpod *running, const size_t *v, size_t n,
+                      bool *ok, int sign)
+{
+    kgpu_error err;
+    for (size_t i = 0; i < n; i++) {
+        const kgpu_qpod *p = &running[v[i]];
+        if (sign < 0)
+            ok[i] = kgpu_queues_uncharge(qs, p->queue, &p->d, &err) == 0;
+        else if (ok[i])
+            kgpu_queues_charge_running(qs, p->queue, &p->d, &err);
+    }
+}
+
+/*
+ * Could a placement of req on node idx pass q's limits, once every
+ * candidate is gone (qs is then so)? False only when on GPUs of one model,
+ * each allowed model in turn, it could not: a mix of models is judged on
+ * the placement reclaim chooses.
+ */
+static bool node_may_serve(const kgpu_cluster *c, int idx, const kgpu_queues *qs, int q,
+                           const kgpu_request *req)
+{
+    const kgpu_node *n = kgpu_cluster_node(c, idx);
+    uint64_t tried = 0;
+    for (int g = 0; g < n->ngpus; g++) {
+        int m = n->gpus[g].model;
+        if (m < 0 || m >= KGPU_MAX_MODELS || !((req->models >> m) & 1) || ((tried >> m) & 1))
+            continue;
+        tried |= 1ULL << m;
+        int gpus[KGPU_MAX_GPUS_PER_NODE], k = 0;
+        for (int h = 0; h < n->ngpus && k < req->gpu_count; h++)
+            if (n->gpus[h].model == m)
+                gpus[k++] = h;
+        if (k < req->gpu_count)
+            return true;
+        kgpu_qdemand d;
+        kgpu_qdemand_of_placement(c, req, idx, gpus, &d);
+        if (kgpu_queues_check(qs, q, &d, NULL, 0) == KGPU_QUEUE_WITHIN)
+            return true;
+    }
+    return tried == 0; /* no allowed model: the placement search passes it by anyway */
+}
+
+/* Drops the candidates on node idx; how many. */
+static size_t drop_node(kgpu_qpod *running, const ext_pod **who, size_t *n, int idx)
+{
+    size_t k = 0, was = *n;
+    for (size_t i = 0; i < was; i++)
+        if (running[i].a.node != idx) {
+            running[k] = running[i];
+            who[k++] = who[i];
+        }
+    *n = k;
+    return was - k;
+}
+
+#define RECLAIM_TRIES 4 /* placements a queue's limits refused before reclaim gives up */
 
 int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ext_reclaim *out,
                        char *msg, size_t len)
 {
     double now = ext_now();
     msg[0] = '\0';
-    expire(&st->reclaims, now, (size_t)-1);
+    ext_reclaims_refresh(st);
     ext_reclaim *inflight = kgpu_strmap_get(&st->reclaims, pod->uid);
-    if (inflight != NULL && !victims_gone(st, inflight)) {
+    if (inflight != NULL && !inflight->freed) {
         char list[200];
-        victims_text(inflight, list, sizeof(list));
+        victims_text(inflight, pod->ns, list, sizeof(list));
         snprintf(msg, len, "waits for reclaim: evicting %s", list);
         return EXT_RECLAIM_INFLIGHT;
     }
-    if (inflight != NULL)
+    if (inflight != NULL) /* its room was held, yet it fits nowhere: choose again */
         free(kgpu_strmap_del(&st->reclaims, pod->uid));
     if (pod->nparts != 1) {
         snprintf(msg, len, "reclaim places pods of one GPU container only");
@@ -102,12 +341,18 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
     kgpu_qpod *running = malloc(cap * sizeof(*running));
     const ext_pod **who = malloc(cap * sizeof(*who));
     size_t *victims = malloc(cap * sizeof(*victims));
-    char refused_pod[KGPU_NAME_MAX + 66] = ""; /* a candidate skipped: its eviction was refused */
+    bool *ok = malloc(cap * sizeof(*ok));
+    size_t *all = malloc(cap * sizeof(*all));
+    kgpu_queues *qs = kgpu_queues_clone(st->queues);
+    kgpu_cluster *future = NULL;
+    char refused_ns[64] = "", refused_name[KGPU_NAME_MAX + 1] = ""; /* a candidate skipped */
     int rc = EXT_RECLAIM_NONE;
-    if (running == NULL || who == NULL || victims == NULL) {
+    if (running == NULL || who == NULL || victims == NULL || ok == NULL || all == NULL ||
+        qs == NULL || !cluster_with_holds(st, pod->uid, now, &future)) {
         snprintf(msg, len, "out of memory");
         goto out;
     }
+    const kgpu_cluster *c = future != NULL ? future : st->cluster;
     const char *k;
     void *v;
     size_t it = 0;
@@ -117,7 +362,8 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
             continue;
         const refusal *no = refused_lately(st, p->uid, now);
         if (no != NULL) {
-            snprintf(refused_pod, sizeof(refused_pod), "%s", no->who);
+            snprintf(refused_ns, sizeof(refused_ns), "%s", no->ns);
+            snprintf(refused_name, sizeof(refused_name), "%s", no->name);
             continue;
         }
         kgpu_qpod *r = &running[n];
@@ -130,22 +376,93 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
         ext__pod_demand(st->cluster, p, &r->d);
         who[n++] = p;
     }
+    kgpu_queue_info qi;
+    kgpu_queues_info(st->queues, q, &qi);
     kgpu_request req = pod->parts[0].req;
     req.cpu_milli = 0; /* kube-scheduler's to check */
     req.memory_mib = 0;
+    int mine = queues_as_they_will_be(st, qs, q, pod->uid, now);
+    kgpu_qdemand asked;
+    kgpu_qdemand_of_request(&req, &asked);
+    int was = kgpu_queues_check(qs, q, &asked, NULL, 0);
+    if (was != KGPU_QUEUE_WITHIN && was != KGPU_QUEUE_RECLAIM) {
+        snprintf(msg, len,
+                 "queue %s's guarantee is taken by the reclaims under way for %d other pod%s of "
+                 "it; waits for room",
+                 qi.name, mine, mine == 1 ? "" : "s");
+        rc = mine > 0 ? EXT_RECLAIM_SPOKEN : EXT_RECLAIM_NONE;
+        goto out;
+    }
+    /*
+     * Nodes where the pod could take no GPUs its queue's limits allow (per
+     * model, memory), even with every candidate gone: freeing room there
+     * is an eviction for nothing.
+     */
+    int nn = kgpu_cluster_node_count(c), refused_nodes = 0;
+    bool *serves = calloc((size_t)nn + 1, sizeof(*serves));
+    if (serves == NULL) {
+        snprintf(msg, len, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        all[i] = i;
+    take_away(qs, running, all, n, ok, -1);
+    for (int i = 0; i < nn; i++)
+        serves[i] = node_may_serve(c, i, qs, q, &req);
+    take_away(qs, running, all, n, ok, +1);
+    for (int i = 0; i < nn; i++)
+        if (!serves[i] && drop_node(running, who, &n, i) > 0)
+            refused_nodes++;
+    free(serves);
+    char limit_why[256] = "";
     kgpu_reclaim res = {.victims = victims};
     kgpu_error err;
     kgpu_error_clear(&err);
-    int x = kgpu_queues_reclaim(st->cluster, st->queues, running, n, q, &req, KGPU_RECLAIM_FRAG,
-                                &st->target, &res, &err);
+    int x = KGPU_ENOFIT;
+    for (int tries = 0; tries < RECLAIM_TRIES; tries++) {
+        x = kgpu_queues_reclaim(c, qs, running, n, q, &req, KGPU_RECLAIM_FRAG, &st->target, &res,
+                                &err);
+        if (x != 0)
+            break;
+        /* The placement it frees room for, judged with its victims gone. */
+        kgpu_qdemand d = asked;
+        if (res.ngpus == req.gpu_count && res.node >= 0)
+            kgpu_qdemand_of_placement(c, &req, res.node, res.gpus, &d);
+        take_away(qs, running, res.victims, res.nvictims, ok, -1);
+        int after = kgpu_queues_check(qs, q, &d, limit_why, sizeof(limit_why));
+        take_away(qs, running, res.victims, res.nvictims, ok, +1);
+        if (after == KGPU_QUEUE_WITHIN)
+            break;
+        if (after == KGPU_QUEUE_BORROWS)
+            snprintf(limit_why, sizeof(limit_why),
+                     "there the pod would be above queue %s's guarantee", qi.name);
+        refused_nodes++;
+        x = KGPU_ENOFIT;
+        if (drop_node(running, who, &n, res.node) == 0)
+            break;
+        kgpu_error_clear(&err);
+    }
     if (x != 0) {
-        if (refused_pod[0] != '\0')
+        if (refused_ns[0] != '\0') {
+            char whom[KGPU_NAME_MAX + 100];
+            if (strcmp(refused_ns, pod->ns) == 0)
+                snprintf(whom, sizeof(whom), "%s/%s", refused_ns, refused_name);
+            else
+                snprintf(whom, sizeof(whom), "a pod of another namespace");
             snprintf(msg, len,
                      "reclaim is blocked by a PodDisruptionBudget: the eviction of %s was "
                      "refused, and no other pod that borrows would make room",
-                     refused_pod);
-        else
+                     whom);
+        } else if (refused_nodes > 0 && x == KGPU_ENOFIT) {
+            snprintf(msg, len,
+                     "queue %s: evicting the pods that borrow would free no GPUs its limits let "
+                     "the pod use%s%.150s",
+                     qi.name, limit_why[0] ? " (" : "", limit_why);
+            if (limit_why[0] && strlen(msg) + 2 < len)
+                strcat(msg, ")");
+        } else {
             snprintf(msg, len, "%s", err.msg);
+        }
         goto out;
     }
     if (res.nvictims > EXT_RECLAIM_VICTIMS_MAX) {
@@ -153,14 +470,29 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
                  EXT_RECLAIM_VICTIMS_MAX);
         goto out;
     }
+    if (res.nvictims == 0) {
+        /* The room is there once pods being evicted for other reclaims are gone. */
+        snprintf(msg, len, "waits for pods being evicted to leave");
+        rc = EXT_RECLAIM_SPOKEN;
+        goto out;
+    }
     memset(out, 0, sizeof(*out));
     out->until = now + EXT_RECLAIM_WAIT_S;
     snprintf(out->for_uid, sizeof(out->for_uid), "%s", pod->uid);
     snprintf(out->for_ns, sizeof(out->for_ns), "%.63s", pod->ns);
     snprintf(out->for_name, sizeof(out->for_name), "%s", pod->name);
-    kgpu_queue_info qi;
-    kgpu_queues_info(st->queues, q, &qi);
     snprintf(out->for_queue, sizeof(out->for_queue), "%s", qi.name);
+    const kgpu_node *at = kgpu_cluster_node(c, res.node);
+    snprintf(out->node, sizeof(out->node), "%s", at != NULL ? at->name : "");
+    out->ngpus = res.ngpus;
+    memcpy(out->gpus, res.gpus, sizeof(out->gpus));
+    out->req = req;
+    out->req.allow = out->req.exclude = NULL; /* borrowed from the pod: `models` says it */
+    out->req.nallow = out->req.nexclude = 0;
+    out->req.shape = -1;
+    out->demand = asked;
+    if (res.ngpus == req.gpu_count && res.node >= 0)
+        kgpu_qdemand_of_placement(c, &req, res.node, res.gpus, &out->demand);
     for (size_t i = 0; i < res.nvictims; i++) {
         const ext_pod *p = who[res.victims[i]];
         ext_victim *vv = &out->v[out->nvictims++];
@@ -172,7 +504,7 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
         vv->freed_milli = running[res.victims[i]].d.milli;
     }
     char list[200];
-    victims_text(out, list, sizeof(list));
+    victims_text(out, pod->ns, list, sizeof(list));
     if (apply) {
         for (int i = 0; i < out->nvictims; i++)
             ext_queues_evicted(st, out, &out->v[i], EXT_EVICT_APPLIED);
@@ -199,6 +531,10 @@ out:
     free(running);
     free(who);
     free(victims);
+    free(ok);
+    free(all);
+    kgpu_queues_free(qs);
+    kgpu_cluster_free(future);
     return rc;
 }
 
@@ -262,7 +598,8 @@ void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v
         }
         if (no != NULL) {
             no->until = ext_now() + EXT_REFUSED_S;
-            snprintf(no->who, sizeof(no->who), "%s/%s", v->ns, v->name);
+            snprintf(no->ns, sizeof(no->ns), "%s", v->ns);
+            snprintf(no->name, sizeof(no->name), "%s", v->name);
         }
         break;
     }
@@ -289,7 +626,7 @@ static int cmp_cand(const void *a, const void *b)
     return (x->u->since > y->u->since) - (x->u->since < y->u->since);
 }
 
-/* Whether the pod's one GPU request fits some node as it is now. */
+/* Whether the pod's one GPU request fits some node as it is now, room held for others aside. */
 static bool fits_somewhere(ext_state *st, const kgpu_pod *pod)
 {
     kgpu_request fitreq[KGPU_MAX_PARTS];
@@ -298,7 +635,8 @@ static bool fits_somewhere(ext_state *st, const kgpu_pod *pod)
     int n = kgpu_cluster_node_count(st->cluster);
     for (int i = 0; i < n; i++)
         if (!ext_dra_is_node(st, kgpu_cluster_node(st->cluster, i)->name) &&
-            kgpu_fit(st->cluster, i, reqs[0], NULL, 0))
+            kgpu_fit(st->cluster, i, reqs[0], NULL, 0) &&
+            ext_reclaim_hold_taken(st, i, pod->uid, reqs, 1) == NULL)
             return true; /* a DRA node serves no device-plugin pod */
     return false;
 }

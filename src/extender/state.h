@@ -138,7 +138,20 @@ typedef struct ext_eviction {
 #define EXT_EVICTIONS_KEPT 64  /* recent evictions /inspect shows */
 #define EXT_RECLAIMS_MAX   256 /* reclaims in flight (cluster mode) remembered at once */
 #define EXT_REFUSED_MAX    256 /* victims a PodDisruptionBudget protected, remembered at once */
-#define EXT_RECLAIM_WAIT_S 60  /* a reclaim in flight is not repeated for its pod this long */
+/*
+ * A reclaim in flight, its victims still there, is not repeated for its
+ * pod, and counts against its queue's guarantee, until they are gone or
+ * this long: Kubernetes' default grace period (30 s) many times over, yet
+ * bounded, as a victim with a long grace period or a stuck finalizer is
+ * its owner's choice.
+ */
+#define EXT_RECLAIM_WAIT_S 300
+/*
+ * Once its victims are gone, the room they freed is held for the waiting
+ * pod this long, or until it is bound or deleted: kube-scheduler tries it
+ * again on the victims' deletion, after at most its 10 s backoff.
+ */
+#define EXT_RECLAIM_HOLD_S 30
 #define EXT_REFUSED_S      30  /* a victim whose eviction was refused is skipped this long */
 
 /*
@@ -377,12 +390,21 @@ typedef struct ext_victim {
 
 #define EXT_RECLAIM_VICTIMS_MAX 32 /* evictions one reclaim may ask for */
 
-/* A reclaim chosen for a waiting pod. */
+/*
+ * A reclaim chosen for a waiting pod: its victims, and the room it frees,
+ * held for that pod (reclaim_state.c "Holds").
+ */
 typedef struct ext_reclaim {
-    double until; /* monotonic: not repeated for the pod before; first (reclaim_state.c expire) */
+    double until; /* monotonic: when the entry ends; first (reclaim_state.c expire) */
     char for_uid[64], for_ns[64], for_name[KGPU_NAME_MAX + 1], for_queue[KGPU_QUEUE_NAME_MAX + 1];
     int nvictims;
     ext_victim v[EXT_RECLAIM_VICTIMS_MAX];
+    bool freed; /* its victims are gone: the room is held until `until` (EXT_RECLAIM_HOLD_S) */
+    char node[KGPU_NAME_MAX + 1];     /* where the waiting pod fits once they are gone */
+    int ngpus;                        /* and on which GPUs (positions on that node) */
+    int gpus[KGPU_MAX_GPUS_PER_NODE];
+    kgpu_request req; /* its GPU request, compiled (no model globs: `models` holds them) */
+    kgpu_qdemand demand; /* what it will take from its queue there: counted as in flight */
 } ext_reclaim;
 
 enum ext_reclaim_result {
@@ -390,21 +412,46 @@ enum ext_reclaim_result {
     EXT_RECLAIM_APPLIED,  /* --cluster-file: victims gone from the state; place the pod again */
     EXT_RECLAIM_STARTED,  /* victims in *out, to evict through the API after the lock */
     EXT_RECLAIM_INFLIGHT, /* a reclaim for this pod is under way: msg says which */
+    EXT_RECLAIM_SPOKEN,   /* reclaims under way for its queue's other pods take its guarantee */
 };
 
 /*
  * For a pod of queue q within its guarantee that fits no node (one GPU
  * container: reclaim places one request): chooses borrowing pods to evict
  * (kgpu_queues_reclaim, KGPU_RECLAIM_FRAG) among the held pods not being
- * evicted already nor protected by a PodDisruptionBudget lately. `apply`
+ * evicted already nor protected by a PodDisruptionBudget lately. The
+ * queues are judged as they will be: pods being evicted gone, and the
+ * pods other reclaims under way are for charged where they will run, so a
+ * guarantee is reclaimed for once (EXT_RECLAIM_SPOKEN otherwise). Only a
+ * placement every limit on the pod's path lets it take (per model and
+ * memory too, on the GPUs chosen) is reclaimed for. `apply`
  * (--cluster-file): releases them now, recorded as evictions. Otherwise
- * remembers the reclaim for the pod (EXT_RECLAIM_WAIT_S) and gives its
- * victims in *out. msg: what the pod's filter answer says.
+ * remembers the reclaim for the pod (EXT_RECLAIM_WAIT_S, then the hold)
+ * and gives its victims in *out. msg: what the pod's filter answer says,
+ * in words for the pod's owner: pods of other namespaces are not named.
  */
 int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ext_reclaim *out,
                        char *msg, size_t len);
 /* Records one eviction's outcome: log, counters, the ring; 429 remembers the victim as refused. */
 void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v, int outcome);
+/*
+ * Brings the reclaims remembered up to now: one whose victims are gone
+ * starts holding its room (EXT_RECLAIM_HOLD_S); one whose pod holds GPUs
+ * now, or whose time is up, ends. Verbs call it once before asking
+ * ext_reclaim_hold_taken.
+ */
+void ext_reclaims_refresh(ext_state *st);
+/*
+ * Whether `reqs` (nreqs GPU requests of pod `uid`; 0 asks whether the
+ * holds still fit as things are) would take room node idx holds for
+ * another pod's reclaim: the held requests and these must fit together
+ * once the held reclaims' victims there are gone. The hold taken
+ * (borrowed), or NULL.
+ */
+const ext_reclaim *ext_reclaim_hold_taken(ext_state *st, int idx, const char *uid,
+                                          const kgpu_request *const *reqs, int nreqs);
+/* "waiting pod ns/name" for a pod of namespace `viewer`, else "a pod of another namespace". */
+void ext_reclaim_hold_reason(const ext_reclaim *h, const char *viewer, char *buf, size_t len);
 
 /*
  * A pod from the watch (trimmed, with its PodScheduled condition kept):
@@ -474,8 +521,12 @@ const ext_await *ext_await_clash(ext_state *st, const char *node, const char *ui
 /* The same for every node at once: node name -> const ext_await* (borrowed) into `out`. */
 void ext_await_clashing_nodes(ext_state *st, const char *uid, const ext_asks *asks,
                               kgpu_strmap *out);
-/* "waiting for kubelet to allocate NS/NAME (same RES: N); retry shortly" */
-void ext_await_reason(const ext_await *w, const ext_ask *same, char *buf, size_t len);
+/*
+ * "waiting for kubelet to allocate NS/NAME (same RES: N); retry shortly" to a
+ * pod of namespace `viewer` NS; to others "a pod of another namespace".
+ */
+void ext_await_reason(const ext_await *w, const ext_ask *same, const char *viewer, char *buf,
+                      size_t len);
 /* A relist: drops entries of pods not in it recorded before it was asked for. */
 void ext_await_relisted(ext_state *st, const kgpu_strmap *present);
 

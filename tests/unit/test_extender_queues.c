@@ -346,6 +346,102 @@ static void test_sweep_reclaims_for_unschedulable_pods(void **state)
     assert_int_equal(pending_of(f, "team-a"), 0);
 }
 
+/* A reclaim for `uid` (team-a, 4 GPUs, into p): its one victim's uid and node. */
+static void start_reclaim(fixture *f, const char *uid, kgpu_pod *p, char *victim, char *node)
+{
+    json_t *j = waiting_pod(uid, "team-a", 4, true, NULL);
+    kgpu_error err;
+    if (kgpu_pod_from_json(j, 1024, p, &err) != 0 || ext_state_compile(&f->st, p, &err) != 0)
+        fail_msg("pod: %s", err.msg);
+    json_decref(j);
+    ext_reclaim rec;
+    char msg[256];
+    int q = kgpu_queues_find(f->st.queues, "team-a");
+    assert_int_equal(ext_queues_reclaim(&f->st, p, q, false, &rec, msg, sizeof(msg)),
+                     EXT_RECLAIM_STARTED);
+    assert_int_equal(rec.nvictims, 1);
+    snprintf(victim, 64, "%s", rec.v[0].uid);
+    snprintf(node, 64, "%.63s", rec.v[0].node);
+    assert_string_equal(rec.node, node);
+}
+
+/*
+ * The room reclaim frees is held for its pod, and only for a while: from
+ * when its victims are gone, EXT_RECLAIM_HOLD_S at most; it ends sooner
+ * when the pod is deleted or holds GPUs (bound).
+ */
+static void test_hold_is_bounded(void **state)
+{
+    fixture *f = *state;
+    kgpu_error err;
+    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}}\n - {name: team-b}\n");
+    assert_int_equal(bind(f, "b-0", "team-b", "n0", 4, 0, 0, &err), 0);
+    assert_int_equal(bind(f, "b-1", "team-b", "n1", 4, 0, 0, &err), 0);
+    kgpu_pod owner, other;
+    char victim[64], node[64];
+    start_reclaim(f, "owner", &owner, victim, node);
+    int idx = kgpu_cluster_find_node(f->st.cluster, node);
+    json_t *j = waiting_pod("other", "team-b", 1, true, NULL);
+    assert_int_equal(kgpu_pod_from_json(j, 1024, &other, &err), 0);
+    json_decref(j);
+    assert_int_equal(ext_state_compile(&f->st, &other, &err), 0);
+    kgpu_request fit[KGPU_MAX_PARTS];
+    const kgpu_request *reqs[KGPU_MAX_PARTS];
+    ext_fit_requests(&other, fit, reqs);
+    /* Its victim still there: the room it will free is held already. */
+    assert_non_null(ext_reclaim_hold_taken(&f->st, idx, "other", reqs, 1));
+
+    ext_state_pod_gone(&f->st, victim);
+    ext_reclaims_refresh(&f->st);
+    assert_true(kgpu_fit(f->st.cluster, idx, reqs[0], NULL, 0)); /* free, but held */
+    const ext_reclaim *h = ext_reclaim_hold_taken(&f->st, idx, "other", reqs, 1);
+    assert_non_null(h);
+    assert_true(h->freed);
+    assert_true(h->until <= ext_now() + EXT_RECLAIM_HOLD_S);
+    assert_null(ext_reclaim_hold_taken(&f->st, idx, "owner", reqs, 1)); /* its own */
+    /* Its time is up: the room is anyone's. */
+    ((ext_reclaim *)h)->until = ext_now() - 1;
+    ext_reclaims_refresh(&f->st);
+    assert_int_equal(f->st.reclaims.len, 0);
+    assert_null(ext_reclaim_hold_taken(&f->st, idx, "other", reqs, 1));
+
+    /* The pod deleted: ended at once. */
+    assert_int_equal(bind(f, "b-2", "team-b", node, 4, 0, 0, &err), 0);
+    start_reclaim(f, "owner2", &owner, victim, node);
+    assert_int_equal(f->st.reclaims.len, 1);
+    ext_state_pod_gone(&f->st, "owner2");
+    assert_int_equal(f->st.reclaims.len, 0);
+    /* Bound: ended too (its victim is still leaving: the next reclaim takes the other). */
+    start_reclaim(f, "owner3", &owner, victim, node);
+    ext_state_pod_gone(&f->st, victim);
+    ext_reclaims_refresh(&f->st);
+    assert_int_equal(f->st.reclaims.len, 1);
+    assert_int_equal(bind(f, "owner3", "team-a", node, 4, 0, 0, &err), 0);
+    ext_reclaims_refresh(&f->st);
+    assert_int_equal(f->st.reclaims.len, 0);
+}
+
+/*
+ * A reason kube-scheduler posts on a tenant's pod names a pod of its own
+ * namespace, never one of another (docs/security.md).
+ */
+static void test_await_reason_names_own_namespace_only(void **state)
+{
+    (void)state;
+    ext_await w;
+    memset(&w, 0, sizeof(w));
+    snprintf(w.ns, sizeof(w.ns), "team-a");
+    snprintf(w.name, sizeof(w.name), "secret-job");
+    ext_ask same = {.res = EXT_RES_MEM, .amount = 4};
+    char buf[256];
+    ext_await_reason(&w, &same, "team-a", buf, sizeof(buf));
+    assert_string_equal(buf, "waiting for kubelet to allocate team-a/secret-job (same "
+                             "kgpu.io/gpu-mem: 4); retry shortly");
+    ext_await_reason(&w, &same, "team-b", buf, sizeof(buf));
+    assert_string_equal(buf, "waiting for kubelet to allocate a pod of another namespace (same "
+                             "kgpu.io/gpu-mem: 4); retry shortly");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -355,6 +451,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sweep_reclaims_for_unschedulable_pods, setup,
                                         teardown),
         cmocka_unit_test(test_status),
+        cmocka_unit_test(test_await_reason_names_own_namespace_only),
+        cmocka_unit_test_setup_teardown(test_hold_is_bounded, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
