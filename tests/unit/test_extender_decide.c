@@ -184,7 +184,7 @@ static void the_sink_feeds_the_verbs(void **unused)
     json_object_set_new(json_object_get(bound, "metadata"), "annotations",
                         json_pack("{s:s}", "kgpu.io/assignment",
                                   "[{\"container\":\"main\",\"exclusive\":false,\"gpus\":"
-                                  "[{\"index\":0,\"uuid\":\"GPU-1\",\"milli\":1000,"
+                                  "[{\"index\":0,\"uuid\":\"GPU-1\",\"milli\":0,"
                                   "\"memory_mib\":16384}]}]"));
     json_object_set_new(bound, "status", json_pack("{s:s}", "phase", "Running"));
     sink.pod_seen(sink.ctx, bound);
