@@ -332,6 +332,7 @@ bool ext_queues_rows(ext_state *st, ext_queue_row **rows, int *n, ext_eviction *
         kgpu_queues_info(st->queues, q, &qi);
         ext_queue_row *x = &r[q];
         snprintf(x->name, sizeof(x->name), "%s", qi.name);
+        x->parent_row = qi.parent;
         if (qi.parent >= 0) {
             kgpu_queue_info pi;
             kgpu_queues_info(st->queues, qi.parent, &pi);

@@ -450,6 +450,7 @@ int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max);
 /* One queue as /inspect and /metrics show it. */
 typedef struct ext_queue_row {
     char name[KGPU_QUEUE_NAME_MAX + 1], parent[KGPU_QUEUE_NAME_MAX + 1];
+    int parent_row; /* the parent's index among the rows, -1 for a root */
     int depth, weight;
     kgpu_qamount guarantee, limit, used;
     int64_t borrowed_milli;
@@ -458,7 +459,7 @@ typedef struct ext_queue_row {
 } ext_queue_row;
 
 /*
- * Copies every queue (tree order; malloc'd, caller frees) and the recent
+ * Copies every queue (in definition order; malloc'd, caller frees) and the recent
  * evictions (newest first; up to EXT_EVICTIONS_KEPT into ev). *rows NULL
  * and *n 0 when queues are off. false: out of memory.
  */

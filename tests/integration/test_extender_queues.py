@@ -338,6 +338,34 @@ class TestQueues(QueueTest):
                         out.stdout)
         self.assertTrue(any(l.startswith("team-c ") for l in lines), out.stdout)
 
+    def test_inspect_lists_parents_before_children(self):
+        """Issue 24, item 7: depth first, whatever order the file defines them in."""
+        self.start("queues:\n  - {name: leaf, parent: mid}\n  - {name: top}\n"
+                   "  - {name: other}\n  - {name: mid, parent: top}\n"
+                   "  - {name: leaf2, parent: top}\n")
+        rows = self.ext.inspect()["queues"]
+        self.assertEqual([(q["name"], q["depth"]) for q in rows],
+                         [("top", 0), ("mid", 1), ("leaf", 2), ("leaf2", 1), ("other", 0),
+                          ("default", 0)])
+
+    def test_a_guarantee_no_limit_above_can_honour(self):
+        err = self.refused_config("queues:\n  - {name: team-a, limit: {gpu: 2}}\n"
+                                  "  - {name: ml, parent: team-a, guarantee: {gpu: 4}}\n")
+        self.assertIn("queue ml: guarantee.gpu 4 cannot be honoured: queue team-a above it has "
+                      "limit.gpu 2", err)
+
+    def refused_config(self, queues):
+        cluster = os.path.join(self.tmp, "cluster.yaml")
+        with open(cluster, "w") as f:
+            f.write(CLUSTER)
+        config = os.path.join(self.tmp, "bad.yaml")
+        with open(config, "w") as f:
+            f.write("clusterFile: %s\n%s" % (cluster, queues))
+        out = subprocess.run([te.EXTENDER_BIN, "--config", config], capture_output=True,
+                             text=True, timeout=30)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        return out.stderr
+
     def test_config_errors_name_file_and_field(self):
         cluster = os.path.join(self.tmp, "cluster.yaml")
         with open(cluster, "w") as f:
