@@ -30,6 +30,10 @@ extern "C" {
 #define KGPU_QUEUE_MAX_MODELS 16   /* per-model entries of one queue */
 #define KGPU_QUEUE_UNSET      (-1) /* a dimension nobody set: not checked */
 #define KGPU_QUEUE_DEFAULT    "default"
+#define KGPU_QUEUE_MAX_NAMESPACES 256 /* namespaces one queue lists */
+#define KGPU_QUEUE_MAX_SELECTOR   32  /* requirements of one namespace selector */
+#define KGPU_QUEUE_MAX_SEL_VALUES 64  /* values of one requirement */
+#define KGPU_QUEUE_LABEL_KEY_MAX  317 /* a label key: a 253-character prefix, '/', 63 */
 /* Where a pod names its queue (label), or its namespace does (annotation). */
 #define KGPU_QUEUE_LABEL "kgpu.io/queue"
 
@@ -50,6 +54,21 @@ typedef struct kgpu_queue_model_spec {
     kgpu_qamount guarantee, limit;
 } kgpu_queue_model_spec;
 
+/* A requirement of a namespace selector, as Kubernetes' matchExpressions read. */
+typedef enum kgpu_qsel_op {
+    KGPU_QSEL_IN = 1,     /* the label is set to one of values */
+    KGPU_QSEL_NOT_IN,     /* the label is unset, or set to none of values */
+    KGPU_QSEL_EXISTS,     /* the label is set (no values) */
+    KGPU_QSEL_NOT_EXISTS, /* the label is unset (no values) */
+} kgpu_qsel_op;
+
+typedef struct kgpu_queue_selreq {
+    const char *key;
+    kgpu_qsel_op op;
+    const char *const *values;
+    int nvalues;
+} kgpu_queue_selreq;
+
 /* What a caller passes to build a tree. Strings and arrays are borrowed (copied by _new). */
 typedef struct kgpu_queue_spec {
     const char *name;   /* [a-z0-9.-], 1..63 characters, unique */
@@ -58,6 +77,16 @@ typedef struct kgpu_queue_spec {
     int weight; /* 1..1000; 0 means 1 */
     const kgpu_queue_model_spec *models;
     int nmodels;
+    /*
+     * Which namespaces' pods may name this queue, or a queue below it, in
+     * their kgpu.io/queue label (kgpu_queues_pick): those listed, and those
+     * the selector selects. Nothing set admits no namespace by label.
+     */
+    const char *const *namespaces; /* namespace names (DNS labels) */
+    int nnamespaces;
+    bool has_selector; /* a selector with no requirement selects every namespace */
+    const kgpu_queue_selreq *selector; /* all must hold */
+    int nselector;
 } kgpu_queue_spec;
 
 typedef struct kgpu_queues kgpu_queues;
@@ -66,7 +95,12 @@ typedef struct kgpu_queues kgpu_queues;
  * Builds a tree from specs[0..n). Checks: names valid and unique, parents
  * exist, no cycle, depth, guarantee <= limit in each set dimension, the
  * guarantees of a queue's children sum to no more than its own (where it
- * sets one), per-model entries name distinct models. A queue named
+ * sets one), every guarantee can be honoured: what a queue and the queues
+ * below it are guaranteed (its own guarantee where it sets one, else the
+ * sum of its children's) stays within its limit and, per model, within
+ * its per-model limit and its total limit, so that no ancestor's limit
+ * keeps a queue below its guarantee; per-model entries name distinct
+ * models; namespace names and selectors are well formed. A queue named
  * `default` is added as a root (nothing guaranteed, no limit, weight 1)
  * when the specs have none. Errors name the queue and the field, e.g.
  * "queue team-a: guarantee.gpu 5 above limit.gpu 4". 0 or a negative code;
@@ -110,12 +144,35 @@ typedef struct kgpu_queue_info {
 int kgpu_queues_info(const kgpu_queues *qs, int q, kgpu_queue_info *out);
 
 /*
- * The rule a pod's queue is found by: its `kgpu.io/queue` label when set
- * and non-empty, else its namespace's `kgpu.io/queue` annotation, else
- * `default`. Either argument may be NULL. Returns one of them or the
- * static "default".
+ * The queue a pod names: its `kgpu.io/queue` label when set and non-empty,
+ * else its namespace's `kgpu.io/queue` annotation, else `default`. Either
+ * argument may be NULL. Returns one of them or the static "default".
+ * Whether the pod may use it is kgpu_queues_pick's to say.
  */
 const char *kgpu_queue_name_for(const char *pod_label, const char *namespace_annotation);
+
+/* A namespace as queue selection reads it. Borrowed. */
+typedef struct kgpu_queue_ns {
+    const char *name;
+    const char *queue; /* its kgpu.io/queue annotation (NULL or "": none, `default`) */
+    const kgpu_label *labels; /* kubernetes.io/metadata.name, when absent, reads as name */
+    int nlabels;
+} kgpu_queue_ns;
+
+/*
+ * The queue of a pod of namespace ns with label `pod_label` (NULL or "":
+ * none), as its namespace is allowed (docs/queues.md "Which queue"):
+ * without a label, the namespace's queue (its annotation, else `default`);
+ * with one, the queue it names if that is the namespace's queue or below
+ * it, or a queue that admits ns (kgpu_queue_spec.namespaces, .selector)
+ * or is below one that does. Namespaces are cluster-scoped: only a
+ * cluster administrator writes the annotation and the labels. Returns the
+ * queue's id, or -1 with `why` (may be NULL) naming the namespace and the
+ * queue given and nothing of any other: a label naming a queue that does
+ * not exist reads the same as one naming a queue ns may not use.
+ */
+int kgpu_queues_pick(const kgpu_queues *qs, const kgpu_queue_ns *ns, const char *pod_label,
+                     char *why, size_t whylen);
 
 /*
  * What a pod takes from its queue: totals, and per GPU which model it is

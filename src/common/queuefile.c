@@ -130,6 +130,138 @@ static int parse_model(const json_t *v, const char *file, const char *where,
     return 0;
 }
 
+/* What one queue's namespace rules point into, freed once the tree is made. */
+typedef struct qf_ns {
+    const char *names[KGPU_QUEUE_MAX_NAMESPACES];
+    kgpu_queue_selreq sel[KGPU_QUEUE_MAX_SELECTOR];
+    const char *values[KGPU_QUEUE_MAX_SELECTOR][KGPU_QUEUE_MAX_SEL_VALUES];
+} qf_ns;
+
+static int parse_namespaces(const json_t *v, const char *file, const char *where,
+                            kgpu_queue_spec *s, qf_ns *b, kgpu_error *err)
+{
+    if (!json_is_array(v) || json_array_size(v) > KGPU_QUEUE_MAX_NAMESPACES) {
+        char what[64];
+        snprintf(what, sizeof(what), "expected a list of at most %d namespace names",
+                 KGPU_QUEUE_MAX_NAMESPACES);
+        return fail(err, file, where, "namespaces", what);
+    }
+    size_t i;
+    const json_t *x;
+    json_array_foreach(v, i, x)
+    {
+        if ((b->names[i] = json_string_value(x)) == NULL)
+            return fail(err, file, where, "namespaces", "expected namespace names (strings)");
+    }
+    s->namespaces = b->names;
+    s->nnamespaces = (int)json_array_size(v);
+    return 0;
+}
+
+static int add_req(const char *file, const char *where, kgpu_queue_spec *s, qf_ns *b,
+                   kgpu_error *err, kgpu_queue_selreq **out)
+{
+    if (s->nselector == KGPU_QUEUE_MAX_SELECTOR) {
+        char what[64];
+        snprintf(what, sizeof(what), "at most %d requirements", KGPU_QUEUE_MAX_SELECTOR);
+        return fail(err, file, where, "namespaceSelector", what);
+    }
+    *out = &b->sel[s->nselector];
+    (*out)->values = b->values[s->nselector];
+    s->nselector++;
+    return 0;
+}
+
+static int parse_expression(const json_t *e, const char *file, const char *where,
+                            kgpu_queue_spec *s, qf_ns *b, kgpu_error *err)
+{
+    static const char *const ops[] = {"In", "NotIn", "Exists", "DoesNotExist"};
+    const char *f = "namespaceSelector.matchExpressions";
+    kgpu_queue_selreq *r = NULL;
+    if (!json_is_object(e))
+        return fail(err, file, where, f, "expected mappings with key, operator, values");
+    int rc = add_req(file, where, s, b, err, &r);
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)e, key, v)
+    {
+        if (rc != 0)
+            break;
+        if (strcmp(key, "key") == 0 && json_is_string(v)) {
+            r->key = json_string_value(v);
+        } else if (strcmp(key, "operator") == 0 && json_is_string(v)) {
+            for (int i = 0; i < 4; i++)
+                if (strcmp(json_string_value(v), ops[i]) == 0)
+                    r->op = (kgpu_qsel_op)(KGPU_QSEL_IN + i);
+            if (r->op == 0)
+                rc = fail(err, file, where, f, "operator: In, NotIn, Exists or DoesNotExist");
+        } else if (strcmp(key, "values") == 0 && json_is_array(v) &&
+                   json_array_size(v) <= KGPU_QUEUE_MAX_SEL_VALUES) {
+            size_t i;
+            json_t *x;
+            json_array_foreach(v, i, x)
+            {
+                if ((b->values[r - b->sel][i] = json_string_value(x)) == NULL)
+                    rc = fail(err, file, where, f, "values: expected strings");
+            }
+            r->nvalues = (int)json_array_size(v);
+        } else {
+            rc = fail(err, file, where, f,
+                      "expected key and operator (strings) and values (at most 64 strings)");
+        }
+    }
+    if (rc == 0 && (r->key == NULL || r->op == 0))
+        rc = fail(err, file, where, f, "key and operator are required");
+    return rc;
+}
+
+/* namespaceSelector: {matchLabels: {k: v}, matchExpressions: [...]}, as Kubernetes writes one. */
+static int parse_selector(const json_t *v, const char *file, const char *where,
+                          kgpu_queue_spec *s, qf_ns *b, kgpu_error *err)
+{
+    if (!json_is_object(v))
+        return fail(err, file, where, "namespaceSelector",
+                    "expected a mapping with matchLabels and/or matchExpressions");
+    s->has_selector = true;
+    s->selector = b->sel;
+    const char *key;
+    json_t *m;
+    json_object_foreach((json_t *)v, key, m)
+    {
+        int rc = 0;
+        if (strcmp(key, "matchLabels") == 0 && json_is_object(m)) {
+            const char *k;
+            json_t *x;
+            json_object_foreach(m, k, x)
+            {
+                kgpu_queue_selreq *r;
+                if (rc == 0 && (rc = add_req(file, where, s, b, err, &r)) == 0) {
+                    if ((b->values[r - b->sel][0] = json_string_value(x)) == NULL)
+                        rc = fail(err, file, where, "namespaceSelector.matchLabels",
+                                  "expected string values");
+                    *r = (kgpu_queue_selreq){k, KGPU_QSEL_IN, r->values, 1};
+                }
+            }
+        } else if (strcmp(key, "matchExpressions") == 0 && json_is_array(m)) {
+            size_t i;
+            json_t *e;
+            json_array_foreach(m, i, e)
+            {
+                if (rc == 0)
+                    rc = parse_expression(e, file, where, s, b, err);
+            }
+        } else {
+            char field[64];
+            snprintf(field, sizeof(field), "namespaceSelector.%.32s", key);
+            rc = fail(err, file, where, field,
+                      "unknown key, or not a mapping / a list (matchLabels, matchExpressions)");
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 int kgpu_queues_from_json(const json_t *root, const char *file, kgpu_queues **out,
                           kgpu_error *err)
 {
@@ -145,8 +277,9 @@ int kgpu_queues_from_json(const json_t *root, const char *file, kgpu_queues **ou
                               KGPU_QUEUE_MAX - 1);
     kgpu_queue_spec *specs = calloc(n ? n : 1, sizeof(*specs));
     kgpu_queue_model_spec *models = calloc(n ? n * KGPU_QUEUE_MAX_MODELS : 1, sizeof(*models));
+    qf_ns **nsb = calloc(n ? n : 1, sizeof(*nsb)); /* made for queues with namespace rules */
     int rc = 0;
-    if (specs == NULL || models == NULL) {
+    if (specs == NULL || models == NULL || nsb == NULL) {
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto out;
     }
@@ -158,7 +291,8 @@ int kgpu_queues_from_json(const json_t *root, const char *file, kgpu_queues **ou
         snprintf(where, sizeof(where), "queues[%zu] (%.63s)", i, name ? name : "no name");
         if (!json_is_object(q)) {
             rc = fail(err, file, where, "", "expected a mapping with name, parent, guarantee, "
-                                            "limit, weight, models");
+                                            "limit, weight, models, namespaces, "
+                                            "namespaceSelector");
             goto out;
         }
         if (name == NULL) {
@@ -201,11 +335,19 @@ int kgpu_queues_from_json(const json_t *root, const char *file, kgpu_queues **ou
                                      &models[i * KGPU_QUEUE_MAX_MODELS + m], err);
                     s->nmodels = (int)m + 1;
                 }
+            } else if (strcmp(key, "namespaces") == 0 || strcmp(key, "namespaceSelector") == 0) {
+                if (nsb[i] == NULL && (nsb[i] = calloc(1, sizeof(*nsb[i]))) == NULL)
+                    rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+                else if (strcmp(key, "namespaces") == 0)
+                    rc = parse_namespaces(v, file, where, s, nsb[i], err);
+                else
+                    rc = parse_selector(v, file, where, s, nsb[i], err);
             } else {
                 char field[48];
                 snprintf(field, sizeof(field), "%.40s", key);
                 rc = fail(err, file, where, field,
-                          "unknown key (name, parent, guarantee, limit, weight, models)");
+                          "unknown key (name, parent, guarantee, limit, weight, models, "
+                          "namespaces, namespaceSelector)");
             }
             if (rc != 0)
                 goto out;
@@ -215,6 +357,9 @@ int kgpu_queues_from_json(const json_t *root, const char *file, kgpu_queues **ou
     if ((rc = kgpu_queues_new(specs, (int)n, out, &e)) != 0)
         kgpu_error_set(err, rc, "%s: %s", file, e.msg);
 out:
+    for (size_t i = 0; nsb != NULL && i < n; i++)
+        free(nsb[i]);
+    free(nsb);
     free(specs);
     free(models);
     return rc;

@@ -11,6 +11,7 @@
 
 #include "kgpu/model.h"
 #include "kgpu/policy.h"
+#include "kgpu/queue.h"
 
 /* ---- sharepack.c (layer base): how well a run packed its shares ---- */
 
@@ -293,5 +294,25 @@ int kgpu__policy_open(const char *policy, bool online, const kgpu_cluster *c,
 /* An arrival seen by the run's learner (NULL: offline) and then by p. 0 or KGPU_ENOMEM. */
 int kgpu__policy_learn(kgpu_policy *p, kgpu_learner *learner, const kgpu_cluster *c,
                        const kgpu_request *req, kgpu_error *err);
+
+/* ---- queue_ns.c (layer queuens): which namespaces a queue admits ---- */
+
+/*
+ * The namespace rules of a tree's queues (kgpu_queue_spec.namespaces and
+ * .selector), by queue id; immutable once made, shared by a tree's clones.
+ */
+typedef struct kgpu__qns kgpu__qns;
+
+/*
+ * Copies the rules of specs[0..n) (queue i: id i), checking them: names of
+ * namespaces, keys, operators and values, within the KGPU_QUEUE_MAX_* counts.
+ * *out NULL (and 0) when no queue has a rule. Errors name the queue.
+ */
+int kgpu__qns_new(const kgpu_queue_spec *specs, int n, kgpu__qns **out, kgpu_error *err);
+/* Another holder of r (r may be NULL); each holder calls kgpu__qns_free. */
+kgpu__qns *kgpu__qns_ref(kgpu__qns *r);
+void kgpu__qns_free(kgpu__qns *r);
+/* Whether queue q's rules admit namespace ns (false for no rules). */
+bool kgpu__qns_admits(const kgpu__qns *r, int q, const kgpu_queue_ns *ns);
 
 #endif

@@ -42,6 +42,7 @@ typedef struct queue {
 struct kgpu_queues {
     int n;
     queue *q;
+    kgpu__qns *ns; /* which namespaces may name which queue (queue_ns.c), shared by clones */
 };
 
 const char *kgpu_queue_gpus_str(int64_t milli, char *buf, size_t len)
@@ -119,6 +120,7 @@ void kgpu_queues_free(kgpu_queues *qs)
 {
     if (qs == NULL)
         return;
+    kgpu__qns_free(qs->ns);
     free(qs->q);
     free(qs);
 }
@@ -135,37 +137,151 @@ kgpu_queues *kgpu_queues_clone(const kgpu_queues *qs)
         return NULL;
     }
     memcpy(c->q, qs->q, (size_t)qs->n * sizeof(*c->q));
+    c->ns = kgpu__qns_ref(qs->ns);
     return c;
 }
 
-/* Σ of children's set guarantees within the parent's, per dimension the parent sets. */
-static int check_children(const kgpu_queues *qs, kgpu_error *err)
+/*
+ * Every guarantee can be honoured. What the queues below a queue A are
+ * guaranteed together is the sum of the guarantees of the highest queues
+ * under A that set one (a queue that sets one answers for those below it,
+ * which must fit in it). That sum must fit A's own guarantee where A sets
+ * one, and A's limit: a limit below it would keep some queue under A below
+ * its guarantee for good, its pods waiting for a reclaim that can never
+ * make room (reclaim never takes a queue below its guarantee). The same
+ * holds per model (key: a model name), against the model's limit and the
+ * queue's total limit. Sums of siblings count, not only one child: two
+ * children guaranteed 3 GPUs each under a limit of 4 cannot both have
+ * theirs at once.
+ */
+typedef struct gacc {
+    int64_t v[2]; /* milli, MiB */
+    int nsrc[2];  /* guarantees summed */
+    int src[2];   /* the queue of the last one */
+} gacc;
+
+static const qmodel *model_of(const queue *x, const char *model)
 {
-    for (int p = 0; p < qs->n; p++) {
-        int64_t gm = 0, gb = 0;
-        for (int i = 0; i < qs->n; i++) {
-            if (qs->q[i].parent != p)
-                continue;
-            if (qs->q[i].g.milli > 0)
-                gm += qs->q[i].g.milli;
-            if (qs->q[i].g.mem_mib > 0)
-                gb += qs->q[i].g.mem_mib;
+    for (int m = 0; model != NULL && m < x->nmodels; m++)
+        if (strcmp(x->models[m].name, model) == 0)
+            return &x->models[m];
+    return NULL;
+}
+
+/* Dimension d of a guarantee or limit of queue x for key `model` (NULL: totals), or UNSET. */
+static int64_t dim_of(const queue *x, const char *model, bool limit, int d)
+{
+    const qmodel *qm = model_of(x, model);
+    kgpu_qamount a = model == NULL ? (limit ? x->l : x->g)
+                     : qm != NULL ? (limit ? qm->l : qm->g)
+                                  : (kgpu_qamount){KGPU_QUEUE_UNSET, KGPU_QUEUE_UNSET};
+    return d == 0 ? a.milli : a.mem_mib;
+}
+
+/* "4.5" (GPUs) or "40960 MiB". */
+static void amount_str(int d, int64_t v, char *buf, size_t len)
+{
+    if (d == 0)
+        kgpu_queue_gpus_str(v, buf, len);
+    else
+        snprintf(buf, len, "%" PRId64 " MiB", v);
+}
+
+/* Sum s (in acc of A, key `model`, dimension d) against limit l of A, named `field`. */
+static int honour_fail(const kgpu_queues *qs, int a, const gacc *acc, const char *model, int d,
+                       int64_t sum, int64_t l, const char *field, kgpu_error *err)
+{
+    static const char *const dim[2] = {"gpu", "memory"};
+    char mp[KGPU_MODEL_NAME_MAX + 16] = "", s1[32], s2[32];
+    if (model != NULL)
+        snprintf(mp, sizeof(mp), "models.%s.", model);
+    amount_str(d, sum, s1, sizeof(s1));
+    amount_str(d, l, s2, sizeof(s2));
+    const char *an = qs->q[a].name;
+    if (dim_of(&qs->q[a], model, false, d) != KGPU_QUEUE_UNSET)
+        return kgpu_error_set(err, KGPU_EINVAL, "queue %s: %sguarantee.%s %s above %s %s", an, mp,
+                              dim[d], s1, field, s2);
+    if (acc->nsrc[d] == 1)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "queue %s: %sguarantee.%s %s cannot be honoured: queue %s above it "
+                              "has %s %s",
+                              qs->q[acc->src[d]].name, mp, dim[d], s1, an, field, s2);
+    return kgpu_error_set(err, KGPU_EINVAL,
+                          "queue %s: the queues below it are guaranteed %s%s%s%s together, more "
+                          "than its %s %s: they cannot all have their guarantee at once",
+                          an, s1, d == 0 ? " GPUs" : "", model ? " of " : "", model ? model : "",
+                          field, s2);
+}
+
+static int check_key(const kgpu_queues *qs, const char *model, gacc *acc, kgpu_error *err)
+{
+    static const char *const dim[2] = {"gpu", "memory"};
+    memset(acc, 0, (size_t)qs->n * sizeof(*acc));
+    for (int s = 0; s < qs->n; s++)
+        for (int d = 0; d < 2; d++) {
+            int64_t g = dim_of(&qs->q[s], model, false, d);
+            for (int a = qs->q[s].parent; g > 0 && a >= 0; a = qs->q[a].parent) {
+                acc[a].v[d] += g;
+                acc[a].nsrc[d]++;
+                acc[a].src[d] = s;
+                if (dim_of(&qs->q[a], model, false, d) != KGPU_QUEUE_UNSET)
+                    break; /* it answers for s to the queues above it */
+            }
         }
-        const queue *pq = &qs->q[p];
-        char a[32], b[32];
-        if (pq->g.milli != KGPU_QUEUE_UNSET && gm > pq->g.milli)
-            return kgpu_error_set(err, KGPU_EINVAL,
-                                  "queue %s: its children are guaranteed %s GPUs, more than "
-                                  "its own guarantee.gpu %s",
-                                  pq->name, kgpu_queue_gpus_str(gm, a, sizeof(a)),
-                                  kgpu_queue_gpus_str(pq->g.milli, b, sizeof(b)));
-        if (pq->g.mem_mib != KGPU_QUEUE_UNSET && gb > pq->g.mem_mib)
-            return kgpu_error_set(err, KGPU_EINVAL,
-                                  "queue %s: its children are guaranteed %" PRId64
-                                  " MiB, more than its own guarantee.memory %" PRId64 " MiB",
-                                  pq->name, gb, pq->g.mem_mib);
-    }
+    for (int a = 0; a < qs->n; a++)
+        for (int d = 0; d < 2; d++) {
+            const queue *x = &qs->q[a];
+            int64_t own = dim_of(x, model, false, d), sum = acc[a].v[d];
+            char field[KGPU_MODEL_NAME_MAX + 32], s1[32], s2[32];
+            if (own != KGPU_QUEUE_UNSET && sum > own) {
+                amount_str(d, sum, s1, sizeof(s1));
+                amount_str(d, own, s2, sizeof(s2));
+                return kgpu_error_set(err, KGPU_EINVAL,
+                                      "queue %s: its children are guaranteed %s%s, more than its "
+                                      "own %s%s%sguarantee.%s %s",
+                                      x->name, s1, d == 0 ? " GPUs" : "", model ? "models." : "",
+                                      model ? model : "", model ? "." : "", dim[d], s2);
+            }
+            int64_t g = own != KGPU_QUEUE_UNSET ? own : sum;
+            int64_t ml = dim_of(x, model, true, d), tl = dim_of(x, NULL, true, d);
+            snprintf(field, sizeof(field), "models.%s.limit.%s", model ? model : "", dim[d]);
+            if (model != NULL && ml != KGPU_QUEUE_UNSET && g > ml && own == KGPU_QUEUE_UNSET)
+                return honour_fail(qs, a, &acc[a], model, d, g, ml, field, err);
+            snprintf(field, sizeof(field), "limit.%s", dim[d]);
+            if (tl != KGPU_QUEUE_UNSET && g > tl && (model != NULL || own == KGPU_QUEUE_UNSET))
+                return honour_fail(qs, a, &acc[a], model, d, g, tl, field, err);
+        }
     return 0;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int check_honoured(const kgpu_queues *qs, kgpu_error *err)
+{
+    gacc *acc = calloc((size_t)qs->n + 1, sizeof(*acc));
+    const char **names = calloc((size_t)qs->n * KGPU_QUEUE_MAX_MODELS + 1, sizeof(*names));
+    int rc = 0;
+    size_t nn = 0;
+    if (acc == NULL || names == NULL) {
+        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = check_key(qs, NULL, acc, err)) != 0)
+        goto out;
+    for (int i = 0; i < qs->n; i++)
+        for (int m = 0; m < qs->q[i].nmodels; m++)
+            names[nn++] = qs->q[i].models[m].name;
+    qsort(names, nn, sizeof(*names), cmp_name);
+    for (size_t k = 0; k < nn && rc == 0; k++)
+        if (k == 0 || strcmp(names[k], names[k - 1]) != 0)
+            rc = check_key(qs, names[k], acc, err);
+out:
+    free(acc);
+    free(names);
+    return rc;
 }
 
 int kgpu_queues_new(const kgpu_queue_spec *specs, int n, kgpu_queues **out, kgpu_error *err)
@@ -288,7 +404,7 @@ int kgpu_queues_new(const kgpu_queue_spec *specs, int n, kgpu_queues **out, kgpu
     for (int i = 0; i < qs->n; i++)
         if (qs->q[i].parent >= 0)
             qs->q[qs->q[i].parent].leaf = false;
-    if ((rc = check_children(qs, err)) != 0)
+    if ((rc = check_honoured(qs, err)) != 0 || (rc = kgpu__qns_new(specs, n, &qs->ns, err)) != 0)
         goto fail;
     *out = qs;
     return 0;
@@ -353,6 +469,34 @@ const char *kgpu_queue_name_for(const char *pod_label, const char *namespace_ann
     if (namespace_annotation != NULL && namespace_annotation[0] != '\0')
         return namespace_annotation;
     return KGPU_QUEUE_DEFAULT;
+}
+
+int kgpu_queues_pick(const kgpu_queues *qs, const kgpu_queue_ns *ns, const char *pod_label,
+                     char *why, size_t whylen)
+{
+    const char *nsname = ns != NULL && ns->name != NULL ? ns->name : "";
+    const char *own = kgpu_queue_name_for(NULL, ns != NULL ? ns->queue : NULL);
+    int home = find(qs, own);
+    if (pod_label == NULL || pod_label[0] == '\0') {
+        if (home < 0 && why != NULL)
+            snprintf(why, whylen,
+                     "queue %.63s does not exist (named by namespace %.63s's kgpu.io/queue "
+                     "annotation)",
+                     own, nsname);
+        return home;
+    }
+    int q = find(qs, pod_label);
+    for (int a = q; a >= 0; a = qs->q[a].parent)
+        if (a == home || kgpu__qns_admits(qs->ns, a, ns))
+            return q;
+    /* The same words whether it exists or not: no tenant learns other tenants' queues. */
+    if (why != NULL)
+        snprintf(why, whylen,
+                 "queue %.63s (the pod's kgpu.io/queue label) does not exist or is not open to "
+                 "namespace %.63s: a namespace uses its own queue (%.63s), the queues below it, "
+                 "and the queues whose GPUQueue admits it (docs/queues.md)",
+                 pod_label, nsname, own);
+    return -1;
 }
 
 void kgpu_qdemand_of_request(const kgpu_request *req, kgpu_qdemand *d)

@@ -118,7 +118,7 @@ static int start_file_mode(ext_daemon *d, kgpu_error *err)
     const char *ns;
     json_t *q;
     json_object_foreach(d->cfg.namespace_queues, ns, q)
-        ext_queues_set_namespace(&d->state, ns, json_string_value(q));
+        ext_queues_set_namespace(&d->state, ns, json_string_value(q), NULL);
     if (d->cfg.queues != NULL) {
         ext_queues_set(&d->state, d->cfg.queues);
         d->cfg.queues = NULL;

@@ -210,12 +210,51 @@ static json_t *amount_json(kgpu_qamount a)
                      a.mem_mib == KGPU_QUEUE_UNSET ? json_null() : json_integer(a.mem_mib));
 }
 
-/* The queues section: the tree (in definition order, parents first) and recent evictions. */
+/*
+ * The rows depth first: each root, then the queues below it (each parent
+ * before its children, siblings in definition order), whatever order the
+ * file or the GPUQueue objects gave them in. into[0..n); false: no memory.
+ */
+static bool tree_order(const ext_queue_row *rows, int n, int *into)
+{
+    size_t bytes = ((size_t)n + 1) * sizeof(int);
+    int *first = malloc(bytes), *next = malloc(bytes), *stack = malloc(bytes);
+    bool ok = first != NULL && next != NULL && stack != NULL;
+    int k = 0, top = 0;
+    for (int i = 0; ok && i <= n; i++)
+        first[i] = -1; /* first[n]: the roots */
+    for (int i = n - 1; ok && i >= 0; i--) { /* prepended backwards: definition order */
+        int p = rows[i].parent_row >= 0 && rows[i].parent_row < n ? rows[i].parent_row : n;
+        next[i] = first[p];
+        first[p] = i;
+    }
+    for (int r = ok ? first[n] : -1; r >= 0; r = next[r]) {
+        stack[top++] = r;
+        while (top > 0 && k < n) {
+            int q = stack[--top];
+            into[k++] = q;
+            /* Children pushed last first, so the first is taken next. */
+            int c[KGPU_QUEUE_MAX], nc = 0;
+            for (int x = first[q]; x >= 0 && nc < KGPU_QUEUE_MAX; x = next[x])
+                c[nc++] = x;
+            while (nc > 0 && top < n)
+                stack[top++] = c[--nc];
+        }
+    }
+    free(first);
+    free(next);
+    free(stack);
+    return ok && k == n;
+}
+
+/* The queues section: the tree (depth first, parents before children) and recent evictions. */
 static void render_queues(const snapshot *s, json_t *doc)
 {
     json_t *queues = json_array();
+    int *order = malloc(((size_t)s->nqueues + 1) * sizeof(int));
+    bool tree = order != NULL && tree_order(s->queues, s->nqueues, order);
     for (int i = 0; i < s->nqueues; i++) {
-        const ext_queue_row *q = &s->queues[i];
+        const ext_queue_row *q = &s->queues[tree ? order[i] : i];
         json_array_append_new(
             queues,
             json_pack("{s:s,s:o,s:i,s:i,s:o,s:o,s:o,s:{s:I},s:i,s:i,s:I}", "name", q->name,
@@ -243,6 +282,7 @@ static void render_queues(const snapshot *s, json_t *doc)
     json_object_set_new(doc, "queues_enabled", json_boolean(s->queues != NULL));
     json_object_set_new(doc, "queues", queues);
     json_object_set_new(doc, "queue_evictions", ev);
+    free(order);
 }
 
 /* The document from a snapshot; no lock held. */

@@ -282,15 +282,25 @@ const char *ext_namespace_queue(const json_t *ns)
         json_object_get(json_object_get(ns, "metadata"), "annotations"), KGPU_QUEUE_LABEL));
 }
 
-/* A namespace is its name and its kgpu.io/queue annotation. */
+const json_t *ext_namespace_labels(const json_t *ns)
+{
+    const json_t *l = json_object_get(json_object_get(ns, "metadata"), "labels");
+    return json_is_object(l) ? l : NULL;
+}
+
+/*
+ * A namespace is its name, its kgpu.io/queue annotation and its labels
+ * (GPUQueue namespace selectors read them; the state keeps a bounded few).
+ */
 void ext_namespace_trim(void *ctx, json_t *ns)
 {
     (void)ctx;
     json_t *meta = json_object_get(ns, "metadata");
     const char *name = json_string_value(json_object_get(meta, "name"));
     const char *queue = ext_namespace_queue(ns);
-    json_t *keep = json_pack("{s:s?,s:{s:s?}}", "name", name, "annotations", KGPU_QUEUE_LABEL,
-                             queue);
+    json_t *labels = (json_t *)ext_namespace_labels(ns);
+    json_t *keep = json_pack("{s:s?,s:{s:s?},s:O?}", "name", name, "annotations", KGPU_QUEUE_LABEL,
+                             queue, "labels", labels);
     json_object_clear(ns);
     if (keep != NULL)
         json_object_set_new(ns, "metadata", keep);

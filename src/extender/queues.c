@@ -101,9 +101,38 @@ void ext_queues_recharge(ext_state *st)
     }
 }
 
+/*
+ * A namespace as queue selection reads it: one block, freed with free():
+ * the kgpu_queue_ns, its labels sorted by key, then the strings.
+ */
+typedef struct ext_ns {
+    kgpu_queue_ns q;
+    kgpu_label labels[];
+} ext_ns;
+
+/* ns as kept, or a namespace nobody annotated or labelled. */
+static kgpu_queue_ns ns_of(ext_state *st, const char *ns)
+{
+    const ext_ns *x = kgpu_strmap_get(&st->ns_queue, ns);
+    kgpu_queue_ns q = x != NULL ? x->q : (kgpu_queue_ns){0};
+    q.name = ns;
+    return q;
+}
+
 void ext_queues_name_pod(ext_state *st, ext_pod *p)
 {
-    const char *q = kgpu_queue_name_for(p->queue_label, kgpu_strmap_get(&st->ns_queue, p->ns));
+    kgpu_queue_ns ns = ns_of(st, p->ns);
+    const char *q = kgpu_queue_name_for(p->queue_label, ns.queue);
+    char why[512];
+    if (st->queues != NULL && p->queue_label[0] != '\0' &&
+        kgpu_queues_pick(st->queues, &ns, p->queue_label, why, sizeof(why)) < 0) {
+        q = kgpu_queue_name_for(NULL, ns.queue); /* what its namespace may use, never the label's */
+        if (!p->queue_refused)
+            ext_log(EXT_WARN, "pod %s/%s: %s; charged to queue %s", p->ns, p->name, why, q);
+        p->queue_refused = true;
+    } else {
+        p->queue_refused = false;
+    }
     snprintf(p->queue, sizeof(p->queue), "%s", q);
 }
 
@@ -114,35 +143,101 @@ void ext_queues_set(ext_state *st, kgpu_queues *spec)
     ext_queues_recharge(st);
 }
 
-void ext_queues_set_namespace(ext_state *st, const char *ns, const char *queue)
+static int cmp_label(const void *a, const void *b)
 {
-    if (queue == NULL || queue[0] == '\0' || strlen(queue) > KGPU_QUEUE_NAME_MAX) {
-        free(kgpu_strmap_del(&st->ns_queue, ns));
-        return;
+    return strcmp(((const kgpu_label *)a)->key, ((const kgpu_label *)b)->key);
+}
+
+/* The block for (queue, labels), or NULL when there is nothing to keep or no memory. */
+static ext_ns *ns_block(const char *queue, const json_t *labels)
+{
+    if (queue != NULL && (queue[0] == '\0' || strlen(queue) > KGPU_QUEUE_NAME_MAX))
+        queue = NULL;
+    size_t bytes = queue != NULL ? strlen(queue) + 1 : 0;
+    int n = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)labels, k, v)
+    {
+        const char *val = json_string_value(v);
+        /* Sizes the API server allows; its own name label reads as the name anyway. */
+        if (n < EXT_NS_LABELS_MAX && val != NULL && strlen(k) <= KGPU_QUEUE_LABEL_KEY_MAX &&
+            strlen(val) <= 63 && strcmp(k, "kubernetes.io/metadata.name") != 0) {
+            bytes += strlen(k) + strlen(val) + 2;
+            n++;
+        }
     }
-    char *copy = strdup(queue);
+    if (queue == NULL && n == 0)
+        return NULL;
+    ext_ns *x = calloc(1, sizeof(*x) + (size_t)n * sizeof(kgpu_label) + bytes);
+    if (x == NULL)
+        return NULL;
+    char *at = (char *)&x->labels[n];
+    if (queue != NULL) {
+        x->q.queue = strcpy(at, queue);
+        at += strlen(queue) + 1;
+    }
+    x->q.labels = x->labels;
+    json_object_foreach((json_t *)labels, k, v)
+    {
+        const char *val = json_string_value(v);
+        if (x->q.nlabels < n && val != NULL && strlen(k) <= KGPU_QUEUE_LABEL_KEY_MAX &&
+            strlen(val) <= 63 && strcmp(k, "kubernetes.io/metadata.name") != 0) {
+            kgpu_label *l = &x->labels[x->q.nlabels++];
+            l->key = strcpy(at, k);
+            at += strlen(k) + 1;
+            l->value = strcpy(at, val);
+            at += strlen(val) + 1;
+        }
+    }
+    qsort(x->labels, (size_t)x->q.nlabels, sizeof(kgpu_label), cmp_label);
+    return x;
+}
+
+static bool ns_same(const ext_ns *a, const ext_ns *b)
+{
+    if (a == NULL || b == NULL)
+        return a == b;
+    if ((a->q.queue == NULL) != (b->q.queue == NULL) ||
+        (a->q.queue != NULL && strcmp(a->q.queue, b->q.queue) != 0) ||
+        a->q.nlabels != b->q.nlabels)
+        return false;
+    for (int i = 0; i < a->q.nlabels; i++)
+        if (strcmp(a->labels[i].key, b->labels[i].key) != 0 ||
+            strcmp(a->labels[i].value, b->labels[i].value) != 0)
+            return false;
+    return true;
+}
+
+bool ext_queues_set_namespace(ext_state *st, const char *ns, const char *queue,
+                              const json_t *labels)
+{
+    ext_ns *x = ns_block(queue, labels);
+    const ext_ns *was = kgpu_strmap_get(&st->ns_queue, ns);
+    bool changed = !ns_same(was, x);
     void *old = NULL;
-    if (copy == NULL || !kgpu_strmap_put(&st->ns_queue, ns, copy, &old)) {
-        free(copy);
-        return;
+    if (x == NULL || !kgpu_strmap_put(&st->ns_queue, ns, x, &old)) {
+        /* Nothing to keep (or no memory: the namespace reads as unannotated, unlabelled). */
+        free(x);
+        free(kgpu_strmap_del(&st->ns_queue, ns));
+        return changed;
     }
     free(old);
+    return changed;
 }
 
 int ext_queues_resolve(ext_state *st, const char *ns, const char *label, char *name, size_t len,
                        char *why, size_t whylen)
 {
-    const char *ann = kgpu_strmap_get(&st->ns_queue, ns);
-    const char *q = kgpu_queue_name_for(label, ann);
-    snprintf(name, len, "%s", q);
+    kgpu_queue_ns n = ns_of(st, ns);
+    snprintf(name, len, "%s", kgpu_queue_name_for(label, n.queue));
     if (st->queues == NULL)
         return -1;
-    int id = kgpu_queues_find(st->queues, q);
+    char w[512];
+    int id = kgpu_queues_pick(st->queues, &n, label, w, sizeof(w));
     if (id >= 0)
         return id;
-    snprintf(why, whylen, "kgpu: queue %.63s does not exist (named by %s)", q,
-             label != NULL && label[0] ? "the pod's kgpu.io/queue label"
-                                       : "its namespace's kgpu.io/queue annotation");
+    snprintf(why, whylen, "kgpu: %s", w);
     return -2;
 }
 
@@ -237,6 +332,7 @@ bool ext_queues_rows(ext_state *st, ext_queue_row **rows, int *n, ext_eviction *
         kgpu_queues_info(st->queues, q, &qi);
         ext_queue_row *x = &r[q];
         snprintf(x->name, sizeof(x->name), "%s", qi.name);
+        x->parent_row = qi.parent;
         if (qi.parent >= 0) {
             kgpu_queue_info pi;
             kgpu_queues_info(st->queues, qi.parent, &pi);

@@ -223,8 +223,7 @@ static void namespaces_event(void *ctx, const char *type, json_t *ns)
     const char *name = ext_obj_name(ns);
     if (name == NULL)
         return;
-    s->sink->namespace_seen(s->sink->ctx, name,
-                            strcmp(type, "DELETED") == 0 ? NULL : ext_namespace_queue(ns));
+    s->sink->namespace_seen(s->sink->ctx, name, strcmp(type, "DELETED") == 0 ? NULL : ns);
 }
 
 static void *watch_namespaces(void *arg)

@@ -382,23 +382,21 @@ static void namespaces_listed(void *ctx, json_t *items)
     {
         const char *name = ext_obj_name(ns);
         if (name != NULL)
-            ext_queues_set_namespace(st, name, ext_namespace_queue(ns));
+            ext_queues_set_namespace(st, name, ext_namespace_queue(ns), ext_namespace_labels(ns));
     }
     if (st->queues_spec != NULL)
         ext_queues_recharge(st); /* pods counted before the namespaces were known */
     pthread_mutex_unlock(&st->mu);
 }
 
-static void namespace_seen(void *ctx, const char *name, const char *queue)
+static void namespace_seen(void *ctx, const char *name, const json_t *ns)
 {
     ext_state *st = ctx;
     pthread_mutex_lock(&st->mu);
-    const char *was = kgpu_strmap_get(&st->ns_queue, name);
-    bool changed = (was == NULL) != (queue == NULL || queue[0] == '\0') ||
-                   (was != NULL && queue != NULL && strcmp(was, queue) != 0);
-    ext_queues_set_namespace(st, name, queue);
+    bool changed = ext_queues_set_namespace(st, name, ext_namespace_queue(ns),
+                                            ext_namespace_labels(ns));
     if (changed && st->queues_spec != NULL)
-        ext_queues_recharge(st); /* its pods move to the queue it names now */
+        ext_queues_recharge(st); /* its pods move to the queue it names, or may use, now */
     pthread_mutex_unlock(&st->mu);
 }
 

@@ -167,9 +167,11 @@ void ext_dra_claim_trim(void *ctx, json_t *obj);
 const char *ext_obj_name(const json_t *obj);
 /* What is kept of a GPUQueue: metadata.name and .generation, spec, status. */
 void ext_gpuqueue_trim(void *ctx, json_t *obj);
-/* A namespace's kgpu.io/queue annotation, or NULL. */
+/* A namespace's kgpu.io/queue annotation, or NULL (ns may be NULL). */
 const char *ext_namespace_queue(const json_t *ns);
-/* A namespace is its name and its kgpu.io/queue annotation. */
+/* A namespace's labels (an object), or NULL (ns may be NULL). */
+const json_t *ext_namespace_labels(const json_t *ns);
+/* A namespace is its name, its kgpu.io/queue annotation and its labels (queue selectors read them). */
 void ext_namespace_trim(void *ctx, json_t *ns);
 
 /* ---- the sink: where sources hand what they read (reflectors.c, clusterfile.c) ---- */
@@ -219,7 +221,7 @@ typedef struct ext_sink {
     void (*gpuqueues_restart)(void *ctx, const char *why);
     /* Namespaces' kgpu.io/queue: a list (trimmed), one seen (queue NULL: gone or none). */
     void (*namespaces_listed)(void *ctx, json_t *items);
-    void (*namespace_seen)(void *ctx, const char *name, const char *queue);
+    void (*namespace_seen)(void *ctx, const char *name, const json_t *ns); /* NULL: deleted */
 } ext_sink;
 
 /* What the reflectors need; lives as long as their threads. */

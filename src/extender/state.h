@@ -51,6 +51,7 @@ typedef struct ext_pod {
      */
     bool charged;
     bool evicting; /* an eviction went through; charged until the pod is gone */
+    bool queue_refused; /* its label names a queue its namespace may not use (said once) */
     int nparts;
     ext_pod_part part[];
 } ext_pod;
@@ -215,7 +216,7 @@ typedef struct ext_state {
     kgpu_queues *queues;      /* the tree with usage */
     kgpu_queues *queues_spec; /* the same tree without usage, rebuilt from on every change */
     unsigned long long *queue_evictions; /* by queue id: evictions of its pods, ever */
-    kgpu_strmap ns_queue;     /* namespace -> its kgpu.io/queue (char *, owned) */
+    kgpu_strmap ns_queue;     /* namespace -> its annotation and labels (queues.c, one block, free()) */
     ext_eviction evictions[EXT_EVICTIONS_KEPT]; /* ring of the most recent */
     int evictions_next, nevictions;
     kgpu_strmap reclaims; /* waiting pod uid -> ext_reclaim* (reclaim_state.c), at most EXT_RECLAIMS_MAX */
@@ -355,14 +356,25 @@ void ext_queues_set(ext_state *st, kgpu_queues *spec);
  * annotation changed.
  */
 void ext_queues_recharge(ext_state *st);
-/* p->queue from its label and its namespace's annotation (kgpu_queue_name_for). */
-void ext_queues_name_pod(ext_state *st, ext_pod *p);
-/* A namespace's kgpu.io/queue annotation; NULL or "" clears it. */
-void ext_queues_set_namespace(ext_state *st, const char *ns, const char *queue);
 /*
- * The queue of a pod of namespace ns with label `label` (kgpu_queue_name_for):
+ * p->queue from its label and its namespace (kgpu_queues_pick): a label
+ * naming a queue the namespace may not use is not followed: the pod is
+ * charged to its namespace's queue, and that is logged once.
+ */
+void ext_queues_name_pod(ext_state *st, ext_pod *p);
+/*
+ * A namespace's kgpu.io/queue annotation (NULL or "": none) and labels (a
+ * JSON object, or NULL), for queue selection; both NULL forget it. At most
+ * EXT_NS_LABELS_MAX labels are kept. Whether anything changed.
+ */
+#define EXT_NS_LABELS_MAX 64
+bool ext_queues_set_namespace(ext_state *st, const char *ns, const char *queue,
+                              const json_t *labels);
+/*
+ * The queue of a pod of namespace ns with label `label` (kgpu_queues_pick):
  * its name into name, and its id; -1 when queues are off; -2 when no queue
- * has that name, with a reason for the pod's event in why.
+ * has that name or the namespace may not use it, with a reason for the
+ * pod's event in why.
  */
 int ext_queues_resolve(ext_state *st, const char *ns, const char *label, char *name, size_t len,
                        char *why, size_t whylen);
@@ -485,6 +497,7 @@ int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max);
 /* One queue as /inspect and /metrics show it. */
 typedef struct ext_queue_row {
     char name[KGPU_QUEUE_NAME_MAX + 1], parent[KGPU_QUEUE_NAME_MAX + 1];
+    int parent_row; /* the parent's index among the rows, -1 for a root */
     int depth, weight;
     kgpu_qamount guarantee, limit, used;
     int64_t borrowed_milli;
@@ -493,7 +506,7 @@ typedef struct ext_queue_row {
 } ext_queue_row;
 
 /*
- * Copies every queue (tree order; malloc'd, caller frees) and the recent
+ * Copies every queue (in definition order; malloc'd, caller frees) and the recent
  * evictions (newest first; up to EXT_EVICTIONS_KEPT into ev). *rows NULL
  * and *n 0 when queues are off. false: out of memory.
  */

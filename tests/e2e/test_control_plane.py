@@ -582,7 +582,13 @@ class ControlPlaneSuite(unittest.TestCase):
     # -- 11-14. GPU queues: the GPUQueue resource, limits, reclaim, PDBs --------------
 
     def queue(self, name, spec):
-        """Creates the GPUQueue `name`; deleted after the test's pods."""
+        """Creates the GPUQueue `name`; deleted after the test's pods. A root opens itself
+        (and the queues below it) to the pods of E2E_NS by the namespace's name label,
+        which the API server sets."""
+        if not spec.get("parent"):
+            spec = dict(spec)
+            spec.setdefault("namespaceSelector",
+                            {"matchLabels": {"kubernetes.io/metadata.name": E2E_NS}})
         path = GQ + "/" + name
         self.cp.admin.post(GQ, {"apiVersion": "kgpu.io/v1alpha1", "kind": "GPUQueue",
                                 "metadata": {"name": name}, "spec": spec})
@@ -695,9 +701,15 @@ class ControlPlaneSuite(unittest.TestCase):
         self.create("qb-share", [("main", {MEM: 8, CORE: 50})],
                     labels={"app": "kgpu-e2e", QLABEL: "team-b"})
         self.create("q-default", [("main", {WHOLE: 1})])
+        # A label naming a queue its namespace may not use (issue 24): refused, with why.
+        self.create("qa-forbidden", [("main", {WHOLE: 1})], ns=ns,
+                    labels={"app": "kgpu-e2e", QLABEL: "team-b"})
         for name, pns in (("qa-label", E2E_NS), ("qa-namespace", ns), ("qb-share", E2E_NS),
                           ("q-default", E2E_NS)):
             self.wait_bound(name, ns=pns)
+        self.assertIn("queue team-b (the pod's kgpu.io/queue label) does not exist or is not "
+                      "open to namespace e2e-team-a", self.failed_scheduling("qa-forbidden", ns))
+        self.cp.delete_pod(ns, "qa-forbidden")
         a = self.queue_status("team-a", {"used.gpu": "3", "pods": 2, "pending": 0})
         self.assertEqual(self.condition(a, "Valid").get("status"), "True", a["status"])
         # A share of half a GPU: its compute, whatever its memory.

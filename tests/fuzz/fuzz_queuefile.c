@@ -2,10 +2,13 @@
  * Fuzz target for the queue configuration reader (src/common/queuefile.c):
  * an operator's file, YAML or JSON. Whatever parses must be a tree the core
  * accepts, whose guarantees sit within their limits, and on which a charge
- * admission lets in is taken and undone exactly.
+ * admission lets in is taken and undone exactly; choosing a pod's queue
+ * by namespace and label gives the labelled queue or a refusal, never
+ * another queue.
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kgpu/queue.h"
 #include "queuefile.h"
@@ -42,6 +45,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         if (rc == 0 && kgpu_queues_uncharge(qs, q, &d, NULL) != 0)
             abort();
+        kgpu_label labels[] = {{"tier", "gold"}, {"team", (char *)qi.name}};
+        kgpu_queue_ns ns = {.name = "team-a", .queue = qi.name, .labels = labels, .nlabels = 2};
+        char why[512];
+        if (kgpu_queues_pick(qs, &ns, NULL, why, sizeof(why)) != q)
+            abort(); /* its namespace's queue */
+        for (int l = 0; l < n; l++) {
+            kgpu_queue_info li;
+            kgpu_queues_info(qs, l, &li);
+            int got = kgpu_queues_pick(qs, &ns, li.name, why, sizeof(why));
+            if (got != l && (got != -1 || strstr(why, "not open to namespace team-a") == NULL))
+                abort();
+        }
     }
     kgpu_queues_free(qs);
     return 0;

@@ -12,6 +12,11 @@ Eviction API, as test_extender.py drives it (its helpers are reused):
   pods, pending, the Valid condition; written again only when it changes;
 - an invalid set of queues: Valid False on every queue with the error,
   and the last valid tree still enforced;
+- a pod's label names only a queue its namespace may use (issue 24): a
+  tenant labelling its pods with another team's queue is refused at filter
+  and bind, charged to its own queue when found running, and never
+  reclaimed for; a tree with a guarantee no limit above it can honour is
+  refused, Valid False;
 - reclaim through the Eviction API: 201 (the victim charged until its pod
   is gone), 429 (a PodDisruptionBudget: another victim is chosen, and with
   none left the reason names the refused pod), 404 (gone already).
@@ -26,7 +31,8 @@ import time
 
 import test_extender as te
 from harness import wait_for
-from test_extender import ExtenderTest, container, gpu_list, pod_object, whole
+from test_extender import (ExtenderTest, assignment_annotation, container, gpu_list, pod_object,
+                           whole)
 
 GQ = "/apis/kgpu.io/v1alpha1/gpuqueues"
 
@@ -49,6 +55,8 @@ class GPUQueueTest(ExtenderTest):
         return self.ext
 
     def add_queue(self, name, **spec):
+        # The tests' pods run in namespace default: their labels may name these queues.
+        spec.setdefault("namespaces", ["default"])
         self.s.api("POST", GQ, gpuqueue(name, **spec), expect=201)
 
     def queue_obj(self, name):
@@ -153,6 +161,88 @@ class TestGPUQueues(GPUQueueTest):
         self.s.api("DELETE", GQ + "/lost", expect=200)
         self.wait_status("team-a", lambda st: st["conditions"][0]["status"] == "True",
                          "valid again")
+
+
+class TestTenantBoundaries(GPUQueueTest):
+    """Issue 24: a tenant limited to 1 GPU labels its pods with team-a's queue."""
+
+    def namespace(self, name, queue=None, labels=None):
+        meta = {"name": name}
+        if queue:
+            meta["annotations"] = {"kgpu.io/queue": queue}
+        if labels:
+            meta["labels"] = labels
+        self.s.api("POST", "/api/v1/namespaces", {"metadata": meta}, expect=201)
+
+    def test_a_label_naming_another_teams_queue(self):
+        self.s.add_node("n1", gpu_list("n1", "A100", 81920, 4))
+        self.namespace("tenant", "tenant-q")
+        self.namespace("ml-a", "team-a")
+        self.namespace("batch", labels={"kgpu.io/tier": "batch"})
+        self.add_queue("tenant-q", limit={"gpu": 1}, namespaces=[])
+        self.add_queue("team-a", guarantee={"gpu": 2}, namespaces=[])
+        self.add_queue("b", namespaces=[],
+                       namespaceSelector={"matchLabels": {"kgpu.io/tier": "batch"}})
+        # Found running after a restart with the forbidden label: 1 GPU of n0.
+        gpu = (0, "GPU-n0-0", 1000, 81920)
+        ann = {"kgpu.io/assignment": assignment_annotation([("main", True, [gpu])]),
+               "kgpu.io/node": "n0", "kgpu.io/bind-time": "2025-01-01T00:00:00.0Z"}
+        held = pod_object("held", [container("main", whole(1))], ann, node_name="n0",
+                          phase="Running")
+        held["metadata"]["labels"]["kgpu.io/queue"] = "team-a"
+        self.s.add_pod(held, "tenant")
+        self.start()
+        self.wait_queues(lambda q: "team-a" in q and q["tenant-q"]["pods"] == 1,
+                         "the held pod charged to its namespace's queue")
+        q = self.queues()
+        self.assertEqual((q["team-a"]["pods"], q["team-a"]["used"]["gpu_milli"]), (0, 0))
+        self.assertEqual(q["tenant-q"]["used"]["gpu_milli"], 1000)
+        self.assertIn("pod tenant/held: queue team-a (the pod's kgpu.io/queue label) does not "
+                      "exist or is not open to namespace tenant", self.ext.log())
+        self.assertIn("charged to queue tenant-q", self.ext.log())
+        # Borrowers of b (admitted by its selector) take every other GPU.
+        borrowers = []
+        for i in range(7):
+            p = self.pod(whole(1), ns="batch", queue="b", priority=i)
+            res = self.ext.filter(p, ["n0", "n1"])
+            self.assertTrue(res["NodeNames"], res)
+            self.assertEqual(self.ext.bind(p, res["NodeNames"][0]), "")
+            borrowers.append(p)
+        # A new pod with the label: refused at filter on every node, and at bind, in words
+        # that name the namespace and the queue it gave, nothing of team-a's tree; no reclaim.
+        p = self.pod(whole(1), ns="tenant", queue="team-a", priority=100)
+        res = self.ext.filter(p, ["n0", "n1"])
+        self.assertEqual(res["NodeNames"], [])
+        for node in ("n0", "n1"):
+            self.assertIn("queue team-a (the pod's kgpu.io/queue label) does not exist or is "
+                          "not open to namespace tenant", res["FailedNodes"][node])
+        self.assertIn("not open to namespace tenant", self.ext.bind(p, "n0"))
+        self.assertEqual(self.s.api("GET", "/_control/evictions", expect=200)[1], [])
+        # Left Unschedulable for the sweep, with a higher priority than team-a's own pod.
+        self.s.patch_pod("tenant", p["metadata"]["name"], {"status": {"conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}})
+        own = self.pod(whole(1), ns="ml-a", priority=1)
+        self.s.patch_pod("ml-a", own["metadata"]["name"], {"status": {"conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}})
+        # The sweep reclaims for team-a's own pod only (the tenant's came first, if ever).
+        ev = wait_for(lambda: self.ext.inspect()["queue_evictions"], 15,
+                      what="a reclaim for team-a's own pod")
+        self.assertEqual({(e["for_namespace"], e["for_pod"]) for e in ev},
+                         {("ml-a", own["metadata"]["name"])})
+        self.assertEqual(len(self.s.api("GET", "/_control/evictions", expect=200)[1]), 1)
+        self.assertEqual(self.queues()["team-a"]["pending"], 1)
+
+    def test_a_guarantee_no_limit_above_can_honour(self):
+        self.add_queue("team-a", limit={"gpu": 2})
+        self.start()
+        self.wait_status("team-a", lambda st: st["conditions"][0]["status"] == "True", "valid")
+        self.add_queue("ml", parent="team-a", guarantee={"gpu": 4})
+        for name in ("team-a", "ml"):
+            st = self.wait_status(name, lambda st: st["conditions"][0]["status"] == "False",
+                                  "Valid False on " + name)
+            self.assertIn("queue ml: guarantee.gpu 4 cannot be honoured: queue team-a above it "
+                          "has limit.gpu 2", st["conditions"][0]["message"])
+        self.assertNotIn("ml", self.queues())
 
 
 class TestEvictions(GPUQueueTest):

@@ -7,7 +7,9 @@ test_extender.py does (its helpers are reused); pods leave with
 DELETE /pods/NS/NAME. Every rule of docs/queues.md "The extender":
 
 - a pod's queue: its kgpu.io/queue label, else its namespace's queue, else
-  `default`; a queue that does not exist is refused, naming it;
+  `default`; a label may name only the namespace's queue, those below it and
+  queues that admit the namespace; anything else is refused, naming the
+  namespace and the queue given (issue 24);
 - filter refuses a node where the pod would take its queue (or an
   ancestor) over its limit, in the fit reasons' words;
 - charged at bind on the GPUs chosen, released when the pod leaves;
@@ -46,8 +48,10 @@ CLUSTER = """nodes:
                  for i in range(4)))
 
 # org guarantees its two teams 6 GPUs and lets them take 7 together; team-c borrows only.
+# Pods of ns-x may name org, the teams below it and team-c; a tenant's only its own queue.
 QUEUES = """queues:
   - name: org
+    namespaces: [ns-x]
     guarantee: {gpu: 6}
     limit: {gpu: "7"}
   - name: team-a
@@ -60,8 +64,11 @@ QUEUES = """queues:
     guarantee: {gpu: "2"}
     limit: {gpu: 6, memory: 274877906944}
   - name: team-c
+    namespaces: [ns-x]
     limit: {gpu: 0.5}
-namespaceQueues: {ns-b: team-b}
+  - name: tenant-q
+    limit: {gpu: 1}
+namespaceQueues: {ns-b: team-b, tenant: tenant-q}
 """
 
 NODES = ["n0", "n1"]
@@ -113,7 +120,7 @@ class TestQueues(QueueTest):
 
     def test_queue_of_a_pod(self):
         self.start()
-        self.run_pod(whole(1), queue="team-a", ns="ns-b")  # the label wins
+        self.run_pod(whole(1), queue="team-a", ns="ns-x")  # the label: org admits ns-x
         self.run_pod(whole(1), ns="ns-b")                  # the namespace's queue
         self.run_pod(whole(1), ns="ns-x")                  # default
         q = self.queues()
@@ -125,10 +132,41 @@ class TestQueues(QueueTest):
         res = self.ext.filter(self.pod(whole(1), queue="nope"), NODES)
         self.assertEqual(res["NodeNames"], [])
         for node in NODES:
-            self.assertIn("queue nope does not exist", res["FailedNodes"][node])
+            self.assertIn("queue nope (the pod's kgpu.io/queue label) does not exist or is not "
+                          "open to namespace ns-x", res["FailedNodes"][node])
         p = self.pod(whole(1), queue="nope")
         self.ext.filter(p, NODES)
-        self.assertIn("queue nope does not exist", self.ext.bind(p, "n0"))
+        self.assertIn("queue nope (the pod's kgpu.io/queue label) does not exist",
+                      self.ext.bind(p, "n0"))
+
+    def test_a_tenant_cannot_take_another_teams_queue(self):
+        """Issue 24, item 1: the tenant limited to 1 GPU labels its pods team-a."""
+        self.start()
+        self.run_pod(whole(1), ns="tenant")  # its own queue, at its limit now
+        # Borrowers of team-b and default take every other GPU; team-a is below its guarantee.
+        for _ in range(5):
+            self.run_pod(whole(1), queue="team-b")
+        for _ in range(2):
+            self.run_pod(whole(1))
+        for label in ("team-a", "org", "default"):
+            p = self.pod(whole(1), queue=label, ns="tenant")
+            res = self.ext.filter(p, NODES)
+            self.assertEqual(res["NodeNames"], [], res)
+            for node in NODES:
+                reason = res["FailedNodes"][node]
+                self.assertIn("queue %s (the pod's kgpu.io/queue label) does not exist or is not "
+                              "open to namespace tenant" % label, reason)
+                self.assertNotIn("team-b", reason)
+            self.assertIn("not open to namespace tenant", self.ext.bind(p, "n1"))
+        # Nothing evicted for it, nothing charged to team-a; team-b's namespace neither.
+        self.assertEqual(self.ext.inspect()["queue_evictions"], [])
+        q = self.queues()
+        self.assertEqual((q["team-a"]["pods"], q["tenant-q"]["pods"]), (0, 1))
+        res = self.ext.filter(self.pod(whole(1), queue="team-a", ns="ns-b"), NODES)
+        self.assertIn("not open to namespace ns-b", res["FailedNodes"]["n0"])
+        # team-a's own pods still reclaim what they are guaranteed.
+        res = self.ext.filter(self.pod(whole(1), queue="team-a"), NODES)
+        self.assertEqual(len(self.ext.inspect()["queue_evictions"]), 1, res)
 
     def test_limit_refused_in_fit_reason_words(self):
         self.start()
@@ -199,8 +237,8 @@ class TestQueues(QueueTest):
         self.assertEqual(len(within), 2)
 
     def test_never_evicts_a_pod_within_its_queues_guarantee(self):
-        self.start("queues:\n  - {name: a, guarantee: {gpu: 7}}\n"
-                   "  - {name: b, guarantee: {gpu: 2}}\n")
+        self.start("queues:\n  - {name: a, guarantee: {gpu: 7}, namespaces: [ns-x]}\n"
+                   "  - {name: b, guarantee: {gpu: 2}, namespaces: [ns-x]}\n")
         for _ in range(8):
             self.run_pod(whole(1), queue="a")
         # b is below its guarantee: a borrows one GPU, and gives exactly that one back.
@@ -299,6 +337,34 @@ class TestQueues(QueueTest):
         self.assertTrue(any(l.startswith("  team-a ") and " 4.5 " in l for l in lines),
                         out.stdout)
         self.assertTrue(any(l.startswith("team-c ") for l in lines), out.stdout)
+
+    def test_inspect_lists_parents_before_children(self):
+        """Issue 24, item 7: depth first, whatever order the file defines them in."""
+        self.start("queues:\n  - {name: leaf, parent: mid}\n  - {name: top}\n"
+                   "  - {name: other}\n  - {name: mid, parent: top}\n"
+                   "  - {name: leaf2, parent: top}\n")
+        rows = self.ext.inspect()["queues"]
+        self.assertEqual([(q["name"], q["depth"]) for q in rows],
+                         [("top", 0), ("mid", 1), ("leaf", 2), ("leaf2", 1), ("other", 0),
+                          ("default", 0)])
+
+    def test_a_guarantee_no_limit_above_can_honour(self):
+        err = self.refused_config("queues:\n  - {name: team-a, limit: {gpu: 2}}\n"
+                                  "  - {name: ml, parent: team-a, guarantee: {gpu: 4}}\n")
+        self.assertIn("queue ml: guarantee.gpu 4 cannot be honoured: queue team-a above it has "
+                      "limit.gpu 2", err)
+
+    def refused_config(self, queues):
+        cluster = os.path.join(self.tmp, "cluster.yaml")
+        with open(cluster, "w") as f:
+            f.write(CLUSTER)
+        config = os.path.join(self.tmp, "bad.yaml")
+        with open(config, "w") as f:
+            f.write("clusterFile: %s\n%s" % (cluster, queues))
+        out = subprocess.run([te.EXTENDER_BIN, "--config", config], capture_output=True,
+                             text=True, timeout=30)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        return out.stderr
 
     def test_config_errors_name_file_and_field(self):
         cluster = os.path.join(self.tmp, "cluster.yaml")

@@ -480,7 +480,12 @@ class HelmChartTest(unittest.TestCase):
         self.assertIn("status", v["subresources"])
         # The spec has the keys of one entry of the extender's `queues:` file, less the name.
         spec = v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-        self.assertEqual(sorted(spec), ["guarantee", "limit", "models", "parent", "weight"])
+        self.assertEqual(sorted(spec), ["guarantee", "limit", "models", "namespaceSelector",
+                                        "namespaces", "parent", "weight"])
+        sel = spec["namespaceSelector"]["properties"]
+        self.assertEqual(sorted(sel), ["matchExpressions", "matchLabels"])
+        self.assertEqual(sel["matchExpressions"]["items"]["properties"]["operator"]["enum"],
+                         ["In", "NotIn", "Exists", "DoesNotExist"])
         for amount in (spec["guarantee"], spec["limit"]):
             self.assertEqual(sorted(amount["properties"]), ["gpu", "memory"])
             for dim in amount["properties"].values():

@@ -120,6 +120,7 @@ static void test_bind_charges_and_limits(void **state)
     fixture *f = *state;
     set_queues(f, "queues:\n"
                   "  - name: a\n"
+                  "    namespaces: [ns]\n"
                   "    limit: {gpu: 4}\n"
                   "    models: [{model: T4, limit: {gpu: 1.5}}]\n");
     kgpu_error err;
@@ -149,7 +150,7 @@ static void test_bind_charges_and_limits(void **state)
 static void test_charges_survive_rebuilds(void **state)
 {
     fixture *f = *state;
-    set_queues(f, "queues:\n  - {name: a, limit: {gpu: 4}}\n");
+    set_queues(f, "queues:\n  - {name: a, namespaces: [ns], limit: {gpu: 4}}\n");
     kgpu_error err;
     assert_int_equal(bind(f, "w0", "a", "n0", 2, 0, 0, &err), 0);
     assert_int_equal(bind(f, "s0", "a", "n1", 0, 25, 2, &err), 0);
@@ -163,7 +164,7 @@ static void test_charges_survive_rebuilds(void **state)
     assert_int_equal(info(f, "a").used.milli, 2250);
     assert_int_equal(info(f, "a").pods, 2);
     /* A new tree with a lower limit: the running pods stay charged, above it; new ones wait. */
-    set_queues(f, "queues:\n  - {name: a, limit: {gpu: 1}}\n");
+    set_queues(f, "queues:\n  - {name: a, namespaces: [ns], limit: {gpu: 1}}\n");
     assert_int_equal(info(f, "a").used.milli, 2250);
     assert_int_equal(bind(f, "s1", "a", "n1", 0, 10, 1, &err), KGPU_ENOFIT);
     assert_string_equal(err.msg, "queue a would use 2.35 GPUs of its limit 1");
@@ -178,24 +179,25 @@ static void test_charges_survive_rebuilds(void **state)
 static void test_namespace_moves_charges(void **state)
 {
     fixture *f = *state;
-    set_queues(f, "queues:\n  - {name: a}\n  - {name: b}\n");
+    set_queues(f, "queues:\n  - {name: a, namespaces: [ns]}\n  - {name: b}\n");
     kgpu_error err;
     assert_int_equal(bind(f, "w0", NULL, "n0", 1, 0, 0, &err), 0);
     assert_int_equal(bind(f, "w1", "a", "n0", 1, 0, 0, &err), 0);
     assert_int_equal(info(f, "default").pods, 1);
-    ext_queues_set_namespace(&f->st, "ns", "b");
+    assert_true(ext_queues_set_namespace(&f->st, "ns", "b", NULL));
+    assert_false(ext_queues_set_namespace(&f->st, "ns", "b", NULL));
     ext_queues_recharge(&f->st);
-    /* The label wins over the namespace's queue. */
+    /* A label the namespace may use wins over the namespace's queue. */
     assert_int_equal(info(f, "default").pods, 0);
     assert_int_equal(info(f, "b").pods, 1);
     assert_int_equal(info(f, "a").pods, 1);
-    char name[64], why[128];
+    char name[64], why[512];
     assert_int_equal(ext_queues_resolve(&f->st, "ns", "", name, sizeof(name), why, sizeof(why)),
                      kgpu_queues_find(f->st.queues, "b"));
     assert_int_equal(ext_queues_resolve(&f->st, "ns", "zz", name, sizeof(name), why, sizeof(why)),
                      -2);
-    assert_string_equal(why, "kgpu: queue zz does not exist (named by the pod's kgpu.io/queue "
-                             "label)");
+    assert_non_null(strstr(why, "kgpu: queue zz (the pod's kgpu.io/queue label) does not exist "
+                                "or is not open to namespace ns"));
 }
 
 static void test_status(void **state)
@@ -284,6 +286,78 @@ static int pending_of(fixture *f, const char *q)
     return out;
 }
 
+/* ext_queues_set_namespace with labels {k: v} as the API server gives them. */
+static bool set_ns(fixture *f, const char *queue, const char *k, const char *v)
+{
+    json_t *l = json_pack("{s:s,s:s}", k, v, "kubernetes.io/metadata.name", "ns");
+    bool changed = ext_queues_set_namespace(&f->st, "ns", queue, l);
+    json_decref(l);
+    return changed;
+}
+
+/*
+ * Issue 24, item 1: a tenant whose namespace's queue is `t` (limit 1)
+ * labels its pods with team-a's queue. Refused where a new pod is decided
+ * (ext_queues_resolve: filter and bind); a pod that runs already with such
+ * a label (adopted after a restart) is charged to `t`, never to team-a;
+ * and the reclaim sweep never evicts anything for it.
+ */
+static void test_label_of_another_teams_queue(void **state)
+{
+    fixture *f = *state;
+    kgpu_error err;
+    const char *tree = "queues:\n"
+                       " - {name: team-a, guarantee: {gpu: 4}, namespaces: [ns-a]}\n"
+                       " - {name: team-b, namespaces: [ns]}\n"
+                       " - {name: t, limit: {gpu: 1}}\n"
+                       " - {name: picked, namespaceSelector: {matchLabels: {tier: gold}}}\n";
+    set_queues(f, tree);
+    set_ns(f, "t", "tier", "silver");
+    char name[64], why[512];
+    assert_int_equal(
+        ext_queues_resolve(&f->st, "ns", "team-a", name, sizeof(name), why, sizeof(why)), -2);
+    assert_non_null(strstr(why, "queue team-a (the pod's kgpu.io/queue label) does not exist or "
+                                "is not open to namespace ns"));
+    assert_int_equal(ext_queues_resolve(&f->st, "ns", "picked", name, sizeof(name), why,
+                                        sizeof(why)),
+                     -2);
+    /* An administrator labels the namespace: the selector admits it, after a recharge. */
+    assert_true(set_ns(f, "t", "tier", "gold"));
+    assert_false(set_ns(f, "t", "tier", "gold"));
+    assert_int_equal(ext_queues_resolve(&f->st, "ns", "picked", name, sizeof(name), why,
+                                        sizeof(why)),
+                     kgpu_queues_find(f->st.queues, "picked"));
+    /* Running with the forbidden label: charged to the namespace's queue. */
+    assert_int_equal(bind(f, "x", "team-a", "n0", 1, 0, 0, &err), 0);
+    assert_int_equal(info(f, "team-a").pods, 0);
+    assert_int_equal(info(f, "t").pods, 1);
+    const ext_pod *x = kgpu_strmap_get(&f->st.pods, "x");
+    assert_string_equal(x->queue, "t");
+    assert_true(x->queue_refused);
+    set_queues(f, tree); /* a rebuild charges it the same way */
+    assert_int_equal(info(f, "team-a").pods, 0);
+    assert_int_equal(info(f, "t").used.milli, 1000);
+    /* The team-a label takes no second GPU past t's limit either. */
+    assert_int_equal(bind(f, "x2", "team-a", "n0", 1, 0, 0, &err), KGPU_ENOFIT);
+    assert_string_equal(err.msg, "queue t would use 2 GPUs of its limit 1");
+    ext_state_release(&f->st, "x");
+    /* Borrowers fill every GPU; team-a is below its guarantee. */
+    assert_int_equal(bind(f, "b-0", "team-b", "n0", 4, 0, 0, &err), 0);
+    assert_int_equal(bind(f, "b-1", "team-b", "n1", 4, 0, 0, &err), 0);
+    seen(f, waiting_pod("w", "team-a", 1, true, NULL));
+    ext_sweep_act acts[4];
+    assert_int_equal(ext_unsched_sweep(&f->st, acts, 4), 0); /* nothing evicted for it */
+    assert_int_equal(pending_of(f, "team-a"), 0);
+    /* The same pod in a namespace team-a admits would reclaim: what the refusal stops. */
+    set_queues(f, "queues:\n"
+                  " - {name: team-a, guarantee: {gpu: 4}, namespaces: [ns-a, ns]}\n"
+                  " - {name: team-b, namespaces: [ns]}\n"
+                  " - {name: t, limit: {gpu: 1}}\n");
+    assert_int_equal(ext_unsched_sweep(&f->st, acts, 4), 1);
+    assert_true(acts[0].evict);
+    assert_string_equal(acts[0].name, "w");
+}
+
 /*
  * kube-scheduler's own filters can refuse every node (Insufficient
  * nvidia.com/gpu) before kgpu's filter is called: the sweep then starts
@@ -295,8 +369,8 @@ static void test_sweep_reclaims_for_unschedulable_pods(void **state)
 {
     fixture *f = *state;
     kgpu_error err;
-    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}}\n"
-                  " - {name: team-b, guarantee: {gpu: 1}}\n");
+    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}, namespaces: [ns]}\n"
+                  " - {name: team-b, guarantee: {gpu: 1}, namespaces: [ns]}\n");
     assert_int_equal(bind(f, "b-0", "team-b", "n0", 4, 0, 0, &err), 0);
     assert_int_equal(bind(f, "b-1", "team-b", "n1", 4, 0, 0, &err), 0);
     ext_sweep_act acts[4];
@@ -448,6 +522,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bind_charges_and_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_charges_survive_rebuilds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_namespace_moves_charges, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_label_of_another_teams_queue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sweep_reclaims_for_unschedulable_pods, setup,
                                         teardown),
         cmocka_unit_test(test_status),

@@ -72,6 +72,201 @@ static void test_name_rule(void **state)
     assert_string_equal(kgpu_queue_name_for(NULL, NULL), "default");
 }
 
+static kgpu_queues *loadq(const char *text)
+{
+    kgpu_queues *qs = NULL;
+    kgpu_error e;
+    if (kgpu_queues_load(text, strlen(text), "q.yaml", &qs, &e) != 0)
+        fail_msg("load: %s", e.msg);
+    return qs;
+}
+
+static int load_err(const char *text, kgpu_error *e)
+{
+    kgpu_queues *qs = NULL;
+    kgpu_error_clear(e);
+    int rc = kgpu_queues_load(text, strlen(text), "q.yaml", &qs, e);
+    assert_null(qs);
+    return rc;
+}
+
+/*
+ * Issue 24, item 1: a pod's label chooses only among the queues its
+ * namespace may use: its own queue (the namespace's annotation, written by
+ * an administrator) and those below it, and queues whose namespaces or
+ * namespaceSelector admit the namespace, and those below them. Any other
+ * queue, and one that does not exist, is refused in the same words,
+ * naming only the namespace, the queue the pod gave and its own.
+ */
+static void test_pick_by_namespace(void **state)
+{
+    (void)state;
+    kgpu_queues *qs = loadq("queues:\n"
+                           "  - {name: org, namespaces: [ml-a]}\n"
+                           "  - {name: team-a, parent: org, limit: {gpu: 2}}\n"
+                           "  - {name: team-b, namespaceSelector: {matchLabels: {team: b}}}\n"
+                           "  - name: team-c\n"
+                           "    namespaceSelector:\n"
+                           "      matchExpressions:\n"
+                           "        - {key: tier, operator: In, values: [gold, silver]}\n"
+                           "        - {key: env, operator: NotIn, values: [dev]}\n"
+                           "        - {key: frozen, operator: DoesNotExist}\n"
+                           "  - {name: by-name, namespaceSelector: {matchExpressions: "
+                           "[{key: kubernetes.io/metadata.name, operator: In, values: [n9]}]}}\n"
+                           "  - {name: tenant, limit: {gpu: 1}}\n"
+                           "  - {name: tenant-x, parent: tenant}\n"
+                           "  - {name: open, namespaceSelector: {}}\n");
+    char why[512];
+    kgpu_label lb[] = {{"team", "b"}}, lc[] = {{"env", "prod"}, {"tier", "gold"}},
+               ld[] = {{"env", "dev"}, {"tier", "gold"}}, lf[] = {{"frozen", ""}, {"tier", "gold"}};
+    kgpu_queue_ns tenant = {.name = "tenant", .queue = "tenant"}, mla = {.name = "ml-a"},
+                  nb = {.name = "nb", .labels = lb, .nlabels = 1},
+                  nc = {.name = "nc", .labels = lc, .nlabels = 2},
+                  nd = {.name = "nd", .labels = ld, .nlabels = 2},
+                  nf = {.name = "nf", .labels = lf, .nlabels = 2}, n9 = {.name = "n9"};
+#define PICK(ns, label) kgpu_queues_pick(qs, &(ns), (label), why, sizeof(why))
+#define ID(name)        kgpu_queues_find(qs, name)
+    /* No label: the namespace's queue, else default. */
+    assert_int_equal(PICK(tenant, NULL), ID("tenant"));
+    assert_int_equal(PICK(tenant, ""), ID("tenant"));
+    assert_int_equal(PICK(mla, NULL), ID("default"));
+    /* Its own queue and those below it. */
+    assert_int_equal(PICK(tenant, "tenant"), ID("tenant"));
+    assert_int_equal(PICK(tenant, "tenant-x"), ID("tenant-x"));
+    /* The attack: another team's queue, or default (no limit), by label. */
+    assert_int_equal(PICK(tenant, "team-a"), -1);
+    assert_string_equal(why, "queue team-a (the pod's kgpu.io/queue label) does not exist or is "
+                             "not open to namespace tenant: a namespace uses its own queue "
+                             "(tenant), the queues below it, and the queues whose GPUQueue "
+                             "admits it (docs/queues.md)");
+    assert_null(strstr(why, "org"));
+    assert_int_equal(PICK(tenant, "default"), -1);
+    assert_int_equal(PICK(tenant, "org"), -1);
+    char other[512];
+    assert_int_equal(kgpu_queues_pick(qs, &tenant, "no-such", other, sizeof(other)), -1);
+    assert_non_null(strstr(other, "queue no-such (the pod's kgpu.io/queue label) does not "
+                                  "exist or is not open to namespace tenant"));
+    /* Listed: the queue and those below it. */
+    assert_int_equal(PICK(mla, "org"), ID("org"));
+    assert_int_equal(PICK(mla, "team-a"), ID("team-a"));
+    assert_int_equal(PICK(mla, "team-b"), -1);
+    /* Selected by labels; every requirement must hold. */
+    assert_int_equal(PICK(nb, "team-b"), ID("team-b"));
+    assert_int_equal(PICK(nb, "team-c"), -1);
+    assert_int_equal(PICK(nc, "team-c"), ID("team-c"));
+    assert_int_equal(PICK(nd, "team-c"), -1);
+    assert_int_equal(PICK(nf, "team-c"), -1);
+    /* The API server's own name label reads as the name when not passed. */
+    assert_int_equal(PICK(n9, "by-name"), ID("by-name"));
+    assert_int_equal(PICK(nb, "by-name"), -1);
+    /* An empty selector selects every namespace. */
+    assert_int_equal(PICK(tenant, "open"), ID("open"));
+    /* A namespace whose annotation names no queue. */
+    kgpu_queue_ns lost = {.name = "lost", .queue = "gone"};
+    assert_int_equal(PICK(lost, NULL), -1);
+    assert_string_equal(why, "queue gone does not exist (named by namespace lost's "
+                             "kgpu.io/queue annotation)");
+    /* Clones share the rules. */
+    kgpu_queues *c = kgpu_queues_clone(qs);
+    kgpu_queues_free(qs);
+    qs = c;
+    assert_int_equal(PICK(mla, "team-a"), ID("team-a"));
+    assert_int_equal(PICK(tenant, "team-a"), -1);
+#undef PICK
+#undef ID
+    kgpu_queues_free(qs);
+
+    kgpu_error e;
+    assert_int_equal(load_err("queues: [{name: a, namespaces: [Bad_Name]}]\n", &e), KGPU_EINVAL);
+    assert_non_null(strstr(e.msg, "queue a: namespaces[0] 'Bad_Name'"));
+    assert_int_equal(load_err("queues: [{name: a, namespaces: ns}]\n", &e), KGPU_EPARSE);
+    assert_non_null(strstr(e.msg, "queues[0] (a).namespaces: expected a list"));
+    assert_int_equal(load_err("queues: [{name: a, namespaceSelector: {matchExpressions: "
+                              "[{key: k, operator: Near, values: [x]}]}}]\n", &e),
+                     KGPU_EPARSE);
+    assert_non_null(strstr(e.msg, "operator: In, NotIn, Exists or DoesNotExist"));
+    assert_int_equal(load_err("queues: [{name: a, namespaceSelector: {matchExpressions: "
+                              "[{key: k, operator: Exists, values: [x]}]}}]\n", &e),
+                     KGPU_EINVAL);
+    assert_non_null(strstr(e.msg, "Exists and DoesNotExist take no values"));
+    assert_int_equal(load_err("queues: [{name: a, namespaceSelector: {matchLabels: {k: [1]}}}]\n",
+                              &e),
+                     KGPU_EPARSE);
+    assert_int_equal(load_err("queues: [{name: a, namespaceSelector: {matchFields: {}}}]\n", &e),
+                     KGPU_EPARSE);
+    assert_non_null(strstr(e.msg, "namespaceSelector.matchFields: unknown key"));
+}
+
+/*
+ * Issue 24, item 7: a guarantee some limit above it can never let the
+ * queue reach is refused at load, naming the queue and the limit: alone
+ * (a child guaranteed 4 GPUs under a parent limited to 2, or further up),
+ * together (siblings whose guarantees add up past their parent's limit),
+ * in memory, and per model.
+ */
+static void test_guarantees_honoured(void **state)
+{
+    (void)state;
+    kgpu_error e;
+    assert_int_equal(load_err("queues:\n"
+                              "  - {name: team-a, limit: {gpu: 2}}\n"
+                              "  - {name: ml, parent: team-a, guarantee: {gpu: 4}}\n",
+                              &e),
+                     KGPU_EINVAL);
+    assert_string_equal(e.msg, "q.yaml: queue ml: guarantee.gpu 4 cannot be honoured: queue "
+                               "team-a above it has limit.gpu 2");
+    /* Two levels up, through a queue that guarantees nothing itself. */
+    assert_int_equal(load_err("queues:\n"
+                              "  - {name: org, limit: {gpu: 3}}\n"
+                              "  - {name: team-a, parent: org}\n"
+                              "  - {name: ml, parent: team-a, guarantee: {gpu: 3.5}}\n",
+                              &e),
+                     KGPU_EINVAL);
+    assert_string_equal(e.msg, "q.yaml: queue ml: guarantee.gpu 3.5 cannot be honoured: queue "
+                               "org above it has limit.gpu 3");
+    /* Siblings together. */
+    assert_int_equal(load_err("queues:\n"
+                              "  - {name: org, limit: {gpu: 4}}\n"
+                              "  - {name: x, parent: org, guarantee: {gpu: 3}}\n"
+                              "  - {name: y, parent: org, guarantee: {gpu: 3}}\n",
+                              &e),
+                     KGPU_EINVAL);
+    assert_string_equal(e.msg, "q.yaml: queue org: the queues below it are guaranteed 6 GPUs "
+                               "together, more than its limit.gpu 4: they cannot all have their "
+                               "guarantee at once");
+    /* Memory. */
+    assert_int_equal(load_err("queues:\n"
+                              "  - {name: org, limit: {memory: 40Gi}}\n"
+                              "  - {name: x, parent: org, guarantee: {memory: 80Gi}}\n",
+                              &e),
+                     KGPU_EINVAL);
+    assert_string_equal(e.msg, "q.yaml: queue x: guarantee.memory 81920 MiB cannot be honoured: "
+                               "queue org above it has limit.memory 40960 MiB");
+    /* Per model: against a model limit above, and against the queue's own total limit. */
+    assert_int_equal(load_err("queues:\n"
+                              "  - {name: org, models: [{model: A100, limit: {gpu: 2}}]}\n"
+                              "  - {name: x, parent: org, models: [{model: A100, guarantee: "
+                              "{gpu: 4}}]}\n",
+                              &e),
+                     KGPU_EINVAL);
+    assert_string_equal(e.msg, "q.yaml: queue x: models.A100.guarantee.gpu 4 cannot be honoured: "
+                               "queue org above it has models.A100.limit.gpu 2");
+    assert_int_equal(load_err("queues:\n"
+                              "  - {name: x, limit: {gpu: 1}, models: [{model: A100, guarantee: "
+                              "{gpu: 2}}]}\n",
+                              &e),
+                     KGPU_EINVAL);
+    assert_string_equal(e.msg, "q.yaml: queue x: models.A100.guarantee.gpu 2 above limit.gpu 1");
+    /* A parent's own guarantee answers for its children; exactly at the limit is fine. */
+    kgpu_queues *qs = loadq("queues:\n"
+                           "  - {name: org, limit: {gpu: 4}}\n"
+                           "  - {name: team-a, parent: org, guarantee: {gpu: 4}}\n"
+                           "  - {name: x, parent: team-a, guarantee: {gpu: 2}}\n"
+                           "  - {name: y, parent: team-a, guarantee: {gpu: 2}}\n"
+                           "  - {name: borrow, parent: org, limit: {gpu: 4}}\n");
+    kgpu_queues_free(qs);
+}
+
 static void test_tree(void **state)
 {
     (void)state;
@@ -624,7 +819,8 @@ static void test_file(void **state)
 
     assert_int_equal(load("queues:\n  - name: a\n    gaurantee: {gpu: 1}\n", &qs, &e), KGPU_EPARSE);
     assert_string_equal(e.msg, "q.yaml: queues[0] (a).gaurantee: unknown key (name, parent, "
-                               "guarantee, limit, weight, models)");
+                               "guarantee, limit, weight, models, namespaces, "
+                               "namespaceSelector)");
     assert_int_equal(load("queues:\n  - name: a\n  - name: b\n    limit: {gpu: -1}\n", &qs, &e),
                      KGPU_EPARSE);
     assert_non_null(strstr(e.msg, "q.yaml: queues[1] (b).limit.gpu: expected GPUs"));
@@ -696,6 +892,8 @@ int main(void)
         cmocka_unit_test(test_gpus_str),
         cmocka_unit_test(test_name_rule),
         cmocka_unit_test(test_tree),
+        cmocka_unit_test(test_pick_by_namespace),
+        cmocka_unit_test(test_guarantees_honoured),
         cmocka_unit_test(test_tree_errors),
         cmocka_unit_test(test_check_and_reasons),
         cmocka_unit_test(test_memory_and_models),
