@@ -102,8 +102,13 @@ typedef struct contract_mount {
 #define CONTRACT_MAX_MOUNTS (5 + KGPU_MAX_GPUS_PER_NODE)
 #define CONTRACT_MAX_ENV    16
 
+/* A fully-qualified CDI device name: "<vendor>/<class>=<uuid or index>". */
+#define CONTRACT_CDI_NAME_MAX (128 + KGPU_GPU_UUID_MAX)
+
 /* What one container gets. */
 typedef struct contract_response {
+    int ncdi; /* CDI devices: one per GPU (contract_cdi_devices) */
+    char cdi[KGPU_MAX_GPUS_PER_NODE][CONTRACT_CDI_NAME_MAX];
     int nenv;
     contract_kv env[CONTRACT_MAX_ENV];
     int nmounts;
@@ -123,6 +128,15 @@ char *contract_limits_text(const contract_target *t);
  */
 void contract_response_build(const contract_target *t, const contract_inventory *inv,
                              const contract_paths *paths, contract_response *out);
+
+/*
+ * Names each of the target's GPUs as a CDI device in out->cdi:
+ * "<kind>=<uuid>", or "<kind>=<index>" with by_index (kind: "nvidia.com/gpu",
+ * as nvidia-ctk names NVIDIA's GPUs). The runtime injects exactly these,
+ * whatever the container's own NVIDIA_VISIBLE_DEVICES says.
+ */
+void contract_cdi_devices(const contract_target *t, const char *kind, bool by_index,
+                          contract_response *out);
 
 /*
  * Whether the target's share of GPU i is a compute share, which the

@@ -11,6 +11,15 @@
  *   sched/<uuid>.sched            the GPU's schedule (mode 0666: containers of any
  *                                 user share it), node-wide, kept for the node's life
  *
+ * The GPUs themselves: where the caller asks (contract_cdi_devices), one
+ * CDI device per GPU ("nvidia.com/gpu=<uuid>", or "=<index>"), which the container runtime
+ * resolves from the CDI spec nvidia-ctk generates, so the GPUs a container
+ * gets come from kubelet's CRI call and never from anything the container
+ * itself sets. NVIDIA_VISIBLE_DEVICES names the same GPUs either way: with
+ * the toolkit told to ignore the variable in unprivileged containers (the
+ * setting docs/install-device-plugin.md requires) it is inert, and where it
+ * is still accepted it overrides an image's NVIDIA_VISIBLE_DEVICES=all.
+ *
  * A container with a compute share gets its GPUs' schedule files, one file
  * bind mount each, never the directory: it cannot reach another GPU's
  * schedule, nor replace or remove its own (a mount point cannot be unlinked).
@@ -70,6 +79,19 @@ char *contract_limits_text(const contract_target *t)
                                 "device %d uuid=%s memory_mib=%" PRId64 " core_pct=%d\n", i,
                                 t->gpus[i].uuid, t->gpus[i].memory_mib, core_pct(&t->gpus[i]));
     return buf;
+}
+
+void contract_cdi_devices(const contract_target *t, const char *kind, bool by_index,
+                          contract_response *out)
+{
+    out->ncdi = 0;
+    for (int i = 0; i < t->ngpus && i < KGPU_MAX_GPUS_PER_NODE; i++) {
+        if (by_index)
+            snprintf(out->cdi[i], sizeof(out->cdi[i]), "%s=%d", kind, t->gpus[i].index);
+        else
+            snprintf(out->cdi[i], sizeof(out->cdi[i]), "%s=%s", kind, t->gpus[i].uuid);
+        out->ncdi = i + 1;
+    }
 }
 
 static void env(contract_response *out, const char *key, const char *fmt, ...)

@@ -88,7 +88,7 @@ static bool known_ids(plugin *p, dp_res r, char **ids, size_t n, node_status *st
  * the pod allocated while giving it nothing.
  */
 static int check_assigned_gpus(const plugin *p, const dp_match *m, const contract_inventory *inv,
-                               kgpu_error *err)
+                               dp_res r, char **ids, size_t nids, kgpu_error *err)
 {
     if (m->t.ngpus == 0)
         return kgpu_error_set(err, KGPU_EINVAL,
@@ -119,6 +119,19 @@ static int check_assigned_gpus(const plugin *p, const dp_match *m, const contrac
                                   m->t.ns, m->t.name, KGPU_ANN_ASSIGNMENT, m->t.container,
                                   m->t.gpus[i].uuid, p->cfg->node.node_name);
     }
+    /*
+     * The GPUs kubelet counted for the container are those of the devices it
+     * sent: an assignment naming others (written by hand on a pod created
+     * with spec.nodeName) would hand out GPUs kubelet believes free.
+     */
+    int miss = dp_ids_uncovered(inv, r, (const char *const *)ids, nids, &m->t);
+    if (miss >= 0)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s: annotation %s gives container %s GPU %d (%s), but "
+                              "kubelet allocated it no %s device there: refusing GPUs kubelet "
+                              "did not allocate",
+                              m->t.ns, m->t.name, KGPU_ANN_ASSIGNMENT, m->t.container,
+                              m->t.gpus[miss].index, m->t.gpus[miss].uuid, dp_res_name(r));
     return 0;
 }
 
@@ -172,7 +185,8 @@ static void allocate(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t
                                               p->registered, inv.unit_mib, &m, &e);
         json_decref(list);
         if (rc == 0)
-            rc = check_assigned_gpus(p, &m, &inv, &e);
+            rc = check_assigned_gpus(p, &m, &inv, r, req->container_requests[i]->devices_ids,
+                                     count, &e);
         if (rc == 0 && m.primary)
             rc = contract_write_files(&m.t, &p->paths, &e);
         if (rc == 0)
@@ -181,7 +195,7 @@ static void allocate(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t
             set_status(st, status_of(rc), "Allocate %zu %s: %s", count, dp_res_name(r), e.msg);
             break;
         }
-        dp_response_of(&m, &inv, &p->paths, &resp[i]);
+        dp_response_of(&m, &inv, &p->paths, &p->cdi, &resp[i]);
         kgpu_log(KGPU_LOG_INFO, "Allocate %zu %s: pod %s/%s %scontainer %s%s", count,
                  dp_res_name(r), m.t.ns, m.t.name, m.init ? "init " : "", m.t.container,
                  m.complete ? " (pod fully allocated)" : "");

@@ -38,6 +38,28 @@ int dp_res_from_name(const char *name)
     return -1;
 }
 
+static bool alnum(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+int dp_cdi_kind_check(const char *kind, kgpu_error *err)
+{
+    const char *slash = strchr(kind, '/');
+    bool ok = slash != NULL && slash > kind && slash[1] != '\0' && strchr(slash + 1, '/') == NULL &&
+              alnum(kind[0]) && alnum(slash[-1]) && strlen(kind) < 128;
+    for (const char *c = kind; ok && c < slash; c++)
+        ok = alnum(*c) || *c == '.' || *c == '-' || *c == '_';
+    for (const char *c = slash ? slash + 1 : kind; ok && *c; c++)
+        ok = alnum(*c) || *c == '-' || *c == '_';
+    if (!ok)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "CDI kind '%.128s' is not <vendor>/<class> (for NVIDIA's GPUs as "
+                              "nvidia-ctk names them: %s)",
+                              kind, DP_CDI_KIND_DEFAULT);
+    return 0;
+}
+
 int64_t dp_devices_per_gpu(const contract_inventory *inv, int g, dp_res r)
 {
     switch (r) {
@@ -82,6 +104,32 @@ int dp_device_gpu(const contract_inventory *inv, dp_res r, const char *id)
             return k < dp_devices_per_gpu(inv, g, r) ? g : -1;
     }
     return -1;
+}
+
+int dp_ids_uncovered(const contract_inventory *inv, dp_res r, const char *const *ids, size_t n,
+                     const contract_target *t)
+{
+    bool held[KGPU_MAX_GPUS_PER_NODE] = {false};
+    for (size_t i = 0; i < n; i++) {
+        int g = dp_device_gpu(inv, r, ids[i]);
+        if (g >= 0 && g < KGPU_MAX_GPUS_PER_NODE)
+            held[g] = true;
+    }
+    int missing = 0, first = -1;
+    for (int i = 0; i < t->ngpus; i++) {
+        int g = -1;
+        for (int j = 0; j < inv->ngpus && g < 0; j++)
+            if (strcmp(inv->gpus[j].uuid, t->gpus[i].uuid) == 0)
+                g = j;
+        if (g < 0 || !held[g]) {
+            missing++;
+            if (first < 0)
+                first = i;
+        }
+    }
+    /* Fewer devices than GPUs (a memory unit spread over gpu-count GPUs): some hold none. */
+    int allowed = (size_t)t->ngpus > n ? t->ngpus - (int)n : 0;
+    return missing > allowed ? first : -1;
 }
 
 int dp_list_encode(const contract_inventory *inv, dp_res r, uint8_t **out, size_t *len,

@@ -93,6 +93,16 @@ void dp_device_id(const contract_inventory *inv, int g, dp_res r, int64_t k, cha
 int dp_device_gpu(const contract_inventory *inv, dp_res r, const char *id);
 
 /*
+ * Whether kubelet's devices `ids` (of resource r, for one container) cover
+ * the GPUs t was assigned: each of t's GPUs must hold one of them (all but
+ * ngpus - n when there are fewer devices than GPUs). -1 when they do, else
+ * the position in t->gpus of the first GPU kubelet gave no device of: an
+ * assignment naming GPUs kubelet did not allocate to the container.
+ */
+int dp_ids_uncovered(const contract_inventory *inv, dp_res r, const char *const *ids, size_t n,
+                     const contract_target *t);
+
+/*
  * Encodes the ListAndWatchResponse for resource r (every device with its
  * GPU's health and NUMA node). *out is malloc'd. Fails (KGPU_ERANGE) when the
  * message would exceed DP_MAX_LIST_BYTES, naming the unit to use instead.
@@ -149,13 +159,20 @@ int dp_match_find(const json_t *items, const char *node, dp_res r, int64_t count
 
 /* ---- respond.c ---- */
 
+/* How the answer names the GPUs as CDI devices (--cdi-kind, --device-id-strategy). */
+typedef struct dp_cdi {
+    const char *kind; /* "nvidia.com/gpu" */
+    bool by_index;
+} dp_cdi;
+
 /*
- * The container's answer for this resource: the contract's env and mounts
- * when m->primary, else empty (kubelet merges a container's answers, and one
- * resource carries them).
+ * The container's answer for this resource: the contract's env and mounts,
+ * and its GPUs as CDI devices unless cdi is NULL, when m->primary; else
+ * empty (kubelet merges a container's answers, and one resource carries
+ * them).
  */
 void dp_response_of(const dp_match *m, const contract_inventory *inv, const contract_paths *paths,
-                    contract_response *out);
+                    const dp_cdi *cdi, contract_response *out);
 
 /* Encodes a response as an AllocateResponse holding `n` containers. */
 int dp_allocate_encode(const contract_response *resp, int n, uint8_t **out, size_t *len);
@@ -168,8 +185,26 @@ int dp_register(const char *kubelet_sock, const char *endpoint, dp_res r, bool p
 
 /* ---- plugin.c ---- */
 
+/* How Allocate hands a container its GPUs (--device-list-strategy). */
+typedef enum dp_device_list {
+    DP_LIST_CDI = 0, /* CDI devices (cdi_devices) and NVIDIA_VISIBLE_DEVICES */
+    DP_LIST_ENVVAR,  /* NVIDIA_VISIBLE_DEVICES alone: runtimes without a CDI spec of the GPUs */
+} dp_device_list;
+
+#define DP_CDI_KIND_DEFAULT "nvidia.com/gpu"
+
+/*
+ * Checks a CDI kind, "<vendor>/<class>" as the CDI specification spells
+ * them (vendor: letters, digits, '.', '-', '_', starting and ending with a
+ * letter or digit; class: letters, digits, '-', '_'); 0 or KGPU_EINVAL.
+ */
+int dp_cdi_kind_check(const char *kind, kgpu_error *err);
+
 typedef struct dp_config {
     node_config node; /* the flags both node agents take (nodeagent.h) */
+    dp_device_list device_list;
+    bool cdi_by_index;  /* --device-id-strategy index: "<kind>=<index>" */
+    char cdi_kind[128]; /* --cdi-kind, "" = DP_CDI_KIND_DEFAULT */
     char plugin_dir[1024];
     bool whole_gpus;
     bool gpushare_alias;

@@ -34,6 +34,14 @@ static const char usage[] =
     "                       GPU) or 'mps' (NVIDIA MPS; needs the node's MPS control daemon)\n"
     "  --mps-pipe-dir DIR   host folder of the MPS control daemon's pipes, mounted into\n"
     "                       containers in MPS mode (default /tmp/nvidia-mps)\n"
+    "  --device-list-strategy S  how a container is given its GPUs: 'cdi-cri' (default: CDI\n"
+    "                       devices in Allocate's answer, which kubelet hands the runtime, and\n"
+    "                       NVIDIA_VISIBLE_DEVICES) or 'envvar' (NVIDIA_VISIBLE_DEVICES alone,\n"
+    "                       for nodes without a CDI spec of the GPUs; needs the runtime to accept\n"
+    "                       the variable from any container: docs/install-device-plugin.md)\n"
+    "  --device-id-strategy S  CDI device names: 'uuid' (default, KIND=GPU-...) or 'index'\n"
+    "                       (KIND=0), as the node's CDI spec was generated\n"
+    "  --cdi-kind KIND      CDI kind of the node's GPUs (default nvidia.com/gpu)\n"
     "  --whole-gpus         also register nvidia.com/gpu (leave off while NVIDIA's plugin owns "
     "it)\n"
     "  --gpushare-alias     also register aliyun.com/gpu-mem for gpushare manifests\n"
@@ -46,7 +54,7 @@ static const char usage[] =
     "  --log-level LEVEL    debug, info, warn or error (default info)\n"
     "  --version, --help\n";
 
-enum { O_PLUGIN = NODE_OPT_OWN, O_WHOLE, O_ALIAS, O_NOAPI, O_WATCH };
+enum { O_PLUGIN = NODE_OPT_OWN, O_WHOLE, O_ALIAS, O_NOAPI, O_WATCH, O_LIST, O_IDS, O_KIND };
 
 static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_error *err)
 {
@@ -57,6 +65,27 @@ static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_
     case O_WATCH:
         return node_flag_copy(flag, arg, cfg->watch_config, sizeof(cfg->watch_config), 0, false,
                               err);
+    case O_LIST:
+        if (strcmp(arg, "cdi-cri") == 0)
+            cfg->device_list = DP_LIST_CDI;
+        else if (strcmp(arg, "envvar") == 0)
+            cfg->device_list = DP_LIST_ENVVAR;
+        else
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "--device-list-strategy: expected cdi-cri or envvar, not "
+                                  "'%.64s'",
+                                  arg);
+        return 0;
+    case O_IDS:
+        if (strcmp(arg, "uuid") != 0 && strcmp(arg, "index") != 0)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "--device-id-strategy: expected uuid or index, not '%.64s'", arg);
+        cfg->cdi_by_index = strcmp(arg, "index") == 0;
+        return 0;
+    case O_KIND: {
+        int rc = node_flag_copy(flag, arg, cfg->cdi_kind, sizeof(cfg->cdi_kind), 0, false, err);
+        return rc != 0 ? rc : dp_cdi_kind_check(cfg->cdi_kind, err);
+    }
     case O_WHOLE:
         cfg->whole_gpus = true;
         return 0;
@@ -81,6 +110,9 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
         {"gpushare-alias", no_argument, NULL, O_ALIAS},
         {"no-api-server", no_argument, NULL, O_NOAPI},
         {"watch-config", required_argument, NULL, O_WATCH},
+        {"device-list-strategy", required_argument, NULL, O_LIST},
+        {"device-id-strategy", required_argument, NULL, O_IDS},
+        {"cdi-kind", required_argument, NULL, O_KIND},
         {NULL, 0, NULL, 0},
     };
     memset(cfg, 0, sizeof(*cfg));

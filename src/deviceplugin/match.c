@@ -210,6 +210,95 @@ static void append(char *buf, size_t cap, const char *fmt, ...)
         snprintf(buf + cap - 4, 4, "...");
 }
 
+/* The container's kgpu.io/gpu-mem units (or gpushare's alias: the extender reads one). */
+static int64_t units_of(const container_need *cn)
+{
+    return cn->count[DP_RES_MEM] > 0 ? cn->count[DP_RES_MEM] : cn->count[DP_RES_ALIAS];
+}
+
+/*
+ * An assignment gives a container what the extender writes for its requests
+ * and nothing more: whole GPUs (exclusive) only for nvidia.com/gpu, as many
+ * GPUs as it asks, and on each its even split of the memory units and its
+ * kgpu.io/gpu-core. The annotation is a pod's, so anyone who can write the
+ * pod (a tenant creating it already bound, with spec.nodeName) can write it:
+ * without this check a pod asking one memory unit could name every GPU of
+ * the node with all their memory and compute.
+ */
+static int within_request(const pod_view *v, const container_need *cn,
+                          const kgpu_assigned_part *p, int64_t unit_mib, kgpu_error *err)
+{
+    int64_t whole = cn->count[DP_RES_WHOLE], units = units_of(cn), core = cn->count[DP_RES_CORE];
+    int64_t k = whole > 0 ? whole : cn->gpu_count;
+    const char *ann = KGPU_ANN_ASSIGNMENT;
+    if (p->exclusive != (whole > 0))
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s: annotation %s gives container %s %s, but it asks %s: "
+                              "refusing an assignment that does not match the pod's requests",
+                              v->ns, v->name, ann, cn->name,
+                              p->exclusive ? "whole GPUs (exclusive)" : "shares of GPUs",
+                              whole > 0 ? "whole GPUs (" KGPU_RES_WHOLE ")" : "no whole GPU");
+    if (p->ngpus == 0)
+        return kgpu_error_set(err, KGPU_EINVAL, "pod %s/%s: annotation %s gives container %s no GPU",
+                              v->ns, v->name, ann, cn->name);
+    if (p->ngpus != k)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s: annotation %s gives container %s %d GPU(s), but it asks "
+                              "%" PRId64 ": refusing an assignment larger than the pod's requests",
+                              v->ns, v->name, ann, cn->name, p->ngpus, k);
+    for (int i = 0; i < p->ngpus; i++)
+        for (int j = i + 1; j < p->ngpus; j++)
+            if (strcmp(p->gpus[i].uuid, p->gpus[j].uuid) == 0)
+                return kgpu_error_set(err, KGPU_EINVAL,
+                                      "pod %s/%s: annotation %s names GPU %s twice for container "
+                                      "%s",
+                                      v->ns, v->name, ann, p->gpus[i].uuid, cn->name);
+    if (p->exclusive)
+        return 0; /* whole GPUs: all of each, as asked */
+    int64_t mem = 0, want;
+    for (int g = 0; g < p->ngpus; g++)
+        if (__builtin_add_overflow(mem, p->gpus[g].memory_mib, &mem))
+            mem = INT64_MAX;
+    if (__builtin_mul_overflow(units, unit_mib, &want) || core > 100)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s container %s: %s %" PRId64 " or %s %" PRId64
+                              " is out of range",
+                              v->ns, v->name, cn->name, KGPU_RES_MEM, units, KGPU_RES_CORE, core);
+    if (mem != want)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s container %s asks %" PRId64 " units of %" PRId64
+                              " MiB but its assignment gives %" PRId64
+                              " MiB: refusing it (written by hand, or do the extender and the "
+                              "device plugin not use the same memory unit?)",
+                              v->ns, v->name, cn->name, units, unit_mib, mem);
+    for (int g = 0; g < p->ngpus; g++) {
+        if (p->gpus[g].memory_mib != mem / k)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "pod %s/%s: annotation %s gives container %s %" PRId64
+                                  " MiB on GPU %s, not its even share of %" PRId64 " MiB",
+                                  v->ns, v->name, ann, cn->name, p->gpus[g].memory_mib,
+                                  p->gpus[g].uuid, mem / k);
+        /* milli 0 is no compute limit at all: only for a container that asks no gpu-core. */
+        if (p->gpus[g].milli != core * 10)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "pod %s/%s: annotation %s gives container %s %d/1000 of GPU %s's "
+                                  "compute (0 = unlimited), but it asks %s %" PRId64
+                                  ": refusing an assignment larger than the pod's requests",
+                                  v->ns, v->name, ann, cn->name, p->gpus[g].milli,
+                                  p->gpus[g].uuid, KGPU_RES_CORE, core);
+    }
+    return 0;
+}
+
+/* The app container named `name`, or NULL. */
+static const container_need *app_container(const pod_view *v, const char *name)
+{
+    for (int c = 0; c < v->ncontainers; c++)
+        if (!v->c[c].init && strcmp(v->c[c].name, name) == 0)
+            return &v->c[c];
+    return NULL;
+}
+
 /* The GPUs of the matched container from the assignment. */
 static int fill_gpus(const pod_view *v, const container_need *cn, int64_t unit_mib, dp_match *out,
                      kgpu_error *err)
@@ -221,21 +310,14 @@ static int fill_gpus(const pod_view *v, const container_need *cn, int64_t unit_m
         return kgpu_error_set(err, KGPU_EPARSE, "pod %s/%s: annotation %s: %s", v->ns, v->name,
                               KGPU_ANN_ASSIGNMENT, pe.msg);
     int64_t whole = cn->count[DP_RES_WHOLE];
-    int64_t units = cn->count[DP_RES_MEM] + cn->count[DP_RES_ALIAS];
+    int64_t units = units_of(cn);
     for (int i = 0; i < n; i++) {
         if (strcmp(parts[i].container, cn->name) != 0)
             continue;
         const kgpu_assigned_part *p = &parts[i];
-        int64_t mem = 0;
-        for (int g = 0; g < p->ngpus; g++)
-            mem += p->gpus[g].memory_mib;
-        if (!p->exclusive && units > 0 && mem != units * unit_mib)
-            return kgpu_error_set(err, KGPU_EINVAL,
-                                  "pod %s/%s container %s asks %" PRId64 " units of %" PRId64
-                                  " MiB but its assignment gives %" PRId64
-                                  " MiB: do the extender and the device plugin use the same "
-                                  "memory unit?",
-                                  v->ns, v->name, cn->name, units, unit_mib, mem);
+        int rc = within_request(v, cn, p, unit_mib, err);
+        if (rc != 0)
+            return rc;
         out->exclusive = p->exclusive;
         out->t.ngpus = p->ngpus;
         for (int g = 0; g < p->ngpus; g++) {
@@ -253,23 +335,31 @@ static int fill_gpus(const pod_view *v, const container_need *cn, int64_t unit_m
     /*
      * An init container the extender folded into an app container (it runs
      * alone, before them): it gets the first GPUs of the first app part
-     * large enough to hold it, with its own amounts.
+     * large enough to hold it, with its own amounts. That part must be
+     * within its own container's requests: the init container is served
+     * first, and would otherwise take whole GPUs the pod never asked for.
      */
-    int64_t k = whole > 0 ? whole : cn->gpu_count;
-    int64_t mem_each = units * unit_mib / k;
+    int64_t k = whole > 0 ? whole : cn->gpu_count, total;
+    if (k > KGPU_MAX_GPUS_PER_NODE || __builtin_mul_overflow(units, unit_mib, &total) ||
+        cn->count[DP_RES_CORE] > 100)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s init container %s asks more than a node can have", v->ns,
+                              v->name, cn->name);
+    int64_t mem_each = total / k;
     int milli_each = (int)(cn->count[DP_RES_CORE] * 10);
     for (int i = 0; i < n; i++) {
         const kgpu_assigned_part *p = &parts[i];
-        bool app = false;
-        for (int c = 0; c < v->ncontainers; c++)
-            app |= !v->c[c].init && strcmp(v->c[c].name, p->container) == 0;
-        if (!app || p->exclusive != (whole > 0) || p->ngpus < k)
+        const container_need *app = app_container(v, p->container);
+        if (app == NULL || p->exclusive != (whole > 0) || p->ngpus < k)
             continue;
         bool fits = true;
         for (int g = 0; g < k; g++)
             fits &= p->gpus[g].memory_mib >= mem_each && p->gpus[g].milli >= milli_each;
         if (!fits)
             continue;
+        int rc = within_request(v, app, p, unit_mib, err);
+        if (rc != 0)
+            return rc;
         out->exclusive = p->exclusive;
         out->t.ngpus = (int)k;
         for (int g = 0; g < k; g++) {

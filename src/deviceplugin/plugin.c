@@ -254,6 +254,10 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     if (cfg->gpushare_alias)
         p->registered |= 1u << DP_RES_ALIAS;
     node_contract_paths(&cfg->node, p->shim, sizeof(p->shim), &p->paths);
+    if (cfg->device_list == DP_LIST_CDI) {
+        p->cdi.kind = cfg->cdi_kind[0] != '\0' ? cfg->cdi_kind : DP_CDI_KIND_DEFAULT;
+        p->cdi.by_index = cfg->cdi_by_index;
+    }
     /* Refused at start: without the daemon, containers would get MPS limits nobody enforces. */
     int rc = cfg->node.sharing == CONTRACT_SHARING_MPS
                  ? contract_mps_check(cfg->node.mps_pipe_dir, err)

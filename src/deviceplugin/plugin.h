@@ -58,6 +58,7 @@ struct plugin {
     bool api_stop;    /* under inv_mu */
     char shim[1100];
     contract_paths paths;
+    dp_cdi cdi; /* kind NULL: --device-list-strategy envvar, no CDI devices */
     /* The watcher and its /metrics (watcher.h): their own threads; NULL without --watch-config. */
     dp_watcher *watcher;
     dp_metrics_server *metrics;

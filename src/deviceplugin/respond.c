@@ -1,6 +1,6 @@
 /*
- * What Allocate answers for each container: the container contract's env
- * and mounts (src/contract) on the resource that carries them, and the
+ * What Allocate answers for each container: the container contract's CDI
+ * devices, env and mounts (src/contract) on the resource that carries them, and the
  * AllocateResponse that takes them to kubelet.
  */
 #include <stdlib.h>
@@ -10,12 +10,15 @@
 #include "dp.h"
 
 void dp_response_of(const dp_match *m, const contract_inventory *inv, const contract_paths *paths,
-                    contract_response *out)
+                    const dp_cdi *cdi, contract_response *out)
 {
-    if (m->primary)
-        contract_response_build(&m->t, inv, paths, out);
-    else
+    if (!m->primary) {
         memset(out, 0, sizeof(*out));
+        return;
+    }
+    contract_response_build(&m->t, inv, paths, out);
+    if (cdi != NULL && cdi->kind != NULL)
+        contract_cdi_devices(&m->t, cdi->kind, cdi->by_index, out);
 }
 
 int dp_allocate_encode(const contract_response *resp, int n, uint8_t **out, size_t *len)
@@ -30,8 +33,11 @@ int dp_allocate_encode(const contract_response *resp, int n, uint8_t **out, size
         calloc((size_t)n * CONTRACT_MAX_ENV + 1, sizeof(*evp));
     V1beta1__Mount *mt = calloc((size_t)n * CONTRACT_MAX_MOUNTS + 1, sizeof(*mt));
     V1beta1__Mount **mtp = calloc((size_t)n * CONTRACT_MAX_MOUNTS + 1, sizeof(*mtp));
+    V1beta1__CDIDevice *cd = calloc((size_t)n * KGPU_MAX_GPUS_PER_NODE + 1, sizeof(*cd));
+    V1beta1__CDIDevice **cdp = calloc((size_t)n * KGPU_MAX_GPUS_PER_NODE + 1, sizeof(*cdp));
     int rc = -1;
-    if (cr == NULL || crp == NULL || ev == NULL || evp == NULL || mt == NULL || mtp == NULL)
+    if (cr == NULL || crp == NULL || ev == NULL || evp == NULL || mt == NULL || mtp == NULL ||
+        cd == NULL || cdp == NULL)
         goto out;
     for (int i = 0; i < n; i++) {
         const contract_response *r = &resp[i];
@@ -56,6 +62,15 @@ int dp_allocate_encode(const contract_response *resp, int n, uint8_t **out, size
             x->read_only = r->mounts[k].read_only;
             mtp[i * CONTRACT_MAX_MOUNTS + k] = x;
         }
+        /* ContainerAllocateResponse.cdi_devices (field 5): kubelet passes them to the runtime. */
+        cr[i].cdi_devices = &cdp[i * KGPU_MAX_GPUS_PER_NODE];
+        cr[i].n_cdi_devices = (size_t)r->ncdi;
+        for (int k = 0; k < r->ncdi; k++) {
+            V1beta1__CDIDevice *x = &cd[i * KGPU_MAX_GPUS_PER_NODE + k];
+            v1beta1__cdidevice__init(x);
+            x->name = (char *)r->cdi[k];
+            cdp[i * KGPU_MAX_GPUS_PER_NODE + k] = x;
+        }
     }
     V1beta1__AllocateResponse msg = V1BETA1__ALLOCATE_RESPONSE__INIT;
     msg.n_container_responses = (size_t)n;
@@ -73,5 +88,7 @@ out:
     free(evp);
     free(mt);
     free(mtp);
+    free(cd);
+    free(cdp);
     return rc;
 }

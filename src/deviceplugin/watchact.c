@@ -134,8 +134,11 @@ static bool contended(const dp_watcher *w, const wentry *e)
 void dp_watch_judge(dp_watcher *w, wentry *e)
 {
     const kgpu_gpu_info *g = &w->gpus[e->gpu];
-    bool mem_over =
-        e->share >= 0 && e->used >= 0 && e->used > e->share + w->cfg.memory_slack_mib * MIB;
+    /* Without a share, any GPU memory is over it, even what NVML cannot count. */
+    bool mem_over = e->unallocated
+                        ? e->used < 0 || e->used > w->cfg.memory_slack_mib * MIB
+                        : e->share >= 0 && e->used >= 0 &&
+                              e->used > e->share + w->cfg.memory_slack_mib * MIB;
     bool core_now = e->core_share >= 0 && e->core_share < 100 &&
                     e->sm > e->core_share + w->cfg.core_slack_pct && contended(w, e);
     e->core_streak = core_now ? e->core_streak + 1 : 0;
@@ -165,7 +168,14 @@ void dp_watch_judge(dp_watcher *w, wentry *e)
                      failed, e->id.container_id);
         }
     }
-    if (mem_began) {
+    if (mem_began && e->unallocated) {
+        e->mem_episodes++;
+        post_event(w, e, "GPUWithoutAllocation",
+                   "uses GPU %d (%s), %" PRId64 " MiB, which kgpu did not allocate it (a GPU "
+                   "reached around kgpu, e.g. NVIDIA_VISIBLE_DEVICES set in the pod)%s",
+                   g->index, g->uuid, e->used < 0 ? 0 : e->used / MIB,
+                   w->cfg.enforce == DP_ENFORCE_KILL ? "; its GPU processes are killed" : "");
+    } else if (mem_began) {
         e->mem_episodes++;
         post_event(w, e, "GPUMemoryOverShare",
                    "uses %" PRId64 " MiB of GPU %d (%s), over its share of %" PRId64 " MiB%s",

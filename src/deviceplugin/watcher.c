@@ -106,7 +106,8 @@ static int scan_gpu(dp_watcher *w, int g, kgpu_gpu_proc *procs, kgpu_error *err)
                    : pc == KGPU_ENOENT ? K_HOST
                                        : K_UNREADABLE;
         w->kinds[g][kind]++;
-        if (kind != K_CONTAINER)
+        /* Another pod's process on a GPU: kgpu gave it no share, so it is judged as over one. */
+        if (kind != K_CONTAINER && kind != K_OTHER_POD)
             continue;
         wentry *e = dp_watch_entry_for(w, &id, g);
         if (e == NULL) {
@@ -120,6 +121,7 @@ static int scan_gpu(dp_watcher *w, int g, kgpu_gpu_proc *procs, kgpu_error *err)
             e->npids = 0;
             e->nprocs = 0;
         }
+        e->unallocated = kind == K_OTHER_POD;
         if (procs[i].used_bytes < 0 || e->used < 0)
             e->used = -1;
         else

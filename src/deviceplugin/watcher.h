@@ -54,6 +54,7 @@ typedef enum dp_enforce {
 
 #define DP_WATCH_LISTEN_MAX 128
 #define DP_WATCH_PATH_MAX   512
+#define DP_WATCH_EXEMPT_MAX 16
 
 /* The watcher's config file (YAML or JSON); see dp_watch_config_parse. */
 typedef struct dp_watch_config {
@@ -65,6 +66,13 @@ typedef struct dp_watch_config {
     bool events;              /* events: post Kubernetes Events (default true) */
     char listen[DP_WATCH_LISTEN_MAX];  /* metricsListen: "ADDR:PORT", "" = no /metrics */
     char proc_root[DP_WATCH_PATH_MAX]; /* procRoot: the host's /proc (default /proc) */
+    /*
+     * exemptNamespaces: namespaces whose pods may use GPUs kgpu did not
+     * allocate them (the GPU Operator's validators, say); every other pod's
+     * GPU process without a share is over a share of zero.
+     */
+    int nexempt;
+    char exempt[DP_WATCH_EXEMPT_MAX][64];
 } dp_watch_config;
 
 void dp_watch_config_defaults(dp_watch_config *c);

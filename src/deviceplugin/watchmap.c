@@ -5,6 +5,7 @@
  * container's share from its limits file.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -170,10 +171,26 @@ void dp_watch_resolve_single(const dp_watcher *w, wentry *e)
 }
 
 /* The share of the entry's container on its GPU, from the limits file Allocate wrote. */
+static bool exempt(const dp_watcher *w, const wentry *e)
+{
+    for (int i = 0; i < w->cfg.nexempt; i++)
+        if (e->ns[0] != '\0' && strcmp(w->cfg.exempt[i], e->ns) == 0)
+            return true;
+    return false;
+}
+
 void dp_watch_read_share(const dp_watcher *w, wentry *e)
 {
     e->share = -1;
     e->core_share = -1;
+    if (e->unallocated && !dp_watch_is_kgpu_pod(w, e->id.pod_uid)) {
+        /* A pod kgpu never allocated a GPU: none of any GPU is its. */
+        e->share = exempt(w, e) ? -1 : 0;
+        e->core_share = e->share;
+        e->unallocated = e->share == 0;
+        return;
+    }
+    e->unallocated = false;
     if (e->name[0] == '\0' || strchr(e->name, '/') != NULL)
         return;
     char path[1400];
@@ -181,8 +198,21 @@ void dp_watch_read_share(const dp_watcher *w, wentry *e)
     char *buf = NULL;
     size_t len = 0;
     kgpu_error err = {0};
-    if (kgpu_read_file_max(path, 64 * 1024, &buf, &len, &err) != KGPU_OK)
+    if (kgpu_read_file_max(path, 64 * 1024, &buf, &len, &err) != KGPU_OK) {
+        /*
+         * A container of a kgpu pod that Allocate gave nothing (a sidecar
+         * asking no GPU), using one anyway: its share is zero. The limits
+         * file is written before kubelet creates the container, so a
+         * container that has processes has its file if it ever will.
+         */
+        struct stat st;
+        if (stat(path, &st) != 0 && errno == ENOENT && !exempt(w, e)) {
+            e->share = 0;
+            e->core_share = 0;
+            e->unallocated = true;
+        }
         return;
+    }
     kgpu_shim_limits lim;
     int rc = kgpu_shim_limits_parse(buf, len, path, &lim, &err);
     free(buf);

@@ -92,7 +92,7 @@ static void family(tbuf *b, const char *name, const char *type, const char *help
 }
 
 /* One per-container family: `what` picks the value; entries without one are left out. */
-enum { V_USED, V_SHARE, V_CORE, V_CORE_SHARE, V_PROCS, V_KILLED };
+enum { V_USED, V_SHARE, V_CORE, V_CORE_SHARE, V_PROCS, V_KILLED, V_UNALLOC };
 
 static void entry_family(tbuf *b, const dp_watcher *w, const char *name, const char *type,
                          const char *help, int what)
@@ -116,6 +116,9 @@ static void entry_family(tbuf *b, const dp_watcher *w, const char *name, const c
             break;
         case V_PROCS:
             v = e->nprocs;
+            break;
+        case V_UNALLOC:
+            v = e->unallocated;
             break;
         default:
             v = (long long)e->killed;
@@ -199,6 +202,9 @@ void dp_watch_render(dp_watcher *w)
         }
     entry_family(&b, w, "kgpu_container_gpu_killed_processes_total", "counter",
                  "The container's GPU processes the watcher killed on the GPU.", V_KILLED);
+    entry_family(&b, w, "kgpu_container_gpu_unallocated", "gauge",
+                 "1 when kgpu did not allocate the container this GPU (its share is zero).",
+                 V_UNALLOC);
     if (b.oom) {
         free(b.p);
         return; /* keep the previous text */

@@ -63,11 +63,39 @@ static int get_string(json_t *doc, const char *key, const char *name, char *out,
     return KGPU_OK;
 }
 
+/* exemptNamespaces: a list of namespace names (DNS labels). */
+static int get_exempt(json_t *doc, const char *name, dp_watch_config *c, kgpu_error *err)
+{
+    json_t *v = json_object_get(doc, "exemptNamespaces");
+    if (v == NULL || json_is_null(v))
+        return KGPU_OK;
+    if (!json_is_array(v) || json_array_size(v) > DP_WATCH_EXEMPT_MAX)
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "%s: exemptNamespaces: expected a list of at most %d namespaces",
+                              name, DP_WATCH_EXEMPT_MAX);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const char *ns = json_string_value(json_array_get(v, i));
+        size_t n = ns != NULL ? strlen(ns) : 0;
+        bool ok = n > 0 && n < sizeof(c->exempt[0]) &&
+                  n == json_string_length(json_array_get(v, i)) && ns[0] != '-' &&
+                  ns[n - 1] != '-';
+        for (size_t k = 0; ok && k < n; k++)
+            ok = (ns[k] >= 'a' && ns[k] <= 'z') || (ns[k] >= '0' && ns[k] <= '9') || ns[k] == '-';
+        if (!ok)
+            return kgpu_error_set(err, KGPU_EPARSE,
+                                  "%s: exemptNamespaces[%zu]: expected a namespace name (a DNS "
+                                  "label)",
+                                  name, i);
+        memcpy(c->exempt[c->nexempt++], ns, n + 1);
+    }
+    return KGPU_OK;
+}
+
 static int from_doc(json_t *doc, const char *name, dp_watch_config *c, kgpu_error *err)
 {
     static const char *const keys[] = {"intervalSeconds", "enforce",        "memorySlackMiB",
                                        "coreSlackPercent", "coreGraceScans", "events",
-                                       "metricsListen",    "procRoot"};
+                                       "metricsListen",    "procRoot",       "exemptNamespaces"};
     if (json_is_null(doc))
         return KGPU_OK; /* an empty file: every default */
     if (!json_is_object(doc))
@@ -127,7 +155,7 @@ static int from_doc(json_t *doc, const char *name, dp_watch_config *c, kgpu_erro
         return rc;
     if (c->proc_root[0] != '/')
         return kgpu_error_set(err, KGPU_EINVAL, "%s: procRoot: expected an absolute path", name);
-    return KGPU_OK;
+    return get_exempt(doc, name, c, err);
 }
 
 int dp_watch_config_parse(const char *buf, size_t len, const char *name, dp_watch_config *c,

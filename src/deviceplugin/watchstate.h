@@ -44,6 +44,13 @@ typedef struct wentry {
     int nprocs;         /* GPU processes this scan */
     unsigned pids[ENTRY_PIDS_MAX];
     bool mem_over, core_over;
+    /*
+     * A container kgpu did not allocate this GPU (a pod without kgpu's
+     * directory, or a container of a kgpu pod without a limits file): a GPU
+     * it reached around kgpu (NVIDIA_VISIBLE_DEVICES=all and a runtime that
+     * accepts it), so its share is zero.
+     */
+    bool unallocated;
     int core_streak;     /* scans in a row with compute over share + slack */
     bool killed_event;   /* an Event already said this episode's processes were killed */
     bool kill_fail_said; /* the log already said this episode's kills failed */

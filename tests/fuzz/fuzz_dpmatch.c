@@ -54,7 +54,10 @@ static void check(const json_t *items)
             free(text);
             contract_paths paths = {"/nonexistent", NULL, NULL};
             contract_response resp;
-            dp_response_of(&m, &inv, &paths, &resp);
+            dp_cdi cdi = {"nvidia.com/gpu", count % 2 == 0};
+            dp_response_of(&m, &inv, &paths, &cdi, &resp);
+            if (resp.ncdi != (m.primary ? m.t.ngpus : 0))
+                abort(); /* one CDI device per GPU, on the resource that carries the answer */
             /* Limits and accounting, and each GPU's schedule where the share is of compute. */
             int scheds = 0;
             for (int i = 0; i < m.t.ngpus; i++)

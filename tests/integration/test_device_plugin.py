@@ -416,8 +416,12 @@ class PluginCase(unittest.TestCase):
         self.assertEqual(len(r.cdi_devices), 0)
 
     def assert_container_response(self, r, pod, cname, gpus, unit=1024, pod_units=None,
-                                  shim=True):
-        """gpus: [(gpu dict, memory_mib, core_pct)]; checks env, mounts and the host files."""
+                                  shim=True, cdi="uuid"):
+        """gpus: [(gpu dict, memory_mib, core_pct)]; checks env, mounts and the host files.
+
+        cdi: how the GPUs are named as CDI devices ("uuid", "index"; None: no CDI devices,
+        --device-list-strategy envvar).
+        """
         uid = pod["metadata"]["uid"]
         mem_each = gpus[0][1]
         total = sum(m for _, m, _ in gpus)
@@ -448,7 +452,11 @@ class PluginCase(unittest.TestCase):
         self.assertEqual(set(got), mounts)
         self.assertEqual(len(r.devices), 0)
         self.assertEqual(dict(r.annotations), {})
-        self.assertEqual(len(r.cdi_devices), 0)
+        # The GPUs as CDI devices, named as nvidia-ctk names them: the runtime injects these,
+        # whatever NVIDIA_VISIBLE_DEVICES the container sets itself.
+        want = [] if cdi is None else ["nvidia.com/gpu=%s" % (
+            g["uuid"] if cdi == "uuid" else g["index"]) for g, _, _ in gpus]
+        self.assertEqual([d.name for d in r.cdi_devices], want)
         # The files behind the mounts.
         path = os.path.join(pod_dir, cname + ".limits")
         with open(path) as f:
@@ -1468,6 +1476,63 @@ class TestBadInput(AllocateCase):
 # 10. Without an API server
 # ---------------------------------------------------------------------------
 
+class TestTenantBoundaries(AllocateCase):
+    """Issue 24: what a tenant who writes its own pod cannot get from Allocate."""
+
+    def forged_pod(self, name, gpus, parts_gpus, exclusive, limits=None):
+        """A pod created already bound (spec.nodeName), with an assignment written by hand."""
+        return API.add_pod(bound_pod(name, self.node,
+                                     [container("main", limits or {MEM: 1})],
+                                     [part("main", parts_gpus, exclusive=exclusive)]))
+
+    def assert_refused_untouched(self, name, ids, resource=MEM, contains=()):
+        before = API.pod(name)
+        self.assert_rpc_error(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.allocate,
+                              resource, ids, contains=(self.ns + "/" + name,) + tuple(contains))
+        self.assertEqual(API.pod(name), before, "%s changed after a refused Allocate" % name)
+        self.assertEqual(self.pod_files(), [])
+
+    def test_forged_assignment_of_every_gpu_is_refused(self):
+        """The attack as reported: both GPUs, all their memory and compute, for one unit."""
+        gpus = self.bring_up()
+        self.forged_pod("greedy", gpus, [(g, 1000, 15360) for g in gpus], True)
+        ids = self.kubelet.preferred(MEM, self.free_ids(MEM), (), 1)
+        self.assert_refused_untouched("greedy", ids, contains=("whole GPUs",))
+        # Not exclusive: two GPUs for a container that asks one.
+        API.delete_pod("greedy")
+        self.forged_pod("greedy2", gpus, [(g, 0, 512) for g in gpus], False)
+        self.assert_refused_untouched("greedy2", ids, contains=("2 GPU(s), but it asks 1",))
+        # One GPU, but all its memory and all its compute.
+        API.delete_pod("greedy2")
+        self.forged_pod("greedy3", gpus, [(gpus[0], 1000, 15360)], False)
+        self.assert_refused_untouched("greedy3", [i for i in self.free_ids(MEM)
+                                                  if i.startswith(gpus[0]["uuid"])][:1],
+                                      contains=("15360",))
+
+    def test_assignment_on_a_gpu_kubelet_did_not_allocate_is_refused(self):
+        gpus = self.bring_up()
+        self.one_gpu_pod("elsewhere", gpus[1], units=4)
+        on0 = [i for i in self.free_ids(MEM) if i.startswith(gpus[0]["uuid"])][:4]
+        self.assert_refused_untouched("elsewhere", on0,
+                                      contains=(gpus[1]["uuid"], "did not allocate"))
+        # Steered as kubelet is, the same pod gets its GPU.
+        _, r = self.admit(MEM, 4)
+        self.assert_container_response(r, API.pod("elsewhere"), "main", [(gpus[1], 4096, 100)])
+
+    def test_gpus_by_index_and_without_cdi(self):
+        gpus = self.bring_up(args=["--device-id-strategy", "index"])
+        pod = self.one_gpu_pod("by-index", gpus[1], units=2)
+        _, r = self.admit(MEM, 2)
+        self.assert_container_response(r, pod, "main", [(gpus[1], 2048, 100)], cdi="index")
+
+    def test_envvar_strategy_has_no_cdi_devices(self):
+        gpus = self.bring_up(1, args=["--device-list-strategy", "envvar",
+                                      "--cdi-kind", "example.com/gpu"])
+        pod = self.one_gpu_pod("env-only", gpus[0], units=2)
+        _, r = self.admit(MEM, 2)
+        self.assert_container_response(r, pod, "main", [(gpus[0], 2048, 100)], cdi=None)
+
+
 class TestNoApiServer(PluginCase):
     def test_without_credentials_allocate_refuses(self):
         gpus = make_gpus(2)
@@ -1570,6 +1635,10 @@ class TestStop(AllocateCase):
         for args, text in ((["--memory-unit", "1.5Mi"], "--memory-unit"),
                            (["--log-level", "loud"], "--log-level"),
                            (["--sharing", "timeslice"], "--sharing timeslice: expected sched or mps"),
+                           (["--device-list-strategy", "volume-mounts"],
+                            "--device-list-strategy: expected cdi-cri or envvar"),
+                           (["--device-id-strategy", "serial"], "expected uuid or index"),
+                           (["--cdi-kind", "nvidia.com/gpu=all"], "<vendor>/<class>"),
                            (["--bogus"], "--bogus"), (["extra"], "extra")):
             out = subprocess.run([PLUGIN_BIN] + args, capture_output=True, text=True, timeout=20)
             self.assertEqual(out.returncode, 2, args)
@@ -1718,7 +1787,9 @@ class TestStress(AllocateCase):
                 name = "s%d" % k
                 self.one_gpu_pod(name, g, units=units)
                 try:
-                    r = self.kubelet.allocate(MEM, self.free_ids(MEM)[:units])
+                    # On the pod's GPU, as GetPreferredAllocation steers kubelet: an
+                    # assignment on a GPU kubelet gave no device of is refused.
+                    r = self.kubelet.allocate(MEM, ids_of(g, MEM)[:units])
                 except grpc.RpcError as e:
                     # GPU 1 flaps: a pod whose GPU is Unhealthy right now is refused, never
                     # handed a broken GPU.

@@ -756,7 +756,7 @@ dp_answer(const char *limits, const char *assignment, dp_res res, int64_t count,
     json_decref(items);
     assert_true(m.primary);
     contract_response r;
-    dp_response_of(&m, inv, paths, &r);
+    dp_response_of(&m, inv, paths, NULL, &r);
     uint8_t *buf;
     size_t len;
     assert_int_equal(dp_allocate_encode(&r, 1, &buf, &len), 0);

@@ -432,6 +432,158 @@ static void test_match_unregistered(void **state)
     json_decref(items);
 }
 
+/*
+ * Issue 24, item 2: a pod created with spec.nodeName never meets the
+ * extender, and its kgpu.io/assignment is whatever its author wrote. The
+ * matcher gives a container at most its requests, whatever the annotation
+ * says.
+ */
+static int match_one(const char *containers, const char *init, const char *assignment, dp_res r,
+                     int64_t count, dp_match *m, kgpu_error *err)
+{
+    json_t *items = json_array();
+    json_array_append_new(items, pod("f", NODE, containers, init, assignment));
+    int rc = dp_match_find(items, NODE, r, count, ALL, 1024, m, err);
+    json_decref(items);
+    return rc;
+}
+
+#define GPU_JSON(idx, uuid, milli, mib)                                                            \
+    "{\"index\":" #idx ",\"uuid\":\"" uuid "\",\"milli\":" #milli ",\"memory_mib\":" #mib "}"
+#define PART(c, excl, gpus) "[{\"container\":\"" c "\",\"gpus\":[" gpus "],\"exclusive\":" excl "}]"
+#define ONE_UNIT  "[{\"name\":\"main\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":\"1\"}}}]"
+#define UNIT_CORE                                                                                  \
+    "[{\"name\":\"main\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":\"1\","                   \
+    "\"kgpu.io/gpu-core\":\"30\"}}}]"
+
+static void test_match_forged_assignment(void **state)
+{
+    (void)state;
+    dp_match m;
+    kgpu_error err = {0};
+    /* What the extender writes for one unit: accepted. */
+    assert_int_equal(match_one(ONE_UNIT, NULL, PART("main", "false", GPU_JSON(0, U0, 0, 1024)),
+                               DP_RES_MEM, 1, &m, &err),
+                     0);
+    /* The attack as reported: both GPUs whole, all their memory and compute, for one unit. */
+    assert_int_equal(match_one(ONE_UNIT, NULL,
+                               PART("main", "true",
+                                    GPU_JSON(0, U0, 1000, 15360) "," GPU_JSON(1, U1, 1000, 15360)),
+                               DP_RES_MEM, 1, &m, &err),
+                     KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "default/f"));
+    assert_non_null(strstr(err.msg, "whole GPUs"));
+    /* Not exclusive, but two GPUs for a container that asks one. */
+    assert_int_equal(match_one(ONE_UNIT, NULL,
+                               PART("main", "false",
+                                    GPU_JSON(0, U0, 0, 512) "," GPU_JSON(1, U1, 0, 512)),
+                               DP_RES_MEM, 1, &m, &err),
+                     KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "2 GPU(s), but it asks 1"));
+    /* One GPU, all its memory. */
+    assert_int_equal(match_one(ONE_UNIT, NULL, PART("main", "false", GPU_JSON(0, U0, 0, 15360)),
+                               DP_RES_MEM, 1, &m, &err),
+                     KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "asks 1 units of 1024 MiB but its assignment gives 15360"));
+    /* Compute it did not ask for: 100 % for a memory-only container... */
+    assert_int_equal(match_one(ONE_UNIT, NULL, PART("main", "false", GPU_JSON(0, U0, 1000, 1024)),
+                               DP_RES_MEM, 1, &m, &err),
+                     KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "1000/1000"));
+    /* ...and no compute limit (milli 0) for one that asks 30 %. */
+    assert_int_equal(match_one(UNIT_CORE, NULL, PART("main", "false", GPU_JSON(0, U0, 0, 1024)),
+                               DP_RES_CORE, 30, &m, &err),
+                     KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "kgpu.io/gpu-core 30"));
+    assert_int_equal(match_one(UNIT_CORE, NULL, PART("main", "false", GPU_JSON(0, U0, 300, 1024)),
+                               DP_RES_CORE, 30, &m, &err),
+                     0);
+    /* The same GPU twice is not two GPUs. */
+    const char *two =
+        "[{\"name\":\"main\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":\"2\","
+        "\"kgpu.io/gpu-count\":\"2\"}}}]";
+    assert_int_equal(match_one(two, NULL,
+                               PART("main", "false",
+                                    GPU_JSON(0, U0, 0, 1024) "," GPU_JSON(0, U0, 0, 1024)),
+                               DP_RES_MEM, 2, &m, &err),
+                     KGPU_EPARSE); /* the annotation's parser refuses it already */
+    assert_non_null(strstr(err.msg, "default/f"));
+    assert_int_equal(match_one(two, NULL,
+                               PART("main", "false",
+                                    GPU_JSON(0, U0, 0, 1024) "," GPU_JSON(1, U1, 0, 1024)),
+                               DP_RES_MEM, 2, &m, &err),
+                     0);
+    /* Uneven memory over the two GPUs: more than its share on one. */
+    assert_int_equal(match_one(two, NULL,
+                               PART("main", "false",
+                                    GPU_JSON(0, U0, 0, 2048) "," GPU_JSON(1, U1, 0, 0)),
+                               DP_RES_MEM, 2, &m, &err),
+                     KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "even share"));
+    /* An init container served first from a forged app part: refused too. */
+    const char *init = "[{\"name\":\"prep\",\"resources\":{\"limits\":{\"kgpu.io/gpu-mem\":1}}}]";
+    assert_int_equal(match_one(ONE_UNIT, init, PART("main", "false", GPU_JSON(0, U0, 1000, 15360)),
+                               DP_RES_MEM, 1, &m, &err),
+                     KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "15360"));
+    /* Whole GPUs: exactly as many as nvidia.com/gpu asks. */
+    unsigned all = ALL | 1u << DP_RES_WHOLE;
+    json_t *items = json_array();
+    json_array_append_new(
+        items, pod("w", NODE,
+                   "[{\"name\":\"main\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"1\"}}}]",
+                   NULL,
+                   PART("main", "true",
+                        GPU_JSON(0, U0, 1000, 15360) "," GPU_JSON(1, U1, 1000, 15360))));
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_WHOLE, 1, all, 1024, &m, &err),
+                     KGPU_EINVAL);
+    json_decref(items);
+}
+
+static void test_cdi_kind_check(void **state)
+{
+    (void)state;
+    kgpu_error err = {0};
+    assert_int_equal(dp_cdi_kind_check("nvidia.com/gpu", &err), 0);
+    assert_int_equal(dp_cdi_kind_check("k8s.device-plugin.nvidia.com/gpu", &err), 0);
+    const char *bad[] = {"", "gpu", "nvidia.com/", "/gpu", "a/b/c", "nvidia.com/gpu=0",
+                         "-x.com/gpu", "nvidia.com/g.pu", "nvidia com/gpu"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(dp_cdi_kind_check(bad[i], &err), KGPU_EINVAL);
+        assert_non_null(strstr(err.msg, "<vendor>/<class>"));
+    }
+}
+
+/* Issue 24, item 2: the assignment's GPUs must be those of kubelet's devices. */
+static void test_ids_cover_assignment(void **state)
+{
+    (void)state;
+    contract_inventory inv;
+    inventory(&inv, 1024);
+    contract_target t;
+    memset(&t, 0, sizeof(t));
+    t.ngpus = 1;
+    snprintf(t.gpus[0].uuid, sizeof(t.gpus[0].uuid), "%s", U1);
+    const char *on0[] = {U0 "::0", U0 "::1"};
+    const char *on1[] = {U1 "::3", U1 "::4"};
+    const char *both[] = {U0 "::0", U1 "::4"};
+    assert_int_equal(dp_ids_uncovered(&inv, DP_RES_MEM, on1, 2, &t), -1);
+    /* kubelet counted GPU 0 for the container; the assignment names GPU 1. */
+    assert_int_equal(dp_ids_uncovered(&inv, DP_RES_MEM, on0, 2, &t), 0);
+    /* Two GPUs need a device on each... */
+    t.ngpus = 2;
+    snprintf(t.gpus[1].uuid, sizeof(t.gpus[1].uuid), "%s", U0);
+    assert_int_equal(dp_ids_uncovered(&inv, DP_RES_MEM, both, 2, &t), -1);
+    assert_int_equal(dp_ids_uncovered(&inv, DP_RES_MEM, on1, 2, &t), 1);
+    /* ...unless there are fewer devices than GPUs (one unit over gpu-count 2). */
+    assert_int_equal(dp_ids_uncovered(&inv, DP_RES_MEM, on1, 1, &t), -1);
+    assert_int_equal(dp_ids_uncovered(&inv, DP_RES_MEM, on0, 1, &t), -1);
+    /* Whole GPUs: the IDs are the UUIDs. */
+    const char *whole0[] = {U0};
+    t.ngpus = 1;
+    assert_int_equal(dp_ids_uncovered(&inv, DP_RES_WHOLE, whole0, 1, &t), 0);
+}
+
 /* ---- what the container gets ---- */
 
 static void sample_match(dp_match *m)
@@ -475,7 +627,7 @@ static void test_response(void **state)
     inventory(&inv, 1024);
     contract_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so", NULL};
     contract_response r;
-    dp_response_of(&m, &inv, &paths, &r);
+    dp_response_of(&m, &inv, &paths, NULL, &r);
     assert_string_equal(env_of(&r, "NVIDIA_VISIBLE_DEVICES"), U0 "," U1);
     assert_string_equal(env_of(&r, "KGPU_MEMORY_LIMIT_MIB"), "3072");
     assert_string_equal(env_of(&r, "KGPU_CORE_LIMIT_PCT"), "25");
@@ -513,22 +665,53 @@ static void test_response(void **state)
     v1beta1__allocate_response__free_unpacked(dec, NULL);
     free(enc);
 
+    /* Without CDI (--device-list-strategy envvar): no CDI devices, none on the wire. */
+    assert_int_equal(r.ncdi, 0);
+
+    /*
+     * Issue 24, item 3: the GPUs as CDI devices, named as nvidia-ctk names
+     * them, so the runtime injects exactly these whatever the container's
+     * NVIDIA_VISIBLE_DEVICES says; they reach kubelet in cdi_devices.
+     */
+    dp_cdi cdi = {"nvidia.com/gpu", false};
+    dp_response_of(&m, &inv, &paths, &cdi, &r);
+    assert_int_equal(r.ncdi, 2);
+    assert_string_equal(r.cdi[0], "nvidia.com/gpu=" U0);
+    assert_string_equal(r.cdi[1], "nvidia.com/gpu=" U1);
+    assert_int_equal(dp_allocate_encode(&r, 1, &enc, &enclen), 0);
+    dec = v1beta1__allocate_response__unpack(NULL, enclen, enc);
+    assert_non_null(dec);
+    assert_int_equal(dec->container_responses[0]->n_cdi_devices, 2);
+    assert_string_equal(dec->container_responses[0]->cdi_devices[0]->name, "nvidia.com/gpu=" U0);
+    assert_string_equal(dec->container_responses[0]->cdi_devices[1]->name, "nvidia.com/gpu=" U1);
+    v1beta1__allocate_response__free_unpacked(dec, NULL);
+    free(enc);
+    cdi.by_index = true;
+    dp_response_of(&m, &inv, &paths, &cdi, &r);
+    assert_string_equal(r.cdi[0], "nvidia.com/gpu=2");
+    assert_string_equal(r.cdi[1], "nvidia.com/gpu=3");
+    /* The container's other resources carry no devices either (kubelet merges the answers). */
+    m.primary = false;
+    dp_response_of(&m, &inv, &paths, &cdi, &r);
+    assert_int_equal(r.ncdi, 0);
+    m.primary = true;
+
     /* Memory-only shares are not limited in compute: no schedule; without the shim, two mounts. */
     m.t.gpus[0].milli = m.t.gpus[1].milli = 0;
     paths.shim_lib = NULL;
-    dp_response_of(&m, &inv, &paths, &r);
+    dp_response_of(&m, &inv, &paths, NULL, &r);
     assert_string_equal(env_of(&r, "KGPU_CORE_LIMIT_PCT"), "100");
     assert_int_equal(r.nmounts, 2);
     /* The container's other resources answer empty (kubelet merges the answers). */
     m.primary = false;
-    dp_response_of(&m, &inv, &paths, &r);
+    dp_response_of(&m, &inv, &paths, NULL, &r);
     assert_int_equal(r.nenv, 0);
     assert_int_equal(r.nmounts, 0);
 
     /* The encoded answer decodes to the same. */
     m.primary = true;
     contract_response two[2];
-    dp_response_of(&m, &inv, &paths, &two[0]);
+    dp_response_of(&m, &inv, &paths, NULL, &two[0]);
     memset(&two[1], 0, sizeof(two[1]));
     uint8_t *buf;
     size_t len;
@@ -557,7 +740,7 @@ static void test_response_mps(void **state)
     contract_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so",
                             "/run/nvidia-mps"};
     contract_response r;
-    dp_response_of(&m, &inv, &paths, &r);
+    dp_response_of(&m, &inv, &paths, NULL, &r);
     assert_string_equal(env_of(&r, "CUDA_MPS_PIPE_DIRECTORY"), "/tmp/nvidia-mps");
     assert_string_equal(env_of(&r, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "30");
     assert_string_equal(env_of(&r, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=8192M,1=8192M");
@@ -582,13 +765,13 @@ static void test_response_mps(void **state)
     free(enc);
     /* A memory-only share: all the SMs, its memory still pinned. */
     m.t.gpus[0].milli = m.t.gpus[1].milli = 0;
-    dp_response_of(&m, &inv, &paths, &r);
+    dp_response_of(&m, &inv, &paths, NULL, &r);
     assert_string_equal(env_of(&r, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "100");
     assert_string_equal(env_of(&r, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=8192M,1=8192M");
     /* The schedule-file mode hands out none of it. */
     paths.mps_pipe_dir = NULL;
     m.t.gpus[0].milli = m.t.gpus[1].milli = 300;
-    dp_response_of(&m, &inv, &paths, &r);
+    dp_response_of(&m, &inv, &paths, NULL, &r);
     assert_null(env_of(&r, "CUDA_MPS_PIPE_DIRECTORY"));
     assert_null(env_of(&r, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
     assert_null(env_of(&r, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
@@ -692,6 +875,9 @@ int main(void)
         cmocka_unit_test(test_match_multi_container),
         cmocka_unit_test(test_match_bad_input),
         cmocka_unit_test(test_match_unregistered),
+        cmocka_unit_test(test_match_forged_assignment),
+        cmocka_unit_test(test_ids_cover_assignment),
+        cmocka_unit_test(test_cdi_kind_check),
         cmocka_unit_test(test_response),
         cmocka_unit_test(test_response_mps),
         cmocka_unit_test(test_mps_mode_needs_the_daemon),

@@ -38,6 +38,8 @@
 #define CID_1 "1111111111111111111111111111111111111111111111111111111111111111"
 #define CID_2 "2222222222222222222222222222222222222222222222222222222222222222"
 #define CID_3 "3333333333333333333333333333333333333333333333333333333333333333"
+#define CID_4 "4444444444444444444444444444444444444444444444444444444444444444"
+#define CID_5 "5555555555555555555555555555555555555555555555555555555555555555"
 #define MIB   (1024LL * 1024)
 
 static char root[256];
@@ -369,6 +371,18 @@ static void test_config(void **state)
     assert_int_equal(dp_watch_config_parse(list, strlen(list), "w.yaml", &c, &err), KGPU_EPARSE);
     const char *str = "events: \"yes\"\n";
     assert_int_equal(dp_watch_config_parse(str, strlen(str), "w.yaml", &c, &err), KGPU_EPARSE);
+    const char *ex = "exemptNamespaces: [gpu-operator, kube-system]\n";
+    assert_int_equal(dp_watch_config_parse(ex, strlen(ex), "w.yaml", &c, &err), 0);
+    assert_int_equal(c.nexempt, 2);
+    assert_string_equal(c.exempt[1], "kube-system");
+    const char *bad_ex[] = {"exemptNamespaces: gpu-operator\n", "exemptNamespaces: [\"Bad_NS\"]\n",
+                            "exemptNamespaces: [\"\"]\n", "exemptNamespaces: [1]\n",
+                            "exemptNamespaces: [a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q]\n"};
+    for (size_t i = 0; i < sizeof(bad_ex) / sizeof(bad_ex[0]); i++) {
+        assert_int_equal(dp_watch_config_parse(bad_ex[i], strlen(bad_ex[i]), "w.yaml", &c, &err),
+                         KGPU_EPARSE);
+        assert_non_null(strstr(err.msg, "exemptNamespaces"));
+    }
 }
 
 /* ---- NVML's process lists ---- */
@@ -473,8 +487,15 @@ static void test_scan_maps_processes(void **state)
     assert_true(sample(t, k) == 1);
     assert_true(sample(t, "kgpu_watcher_gpu_processes{gpu=\"1\",gpu_uuid=\"GPU-bbbb\","
                           "kind=\"other_pod\"}") == 1);
-    /* Only kgpu's containers get per-container series. */
-    assert_null(strstr(t, CID_3));
+    /*
+     * Issue 24, item 3: the other pod's process holds a GPU kgpu never gave
+     * it (NVIDIA_VISIBLE_DEVICES=all past the runtime): a share of zero, over.
+     */
+#define X1 LBL("", "", "", UID_X, CID_3, "1", "GPU-bbbb")
+    assert_true(sample(t, "kgpu_container_gpu_memory_share_bytes" X1 "}") == 0);
+    assert_true(sample(t, "kgpu_container_gpu_unallocated" X1 "}") == 1);
+    assert_true(sample(t, "kgpu_container_gpu_throttled" X1 ",resource=\"memory\"}") == 1);
+    assert_true(sample(t, "kgpu_container_gpu_unallocated" A0 "}") == 0);
     free(t);
     /* The container stops using the GPU: its series go. */
     procs("0 104 300 0\n");
@@ -812,7 +833,14 @@ static const char pod_list[] =
     "{\"kind\":\"PodList\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"7\"},"
     "\"items\":[{\"metadata\":{\"name\":\"pod-a\",\"namespace\":\"ns1\",\"uid\":\"" UID_A "\"},"
     "\"status\":{\"containerStatuses\":[{\"name\":\"train\",\"containerID\":\"containerd://" CID_1
-    "\"},{\"name\":\"eval\",\"containerID\":\"containerd://" CID_2 "\"}]}}]}";
+    "\"},{\"name\":\"eval\",\"containerID\":\"containerd://" CID_2 "\"},"
+    "{\"name\":\"side\",\"containerID\":\"containerd://" CID_4 "\"}]}},"
+    "{\"metadata\":{\"name\":\"rogue\",\"namespace\":\"ns1\",\"uid\":\"" UID_X "\"},"
+    "\"status\":{\"containerStatuses\":[{\"name\":\"cuda\",\"containerID\":\"containerd://" CID_3
+    "\"}]}},"
+    "{\"metadata\":{\"name\":\"validator\",\"namespace\":\"gpu-operator\",\"uid\":\"" UID_B
+    "\"},\"status\":{\"containerStatuses\":[{\"name\":\"check\",\"containerID\":"
+    "\"containerd://" CID_5 "\"}]}}]}";
 
 static void *api_loop(void *arg)
 {
@@ -973,6 +1001,80 @@ static void test_names_and_events_from_the_api(void **state)
     assert_string_equal(json_string_value(json_object_get(ev, "reason")), "GPUShareEnforced");
     assert_non_null(strstr(json_string_value(json_object_get(ev, "message")), "killed 1"));
     json_decref(ev);
+    dp_watcher_free(w);
+    kgpu_k8s_free(k);
+    api_stop(&s);
+}
+
+/*
+ * Issue 24, item 3: a GPU process of a pod kgpu did not allocate a GPU (it
+ * set NVIDIA_VISIBLE_DEVICES=all and the runtime accepted it), or of a
+ * container of a kgpu pod that Allocate gave nothing, is over a share of
+ * zero: reported, and killed with enforce: kill. exemptNamespaces spares the
+ * operator's own GPU pods.
+ */
+static void test_unallocated_pods_are_over_a_zero_share(void **state)
+{
+    apisrv s;
+    api_start(&s);
+    kgpu_k8s *k = client(&s);
+    limits(UID_A, "train", "device 0 uuid=GPU-aaaa memory_mib=1024 core_pct=30\n");
+    pid_t side = child_in(UID_A, CID_4);      /* pod-a's sidecar: no limits file */
+    pid_t rogue = child_in(UID_X, CID_3);     /* no kgpu directory at all */
+    pid_t validator = child_in(UID_B, CID_5); /* the same, in an exempt namespace */
+    char script[256];
+    snprintf(script, sizeof(script), "0 %d 500 10\n1 %d 300 90\n1 %d 200 0\n", (int)side,
+             (int)rogue, (int)validator);
+    procs(script);
+    dp_watch_config c = config(DP_ENFORCE_KILL);
+    c.nexempt = 1;
+    snprintf(c.exempt[0], sizeof(c.exempt[0]), "gpu-operator");
+    dp_watcher *w = watcher(&c, k);
+    char *t = scan_text(w);
+    assert_true(killed(side));
+    assert_true(killed(rogue));
+    assert_false(killed(validator));
+#define SD LBL("ns1", "pod-a", "side", UID_A, CID_4, "0", "GPU-aaaa")
+#define RG LBL("ns1", "rogue", "cuda", UID_X, CID_3, "1", "GPU-bbbb")
+#define VL LBL("gpu-operator", "validator", "check", UID_B, CID_5, "1", "GPU-bbbb")
+    assert_true(sample(t, "kgpu_container_gpu_unallocated" SD "}") == 1);
+    assert_true(sample(t, "kgpu_container_gpu_unallocated" RG "}") == 1);
+    assert_true(sample(t, "kgpu_container_gpu_unallocated" VL "}") == 0);
+    assert_true(sample(t, "kgpu_container_gpu_memory_share_bytes" RG "}") == 0);
+    assert_true(sample(t, "kgpu_container_gpu_throttled" RG ",resource=\"memory\"}") == 1);
+    assert_true(sample(t, "kgpu_container_gpu_throttled" VL ",resource=\"memory\"}") == 0);
+    assert_true(sample(t, "kgpu_container_gpu_killed_processes_total" RG "}") == 1);
+    assert_true(sample(t, "kgpu_watcher_kills_total{result=\"killed\"}") == 2);
+    free(t);
+    /* Per offender: the Event saying it has no allocation, then the one saying it was killed. */
+    assert_int_equal(atomic_load(&s.events), 4);
+    pthread_mutex_lock(&s.mu);
+    json_error_t je;
+    json_t *ev = json_loads(s.last_event, 0, &je);
+    pthread_mutex_unlock(&s.mu);
+    assert_non_null(ev);
+    assert_string_equal(json_string_value(json_object_get(ev, "reason")), "GPUShareEnforced");
+    json_decref(ev);
+    dp_watcher_free(w);
+    /* enforce: none reports the same without killing. */
+    reap(validator);
+    pid_t again = child_in(UID_X, CID_3);
+    snprintf(script, sizeof(script), "1 %d 300 0\n", (int)again);
+    procs(script);
+    c = config(DP_ENFORCE_NONE);
+    w = watcher(&c, k);
+    t = scan_text(w);
+    assert_true(sample(t, "kgpu_container_gpu_throttled" RG ",resource=\"memory\"}") == 1);
+    free(t);
+    pthread_mutex_lock(&s.mu);
+    ev = json_loads(s.last_event, 0, &je);
+    pthread_mutex_unlock(&s.mu);
+    assert_non_null(ev);
+    assert_string_equal(json_string_value(json_object_get(ev, "reason")), "GPUWithoutAllocation");
+    assert_non_null(strstr(json_string_value(json_object_get(ev, "message")), "did not allocate"));
+    json_decref(ev);
+    assert_false(killed(again));
+    reap(again);
     dp_watcher_free(w);
     kgpu_k8s_free(k);
     api_stop(&s);
@@ -1236,6 +1338,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gpu_not_given_is_over, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nvml_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_names_and_events_from_the_api, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unallocated_pods_are_over_a_zero_share, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_metrics_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dashboard_queries_exported_metrics, setup, teardown),
     };
