@@ -83,13 +83,18 @@ void ext_malloc_trim(void);
 
 /* ---- metrics ---- */
 
-/* VERB_PRIORITIZE_GPULESS: prioritize for the pods that ask for no GPU (prioritize.c). */
+/*
+ * VERB_PRIORITIZE_GPULESS: prioritize for the pods that ask for no GPU
+ * (prioritize.c); VERB_FILTER_GPULESS: filter for them, which holds DRA
+ * pods to their GPU queue (verbs.c).
+ */
 enum ext_verb {
     VERB_FILTER,
     VERB_PRIORITIZE,
     VERB_BIND,
     VERB_PREEMPT,
     VERB_PRIORITIZE_GPULESS,
+    VERB_FILTER_GPULESS,
     VERB_OTHER,
     VERB_COUNT
 };

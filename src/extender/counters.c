@@ -11,7 +11,8 @@ const double ext_hist_bounds[EXT_HIST_BUCKETS] = {
 const char *ext_verb_name(enum ext_verb v)
 {
     static const char *names[VERB_COUNT] = {"filter",  "prioritize",         "bind",
-                                            "preempt", "prioritize-gpuless", "other"};
+                                            "preempt", "prioritize-gpuless", "filter-gpuless",
+                                            "other"};
     return v >= 0 && v < VERB_COUNT ? names[v] : "other";
 }
 

@@ -19,8 +19,10 @@
  * without consumable capacity), else as a share of cores x 10 milli and its
  * memory. Charges are kept per result, so release is exact, and a relist
  * of claims or a rebuild of the inventory charges every claim again from
- * nothing: no double charge. Only claims that name class or driver
- * gpu.kgpu.io are kept.
+ * nothing: no double charge. What a claim's charged results hold is
+ * charged to a GPU queue too (queues.c ext_queues_charge_claim), so a
+ * tenant cannot take past its queue's limit through claims. Only claims
+ * that name class or driver gpu.kgpu.io are kept.
  *
  * This file: the DRA nodes' and claims' records and what the claims
  * charge; dra_nodes.c rebuilds the DRA nodes' inventory. Caller holds st->mu.
@@ -145,9 +147,14 @@ static const char *charge_result(ext_state *st, ext_dra_result *r, kgpu_error *e
     return NULL;
 }
 
-/* Charges c's results that are not charged; logs the first failure once per claim. */
+/*
+ * Charges c's results that are not charged, logging the first failure once
+ * per claim, and charges what they hold to its GPU queue (queues.c).
+ */
 static void charge(ext_state *st, ext_dra_claim *c)
 {
+    if (unapplied(c) > 0)
+        ext_queues_uncharge_claim(st, c); /* charged again below with what it holds then */
     for (int i = 0; i < c->nres; i++) {
         if (c->res[i].applied)
             continue;
@@ -162,11 +169,13 @@ static void charge(ext_state *st, ext_dra_claim *c)
                     c->ns, c->name, c->res[i].device, c->res[i].pool, why);
         }
     }
+    ext_queues_charge_claim(st, c);
 }
 
-/* Releases what c holds, newest first. */
+/* Releases what c holds, newest first, and uncharges its queue. */
 static void uncharge(ext_state *st, ext_dra_claim *c)
 {
+    ext_queues_uncharge_claim(st, c);
     for (int i = c->nres - 1; i >= 0; i--) {
         if (!c->res[i].applied)
             continue;
@@ -304,71 +313,93 @@ static void request_of(const ext_dra_request *q, kgpu_request *req)
     }
 }
 
-int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, char *why, size_t len)
+/*
+ * The claim held for entry rc of the pod's spec.resourceClaims (a claim
+ * made from a template through status.resourceClaimStatuses), or NULL with
+ * the first reason into why (left as it is when it says something already).
+ */
+static const ext_dra_claim *pod_claim(ext_state *st, const char *ns, const char *pname,
+                                      const json_t *rc, const json_t *statuses, char *why,
+                                      size_t len)
 {
-    const json_t *meta = json_object_get(pod, "metadata");
-    const json_t *claims = json_object_get(json_object_get(pod, "spec"), "resourceClaims");
-    const json_t *statuses =
-        json_object_get(json_object_get(pod, "status"), "resourceClaimStatuses");
-    const char *ns = str_at(meta, "namespace"), *pname = str_at(meta, "name");
-    ns = ns != NULL ? ns : "default";
-    pname = pname != NULL ? pname : "?";
-    why[0] = '\0';
-    if (json_array_size(claims) == 0)
-        return 0;
-    size_t i, j;
-    const json_t *rc, *s;
-    json_array_foreach(claims, i, rc)
-    {
-        const char *entry = str_at(rc, "name"), *claim = str_at(rc, "resourceClaimName");
-        const char *tmpl = str_at(rc, "resourceClaimTemplateName");
-        entry = entry ? entry : "?";
-        if (claim == NULL && tmpl != NULL) {
-            json_array_foreach(statuses, j, s)
-            {
-                const char *sn = str_at(s, "name");
-                if (sn != NULL && strcmp(sn, entry) == 0)
-                    claim = str_at(s, "resourceClaimName");
-            }
-            if (claim == NULL) {
-                if (why[0] == '\0')
-                    snprintf(why, len,
-                             "pod %s/%s: claim %.60s (template %.60s) has no ResourceClaim in "
-                             "status.resourceClaimStatuses yet",
-                             ns, pname, entry, tmpl);
-                continue;
-            }
+    const char *entry = str_at(rc, "name"), *claim = str_at(rc, "resourceClaimName");
+    const char *tmpl = str_at(rc, "resourceClaimTemplateName");
+    entry = entry ? entry : "?";
+    size_t j;
+    const json_t *s;
+    if (claim == NULL && tmpl != NULL) {
+        json_array_foreach(statuses, j, s)
+        {
+            const char *sn = str_at(s, "name");
+            if (sn != NULL && strcmp(sn, entry) == 0)
+                claim = str_at(s, "resourceClaimName");
         }
         if (claim == NULL) {
             if (why[0] == '\0')
-                snprintf(why, len, "pod %s/%s: claim %.60s names no ResourceClaim", ns, pname,
-                         entry);
-            continue;
-        }
-        char key[EXT_DRA_KEY_MAX];
-        claim_key(key, ns, claim);
-        const ext_dra_claim *c = kgpu_strmap_get(&st->dra_claims, key);
-        if (c == NULL) {
-            if (why[0] == '\0')
                 snprintf(why, len,
-                         "pod %s/%s: ResourceClaim %s is not known to kgpu (not of class %s, or "
-                         "not seen yet)",
-                         ns, pname, key, EXT_DRA_CLASS);
-            continue;
+                         "pod %s/%s: claim %.60s (template %.60s) has no ResourceClaim in "
+                         "status.resourceClaimStatuses yet",
+                         ns, pname, entry, tmpl);
+            return NULL;
         }
-        if (c->error[0] != '\0') {
-            if (why[0] == '\0')
-                snprintf(why, len, "pod %s/%s: ResourceClaim %s cannot be read: %s", ns, pname, key,
-                         c->error);
-            continue;
-        }
-        for (int k = 0; k < c->nreq; k++) {
+    }
+    if (claim == NULL) {
+        if (why[0] == '\0')
+            snprintf(why, len, "pod %s/%s: claim %.60s names no ResourceClaim", ns, pname, entry);
+        return NULL;
+    }
+    char key[EXT_DRA_KEY_MAX];
+    claim_key(key, ns, claim);
+    const ext_dra_claim *c = kgpu_strmap_get(&st->dra_claims, key);
+    if (c == NULL) {
+        if (why[0] == '\0')
+            snprintf(why, len,
+                     "pod %s/%s: ResourceClaim %s is not known to kgpu (not of class %s, or "
+                     "not seen yet)",
+                     ns, pname, key, EXT_DRA_CLASS);
+        return NULL;
+    }
+    if (c->error[0] != '\0') {
+        if (why[0] == '\0')
+            snprintf(why, len, "pod %s/%s: ResourceClaim %s cannot be read: %s", ns, pname, key,
+                     c->error);
+        return NULL;
+    }
+    return c;
+}
+
+/* The pod's namespace and name, for reasons. */
+static void pod_names(const json_t *pod, const char **ns, const char **name)
+{
+    const json_t *meta = json_object_get(pod, "metadata");
+    *ns = str_at(meta, "namespace");
+    *name = str_at(meta, "name");
+    *ns = *ns != NULL ? *ns : "default";
+    *name = *name != NULL ? *name : "?";
+}
+
+int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, char *why, size_t len)
+{
+    const json_t *claims = json_object_get(json_object_get(pod, "spec"), "resourceClaims");
+    const json_t *statuses =
+        json_object_get(json_object_get(pod, "status"), "resourceClaimStatuses");
+    const char *ns, *pname;
+    pod_names(pod, &ns, &pname);
+    why[0] = '\0';
+    if (json_array_size(claims) == 0)
+        return 0;
+    size_t i;
+    const json_t *rc;
+    json_array_foreach(claims, i, rc)
+    {
+        const ext_dra_claim *c = pod_claim(st, ns, pname, rc, statuses, why, len);
+        for (int k = 0; c != NULL && k < c->nreq; k++) {
             if (c->req[k].all) {
                 if (why[0] == '\0')
                     snprintf(why, len,
-                             "pod %s/%s: ResourceClaim %s asks for all devices "
+                             "pod %s/%s: ResourceClaim %s/%s asks for all devices "
                              "(allocationMode All): not scored",
-                             ns, pname, key);
+                             ns, pname, c->ns, c->name);
                 continue;
             }
             request_of(&c->req[k], req);
@@ -379,4 +410,52 @@ int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, cha
         snprintf(why, len, "pod %s/%s: none of its ResourceClaims asks for class %s", ns, pname,
                  EXT_DRA_CLASS);
     return -1;
+}
+
+/* ---- filter-gpuless: what a DRA pod's claims will take from its queue ---- */
+
+/* The most GPUs one DRA node's slice has: what a request of allocationMode All may take. */
+static int most_devices(ext_state *st)
+{
+    size_t it = 0;
+    const char *k;
+    void *v;
+    int most = 1;
+    while (kgpu_strmap_next(&st->dra_slices, &it, &k, &v)) {
+        const ext_dra_slice *s = v;
+        most = s->ndevices > most ? s->ndevices : most;
+    }
+    return most;
+}
+
+int ext_dra_pod_demand(ext_state *st, const json_t *pod, kgpu_qdemand *d, char *why, size_t len)
+{
+    const json_t *claims = json_object_get(json_object_get(pod, "spec"), "resourceClaims");
+    const json_t *statuses =
+        json_object_get(json_object_get(pod, "status"), "resourceClaimStatuses");
+    const char *ns, *pname;
+    pod_names(pod, &ns, &pname);
+    memset(d, 0, sizeof(*d));
+    why[0] = '\0';
+    int counted = 0;
+    size_t i;
+    const json_t *rc;
+    json_array_foreach(claims, i, rc)
+    {
+        const ext_dra_claim *c = pod_claim(st, ns, pname, rc, statuses, why, len);
+        if (c == NULL || c->nres > 0)
+            continue; /* another driver's, not seen yet, or allocated: charged already */
+        for (int k = 0; k < c->nreq; k++) {
+            kgpu_request req;
+            request_of(&c->req[k], &req);
+            if (c->req[k].all)
+                req.gpu_count = most_devices(st);
+            kgpu_qdemand one;
+            kgpu_qdemand_of_request(&req, &one);
+            d->milli += one.milli;
+            d->mem_mib += one.mem_mib;
+            counted++;
+        }
+    }
+    return counted > 0;
 }

@@ -211,6 +211,25 @@ static bool read_result(ext_dra_claim *c, const json_t *res, ext_dra_result *out
     return true;
 }
 
+/*
+ * The first pod status.reservedFor names (resource "pods" of the core
+ * group): the pod that consumes the claim, whose queue it is charged to.
+ */
+static const json_t *first_consumer(const json_t *obj)
+{
+    size_t i;
+    const json_t *v;
+    json_array_foreach(json_object_get(json_object_get(obj, "status"), "reservedFor"), i, v)
+    {
+        const char *res = str_at(v, "resource"), *group = str_at(v, "apiGroup");
+        const char *uid = str_at(v, "uid");
+        if (res != NULL && strcmp(res, "pods") == 0 && (group == NULL || group[0] == '\0') &&
+            uid != NULL && uid[0] != '\0' && strlen(uid) < sizeof(((ext_dra_claim *)0)->consumer))
+            return v;
+    }
+    return NULL;
+}
+
 /* A claim's namespace and name, when it has both and they fit; else false. */
 static bool claim_named(const json_t *obj, const char **ns, const char **name)
 {
@@ -263,6 +282,9 @@ int ext_dra_claim_parse(const json_t *obj, ext_dra_claim **out, kgpu_error *err)
     snprintf(c->ns, sizeof(c->ns), "%s", ns);
     snprintf(c->name, sizeof(c->name), "%s", name);
     snprintf(c->uid, sizeof(c->uid), "%.63s", uid ? uid : "");
+    const json_t *consumer = first_consumer(obj);
+    snprintf(c->consumer, sizeof(c->consumer), "%s",
+             consumer != NULL ? str_at(consumer, "uid") : "");
     *out = c;
     if (too_many) {
         snprintf(c->error, sizeof(c->error), "more than %d devices of %s allocated",
@@ -329,6 +351,12 @@ void ext_dra_claim_trim(void *ctx, json_t *obj)
     json_object_del(meta, "managedFields");
     json_object_del(meta, "annotations");
     json_t *status = json_object_get(obj, "status");
-    json_object_del(status, "reservedFor"); /* up to 256 pods */
+    /* Up to 256 pods: the first pod is all ext_dra_claim_parse reads. */
+    json_t *consumer = json_incref((json_t *)first_consumer(obj));
+    json_object_del(status, "reservedFor");
+    if (consumer != NULL && json_is_object(status))
+        json_object_set_new(status, "reservedFor", json_pack("[o]", consumer));
+    else
+        json_decref(consumer);
     json_object_del(status, "devices");
 }

@@ -99,6 +99,12 @@ void ext_queues_recharge(ext_state *st)
         ext_queues_name_pod(st, p);
         ext_queues_charge(st, p, true, NULL);
     }
+    it = 0;
+    while (kgpu_strmap_next(&st->dra_claims, &it, &k, &v)) {
+        ext_dra_claim *c = v;
+        c->qcharged = false; /* the old tree, and its charges, are gone */
+        ext_queues_charge_claim(st, c);
+    }
 }
 
 /*
@@ -270,6 +276,118 @@ void ext_queues_uncharge(ext_state *st, ext_pod *p)
     ext__pod_demand(st->cluster, p, &d); /* the cluster is the one it was charged on */
     if (q >= 0 && kgpu_queues_uncharge(st->queues, q, &d, &err) != 0)
         ext_log(EXT_ERROR, "pod %s/%s: %s", p->ns, p->name, err.msg);
+}
+
+/* ---- DRA claims: charged at allocation ---- */
+
+void ext_queues_charge_claim(ext_state *st, ext_dra_claim *c)
+{
+    if (st->queues == NULL || c->qcharged)
+        return;
+    kgpu_qdemand d;
+    memset(&d, 0, sizeof(d));
+    for (int i = 0; i < c->nres; i++) {
+        if (!c->res[i].applied)
+            continue; /* not on kgpu's inventory now: charged once it is (ext_dra_retry) */
+        kgpu_qdemand one;
+        kgpu_qdemand_of_assignment(st->cluster, &c->res[i].a, &one);
+        for (int k = 0; k < one.nparts; k++)
+            qd_add(&d, one.part[k].model, one.part[k].milli, one.part[k].mem_mib);
+    }
+    if (d.milli == 0 && d.mem_mib == 0)
+        return;
+    /* The pod it is reserved for picks among its namespace's queues, as a GPU pod's label does. */
+    const char *label = c->consumer[0] != '\0' ? kgpu_strmap_get(&st->pod_qlabels, c->consumer)
+                                               : NULL;
+    kgpu_queue_ns ns = ns_of(st, c->ns);
+    const char *q = kgpu_queue_name_for(label, ns.queue);
+    char why[512];
+    if (label != NULL && kgpu_queues_pick(st->queues, &ns, label, why, sizeof(why)) < 0)
+        q = kgpu_queue_name_for(NULL, ns.queue);
+    int id = kgpu_queues_find(st->queues, q);
+    kgpu_error err;
+    if (id < 0 || kgpu_queues_charge_running(st->queues, id, &d, &err) != 0)
+        return;
+    snprintf(c->queue, sizeof(c->queue), "%s", q);
+    c->qd = d;
+    c->qcharged = true;
+}
+
+void ext_queues_uncharge_claim(ext_state *st, ext_dra_claim *c)
+{
+    if (!c->qcharged || st->queues == NULL)
+        return;
+    c->qcharged = false;
+    kgpu_error err;
+    int q = kgpu_queues_find(st->queues, c->queue);
+    if (q >= 0 && kgpu_queues_uncharge(st->queues, q, &c->qd, &err) != 0)
+        ext_log(EXT_ERROR, "ResourceClaim %s/%s: %s", c->ns, c->name, err.msg);
+}
+
+/* Charges the claims reserved for pod uid again: its label may pick another queue now. */
+static void recharge_consumer(ext_state *st, const char *uid)
+{
+    const char *k;
+    void *v;
+    size_t it = 0;
+    while (kgpu_strmap_next(&st->dra_claims, &it, &k, &v)) {
+        ext_dra_claim *c = v;
+        if (c->qcharged && strcmp(c->consumer, uid) == 0) {
+            ext_queues_uncharge_claim(st, c);
+            ext_queues_charge_claim(st, c);
+        }
+    }
+}
+
+void ext_queues_pod_label(ext_state *st, const char *uid, const char *label)
+{
+    const char *was = kgpu_strmap_get(&st->pod_qlabels, uid);
+    if (was != NULL && strcmp(was, label) == 0)
+        return;
+    if (label[0] == '\0') {
+        free(kgpu_strmap_del(&st->pod_qlabels, uid));
+    } else {
+        char *copy = strdup(label);
+        void *old = NULL;
+        if (copy == NULL || (was == NULL && st->pod_qlabels.len >= EXT_POD_QLABELS_MAX) ||
+            !kgpu_strmap_put(&st->pod_qlabels, uid, copy, &old)) {
+            free(copy); /* bounded: its claims go to its namespace's queue */
+            free(kgpu_strmap_del(&st->pod_qlabels, uid));
+        } else {
+            free(old);
+        }
+    }
+    if (st->dra_claims.len > 0)
+        recharge_consumer(st, uid);
+}
+
+void ext_queues_pod_label_gone(ext_state *st, const char *uid)
+{
+    free(kgpu_strmap_del(&st->pod_qlabels, uid));
+}
+
+void ext_queues_pod_labels_reset(ext_state *st, const json_t *items)
+{
+    kgpu_strmap_clear_free(&st->pod_qlabels);
+    size_t i;
+    const json_t *pod;
+    json_array_foreach(items, i, pod)
+    {
+        const char *uid =
+            json_string_value(json_object_get(json_object_get(pod, "metadata"), "uid"));
+        char label[KGPU_QUEUE_NAME_MAX + 1];
+        int priority;
+        ext_pod_queue_fields(pod, label, sizeof(label), &priority);
+        char *copy = NULL;
+        if (uid == NULL || label[0] == '\0' || st->pod_qlabels.len >= EXT_POD_QLABELS_MAX ||
+            (copy = strdup(label)) == NULL)
+            continue;
+        void *old = NULL;
+        if (!kgpu_strmap_put(&st->pod_qlabels, uid, copy, &old))
+            free(copy);
+        free(old);
+    }
+    ext_queues_recharge(st); /* claims listed before their pods pick their queues now */
 }
 
 int ext_queues_check(ext_state *st, int q, const kgpu_pod *pod, int idx, char *why, size_t len)

@@ -94,8 +94,8 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
         if (v == VERB_OTHER) {
             ext_reply_json(r, 404,
                        json_pack("{s:s}", "Error",
-                                 "unknown verb; POST filter, "
-                                 "prioritize, prioritize-gpuless, bind or preempt"));
+                                 "unknown verb; POST filter, prioritize, "
+                                 "filter-gpuless, prioritize-gpuless, bind or preempt"));
             return;
         }
         ext_ctx c = ext_daemon_ctx(d);

@@ -95,6 +95,7 @@ static void pods_listed(void *ctx, json_t *items, char ***suspects, size_t *nsus
 {
     ext_state *st = ctx;
     pthread_mutex_lock(&st->mu);
+    ext_queues_pod_labels_reset(st, items); /* for the DRA claims reserved for them */
     ext_state_pods_reset(st, items, suspects, nsuspects);
     st->pods_synced = true;
     pthread_mutex_unlock(&st->mu);
@@ -112,7 +113,13 @@ static long pods_held(void *ctx)
 static void pod_seen(void *ctx, const json_t *pod)
 {
     ext_state *st = ctx;
+    char label[KGPU_QUEUE_NAME_MAX + 1];
+    int priority;
+    ext_pod_queue_fields(pod, label, sizeof(label), &priority);
+    const char *uid = json_string_value(json_object_get(json_object_get(pod, "metadata"), "uid"));
     pthread_mutex_lock(&st->mu);
+    if (uid != NULL)
+        ext_queues_pod_label(st, uid, label); /* for the DRA claims reserved for it */
     ext_state_pod_seen(st, pod);
     pthread_mutex_unlock(&st->mu);
 }
@@ -121,6 +128,7 @@ static void pod_gone(void *ctx, const char *uid)
 {
     ext_state *st = ctx;
     pthread_mutex_lock(&st->mu);
+    ext_queues_pod_label_gone(st, uid);
     ext_state_pod_gone(st, uid);
     pthread_mutex_unlock(&st->mu);
 }

@@ -136,6 +136,11 @@ typedef struct ext_dra_claim {
     int nreq;        /* requests of class gpu.kgpu.io under `exactly` */
     int nres;        /* results of driver gpu.kgpu.io */
     bool warned;     /* a result that could not be charged was logged */
+    char consumer[64]; /* uid of the first pod in status.reservedFor; "" */
+    /* Charged to a GPU queue (queues.c ext_queues_charge_claim): where, and exactly what. */
+    bool qcharged;
+    char queue[KGPU_QUEUE_NAME_MAX + 1];
+    kgpu_qdemand qd;
     ext_dra_request req[EXT_DRA_REQUESTS];
     ext_dra_result res[]; /* nres */
 } ext_dra_claim;

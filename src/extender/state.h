@@ -230,6 +230,7 @@ typedef struct ext_state {
     kgpu_strmap dra_nodes;  /* node -> ext_dra_node*: labelled kgpu.io/gpu-allocator=dra */
     kgpu_strmap dra_slices; /* node (the pool) -> ext_dra_slice* of driver gpu.kgpu.io */
     kgpu_strmap dra_claims; /* "ns/name" -> ext_dra_claim*: claims of gpu.kgpu.io only */
+    kgpu_strmap pod_qlabels; /* pod uid -> its kgpu.io/queue label (char*), pods with one only */
     int dra_unapplied;      /* allocation results not charged now (node or GPU unknown, full) */
     bool dra_absent[2];     /* the API server answered 404 for resourceslices, resourceclaims */
 } ext_state;
@@ -392,6 +393,27 @@ void ext_queues_uncharge(ext_state *st, ext_pod *p);
  * GPUs actually chosen), or with idx -1 for its request alone.
  */
 int ext_queues_check(ext_state *st, int q, const kgpu_pod *pod, int idx, char *why, size_t len);
+
+/*
+ * DRA claims in queues (docs/queues.md "ResourceClaims"): an allocated
+ * claim of gpu.kgpu.io is charged, as running, to the queue of the pod
+ * it is reserved for (that pod's label, as ext_queues_resolve reads it),
+ * else to its namespace's queue, with what its charged results hold.
+ * Charge again (uncharging first) whenever its results change; uncharge
+ * before it is released or freed.
+ */
+void ext_queues_charge_claim(ext_state *st, ext_dra_claim *c);
+void ext_queues_uncharge_claim(ext_state *st, ext_dra_claim *c);
+/*
+ * The kgpu.io/queue label of a pod seen by the pod watch ("" none), kept
+ * for the claims reserved for it (at most EXT_POD_QLABELS_MAX pods); a
+ * change charges those claims again. _gone forgets the pod; _reset a
+ * relist's items (a JSON array of pods) replace what was kept.
+ */
+#define EXT_POD_QLABELS_MAX 200000
+void ext_queues_pod_label(ext_state *st, const char *uid, const char *label);
+void ext_queues_pod_label_gone(ext_state *st, const char *uid);
+void ext_queues_pod_labels_reset(ext_state *st, const json_t *items);
 
 /* A pod reclaim evicts. */
 typedef struct ext_victim {
@@ -587,5 +609,13 @@ void ext_dra_retry(ext_state *st);
  */
 int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, char *why,
                         size_t len);
+/*
+ * For filter-gpuless: what the pod's claims of class gpu.kgpu.io that are
+ * not allocated yet will take from its queue (their requests' totals; a
+ * request of allocationMode All as the most GPUs a DRA node has). 1 and *d
+ * when there is such a claim, else 0 (no claim of kgpu's, or every one
+ * allocated, hence charged already); `why` names a claim not resolved.
+ */
+int ext_dra_pod_demand(ext_state *st, const json_t *pod, kgpu_qdemand *d, char *why, size_t len);
 
 #endif

@@ -2405,7 +2405,7 @@ class TestMetrics(ExtenderTest):
                        % prom.log_tail())
         verbs = {r["metric"]["verb"]: float(r["value"][1]) for r in res}
         self.assertEqual(set(verbs), {"filter", "prioritize", "bind", "preempt",
-                                      "prioritize-gpuless"})
+                                      "prioritize-gpuless", "filter-gpuless"})
         self.assertGreaterEqual(verbs["bind"], 2)
         up = query('up{job="kgpu-extender"}')
         self.assertEqual(float(up[0]["value"][1]), 1.0)

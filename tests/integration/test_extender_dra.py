@@ -131,9 +131,13 @@ class DRATest(ExtenderTest):
     def claim_path(self, name, ns="default"):
         return RES + "/namespaces/%s/resourceclaims/%s" % (ns, name)
 
-    def allocate(self, name, node, device, memory=None, cores=None, ns="default"):
+    def allocate(self, name, node, device, memory=None, cores=None, ns="default", pod=None):
+        """pod: the pod object it is reserved for (status.reservedFor), as kube-scheduler does."""
         _, c = self.s.api("GET", self.claim_path(name, ns), expect=200)
         c["status"] = allocation(node, device, memory, cores)
+        if pod is not None:
+            c["status"]["reservedFor"] = [{"resource": "pods", "name": pod["metadata"]["name"],
+                                           "uid": pod["metadata"]["uid"]}]
         self.s.api("PUT", self.claim_path(name, ns), c, expect=200)
 
     def deallocate(self, name, ns="default"):
@@ -291,6 +295,104 @@ class TestDRAScores(DRATest):
         node, err = self.ext.schedule(p, self.NODES)
         self.assertEqual((node, err), ("n0", ""))
         self.assertEqual(self.ext.get("/healthz")[0], 200)
+
+
+GQ = "/apis/kgpu.io/v1alpha1/gpuqueues"
+
+
+class TestDRAQueues(DRATest):
+    """Issue 24 item 12: claims of gpu.kgpu.io count in GPU queues, charged at
+    allocation to the queue of the pod they are reserved for, and
+    filter-gpuless refuses a DRA pod whose claims would pass its queue's limit."""
+
+    def setUp(self):
+        super().setUp()
+        self.s.api("POST", "/api/v1/namespaces", {"metadata": {
+            "name": "ml-a", "annotations": {"kgpu.io/queue": "team-a"}}}, expect=201)
+        for name, ns in (("team-a", "ml-a"), ("team-b", "ml-a"), ("other", "elsewhere")):
+            self.s.api("POST", GQ, {"apiVersion": "kgpu.io/v1alpha1", "kind": "GPUQueue",
+                                    "metadata": {"name": name},
+                                    "spec": {"limit": {"gpu": 1}, "namespaces": [ns]}},
+                       expect=201)
+
+    def used(self):
+        return {q["name"]: q["used"]["gpu_milli"] for q in self.ext.inspect()["queues"]}
+
+    def wait_used(self, want, what):
+        return wait_for(lambda: all(self.used().get(k) == v for k, v in want.items()), 15,
+                        what="%s: queues use %s (last %s)" % (what, want, self.used()))
+
+    def filter_gpuless(self, pod, names=None):
+        args = {"Pod": pod, "Nodes": None, "NodeNames": list(names or self.NODES)}
+        status, res = self.ext.post_json("filter-gpuless", args)
+        self.assertEqual(status, 200, res)
+        return res
+
+    def gpu_pod(self, name, ns="ml-a"):
+        return self.s.add_pod(pod_object(name, [container("main", te.whole(1))]), ns)
+
+    def test_claim_charged_at_allocation_and_filter_gpuless(self):
+        self.start()
+        self.wait_inventory()
+        consumer = self.s.add_pod(dra_pod("c", "w"), "ml-a")
+        self.add_claim("w", ns="ml-a")
+        self.allocate("w", "dA", "gpu-0", ns="ml-a", pod=consumer)
+        self.wait_held({("dA", 0): (40 * GIB, 1000)}, "the whole GPU charged")
+        # (a) the claim's GPU counts in team-a: its next GPU pod is refused at filter.
+        self.wait_used({"team-a": 1000}, "the claim charged to its namespace's queue")
+        res = self.ext.filter(self.gpu_pod("g"), ["n0"])
+        self.assertEqual(res["FailedNodes"]["n0"], "queue team-a would use 2 GPUs of its limit 1")
+        # (b) filter-gpuless: a DRA pod whose claim would pass the limit fails every node...
+        self.add_claim("w2", ns="ml-a")
+        time.sleep(0.3)  # the claim reaches the extender's watch
+        pod = dra_pod("d2", "w2")
+        pod["metadata"]["namespace"] = "ml-a"
+        res = self.filter_gpuless(pod)
+        self.assertEqual(res["NodeNames"], [], res)
+        self.assertEqual(sorted(res["FailedAndUnresolvableNodes"]), sorted(self.NODES), res)
+        self.assertIn("queue team-a would use 2 GPUs of its limit 1",
+                      res["FailedAndUnresolvableNodes"]["dB"])
+        # ...a pod without claims passes every node, whatever its namespace's queue holds...
+        plain = pod_object("plain", [container("main")])
+        plain["metadata"]["namespace"] = "ml-a"
+        self.assertEqual(self.filter_gpuless(plain)["NodeNames"], self.NODES)
+        # ...and a pod whose claim is allocated already (charged) passes too.
+        again = dra_pod("c", "w")
+        again["metadata"]["namespace"] = "ml-a"
+        self.assertEqual(self.filter_gpuless(again)["NodeNames"], self.NODES)
+        # (c) deleting the claim uncharges: the DRA pod within the limit passes now.
+        self.delete_claim("w", ns="ml-a")
+        self.wait_used({"team-a": 0}, "the deleted claim uncharged")
+        res = self.filter_gpuless(pod)
+        self.assertEqual(res["NodeNames"], self.NODES, res)
+        # Allocated, then deallocated: charged, then uncharged.
+        self.allocate("w2", "dB", "gpu-0", ns="ml-a")
+        self.wait_used({"team-a": 1000}, "w2 charged")
+        self.deallocate("w2", ns="ml-a")
+        self.wait_used({"team-a": 0}, "the deallocated claim uncharged")
+
+    def test_the_consumers_label_picks_among_its_namespaces_queues(self):
+        self.start()
+        self.wait_inventory()
+        b = dra_pod("b", "cb")
+        b["metadata"]["labels"]["kgpu.io/queue"] = "team-b"
+        b = self.s.add_pod(b, "ml-a")
+        x = dra_pod("x", "cx")
+        x["metadata"]["labels"]["kgpu.io/queue"] = "other"  # not a queue ml-a may use
+        x = self.s.add_pod(x, "ml-a")
+        self.add_claim("cb", ns="ml-a", memory="8Gi", cores=50)
+        self.add_claim("cx", ns="ml-a", memory="8Gi", cores=50)
+        time.sleep(0.3)
+        self.allocate("cb", "dA", "gpu-0", memory="8Gi", cores=50, ns="ml-a", pod=b)
+        self.allocate("cx", "dB", "gpu-0", memory="8Gi", cores=50, ns="ml-a", pod=x)
+        self.wait_used({"team-b": 500, "team-a": 500, "other": 0},
+                       "cb in team-b by its pod's label, cx in ml-a's queue")
+        # The queues rebuilt (a new GPUQueue): charged again, once.
+        self.s.api("POST", GQ, {"apiVersion": "kgpu.io/v1alpha1", "kind": "GPUQueue",
+                                "metadata": {"name": "new"}, "spec": {}}, expect=201)
+        wait_for(lambda: "new" in self.used(), 15, what="the new queue")
+        self.assertEqual({k: self.used()[k] for k in ("team-a", "team-b")},
+                         {"team-a": 500, "team-b": 500})
 
 
 class TestNotDRA(DRATest):

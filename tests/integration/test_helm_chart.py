@@ -319,9 +319,11 @@ class HelmChartTest(unittest.TestCase):
         self.assertTrue(ext["managedResources"])
         for other in cfg["extenders"][1:]:
             # The entry for pods without a GPU: the same extender, reached the same way,
-            # for every pod (no managedResources), scoring only, never in the way.
+            # for every pod (no managedResources), scoring, and filtering DRA pods by their
+            # queue (issue 24), never in the way.
             self.assertEqual(other["prioritizeVerb"], "prioritize-gpuless")
-            for key in ("filterVerb", "bindVerb", "preemptVerb", "managedResources"):
+            self.assertEqual(other["filterVerb"], "filter-gpuless")
+            for key in ("bindVerb", "preemptVerb", "managedResources"):
                 self.assertNotIn(key, other)
             self.assertIs(other["ignorable"], True)
             for key in ("urlPrefix", "enableHTTPS", "tlsConfig", "httpTimeout",
