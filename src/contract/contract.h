@@ -138,6 +138,17 @@ void contract_response_build(const contract_target *t, const contract_inventory 
 void contract_cdi_devices(const contract_target *t, const char *kind, bool by_index,
                           contract_response *out);
 
+/* The CDI kind NVIDIA's container toolkit gives GPUs (nvidia-ctk cdi generate). */
+#define CONTRACT_CDI_KIND_NVIDIA "nvidia.com/gpu"
+
+/*
+ * Checks a CDI kind, "<vendor>/<class>" as the CDI specification spells
+ * them (vendor: letters, digits, '.', '-', '_', starting and ending with a
+ * letter or digit; class: letters, digits, '-', '_'); 0 or KGPU_EINVAL
+ * naming the kind. Both node agents take one from a flag.
+ */
+int contract_cdi_kind_check(const char *kind, kgpu_error *err);
+
 /*
  * Whether the target's share of GPU i is a compute share, which the
  * library enforces through that GPU's schedule, mounted read-write.

@@ -81,6 +81,28 @@ char *contract_limits_text(const contract_target *t)
     return buf;
 }
 
+static bool alnum(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+int contract_cdi_kind_check(const char *kind, kgpu_error *err)
+{
+    const char *slash = strchr(kind, '/');
+    bool ok = slash != NULL && slash > kind && slash[1] != '\0' && strchr(slash + 1, '/') == NULL &&
+              alnum(kind[0]) && alnum(slash[-1]) && strlen(kind) < 128;
+    for (const char *c = kind; ok && c < slash; c++)
+        ok = alnum(*c) || *c == '.' || *c == '-' || *c == '_';
+    for (const char *c = slash ? slash + 1 : kind; ok && *c; c++)
+        ok = alnum(*c) || *c == '-' || *c == '_';
+    if (!ok)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "CDI kind '%.128s' is not <vendor>/<class> (for NVIDIA's GPUs as "
+                              "nvidia-ctk names them: %s)",
+                              kind, CONTRACT_CDI_KIND_NVIDIA);
+    return 0;
+}
+
 void contract_cdi_devices(const contract_target *t, const char *kind, bool by_index,
                           contract_response *out)
 {

@@ -38,28 +38,6 @@ int dp_res_from_name(const char *name)
     return -1;
 }
 
-static bool alnum(char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-}
-
-int dp_cdi_kind_check(const char *kind, kgpu_error *err)
-{
-    const char *slash = strchr(kind, '/');
-    bool ok = slash != NULL && slash > kind && slash[1] != '\0' && strchr(slash + 1, '/') == NULL &&
-              alnum(kind[0]) && alnum(slash[-1]) && strlen(kind) < 128;
-    for (const char *c = kind; ok && c < slash; c++)
-        ok = alnum(*c) || *c == '.' || *c == '-' || *c == '_';
-    for (const char *c = slash ? slash + 1 : kind; ok && *c; c++)
-        ok = alnum(*c) || *c == '-' || *c == '_';
-    if (!ok)
-        return kgpu_error_set(err, KGPU_EINVAL,
-                              "CDI kind '%.128s' is not <vendor>/<class> (for NVIDIA's GPUs as "
-                              "nvidia-ctk names them: %s)",
-                              kind, DP_CDI_KIND_DEFAULT);
-    return 0;
-}
-
 int64_t dp_devices_per_gpu(const contract_inventory *inv, int g, dp_res r)
 {
     switch (r) {

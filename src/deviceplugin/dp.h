@@ -191,14 +191,7 @@ typedef enum dp_device_list {
     DP_LIST_ENVVAR,  /* NVIDIA_VISIBLE_DEVICES alone: runtimes without a CDI spec of the GPUs */
 } dp_device_list;
 
-#define DP_CDI_KIND_DEFAULT "nvidia.com/gpu"
-
-/*
- * Checks a CDI kind, "<vendor>/<class>" as the CDI specification spells
- * them (vendor: letters, digits, '.', '-', '_', starting and ending with a
- * letter or digit; class: letters, digits, '-', '_'); 0 or KGPU_EINVAL.
- */
-int dp_cdi_kind_check(const char *kind, kgpu_error *err);
+#define DP_CDI_KIND_DEFAULT CONTRACT_CDI_KIND_NVIDIA
 
 typedef struct dp_config {
     node_config node; /* the flags both node agents take (nodeagent.h) */

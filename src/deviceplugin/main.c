@@ -84,7 +84,7 @@ static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_
         return 0;
     case O_KIND: {
         int rc = node_flag_copy(flag, arg, cfg->cdi_kind, sizeof(cfg->cdi_kind), 0, false, err);
-        return rc != 0 ? rc : dp_cdi_kind_check(cfg->cdi_kind, err);
+        return rc != 0 ? rc : contract_cdi_kind_check(cfg->cdi_kind, err);
     }
     case O_WHOLE:
         cfg->whole_gpus = true;

@@ -240,6 +240,10 @@ typedef struct dra_config {
     char plugin_dir[1024];   /* kubelet's plugins folder; the socket is <dir>/gpu.kgpu.io/dra.sock */
     char registry_dir[1024]; /* kubelet's plugins_registry folder */
     int resync_s;            /* how often the slice is checked against the API server */
+    /* --gpu-cdi-kind: each device is also named as "<kind>=<uuid>" (NVIDIA's own
+     * CDI spec, nvidia-ctk's), so that the runtime gives the GPU without
+     * NVIDIA_VISIBLE_DEVICES; "" = not named (the variable in kgpu's spec alone). */
+    char gpu_cdi_kind[128];
 } dra_config;
 
 /* Runs the driver until *stop; 0 on a clean stop. */

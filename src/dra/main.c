@@ -37,6 +37,10 @@ static const char usage[] =
     "  --registry-dir DIR    kubelet's plugin registry (default "
     "/var/lib/kubelet/plugins_registry)\n"
     "  --memory-unit QTY     unit of the gpushare-compatible env variables (default 1Gi)\n"
+    "  --gpu-cdi-kind KIND   also name each GPU as the CDI device KIND=<uuid> (nvidia.com/gpu:\n"
+    "                        NVIDIA's spec, nvidia-ctk cdi generate), for runtimes that ignore\n"
+    "                        NVIDIA_VISIBLE_DEVICES from unprivileged containers; 'none'\n"
+    "                        (default): not named\n"
     "  --resync SECONDS      how often the ResourceSlice is checked against the API server\n"
     "                        (default 300; it is written at once whenever the GPUs change)\n"
     "  --state-limit QTY     the largest filesystem STATE-DIR may be on (default 1Gi):\n"
@@ -45,7 +49,7 @@ static const char usage[] =
     "  --log-level LEVEL     debug, info, warn or error (default info)\n"
     "  --version, --help\n";
 
-enum { O_CDI = NODE_OPT_OWN, O_PLUGIN, O_REGISTRY, O_RESYNC };
+enum { O_CDI = NODE_OPT_OWN, O_PLUGIN, O_REGISTRY, O_RESYNC, O_GPU_CDI_KIND };
 
 static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_error *err)
 {
@@ -60,6 +64,21 @@ static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_
     case O_REGISTRY:
         return node_flag_copy(flag, arg, cfg->registry_dir, sizeof(cfg->registry_dir),
                               PATH_RESERVE, false, err);
+    case O_GPU_CDI_KIND:
+        if (strcmp(arg, "none") == 0) {
+            cfg->gpu_cdi_kind[0] = '\0';
+            return 0;
+        }
+        if (strlen(arg) >= sizeof(cfg->gpu_cdi_kind))
+            return kgpu_error_set(err, KGPU_EINVAL, "--gpu-cdi-kind: at most %zu characters",
+                                  sizeof(cfg->gpu_cdi_kind) - 1);
+        snprintf(cfg->gpu_cdi_kind, sizeof(cfg->gpu_cdi_kind), "%s", arg);
+        if (contract_cdi_kind_check(arg, err) != 0) {
+            char why[sizeof(err->msg)];
+            snprintf(why, sizeof(why), "%s", err->msg);
+            return kgpu_error_set(err, KGPU_EINVAL, "--gpu-cdi-kind %s", why);
+        }
+        return 0;
     case O_RESYNC: {
         char *end;
         long v = strtol(arg, &end, 10);
@@ -82,6 +101,7 @@ static int parse(int argc, char **argv, dra_config *cfg, kgpu_error *err)
         {"plugin-dir", required_argument, NULL, O_PLUGIN},
         {"registry-dir", required_argument, NULL, O_REGISTRY},
         {"resync", required_argument, NULL, O_RESYNC},
+        {"gpu-cdi-kind", required_argument, NULL, O_GPU_CDI_KIND},
         {NULL, 0, NULL, 0},
     };
     memset(cfg, 0, sizeof(*cfg));

@@ -121,7 +121,10 @@ static int claim_devices(const driver *d, const dra_claim *c, bool v1, prep_one 
     size_t n = (size_t)c->nallocs;
     size_t ids = (size_t)c->nreqs;
     size_t idlen = DRA_UID_MAX + DRA_REQ_MAX + 16;
-    char *block = calloc(1, n * (sizeof(pb_device) + sizeof(pb_device *) + 2 * sizeof(char *)) +
+    const char *gkind = d->cfg->gpu_cdi_kind;
+    size_t gpulen = sizeof(d->cfg->gpu_cdi_kind) + KGPU_GPU_UUID_MAX + 2;
+    char *block = calloc(1, n * (sizeof(pb_device) + sizeof(pb_device *) + 3 * sizeof(char *) +
+                                 gpulen) +
                                 ids * idlen + 1);
     if (block == NULL)
         return -1;
@@ -129,8 +132,9 @@ static int claim_devices(const driver *d, const dra_claim *c, bool v1, prep_one 
     pb_device *devs = (pb_device *)block;
     pb_device **ptrs = (pb_device **)(devs + n);
     char **names = (char **)(ptrs + n);   /* request_names: one each */
-    char **cdis = names + n;              /* cdi_device_ids: one each, or none */
-    char *idtext = (char *)(cdis + n);
+    char **cdis = names + n;              /* cdi_device_ids: two each at most */
+    char *idtext = (char *)(cdis + 2 * n);
+    char *gputext = idtext + ids * idlen; /* "<gpu kind>=<uuid>", one each */
     bool served[DRA_MAX_REQUESTS] = {false};
     for (int r = 0; r < c->nreqs; r++)
         dra_cdi_id(c, r, idtext + (size_t)r * idlen, idlen);
@@ -147,11 +151,22 @@ static int claim_devices(const driver *d, const dra_claim *c, bool v1, prep_one 
          * gives a container the IDs of every device of the requests it uses,
          * and the same ID twice would mount everything twice.
          */
+        char **mine = &cdis[2 * i];
+        size_t nmine = 0;
         if (!served[a->req]) {
             served[a->req] = true;
-            cdis[i] = idtext + (size_t)a->req * idlen;
-            devs[i].n_cdi_device_ids = 1;
-            devs[i].cdi_device_ids = &cdis[i];
+            mine[nmine++] = idtext + (size_t)a->req * idlen;
+        }
+        /* The GPU itself in NVIDIA's spec: device nodes and driver libraries
+         * that the runtime adds whatever the container's environment says. */
+        if (gkind[0] != '\0') {
+            char *g = gputext + i * gpulen;
+            snprintf(g, gpulen, "%s=%s", gkind, a->uuid);
+            mine[nmine++] = g;
+        }
+        if (nmine > 0) {
+            devs[i].n_cdi_device_ids = nmine;
+            devs[i].cdi_device_ids = mine;
         }
         if (v1 && a->share_id[0] != '\0')
             devs[i].share_id = (char *)a->share_id;

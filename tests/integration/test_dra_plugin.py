@@ -506,6 +506,26 @@ class DraPluginTest(unittest.TestCase):
         self.assertEqual(ctx.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertEqual(self.register()[1], "v1.DRAPlugin")
 
+    def test_gpus_named_in_nvidias_cdi_spec(self):
+        """--gpu-cdi-kind: each device also names its GPU in NVIDIA's CDI spec, so the
+        runtime gives it where NVIDIA_VISIBLE_DEVICES from unprivileged containers is
+        ignored (docs/security.md); kgpu's own device still once per request."""
+        pair = self.api.put_claim(claim("pair", [result("gpu-0", request="pair"),
+                                                 result("gpu-1", request="pair")]))
+        ref = ("team-a", pair["metadata"]["uid"], "pair")
+        self.start(["--gpu-cdi-kind", "nvidia.com/gpu"])
+        got = self.kubelet.prepare(self.dra_sock, "v1.DRAPlugin", [ref])[ref[1]]
+        self.assertEqual(got.error, "")
+        self.assertEqual([list(x.cdi_device_ids) for x in got.devices],
+                         [["kgpu.io/gpu=%s-pair" % ref[1], "nvidia.com/gpu=GPU-aaaa0000"],
+                          ["nvidia.com/gpu=GPU-aaaa0001"]])
+        self.stop()
+        for bad in ("nvidia.com", "nvidia.com/gpu/x", "-bad/gpu", "a" * 200 + "/gpu"):
+            r = subprocess.run([ARGS.plugin, "--gpu-cdi-kind", bad, "--node-name", NODE],
+                               capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(r.returncode, 0, bad)
+            self.assertIn("--gpu-cdi-kind", r.stderr + r.stdout, bad)
+
     def test_corrupt_checkpoint_refuses_to_start(self):
         os.makedirs(self.state)
         with open(os.path.join(self.state, "checkpoint.json"), "w") as f:

@@ -544,12 +544,12 @@ static void test_cdi_kind_check(void **state)
 {
     (void)state;
     kgpu_error err = {0};
-    assert_int_equal(dp_cdi_kind_check("nvidia.com/gpu", &err), 0);
-    assert_int_equal(dp_cdi_kind_check("k8s.device-plugin.nvidia.com/gpu", &err), 0);
+    assert_int_equal(contract_cdi_kind_check("nvidia.com/gpu", &err), 0);
+    assert_int_equal(contract_cdi_kind_check("k8s.device-plugin.nvidia.com/gpu", &err), 0);
     const char *bad[] = {"", "gpu", "nvidia.com/", "/gpu", "a/b/c", "nvidia.com/gpu=0",
                          "-x.com/gpu", "nvidia.com/g.pu", "nvidia com/gpu"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        assert_int_equal(dp_cdi_kind_check(bad[i], &err), KGPU_EINVAL);
+        assert_int_equal(contract_cdi_kind_check(bad[i], &err), KGPU_EINVAL);
         assert_non_null(strstr(err.msg, "<vendor>/<class>"));
     }
 }
