@@ -72,7 +72,7 @@ void ext_verb_prioritize(ext_ctx *d, json_t *args, fast_names *fast, ext_respons
      * slice, a relist, a bind), the pod is scored from the snapshot the
      * last holder published (snapshot.c) and is not learned as an arrival.
      */
-    if (rc != 0 || !plain) {
+    if (rc != 0 || !plain || d->state->gpuless.always_lock) {
         pthread_mutex_lock(&d->state->mu);
     } else if (pthread_mutex_trylock(&d->state->mu) != 0) {
         if (ext_gpuless_scores(d->state, pod->cpu_milli, pod->memory_mib, names, n, scores))

@@ -221,6 +221,7 @@ typedef struct ext_gpuless_snaps {
     ext_gpuless_snap *retired[EXT_GPULESS_RETIRED_MAX];
     int nretired;
     atomic_ulong published, stale_answers; /* counted for tests and the benchmark */
+    bool always_lock; /* benchmarks only: prioritize-gpuless waits for st->mu, as before snapshots */
 } ext_gpuless_snaps;
 
 typedef struct ext_state {
