@@ -14,6 +14,8 @@ echo "== bench_sim"
 "$BUILD"/bench/bench_sim "$TRACE"
 echo "== bench_extender"
 "$BUILD"/bench/bench_extender "$BUILD"/kgpu-extender 5 2
+echo "== bench_sweep (tenants' unschedulable pods: the table's memory; prioritize-gpuless during a sweep)"
+"$BUILD"/bench/bench_sweep 100 3
 echo "== bench_policy (one decision on a 5,000-node cluster)"
 "$BUILD"/bench/bench_policy 5000 9
 echo "== bench_shim (cuMemAlloc+cuMemFree pair, with and without libkgpu-limit.so)"

@@ -25,6 +25,12 @@
  * class gpu.kgpu.io (dra_claims.c) on the DRA nodes, 0 elsewhere, and 0
  * everywhere when its claims give none (logged).
  * Each pod is scored by exactly one of the two verbs.
+ *
+ * kube-scheduler waits for prioritize-gpuless for every pod, one pod at a
+ * time, so a pod without a GPU does not wait for the state lock: when
+ * another thread holds it, the pod is scored from the per-node snapshot
+ * the last holder published (snapshot.c: nodes where its CPU leaves the
+ * least GPU compute short of CPU score highest), and is not learned.
  */
 void ext_verb_prioritize(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r,
                               bool gpuless)
@@ -59,7 +65,20 @@ void ext_verb_prioritize(ext_ctx *d, json_t *args, fast_names *fast, ext_respons
     bool dra = gpuless && pod->nparts == 0 && invalid[0] == '\0' &&
                json_array_size(json_object_get(json_object_get(pj, "spec"), "resourceClaims")) > 0;
     char dra_why[2 * REASON_MAX] = ""; /* why a DRA pod scores 0 everywhere */
-    pthread_mutex_lock(&d->state->mu);
+    bool plain = gpuless && !dra && pod->nparts == 0 && invalid[0] == '\0' &&
+                 (pod->cpu_milli > 0 || pod->memory_mib > 0);
+    /*
+     * A pod without a GPU never waits for the state lock: held (a sweep
+     * slice, a relist, a bind), the pod is scored from the snapshot the
+     * last holder published (snapshot.c) and is not learned as an arrival.
+     */
+    if (rc != 0 || !plain || d->state->gpuless.always_lock) {
+        pthread_mutex_lock(&d->state->mu);
+    } else if (pthread_mutex_trylock(&d->state->mu) != 0) {
+        if (ext_gpuless_scores(d->state, pod->cpu_milli, pod->memory_mib, names, n, scores))
+            goto reply;
+        pthread_mutex_lock(&d->state->mu); /* nothing published yet */
+    }
     if (rc == 0 && !gpuless) {
         rc = ext_check_pod(d, pod, &p, invalid, sizeof(invalid));
         req = pod->nparts > 0 && invalid[0] == '\0' ? &pod->parts[0].req : NULL;
@@ -115,7 +134,10 @@ void ext_verb_prioritize(ext_ctx *d, json_t *args, fast_names *fast, ext_respons
         free(known);
         free(ks);
     }
+    if (plain)
+        ext_gpuless_publish(d->state); /* for the next one, should the lock be busy then */
     pthread_mutex_unlock(&d->state->mu);
+reply:
     if (rc != 0) { /* out of memory; the node indices are the state's own */
         ext_reply_json(r, 500, json_pack("{s:s}", "Error", err.msg[0] ? err.msg : "out of memory"));
         goto out;

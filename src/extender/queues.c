@@ -484,11 +484,9 @@ bool ext_queues_rows(ext_state *st, ext_queue_row **rows, int *n, ext_eviction *
         const ext_filtered *f = kgpu_strmap_get(&st->pending, u->uid);
         if (f != NULL && f->waiting != EXT_WAIT_NONE)
             continue; /* counted above */
-        char label[KGPU_QUEUE_NAME_MAX + 1], name[KGPU_QUEUE_NAME_MAX + 1], why[256];
-        int priority;
-        ext_pod_queue_fields(u->pod, label, sizeof(label), &priority);
+        char name[KGPU_QUEUE_NAME_MAX + 1], why[256];
         pending_on_path(st, r,
-                        ext_queues_resolve(st, u->ns, label, name, sizeof(name), why, sizeof(why)));
+                        ext_queues_resolve(st, u->ns, u->label, name, sizeof(name), why, sizeof(why)));
     }
     *rows = r;
     *n = count;
@@ -516,12 +514,33 @@ static bool pod_unschedulable(const json_t *obj)
     return false;
 }
 
+/* Entries of namespace ns in the table. */
+static intptr_t ns_count(ext_state *st, const char *ns)
+{
+    return (intptr_t)kgpu_strmap_get(&st->unsched_ns, ns);
+}
+
+static void ns_add(ext_state *st, const char *ns, intptr_t d)
+{
+    intptr_t n = ns_count(st, ns) + d;
+    if (n <= 0)
+        kgpu_strmap_del(&st->unsched_ns, ns);
+    else
+        kgpu_strmap_put(&st->unsched_ns, ns, (void *)n, NULL);
+}
+
+static void unsched_free(ext_unsched *u)
+{
+    free(u->globs);
+    free(u);
+}
+
 void ext_unsched_drop(ext_state *st, const char *uid)
 {
     ext_unsched *u = kgpu_strmap_del(&st->unsched, uid);
     if (u != NULL) {
-        json_decref(u->pod);
-        free(u);
+        ns_add(st, u->ns, -1);
+        unsched_free(u);
     }
 }
 
@@ -530,13 +549,109 @@ void ext_unsched_clear(ext_state *st)
     const char *k;
     void *v;
     size_t it = 0;
-    while (kgpu_strmap_next(&st->unsched, &it, &k, &v)) {
-        ext_unsched *u = v;
-        json_decref(u->pod);
-        free(u);
-    }
+    while (kgpu_strmap_next(&st->unsched, &it, &k, &v))
+        unsched_free(v);
     kgpu_strmap_clear(&st->unsched);
     kgpu_strmap_init(&st->unsched);
+    kgpu_strmap_clear(&st->unsched_ns);
+    kgpu_strmap_init(&st->unsched_ns);
+}
+
+/*
+ * The table is full and a pod of namespace ns is new: the namespace with
+ * the most entries gives up its lowest-priority, most recent one, unless
+ * ns would then have as many. So one tenant's flood (at most
+ * EXT_UNSCHED_NS_MAX, and however many namespaces it has) shrinks toward
+ * an equal share and never keeps another namespace's pods out. Whether room was made.
+ */
+static bool make_room(ext_state *st, const char *ns)
+{
+    const char *k, *big = NULL;
+    void *v;
+    size_t it = 0;
+    intptr_t most = 0;
+    while (kgpu_strmap_next(&st->unsched_ns, &it, &k, &v))
+        if ((intptr_t)v > most)
+            most = (intptr_t)v, big = k;
+    if (big == NULL || ns_count(st, ns) + 1 >= most)
+        return false;
+    const ext_unsched *out = NULL;
+    it = 0;
+    while (kgpu_strmap_next(&st->unsched, &it, &k, &v)) {
+        const ext_unsched *u = v;
+        if (strcmp(u->ns, big) == 0 &&
+            (out == NULL || u->priority < out->priority ||
+             (u->priority == out->priority && u->since > out->since)))
+            out = u;
+    }
+    if (out == NULL)
+        return false;
+    char uid[sizeof(out->uid)];
+    snprintf(uid, sizeof(uid), "%s", out->uid);
+    ext_unsched_drop(st, uid);
+    return true;
+}
+
+/* u's fields from the pod: what the sweep reads, nothing else. false: out of memory. */
+static bool unsched_fill(ext_unsched *u, const json_t *obj, const kgpu_pod *pod)
+{
+    ext_pod_queue_fields(obj, u->label, sizeof(u->label), &u->priority);
+    snprintf(u->policy, sizeof(u->policy), "%s", pod->policy);
+    u->nparts = pod->nparts;
+    u->req = pod->parts[0].req;
+    u->req.allow = u->req.exclude = NULL;
+    u->req.nallow = u->req.nexclude = 0;
+    free(u->globs);
+    u->globs = NULL;
+    u->nallow = pod->nallow;
+    u->nexclude = pod->nexclude;
+    int n = pod->nallow + pod->nexclude;
+    if (n == 0)
+        return true;
+    if ((u->globs = calloc((size_t)n, sizeof(*u->globs))) == NULL)
+        return false;
+    for (int i = 0; i < n; i++)
+        snprintf(u->globs[i], sizeof(u->globs[i]), "%s",
+                 i < pod->nallow ? pod->allow[i] : pod->exclude[i - pod->nallow]);
+    return true;
+}
+
+void ext_unsched_pod(const ext_unsched *u, kgpu_pod *pod)
+{
+    memset(pod, 0, sizeof(*pod));
+    snprintf(pod->uid, sizeof(pod->uid), "%s", u->uid);
+    snprintf(pod->ns, sizeof(pod->ns), "%s", u->ns);
+    snprintf(pod->name, sizeof(pod->name), "%s", u->name);
+    snprintf(pod->policy, sizeof(pod->policy), "%s", u->policy);
+    pod->cpu_milli = u->req.cpu_milli;
+    pod->memory_mib = u->req.memory_mib;
+    pod->nallow = u->nallow;
+    pod->nexclude = u->nexclude;
+    for (int i = 0; i < u->nallow + u->nexclude; i++) {
+        char *buf = i < u->nallow ? pod->allow_buf[i] : pod->exclude_buf[i - u->nallow];
+        snprintf(buf, KGPU_GLOB_MAX, "%s", u->globs[i]);
+        if (i < u->nallow)
+            pod->allow[i] = buf;
+        else
+            pod->exclude[i - u->nallow] = buf;
+    }
+    pod->nparts = u->nparts > 0 ? 1 : 0; /* the sweep passes over the others */
+    snprintf(pod->parts[0].container, sizeof(pod->parts[0].container), "main");
+    pod->parts[0].req = u->req;
+    pod->parts[0].req.allow = pod->allow;
+    pod->parts[0].req.nallow = pod->nallow;
+    pod->parts[0].req.exclude = pod->exclude;
+    pod->parts[0].req.nexclude = pod->nexclude;
+}
+
+/*
+ * Queues known to be off (GPUQueues listed, none in force): the sweep has
+ * nothing to do, so nothing is kept. Before the first list the table
+ * fills, so that pods seen first are not missed when queues come.
+ */
+static bool queues_off(const ext_state *st)
+{
+    return st->queues == NULL && (st->gpuqueues != NULL || st->gpuqueue_crd_absent);
 }
 
 void ext_unsched_seen(ext_state *st, const json_t *obj, const kgpu_pod *pod)
@@ -544,31 +659,30 @@ void ext_unsched_seen(ext_state *st, const json_t *obj, const kgpu_pod *pod)
     const json_t *meta = json_object_get(obj, "metadata");
     bool waits = pod->node[0] == '\0' && !pod->terminal && pod->nparts > 0 &&
                  json_object_get(meta, "deletionTimestamp") == NULL && pod_unschedulable(obj);
-    if (!waits) {
+    if (!waits || queues_off(st)) {
         ext_unsched_drop(st, pod->uid);
         return;
     }
-    json_t *copy = json_deep_copy(obj); /* the watch's object is borrowed */
-    if (copy == NULL)
-        return;
+    char ns[64];
+    snprintf(ns, sizeof(ns), "%.63s", pod->ns);
     ext_unsched *u = kgpu_strmap_get(&st->unsched, pod->uid);
     if (u != NULL) {
-        json_decref(u->pod);
-        u->pod = copy;
+        if (!unsched_fill(u, obj, pod))
+            ext_unsched_drop(st, pod->uid);
         return;
     }
-    if (st->unsched.len >= EXT_UNSCHED_MAX || strlen(pod->uid) >= sizeof(u->uid) ||
-        (u = calloc(1, sizeof(*u))) == NULL) {
-        json_decref(copy);
-        return; /* bounded: its filter calls still reclaim for it, if any come */
-    }
+    /* Bounded: a pod left out still has its filter calls reclaim for it, if any come. */
+    if (strlen(pod->uid) >= sizeof(u->uid) || ns_count(st, ns) >= EXT_UNSCHED_NS_MAX ||
+        (st->unsched.len >= EXT_UNSCHED_MAX && !make_room(st, ns)) ||
+        (u = calloc(1, sizeof(*u))) == NULL)
+        return;
     u->since = ext_now();
     snprintf(u->uid, sizeof(u->uid), "%s", pod->uid);
-    snprintf(u->ns, sizeof(u->ns), "%.63s", pod->ns);
+    snprintf(u->ns, sizeof(u->ns), "%s", ns);
     snprintf(u->name, sizeof(u->name), "%s", pod->name);
-    u->pod = copy;
-    if (!kgpu_strmap_put(&st->unsched, u->uid, u, NULL)) {
-        json_decref(copy);
-        free(u);
+    if (!unsched_fill(u, obj, pod) || !kgpu_strmap_put(&st->unsched, u->uid, u, NULL)) {
+        unsched_free(u);
+        return;
     }
+    ns_add(st, u->ns, 1);
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "state_impl.h"
 
@@ -611,11 +612,11 @@ void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v
     }
 }
 
-/* Highest priority first, then the longest waiting. */
+/* Highest priority first, then the longest waiting. Copied: entries may go between slices. */
 typedef struct sweep_cand {
-    ext_unsched *u;
+    char uid[64];
     int priority;
-    char label[KGPU_QUEUE_NAME_MAX + 1]; /* its kgpu.io/queue label, "" without one */
+    double since;
 } sweep_cand;
 
 static int cmp_cand(const void *a, const void *b)
@@ -623,7 +624,7 @@ static int cmp_cand(const void *a, const void *b)
     const sweep_cand *x = a, *y = b;
     if (x->priority != y->priority)
         return x->priority > y->priority ? -1 : 1;
-    return (x->u->since > y->u->since) - (x->u->since < y->u->since);
+    return (x->since > y->since) - (x->since < y->since);
 }
 
 /* Whether the pod's one GPU request fits some node as it is now, room held for others aside. */
@@ -639,6 +640,26 @@ static bool fits_somewhere(ext_state *st, const kgpu_pod *pod)
             ext_reclaim_hold_taken(st, i, pod->uid, reqs, 1) == NULL)
             return true; /* a DRA node serves no device-plugin pod */
     return false;
+}
+
+/*
+ * Ends a slice once it has held st->mu for st->sweep_slice_s: releases it
+ * for EXT_SWEEP_YIELD_US (a waiter woken by the release gets it) and takes
+ * it again. The start of a slice publishes what prioritize-gpuless scores
+ * from, the cluster being as it will stay until the slice ends.
+ */
+static void sweep_slice(ext_state *st, double *started)
+{
+    double now = ext_now();
+    if (now - *started < st->sweep_slice_s)
+        return;
+    pthread_mutex_unlock(&st->mu);
+    struct timespec ts = {0, EXT_SWEEP_YIELD_US * 1000L};
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&st->mu);
+    *started = ext_now();
+    st->sweep_slices++;
+    ext_gpuless_publish(st);
 }
 
 int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max)
@@ -657,22 +678,32 @@ int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max)
     void *v;
     size_t it = 0;
     while (kgpu_strmap_next(&st->unsched, &it, &k, &v) && n < cap) {
-        c[n].u = v;
-        ext_pod_queue_fields(c[n].u->pod, c[n].label, sizeof(c[n].label), &c[n].priority);
+        const ext_unsched *u = v;
+        snprintf(c[n].uid, sizeof(c[n].uid), "%s", u->uid);
+        c[n].priority = u->priority;
+        c[n].since = u->since;
         n++;
     }
     qsort(c, n, sizeof(*c), cmp_cand);
-    double now = ext_now();
+    double now = ext_now(), started = now;
+    st->sweep_slices++;
+    ext_gpuless_publish(st);
     int nact = 0;
     for (size_t i = 0; i < n && nact < max; i++) {
-        ext_unsched *u = c[i].u;
+        if (i > 0)
+            sweep_slice(st, &started);
+        ext_unsched *u = kgpu_strmap_get(&st->unsched, c[i].uid);
+        if (st->queues == NULL)
+            break; /* turned off meanwhile */
+        if (u == NULL)
+            continue; /* bound or gone meanwhile */
         kgpu_error err;
         kgpu_error_clear(&err);
         char qname[KGPU_QUEUE_NAME_MAX + 1], why[256], msg[200];
-        if (kgpu_pod_from_json(u->pod, st->cfg->memory_unit_mib, pod, &err) != 0 ||
-            pod->nparts != 1 || ext_state_compile(st, pod, &err) != 0)
+        ext_unsched_pod(u, pod);
+        if (pod->nparts != 1 || ext_state_compile(st, pod, &err) != 0)
             continue; /* reclaim places pods of one GPU container only */
-        int q = ext_queues_resolve(st, pod->ns, c[i].label, qname, sizeof(qname), why,
+        int q = ext_queues_resolve(st, pod->ns, u->label, qname, sizeof(qname), why,
                                    sizeof(why));
         if (q < 0)
             continue;

@@ -32,6 +32,8 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->reclaims);
     kgpu_strmap_init(&st->refused);
     kgpu_strmap_init(&st->unsched);
+    kgpu_strmap_init(&st->unsched_ns);
+    st->sweep_slice_s = EXT_SWEEP_SLICE_MS / 1000.0;
     kgpu_strmap_init(&st->dra_nodes);
     kgpu_strmap_init(&st->dra_slices);
     kgpu_strmap_init(&st->dra_claims);
@@ -78,6 +80,8 @@ void ext_state_destroy(ext_state *st)
     for (size_t m = 0; m < sizeof(owning) / sizeof(owning[0]); m++)
         kgpu_strmap_clear_free(owning[m]);
     ext_unsched_clear(st);
+    kgpu_strmap_clear(&st->unsched_ns);
+    ext_gpuless_free_all(st);
     kgpu_queues_free(st->queues);
     kgpu_queues_free(st->queues_spec);
     json_decref(st->gpuqueues);

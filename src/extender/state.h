@@ -165,14 +165,27 @@ typedef struct ext_eviction {
 typedef struct ext_unsched {
     double since; /* monotonic: first seen unschedulable; first (reclaim_state.c expire) */
     char uid[64], ns[64], name[KGPU_NAME_MAX + 1];
-    json_t *pod;      /* the trimmed object, owned */
+    /*
+     * Only what the sweep reads, copied out of the pod: never its JSON, so
+     * an entry is this size (plus its model globs) whatever the pod's size.
+     */
+    char label[KGPU_QUEUE_NAME_MAX + 1]; /* its kgpu.io/queue label, "" without one */
+    int priority;                        /* spec.priority */
+    char policy[32];                     /* kgpu.io/policy, "" when unset */
+    int nparts;                          /* GPU containers: the sweep reclaims for one only */
+    kgpu_request req; /* the first part's, with the pod's CPU and memory; uncompiled, no globs */
+    int nallow, nexclude;
+    char (*globs)[KGPU_GLOB_MAX]; /* allowed then excluded model globs; NULL when none; owned */
     double event_at;  /* monotonic: when the last Event was posted about it (0: none) */
     char event[256];  /* that Event's message: the same one is not posted again soon */
 } ext_unsched;
 
 #define EXT_UNSCHED_MAX     4096 /* unschedulable pods followed at once; more are not swept */
+#define EXT_UNSCHED_NS_MAX  256  /* of which from one namespace: one tenant cannot fill the table */
 #define EXT_SWEEP_MS        2000 /* how often the leader looks at them */
 #define EXT_SWEEP_PODS      16   /* reclaims started per sweep, highest priority first */
+#define EXT_SWEEP_SLICE_MS  5    /* the sweep holds st->mu at most about this long at a time */
+#define EXT_SWEEP_YIELD_US  500  /* and then lets others take it for this long */
 #define EXT_EVENT_REPEAT_S  60   /* the same Event about a pod, at most this often */
 
 /* A pod remembered from filter for its bind. */
@@ -185,6 +198,45 @@ typedef struct ext_filtered {
     char queue[KGPU_QUEUE_NAME_MAX + 1]; /* the queue it waits in */
     struct ext_filtered *older, *newer; /* by when last filtered: evicted oldest first */
 } ext_filtered;
+
+/*
+ * What prioritize-gpuless scores pods without a GPU from when st->mu is
+ * busy (snapshot.c): per node, its CPU and memory free and its free GPU
+ * compute, as of the last publication. Immutable once published.
+ */
+typedef struct ext_gpuless_node {
+    const char *name; /* into the snapshot's own copy */
+    int64_t cpu_milli, cpu_free, memory_free;
+    int ngpus;      /* healthy GPUs */
+    int free_milli; /* compute free over them */
+} ext_gpuless_node;
+
+typedef struct ext_gpuless_snap {
+    const void *cluster; /* the cluster it was taken of: compared, never dereferenced */
+    int n;
+    ext_gpuless_node *node; /* sorted by name */
+    uint64_t *version;      /* node versions in cluster order: whether it is stale */
+    char *names;
+} ext_gpuless_snap;
+
+#define EXT_GPULESS_RETIRED_MAX 8 /* old snapshots awaiting their readers; more: not republished */
+
+/*
+ * Threads (snapshot.c): `cur` is written only by a thread holding st->mu
+ * (ext_gpuless_publish), read by any thread without it between
+ * ext_gpuless_enter and ext_gpuless_leave, which count `readers`. A
+ * snapshot replaced goes to `retired` (st->mu's) and is freed by the next
+ * publisher that sees no reader: one that entered after the swap reads the
+ * new one, so none can still hold an old one.
+ */
+typedef struct ext_gpuless_snaps {
+    _Atomic(ext_gpuless_snap *) cur;
+    atomic_int readers;
+    ext_gpuless_snap *retired[EXT_GPULESS_RETIRED_MAX];
+    int nretired;
+    atomic_ulong published, stale_answers; /* counted for tests and the benchmark */
+    bool always_lock; /* benchmarks only: prioritize-gpuless waits for st->mu, as before snapshots */
+} ext_gpuless_snaps;
 
 typedef struct ext_state {
     pthread_mutex_t mu;
@@ -222,6 +274,10 @@ typedef struct ext_state {
     kgpu_strmap reclaims; /* waiting pod uid -> ext_reclaim* (reclaim_state.c), at most EXT_RECLAIMS_MAX */
     kgpu_strmap refused;  /* victim uid -> its refusal (reclaim_state.c), at most EXT_REFUSED_MAX */
     kgpu_strmap unsched;  /* uid -> ext_unsched*: unschedulable GPU pods, at most EXT_UNSCHED_MAX */
+    kgpu_strmap unsched_ns; /* namespace -> (intptr) its entries in unsched, at most EXT_UNSCHED_NS_MAX */
+    double sweep_slice_s;   /* EXT_SWEEP_SLICE_MS; tests and benchmarks change it */
+    unsigned long sweep_slices; /* holds of the lock the sweeps took, ever (tests) */
+    ext_gpuless_snaps gpuless; /* what prioritize-gpuless scores from without st->mu (snapshot.c) */
     char queues_error[KGPU_ERROR_MSG_MAX]; /* why the last tree given was refused; "" */
     /* Cluster mode (sink.c): GPUQueues by name, cut to name, generation, spec, status. */
     json_t *gpuqueues;
@@ -490,13 +546,18 @@ void ext_reclaim_hold_reason(const ext_reclaim *h, const char *viewer, char *buf
 /*
  * A pod from the watch (trimmed, with its PodScheduled condition kept):
  * follows it while it is unbound, asks for GPUs and is unschedulable;
- * forgets it otherwise. Caller holds st->mu.
+ * forgets it otherwise. Keeps the fields the sweep reads (ext_unsched), at
+ * most EXT_UNSCHED_NS_MAX per namespace; a full table makes room from the
+ * namespace with the most entries. Nothing while queues are known off.
+ * Caller holds st->mu.
  */
 void ext_unsched_seen(ext_state *st, const json_t *obj, const kgpu_pod *pod);
 /* Forgets the pod (gone or bound). Caller holds st->mu. */
 void ext_unsched_drop(ext_state *st, const char *uid);
 /* Forgets every pod (a relist is about to show them again). Caller holds st->mu. */
 void ext_unsched_clear(ext_state *st);
+/* The pod an entry stands for, as the sweep reads it: one GPU part (none when it had several). */
+void ext_unsched_pod(const ext_unsched *u, kgpu_pod *pod);
 
 /* What one sweep decided for one pod, to carry out once st->mu is released. */
 typedef struct ext_sweep_act {
@@ -512,7 +573,10 @@ typedef struct ext_sweep_act {
  * then longest waiting, first; at most `max`) whose queue is within its
  * guarantee and whose GPU request fits no node, starts a reclaim as filter
  * would (ext_queues_reclaim). Fills acts[0..return) with the evictions and
- * Events to carry out. Caller holds st->mu.
+ * Events to carry out. Caller holds st->mu; the sweep releases it for
+ * EXT_SWEEP_YIELD_US whenever it has held it for st->sweep_slice_s, so
+ * that no verb waits for a whole sweep (state may change between slices:
+ * each pod is decided under one hold).
  */
 int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max);
 
@@ -533,6 +597,25 @@ typedef struct ext_queue_row {
  * and *n 0 when queues are off. false: out of memory.
  */
 bool ext_queues_rows(ext_state *st, ext_queue_row **rows, int *n, ext_eviction *ev, int *nev);
+
+/* ---- prioritize-gpuless without the lock (snapshot.c) ---- */
+
+/*
+ * Publishes a new snapshot of the cluster when the published one is stale
+ * (another cluster, or a node changed since). Caller holds st->mu.
+ */
+void ext_gpuless_publish(ext_state *st);
+/*
+ * Without st->mu: 0-10 scores of nodes `names` (n) for a pod without a GPU
+ * asking cpu_milli and memory_mib, from the published snapshot: nodes where
+ * its CPU leaves their free GPUs short of CPU the least first. A node the
+ * snapshot lacks, or that has not the CPU or memory, scores 0. false when
+ * nothing was published yet (scores untouched).
+ */
+bool ext_gpuless_scores(ext_state *st, int64_t cpu_milli, int64_t memory_mib,
+                        const char *const *names, int n, int *scores);
+/* Frees every snapshot: no reader may be left. Caller holds st->mu (or is the last user). */
+void ext_gpuless_free_all(ext_state *st);
 
 /* ---- pods awaiting kubelet's Allocate (awaiting.c) ---- */
 

@@ -326,9 +326,11 @@ class HelmChartTest(unittest.TestCase):
             for key in ("bindVerb", "preemptVerb", "managedResources"):
                 self.assertNotIn(key, other)
             self.assertIs(other["ignorable"], True)
-            for key in ("urlPrefix", "enableHTTPS", "tlsConfig", "httpTimeout",
-                        "nodeCacheCapable", "weight"):
+            for key in ("urlPrefix", "enableHTTPS", "tlsConfig", "nodeCacheCapable", "weight"):
                 self.assertEqual(other.get(key), ext.get(key), key)
+            # Its own short timeout: kube-scheduler waits for it for every pod, one at a time.
+            self.assertEqual(other["httpTimeout"], "300ms")
+            self.assertNotEqual(ext["httpTimeout"], other["httpTimeout"])
         port = svc["spec"]["ports"][0]
         self.assertEqual(port["targetPort"], "http")
         if url_from_service:
