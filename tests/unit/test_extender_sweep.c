@@ -142,8 +142,8 @@ static int entries_of(fixture *f, const char *ns)
 static void test_flood_cannot_keep_others_out(void **state)
 {
     fixture *f = *state;
-    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}}\n"
-                  " - {name: team-b, guarantee: {gpu: 1}}\n");
+    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}, namespaceSelector: {}}\n"
+                  " - {name: team-b, guarantee: {gpu: 1}, namespaceSelector: {}}\n");
     bind(f, "b-0", "team-b", "n0", 4);
     bind(f, "b-1", "team-b", "n1", 4);
     int flooders = EXT_UNSCHED_MAX / EXT_UNSCHED_NS_MAX + 4;
@@ -180,7 +180,7 @@ static void test_flood_cannot_keep_others_out(void **state)
 static void test_seen_again_counts_once(void **state)
 {
     fixture *f = *state;
-    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}}\n");
+    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}, namespaceSelector: {}}\n");
     for (int i = 0; i < EXT_UNSCHED_NS_MAX + 10; i++)
         unschedulable(f, "team", "same", "team-a", 1 + i % 2, 64);
     assert_int_equal(f->st.unsched.len, 1);
@@ -199,8 +199,8 @@ static void test_seen_again_counts_once(void **state)
 static void test_sweep_lets_go_between_pods(void **state)
 {
     fixture *f = *state;
-    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}}\n"
-                  " - {name: team-b, guarantee: {gpu: 1}}\n");
+    set_queues(f, "queues:\n - {name: team-a, guarantee: {gpu: 4}, namespaceSelector: {}}\n"
+                  " - {name: team-b, guarantee: {gpu: 1}, namespaceSelector: {}}\n");
     bind(f, "b-0", "team-b", "n0", 4);
     bind(f, "b-1", "team-b", "n1", 4);
     for (int i = 0; i < 5; i++) {
