@@ -535,15 +535,12 @@ void kgpu_pod_json_trim(json_t *pod)
     keep_only(pod, pod_keep);
     json_t *meta = json_object_get(pod, "metadata");
     keep_only(meta, meta_keep);
-    json_t *ann = json_object_get(meta, "annotations");
-    const char *key;
-    void *tmp;
-    json_t *v;
-    json_object_foreach_safe(ann, tmp, key, v)
-    {
-        if (strncmp(key, "kgpu.io/", 8) != 0)
-            json_object_del(ann, key);
-    }
+    /* The annotations kgpu reads, not every kgpu.io/ one: a tenant may add any
+     * number of its own, of any size, which would otherwise be kept. */
+    static const char *const ann_keep[] = {
+        KGPU_ANN_TYPE,      KGPU_ANN_TYPE_EXCL, KGPU_ANN_POLICY,    KGPU_ANN_ASSIGNMENT,
+        KGPU_ANN_NODE,      KGPU_ANN_BIND_TIME, KGPU_ANN_ALLOCATED, NULL};
+    keep_only(json_object_get(meta, "annotations"), ann_keep);
     json_t *spec = json_object_get(pod, "spec");
     keep_only(spec, spec_keep);
     trim_containers(json_object_get(spec, "containers"));

@@ -82,7 +82,8 @@ int kgpu_pod_from_json(const json_t *pod, int64_t memory_unit_mib, kgpu_pod *out
 
 /*
  * Cuts a v1 Pod down, in place, to what kgpu reads of it: metadata name,
- * namespace, uid, deletionTimestamp and the kgpu.io/ annotations; spec
+ * namespace, uid, deletionTimestamp and the kgpu.io/ annotations kgpu reads
+ * (not others of that prefix, which any tenant may add); spec
  * nodeName, overhead, and each container's and init container's name,
  * resources and restartPolicy; status phase. kgpu_pod_from_json answers the
  * same for the result as for the whole pod (fuzz_podspec checks it). For the

@@ -856,8 +856,8 @@ class ControlPlaneSuite(unittest.TestCase):
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
         return path + "/" + name
 
-    def dra_pod(self, name, claim):
-        pod = pod_object(name, [("main", {})])
+    def dra_pod(self, name, claim, labels=None):
+        pod = pod_object(name, [("main", {})], labels=labels)
         c = pod["spec"]["containers"][0]
         c["resources"] = {"requests": {"cpu": "2"}, "claims": [{"name": "gpu"}]}
         pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
@@ -953,6 +953,43 @@ class ControlPlaneSuite(unittest.TestCase):
             self.assertGreaterEqual(self.ext.metric("kgpu_extender_requests_total", verb),
                                     calls + 3)
             self.assertEqual(self.ext.metric("kgpu_extender_invalid_pods_total", verb), 0)
+
+            # Claims count in GPU queues (issue 24): a queue limited to one GPU is charged
+            # the claim of its first DRA pod at allocation, and its second DRA pod is
+            # refused before kube-scheduler allocates (filter-gpuless), though a GPU is
+            # free; it goes once the first is gone.
+            self.queue("dra-team", {"limit": {"gpu": 1}})
+            lab = {"app": "kgpu-e2e", QLABEL: "dra-team"}
+
+            def used():
+                for q in self.ext.inspect().get("queues", []):
+                    if q["name"] == "dra-team":
+                        return q["used"]["gpu_milli"] or 0
+                return None
+            wait_for(lambda: used() == 0, 30, "the extender to read queue dra-team")
+            claims.append(self.dra_claim("whole-2"))
+            self.dra_pod("dra-whole-2", "whole-2", labels=lab)
+            second, _ = placed("dra-whole-2", claims[-1])
+            self.assertNotEqual(second, first, "the emptier node's pair is the only room")
+            wait_for(lambda: used() == 1000, 30, "the claim charged to dra-team (%r)" % used())
+            claims.append(self.dra_claim("whole-3"))
+            self.dra_pod("dra-whole-3", "whole-3", labels=lab)
+            msg = self.failed_scheduling("dra-whole-3")
+            self.assertIn("dra-team", msg)
+            self.assertIn("limit 1", msg)
+            self.assertEqual(allocation(claims[-1]), [], "refused before allocation")
+            cp.delete_pod(E2E_NS, "dra-whole-2")
+            wait_for(lambda: cp.get_pod(E2E_NS, "dra-whole-2") is None, 30, "dra-whole-2 gone")
+            cp.drop_claim(claims[-2])  # as the resourceclaim controller would
+            wait_for(lambda: used() == 0, 30, "the claim uncharged (%r)" % used())
+            nudge = self.nudger(every=5.0)
+
+            def bound3():
+                nudge()
+                return cp.get_pod(E2E_NS, "dra-whole-3")["spec"].get("nodeName")
+            wait_for(bound3, 90, "dra-whole-3 bound once dra-team has room")
+            self.assertEqual(placed("dra-whole-3", claims[-1])[0], second)
+            wait_for(lambda: used() == 1000, 30, "whole-3 charged (%r)" % used())
         finally:
             for ns, name in self.created:
                 cp.delete_pod(ns, name)

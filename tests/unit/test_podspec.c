@@ -793,6 +793,43 @@ static void test_malformed_pods(void **state)
     free(pod);
 }
 
+/* The trim keeps the annotations kgpu reads and nothing a tenant adds, whatever its prefix. */
+static void test_trim_keeps_only_what_kgpu_reads(void **state)
+{
+    (void)state;
+    char *big = malloc(1 << 20);
+    assert_non_null(big);
+    memset(big, 'x', (1 << 20) - 1);
+    big[(1 << 20) - 1] = '\0';
+    json_t *pod = json_q("{'metadata':{'name':'x','namespace':'t','uid':'u',"
+                         "'labels':{'a':'b'},'annotations':{'kgpu.io/gpu-type':'A100*',"
+                         "'kgpu.io/policy':'kgpu','other.io/x':'y'}},"
+                         "'spec':{'nodeName':'n','containers':[{'name':'main','image':'i',"
+                         "'resources':{'limits':{'kgpu.io/gpu-mem':'2'}}}]},"
+                         "'status':{'phase':'Running','conditions':[]}}");
+    json_t *ann = json_object_get(json_object_get(pod, "metadata"), "annotations");
+    json_object_set_new(ann, "kgpu.io/junk", json_string(big));
+    json_object_set_new(ann, "kgpu.io/assignment-copy", json_string(big));
+    free(big);
+    kgpu_pod before, after;
+    kgpu_error err;
+    assert_int_equal(kgpu_pod_from_json(pod, GIB_MIB, &before, &err), 0);
+    kgpu_pod_json_trim(pod);
+    ann = json_object_get(json_object_get(pod, "metadata"), "annotations");
+    assert_int_equal(json_object_size(ann), 2);
+    assert_non_null(json_object_get(ann, "kgpu.io/gpu-type"));
+    assert_non_null(json_object_get(ann, "kgpu.io/policy"));
+    char *text = json_dumps(pod, JSON_COMPACT);
+    assert_non_null(text);
+    assert_true(strlen(text) < 1024); /* 2 MiB of a tenant's annotations gone */
+    free(text);
+    assert_int_equal(kgpu_pod_from_json(pod, GIB_MIB, &after, &err), 0);
+    assert_int_equal(after.nallow, before.nallow);
+    assert_string_equal(after.policy, before.policy);
+    assert_int_equal(after.parts[0].req.gpu_memory_mib, before.parts[0].req.gpu_memory_mib);
+    json_decref(pod);
+}
+
 /* ---- kgpu.io/assignment ---- */
 
 static void test_assignment_round_trip(void **state)
@@ -1341,6 +1378,7 @@ int main(void)
         cmocka_unit_test(test_annotations),
         cmocka_unit_test(test_terminal),
         cmocka_unit_test(test_malformed_pods),
+        cmocka_unit_test(test_trim_keeps_only_what_kgpu_reads),
         cmocka_unit_test(test_assignment_round_trip),
         cmocka_unit_test(test_assignment_parse_errors),
         cmocka_unit_test(test_gpus_annotation_round_trip),
