@@ -980,8 +980,9 @@ class ControlPlaneSuite(unittest.TestCase):
             self.assertEqual(allocation(claims[-1]), [], "refused before allocation")
             cp.delete_pod(E2E_NS, "dra-whole-2")
             wait_for(lambda: cp.get_pod(E2E_NS, "dra-whole-2") is None, 30, "dra-whole-2 gone")
-            cp.drop_claim(claims[-2])  # as the resourceclaim controller would
-            wait_for(lambda: used() == 0, 30, "the claim uncharged (%r)" % used())
+            # As the resourceclaim controller would; kube-scheduler may then place
+            # dra-whole-3 at once, so the queue goes 1000 -> 0 -> 1000 between two looks.
+            cp.drop_claim(claims[-2])
             nudge = self.nudger(every=5.0)
 
             def bound3():
