@@ -234,7 +234,7 @@ static int parse_selector(const json_t *v, const char *file, const char *where,
             json_t *x;
             json_object_foreach(m, k, x)
             {
-                kgpu_queue_selreq *r;
+                kgpu_queue_selreq *r = NULL;
                 if (rc == 0 && (rc = add_req(file, where, s, b, err, &r)) == 0) {
                     if ((b->values[r - b->sel][0] = json_string_value(x)) == NULL)
                         rc = fail(err, file, where, "namespaceSelector.matchLabels",

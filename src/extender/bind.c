@@ -33,7 +33,7 @@ static void same_ns_name(const char *pns, const char *pname, const char *viewer,
                          size_t len)
 {
     if (strcmp(pns, viewer) == 0)
-        snprintf(buf, len, "pod %s/%s", pns, pname);
+        snprintf(buf, len, "pod %.63s/%.253s", pns, pname);
     else
         snprintf(buf, len, "a pod of another namespace");
 }
