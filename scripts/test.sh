@@ -14,5 +14,11 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKGPU_SANITIZE=ON >/de
 cmake --build "$BUILD" -j"$(nproc)"
 status=0
 (cd "$BUILD" && ctest --output-on-failure -j"$(nproc)") || status=1
+# The Release build of the Quick start's first command (scripts/demo.sh) and of
+# scripts/bench.sh: -O3 warns where the sanitizer build does not, and warnings
+# are errors there too.
+REL=${RELEASE_BUILD:-build-release-check}
+cmake -S . -B "$REL" -DCMAKE_BUILD_TYPE=Release -DKGPU_BUILD_TESTS=OFF >/dev/null
+cmake --build "$REL" -j"$(nproc)" >/dev/null || { echo "test.sh: the Release build failed"; status=1; }
 E2E_BUILD="$BUILD" ./scripts/e2e.sh || status=1
 exit "$status"
