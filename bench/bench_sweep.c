@@ -3,9 +3,11 @@
  * and 9), in process on the extender's state. Asserts nothing: figures.
  *
  * 1. Memory: N unschedulable GPU pods of about 1 MiB each (a kgpu.io/
- *    annotation, which the watch's trim keeps), seen by the unschedulable
- *    table; the bytes the table holds, next to what a deep copy of each
- *    trimmed pod (the table before) held, in the same run.
+ *    annotation of the tenant's own, which the watch's trim kept before
+ *    issue 24 and drops now), seen by the unschedulable table; the bytes
+ *    the table holds, next to what a deep copy of each pod as the old trim
+ *    left it (the table before) held, and what the trim keeps of one pod
+ *    now (the watch's relist holds that until its reset), in the same run.
  * 2. Latency: prioritize-gpuless for a pod without a GPU naming every node,
  *    called back to back while the leader's sweep runs over 4,096
  *    unschedulable pods on 1,000 nodes of 8 GPUs (every GPU held by one
@@ -99,16 +101,23 @@ static void world_init(world *w, int nodes)
     free(n);
     free(names);
     w->ctx = (ext_ctx){.cfg = &w->cfg, .metrics = &w->m, .state = &w->st};
-    const char *q = "queues:\n - {name: team-a, guarantee: {gpu: 64}}\n"
-                    " - {name: team-b, guarantee: {gpu: 8000}}\n";
+    /* Open to every namespace: a queue a label may not name is never swept for. */
+    const char *q = "queues:\n - {name: team-a, guarantee: {gpu: 64}, namespaceSelector: {}}\n"
+                    " - {name: team-b, guarantee: {gpu: 8000}, namespaceSelector: {}}\n";
     kgpu_queues *qs;
     if (kgpu_queues_load(q, strlen(q), "q.yaml", &qs, &err) != 0)
         die("queues", err.msg);
     ext_queues_set(&w->st, qs);
 }
 
-/* A trimmed unschedulable pod of namespace ns asking one whole GPU, with `pad` bytes kept. */
-static json_t *waiting_pod(const char *ns, int i, const char *queue, const char *pad)
+/*
+ * An unschedulable pod of namespace ns asking one whole GPU, with `pad` bytes
+ * in a kgpu.io/ annotation of its own: as the watch's trim leaves it, or, with
+ * `old_trim`, as the trim before issue 24 left it (every kgpu.io/ annotation
+ * kept: here, the pod untrimmed, which holds nothing else the trim cuts).
+ */
+static json_t *waiting_pod_as(const char *ns, int i, const char *queue, const char *pad,
+                              bool old_trim)
 {
     char name[32], uid[64];
     snprintf(name, sizeof(name), "w-%d", i);
@@ -121,8 +130,14 @@ static json_t *waiting_pod(const char *ns, int i, const char *queue, const char 
         "cuda:12", "resources", "limits", "nvidia.com/gpu", "1", "status", "phase", "Pending",
         "conditions", "type", "PodScheduled", "status", "False", "reason", "Unschedulable",
         "message", "0/1000 nodes are available: 1000 Insufficient nvidia.com/gpu.");
-    ext_pod_trim(NULL, pod);
+    if (!old_trim)
+        ext_pod_trim(NULL, pod);
     return pod;
+}
+
+static json_t *waiting_pod(const char *ns, int i, const char *queue, const char *pad)
+{
+    return waiting_pod_as(ns, i, queue, pad, false);
 }
 
 static void seen(world *w, json_t *pod)
@@ -143,8 +158,8 @@ static void memory_figures(int n)
     pad[(1 << 20) - 1] = '\0';
     json_t **copies = calloc((size_t)n, sizeof(*copies));
     size_t before = allocated();
-    for (int i = 0; i < n; i++) { /* the table before: a deep copy of each trimmed pod */
-        json_t *pod = waiting_pod("tenant", i, "team-a", pad);
+    for (int i = 0; i < n; i++) { /* the table before: a deep copy of each pod, old trim */
+        json_t *pod = waiting_pod_as("tenant", i, "team-a", pad, true);
         copies[i] = json_deep_copy(pod);
         json_decref(pod);
     }
@@ -159,11 +174,19 @@ static void memory_figures(int n)
         json_decref(pod);
     }
     size_t kept = allocated() - before;
+    json_t *one = waiting_pod("tenant", 0, "team-a", pad);
+    char *text = json_dumps(one, JSON_COMPACT);
+    size_t trimmed = text != NULL ? strlen(text) : 0;
+    free(text);
+    json_decref(one);
     printf("unschedulable table, %d pods of 1 MiB from one namespace: %zu entries\n", n,
            (size_t)w.st.unsched.len);
     printf("  before (a deep copy per pod): %10.1f MiB\n", (double)copied / (1 << 20));
     printf("  after (fields the sweep reads): %8.1f KiB (%zu bytes an entry)\n",
            (double)kept / 1024, sizeof(ext_unsched));
+    printf("  one pod as the watch's trim keeps it now: %zu bytes of JSON (the 1 MiB "
+           "annotation is not kgpu's)\n",
+           trimmed);
     printf("  the table at its bound, %d entries: %.1f MiB at most (model globs aside)\n",
            EXT_UNSCHED_MAX, (double)EXT_UNSCHED_MAX * (double)sizeof(ext_unsched) / (1 << 20));
     free(pad);
