@@ -21,12 +21,7 @@
 #include <time.h>
 
 #include "cli.h"
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 /* This thread's CPU time: a decision's own cost, whatever else the machine runs. */
 static double cpu_now(void)
@@ -106,7 +101,7 @@ int main(int argc, char **argv)
             die("apply", &err);
         failed += rc != 0;
     }
-    qsort(t, len, sizeof(*t), cmp_double);
+    qsort(t, len, sizeof(*t), bench_cmp_double);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("%s%s nodes=%d decisions=%zu failed=%ld total_s=%.3f p50_us=%.1f p99_us=%.1f "

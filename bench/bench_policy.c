@@ -17,6 +17,7 @@
 
 #include "cli.h"
 #include "kgpu/policy.h"
+#include "bench_util.h"
 
 /* The node mix of the Alibaba GPU cluster: model, GPUs, CPU cores, memory GiB, share of nodes. */
 static const struct {
@@ -42,21 +43,15 @@ static const struct {
 };
 #define NSHAPES ((int)(sizeof(pod_mix) / sizeof(pod_mix[0])))
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(double *t, int n)
 {
-    qsort(t, (size_t)n, sizeof(*t), cmp_double);
+    qsort(t, (size_t)n, sizeof(*t), bench_cmp_double);
     return t[n / 2];
 }
 
 static double pct(double *t, int n, double p)
 {
-    qsort(t, (size_t)n, sizeof(*t), cmp_double);
+    qsort(t, (size_t)n, sizeof(*t), bench_cmp_double);
     int i = (int)(p * (n - 1));
     return t[i];
 }

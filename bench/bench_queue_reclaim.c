@@ -17,19 +17,7 @@
 
 #include "kgpu/queue.h"
 #include "kgpu/rng.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 static kgpu_request request(const kgpu_cluster *c, int count, int milli)
 {
@@ -150,12 +138,12 @@ int main(int argc, char **argv)
             kgpu_reclaim rec = {.victims = victims};
             int rc = 0;
             for (int i = 0; i < repeats; i++) {
-                double t0 = now_s();
+                double t0 = bench_now_s();
                 rc = kgpu_queues_reclaim(c, qs, running, n, qa, &r, (kgpu_reclaim_mode)mode, NULL,
                                          &rec, &err);
-                t[i] = (now_s() - t0) * 1e6;
+                t[i] = (bench_now_s() - t0) * 1e6;
             }
-            qsort(t, (size_t)repeats, sizeof(*t), cmp_double);
+            qsort(t, (size_t)repeats, sizeof(*t), bench_cmp_double);
             printf("%-22s %-13s %10.0f %10.0f %9zu %12.2f%s\n", shapes[s].name,
                    mode == KGPU_RECLAIM_FRAG ? "frag" : "priority-age", t[repeats / 2],
                    t[(int)(0.99 * (repeats - 1))], rc == 0 ? rec.nvictims : 0,

@@ -13,16 +13,11 @@
 #include <unistd.h>
 
 #include "cli.h"
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 static void report(const char *what, double *t, int n, const char *unit_note)
 {
-    qsort(t, (size_t)n, sizeof(*t), cmp_double);
+    qsort(t, (size_t)n, sizeof(*t), bench_cmp_double);
     printf("%-44s median %8.3f s   min %8.3f   max %8.3f   (n=%d)%s\n", what, t[n / 2], t[0],
            t[n - 1], n, unit_note);
 }

@@ -29,6 +29,7 @@
 
 #include "decide.h"
 #include "queuefile.h"
+#include "bench_util.h"
 
 #define NODES   1000
 #define GPUS    8
@@ -44,19 +45,6 @@ static size_t allocated(void)
         return __sanitizer_get_current_allocated_bytes();
     struct mallinfo2 mi = mallinfo2();
     return mi.uordblks + mi.hblkhd;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 typedef struct world {
@@ -206,11 +194,11 @@ static void *sweep_loop(void *arg)
     sweeper *s = arg;
     ext_sweep_act acts[EXT_SWEEP_PODS];
     while (!atomic_load(&s->stop)) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         pthread_mutex_lock(&s->w->st.mu);
         ext_unsched_sweep(&s->w->st, acts, EXT_SWEEP_PODS);
         pthread_mutex_unlock(&s->w->st.mu);
-        double d = now_s() - t0;
+        double d = bench_now_s() - t0;
         if (d > s->longest_pass)
             s->longest_pass = d;
         atomic_fetch_add(&s->passes, 1);
@@ -248,12 +236,12 @@ static void latency(world *w, const char *mode, bool sweep, double slice_s, bool
         pthread_create(&t, NULL, sweep_loop, &s);
     unsigned long stale0 = atomic_load(&w->st.gpuless.stale_answers);
     int n = 0;
-    double end = now_s() + secs;
-    while ((now_s() < end || (sweep && atomic_load(&s.passes) < 1)) && n < SAMPLES) {
+    double end = bench_now_s() + secs;
+    while ((bench_now_s() < end || (sweep && atomic_load(&s.passes) < 1)) && n < SAMPLES) {
         ext_response r;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         ext_decide(&w->ctx, VERB_PRIORITIZE_GPULESS, body, strlen(body), &r);
-        samples[n++] = now_s() - t0;
+        samples[n++] = bench_now_s() - t0;
         if (r.status != 200)
             die("prioritize-gpuless", r.body ? r.body : "no body");
         ext_response_discard(&r);
@@ -262,7 +250,7 @@ static void latency(world *w, const char *mode, bool sweep, double slice_s, bool
         atomic_store(&s.stop, true);
         pthread_join(t, NULL);
     }
-    qsort(samples, (size_t)n, sizeof(*samples), cmp_double);
+    qsort(samples, (size_t)n, sizeof(*samples), bench_cmp_double);
     printf("  %-44s calls %6d  median %7.2f ms  worst %7.2f ms", mode, n, samples[n / 2] * 1e3,
            samples[n - 1] * 1e3);
     if (sweep)

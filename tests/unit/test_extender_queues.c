@@ -19,6 +19,8 @@
 #include "ext.h"
 #include "queuefile.h"
 
+#include "extender_fixture.h"
+
 typedef struct fixture {
     ext_config cfg;
     ext_metrics m;
@@ -30,24 +32,9 @@ typedef struct fixture {
 /* n0: 4 A100 of 40 GiB; n1: 4 T4 of 16 GiB. */
 static void set_nodes(fixture *f, int n)
 {
-    const char *models[2] = {"A100", "T4"};
-    static const char *const name[2] = {"n0", "n1"};
-    for (int i = 0; i < 2; i++) {
-        for (int g = 0; g < 4; g++)
-            f->g[i][g] = (kgpu_gpu_spec){.index = g,
-                                         .model = models[i],
-                                         .memory_mib = i == 0 ? 40960 : 16384,
-                                         .numa = -1,
-                                         .healthy = true};
-        f->nodes[i] = (kgpu_node_spec){.name = name[i],
-                                       .cpu_milli = 64000,
-                                       .memory_mib = 1 << 18,
-                                       .gpus = f->g[i],
-                                       .ngpus = 4};
-    }
-    kgpu_error err;
-    if (ext_state_set_nodes(&f->st, f->nodes, n, &err) != 0)
-        fail_msg("nodes: %s", err.msg);
+    static const char *const models[2] = {"A100", "T4"};
+    static const int64_t mib[2] = {40960, 16384};
+    ext_fixture_nodes(&f->st, f->g, f->nodes, models, mib, n);
 }
 
 static int setup(void **state)
@@ -73,11 +60,7 @@ static int teardown(void **state)
 
 static void set_queues(fixture *f, const char *text)
 {
-    kgpu_queues *qs;
-    kgpu_error err;
-    if (kgpu_queues_load(text, strlen(text), "q.yaml", &qs, &err) != 0)
-        fail_msg("queues: %s", err.msg);
-    ext_queues_set(&f->st, qs);
+    ext_fixture_queues(&f->st, text);
 }
 
 /* Binds pod `name` (whole GPUs, or a share of `milli` with `mem_gib`) to node: 0 or the code. */

@@ -21,6 +21,8 @@
 #include "decide.h"
 #include "queuefile.h"
 
+#include "extender_fixture.h"
+
 typedef struct fixture {
     ext_config cfg;
     ext_metrics m;
@@ -39,19 +41,9 @@ static int setup(void **state)
     kgpu_error err;
     if (ext_state_init(&f->st, &f->cfg, &f->m, &err) != 0)
         fail_msg("state: %s", err.msg);
-    static const char *const name[2] = {"n0", "n1"};
-    for (int i = 0; i < 2; i++) {
-        for (int g = 0; g < 4; g++)
-            f->g[i][g] = (kgpu_gpu_spec){
-                .index = g, .model = "A100", .memory_mib = 40960, .numa = -1, .healthy = true};
-        f->nodes[i] = (kgpu_node_spec){.name = name[i],
-                                       .cpu_milli = 64000,
-                                       .memory_mib = 1 << 18,
-                                       .gpus = f->g[i],
-                                       .ngpus = 4};
-    }
-    if (ext_state_set_nodes(&f->st, f->nodes, 2, &err) != 0)
-        fail_msg("nodes: %s", err.msg);
+    static const char *const models[2] = {"A100", "A100"};
+    static const int64_t mib[2] = {40960, 40960};
+    ext_fixture_nodes(&f->st, f->g, f->nodes, models, mib, 2);
     f->ctx = (ext_ctx){.cfg = &f->cfg, .metrics = &f->m, .state = &f->st};
     *state = f;
     return 0;
@@ -68,11 +60,7 @@ static int teardown(void **state)
 
 static void set_queues(fixture *f, const char *text)
 {
-    kgpu_queues *qs;
-    kgpu_error err;
-    if (kgpu_queues_load(text, strlen(text), "q.yaml", &qs, &err) != 0)
-        fail_msg("queues: %s", err.msg);
-    ext_queues_set(&f->st, qs);
+    ext_fixture_queues(&f->st, text);
 }
 
 /* Binds a pod of `whole` GPUs in queue `label` to node. */
