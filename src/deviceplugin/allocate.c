@@ -121,10 +121,27 @@ static int check_assigned_gpus(const plugin *p, const dp_match *m, const contrac
     }
     /*
      * The GPUs kubelet counted for the container are those of the devices it
-     * sent: an assignment naming others (written by hand on a pod created
-     * with spec.nodeName) would hand out GPUs kubelet believes free.
+     * sent. For whole GPUs that is kubelet's own exclusive accounting: an
+     * assignment naming others (written by hand on a pod created with
+     * spec.nodeName) would hand out a GPU kubelet believes free, so it is
+     * refused. A share's devices are units that only count capacity: kubelet
+     * takes them on another GPU when it did not ask for, or could not follow,
+     * the preferred allocation (a GPU healthy again in the extender's view
+     * before kubelet's, e2e node suite test_08), and refusing would fail a
+     * pod kgpu placed. The share's size is bounded by the request anyway
+     * (within_request) and the assignment written by kgpu alone (admission
+     * policy kgpu-pod-bookkeeping): logged, not refused.
      */
     int miss = dp_ids_uncovered(inv, r, (const char *const *)ids, nids, &m->t);
+    if (miss >= 0 && r != DP_RES_WHOLE) {
+        kgpu_log(KGPU_LOG_WARN,
+                 "pod %s/%s: container %s is assigned GPU %d (%s), but kubelet counted its %s "
+                 "devices on another GPU; served as assigned (kubelet's count of that GPU is off "
+                 "until the pod ends)",
+                 m->t.ns, m->t.name, m->t.container, m->t.gpus[miss].index, m->t.gpus[miss].uuid,
+                 dp_res_name(r));
+        miss = -1;
+    }
     if (miss >= 0)
         return kgpu_error_set(err, KGPU_EINVAL,
                               "pod %s/%s: annotation %s gives container %s GPU %d (%s), but "

@@ -1510,14 +1510,28 @@ class TestTenantBoundaries(AllocateCase):
                                       contains=("15360",))
 
     def test_assignment_on_a_gpu_kubelet_did_not_allocate_is_refused(self):
-        gpus = self.bring_up()
-        self.one_gpu_pod("elsewhere", gpus[1], units=4)
-        on0 = [i for i in self.free_ids(MEM) if i.startswith(gpus[0]["uuid"])][:4]
-        self.assert_refused_untouched("elsewhere", on0,
+        """Whole GPUs are kubelet's exclusive accounting: an assignment of a GPU kubelet did
+        not give the container is refused. A share's devices only count capacity: kubelet
+        may take them on another GPU (it could not follow the preferred allocation), and
+        the pod kgpu placed is served as assigned, with a warning."""
+        gpus = self.bring_up(args=["--whole-gpus"], resources=(MEM, CORE, WHOLE))
+        API.add_pod(bound_pod(
+            "elsewhere", self.node, [container("main", {WHOLE: 1})],
+            [part("main", [(gpus[1], 1000, gpus[1]["memory_mib"])], exclusive=True)]))
+        self.assert_refused_untouched("elsewhere", [gpus[0]["uuid"]], resource=WHOLE,
                                       contains=(gpus[1]["uuid"], "did not allocate"))
         # Steered as kubelet is, the same pod gets its GPU.
-        _, r = self.admit(MEM, 4)
-        self.assert_container_response(r, API.pod("elsewhere"), "main", [(gpus[1], 4096, 100)])
+        ids, r = self.admit(WHOLE, 1)
+        self.assertEqual(ids, [gpus[1]["uuid"]])
+        self.assert_allocated(API.pod("elsewhere"))
+        # A share on units of the other GPU: served on its assigned GPU, and said.
+        pod = self.one_gpu_pod("units-elsewhere", gpus[1], units=4)
+        on0 = [i for i in self.free_ids(MEM) if i.startswith(gpus[0]["uuid"])][:4]
+        r = self.kubelet.allocate(MEM, on0)
+        self.assert_container_response(r.container_responses[0], pod, "main",
+                                       [(gpus[1], 4096, 100)])
+        wait_for(lambda: "kubelet counted its kgpu.io/gpu-mem devices on another GPU"
+                 in self.p.child.log(), 10, what="the warning")
 
     def test_gpus_by_index_and_without_cdi(self):
         gpus = self.bring_up(args=["--device-id-strategy", "index"])
