@@ -210,51 +210,8 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
     }
     if (invalid[0] != '\0')
         ext_invalid_pod(d, VERB_FILTER, pod, invalid);
-    kgpu_jsonw w;
-    kgpu_jsonw_init(&w, (size_t)n * 24 + failed.len + unresolvable.len + 128);
-    if (objects != NULL) {
-        kgpu_jsonw_lit(&w, "{\"Nodes\":{\"apiVersion\":\"v1\",\"kind\":\"NodeList\",\"items\":[");
-        bool first = true;
-        for (int i = 0; i < n; i++) {
-            if (!pass[i])
-                continue;
-            char *node = json_dumps(objects[i], JSON_COMPACT);
-            if (node == NULL) {
-                w.oom = true;
-                break;
-            }
-            if (!first)
-                kgpu_jsonw_lit(&w, ",");
-            kgpu_jsonw_lit(&w, node);
-            free(node);
-            first = false;
-        }
-        kgpu_jsonw_lit(&w, "]},\"NodeNames\":null");
-    } else {
-        kgpu_jsonw_lit(&w, "{\"Nodes\":null,\"NodeNames\":[");
-        bool first = true;
-        for (int i = 0; i < n; i++) {
-            if (!pass[i])
-                continue;
-            if (!first)
-                kgpu_jsonw_lit(&w, ",");
-            kgpu_jsonw_str(&w, names[i]);
-            first = false;
-        }
-        kgpu_jsonw_lit(&w, "]");
-    }
-    kgpu_jsonw_lit(&w, ",\"FailedNodes\":{");
-    kgpu_jsonw_raw(&w, failed.s ? failed.s : "", failed.oom ? 0 : failed.len);
-    kgpu_jsonw_lit(&w, "},\"FailedAndUnresolvableNodes\":{");
-    kgpu_jsonw_raw(&w, unresolvable.s ? unresolvable.s : "",
-                   unresolvable.oom ? 0 : unresolvable.len);
-    kgpu_jsonw_lit(&w, "},\"Error\":\"\"}");
-    if (failed.oom || unresolvable.oom)
-        w.oom = true;
-    free(kgpu_jsonw_finish(&failed));
-    free(kgpu_jsonw_finish(&unresolvable));
+    ext_reply_filter(r, n, names, objects, pass, &failed, &unresolvable);
     free(pass);
-    ext_reply_written(r, &w);
 out:
     free(names);
     free(objects);

@@ -409,6 +409,52 @@ void ext_reply_written(ext_response *r, kgpu_jsonw *w)
     ext_reply_json_text(r, 200, kgpu_jsonw_finish(w));
 }
 
+void ext_reply_filter(ext_response *r, int n, const char *const *names, json_t *const *objects,
+                      const bool *pass, kgpu_jsonw *failed, kgpu_jsonw *unresolvable)
+{
+    kgpu_jsonw w;
+    kgpu_jsonw_init(&w, (size_t)n * 24 + failed->len + unresolvable->len + 128);
+    bool first = true;
+    if (objects != NULL) {
+        kgpu_jsonw_lit(&w, "{\"Nodes\":{\"apiVersion\":\"v1\",\"kind\":\"NodeList\",\"items\":[");
+        for (int i = 0; i < n; i++) {
+            if (!pass[i])
+                continue;
+            char *node = json_dumps(objects[i], JSON_COMPACT);
+            if (node == NULL) {
+                w.oom = true;
+                break;
+            }
+            kgpu_jsonw_lit(&w, first ? "" : ",");
+            kgpu_jsonw_lit(&w, node);
+            free(node);
+            first = false;
+        }
+        kgpu_jsonw_lit(&w, "]},\"NodeNames\":null");
+    } else {
+        kgpu_jsonw_lit(&w, "{\"Nodes\":null,\"NodeNames\":[");
+        for (int i = 0; i < n; i++) {
+            if (!pass[i])
+                continue;
+            kgpu_jsonw_lit(&w, first ? "" : ",");
+            kgpu_jsonw_str(&w, names[i]);
+            first = false;
+        }
+        kgpu_jsonw_lit(&w, "]");
+    }
+    kgpu_jsonw_lit(&w, ",\"FailedNodes\":{");
+    kgpu_jsonw_raw(&w, failed->s ? failed->s : "", failed->oom ? 0 : failed->len);
+    kgpu_jsonw_lit(&w, "},\"FailedAndUnresolvableNodes\":{");
+    kgpu_jsonw_raw(&w, unresolvable->s ? unresolvable->s : "",
+                   unresolvable->oom ? 0 : unresolvable->len);
+    kgpu_jsonw_lit(&w, "},\"Error\":\"\"}");
+    if (failed->oom || unresolvable->oom)
+        w.oom = true;
+    free(kgpu_jsonw_finish(failed));
+    free(kgpu_jsonw_finish(unresolvable));
+    ext_reply_written(r, &w);
+}
+
 /* text into why, cut to fit. */
 void ext_cut_reason(char *why, size_t len, const char *text)
 {

@@ -78,6 +78,13 @@ int ext_place_budgeted(const kgpu_cluster *c, int idx, const kgpu_assignment *re
 void ext_add_reason(kgpu_jsonw *w, const char *node, const char *why);
 /* Answers 200 with what w holds. */
 void ext_reply_written(ext_response *r, kgpu_jsonw *w);
+/*
+ * Answers a filter-style call (filter, filter-gpuless): the nodes whose
+ * pass[i] is set, as Nodes.items (objects given: nodeCacheCapable false) or
+ * NodeNames, and the two reason maps being written (finished here).
+ */
+void ext_reply_filter(ext_response *r, int n, const char *const *names, json_t *const *objects,
+                      const bool *pass, kgpu_jsonw *failed, kgpu_jsonw *unresolvable);
 /* text into why, cut to fit. */
 void ext_cut_reason(char *why, size_t len, const char *text);
 

@@ -68,40 +68,23 @@ static void verb_filter_gpuless(ext_ctx *d, json_t *args, fast_names *fast, ext_
     bool pass = true, final = false;
     if (json_array_size(json_object_get(json_object_get(pj, "spec"), "resourceClaims")) > 0)
         pass = dra_queue_admits(d, pj, why, sizeof(why), &final);
-    kgpu_jsonw w, reasons;
-    kgpu_jsonw_init(&w, (size_t)n * 24 + 128);
-    kgpu_jsonw_init(&reasons, pass ? 16 : (size_t)n * (strlen(why) + 24) + 16);
-    for (int i = 0; i < n && !pass; i++)
-        ext_add_reason(&reasons, names[i], why);
-    if (objects != NULL) {
-        kgpu_jsonw_lit(&w, "{\"Nodes\":{\"apiVersion\":\"v1\",\"kind\":\"NodeList\",\"items\":[");
-        for (int i = 0; i < n && pass; i++) {
-            char *node = json_dumps(objects[i], JSON_COMPACT);
-            if (node == NULL) {
-                w.oom = true;
-                break;
-            }
-            kgpu_jsonw_lit(&w, i > 0 ? "," : "");
-            kgpu_jsonw_lit(&w, node);
-            free(node);
-        }
-        kgpu_jsonw_lit(&w, "]},\"NodeNames\":null");
-    } else {
-        kgpu_jsonw_lit(&w, "{\"Nodes\":null,\"NodeNames\":[");
-        for (int i = 0; i < n && pass; i++) {
-            kgpu_jsonw_lit(&w, i > 0 ? "," : "");
-            kgpu_jsonw_str(&w, names[i]);
-        }
-        kgpu_jsonw_lit(&w, "]");
+    bool *passes = malloc((size_t)(n > 0 ? n : 1) * sizeof(*passes));
+    if (passes == NULL) {
+        ext_reply_json(r, 500, json_pack("{s:s}", "Error", "out of memory"));
+        free(names);
+        free(objects);
+        return;
     }
-    kgpu_jsonw_lit(&w, final ? ",\"FailedNodes\":{},\"FailedAndUnresolvableNodes\":{"
-                             : ",\"FailedAndUnresolvableNodes\":{},\"FailedNodes\":{");
-    kgpu_jsonw_raw(&w, reasons.s ? reasons.s : "", reasons.oom ? 0 : reasons.len);
-    kgpu_jsonw_lit(&w, "},\"Error\":\"\"}");
-    if (reasons.oom)
-        w.oom = true;
-    free(kgpu_jsonw_finish(&reasons));
-    ext_reply_written(r, &w);
+    kgpu_jsonw failed, unresolvable;
+    kgpu_jsonw_init(&failed, pass ? 16 : (size_t)n * (strlen(why) + 24) + 16);
+    kgpu_jsonw_init(&unresolvable, 16);
+    for (int i = 0; i < n; i++) {
+        passes[i] = pass;
+        if (!pass)
+            ext_add_reason(final ? &unresolvable : &failed, names[i], why);
+    }
+    ext_reply_filter(r, n, names, objects, passes, &failed, &unresolvable);
+    free(passes);
     free(names);
     free(objects);
 }
