@@ -164,15 +164,10 @@ void ext_await_clashing_nodes(ext_state *st, const char *uid, const ext_asks *as
 void ext_await_reason(const ext_await *w, const ext_ask *same, const char *viewer, char *buf,
                       size_t len)
 {
-    if (viewer != NULL && strcmp(w->ns, viewer) == 0)
-        snprintf(buf, len,
-                 "waiting for kubelet to allocate %s/%s (same %s: %" PRId64 "); retry shortly",
-                 w->ns, w->name, ext_res_name(same->res), same->amount);
-    else
-        snprintf(buf, len,
-                 "waiting for kubelet to allocate a pod of another namespace (same %s: %" PRId64
-                 "); retry shortly",
-                 ext_res_name(same->res), same->amount);
+    char who[KGPU_NAME_MAX * 2 + 40];
+    snprintf(buf, len, "waiting for kubelet to allocate %s (same %s: %" PRId64 "); retry shortly",
+             ext_pod_for_viewer(w->ns, w->name, viewer, "", who, sizeof(who)),
+             ext_res_name(same->res), same->amount);
 }
 
 void ext_await_relisted(ext_state *st, const kgpu_strmap *present)

@@ -183,5 +183,13 @@ void ext_reply_json(ext_response *r, int status, json_t *v);
 void ext_reply_text(ext_response *r, int status, const char *text);
 /* Depth of JSON nesting in text (outside strings); stops counting past limit. */
 int ext_json_depth(const char *text, size_t len, int limit);
+/*
+ * A pod as a message posted on a pod of namespace `viewer` may name it:
+ * same_prefix then "NS/NAME" when the namespaces are the same, else "a pod
+ * of another namespace" (also for a NULL viewer): tenants learn nothing of
+ * each other's pods. Returns buf.
+ */
+const char *ext_pod_for_viewer(const char *ns, const char *name, const char *viewer,
+                               const char *same_prefix, char *buf, size_t len);
 
 #endif

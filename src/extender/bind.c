@@ -25,20 +25,6 @@ static void bind_failed(ext_ctx *d, ext_response *r, enum ext_bind_fail why, con
 }
 
 /*
- * "pod NS/NAME" when NS is `viewer`, the namespace of the pod the message
- * goes to (kube-scheduler posts bind errors on it); else "a pod of another
- * namespace": tenants learn nothing of each other's pods.
- */
-static void same_ns_name(const char *pns, const char *pname, const char *viewer, char *buf,
-                         size_t len)
-{
-    if (strcmp(pns, viewer) == 0)
-        snprintf(buf, len, "pod %.63s/%.253s", pns, pname);
-    else
-        snprintf(buf, len, "a pod of another namespace");
-}
-
-/*
  * The pod for a bind, and its asks: remembered from filter, else asked of the
  * API server. NULL with msg and *fail saying why.
  */
@@ -65,7 +51,7 @@ static kgpu_pod *bind_pod(ext_ctx *d, const char *ns, const char *name, const ch
         /* A uid names one pod for its life: kube-scheduler binds the pod it filtered. */
         *fail = BIND_FAIL_BAD_REQUEST;
         char as[KGPU_NAME_MAX + 70];
-        same_ns_name(pod->ns, pod->name, ns, as, sizeof(as));
+        ext_pod_for_viewer(pod->ns, pod->name, ns, "pod ", as, sizeof(as));
         snprintf(msg, len,
                  "pod %s/%s (uid %s): that uid was filtered as %s; refused to bind it under "
                  "another name",
@@ -325,7 +311,7 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
         free(pod);
         if (strcmp(held_ns, ns) != 0 || strcmp(held_name, name) != 0) {
             char as[KGPU_NAME_MAX + 70];
-            same_ns_name(held_ns, held_name, ns, as, sizeof(as));
+            ext_pod_for_viewer(held_ns, held_name, ns, "pod ", as, sizeof(as));
             snprintf(msg, sizeof(msg),
                      "pod %s/%s (uid %s): that uid holds GPUs as %s; refused to bind it under "
                      "another name",

@@ -39,16 +39,21 @@ static void qd_add(kgpu_qdemand *d, int model, int milli, int64_t mem)
     d->part[at].mem_mib += mem;
 }
 
+/* Adds what assignment a holds, on its GPUs' models, to d. */
+static void qd_add_assignment(const kgpu_cluster *c, const kgpu_assignment *a, kgpu_qdemand *d)
+{
+    kgpu_qdemand one;
+    kgpu_qdemand_of_assignment(c, a, &one);
+    for (int k = 0; k < one.nparts; k++)
+        qd_add(d, one.part[k].model, one.part[k].milli, one.part[k].mem_mib);
+}
+
 /* What p holds, over all its containers, on its GPUs' models. */
 void ext__pod_demand(const kgpu_cluster *c, const ext_pod *p, kgpu_qdemand *d)
 {
     memset(d, 0, sizeof(*d));
-    for (int i = 0; i < p->nparts; i++) {
-        kgpu_qdemand one;
-        kgpu_qdemand_of_assignment(c, &p->part[i].a, &one);
-        for (int k = 0; k < one.nparts; k++)
-            qd_add(d, one.part[k].model, one.part[k].milli, one.part[k].mem_mib);
-    }
+    for (int i = 0; i < p->nparts; i++)
+        qd_add_assignment(c, &p->part[i].a, d);
 }
 
 /* Evictions counted per queue survive a new tree by name. */
@@ -125,20 +130,28 @@ static kgpu_queue_ns ns_of(ext_state *st, const char *ns)
     return q;
 }
 
+/*
+ * The queue what runs in namespace ns with queue label `label` (NULL or ""
+ * for none) is charged to: the label's when the namespace may use it, else
+ * the namespace's own (never the label's), with *refused set and why said.
+ */
+static const char *charged_queue(ext_state *st, const char *ns, const char *label, char *why,
+                                 size_t len, bool *refused)
+{
+    kgpu_queue_ns n = ns_of(st, ns);
+    *refused = st->queues != NULL && label != NULL && label[0] != '\0' &&
+               kgpu_queues_pick(st->queues, &n, label, why, len) < 0;
+    return kgpu_queue_name_for(*refused ? NULL : label, n.queue);
+}
+
 void ext_queues_name_pod(ext_state *st, ext_pod *p)
 {
-    kgpu_queue_ns ns = ns_of(st, p->ns);
-    const char *q = kgpu_queue_name_for(p->queue_label, ns.queue);
     char why[512];
-    if (st->queues != NULL && p->queue_label[0] != '\0' &&
-        kgpu_queues_pick(st->queues, &ns, p->queue_label, why, sizeof(why)) < 0) {
-        q = kgpu_queue_name_for(NULL, ns.queue); /* what its namespace may use, never the label's */
-        if (!p->queue_refused)
-            ext_log(EXT_WARN, "pod %s/%s: %s; charged to queue %s", p->ns, p->name, why, q);
-        p->queue_refused = true;
-    } else {
-        p->queue_refused = false;
-    }
+    bool refused;
+    const char *q = charged_queue(st, p->ns, p->queue_label, why, sizeof(why), &refused);
+    if (refused && !p->queue_refused)
+        ext_log(EXT_WARN, "pod %s/%s: %s; charged to queue %s", p->ns, p->name, why, q);
+    p->queue_refused = refused;
     snprintf(p->queue, sizeof(p->queue), "%s", q);
 }
 
@@ -286,24 +299,17 @@ void ext_queues_charge_claim(ext_state *st, ext_dra_claim *c)
         return;
     kgpu_qdemand d;
     memset(&d, 0, sizeof(d));
-    for (int i = 0; i < c->nres; i++) {
-        if (!c->res[i].applied)
-            continue; /* not on kgpu's inventory now: charged once it is (ext_dra_retry) */
-        kgpu_qdemand one;
-        kgpu_qdemand_of_assignment(st->cluster, &c->res[i].a, &one);
-        for (int k = 0; k < one.nparts; k++)
-            qd_add(&d, one.part[k].model, one.part[k].milli, one.part[k].mem_mib);
-    }
+    for (int i = 0; i < c->nres; i++)
+        if (c->res[i].applied) /* else not on kgpu's inventory now: charged once it is */
+            qd_add_assignment(st->cluster, &c->res[i].a, &d);
     if (d.milli == 0 && d.mem_mib == 0)
         return;
     /* The pod it is reserved for picks among its namespace's queues, as a GPU pod's label does. */
     const char *label = c->consumer[0] != '\0' ? kgpu_strmap_get(&st->pod_qlabels, c->consumer)
                                                : NULL;
-    kgpu_queue_ns ns = ns_of(st, c->ns);
-    const char *q = kgpu_queue_name_for(label, ns.queue);
     char why[512];
-    if (label != NULL && kgpu_queues_pick(st->queues, &ns, label, why, sizeof(why)) < 0)
-        q = kgpu_queue_name_for(NULL, ns.queue);
+    bool refused;
+    const char *q = charged_queue(st, c->ns, label, why, sizeof(why), &refused);
     int id = kgpu_queues_find(st->queues, q);
     kgpu_error err;
     if (id < 0 || kgpu_queues_charge_running(st->queues, id, &d, &err) != 0)

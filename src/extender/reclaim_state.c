@@ -125,6 +125,22 @@ void ext_reclaims_refresh(ext_state *st)
 
 #define HOLD_RELEASES 64 /* victims' placements on one node a hold check undoes */
 
+/*
+ * Appends to rel (nrel of HOLD_RELEASES used) what r's victims still hold on
+ * node idx: until they are gone, the room they will free. Returns the count.
+ */
+static int victims_held_on(ext_state *st, const ext_reclaim *r, int idx, kgpu_assignment *rel,
+                           int nrel)
+{
+    for (int i = 0; i < r->nvictims && !r->freed; i++) {
+        const ext_pod *p = kgpu_strmap_get(&st->pods, r->v[i].uid);
+        for (int j = 0; p != NULL && j < p->nparts; j++)
+            if (p->part[j].a.node == idx && nrel < HOLD_RELEASES)
+                rel[nrel++] = p->part[j].a;
+    }
+    return nrel;
+}
+
 const ext_reclaim *ext_reclaim_hold_taken(ext_state *st, int idx, const char *uid,
                                           const kgpu_request *const *reqs, int nreqs)
 {
@@ -152,12 +168,7 @@ const ext_reclaim *ext_reclaim_hold_taken(ext_state *st, int idx, const char *ui
             continue;
         }
         all[nall++] = &r->req;
-        for (int i = 0; i < r->nvictims && !r->freed; i++) {
-            const ext_pod *p = kgpu_strmap_get(&st->pods, r->v[i].uid);
-            for (int j = 0; p != NULL && j < p->nparts; j++)
-                if (p->part[j].a.node == idx && nrel < HOLD_RELEASES)
-                    rel[nrel++] = p->part[j].a;
-        }
+        nrel = victims_held_on(st, r, idx, rel, nrel);
     }
     if (first == NULL)
         return NULL;
@@ -173,14 +184,9 @@ const ext_reclaim *ext_reclaim_hold_taken(ext_state *st, int idx, const char *ui
 
 void ext_reclaim_hold_reason(const ext_reclaim *h, const char *viewer, char *buf, size_t len)
 {
-    if (viewer != NULL && strcmp(h->for_ns, viewer) == 0)
-        snprintf(buf, len,
-                 "GPUs here are held for pod %s/%s, for which reclaim freed them; retry shortly",
-                 h->for_ns, h->for_name);
-    else
-        snprintf(buf, len,
-                 "GPUs here are held for a pod of another namespace, for which reclaim freed "
-                 "them; retry shortly");
+    char who[KGPU_NAME_MAX * 2 + 40];
+    snprintf(buf, len, "GPUs here are held for %s, for which reclaim freed them; retry shortly",
+             ext_pod_for_viewer(h->for_ns, h->for_name, viewer, "pod ", who, sizeof(who)));
 }
 
 /*
@@ -204,13 +210,7 @@ static bool cluster_with_holds(ext_state *st, const char *uid, double now, kgpu_
         if (idx < 0)
             continue;
         kgpu_assignment rel[HOLD_RELEASES];
-        int nrel = 0;
-        for (int i = 0; i < r->nvictims && !r->freed; i++) {
-            const ext_pod *p = kgpu_strmap_get(&st->pods, r->v[i].uid);
-            for (int j = 0; p != NULL && j < p->nparts; j++)
-                if (p->part[j].a.node == idx && nrel < HOLD_RELEASES)
-                    rel[nrel++] = p->part[j].a;
-        }
+        int nrel = victims_held_on(st, r, idx, rel, 0);
         const kgpu_request *reqs[1] = {&r->req};
         kgpu_placement pl;
         if (kgpu_place_all(*out, idx, rel, nrel, reqs, 1, 0, 0, &pl, NULL, 0) != KGPU_PLACE_FOUND)

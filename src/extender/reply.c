@@ -3,6 +3,7 @@
  * text bodies, dropping an unsent one, and how deep a body nests (checked
  * before jansson parses it, whose recursion depth a client would set).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,4 +73,14 @@ void ext_response_discard(ext_response *r)
     if (r->stream.read != NULL)
         r->stream.free(r->stream.ctx);
     r->stream = (ext_stream){0};
+}
+
+const char *ext_pod_for_viewer(const char *ns, const char *name, const char *viewer,
+                               const char *same_prefix, char *buf, size_t len)
+{
+    if (viewer != NULL && strcmp(ns, viewer) == 0)
+        snprintf(buf, len, "%s%.63s/%.253s", same_prefix, ns, name);
+    else
+        snprintf(buf, len, "a pod of another namespace");
+    return buf;
 }
