@@ -39,6 +39,9 @@ typedef struct contract_inventory {
     int64_t unit_mib;
 } contract_inventory;
 
+/* The position in inv of the GPU with this UUID, or -1. */
+int contract_inventory_find(const contract_inventory *inv, const char *uuid);
+
 /* One GPU a container was given, and its share of it. */
 typedef struct contract_share {
     int index;                    /* host index */

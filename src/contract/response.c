@@ -81,6 +81,14 @@ char *contract_limits_text(const contract_target *t)
     return buf;
 }
 
+int contract_inventory_find(const contract_inventory *inv, const char *uuid)
+{
+    for (int g = 0; g < inv->ngpus; g++)
+        if (strcmp(inv->gpus[g].uuid, uuid) == 0)
+            return g;
+    return -1;
+}
+
 static bool alnum(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
@@ -169,10 +177,8 @@ void contract_response_build(const contract_target *t, const contract_inventory 
     env(out, "KGPU_CONTAINER", "%s", t->container);
     /* gpushare's variables, in its units (the memory unit). */
     int64_t unit = inv->unit_mib > 0 ? inv->unit_mib : 1;
-    int64_t dev_mib = 0;
-    for (int g = 0; g < inv->ngpus; g++)
-        if (strcmp(inv->gpus[g].uuid, t->gpus[0].uuid) == 0)
-            dev_mib = inv->gpus[g].memory_mib;
+    int at = contract_inventory_find(inv, t->gpus[0].uuid);
+    int64_t dev_mib = at >= 0 ? inv->gpus[at].memory_mib : 0;
     env(out, "ALIYUN_COM_GPU_MEM_CONTAINER", "%" PRId64, mem / unit);
     env(out, "ALIYUN_COM_GPU_MEM_DEV", "%" PRId64, dev_mib / unit);
     env(out, "ALIYUN_COM_GPU_MEM_IDX", "%d", t->gpus[0].index);

@@ -95,10 +95,7 @@ static int check_assigned_gpus(const plugin *p, const dp_match *m, const contrac
                               "pod %s/%s: annotation %s gives container %s no GPU", m->t.ns,
                               m->t.name, KGPU_ANN_ASSIGNMENT, m->t.container);
     for (int i = 0; i < m->t.ngpus; i++) {
-        int found = -1;
-        for (int g = 0; g < inv->ngpus && found < 0; g++)
-            if (strcmp(inv->gpus[g].uuid, m->t.gpus[i].uuid) == 0)
-                found = g;
+        int found = contract_inventory_find(inv, m->t.gpus[i].uuid);
         /*
          * A GPU that turned unhealthy after the pod was bound: refusing makes
          * kubelet reject the pod, so its controller recreates it and the
@@ -232,10 +229,7 @@ static void want_of(const dp_match *m, const contract_inventory *inv, dp_want *w
 {
     w->n = 0;
     for (int i = 0; i < m->t.ngpus; i++) {
-        int g = -1;
-        for (int j = 0; j < inv->ngpus; j++)
-            if (strcmp(inv->gpus[j].uuid, m->t.gpus[i].uuid) == 0)
-                g = j;
+        int g = contract_inventory_find(inv, m->t.gpus[i].uuid);
         if (g < 0)
             continue;
         int64_t share = m->count / m->t.ngpus + (i < m->count % m->t.ngpus ? 1 : 0);

@@ -95,10 +95,7 @@ int dp_ids_uncovered(const contract_inventory *inv, dp_res r, const char *const 
     }
     int missing = 0, first = -1;
     for (int i = 0; i < t->ngpus; i++) {
-        int g = -1;
-        for (int j = 0; j < inv->ngpus && g < 0; j++)
-            if (strcmp(inv->gpus[j].uuid, t->gpus[i].uuid) == 0)
-                g = j;
+        int g = contract_inventory_find(inv, t->gpus[i].uuid);
         if (g < 0 || !held[g]) {
             missing++;
             if (first < 0)
