@@ -69,14 +69,13 @@ static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_
             cfg->gpu_cdi_kind[0] = '\0';
             return 0;
         }
-        if (strlen(arg) >= sizeof(cfg->gpu_cdi_kind))
-            return kgpu_error_set(err, KGPU_EINVAL, "--gpu-cdi-kind: at most %zu characters",
-                                  sizeof(cfg->gpu_cdi_kind) - 1);
-        snprintf(cfg->gpu_cdi_kind, sizeof(cfg->gpu_cdi_kind), "%s", arg);
+        if (node_flag_copy(flag, arg, cfg->gpu_cdi_kind, sizeof(cfg->gpu_cdi_kind), 0, false,
+                           err) != 0)
+            return KGPU_EINVAL;
         if (contract_cdi_kind_check(arg, err) != 0) {
             char why[sizeof(err->msg)];
             snprintf(why, sizeof(why), "%s", err->msg);
-            return kgpu_error_set(err, KGPU_EINVAL, "--gpu-cdi-kind %s", why);
+            return kgpu_error_set(err, KGPU_EINVAL, "%s: %s", flag, why);
         }
         return 0;
     case O_RESYNC: {

@@ -100,10 +100,17 @@ int node_parse(int argc, char **argv, const struct option *opts, const char *pro
     opterr = 0;
     optind = 1;
     for (;;) {
-        int c = getopt_long(argc, argv, "", opts, NULL);
+        int at = -1;
+        int c = getopt_long(argc, argv, "", opts, &at);
         if (c == -1)
             break;
+        /* The flag's own name: with "--flag value", argv[optind - 1] is the value. */
+        char named[96];
         const char *flag = argv[optind - 1];
+        if (at >= 0) {
+            snprintf(named, sizeof(named), "--%s", opts[at].name);
+            flag = named;
+        }
         if (c == NODE_OPT_VERSION) {
             printf("%s %s\n", prog, KGPU_VERSION);
             return 1;
