@@ -151,6 +151,14 @@ int kgpu_queues_info(const kgpu_queues *qs, int q, kgpu_queue_info *out);
  */
 const char *kgpu_queue_name_for(const char *pod_label, const char *namespace_annotation);
 
+/*
+ * Whether s is a namespace name as Kubernetes allows one (a DNS label:
+ * 1..63 of [a-z0-9-], not starting or ending with '-'). For every list of
+ * namespaces an administrator writes (a queue's namespaces, the node
+ * watcher's exemptNamespaces).
+ */
+bool kgpu_namespace_name_valid(const char *s);
+
 /* A namespace as queue selection reads it. Borrowed. */
 typedef struct kgpu_queue_ns {
     const char *name;

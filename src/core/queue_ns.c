@@ -38,8 +38,7 @@ struct kgpu__qns {
     qrule *r; /* by queue id */
 };
 
-/* A DNS label, as namespace names and label values' shape: [a-z0-9-], 1..63. */
-static bool dns_label(const char *s)
+bool kgpu_namespace_name_valid(const char *s)
 {
     size_t n = s ? strlen(s) : 0;
     if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
@@ -170,7 +169,7 @@ static int copy_rule(const kgpu_queue_spec *s, qrule *r, kgpu_error *err)
         (r->namespaces = calloc((size_t)s->nnamespaces, sizeof(char *))) == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     for (int i = 0; i < s->nnamespaces; i++) {
-        if (!dns_label(s->namespaces[i]))
+        if (!kgpu_namespace_name_valid(s->namespaces[i]))
             return kgpu_error_set(err, KGPU_EINVAL,
                                   "queue %s: namespaces[%d] '%.80s': a namespace name is 1 to 63 "
                                   "characters of a-z, 0-9 and '-'",

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kgpu/queue.h"
 #include "watcher.h"
 #include "yamljson.h"
 
@@ -76,11 +77,8 @@ static int get_exempt(json_t *doc, const char *name, dp_watch_config *c, kgpu_er
     for (size_t i = 0; i < json_array_size(v); i++) {
         const char *ns = json_string_value(json_array_get(v, i));
         size_t n = ns != NULL ? strlen(ns) : 0;
-        bool ok = n > 0 && n < sizeof(c->exempt[0]) &&
-                  n == json_string_length(json_array_get(v, i)) && ns[0] != '-' &&
-                  ns[n - 1] != '-';
-        for (size_t k = 0; ok && k < n; k++)
-            ok = (ns[k] >= 'a' && ns[k] <= 'z') || (ns[k] >= '0' && ns[k] <= '9') || ns[k] == '-';
+        bool ok = kgpu_namespace_name_valid(ns) && n < sizeof(c->exempt[0]) &&
+                  n == json_string_length(json_array_get(v, i));
         if (!ok)
             return kgpu_error_set(err, KGPU_EPARSE,
                                   "%s: exemptNamespaces[%zu]: expected a namespace name (a DNS "
