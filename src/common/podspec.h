@@ -22,6 +22,7 @@
 #define KGPU_ANN_TYPE      "kgpu.io/gpu-type"         /* comma-separated allowed model globs */
 #define KGPU_ANN_TYPE_EXCL "kgpu.io/gpu-type-exclude" /* comma-separated excluded model globs */
 #define KGPU_ANN_POLICY    "kgpu.io/policy"
+#define KGPU_ANN_CORE_LIMIT "kgpu.io/gpu-core-limit" /* percent: burst ceiling over kgpu.io/gpu-core */
 /* Annotations kgpu writes. */
 #define KGPU_ANN_ASSIGNMENT "kgpu.io/assignment" /* pod: JSON, see kgpu_assignment_format */
 #define KGPU_ANN_NODE       "kgpu.io/node"       /* pod: node the assignment is for */

@@ -47,6 +47,7 @@ typedef struct contract_share {
     int index;                    /* host index */
     char uuid[KGPU_GPU_UUID_MAX]; /* as discovery's: a GPU's UUID is never cut */
     int milli;                    /* compute in thousandths; 0 = not limited */
+    int limit_pct;                /* burst ceiling above the share, percent; 0 = none (100) */
     int64_t memory_mib;
 } contract_share;
 

@@ -67,17 +67,33 @@ int contract_sharing_parse(const char *s, contract_sharing *out)
     return 0;
 }
 
+/*
+ * The burst ceiling of a compute share (docs/shim.md, "Request and
+ * limit"): 100 (none) unless asked lower; never below the share itself.
+ */
+static int core_limit_pct(const contract_share *g)
+{
+    int pct = core_pct(g), lim = g->limit_pct;
+    return lim <= 0 || lim >= 100 ? 100 : lim < pct ? pct : lim;
+}
+
 char *contract_limits_text(const contract_target *t)
 {
-    size_t cap = 64 + (size_t)t->ngpus * (KGPU_GPU_UUID_MAX + 80);
+    size_t cap = 64 + (size_t)t->ngpus * (KGPU_GPU_UUID_MAX + 100);
     char *buf = malloc(cap);
     if (buf == NULL)
         return NULL;
     size_t len = (size_t)snprintf(buf, cap, "# kgpu limits v1\n");
-    for (int i = 0; i < t->ngpus && len < cap; i++)
+    for (int i = 0; i < t->ngpus && len < cap; i++) {
+        const contract_share *g = &t->gpus[i];
         len += (size_t)snprintf(buf + len, cap - len,
-                                "device %d uuid=%s memory_mib=%" PRId64 " core_pct=%d\n", i,
-                                t->gpus[i].uuid, t->gpus[i].memory_mib, core_pct(&t->gpus[i]));
+                                "device %d uuid=%s memory_mib=%" PRId64 " core_pct=%d", i, g->uuid,
+                                g->memory_mib, core_pct(g));
+        if (len < cap && core_pct(g) < 100 && core_limit_pct(g) < 100)
+            len += (size_t)snprintf(buf + len, cap - len, " core_limit_pct=%d", core_limit_pct(g));
+        if (len < cap)
+            len += (size_t)snprintf(buf + len, cap - len, "\n");
+    }
     return buf;
 }
 

@@ -375,6 +375,33 @@ static int fill_gpus(const pod_view *v, const container_need *cn, int64_t unit_m
                           v->ns, v->name, KGPU_ANN_ASSIGNMENT, cn->name);
 }
 
+/*
+ * The pod's burst ceiling (kgpu.io/gpu-core-limit, a whole percent 1..100)
+ * onto every GPU of the container. The pod's own writer sets it, and it
+ * can only lower what the container may take of an idle GPU: the library
+ * never lets it below the container's share (contract_limits_text).
+ */
+static int core_limit(const pod_view *v, dp_match *out, kgpu_error *err)
+{
+    const char *s = annotation(v->pod, KGPU_ANN_CORE_LIMIT);
+    if (s == NULL)
+        return 0;
+    int pct = 0;
+    size_t n = strlen(s);
+    bool ok = n >= 1 && n <= 3;
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = s[i] >= '0' && s[i] <= '9';
+        pct = pct * 10 + (s[i] - '0');
+    }
+    if (!ok || pct < 1 || pct > 100)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "pod %s/%s: annotation %s: '%.16s' is not a whole percent 1..100",
+                              v->ns, v->name, KGPU_ANN_CORE_LIMIT, s);
+    for (int g = 0; g < out->t.ngpus; g++)
+        out->t.gpus[g].limit_pct = pct;
+    return 0;
+}
+
 /* The order in which a container's resources carry its env and mounts. */
 static const dp_res primary_order[DP_NRES] = {DP_RES_MEM, DP_RES_ALIAS, DP_RES_CORE, DP_RES_WHOLE};
 
@@ -474,6 +501,8 @@ int dp_match_find(const json_t *items, const char *node, dp_res r, int64_t count
         out->init = cn->init;
         out->count = count;
         rc = fill_gpus(best, cn, unit_mib, out, err);
+        if (rc == 0)
+            rc = core_limit(best, out, err);
         if (rc == 0)
             finish(best, best->next, r, registered, out);
     }

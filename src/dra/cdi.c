@@ -67,6 +67,7 @@ void dra_claim_target(const dra_claim *c, int r, int64_t unit_mib, contract_targ
             snprintf(g->uuid, sizeof(g->uuid), "%s", a->uuid);
         }
         g->milli = g->milli + a->milli > 1000 ? 1000 : g->milli + a->milli;
+        g->limit_pct = a->limit_pct > g->limit_pct ? a->limit_pct : g->limit_pct;
         g->memory_mib += a->memory_mib;
         mem += a->memory_mib;
     }

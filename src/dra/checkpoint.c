@@ -77,11 +77,13 @@ char *dra_ckpt_encode(const dra_ckpt *ck)
         json_t *devs = json_array();
         for (int k = 0; k < c->nallocs; k++) {
             const dra_alloc *a = &c->allocs[k];
-            json_array_append_new(
-                devs, json_pack("{s:s, s:s, s:s, s:i, s:I, s:i, s:s}", "request", c->reqs[a->req],
-                                "device", a->device, "uuid", a->uuid, "index", a->index,
-                                "memoryMiB", (json_int_t)a->memory_mib, "milli", a->milli,
-                                "shareID", a->share_id));
+            json_t *dev =
+                json_pack("{s:s, s:s, s:s, s:i, s:I, s:i, s:s}", "request", c->reqs[a->req],
+                          "device", a->device, "uuid", a->uuid, "index", a->index, "memoryMiB",
+                          (json_int_t)a->memory_mib, "milli", a->milli, "shareID", a->share_id);
+            if (a->limit_pct > 0) /* absent in checkpoints written before it existed */
+                json_object_set_new(dev, "coreLimit", json_integer(a->limit_pct));
+            json_array_append_new(devs, dev);
         }
         json_array_append_new(claims, json_pack("{s:s, s:s, s:s, s:o}", "uid", c->uid,
                                                 "namespace", c->ns, "name", c->name, "devices",
@@ -118,7 +120,7 @@ static int read_claim(const json_t *o, size_t i, const char *file, dra_claim *c,
         const char *uuid = json_string_value(json_object_get(d, "uuid"));
         const char *share = json_string_value(json_object_get(d, "shareID"));
         json_t *idx = json_object_get(d, "index"), *mem = json_object_get(d, "memoryMiB"),
-               *milli = json_object_get(d, "milli");
+               *milli = json_object_get(d, "milli"), *lim = json_object_get(d, "coreLimit");
         if (!dra_safe_name(req) || strlen(req) >= DRA_REQ_MAX || dev == NULL ||
             strlen(dev) >= DRA_DEVICE_MAX || !dra_safe_name(uuid) ||
             strlen(uuid) >= KGPU_GPU_UUID_MAX || share == NULL ||
@@ -126,7 +128,9 @@ static int read_claim(const json_t *o, size_t i, const char *file, dra_claim *c,
             !json_is_integer(mem) || !json_is_integer(milli) || json_integer_value(idx) < 0 ||
             json_integer_value(idx) > 1000000 || json_integer_value(mem) < 1 ||
             json_integer_value(mem) > (INT64_C(1) << 40) || json_integer_value(milli) < 0 ||
-            json_integer_value(milli) > 1000)
+            json_integer_value(milli) > 1000 ||
+            (lim != NULL && (!json_is_integer(lim) || json_integer_value(lim) < 1 ||
+                             json_integer_value(lim) > 100)))
             return kgpu_error_set(err, KGPU_EPARSE, "%s: claim %s: device %zu malformed", file,
                                   uid, k);
         int r = -1;
@@ -148,6 +152,7 @@ static int read_claim(const json_t *o, size_t i, const char *file, dra_claim *c,
         a->index = (int)json_integer_value(idx);
         a->memory_mib = json_integer_value(mem);
         a->milli = (int)json_integer_value(milli);
+        a->limit_pct = lim != NULL ? (int)json_integer_value(lim) : 0;
     }
     return 0;
 }

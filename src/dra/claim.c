@@ -162,6 +162,67 @@ static int read_result(const json_t *res, const dra_node_view *node, const char 
     return 0;
 }
 
+/*
+ * One opaque configuration of this driver (status.allocation.devices.config,
+ * copied there from the claim or its class at allocation): parameters
+ * {"apiVersion", "kind", "coreLimit": N}, N a whole percent 1..100, the
+ * burst ceiling of the requests it names (all, when it names none). The
+ * claim's author writes it, and it only lowers what its own containers may
+ * take of an idle GPU; any other parameter is refused by name, so a typo
+ * is not silently a share without its ceiling.
+ */
+static int read_config(const json_t *cfg, size_t i, const char *who, dra_claim *out,
+                       kgpu_error *err)
+{
+    const json_t *opaque = json_object_get(cfg, "opaque");
+    if (!json_is_object(cfg) || (opaque != NULL && !json_is_object(opaque)))
+        return kgpu_error_set(err, KGPU_EPARSE, "%s: allocation config %zu is not an object", who,
+                              i);
+    const char *driver = str(opaque, "driver");
+    if (opaque == NULL || driver == NULL || strcmp(driver, DRA_DRIVER) != 0)
+        return 0; /* another driver's, or not opaque */
+    const json_t *params = json_object_get(opaque, "parameters");
+    const json_t *reqs = json_object_get(cfg, "requests");
+    if (!json_is_object(params) || (reqs != NULL && !json_is_array(reqs)))
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "%s: config %zu of %s: parameters is not an object or requests not "
+                              "a list",
+                              who, i, DRA_DRIVER);
+    int pct = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)params, key, v)
+    {
+        if (strcmp(key, "apiVersion") == 0 || strcmp(key, "kind") == 0)
+            continue;
+        if (strcmp(key, "coreLimit") != 0)
+            return kgpu_error_set(err, KGPU_EPARSE, "%s: config %zu of %s: unknown parameter %.64s",
+                                  who, i, DRA_DRIVER, key);
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 100)
+            return kgpu_error_set(err, KGPU_EPARSE,
+                                  "%s: config %zu of %s: coreLimit is not a whole percent 1..100",
+                                  who, i, DRA_DRIVER);
+        pct = (int)json_integer_value(v);
+    }
+    for (int k = 0; k < out->nallocs && pct > 0; k++) {
+        const char *base = out->reqs[out->allocs[k].req];
+        bool named = reqs == NULL || json_array_size(reqs) == 0;
+        size_t j;
+        json_t *r;
+        json_array_foreach(reqs, j, r)
+        {
+            const char *n = json_string_value(r);
+            size_t blen = strlen(base);
+            /* "req" names all of it; "req/sub" the subrequest, whose base is req. */
+            named |= n != NULL && strncmp(n, base, blen) == 0 &&
+                     (n[blen] == '\0' || n[blen] == '/');
+        }
+        if (named)
+            out->allocs[k].limit_pct = pct;
+    }
+    return 0;
+}
+
 int dra_claim_read(const json_t *claim, const char *want_uid, const dra_node_view *node,
                    dra_claim *out, kgpu_error *err)
 {
@@ -206,6 +267,17 @@ int dra_claim_read(const json_t *claim, const char *want_uid, const dra_node_vie
     if (out->nallocs == 0)
         return kgpu_error_set(err, KGPU_ENOENT, "%s has no device of %s allocated", who,
                               DRA_DRIVER);
+    const json_t *configs = json_object_get(json_object_get(alloc, "devices"), "config");
+    if (configs != NULL && !json_is_array(configs))
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "%s: status.allocation.devices.config is not a list", who);
+    json_t *cfg;
+    json_array_foreach(configs, i, cfg)
+    {
+        int rc = read_config(cfg, i, who, out, err);
+        if (rc != 0)
+            return rc;
+    }
     return 0;
 }
 

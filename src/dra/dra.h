@@ -73,6 +73,7 @@ typedef struct dra_alloc {
     int index;          /* host (NVML) index */
     int64_t memory_mib; /* the share's memory */
     int milli;          /* the share's compute in thousandths; 0 = not limited */
+    int limit_pct;      /* burst ceiling (opaque config coreLimit), percent; 0 = none */
     char share_id[DRA_UID_MAX]; /* consumable capacity's share, "" for none */
 } dra_alloc;
 

@@ -34,8 +34,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const dra_alloc *a = &c.allocs[i];
         const kgpu_gpu_info *g = a->index == 0 ? &gpus[0] : a->index == 3 ? &gpus[1] : NULL;
         if (g == NULL || strcmp(g->uuid, a->uuid) != 0 || a->memory_mib < 1 ||
-            a->memory_mib > g->memory_mib || a->milli < 0 || a->milli > 1000 || a->req < 0 ||
-            a->req >= c.nreqs || !dra_safe_name(c.reqs[a->req]))
+            a->memory_mib > g->memory_mib || a->milli < 0 || a->milli > 1000 ||
+            a->limit_pct < 0 || a->limit_pct > 100 || a->req < 0 || a->req >= c.nreqs ||
+            !dra_safe_name(c.reqs[a->req]))
             abort();
     }
     contract_inventory inv = {.ngpus = 2, .unit_mib = 1024};

@@ -403,6 +403,31 @@ static void test_match_bad_input(void **state)
     assert_int_equal(dp_match_find(NULL, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), KGPU_EPARSE);
 }
 
+/* kgpu.io/gpu-core-limit: a whole percent onto every GPU; anything else refused, named. */
+static void test_match_core_limit(void **state)
+{
+    (void)state;
+    dp_match m;
+    kgpu_error err = {0};
+    json_t *items = json_array();
+    json_t *p = pod("a", NODE, MAIN4, NULL, ASSIGN("main", 1, U1, 4096));
+    json_array_append_new(items, p);
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_int_equal(m.t.gpus[0].limit_pct, 0);
+    annotate(p, "kgpu.io/gpu-core-limit", "60");
+    assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err), 0);
+    assert_int_equal(m.t.gpus[0].limit_pct, 60);
+    const char *bad[] = {"", "0", "101", "-5", "+5", "5%", "1000", "6 0", "0x10", "99999999999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        annotate(p, "kgpu.io/gpu-core-limit", bad[i]);
+        assert_int_equal(dp_match_find(items, NODE, DP_RES_MEM, 4, ALL, 1024, &m, &err),
+                         KGPU_EINVAL);
+        assert_non_null(strstr(err.msg, "kgpu.io/gpu-core-limit"));
+        assert_non_null(strstr(err.msg, "default/a"));
+    }
+    json_decref(items);
+}
+
 static void test_match_unregistered(void **state)
 {
     (void)state;
@@ -623,6 +648,23 @@ static void test_response(void **state)
                               "device 0 uuid=" U0 " memory_mib=3072 core_pct=25\n"
                               "device 1 uuid=" U1 " memory_mib=3072 core_pct=25\n");
     free(text);
+    /* A burst ceiling: written when below 100, never below the share, not for memory only. */
+    m.t.gpus[0].limit_pct = 60;
+    m.t.gpus[1].limit_pct = 10;
+    text = contract_limits_text(&m.t);
+    assert_string_equal(text,
+                        "# kgpu limits v1\n"
+                        "device 0 uuid=" U0 " memory_mib=3072 core_pct=25 core_limit_pct=60\n"
+                        "device 1 uuid=" U1 " memory_mib=3072 core_pct=25 core_limit_pct=25\n");
+    free(text);
+    m.t.gpus[0].limit_pct = 100;
+    m.t.gpus[1].milli = 0;
+    text = contract_limits_text(&m.t);
+    assert_string_equal(text, "# kgpu limits v1\n"
+                              "device 0 uuid=" U0 " memory_mib=3072 core_pct=25\n"
+                              "device 1 uuid=" U1 " memory_mib=3072 core_pct=100\n");
+    free(text);
+    sample_match(&m);
     contract_inventory inv;
     inventory(&inv, 1024);
     contract_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so", NULL};
@@ -874,6 +916,7 @@ int main(void)
         cmocka_unit_test(test_match_sizes_tell_apart),
         cmocka_unit_test(test_match_multi_container),
         cmocka_unit_test(test_match_bad_input),
+        cmocka_unit_test(test_match_core_limit),
         cmocka_unit_test(test_match_unregistered),
         cmocka_unit_test(test_match_forged_assignment),
         cmocka_unit_test(test_ids_cover_assignment),

@@ -254,6 +254,57 @@ static void test_claim_two_shares_one_gpu(void **state)
     free(limits);
 }
 
+/* An opaque config of this driver gives its requests a burst ceiling; others' are ignored. */
+#define CFG(x)                                                                                     \
+    HEAD " \"status\": {\"allocation\": {\"devices\": {\"results\": ["                            \
+    OURS("gpu-0", ", \"shareID\": \"s1\", \"consumedCapacity\": {\"cores\": \"20\"}")              \
+    "], \"config\": [" x "]}}}}"
+#define OPAQUE(reqs, params)                                                                       \
+    "{\"source\": \"FromClaim\"" reqs ", \"opaque\": {\"driver\": \"gpu.kgpu.io\", "               \
+    "\"parameters\": " params "}}"
+
+static void test_claim_core_limit(void **state)
+{
+    (void)state;
+    inventory(NULL);
+    dra_node_view node = {.pool = NODE, .gpus = gpus, .ngpus = 3};
+    struct {
+        const char *text;
+        int want;
+    } ok[] = {
+        {CFG(OPAQUE("", "{\"apiVersion\": \"gpu.kgpu.io/v1\", \"kind\": \"GpuConfig\","
+                        " \"coreLimit\": 60}")),
+         60},
+        {CFG(OPAQUE(", \"requests\": [\"r\"]", "{\"coreLimit\": 45}")), 45},
+        {CFG(OPAQUE(", \"requests\": [\"r/small\"]", "{\"coreLimit\": 45}")), 45},
+        {CFG(OPAQUE(", \"requests\": [\"other\"]", "{\"coreLimit\": 45}")), 0},
+        {CFG("{\"opaque\": {\"driver\": \"other.example.com\", \"parameters\": {\"x\": 1}}}"), 0},
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        dra_claim c;
+        kgpu_error err = {0};
+        if (dra_claim_read_text(ok[i].text, strlen(ok[i].text), NULL, &node, &c, &err) != 0)
+            fail_msg("case %zu refused: %s", i, err.msg);
+        assert_int_equal(c.allocs[0].limit_pct, ok[i].want);
+        contract_target m;
+        dra_claim_target(&c, 0, 1024, &m);
+        char *limits = contract_limits_text(&m);
+        char want[64];
+        snprintf(want, sizeof(want), "core_pct=20%s%d\n", ok[i].want ? " core_limit_pct=" : "",
+                 ok[i].want);
+        if (ok[i].want == 0)
+            snprintf(want, sizeof(want), "core_pct=20\n");
+        assert_non_null(strstr(limits, want));
+        free(limits);
+    }
+    expect_refused(CFG(OPAQUE("", "{\"coreLimit\": 0}")), NULL, "coreLimit is not a whole");
+    expect_refused(CFG(OPAQUE("", "{\"coreLimit\": 101}")), NULL, "coreLimit is not a whole");
+    expect_refused(CFG(OPAQUE("", "{\"coreLimit\": \"60\"}")), NULL, "coreLimit is not a whole");
+    expect_refused(CFG(OPAQUE("", "{\"corelimit\": 60}")), NULL, "unknown parameter corelimit");
+    expect_refused(CFG(OPAQUE("", "[]")), NULL, "parameters is not an object");
+    expect_refused(CFG("7"), NULL, "config 0 is not an object");
+}
+
 static void test_claim_refused(void **state)
 {
     (void)state;
@@ -414,6 +465,7 @@ static void test_checkpoint(void **state)
     kgpu_error err = {0};
     dra_claim c;
     assert_int_equal(dra_claim_read_text(CLAIM, strlen(CLAIM), NULL, &node, &c, &err), 0);
+    c.allocs[0].limit_pct = 60; /* a burst ceiling survives the round trip */
     assert_int_equal(dra_ckpt_put(&ck, &c, &err), 0);
     snprintf(c.uid, sizeof(c.uid), "uid-2");
     c.nallocs = 1;
@@ -500,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_slice),
         cmocka_unit_test(test_node_conflicts),
         cmocka_unit_test(test_claim_read),
+        cmocka_unit_test(test_claim_core_limit),
         cmocka_unit_test(test_claim_refused),
         cmocka_unit_test(test_claim_two_shares_one_gpu),
         cmocka_unit_test(test_cdi_matches_allocate),
