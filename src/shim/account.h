@@ -90,6 +90,12 @@ void kgpu__array_gone(uint64_t array);
 void kgpu__compute_wait(void);
 
 /*
+ * The gate of limits index li, whatever the current context (a launch
+ * that reaches several devices passes each one's, in ascending order).
+ */
+void kgpu__compute_wait_li(int li);
+
+/*
  * Before a launch or graph launch on the current context's device: waits
  * for this container's turn when the device has a compute share (no cost
  * otherwise beyond one load, inline here since every launch passes it).

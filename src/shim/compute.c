@@ -8,12 +8,58 @@
 #include "compat.h"
 #include "account.h"
 
-/* Gives the GPU up cleanly: the work this context queued has run. */
+/*
+ * The limits index whose turn the calling thread is giving up, where it is
+ * not the current context's (kgpu__compute_wait_li): the gate's drain
+ * takes no argument.
+ */
+static _Thread_local int drain_li = -1;
+
+/* Synchronizes context ctx, made current for the while (push, sync, pop). */
+static void drain_ctx(CUcontext ctx)
+{
+    kgpu__pfn_cuCtxSynchronize sync = KGPU_REAL(cuCtxSynchronize);
+    kgpu__pfn_cuCtxPushCurrent_v2 push = KGPU_REAL(cuCtxPushCurrent_v2);
+    kgpu__pfn_cuCtxPopCurrent_v2 pop = KGPU_REAL(cuCtxPopCurrent_v2);
+    CUcontext popped;
+    if (ctx == NULL || push == NULL || pop == NULL || push(ctx) != CUDA_SUCCESS)
+        return;
+    sync();
+    pop(&popped);
+}
+
+/*
+ * Gives the GPU up cleanly: the work queued by every context this process
+ * has on that GPU has run, not only the calling thread's current one (a
+ * process may hold several: contexts it made, the primary one it retained).
+ * They are the contexts the library charges a footprint for: those made
+ * (the allocation table's KGPU_TRACK_CTX records, by limits index) and the
+ * retained primary contexts of the CUDA devices on this limits line.
+ */
 static void drain(void)
 {
     kgpu__pfn_cuCtxSynchronize sync = KGPU_REAL(cuCtxSynchronize);
-    if (sync != NULL)
-        sync();
+    kgpu_where w = {.li = -1, .ctx = NULL};
+    if (sync == NULL)
+        return;
+    sync(); /* the current context first, whatever the table knows */
+    if (kgpu__where_current(&w) != CUDA_SUCCESS)
+        w.ctx = NULL;
+    int li = drain_li >= 0 ? drain_li : w.li;
+    CUcontext cur = w.ctx;
+    if (li < 0)
+        return;
+    uint64_t made[64];
+    size_t n = kgpu_track_keys(&kgpu__shim.track, KGPU_TRACK_CTX, li, made, 64);
+    for (size_t i = 0; i < n && i < 64; i++)
+        if ((CUcontext)(uintptr_t)made[i] != cur)
+            drain_ctx((CUcontext)(uintptr_t)made[i]);
+    int np = atomic_load_explicit(&kgpu__shim.nprimary, memory_order_acquire);
+    for (int d = 0; d < np; d++) {
+        CUcontext p = atomic_load_explicit(&kgpu__shim.primary[d].ctx, memory_order_relaxed);
+        if (p != NULL && p != cur && kgpu__shim.devmap[d] == li)
+            drain_ctx(p);
+    }
 }
 
 /* The schedule of limits index li, joined on first use; NULL where there is none to join. */
@@ -50,4 +96,19 @@ void kgpu__compute_wait(void)
     kgpu_sched *s = pct >= 0 && pct < 100 ? sched_for(w.li) : NULL;
     if (s != NULL)
         kgpu_sched_gate(s, drain);
+}
+
+/* ---- the gate of a given device (multi-device launches) ---- */
+
+void kgpu__compute_wait_li(int li)
+{
+    if (li < 0 || li >= kgpu__shim.limits.ndevices)
+        return;
+    int pct = kgpu__shim.limits.dev[li].core_pct;
+    kgpu_sched *s = pct >= 0 && pct < 100 ? sched_for(li) : NULL;
+    if (s != NULL) {
+        drain_li = li;
+        kgpu_sched_gate(s, drain);
+        drain_li = -1;
+    }
 }

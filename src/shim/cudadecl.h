@@ -169,6 +169,19 @@ typedef struct CUarrayMapInfo_st {
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT            16
 #define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
 
+/* CUfunction_attribute: bytes of local memory each thread of the kernel needs. */
+#define CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES 3
+
+/* CUDA_LAUNCH_PARAMS: one device's part of cuLaunchCooperativeKernelMultiDevice. */
+typedef struct CUDA_LAUNCH_PARAMS_st {
+    CUfunction function;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    void **kernelParams;
+} CUDA_LAUNCH_PARAMS;
+
 typedef void (*CUhostFn)(void *userData);
 
 typedef int nvmlReturn_t;

@@ -16,4 +16,11 @@
 #include "hooks.def"
 #undef X
 
+/*
+ * hooks_measure.c, for the launch hooks: before a launch of f in the
+ * current context, charges what the context's local memory must grow by
+ * for it (CUDA_ERROR_OUT_OF_MEMORY: it does not fit, do not launch).
+ */
+CUresult kgpu__lmem_launch(CUfunction f);
+
 #endif

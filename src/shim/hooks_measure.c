@@ -1,12 +1,18 @@
 /*
  * The hooks whose footprint no argument gives and no driver figure
- * reports apart: context limits (cuCtxSetLimit) and module and library
- * loads. They are charged what the driver's free memory drops by across
- * the call (cuMemGetInfo), and the limits what can be computed besides:
- * the heap and printf FIFO byte for byte, the stack per resident thread.
+ * reports apart: context limits (cuCtxSetLimit), module and library
+ * loads, and the local memory a launch grows. They are charged what the
+ * driver's free memory drops by across the call (cuMemGetInfo), and what
+ * can be computed besides: the heap and printf FIFO byte for byte, the
+ * stack and local memory per resident thread, a module image's sections.
  */
+#include <stdlib.h>
+
 #include "compat.h"
 #include "hooks.h"
+#include "modimage.h"
+
+static void fn_forget_all(void);
 
 /* ---- context limits ---- */
 
@@ -100,45 +106,64 @@ CUresult cuCtxSetLimit(int limit, size_t value)
                           .kind = KGPU_TRACK_LIMIT};
     if (now != 0 && kgpu_track_put(&kgpu__shim.track, &rec) != 0)
         kgpu__uncharge(w.li, now);
+    if (limit == CU_LIMIT_STACK_SIZE) { /* the local memory is resized to the new stack */
+        kgpu_track_rec gone;
+        kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_LMEM, (uintptr_t)w.ctx, &gone);
+    }
     return r;
 }
 
-/* ---- modules and libraries: measured across the load ---- */
+/* ---- modules and libraries: an estimate before the load, the measured drop after ---- */
 
 /*
- * After a load that succeeded: charges what the driver's free memory
- * dropped by across it; over the limit, the load is undone with `unload`
- * and CUDA_ERROR_OUT_OF_MEMORY returned.
+ * Before a load: the image's own upper bound (modimage.c) is charged, so
+ * a module that cannot fit is refused before the driver makes it. After
+ * a load that succeeded the charge becomes what the driver's free memory
+ * dropped by across it; past the limit (an image without an estimate, or
+ * one the driver took more for), the load is undone with `unload` and
+ * CUDA_ERROR_OUT_OF_MEMORY returned. A driver without the unload function
+ * cannot undo it: the memory is then charged past the limit, as it is held.
  */
 static CUresult loaded(CUresult r, int measured, size_t before, const kgpu_where *w, int kind,
-                       uint64_t key, CUcontext ctx, CUresult (*unload)(uint64_t key))
+                       uint64_t key, CUcontext ctx, CUresult (*unload)(uint64_t key), uint64_t est)
 {
     size_t after = 0;
-    if (r != CUDA_SUCCESS || !measured || free_now(&after) != 0 || after >= before)
+    if (r != CUDA_SUCCESS || !measured || free_now(&after) != 0 || after >= before) {
+        if (est != 0)
+            kgpu__uncharge(w->li, est);
         return r;
+    }
     uint64_t bytes = before - after;
-    if (kgpu__charge(w->li, bytes) != CUDA_SUCCESS) {
-        unload(key);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (bytes <= est) {
+        kgpu__uncharge(w->li, est - bytes);
+    } else if (kgpu__charge(w->li, bytes - est) != CUDA_SUCCESS) {
+        if (unload(key) == CUDA_ERROR_NOT_FOUND) {
+            kgpu__charge_anyway(w->li, bytes - est);
+        } else {
+            kgpu__uncharge(w->li, est);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
     }
     kgpu_track_rec rec = {
         .key = key, .bytes = bytes, .ctx = (uintptr_t)ctx, .dev = (int16_t)w->li, .kind = kind};
-    if (kgpu_track_put(&kgpu__shim.track, &rec) != 0) {
-        unload(key);
+    if (kgpu_track_put(&kgpu__shim.track, &rec) != 0 && unload(key) != CUDA_ERROR_NOT_FOUND) {
         kgpu__uncharge(w->li, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return r;
 }
 
+/* CUDA_ERROR_NOT_FOUND: the driver has no function to unload with (a load cannot be undone). */
 static CUresult unload_module(uint64_t key)
 {
-    return KGPU_REAL(cuModuleUnload)((CUmodule)(uintptr_t)key);
+    kgpu__pfn_cuModuleUnload unload = KGPU_REAL(cuModuleUnload);
+    return unload != NULL ? unload((CUmodule)(uintptr_t)key) : CUDA_ERROR_NOT_FOUND;
 }
 
 static CUresult unload_library(uint64_t key)
 {
-    return KGPU_REAL(cuLibraryUnload)((CUlibrary)(uintptr_t)key);
+    kgpu__pfn_cuLibraryUnload unload = KGPU_REAL(cuLibraryUnload);
+    return unload != NULL ? unload((CUlibrary)(uintptr_t)key) : CUDA_ERROR_NOT_FOUND;
 }
 
 /* Before a load: where it lands and the free memory then (0: cannot be measured). */
@@ -148,38 +173,68 @@ static int before_load(kgpu_where *w, size_t *before)
            free_now(before) == 0;
 }
 
-#define MODULE_LOAD(call, pmod)                                                                    \
-    kgpu_where w;                                                                                  \
-    size_t before = 0;                                                                             \
-    int measured = before_load(&w, &before);                                                       \
-    CUresult r = call;                                                                             \
-    return loaded(r, measured, before, &w, KGPU_TRACK_MODULE,                                      \
-                  r == CUDA_SUCCESS && (pmod) != NULL ? (uint64_t)(uintptr_t)*(pmod) : 0, w.ctx,   \
-                  unload_module)
+/* The image's estimate (0: none); files are read up to IMAGE_FILE_MAX. */
+#define IMAGE_FILE_MAX (64u << 20)
+
+static uint64_t image_estimate(const void *image)
+{
+    uint64_t b = 0;
+    return kgpu_modimage_estimate(image, SIZE_MAX, &b) ? b : 0;
+}
+
+static uint64_t file_estimate(const char *path)
+{
+    struct stat st;
+    uint64_t b = 0;
+    int fd = path != NULL ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (fd < 0)
+        return 0;
+    unsigned char *buf = NULL;
+    if (kgpu_shim_fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+        st.st_size <= IMAGE_FILE_MAX && (buf = malloc((size_t)st.st_size)) != NULL) {
+        size_t got = 0;
+        while (got < (size_t)st.st_size) {
+            ssize_t n = pread(fd, buf + got, (size_t)st.st_size - got, (off_t)got);
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+        if (!kgpu_modimage_estimate(buf, got, &b))
+            b = 0;
+    }
+    free(buf);
+    close(fd);
+    return b;
+}
+
+#define IMAGE_LOAD(call, phandle, kind, ctx, unload, estimate)                                         kgpu_where w;                                                                                      size_t before = 0;                                                                                 int measured = before_load(&w, &before);                                                           uint64_t est = measured ? (estimate) : 0;                                                          if (est != 0)                                                                                          CHARGE_OR_RETURN(w.li, est);                                                                   CUresult r = call;                                                                                 return loaded(r, measured, before, &w, kind,                                                                     r == CUDA_SUCCESS && (phandle) != NULL ? (uint64_t)(uintptr_t)*(phandle) : 0,                      ctx, unload, est)
+
+#define MODULE_LOAD(call, pmod, estimate)                                                              IMAGE_LOAD(call, pmod, KGPU_TRACK_MODULE, w.ctx, unload_module, estimate)
 
 CUresult cuModuleLoad(CUmodule *module, const char *fname)
 {
     KGPU_ENTER(cuModuleLoad, (module, fname));
-    MODULE_LOAD(real_(module, fname), module);
+    MODULE_LOAD(real_(module, fname), module, file_estimate(fname));
 }
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     KGPU_ENTER(cuModuleLoadData, (module, image));
-    MODULE_LOAD(real_(module, image), module);
+    MODULE_LOAD(real_(module, image), module, image_estimate(image));
 }
 
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
                             int *options, void **optionValues)
 {
     KGPU_ENTER(cuModuleLoadDataEx, (module, image, numOptions, options, optionValues));
-    MODULE_LOAD(real_(module, image, numOptions, options, optionValues), module);
+    MODULE_LOAD(real_(module, image, numOptions, options, optionValues), module,
+                image_estimate(image));
 }
 
 CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
     KGPU_ENTER(cuModuleLoadFatBinary, (module, fatCubin));
-    MODULE_LOAD(real_(module, fatCubin), module);
+    MODULE_LOAD(real_(module, fatCubin), module, image_estimate(fatCubin));
 }
 
 CUresult cuModuleUnload(CUmodule hmod)
@@ -187,18 +242,13 @@ CUresult cuModuleUnload(CUmodule hmod)
     KGPU_ENTER(cuModuleUnload, (hmod));
     kgpu_track_rec rec;
     int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MODULE, (uintptr_t)hmod, &rec);
+    fn_forget_all();
     return kgpu__settle_free(real_(hmod), had, &rec);
 }
 
 /* A library is not tied to the context it was measured in: it goes when it is unloaded. */
-#define LIBRARY_LOAD(call, plib)                                                                   \
-    kgpu_where w;                                                                                  \
-    size_t before = 0;                                                                             \
-    int measured = before_load(&w, &before);                                                       \
-    CUresult r = call;                                                                             \
-    return loaded(r, measured, before, &w, KGPU_TRACK_LIBRARY,                                     \
-                  r == CUDA_SUCCESS && (plib) != NULL ? (uint64_t)(uintptr_t)*(plib) : 0, NULL,    \
-                  unload_library)
+#define LIBRARY_LOAD(call, plib, estimate)                                                         \
+    IMAGE_LOAD(call, plib, KGPU_TRACK_LIBRARY, NULL, unload_library, estimate)
 
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, int *jitOptions,
                            void **jitOptionsValues, unsigned int numJitOptions,
@@ -209,7 +259,7 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, int *jitOptions
                                    libraryOptions, libraryOptionValues, numLibraryOptions));
     LIBRARY_LOAD(real_(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
                        libraryOptionValues, numLibraryOptions),
-                 library);
+                 library, image_estimate(code));
 }
 
 CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, int *jitOptions,
@@ -222,7 +272,7 @@ CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, int *ji
                                        numLibraryOptions));
     LIBRARY_LOAD(real_(library, fileName, jitOptions, jitOptionsValues, numJitOptions,
                        libraryOptions, libraryOptionValues, numLibraryOptions),
-                 library);
+                 library, file_estimate(fileName));
 }
 
 CUresult cuLibraryUnload(CUlibrary library)
@@ -230,5 +280,156 @@ CUresult cuLibraryUnload(CUlibrary library)
     KGPU_ENTER(cuLibraryUnload, (library));
     kgpu_track_rec rec;
     int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_LIBRARY, (uintptr_t)library, &rec);
+    fn_forget_all();
     return kgpu__settle_free(real_(library), had, &rec);
+}
+
+/* ---- local memory, grown at launch ---- */
+
+/*
+ * A kernel whose threads need more local memory than the context reserves
+ * per thread makes the driver grow the reservation at its launch, for
+ * every thread the device holds at once, and keep it until the context
+ * goes or cuCtxSetLimit(CU_LIMIT_STACK_SIZE) sets it anew: the stack limit
+ * and local memory are one reservation. So the growth is charged as that
+ * limit raised to the kernel's local size would be (the same records as
+ * cuCtxSetLimit above, so either can follow the other), before the
+ * launch. Each function's local size is asked once and kept in a
+ * lock-free table, so a launch of a function seen before costs a hash and
+ * a load; only a function with local memory goes further.
+ */
+
+#define FN_SLOTS 4096 /* a power of two */
+#define FN_PROBE 8
+
+static struct fn_slot {
+    _Atomic uintptr_t f; /* the function; | 1 while being filled; 0 free */
+    _Atomic uint32_t local;
+} fn_cache[FN_SLOTS];
+
+static pthread_mutex_t lmem_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t fn_hash(uintptr_t f)
+{
+    return (size_t)(((uint64_t)f >> 4) * 0x9e3779b97f4a7c15ULL >> 52) & (FN_SLOTS - 1);
+}
+
+/* The local bytes per thread of f: 1 and *local when it is known, else 0. */
+static inline int fn_cached(uintptr_t f, uint32_t *local)
+{
+    size_t h = fn_hash(f);
+    for (int i = 0; i < FN_PROBE; i++) {
+        struct fn_slot *s = &fn_cache[(h + (size_t)i) & (FN_SLOTS - 1)];
+        uintptr_t k = atomic_load_explicit(&s->f, memory_order_acquire);
+        if (k == f) {
+            *local = atomic_load_explicit(&s->local, memory_order_relaxed);
+            return 1;
+        }
+        if (k == 0)
+            return 0;
+    }
+    return 0;
+}
+
+static void fn_remember(uintptr_t f, uint32_t local)
+{
+    size_t h = fn_hash(f);
+    for (int i = 0; i < FN_PROBE; i++) {
+        struct fn_slot *s = &fn_cache[(h + (size_t)i) & (FN_SLOTS - 1)];
+        uintptr_t empty = 0;
+        if (atomic_compare_exchange_strong(&s->f, &empty, f | 1)) {
+            atomic_store_explicit(&s->local, local, memory_order_relaxed);
+            atomic_store_explicit(&s->f, f, memory_order_release);
+            return;
+        }
+        if ((empty & ~(uintptr_t)1) == f)
+            return;
+    }
+    /* Full around here: asked again at each launch, which is only slower. */
+}
+
+/* Modules went: their functions' handles may be reused for others. */
+static void fn_forget_all(void)
+{
+    for (size_t i = 0; i < FN_SLOTS; i++)
+        atomic_store_explicit(&fn_cache[i].f, 0, memory_order_release);
+}
+
+/* The slow part: f has local memory; the current context may have to grow for it. */
+static CUresult lmem_grow(uint32_t local)
+{
+    kgpu_where w;
+    kgpu__pfn_cuCtxGetLimit get = KGPU_REAL(cuCtxGetLimit);
+    if (kgpu__where_current(&w) != CUDA_SUCCESS || w.ctx == NULL || w.li < 0 || get == NULL)
+        return CUDA_SUCCESS; /* the launch fails in the driver, or lands on no line */
+    uint64_t key = (uint64_t)(uintptr_t)w.ctx; /* ^ (CU_LIMIT_STACK_SIZE << 56), which is 0 */
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&lmem_mu);
+    kgpu_track_rec cur, base, prev = {0};
+    size_t stack = 0;
+    if (kgpu_track_get(&kgpu__shim.track, KGPU_TRACK_LMEM, key, &cur)) {
+        stack = (size_t)cur.bytes;
+    } else if (get(&stack, CU_LIMIT_STACK_SIZE) != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&lmem_mu);
+        return CUDA_SUCCESS;
+    }
+    if (local <= stack)
+        goto out; /* reserved already */
+    if (!kgpu_track_get(&kgpu__shim.track, KGPU_TRACK_LIMITBASE, key, &base)) {
+        size_t now = stack;
+        get(&now, CU_LIMIT_STACK_SIZE);
+        base = (kgpu_track_rec){.key = key,
+                                .bytes = now,
+                                .ctx = (uintptr_t)w.ctx,
+                                .dev = -1,
+                                .kind = KGPU_TRACK_LIMITBASE};
+        if (kgpu_track_put(&kgpu__shim.track, &base) != 0) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            goto out;
+        }
+    }
+    int had = kgpu_track_get(&kgpu__shim.track, KGPU_TRACK_LIMIT, key, &prev);
+    uint64_t fp_new = limit_footprint(CU_LIMIT_STACK_SIZE, local, w.dev),
+             fp_base = limit_footprint(CU_LIMIT_STACK_SIZE, (size_t)base.bytes, w.dev);
+    uint64_t target = fp_new > fp_base ? fp_new - fp_base : 0, charged = had ? prev.bytes : 0;
+    if (target > charged) {
+        if ((r = kgpu__charge(w.li, target - charged)) != CUDA_SUCCESS)
+            goto out;
+        kgpu_track_rec rec = {.key = key,
+                              .bytes = target,
+                              .ctx = (uintptr_t)w.ctx,
+                              .dev = (int16_t)w.li,
+                              .kind = KGPU_TRACK_LIMIT};
+        if (kgpu_track_put(&kgpu__shim.track, &rec) != 0) {
+            kgpu__uncharge(w.li, target - charged);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            goto out;
+        }
+    }
+    kgpu_track_rec grown = {.key = key,
+                            .bytes = local,
+                            .ctx = (uintptr_t)w.ctx,
+                            .dev = -1, /* a size per thread, not a charge */
+                            .kind = KGPU_TRACK_LMEM};
+    kgpu_track_put(&kgpu__shim.track, &grown); /* lost: asked again next time, nothing worse */
+out:
+    pthread_mutex_unlock(&lmem_mu);
+    return r;
+}
+
+CUresult kgpu__lmem_launch(CUfunction f)
+{
+    uint32_t local;
+    if (f == NULL) /* the driver refuses it */
+        return CUDA_SUCCESS;
+    if (__builtin_expect(!fn_cached((uintptr_t)f, &local), 0)) {
+        int v = 0;
+        kgpu__pfn_cuFuncGetAttribute attr = KGPU_REAL(cuFuncGetAttribute);
+        if (attr == NULL || attr(&v, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS ||
+            v < 0)
+            return CUDA_SUCCESS; /* not a function the driver knows: the launch says so */
+        local = (uint32_t)v;
+        fn_remember((uintptr_t)f, local);
+    }
+    return local == 0 ? CUDA_SUCCESS : lmem_grow(local);
 }

@@ -238,3 +238,21 @@ uint64_t kgpu_track_array_bytes(size_t width, size_t height, size_t depth, int f
     }
     return total;
 }
+
+/* ---- listing (the compute gate's drain: every context made on a device) ---- */
+
+size_t kgpu_track_keys(kgpu_track *t, int kind, int dev, uint64_t *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; t->cells != NULL && i < t->cap; i++) {
+        const kgpu_track_rec *c = &t->cells[i];
+        if (c->kind != kind || c->dev != dev)
+            continue;
+        if (n < max)
+            out[n] = c->key;
+        n++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}

@@ -28,6 +28,7 @@ enum kgpu_track_kind {
     KGPU_TRACK_LIMITBASE, /* same key: the limit's value before it was first raised (in bytes) */
     KGPU_TRACK_MODULE,    /* CUmodule: its footprint as measured when it loaded */
     KGPU_TRACK_LIBRARY,   /* CUlibrary: likewise */
+    KGPU_TRACK_LMEM,      /* CUcontext: its local memory per thread as grown at launches (dev -1) */
 };
 
 typedef struct kgpu_track_rec {
@@ -63,6 +64,12 @@ int kgpu_track_take(kgpu_track *t, int kind, uint64_t key, kgpu_track_rec *out);
  * into bytes[] (KGPU_SHIM_MAX_DEVICES entries). Returns how many.
  */
 size_t kgpu_track_take_ctx(kgpu_track *t, uintptr_t ctx, uint64_t bytes[KGPU_SHIM_MAX_DEVICES]);
+
+/*
+ * The keys of the records of `kind` charged to limits index `dev`: the
+ * first `max` into out[]. Returns how many there are (possibly more than max).
+ */
+size_t kgpu_track_keys(kgpu_track *t, int kind, int dev, uint64_t *out, size_t max);
 
 /* Live records (for tests). */
 size_t kgpu_track_count(kgpu_track *t);

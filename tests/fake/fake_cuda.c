@@ -37,9 +37,15 @@
  * the graph is launched or uploaded; raising a context's limits, and
  * loading a module ("KGPUFAKEMOD <MiB>" as the image), take device memory.
  *
+ * Module images are "KGPUFAKEMOD <MiB>", a CUDA ELF (cubin: its allocated
+ * sections) or a fatbinary whose first entry is one. Functions, their
+ * local memory and the launches from before CUDA 4.0: see "functions".
+ * A context's synchronisation waits for that context's kernels only.
+ *
  * Variants: -DFAKE_CUDA_OLD leaves out what drivers before CUDA 11 lack
  * (stream-ordered and virtual memory, cuGetProcAddress, _v2 UUIDs);
- * -DFAKE_CUDA_NO_MEMGETINFO leaves out a function the shim requires.
+ * -DFAKE_CUDA_NO_MEMGETINFO leaves out a function the shim requires;
+ * -DFAKE_CUDA_NO_LIBRARY_UNLOAD leaves out cuLibraryUnload.
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -87,6 +93,8 @@ typedef struct ctx {
     int is_primary;
     size_t limits[5];             /* CUlimit 0..4 */
     unsigned long long limit_mem; /* what limits above their defaults take */
+    size_t local;                 /* local memory per thread a launch grew the stack to (0: none) */
+    _Atomic unsigned long long last_end; /* when its last kernel ends on the timeline */
 } ctx;
 
 struct graph;
@@ -820,6 +828,9 @@ static void run_kernel(unsigned int us)
         end = (old > now ? old : now) + d;
     while (!atomic_compare_exchange_weak(&gpu->busy_until, &old, end));
     atomic_store(&last_end, end);
+    ctx *c = current();
+    if (c != NULL)
+        atomic_store(&c->last_end, end);
     pthread_mutex_lock(&ran_mu);
     if (nran == cap_ran) {
         size_t cap = cap_ran ? cap_ran * 2 : 1024;
@@ -841,6 +852,20 @@ static void run_kernel(unsigned int us)
 static void gpu_drain(void)
 {
     unsigned long long end = atomic_load(&last_end), now = now_ns();
+    if (end > now)
+        sleep_ns(end - now);
+}
+
+/*
+ * Waits until the current context's kernels have run: a context's
+ * synchronisation does not wait for the work of the process's other
+ * contexts, which the GPU runs on regardless.
+ */
+static void ctx_drain(void)
+{
+    ctx *c = current();
+    unsigned long long end = c != NULL ? atomic_load(&c->last_end) : atomic_load(&last_end),
+                       now = now_ns();
     if (end > now)
         sleep_ns(end - now);
 }
@@ -989,7 +1014,7 @@ EXPORT CUresult cuCtxSynchronize(void);
 CUresult cuCtxSynchronize(void)
 {
     NEED_INIT();
-    gpu_drain();
+    ctx_drain();
     run_ops(NULL, 1);
     return OK;
 }
@@ -1954,6 +1979,8 @@ CUresult cuCtxSetLimit(int limit, size_t v)
     CUresult r = INVALID_VALUE;
     if (limit >= 0 && limit < 5) {
         size_t old = c->limits[limit] ? c->limits[limit] : limit_default[limit];
+        if (limit == 0 && c->local > old) /* what launches grew it to is resized too */
+            old = c->local;
         unsigned long long was = limit_mem(limit, old), now = limit_mem(limit, v),
                            base = limit_mem(limit, limit_default[limit]);
         was = was > base ? was - base : 0;
@@ -1965,6 +1992,8 @@ CUresult cuCtxSetLimit(int limit, size_t v)
             USED(c->dev) = USED(c->dev) + now - was;
             c->limit_mem = c->limit_mem + now - was;
             c->limits[limit] = v;
+            if (limit == 0)
+                c->local = 0;
         }
     }
     pthread_mutex_unlock(&mu);
@@ -1983,13 +2012,29 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
 
 /* ---- modules and libraries: the image "KGPUFAKEMOD <MiB>" takes that much ---- */
 
+static _Atomic unsigned long long module_loads;
+static unsigned long long elf_bytes(const unsigned char *p);
+
 static CUresult load_image(const char *image, void **out, int kind)
 {
-    unsigned long long mib, key;
-    if (image == NULL || out == NULL || sscanf(image, "KGPUFAKEMOD %llu", &mib) != 1)
+    unsigned long long mib, key, bytes = 0;
+    atomic_fetch_add(&module_loads, 1);
+    unsigned int magic = 0, entry_header = 0;
+    if (image != NULL)
+        memcpy(&magic, image, 4);
+    if (image != NULL && memcmp(image, "\x7f" "ELF", 4) == 0)
+        bytes = elf_bytes((const unsigned char *)image);
+    else if (magic == 0xBA55ED50u) { /* a fatbinary: its first entry, a cubin here */
+        memcpy(&entry_header, image + 16 + 4, 4);
+        if (memcmp(image + 16 + entry_header, "\x7f" "ELF", 4) == 0)
+            bytes = elf_bytes((const unsigned char *)image + 16 + entry_header);
+    }
+    else if (image != NULL && sscanf(image, "KGPUFAKEMOD %llu", &mib) == 1)
+        bytes = mib ? mib * MIB : 1;
+    if (bytes == 0 || out == NULL)
         return 200; /* CUDA_ERROR_INVALID_IMAGE */
     NEED_CTX(c);
-    CUresult r = take(c->dev, mib ? mib * MIB : 1, kind == K_MODULE ? c : NULL, kind, &key);
+    CUresult r = take(c->dev, bytes, kind == K_MODULE ? c : NULL, kind, &key);
     pthread_mutex_unlock(&mu);
     if (r == OK)
         *out = (void *)(uintptr_t)key;
@@ -1998,14 +2043,18 @@ static CUresult load_image(const char *image, void **out, int kind)
 
 static CUresult load_file(const char *path, void **out, int kind)
 {
-    char buf[256] = "";
+    static char buf[1 << 20]; /* the images the tests write are smaller */
+    static pthread_mutex_t file_mu = PTHREAD_MUTEX_INITIALIZER;
     FILE *f = path != NULL ? fopen(path, "r") : NULL;
     if (f == NULL)
         return 301; /* CUDA_ERROR_FILE_NOT_FOUND */
+    pthread_mutex_lock(&file_mu);
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);
     fclose(f);
     buf[n] = '\0';
-    return load_image(buf, out, kind);
+    CUresult r = load_image(buf, out, kind);
+    pthread_mutex_unlock(&file_mu);
+    return r;
 }
 
 EXPORT CUresult cuModuleLoad(void **m, const char *path);
@@ -2059,6 +2108,7 @@ CUresult cuLibraryLoadFromFile(void **l, const char *path, int *jo, void **jv, u
     return load_file(path, l, K_LIBRARY);
 }
 
+#ifndef FAKE_CUDA_NO_LIBRARY_UNLOAD
 EXPORT CUresult cuLibraryUnload(void *l);
 CUresult cuLibraryUnload(void *l)
 {
@@ -2068,6 +2118,7 @@ CUresult cuLibraryUnload(void *l)
     pthread_mutex_unlock(&mu);
     return r;
 }
+#endif
 #endif
 
 typedef struct {
@@ -2210,6 +2261,8 @@ static CUresult launched(unsigned int grid_x)
     return OK;
 }
 
+static CUresult launched_fn(void *f, unsigned int grid_x);
+
 /* Not a driver function: how many launches reached the driver, and the last one's grid x. */
 EXPORT CUresult fakeCudaLaunches(unsigned long long *n, unsigned int *grid_x);
 CUresult fakeCudaLaunches(unsigned long long *n, unsigned int *grid_x)
@@ -2226,7 +2279,7 @@ CUresult cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int 
                         unsigned int by, unsigned int bz, unsigned int shm, stream *s,
                         void **params, void **extra)
 {
-    return launched(gx);
+    return launched_fn(f, gx);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(void *f, unsigned int gx, unsigned int gy,
@@ -2237,7 +2290,7 @@ CUresult cuLaunchCooperativeKernel(void *f, unsigned int gx, unsigned int gy, un
                                    unsigned int bx, unsigned int by, unsigned int bz,
                                    unsigned int shm, stream *s, void **params)
 {
-    return launched(gx);
+    return launched_fn(f, gx);
 }
 
 #ifndef FAKE_CUDA_OLD
@@ -2245,9 +2298,247 @@ CUresult cuLaunchCooperativeKernel(void *f, unsigned int gx, unsigned int gy, un
 EXPORT CUresult cuLaunchKernelEx(const unsigned int *config, void *f, void **params, void **extra);
 CUresult cuLaunchKernelEx(const unsigned int *config, void *f, void **params, void **extra)
 {
-    return config != NULL ? launched(config[0]) : INVALID_VALUE;
+    return config != NULL ? launched_fn(f, config[0]) : INVALID_VALUE;
 }
 #endif
+
+/* ---- functions, their local memory, and the launches from before CUDA 4.0 ---- */
+
+/*
+ * cuModuleGetFunction hands out a function of any name; one named
+ * "kgpufake_local_<bytes>" needs that much local memory per thread
+ * (CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES). Launching it in a context whose
+ * stack (the per-thread local memory reservation) is smaller grows the
+ * reservation to it for every resident thread, from the device's memory,
+ * as the driver does; kept until the context goes or cuCtxSetLimit of the
+ * stack resizes it. The pre-4.0 launches use the block shape and
+ * parameters set beforehand; a launch's duration on the timeline is its
+ * grid x in microseconds as everywhere here (cuLaunch: a 1 x 1 grid).
+ */
+#define MAX_FUNCS 256
+
+typedef struct func {
+    void *module;
+    size_t local;
+    int bx, by, bz; /* cuFuncSetBlockShape; 0: not set */
+    unsigned int param_bytes;
+} func;
+
+static func funcs[MAX_FUNCS];
+static int nfuncs;
+
+static func *as_func(void *f)
+{
+    func *fn = f;
+    return fn >= funcs && fn < funcs + MAX_FUNCS ? fn : NULL;
+}
+
+EXPORT CUresult cuModuleGetFunction(void **pf, void *module, const char *name);
+CUresult cuModuleGetFunction(void **pf, void *module, const char *name)
+{
+    unsigned long long local = 0;
+    NEED_CTX(c);
+    (void)c;
+    CUresult r = OK;
+    if (pf == NULL || name == NULL || find((uintptr_t)module, K_MODULE) == NULL)
+        r = INVALID_HANDLE;
+    else if (nfuncs == MAX_FUNCS)
+        r = OUT_OF_MEMORY;
+    if (r == OK) {
+        sscanf(name, "kgpufake_local_%llu", &local);
+        funcs[nfuncs] = (func){.module = module, .local = (size_t)local};
+        *pf = &funcs[nfuncs++];
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuFuncGetAttribute(int *v, int attr, void *f);
+CUresult cuFuncGetAttribute(int *v, int attr, void *f)
+{
+    NEED_INIT();
+    func *fn = as_func(f);
+    if (fn == NULL || v == NULL)
+        return INVALID_HANDLE;
+    *v = attr == 3 ? (int)fn->local : 0; /* CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES */
+    return OK;
+}
+
+/* A launch of f in the current context: its local memory first (grown, or OUT_OF_MEMORY). */
+static CUresult launched_fn(void *f, unsigned int grid_x)
+{
+    func *fn = as_func(f);
+    if (fn != NULL && fn->local != 0) {
+        NEED_CTX(c);
+        size_t have = c->limits[0] ? c->limits[0] : limit_default[0];
+        if (c->local > have)
+            have = c->local;
+        CUresult r = OK;
+        if (fn->local > have) {
+            unsigned long long more = limit_mem(0, fn->local) - limit_mem(0, have);
+            if (more > devs[c->dev].total - USED(c->dev)) {
+                r = OUT_OF_MEMORY;
+            } else {
+                USED(c->dev) += more;
+                c->limit_mem += more;
+                c->local = fn->local;
+            }
+        }
+        pthread_mutex_unlock(&mu);
+        if (r != OK)
+            return r;
+    }
+    return launched(grid_x);
+}
+
+EXPORT CUresult cuFuncSetBlockShape(void *f, int x, int y, int z);
+CUresult cuFuncSetBlockShape(void *f, int x, int y, int z)
+{
+    NEED_INIT();
+    func *fn = as_func(f);
+    if (fn == NULL)
+        return INVALID_HANDLE;
+    if (x <= 0 || y <= 0 || z <= 0)
+        return INVALID_VALUE;
+    fn->bx = x;
+    fn->by = y;
+    fn->bz = z;
+    return OK;
+}
+
+EXPORT CUresult cuParamSetSize(void *f, unsigned int bytes);
+CUresult cuParamSetSize(void *f, unsigned int bytes)
+{
+    NEED_INIT();
+    func *fn = as_func(f);
+    if (fn == NULL)
+        return INVALID_HANDLE;
+    fn->param_bytes = bytes;
+    return OK;
+}
+
+EXPORT CUresult cuParamSeti(void *f, int offset, unsigned int value);
+CUresult cuParamSeti(void *f, int offset, unsigned int value)
+{
+    NEED_INIT();
+    func *fn = as_func(f);
+    if (fn == NULL)
+        return INVALID_HANDLE;
+    return offset >= 0 && (unsigned)offset + sizeof(value) <= fn->param_bytes ? OK : INVALID_VALUE;
+}
+
+EXPORT CUresult cuParamSetv(void *f, int offset, void *ptr, unsigned int bytes);
+CUresult cuParamSetv(void *f, int offset, void *ptr, unsigned int bytes)
+{
+    NEED_INIT();
+    func *fn = as_func(f);
+    if (fn == NULL)
+        return INVALID_HANDLE;
+    return ptr != NULL && offset >= 0 && (unsigned)offset + bytes <= fn->param_bytes
+               ? OK
+               : INVALID_VALUE;
+}
+
+/* The pre-4.0 launches need the block shape set first (a NULL function: as the others here). */
+static CUresult grid_launch(void *f, int w, int h)
+{
+    func *fn = as_func(f);
+    if (f != NULL && fn == NULL)
+        return INVALID_HANDLE;
+    if ((fn != NULL && fn->bx == 0) || w <= 0 || h <= 0)
+        return INVALID_VALUE;
+    return launched_fn(f, (unsigned int)w);
+}
+
+EXPORT CUresult cuLaunch(void *f);
+CUresult cuLaunch(void *f)
+{
+    NEED_INIT();
+    return grid_launch(f, 1, 1);
+}
+
+EXPORT CUresult cuLaunchGrid(void *f, int w, int h);
+CUresult cuLaunchGrid(void *f, int w, int h)
+{
+    NEED_INIT();
+    return grid_launch(f, w, h);
+}
+
+EXPORT CUresult cuLaunchGridAsync(void *f, int w, int h, stream *s);
+CUresult cuLaunchGridAsync(void *f, int w, int h, stream *s)
+{
+    NEED_INIT();
+    return grid_launch(f, w, h);
+}
+
+/* CUDA_LAUNCH_PARAMS */
+typedef struct {
+    void *function;
+    unsigned int gx, gy, gz, bx, by, bz, shm;
+    stream *s;
+    void **params;
+} launch_params;
+
+/* Each device's part in its stream's context. */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(launch_params *list, unsigned int n,
+                                                     unsigned int flags);
+CUresult cuLaunchCooperativeKernelMultiDevice(launch_params *list, unsigned int n,
+                                              unsigned int flags)
+{
+    NEED_INIT();
+    if (list == NULL || n == 0 || n > (unsigned)ndevs)
+        return INVALID_VALUE;
+    for (unsigned int i = 0; i < n; i++)
+        if ((uintptr_t)list[i].s <= 2 || !valid_ctx(list[i].s->c))
+            return INVALID_VALUE; /* each part needs a stream of its own device's context */
+    for (unsigned int i = 0; i < n; i++) {
+        ctx *popped;
+        cuCtxPushCurrent_v2(list[i].s->c);
+        CUresult r = launched_fn(list[i].function, list[i].gx);
+        cuCtxPopCurrent_v2(&popped);
+        if (r != OK)
+            return r;
+    }
+    return OK;
+}
+
+/*
+ * What a CUDA ELF (cubin) image takes when loaded: its SHF_ALLOC sections
+ * (code, constants, NOBITS globals) at their alignment, in 64 KiB pages;
+ * 0 for an image that is not one.
+ */
+static unsigned long long elf_bytes(const unsigned char *p)
+{
+    unsigned long long shoff, total = 0;
+    unsigned short shnum, shentsize, machine;
+    memcpy(&machine, p + 18, 2);
+    memcpy(&shoff, p + 40, 8);
+    memcpy(&shentsize, p + 58, 2);
+    memcpy(&shnum, p + 60, 2);
+    if (p[4] != 2 || machine != 190 || shentsize != 64 || shoff > (1ULL << 30))
+        return 0;
+    for (unsigned i = 0; i < shnum; i++) {
+        unsigned long long flags, size, align;
+        const unsigned char *sh = p + shoff + (unsigned long long)i * 64;
+        memcpy(&flags, sh + 8, 8);
+        memcpy(&size, sh + 32, 8);
+        memcpy(&align, sh + 48, 8);
+        if (!(flags & 2) || size > (1ULL << 30))
+            continue;
+        if (align > 1 && align <= 4096)
+            total = (total + align - 1) / align * align;
+        total += size;
+    }
+    return total == 0 ? 0 : (total + 0xffff) / 0x10000 * 0x10000;
+}
+
+/* Not a driver function: how many module and library loads reached the driver. */
+EXPORT CUresult fakeCudaModuleLoads(unsigned long long *n);
+CUresult fakeCudaModuleLoads(unsigned long long *n)
+{
+    *n = atomic_load(&module_loads);
+    return OK;
+}
 
 /* ---- the entry points from before CUDA 3.2: 32-bit sizes and addresses ---- */
 
@@ -2503,13 +2794,25 @@ static const proc procs[] = {
     P("cuModuleUnload", 2000, cuModuleUnload),
     P("cuLibraryLoadData", 12000, cuLibraryLoadData),
     P("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile),
+#ifndef FAKE_CUDA_NO_LIBRARY_UNLOAD
     P("cuLibraryUnload", 12000, cuLibraryUnload),
+#endif
     P("cuLaunchKernel", 4000, cuLaunchKernel),
     PZ("cuLaunchKernel", 4000, cuLaunchKernel),
     P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
     PZ("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
     P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
     PZ("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    P("cuLaunchCooperativeKernelMultiDevice", 9000, cuLaunchCooperativeKernelMultiDevice),
+    P("cuLaunch", 2000, cuLaunch),
+    P("cuLaunchGrid", 2000, cuLaunchGrid),
+    P("cuLaunchGridAsync", 2000, cuLaunchGridAsync),
+    P("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    P("cuFuncGetAttribute", 2020, cuFuncGetAttribute),
+    P("cuFuncSetBlockShape", 2000, cuFuncSetBlockShape),
+    P("cuParamSetSize", 2000, cuParamSetSize),
+    P("cuParamSetv", 2000, cuParamSetv),
+    P("cuParamSeti", 2000, cuParamSeti),
 };
 
 /* 0 found, 1 no such symbol, 2 the version asked for is too old (CUdriverProcAddressQueryResult).

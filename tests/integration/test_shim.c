@@ -618,6 +618,72 @@ static void a_share_is_not_a_ceiling_on_an_idle_gpu(void **state)
         fail_msg("alone, a got only %.0f %% of an idle GPU", 100 * ga / 2);
 }
 
+/* ---- launches and modules (issue 25) ---- */
+
+static void old_and_multi_device_launches_reach_the_library(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "launch-old", 0);
+    env_add("PROBE_ROUTE=proc");
+    expect_run(KGPU_SHIM_PROBE, "launch-old", 0);
+}
+
+/*
+ * A multi-device cooperative launch made from device 0's context, with a
+ * part on device 1, which alone has a compute share: device 1's schedule
+ * is joined (its turn taken), not only the current context's device's.
+ */
+static void multi_device_launches_take_every_devices_turn(void **state)
+{
+    char text[400], path[400];
+    snprintf(text, sizeof(text),
+             "# kgpu limits v1\ndevice 0 uuid=%s memory_mib=4096\n"
+             "device 1 uuid=%s memory_mib=4096 core_pct=30\n",
+             UUID0, UUID1);
+    write_file(limits, text);
+    snprintf(path, sizeof(path), "%s/sched", tmp);
+    mkdir(path, 0700);
+    env_container(KGPU_SHIM_LIB, "full", 4096);
+    env_add("FAKE_CUDA_DEVICES=2");
+    env_add("KGPU_SCHED_DIR=%s/sched", tmp);
+    expect_run(KGPU_SHIM_PROBE, "multidev", 0);
+    expect_out("ok\n");
+    snprintf(path, sizeof(path), "%s/sched/%s.sched", tmp, UUID1);
+    FILE *f = fopen(path, "r");
+    kgpu_sched_file sf;
+    memset(&sf, 0, sizeof(sf));
+    if (f == NULL || fread(&sf, sizeof(sf), 1, f) != 1)
+        fail_msg("device 1's schedule was never joined (%s)", path);
+    fclose(f);
+    int member = 0;
+    for (int i = 0; i < KGPU_SCHED_MEMBERS; i++)
+        member |= strcmp(sf.m[i].id, "main") == 0;
+    if (!member)
+        fail_msg("the container is not a member of device 1's schedule");
+}
+
+static void local_memory_grown_at_launch_is_charged(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "lmem", 0);
+    env_add("PROBE_ROUTE=proc");
+    expect_run(KGPU_SHIM_PROBE, "lmem", 0);
+}
+
+static void a_library_load_without_cuLibraryUnload_does_not_crash(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "nolibunload", 1024);
+    expect_run(KGPU_SHIM_PROBE, "libunload-missing", 0);
+}
+
+static void module_images_are_refused_before_the_driver(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "modimage", 0);
+    env_add("PROBE_ROUTE=proc");
+    expect_run(KGPU_SHIM_PROBE, "modimage", 0);
+}
+
 /* ---- no limits: nothing happens ---- */
 
 static void without_limits_nothing_changes(void **state)
@@ -869,6 +935,15 @@ int main(void)
         cmocka_unit_test_setup_teardown(every_launch_path_reaches_the_library, setup, teardown),
         cmocka_unit_test_setup_teardown(compute_shares_split_a_busy_gpu, setup, teardown),
         cmocka_unit_test_setup_teardown(a_share_is_not_a_ceiling_on_an_idle_gpu, setup, teardown),
+        cmocka_unit_test_setup_teardown(old_and_multi_device_launches_reach_the_library, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(multi_device_launches_take_every_devices_turn, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(local_memory_grown_at_launch_is_charged, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_library_load_without_cuLibraryUnload_does_not_crash,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(module_images_are_refused_before_the_driver, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

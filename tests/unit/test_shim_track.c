@@ -134,12 +134,34 @@ static void array_sizes(void **state)
     assert_int_equal(kgpu_track_array_bytes(SIZE_MAX, SIZE_MAX, 2, 0x20, 4, 0, 1), UINT64_MAX);
 }
 
+/* Listing the keys of one kind on one device (the drain's contexts), however many there are. */
+static void keys_of_a_kind_on_a_device(void **state)
+{
+    kgpu_track t = KGPU_TRACK_INIT;
+    uint64_t keys[4] = {0};
+    assert_int_equal(kgpu_track_keys(&t, KGPU_TRACK_CTX, 0, keys, 4), 0); /* empty table */
+    put(&t, KGPU_TRACK_CTX, 0xc1, 300, 0, 0);
+    put(&t, KGPU_TRACK_CTX, 0xc2, 300, 1, 0);     /* another device */
+    put(&t, KGPU_TRACK_MEM, 0xc3, 64, 0, 0xc1);   /* another kind */
+    put(&t, KGPU_TRACK_CTX, 0xc4, 300, 0, 0);
+    assert_int_equal(kgpu_track_keys(&t, KGPU_TRACK_CTX, 0, keys, 4), 2);
+    assert_true((keys[0] == 0xc1 && keys[1] == 0xc4) || (keys[0] == 0xc4 && keys[1] == 0xc1));
+    for (uint64_t k = 0x100; k < 0x140; k++)
+        put(&t, KGPU_TRACK_CTX, k, 1, 0, 0);
+    memset(keys, 0, sizeof(keys));
+    assert_int_equal(kgpu_track_keys(&t, KGPU_TRACK_CTX, 0, keys, 4), 66); /* all counted */
+    for (int i = 0; i < 4; i++)
+        assert_true(keys[i] != 0); /* only max written */
+    kgpu_track_clear(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(put_take_by_kind),    cmocka_unit_test(many_and_reused),
         cmocka_unit_test(agrees_with_a_model), cmocka_unit_test(a_context_takes_its_memory_along),
         cmocka_unit_test(array_sizes),
+        cmocka_unit_test(keys_of_a_kind_on_a_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,11 @@
  *   probe loader / deepbind / dlmopen   the loader's routes
  *   probe launch    every launch path reaches the library, then the driver
  *   probe share     keeps the fake GPU busy; prints the GPU time it got
+ *   probe launch-old / multidev   the pre-4.0 and multi-device launches
+ *   probe lmem      local memory grown at launch
+ *   probe libunload-missing   a library load a driver cannot undo
+ *   probe modimage  module images estimated before the load
+ *   probe share-2ctx  share, with most kernels in a second context
  *
  * Environment: PROBE_ROUTE (dlsym | proc | proc2 | direct), PROBE_LIMIT_MIB
  * (the limit of device 0), PROBE_CTX_MIB (the charge per context, 300),
@@ -1672,6 +1677,368 @@ static int cmd_sparse(void)
     return failures != 0;
 }
 
+/* ==== launches and modules (issue 25): local memory, old launches, drains, images ==== */
+
+/* A driver function looked up the way PROBE_ROUTE says (dlsym, or cuGetProcAddress at 12040). */
+static void *fn_by_route(const char *name)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *f = NULL;
+    const char *route = getenv("PROBE_ROUTE") ? getenv("PROBE_ROUTE") : "dlsym";
+    CUresult (*gpa)(const char *, void **, int, cuuint64_t) = NULL;
+    if (h == NULL)
+        return NULL;
+    if (strcmp(route, "proc") != 0)
+        return dlsym(h, name);
+    *(void **)&gpa = dlsym(h, "cuGetProcAddress");
+    if (gpa == NULL || gpa(name, &f, 12040, 0) != CUDA_SUCCESS)
+        return NULL;
+    return f;
+}
+
+/* A not-driver function of the fake driver. */
+static void *fake_fn(const char *name)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    return h != NULL ? dlsym(h, name) : NULL;
+}
+
+typedef CUresult (*get_function_fn)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
+
+static unsigned long long launches_now(void)
+{
+    CUresult (*counted)(unsigned long long *, unsigned int *) = NULL;
+    unsigned long long n = 0;
+    unsigned int grid;
+    *(void **)&counted = fake_fn("fakeCudaLaunches");
+    if (counted != NULL)
+        counted(&n, &grid);
+    return n;
+}
+
+/*
+ * The launches from before CUDA 4.0 and the multi-device cooperative one
+ * reach the library by dlsym and cuGetProcAddress, and the driver with
+ * their grid.
+ */
+static int cmd_launch_old(void)
+{
+    CUcontext ctx;
+    CUmodule m;
+    CUfunction f;
+    if (setup(&ctx) != 0)
+        return 1;
+    static const char *const names[] = {"cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync",
+                                        "cuLaunchCooperativeKernelMultiDevice"};
+    for (int k = 0; k < 4; k++) {
+        void *fn = fn_by_route(names[k]);
+        if (fn == NULL || strstr(owner_of(fn), "libkgpu-limit") == NULL)
+            fail("%s is %s's, not the library's", names[k], fn ? owner_of(fn) : "nobody");
+    }
+    get_function_fn get = (get_function_fn)fn_by_route("cuModuleGetFunction");
+    CUresult (*shape)(CUfunction, int, int, int) = NULL;
+    CUresult (*l0)(CUfunction) = NULL;
+    CUresult (*l1)(CUfunction, int, int) = NULL;
+    CUresult (*l2)(CUfunction, int, int, CUstream) = NULL;
+    *(void **)&shape = fn_by_route("cuFuncSetBlockShape");
+    *(void **)&l0 = fn_by_route("cuLaunch");
+    *(void **)&l1 = fn_by_route("cuLaunchGrid");
+    *(void **)&l2 = fn_by_route("cuLaunchGridAsync");
+    if (get == NULL || shape == NULL || l0 == NULL || l1 == NULL || l2 == NULL) {
+        fail("the old launch functions are missing");
+        return 1;
+    }
+    EXPECT_RC(A.cuModuleLoadData(&m, "KGPUFAKEMOD 2"), CUDA_SUCCESS);
+    EXPECT_RC(get(&f, m, "k"), CUDA_SUCCESS);
+    EXPECT_RC(l0(f), CUDA_ERROR_INVALID_VALUE); /* no block shape yet: the driver says so */
+    EXPECT_RC(shape(f, 32, 1, 1), CUDA_SUCCESS);
+    unsigned long long n = launches_now();
+    EXPECT_RC(l0(f), CUDA_SUCCESS);
+    EXPECT_RC(l1(f, 7, 1), CUDA_SUCCESS);
+    EXPECT_RC(l2(f, 9, 1, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(launches_now(), n + 3);
+    return failures != 0;
+}
+
+/*
+ * A multi-device cooperative launch made while device 0's context is
+ * current, with a part on device 1 (FAKE_CUDA_DEVICES=2): prints "ok" once
+ * launched; test_shim checks that device 1's schedule was joined.
+ */
+static int cmd_multidev(void)
+{
+    CUcontext c0, c1;
+    stream_t s0, s1;
+    CUresult (*multi)(void *, unsigned, unsigned) = NULL;
+    CUresult (*push)(CUcontext) = NULL, (*pop)(CUcontext *) = NULL;
+    if (setup(&c0) != 0)
+        return 1;
+    *(void **)&multi = fn_by_route("cuLaunchCooperativeKernelMultiDevice");
+    *(void **)&push = fn_by_route("cuCtxPushCurrent_v2");
+    *(void **)&pop = fn_by_route("cuCtxPopCurrent_v2");
+    if (multi == NULL || push == NULL || pop == NULL) {
+        fail("no cuLaunchCooperativeKernelMultiDevice");
+        return 1;
+    }
+    EXPECT_RC(A.cuStreamCreate(&s0, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuCtxCreate_v2(&c1, 0, 1), CUDA_SUCCESS); /* current now */
+    EXPECT_RC(A.cuStreamCreate(&s1, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuCtxSetCurrent(c0), CUDA_SUCCESS);
+    CUDA_LAUNCH_PARAMS p[2];
+    memset(p, 0, sizeof(p));
+    p[0].gridDimX = p[1].gridDimX = 10;
+    p[0].blockDimX = p[1].blockDimX = 32;
+    p[0].hStream = (CUstream)s0;
+    p[1].hStream = (CUstream)s1;
+    unsigned long long n = launches_now();
+    EXPECT_RC(multi(p, 2, 0), CUDA_SUCCESS);
+    EXPECT_EQ(launches_now(), n + 2);
+    printf("ok\n");
+    return failures != 0;
+}
+
+/*
+ * Local memory grown at launch: a function needing 9216 bytes per thread
+ * grows the stack reservation from 1024 by 8192 x 8192 resident threads
+ * (64 MiB) on the fake driver; charged before the launch, refused past the
+ * share, given back when cuCtxSetLimit resizes it or the context goes.
+ */
+static int cmd_lmem(void)
+{
+    CUcontext ctx, made;
+    CUmodule m;
+    CUfunction big, small, huge;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    get_function_fn get = (get_function_fn)fn_by_route("cuModuleGetFunction");
+    launch_fn launch = (launch_fn)fn_by_route("cuLaunchKernel");
+    if (get == NULL || launch == NULL) {
+        fail("no cuModuleGetFunction or cuLaunchKernel");
+        return 1;
+    }
+    EXPECT_RC(A.cuModuleLoadData(&m, "KGPUFAKEMOD 2"), CUDA_SUCCESS);
+    uint64_t u0 = used(), p0 = pool();
+    EXPECT_RC(get(&big, m, "kgpufake_local_9216"), CUDA_SUCCESS);
+    EXPECT_RC(get(&small, m, "kgpufake_local_4096"), CUDA_SUCCESS);
+    EXPECT_RC(get(&huge, m, "kgpufake_local_103424"), CUDA_SUCCESS); /* +800 MiB */
+#define LAUNCH(fn) launch(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL)
+    EXPECT_RC(LAUNCH(big), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0 + 64 * MIB);
+    EXPECT_EQ(pool(), p0 + 64 * MIB);
+    EXPECT_RC(LAUNCH(big), CUDA_SUCCESS); /* reserved already */
+    EXPECT_RC(LAUNCH(small), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0 + 64 * MIB);
+    unsigned long long n = launches_now();
+    EXPECT_RC(LAUNCH(huge), CUDA_ERROR_OUT_OF_MEMORY); /* past the share: never launched */
+    EXPECT_EQ(launches_now(), n);
+    EXPECT_EQ(used(), u0 + 64 * MIB);
+    EXPECT_EQ(pool(), p0 + 64 * MIB);
+    /* The stack limit is the same reservation: setting it resizes what launches grew. */
+    EXPECT_RC(A.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0);
+    EXPECT_EQ(pool(), p0);
+    EXPECT_RC(A.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 5120), CUDA_SUCCESS); /* +32 MiB */
+    EXPECT_EQ(used(), u0 + 32 * MIB);
+    EXPECT_RC(LAUNCH(big), CUDA_SUCCESS); /* grows on from there */
+    EXPECT_EQ(used(), u0 + 64 * MIB);
+    EXPECT_EQ(pool(), p0 + 64 * MIB);
+    /* Another context grows its own, and gives it back when it goes. */
+    EXPECT_RC(A.cuCtxCreate_v2(&made, 0, 0), CUDA_SUCCESS);
+    uint64_t u1 = used();
+    EXPECT_RC(LAUNCH(big), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u1 + 64 * MIB);
+    EXPECT_RC(A.cuCtxDestroy_v2(made), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0 + 64 * MIB);
+    EXPECT_EQ(pool(), p0 + 64 * MIB);
+#undef LAUNCH
+    return failures != 0;
+}
+
+/* A driver without cuLibraryUnload (fake_cuda_nolibunload): a library past the share is kept. */
+static int cmd_libunload_missing(void)
+{
+    CUcontext ctx;
+    CUlibrary l;
+    CUdeviceptr p;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    if (A.cuLibraryLoadData == NULL || A.cuLibraryUnload != NULL) {
+        fail("expected a driver with cuLibraryLoadData and without cuLibraryUnload");
+        return 1;
+    }
+    uint64_t p0 = pool();
+    /* 900 MiB where 724 are left: cannot be undone, so it is charged as held. */
+    EXPECT_RC(A.cuLibraryLoadData(&l, "KGPUFAKEMOD 900", NULL, NULL, 0, NULL, NULL, 0),
+              CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 900 * MIB);
+    EXPECT_EQ(pool(), p0 + 900 * MIB);
+    EXPECT_RC(A.cuMemAlloc_v2(&p, MIB), CUDA_ERROR_OUT_OF_MEMORY);
+    return failures != 0;
+}
+
+/* A CUDA ELF of `text` bytes of code and `globals` bytes of NOBITS __device__ data, in buf. */
+static size_t make_cubin(unsigned char *buf, size_t text, uint64_t globals)
+{
+    size_t shoff = 64 + text;
+    memset(buf, 0, shoff + 3 * 64);
+    memcpy(buf, "\x7f" "ELF", 4);
+    buf[4] = 2; /* 64-bit */
+    buf[5] = 1; /* little-endian */
+    buf[6] = 1;
+    uint16_t type = 2, machine = 190, ehsize = 64, shentsize = 64, shnum = 3;
+    uint64_t off = shoff;
+    memcpy(buf + 16, &type, 2);
+    memcpy(buf + 18, &machine, 2);
+    memcpy(buf + 40, &off, 8);
+    memcpy(buf + 52, &ehsize, 2);
+    memcpy(buf + 58, &shentsize, 2);
+    memcpy(buf + 60, &shnum, 2);
+    /* [0] null, [1] .text: PROGBITS, alloc + exec, [2] .nv.global: NOBITS, alloc + write */
+    unsigned char *s1 = buf + shoff + 64, *s2 = buf + shoff + 128;
+    uint32_t progbits = 1, nobits = 8;
+    uint64_t f1 = 0x6, f2 = 0x3, o1 = 64, sz1 = text, al1 = 128, al2 = 16;
+    memcpy(s1 + 4, &progbits, 4);
+    memcpy(s1 + 8, &f1, 8);
+    memcpy(s1 + 24, &o1, 8);
+    memcpy(s1 + 32, &sz1, 8);
+    memcpy(s1 + 48, &al1, 8);
+    memcpy(s2 + 4, &nobits, 4);
+    memcpy(s2 + 8, &f2, 8);
+    memcpy(s2 + 24, &off, 8);
+    memcpy(s2 + 32, &globals, 8);
+    memcpy(s2 + 48, &al2, 8);
+    return shoff + 3 * 64;
+}
+
+/*
+ * Module images the library can read are charged their estimate before the
+ * driver is called, so one that cannot fit never reaches the driver (no
+ * moment past the share); one that fits is settled to what the driver took.
+ */
+static int cmd_modimage(void)
+{
+    CUcontext ctx;
+    CUmodule m;
+    static unsigned char img[64 + 65536 + 3 * 64], fat[16 + 16 + sizeof(img)];
+    char path[] = "/tmp/kgpu-probe-cubin-XXXXXX";
+    CUresult (*loads)(unsigned long long *) = NULL;
+    *(void **)&loads = fake_fn("fakeCudaModuleLoads");
+    if (setup(&ctx) != 0 || open_region() != 0 || loads == NULL)
+        return 1;
+    unsigned long long n0 = 0, n1 = 0;
+    uint64_t p0 = pool();
+    /* 64 KiB of code and 100 MiB of globals: the fake driver takes them in 64 KiB pages. */
+    size_t len = make_cubin(img, 65536, 100 * MIB);
+    EXPECT_RC(A.cuModuleLoadData(&m, img), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 100 * MIB + 65536); /* settled to the measured drop */
+    EXPECT_EQ(pool(), p0 + 100 * MIB + 65536);
+    EXPECT_RC(A.cuModuleUnload(m), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    /* 800 MiB of globals where 724 MiB are left: refused before the driver sees it. */
+    make_cubin(img, 65536, 800 * MIB);
+    loads(&n0);
+    EXPECT_RC(A.cuModuleLoadData(&m, img), CUDA_ERROR_OUT_OF_MEMORY);
+    loads(&n1);
+    EXPECT_EQ(n1, n0);
+    EXPECT_EQ(used(), ctx_bytes);
+    /* The same from a file. */
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, img, len) != (ssize_t)len) {
+        fail("cannot write %s", path);
+        return 1;
+    }
+    close(fd);
+    EXPECT_RC(A.cuModuleLoad(&m, path), CUDA_ERROR_OUT_OF_MEMORY);
+    unlink(path);
+    /* And inside a fatbinary (one cubin entry). */
+    uint32_t magic = 0xBA55ED50u, ehsize = 16;
+    uint16_t version = 1, hsize = 16, entry_kind = 2;
+    uint64_t fsize = 16 + len, psize = len;
+    memcpy(fat, &magic, 4);
+    memcpy(fat + 4, &version, 2);
+    memcpy(fat + 6, &hsize, 2);
+    memcpy(fat + 8, &fsize, 8);
+    memcpy(fat + 16, &entry_kind, 2);
+    memcpy(fat + 20, &ehsize, 4);
+    memcpy(fat + 24, &psize, 8);
+    memcpy(fat + 32, img, len);
+    EXPECT_RC(A.cuModuleLoadData(&m, fat), CUDA_ERROR_OUT_OF_MEMORY);
+    loads(&n1);
+    EXPECT_EQ(n1, n0);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    return failures != 0;
+}
+
+/*
+ * share, from a process with two contexts on the GPU: most of its kernels
+ * (PROBE_KERNEL_US, one at a time) go to a second context made for them,
+ * while its turns mostly end at a small launch in the current (primary)
+ * context. Prints the GPU time its kernels got from PROBE_GO for
+ * PROBE_SECONDS.
+ */
+static int cmd_share_2ctx(void)
+{
+    CUcontext ctx, other, popped;
+    if (setup(&ctx) != 0)
+        return 1;
+    launch_fn launch = (launch_fn)fn_by_route("cuLaunchKernel");
+    CUresult (*push)(CUcontext) = NULL, (*pop)(CUcontext *) = NULL;
+    CUresult (*gpu_time)(unsigned long long, unsigned long long, unsigned long long *) = NULL;
+    *(void **)&push = fn_by_route("cuCtxPushCurrent_v2");
+    *(void **)&pop = fn_by_route("cuCtxPopCurrent_v2");
+    *(void **)&gpu_time = fake_fn("fakeCudaGpuTime");
+    const char *go = getenv("PROBE_GO");
+    unsigned us = (unsigned)(env_mib("PROBE_KERNEL_US", 8000) / MIB);
+    uint64_t seconds = env_mib("PROBE_SECONDS", 2) / MIB;
+    if (launch == NULL || push == NULL || pop == NULL || gpu_time == NULL || go == NULL) {
+        fail("the fake driver's timed kernels are missing, or PROBE_GO");
+        return 1;
+    }
+    EXPECT_RC(A.cuCtxCreate_v2(&other, 0, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    printf("ready\n");
+    fflush(stdout);
+    unsigned long long t0 = 0;
+    for (int i = 0; i < 20000 && t0 == 0; i++) {
+        FILE *f = fopen(go, "r");
+        if (f == NULL || fscanf(f, "%llu", &t0) != 1)
+            t0 = 0;
+        if (f != NULL)
+            fclose(f);
+        if (t0 == 0)
+            usleep(500);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long now =
+        (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    if (t0 > now)
+        usleep((useconds_t)((t0 - now) / 1000));
+    unsigned long long t1 = t0 + seconds * 1000000000ULL;
+    /*
+     * The long kernel first, then some host work, then the short one: so a
+     * turn ends at a launch in the current context while the other
+     * context's kernel is still running.
+     */
+    while (now < t1) {
+        EXPECT_RC(push(other), CUDA_SUCCESS);
+        EXPECT_RC(launch(NULL, us, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+        EXPECT_RC(pop(&popped), CUDA_SUCCESS);
+        usleep(2000);
+        EXPECT_RC(launch(NULL, 10, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        now = (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    }
+    unsigned long long ns = 0;
+    gpu_time(t0, t1, &ns);
+    printf("gpu_ns=%llu\n", ns);
+    return failures != 0;
+}
+
+/* ==== end of the launches and modules block ==== */
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1710,6 +2077,12 @@ int main(int argc, char **argv)
              : strcmp(cmd, "launch") == 0     ? cmd_launch()
              : strcmp(cmd, "share") == 0      ? cmd_share()
              : strcmp(cmd, "sparse") == 0     ? cmd_sparse()
+             : strcmp(cmd, "launch-old") == 0 ? cmd_launch_old()
+             : strcmp(cmd, "multidev") == 0   ? cmd_multidev()
+             : strcmp(cmd, "lmem") == 0       ? cmd_lmem()
+             : strcmp(cmd, "libunload-missing") == 0 ? cmd_libunload_missing()
+             : strcmp(cmd, "modimage") == 0   ? cmd_modimage()
+             : strcmp(cmd, "share-2ctx") == 0 ? cmd_share_2ctx()
                                               : 2;
     return rc;
 }
