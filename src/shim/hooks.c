@@ -23,8 +23,11 @@ CUresult cuInit(unsigned int flags)
 {
     KGPU_ENTER(cuInit, (flags));
     CUresult r = real_(flags);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         kgpu__map_devices();
+        /* The driver's descriptors are open: children forked from now on hold them too. */
+        kgpu_shim_region_client(kgpu__shim.region);
+    }
     return r;
 }
 

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -24,6 +25,8 @@
 #include <cmocka.h>
 
 #include "gpusched.h"
+#include "region.h"
+#include "fake/fake_gpumem.h"
 
 #define UUID0 "GPU-fa4e0000-0000-0000-0000-000000000000"
 #define UUID1 "GPU-fa4e0000-0000-0000-0000-000000000001"
@@ -317,6 +320,67 @@ static void implausible_context_measurements_fall_back(void **state)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         ctxcharge(cases[i].ctx_mib, cases[i].var, cases[i].want);
+}
+
+/* ---- memory kept alive past its process (issue 25) ---- */
+
+/* What the fake driver's processes hold on device 0 now, MiB (FAKE_GPU_MEM_FILE). */
+static unsigned long long fake_used_mib(void)
+{
+    char path[320];
+    snprintf(path, sizeof(path), "%s/gpumem", tmp);
+    setenv("FAKE_GPU_MEM_FILE", path, 1);
+    fake_mem_file *m = fake_mem_open();
+    unsetenv("FAKE_GPU_MEM_FILE");
+    assert_non_null(m);
+    unsigned long long u = fake_mem_device_used(m, 0) >> 20;
+    munmap(m, sizeof(*m));
+    return u;
+}
+
+/* What the container's region says device 0 holds, MiB. */
+static unsigned long long region_used_mib(void)
+{
+    char path[320];
+    snprintf(path, sizeof(path), "%s/main.acct", shared);
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    kgpu_region_file *f = mmap(NULL, sizeof(*f), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    assert_true(f != MAP_FAILED);
+    unsigned long long u = atomic_load(&f->dev[0].used) >> 20;
+    munmap(f, sizeof(*f));
+    return u;
+}
+
+/*
+ * A forked worker that outlives its parent (PyTorch's DataLoader workers)
+ * holds the parent's driver client, and with it the parent's memory: the
+ * parent's charge must stay until the worker is gone too.
+ */
+static void forked_worker_keeps_its_parents_memory(void **state)
+{
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0); /* the orphaned worker comes here */
+    env_measured(500);
+    env_add("PROBE_HOLD_MIB=600");
+    expect_run(KGPU_SHIM_PROBE, "outlive", 0);
+    const char *w = strstr(out, "worker ");
+    assert_non_null(w);
+    pid_t worker = (pid_t)atoi(w + 7);
+    assert_true(worker > 0);
+    /* The parent has exited; its context (500) and allocation (600) live on in the worker. */
+    assert_int_equal(fake_used_mib(), 1100);
+    assert_int_equal(region_used_mib(), 1100);
+    /* A newcomer gets what is left of 4096 after them and its own context and 64 MiB. */
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("free_mib=2432\n");
+    kill(worker, SIGKILL);
+    assert_int_equal(waitpid(worker, NULL, 0), worker);
+    assert_int_equal(fake_used_mib(), 0);
+    /* Gone with the worker: a newcomer's slot-taking reclaims the charge. */
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("free_mib=3532\n");
+    assert_int_equal(region_used_mib(), 0);
 }
 
 static void forked_children_account_for_themselves(void **state)
@@ -869,6 +933,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(every_launch_path_reaches_the_library, setup, teardown),
         cmocka_unit_test_setup_teardown(compute_shares_split_a_busy_gpu, setup, teardown),
         cmocka_unit_test_setup_teardown(a_share_is_not_a_ceiling_on_an_idle_gpu, setup, teardown),
+        /* issue 25: memory kept alive past its process */
+        cmocka_unit_test_setup_teardown(forked_worker_keeps_its_parents_memory, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,8 @@
  *   probe modules   module and library loads
  *   probe v1        the pre-3.2 entry points
  *   probe quiet-fork  children made by _Fork() and clone()
+ *   probe outlive   allocates PROBE_HOLD_MIB, forks a worker that waits to
+ *                   be killed, prints "worker <pid>" and exits first
  *   probe loader / deepbind / dlmopen   the loader's routes
  *   probe launch    every launch path reaches the library, then the driver
  *   probe share     keeps the fake GPU busy; prints the GPU time it got
@@ -1342,6 +1344,31 @@ static int cmd_quiet_fork(void)
     return failures != 0;
 }
 
+/* ---- memory kept alive past its process (issue 25) ---- */
+
+/*
+ * A forked worker outliving its parent, as PyTorch DataLoader workers can:
+ * the worker inherits the driver's descriptors, so the parent's device
+ * memory lives on after the parent exits (normally, destructors run).
+ */
+static int cmd_outlive(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    if (setup(&ctx) != 0)
+        return 1;
+    EXPECT_RC(A.cuMemAlloc_v2(&p, env_mib("PROBE_HOLD_MIB", 100)), CUDA_SUCCESS);
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (;;)
+            pause();
+    }
+    if (pid < 0)
+        fail("fork: %s", strerror(errno));
+    printf("worker %d\n", (int)pid);
+    return failures != 0;
+}
+
 /* dlvsym, and glibc's own dlsym and dlvsym however they are fetched: the library's. */
 static int cmd_loader(void)
 {
@@ -1710,6 +1737,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "launch") == 0     ? cmd_launch()
              : strcmp(cmd, "share") == 0      ? cmd_share()
              : strcmp(cmd, "sparse") == 0     ? cmd_sparse()
+             : strcmp(cmd, "outlive") == 0    ? cmd_outlive()
                                               : 2;
     return rc;
 }
