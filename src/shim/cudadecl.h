@@ -171,6 +171,13 @@ typedef struct CUarrayMapInfo_st {
 
 typedef void (*CUhostFn)(void *userData);
 
+/* ---- issue 25: IPC handles, multicast objects ---- */
+
+/* An IPC handle of device memory, passed by value (64 opaque bytes). */
+typedef struct CUipcMemHandle_st {
+    char reserved[64];
+} CUipcMemHandle;
+
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
 

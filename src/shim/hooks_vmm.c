@@ -213,3 +213,67 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     }
     return r;
 }
+
+/* ---- IPC: memory another process allocated, kept alive by opening it here ---- */
+
+/*
+ * An opened IPC allocation lives until the consumer closes it (or its
+ * context goes), whatever the producer does meanwhile. Its size shows in
+ * no argument and the driver checks nothing before it maps, so it is
+ * charged after the open, by the allocation's extent (cuMemGetAddressRange),
+ * and over the share the handle is closed again. Producer and consumer in
+ * one container are both charged: over, never under.
+ */
+static CUresult ipc_open(kgpu__pfn_cuIpcOpenMemHandle_v2 real, CUdeviceptr *pdptr,
+                         CUipcMemHandle handle, unsigned int flags)
+{
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
+    if (r != CUDA_SUCCESS || pdptr == NULL)
+        return r != CUDA_SUCCESS ? r : real(pdptr, handle, flags);
+    if ((r = real(pdptr, handle, flags)) != CUDA_SUCCESS)
+        return r;
+    kgpu_track_rec rec;
+    if (kgpu_track_get(&kgpu__shim.track, KGPU_TRACK_MEM, *pdptr, &rec))
+        return r; /* opened again in this context: the driver hands out the same mapping */
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    kgpu__pfn_cuMemGetAddressRange_v2 range = KGPU_REAL(cuMemGetAddressRange_v2);
+    if (range == NULL || range(&base, &size, *pdptr) != CUDA_SUCCESS)
+        size = 0; /* not measurable: not charged (docs/shim.md) */
+    kgpu__pfn_cuIpcCloseMemHandle close_ = KGPU_REAL(cuIpcCloseMemHandle);
+    rec = (kgpu_track_rec){.key = *pdptr, .bytes = size, .ctx = (uintptr_t)w.ctx,
+                           .dev = (int16_t)w.li, .kind = KGPU_TRACK_MEM};
+    if (kgpu__charge(w.li, size) != CUDA_SUCCESS) {
+        if (close_ != NULL)
+            close_(*pdptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (kgpu_track_put(&kgpu__shim.track, &rec) != 0) {
+        if (close_ != NULL)
+            close_(*pdptr);
+        kgpu__uncharge(w.li, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    KGPU_ENTER(cuIpcOpenMemHandle, (pdptr, handle, Flags));
+    return ipc_open(real_, pdptr, handle, Flags);
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    KGPU_ENTER(cuIpcOpenMemHandle_v2, (pdptr, handle, Flags));
+    return ipc_open(real_, pdptr, handle, Flags);
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    KGPU_ENTER(cuIpcCloseMemHandle, (dptr));
+    kgpu_track_rec rec;
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, dptr, &rec);
+    return kgpu__settle_free(real_(dptr), had, &rec);
+}

@@ -124,6 +124,7 @@ enum kind {
     K_MODULE,
     K_LIBRARY,
     K_MEM32, /* asked for only: recorded as K_MEM at an address below 4 GiB */
+    K_IPC,   /* another process's allocation opened here (cuIpcOpenMemHandle) */
 };
 
 typedef struct alloc {
@@ -248,7 +249,7 @@ static CUresult take(int d, unsigned long long size, ctx *c, int kind, unsigned 
         *key = next_addr32;
         next_addr32 += (size + 511) / 512 * 512;
         kind = K_MEM;
-    } else if (kind == K_MEM) {
+    } else if (kind == K_MEM || kind == K_IPC) {
         *key = devs[d].next_addr;
         devs[d].next_addr += (size + 511) / 512 * 512;
     } else {
@@ -2360,6 +2361,89 @@ CUresult cuArray3DCreate(void **ph, const desc3d_v1 *dsc)
     return cuArray3DCreate_v2(ph, &d);
 }
 
+/* ---- issue 25: IPC handles of device memory ---- */
+
+/*
+ * A handle names the exporting process's allocation (device, address,
+ * size). As the driver documents, it can be opened only in another
+ * process, and the memory then lives until that process closes it
+ * (cuIpcCloseMemHandle) or its context goes, whatever the exporter does
+ * meanwhile, freeing it or exiting. The fake counts an opened allocation
+ * in the opener's memory from the open: while the exporter still holds it
+ * too, the one physical allocation shows twice.
+ */
+typedef struct ipc_handle {
+    unsigned magic;
+    int pid, dev, pad;
+    unsigned long long ptr, size;
+    char reserved[32];
+} ipc_handle;
+_Static_assert(sizeof(ipc_handle) == 64, "CUipcMemHandle is 64 bytes");
+#define IPC_MAGIC 0x4b495043u
+
+EXPORT CUresult cuIpcGetMemHandle(ipc_handle *h, CUdeviceptr p);
+CUresult cuIpcGetMemHandle(ipc_handle *h, CUdeviceptr p)
+{
+    NEED_INIT();
+    if (h == NULL)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    alloc *a = find(p, K_MEM);
+    if (a != NULL)
+        *h = (ipc_handle){.magic = IPC_MAGIC, .pid = (int)getpid(), .dev = a->dev, .ptr = p,
+                          .size = a->size};
+    pthread_mutex_unlock(&mu);
+    return a != NULL ? OK : INVALID_VALUE;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, ipc_handle h, unsigned int flags);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, ipc_handle h, unsigned int flags)
+{
+    NEED_CTX(c);
+    CUresult r = INVALID_VALUE;
+    if (p != NULL && h.magic == IPC_MAGIC && h.dev == c->dev && h.size != 0)
+        r = h.pid == (int)getpid() ? INVALID_CONTEXT : take(c->dev, h.size, c, K_IPC, p);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, ipc_handle h, unsigned int flags);
+CUresult cuIpcOpenMemHandle(CUdeviceptr *p, ipc_handle h, unsigned int flags)
+{
+    return cuIpcOpenMemHandle_v2(p, h, flags);
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p);
+CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = give(p, K_IPC);
+    pthread_mutex_unlock(&mu);
+    return r == OK ? OK : INVALID_VALUE;
+}
+
+/* The allocation (device memory or an opened IPC handle) that contains p. */
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = NOT_FOUND;
+    for (size_t i = 0; i < table_cap && r != OK; i++) {
+        const alloc *a = &table[i];
+        if ((a->kind == K_MEM || a->kind == K_IPC) && p >= a->key && p - a->key < a->size) {
+            if (base != NULL)
+                *base = a->key;
+            if (size != NULL)
+                *size = (size_t)a->size;
+            r = OK;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 #ifndef FAKE_CUDA_OLD
 /* What FAKE_CUDA_PROC_INTERNAL hands out: same behaviour, addresses no export has. */
 static CUresult internal_alloc(CUdeviceptr *p, size_t size)
@@ -2510,6 +2594,12 @@ static const proc procs[] = {
     PZ("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
     P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
     PZ("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    /* issue 25 */
+    P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    P("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle),
+    P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
 };
 
 /* 0 found, 1 no such symbol, 2 the version asked for is too old (CUdriverProcAddressQueryResult).

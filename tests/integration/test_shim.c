@@ -383,6 +383,15 @@ static void forked_worker_keeps_its_parents_memory(void **state)
     assert_int_equal(region_used_mib(), 0);
 }
 
+/* An IPC consumer is charged what it opened, and keeps it after the producer freed it. */
+static void ipc_consumers_are_charged_what_they_open(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    write_limits(limits, 2048);
+    expect_run(KGPU_SHIM_PROBE, "ipc", 0);
+    assert_string_equal(err, "");
+}
+
 static void forked_children_account_for_themselves(void **state)
 {
     env_container(KGPU_SHIM_LIB, "full", 1024);
@@ -935,6 +944,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_share_is_not_a_ceiling_on_an_idle_gpu, setup, teardown),
         /* issue 25: memory kept alive past its process */
         cmocka_unit_test_setup_teardown(forked_worker_keeps_its_parents_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(ipc_consumers_are_charged_what_they_open, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,9 @@
  *   probe modules   module and library loads
  *   probe v1        the pre-3.2 entry points
  *   probe quiet-fork  children made by _Fork() and clone()
+ *   probe ipc       a consumer (ipc-open, a child) opens the producer's
+ *                   allocation: charged from the open, refused over the
+ *                   share, kept after the producer freed it, closed
  *   probe outlive   allocates PROBE_HOLD_MIB, forks a worker that waits to
  *                   be killed, prints "worker <pid>" and exits first
  *   probe loader / deepbind / dlmopen   the loader's routes
@@ -1369,6 +1372,117 @@ static int cmd_outlive(void)
     return failures != 0;
 }
 
+/* A driver function by dlsym (the library's hook where it has one): issue 25's routes. */
+static void *driver_sym(const char *name)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *f = h != NULL ? dlsym(h, name) : NULL;
+    if (f == NULL)
+        fail("the driver has no %s", name);
+    return f;
+}
+
+/* Runs this probe as `cmd` in a child that inherits the descriptors; returns its pid. */
+static pid_t spawn_self(const char *cmd)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        if (n <= 0)
+            _exit(126);
+        self[n] = '\0';
+        char *argv[] = {self, (char *)cmd, NULL};
+        execv(self, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/*
+ * The producer: 600 MiB, its IPC handle to a consumer process, freed once
+ * the consumer has opened it (the consumer keeps it alive).
+ */
+static int cmd_ipc(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    CUipcMemHandle h;
+    CUresult (*get)(CUipcMemHandle *, CUdeviceptr) = NULL;
+    *(void **)&get = driver_sym("cuIpcGetMemHandle");
+    int opened[2], freed[2];
+    if (get == NULL || setup(&ctx) != 0 || open_region() != 0 || pipe(opened) != 0 ||
+        pipe(freed) != 0)
+        return 1;
+    EXPECT_RC(A.cuMemAlloc_v2(&p, 600 * MIB), CUDA_SUCCESS);
+    EXPECT_RC(get(&h, p), CUDA_SUCCESS);
+    char hex[129], num[32];
+    for (int i = 0; i < 64; i++)
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)h.reserved[i]);
+    setenv("PROBE_IPC_HANDLE", hex, 1);
+    snprintf(num, sizeof(num), "%d %d", opened[1], freed[0]);
+    setenv("PROBE_IPC_PIPES", num, 1);
+    pid_t pid = spawn_self("ipc-open");
+    close(opened[1]);
+    close(freed[0]);
+    char c;
+    if (read(opened[0], &c, 1) != 1)
+        fail("the consumer did not open the handle");
+    EXPECT_RC(A.cuMemFree_v2(p), CUDA_SUCCESS);
+    EXPECT_EQ(used(), 2 * ctx_bytes + 600 * MIB); /* the consumer's charge stays */
+    if (write(freed[1], "f", 1) != 1)
+        fail("write: %s", strerror(errno));
+    int status;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("the consumer failed (status %d)", status);
+    return failures != 0;
+}
+
+/* The consumer of cmd_ipc. */
+static int cmd_ipc_open(void)
+{
+    CUcontext ctx;
+    CUdeviceptr q, filler;
+    CUipcMemHandle h;
+    int opened, freed;
+    const char *hex = getenv("PROBE_IPC_HANDLE"), *pipes = getenv("PROBE_IPC_PIPES");
+    CUresult (*open_)(CUdeviceptr *, CUipcMemHandle, unsigned int) = NULL;
+    CUresult (*close_)(CUdeviceptr) = NULL;
+    *(void **)&open_ = driver_sym("cuIpcOpenMemHandle_v2");
+    *(void **)&close_ = driver_sym("cuIpcCloseMemHandle");
+    if (hex == NULL || strlen(hex) != 128 || pipes == NULL ||
+        sscanf(pipes, "%d %d", &opened, &freed) != 2 || open_ == NULL || close_ == NULL ||
+        setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    for (int i = 0; i < 64; i++) {
+        unsigned b;
+        sscanf(hex + 2 * i, "%2x", &b);
+        h.reserved[i] = (char)b;
+    }
+    uint64_t u0 = used(); /* both contexts and the producer's 600 MiB */
+    EXPECT_EQ(u0, 2 * ctx_bytes + 600 * MIB);
+    /* Over the share: refused, and closed again. */
+    unsigned long long p0 = pool();
+    EXPECT_RC(A.cuMemAlloc_v2(&filler, limit_bytes - u0 - 599 * MIB), CUDA_SUCCESS);
+    unsigned long long p1 = pool();
+    EXPECT_RC(open_(&q, h, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(pool(), p1);
+    EXPECT_RC(A.cuMemFree_v2(filler), CUDA_SUCCESS);
+    EXPECT_EQ(pool(), p0);
+    /* Within it: charged what it opened. */
+    EXPECT_RC(open_(&q, h, 1), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0 + 600 * MIB);
+    char c;
+    if (write(opened, "o", 1) != 1 || read(freed, &c, 1) != 1)
+        fail("the producer went away");
+    EXPECT_EQ(used(), 2 * ctx_bytes + 600 * MIB); /* freed there, alive here */
+    EXPECT_RC(close_(q), CUDA_SUCCESS);
+    EXPECT_EQ(used(), 2 * ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    return failures != 0;
+}
+
 /* dlvsym, and glibc's own dlsym and dlvsym however they are fetched: the library's. */
 static int cmd_loader(void)
 {
@@ -1738,6 +1852,8 @@ int main(int argc, char **argv)
              : strcmp(cmd, "share") == 0      ? cmd_share()
              : strcmp(cmd, "sparse") == 0     ? cmd_sparse()
              : strcmp(cmd, "outlive") == 0    ? cmd_outlive()
+             : strcmp(cmd, "ipc") == 0        ? cmd_ipc()
+             : strcmp(cmd, "ipc-open") == 0   ? cmd_ipc_open()
                                               : 2;
     return rc;
 }
