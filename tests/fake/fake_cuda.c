@@ -48,7 +48,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1554,7 +1556,7 @@ typedef struct phys {
     int alive, dev, foreign;
     unsigned long long size;
     int refs, maps, nexp;
-    int exp_fd[MAX_EXPORTS];
+    int exp_fd[MAX_EXPORTS]; /* the kept end of each export's socket pair */
     unsigned long long exp_ino[MAX_EXPORTS];
 } phys;
 
@@ -1574,11 +1576,19 @@ static vmap vmaps[4 * MAX_PHYS];
 static int nhmaps, nvmaps;
 static unsigned long long next_va = 0x7f0000000000ULL;
 
+/*
+ * An exported descriptor keeps the memory alive by its open file
+ * description, as the driver's does: every dup of it, in this process or
+ * any other that received or inherited it, until the last is closed. The
+ * export is one end of a socket pair whose other end the fake keeps (a
+ * file of its own, which no scan of descriptors mistakes for the export):
+ * that end sees a hangup once the last copy of the exported one is gone.
+ * The size waits in the socket for an importer to peek at.
+ */
 static int export_open(const phys *p, int k)
 {
-    struct stat st;
-    return fcntl(p->exp_fd[k], F_GETFD) != -1 && fstat(p->exp_fd[k], &st) == 0 &&
-           (unsigned long long)st.st_ino == p->exp_ino[k];
+    struct pollfd pf = {.fd = p->exp_fd[k], .events = POLLIN};
+    return p->exp_fd[k] >= 0 && poll(&pf, 1, 0) >= 0 && !(pf.revents & (POLLHUP | POLLERR));
 }
 
 /* Frees physical memory nothing refers to any more. mu held. */
@@ -1592,6 +1602,10 @@ static void phys_settle(int i)
             return;
     if (!p->foreign)
         USED(p->dev) -= p->size;
+    for (int k = 0; k < p->nexp; k++)
+        if (p->exp_fd[k] >= 0)
+            close(p->exp_fd[k]);
+    p->nexp = 0;
     p->alive = 0;
 }
 
@@ -1771,14 +1785,21 @@ CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
     struct stat st;
     if (p != NULL && p->nexp < MAX_EXPORTS) {
         /* A descriptor any process can import: its size is the allocation's. */
-        int fd = memfd_create("fake-cuda-export", MFD_CLOEXEC);
-        if (fd >= 0 && ftruncate(fd, (off_t)p->size) == 0 && fstat(fd, &st) == 0) {
-            p->exp_fd[p->nexp] = fd;
+        int sv[2] = {-1, -1};
+        unsigned long long size = p->size;
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0 &&
+            write(sv[0], &size, sizeof(size)) == (ssize_t)sizeof(size) &&
+            fstat(sv[1], &st) == 0) {
+            int fd = sv[1];
+            p->exp_fd[p->nexp] = sv[0];
             p->exp_ino[p->nexp++] = (unsigned long long)st.st_ino;
             *(int *)out = fd;
             r = OK;
-        } else if (fd >= 0) {
-            close(fd);
+        } else {
+            if (sv[0] >= 0)
+                close(sv[0]);
+            if (sv[1] >= 0)
+                close(sv[1]);
             r = OUT_OF_MEMORY;
         }
     }
@@ -1801,9 +1822,11 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *o
             if (physs[i].exp_ino[k] == (unsigned long long)st.st_ino)
                 found = i;
     CUresult r = OUT_OF_MEMORY;
+    unsigned long long size = 0; /* what the exporter left in the socket, peeked at */
+    if (found < 0 && recv(fd, &size, sizeof(size), MSG_PEEK | MSG_DONTWAIT) != sizeof(size))
+        size = (unsigned long long)st.st_size;
     if (found < 0 && (found = new_phys()) >= 0) /* another process's: not this one's memory */
-        physs[found] =
-            (phys){.alive = 1, .foreign = 1, .size = (unsigned long long)st.st_size};
+        physs[found] = (phys){.alive = 1, .foreign = 1, .size = size};
     if (found >= 0) {
         *h = next_handle++; /* a handle of its own, to the same memory */
         r = handle_ref(*h, found);

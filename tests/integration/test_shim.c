@@ -392,6 +392,15 @@ static void ipc_consumers_are_charged_what_they_open(void **state)
     assert_string_equal(err, "");
 }
 
+/* A dup of an exported descriptor keeps the memory after the original is closed. */
+static void exports_live_while_any_dup_is_open(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    write_limits(limits, 2048);
+    expect_run(KGPU_SHIM_PROBE, "export-dup", 0);
+    assert_string_equal(err, "");
+}
+
 static void forked_children_account_for_themselves(void **state)
 {
     env_container(KGPU_SHIM_LIB, "full", 1024);
@@ -945,6 +954,7 @@ int main(void)
         /* issue 25: memory kept alive past its process */
         cmocka_unit_test_setup_teardown(forked_worker_keeps_its_parents_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(ipc_consumers_are_charged_what_they_open, setup, teardown),
+        cmocka_unit_test_setup_teardown(exports_live_while_any_dup_is_open, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

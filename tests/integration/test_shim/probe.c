@@ -33,6 +33,7 @@
  *   probe ipc       a consumer (ipc-open, a child) opens the producer's
  *                   allocation: charged from the open, refused over the
  *                   share, kept after the producer freed it, closed
+ *   probe export-dup  an export kept open by a dup of its descriptor
  *   probe outlive   allocates PROBE_HOLD_MIB, forks a worker that waits to
  *                   be killed, prints "worker <pid>" and exits first
  *   probe loader / deepbind / dlmopen   the loader's routes
@@ -1483,6 +1484,43 @@ static int cmd_ipc_open(void)
     return failures != 0;
 }
 
+/*
+ * An exported descriptor keeps its memory by its open file description: a
+ * dup() of it keeps the memory alive after the original is closed, however
+ * often that is done; the charge goes only with the last descriptor.
+ */
+static int cmd_export_dup(void)
+{
+    CUcontext ctx;
+    CUmemGenericAllocationHandle h;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    int keep[4];
+    for (int i = 0; i < 4; i++) {
+        int fd;
+        EXPECT_RC(make_handle(200 * MIB, &h), CUDA_SUCCESS);
+        EXPECT_RC(A.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                 0),
+                  CUDA_SUCCESS);
+        EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+        keep[i] = dup(fd);
+        close(fd);
+        EXPECT_EQ(pool(), p0 + (uint64_t)(i + 1) * 200 * MIB); /* the driver still holds it */
+        if (fits(avail - (uint64_t)(i + 1) * 200 * MIB + MIB))
+            fail("memory kept by a dup of its export was given back to the share (%d)", i);
+        EXPECT_EQ(used(), ctx_bytes + (uint64_t)(i + 1) * 200 * MIB);
+    }
+    for (int i = 0; i < 4; i++)
+        close(keep[i]);
+    if (!fits(avail))
+        fail("the charge of closed exports did not come back (%llu bytes counted)",
+             (unsigned long long)used());
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    return failures != 0;
+}
+
 /* dlvsym, and glibc's own dlsym and dlvsym however they are fetched: the library's. */
 static int cmd_loader(void)
 {
@@ -1852,6 +1890,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "share") == 0      ? cmd_share()
              : strcmp(cmd, "sparse") == 0     ? cmd_sparse()
              : strcmp(cmd, "outlive") == 0    ? cmd_outlive()
+             : strcmp(cmd, "export-dup") == 0 ? cmd_export_dup()
              : strcmp(cmd, "ipc") == 0        ? cmd_ipc()
              : strcmp(cmd, "ipc-open") == 0   ? cmd_ipc_open()
                                               : 2;
