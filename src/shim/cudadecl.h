@@ -178,6 +178,13 @@ typedef struct CUipcMemHandle_st {
     char reserved[64];
 } CUipcMemHandle;
 
+typedef struct CUmulticastObjectProp_st {
+    unsigned int numDevices;
+    size_t size;
+    unsigned long long handleTypes;
+    unsigned long long flags;
+} CUmulticastObjectProp;
+
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
 

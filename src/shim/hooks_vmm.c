@@ -277,3 +277,88 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, dptr, &rec);
     return kgpu__settle_free(real_(dptr), had, &rec);
 }
+
+/* ---- multicast objects: what a binding keeps alive ---- */
+
+/*
+ * Memory bound into a multicast object stays allocated while it is bound,
+ * whatever is released meanwhile: a binding counts as a reference in the
+ * virtual memory table until it is unbound or the object is gone (its last
+ * handle released and its last mapping unmapped, as for any handle). The
+ * object's own footprint is not charged (docs/shim.md).
+ */
+CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
+                           const CUmulticastObjectProp *prop)
+{
+    KGPU_ENTER(cuMulticastCreate, (mcHandle, prop));
+    CUresult r = real_(mcHandle, prop);
+    if (r == CUDA_SUCCESS && mcHandle != NULL &&
+        kgpu_vmm_mcast_created(&kgpu__shim.vmm, *mcHandle) != 0) {
+        KGPU_REAL(cuMemRelease)(*mcHandle);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return r;
+}
+
+/* After a successful bind: recorded, or undone when the table is out of memory. */
+static CUresult mcast_bound(CUmemGenericAllocationHandle mc, size_t off, size_t size,
+                            CUmemGenericAllocationHandle mem, CUdeviceptr addr, CUdevice dev)
+{
+    if (kgpu_vmm_mcast_bound(&kgpu__shim.vmm, mc, off, size, mem, addr) >= 0)
+        return CUDA_SUCCESS;
+    if (KGPU_REAL(cuMulticastUnbind) != NULL)
+        KGPU_REAL(cuMulticastUnbind)(mc, dev, off, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The CUDA device of the current context (whose memory a bind by address names), or 0. */
+static CUdevice current_dev(void)
+{
+    kgpu_where w;
+    return kgpu__where_current(&w) == CUDA_SUCCESS ? w.dev : 0;
+}
+
+CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+                            CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size,
+                            unsigned long long flags)
+{
+    KGPU_ENTER(cuMulticastBindMem, (mcHandle, mcOffset, memHandle, memOffset, size, flags));
+    CUresult r = real_(mcHandle, mcOffset, memHandle, memOffset, size, flags);
+    if (r != CUDA_SUCCESS || memHandle == 0)
+        return r;
+    union {
+        CUmemAllocationProp prop;
+        unsigned char room[256]; /* the driver writes the whole, larger, structure */
+    } p;
+    memset(&p, 0, sizeof(p));
+    kgpu__pfn_cuMemGetAllocationPropertiesFromHandle props =
+        KGPU_REAL(cuMemGetAllocationPropertiesFromHandle);
+    CUdevice dev = props != NULL && props(&p.prop, memHandle) == CUDA_SUCCESS
+                       ? p.prop.location.id
+                       : current_dev();
+    return mcast_bound(mcHandle, mcOffset, size, memHandle, 0, dev);
+}
+
+CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+                             CUdeviceptr memptr, size_t size, unsigned long long flags)
+{
+    KGPU_ENTER(cuMulticastBindAddr, (mcHandle, mcOffset, memptr, size, flags));
+    CUresult r = real_(mcHandle, mcOffset, memptr, size, flags);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return mcast_bound(mcHandle, mcOffset, size, 0, memptr, current_dev());
+}
+
+CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
+                           size_t size)
+{
+    KGPU_ENTER(cuMulticastUnbind, (mcHandle, dev, mcOffset, size));
+    CUresult r = real_(mcHandle, dev, mcOffset, size);
+    if (r == CUDA_SUCCESS) {
+        kgpu_vmm_freed f = {0};
+        kgpu_vmm_mcast_unbound(&kgpu__shim.vmm, mcHandle, kgpu__dev_index(dev), mcOffset, size,
+                               &f);
+        kgpu__uncharge_freed(&f);
+    }
+    return r;
+}

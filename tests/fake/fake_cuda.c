@@ -1554,6 +1554,7 @@ typedef struct {
 /* Physical memory: alive while a handle, a mapping or an exported descriptor of it is. */
 typedef struct phys {
     int alive, dev, foreign;
+    int mcast; /* a multicast object (takes no memory here; its bindings keep memory alive) */
     unsigned long long size;
     int refs, maps, nexp;
     int exp_fd[MAX_EXPORTS]; /* the kept end of each export's socket pair */
@@ -1591,6 +1592,8 @@ static int export_open(const phys *p, int k)
     return p->exp_fd[k] >= 0 && poll(&pf, 1, 0) >= 0 && !(pf.revents & (POLLHUP | POLLERR));
 }
 
+static void mcast_gone(int mc);
+
 /* Frees physical memory nothing refers to any more. mu held. */
 static void phys_settle(int i)
 {
@@ -1607,6 +1610,8 @@ static void phys_settle(int i)
             close(p->exp_fd[k]);
     p->nexp = 0;
     p->alive = 0;
+    if (p->mcast)
+        mcast_gone(i);
 }
 
 /* A closed export is noticed when the driver is next asked about memory. mu held. */
@@ -2468,6 +2473,153 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 }
 
 #ifndef FAKE_CUDA_OLD
+/* ---- issue 25: multicast objects ---- */
+
+/*
+ * As the driver documents them (CUDA 12.1): cuMulticastCreate makes an
+ * object of prop->size, a generic allocation handle released with
+ * cuMemRelease and mappable with cuMemMap; cuMulticastAddDevice adds a
+ * device; cuMulticastBindMem/BindAddr bind physical memory of a device at
+ * an offset, and the bound memory stays allocated while it is bound, even
+ * after every handle and mapping of it is gone, until cuMulticastUnbind of
+ * its device and range or the object's destruction.
+ */
+typedef struct {
+    unsigned int devices;
+    size_t size;
+    unsigned long long handle_types, flags;
+} mc_prop;
+
+typedef struct mbind {
+    int mc, p, dev;
+    unsigned long long off, size;
+} mbind;
+
+static mbind mbinds[256];
+static int nmbinds;
+
+/* Drops binding k; the memory it kept may go. mu held. */
+static void mbind_drop(int k)
+{
+    int p = mbinds[k].p;
+    mbinds[k] = mbinds[--nmbinds];
+    physs[p].maps--;
+    phys_settle(p);
+}
+
+static void mcast_gone(int mc)
+{
+    for (int k = 0; k < nmbinds;)
+        if (mbinds[k].mc == mc)
+            mbind_drop(k);
+        else
+            k++;
+}
+
+/* The multicast object behind handle h, or NULL. mu held. */
+static hmap *mcast_of(unsigned long long h)
+{
+    hmap *m = handle_of(h);
+    return m != NULL && physs[m->p].mcast ? m : NULL;
+}
+
+EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle *h, const mc_prop *prop);
+CUresult cuMulticastCreate(CUmemGenericAllocationHandle *h, const mc_prop *prop)
+{
+    NEED_INIT();
+    if (h == NULL || prop == NULL || prop->size == 0 || prop->devices == 0)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    int i = new_phys();
+    CUresult r = OUT_OF_MEMORY;
+    if (i >= 0) {
+        physs[i] = (phys){.alive = 1, .dev = -1, .foreign = 1, .mcast = 1, .size = prop->size};
+        *h = next_handle++;
+        r = handle_ref(*h, i);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice d);
+CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice d)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = mcast_of(mc) == NULL ? INVALID_HANDLE : d < 0 || d >= ndevs ? INVALID_DEVICE : OK;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* Binds physical memory p at [off, off+size) of multicast handle mc. mu held. */
+static CUresult mcast_bind(unsigned long long mc, unsigned long long off, int p,
+                           unsigned long long size)
+{
+    hmap *m = mcast_of(mc);
+    if (m == NULL || p < 0 || physs[p].mcast || size == 0 || off + size > physs[m->p].size ||
+        nmbinds == 256)
+        return INVALID_VALUE;
+    mbinds[nmbinds++] = (mbind){.mc = m->p, .p = p, .dev = physs[p].dev, .off = off, .size = size};
+    physs[p].maps++;
+    return OK;
+}
+
+EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mc_off,
+                                   CUmemGenericAllocationHandle mem, size_t mem_off, size_t size,
+                                   unsigned long long flags);
+CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mc_off,
+                            CUmemGenericAllocationHandle mem, size_t mem_off, size_t size,
+                            unsigned long long flags)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    hmap *h = handle_of(mem);
+    CUresult r = h != NULL && mem_off + size <= physs[h->p].size
+                     ? mcast_bind(mc, mc_off, h->p, size)
+                     : INVALID_VALUE;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mc_off,
+                                    CUdeviceptr ptr, size_t size, unsigned long long flags);
+CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mc_off, CUdeviceptr ptr,
+                             size_t size, unsigned long long flags)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    int p = -1;
+    for (int i = 0; i < nvmaps && p < 0; i++)
+        if (ptr >= vmaps[i].va && ptr + size <= vmaps[i].va + vmaps[i].size)
+            p = vmaps[i].p;
+    CUresult r = mcast_bind(mc, mc_off, p, size);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice d, size_t off,
+                                  size_t size);
+CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice d, size_t off, size_t size)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    hmap *m = mcast_of(mc);
+    int n = 0;
+    for (int k = 0; m != NULL && k < nmbinds;) {
+        if (mbinds[k].mc == m->p && mbinds[k].dev == d && mbinds[k].off >= off &&
+            mbinds[k].off < off + size) {
+            mbind_drop(k);
+            n++;
+        } else {
+            k++;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return m == NULL ? INVALID_HANDLE : n > 0 ? OK : INVALID_VALUE;
+}
+#endif
+
+#ifndef FAKE_CUDA_OLD
 /* What FAKE_CUDA_PROC_INTERNAL hands out: same behaviour, addresses no export has. */
 static CUresult internal_alloc(CUdeviceptr *p, size_t size)
 {
@@ -2623,6 +2775,11 @@ static const proc procs[] = {
     P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
     P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
     P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    P("cuMulticastCreate", 12010, cuMulticastCreate),
+    P("cuMulticastAddDevice", 12010, cuMulticastAddDevice),
+    P("cuMulticastBindMem", 12010, cuMulticastBindMem),
+    P("cuMulticastBindAddr", 12010, cuMulticastBindAddr),
+    P("cuMulticastUnbind", 12010, cuMulticastUnbind),
 };
 
 /* 0 found, 1 no such symbol, 2 the version asked for is too old (CUdriverProcAddressQueryResult).

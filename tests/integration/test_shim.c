@@ -401,6 +401,15 @@ static void exports_live_while_any_dup_is_open(void **state)
     assert_string_equal(err, "");
 }
 
+/* Memory bound into a multicast object stays charged until unbound or the object is gone. */
+static void multicast_bindings_keep_their_memory(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    write_limits(limits, 2048);
+    expect_run(KGPU_SHIM_PROBE, "multicast", 0);
+    assert_string_equal(err, "");
+}
+
 static void forked_children_account_for_themselves(void **state)
 {
     env_container(KGPU_SHIM_LIB, "full", 1024);
@@ -955,6 +964,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(forked_worker_keeps_its_parents_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(ipc_consumers_are_charged_what_they_open, setup, teardown),
         cmocka_unit_test_setup_teardown(exports_live_while_any_dup_is_open, setup, teardown),
+        cmocka_unit_test_setup_teardown(multicast_bindings_keep_their_memory, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,6 +34,8 @@
  *                   allocation: charged from the open, refused over the
  *                   share, kept after the producer freed it, closed
  *   probe export-dup  an export kept open by a dup of its descriptor
+ *   probe multicast memory bound into a multicast object stays charged
+ *                   until unbound or the object is gone
  *   probe outlive   allocates PROBE_HOLD_MIB, forks a worker that waits to
  *                   be killed, prints "worker <pid>" and exits first
  *   probe loader / deepbind / dlmopen   the loader's routes
@@ -1521,6 +1523,68 @@ static int cmd_export_dup(void)
     return failures != 0;
 }
 
+/*
+ * A multicast binding keeps the bound memory alive: released handles (and
+ * an unmapped one bound by address) stay charged until unbound, or until
+ * the multicast object itself is released.
+ */
+static int cmd_multicast(void)
+{
+    CUcontext ctx;
+    CUmemGenericAllocationHandle mc, h;
+    CUdeviceptr va;
+    CUresult (*create)(CUmemGenericAllocationHandle *, const CUmulticastObjectProp *) = NULL;
+    CUresult (*add)(CUmemGenericAllocationHandle, CUdevice) = NULL;
+    CUresult (*bind)(CUmemGenericAllocationHandle, size_t, CUmemGenericAllocationHandle, size_t,
+                     size_t, unsigned long long) = NULL;
+    CUresult (*bind_addr)(CUmemGenericAllocationHandle, size_t, CUdeviceptr, size_t,
+                          unsigned long long) = NULL;
+    CUresult (*unbind)(CUmemGenericAllocationHandle, CUdevice, size_t, size_t) = NULL;
+    *(void **)&create = driver_sym("cuMulticastCreate");
+    *(void **)&add = driver_sym("cuMulticastAddDevice");
+    *(void **)&bind = driver_sym("cuMulticastBindMem");
+    *(void **)&bind_addr = driver_sym("cuMulticastBindAddr");
+    *(void **)&unbind = driver_sym("cuMulticastUnbind");
+    if (create == NULL || add == NULL || bind == NULL || bind_addr == NULL || unbind == NULL ||
+        setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    CUmulticastObjectProp prop = {.numDevices = 1, .size = 1000 * MIB};
+    EXPECT_RC(create(&mc, &prop), CUDA_SUCCESS);
+    EXPECT_RC(add(mc, 0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes); /* the object itself is not charged */
+    /* Bound, then released: four times, each kept by its binding. */
+    for (int i = 0; i < 4; i++) {
+        EXPECT_RC(make_handle(200 * MIB, &h), CUDA_SUCCESS);
+        EXPECT_RC(bind(mc, (size_t)i * 200 * MIB, h, 0, 200 * MIB, 0), CUDA_SUCCESS);
+        EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+        EXPECT_EQ(pool(), p0 + (uint64_t)(i + 1) * 200 * MIB); /* the driver still holds it */
+        EXPECT_EQ(used(), ctx_bytes + (uint64_t)(i + 1) * 200 * MIB);
+    }
+    if (fits(avail - 800 * MIB + MIB))
+        fail("memory kept by multicast bindings was given back to the share");
+    /* Bound by address, released and unmapped: kept too. */
+    EXPECT_RC(make_handle(100 * MIB, &h), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemAddressReserve(&va, 100 * MIB, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemMap(va, 100 * MIB, 0, h, 0), CUDA_SUCCESS);
+    EXPECT_RC(bind_addr(mc, 800 * MIB, va, 100 * MIB, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemUnmap(va, 100 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 900 * MIB);
+    EXPECT_EQ(pool(), p0 + 900 * MIB);
+    /* Unbound: that memory goes. */
+    EXPECT_RC(unbind(mc, 0, 0, 200 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 700 * MIB);
+    EXPECT_EQ(pool(), p0 + 700 * MIB);
+    /* The object released: every binding goes with it. */
+    EXPECT_RC(A.cuMemRelease(mc), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    if (!fits(avail))
+        fail("the charge of unbound memory did not come back");
+    return failures != 0;
+}
+
 /* dlvsym, and glibc's own dlsym and dlvsym however they are fetched: the library's. */
 static int cmd_loader(void)
 {
@@ -1890,6 +1954,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "share") == 0      ? cmd_share()
              : strcmp(cmd, "sparse") == 0     ? cmd_sparse()
              : strcmp(cmd, "outlive") == 0    ? cmd_outlive()
+             : strcmp(cmd, "multicast") == 0  ? cmd_multicast()
              : strcmp(cmd, "export-dup") == 0 ? cmd_export_dup()
              : strcmp(cmd, "ipc") == 0        ? cmd_ipc()
              : strcmp(cmd, "ipc-open") == 0   ? cmd_ipc_open()
