@@ -10,6 +10,8 @@
  * Every hook starts with KGPU_ENTER: without limits it calls the driver and
  * nothing more; with unusable limits it refuses.
  */
+#include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -94,20 +96,56 @@ typedef struct ctx_probe {
 static pthread_once_t ctx_nvml_once = PTHREAD_ONCE_INIT;
 static _Atomic int ctx_nvml_ok;
 
+/*
+ * NVML as the measurement uses it: the copy in the driver's own folder,
+ * beside the libcuda.so.1 loaded, never one found along the search path
+ * (a tenant's own libnvidia-ml.so.1 first on LD_LIBRARY_PATH could report
+ * any figures it liked, and so buy memory). The application's NVML calls
+ * still go to whichever copy it loaded (kgpu__shim.nvml_lib): its device
+ * handles belong to that copy.
+ */
+static struct {
+    kgpu__pfn_nvmlInit_v2 init;
+    kgpu__pfn_nvmlDeviceGetHandleByUUID by_uuid;
+    kgpu__pfn_nvmlDeviceGetMemoryInfo meminfo;
+} ctx_nvml;
+
+/* The driver's folder's libnvidia-ml.so.1, or NULL. */
+static void *driver_folder_nvml(void)
+{
+    struct link_map *lm = NULL;
+    char path[4096];
+    if (kgpu__shim.cuda_lib == NULL || dlinfo(kgpu__shim.cuda_lib, RTLD_DI_LINKMAP, &lm) != 0 ||
+        lm == NULL || lm->l_name == NULL)
+        return NULL;
+    const char *slash = strrchr(lm->l_name, '/');
+    if (slash == NULL)
+        return NULL; /* no folder known: not measured by NVML */
+    int n = snprintf(path, sizeof(path), "%.*s/libnvidia-ml.so.1", (int)(slash - lm->l_name),
+                     lm->l_name);
+    if (n < 0 || (size_t)n >= sizeof(path))
+        return NULL;
+    return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
 static void ctx_nvml_init(void)
 {
-    kgpu__nvml();
-    kgpu__pfn_nvmlInit_v2 init = KGPU_REAL(nvmlInit_v2);
+    void *h = driver_folder_nvml();
+    kgpu__dlsym_fn sym = kgpu__real_dlsym();
+    if (h == NULL || sym == NULL)
+        return;
+    *(void **)&ctx_nvml.init = sym(h, "nvmlInit_v2");
+    *(void **)&ctx_nvml.by_uuid = sym(h, "nvmlDeviceGetHandleByUUID");
+    *(void **)&ctx_nvml.meminfo = sym(h, "nvmlDeviceGetMemoryInfo");
     /* Initialised once and never shut down: NVML counts its users, the application's stay even. */
-    atomic_store(&ctx_nvml_ok, init != NULL && KGPU_REAL(nvmlDeviceGetHandleByUUID) != NULL &&
-                                   KGPU_REAL(nvmlDeviceGetMemoryInfo) != NULL &&
-                                   init() == NVML_SUCCESS);
+    atomic_store(&ctx_nvml_ok, ctx_nvml.init != NULL && ctx_nvml.by_uuid != NULL &&
+                                   ctx_nvml.meminfo != NULL && ctx_nvml.init() == NVML_SUCCESS);
 }
 
 static int nvml_free(nvmlDevice_t h, uint64_t *free)
 {
     nvmlMemory_t m;
-    if (KGPU_REAL(nvmlDeviceGetMemoryInfo)(h, &m) != NVML_SUCCESS)
+    if (ctx_nvml.meminfo(h, &m) != NVML_SUCCESS)
         return -1;
     *free = m.free;
     return 0;
@@ -140,7 +178,7 @@ static void ctx_before(CUdevice dev, int li, ctx_probe *p)
         snprintf(uuid, sizeof(uuid), "%s%s",
                  strncmp(u, "GPU-", 4) == 0 || strncmp(u, "MIG-", 4) == 0 ? "" : "GPU-", u);
         if (atomic_load(&ctx_nvml_ok) &&
-            KGPU_REAL(nvmlDeviceGetHandleByUUID)(uuid, &p->nvml) == NVML_SUCCESS &&
+            ctx_nvml.by_uuid(uuid, &p->nvml) == NVML_SUCCESS &&
             nvml_free(p->nvml, &p->free) == 0) {
             p->how = 1;
             return;

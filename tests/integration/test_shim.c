@@ -410,6 +410,25 @@ static void multicast_bindings_keep_their_memory(void **state)
     assert_string_equal(err, "");
 }
 
+/*
+ * A tenant's own libnvidia-ml.so.1 first on LD_LIBRARY_PATH, reporting
+ * 33 MiB more in use at every call: contexts must still be measured with
+ * the NVML beside the driver (fake-cuda/full), 500 MiB each.
+ */
+static void a_tenants_own_nvml_is_not_measured_with(void **state)
+{
+    char path[320];
+    snprintf(path, sizeof(path), "%s/gpumem", tmp);
+    unlink(path);
+    env_measured(500);
+    env_drop("LD_LIBRARY_PATH");
+    env_add("LD_LIBRARY_PATH=%s:%s/full:%s", KGPU_SHIM_HOSTILE_NVML_DIR, KGPU_FAKE_CUDA_DIR,
+            KGPU_SHIM_FAKE_NVML_DIR);
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=500 created=500 destroyed=500 released=0\n");
+    assert_string_equal(err, "");
+}
+
 static void forked_children_account_for_themselves(void **state)
 {
     env_container(KGPU_SHIM_LIB, "full", 1024);
@@ -965,6 +984,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(ipc_consumers_are_charged_what_they_open, setup, teardown),
         cmocka_unit_test_setup_teardown(exports_live_while_any_dup_is_open, setup, teardown),
         cmocka_unit_test_setup_teardown(multicast_bindings_keep_their_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_tenants_own_nvml_is_not_measured_with, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
