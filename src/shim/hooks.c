@@ -88,9 +88,10 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 /* How a context's footprint is measured: filled by ctx_before, read by ctx_footprint. */
 typedef struct ctx_probe {
-    int how; /* 0: not measurable; 1: NVML's free memory; 2: cuMemGetInfo in a context */
+    int how; /* 0: by a twin (below); 1: NVML's free memory; 2: cuMemGetInfo in a context */
     uint64_t free;
     nvmlDevice_t nvml;
+    CUdevice dev;
 } ctx_probe;
 
 static pthread_once_t ctx_nvml_once = PTHREAD_ONCE_INIT;
@@ -170,6 +171,7 @@ static int cuda_free(CUcontext ctx, uint64_t *free)
 static void ctx_before(CUdevice dev, int li, ctx_probe *p)
 {
     p->how = 0;
+    p->dev = dev;
     if (li >= 0 && li < kgpu__shim.limits.ndevices) {
         pthread_once(&ctx_nvml_once, ctx_nvml_init);
         const char *u = kgpu__shim.limits.dev[li].uuid;
@@ -190,6 +192,34 @@ static void ctx_before(CUdevice dev, int li, ctx_probe *p)
         p->how = 2;
 }
 
+/*
+ * Without NVML, a first context on its device has nothing to measure it
+ * with before it exists (cuMemGetInfo needs a context). Once it exists, a
+ * throwaway twin on the same device is measured instead: the free memory
+ * in `made`, then in the twin just made, which is destroyed again. The
+ * twin's footprint stands for the first's. 0 measured (*took set), or -1.
+ */
+static int twin_footprint(CUcontext made, CUdevice dev, uint64_t *took)
+{
+    kgpu__pfn_cuCtxCreate_v2 create = KGPU_REAL(cuCtxCreate_v2);
+    kgpu__pfn_cuCtxDestroy_v2 destroy = KGPU_REAL(cuCtxDestroy_v2);
+    kgpu__pfn_cuCtxPopCurrent_v2 pop = KGPU_REAL(cuCtxPopCurrent_v2);
+    uint64_t before, after;
+    CUcontext twin = NULL, popped;
+    size_t f = 0, total = 0;
+    if (create == NULL || destroy == NULL || pop == NULL || cuda_free(made, &before) != 0 ||
+        create(&twin, 0, dev) != CUDA_SUCCESS)
+        return -1;
+    CUresult r = KGPU_REAL(cuMemGetInfo_v2)(&f, &total); /* the twin is current */
+    pop(&popped); /* as it was before; destroying a current context would pop it too */
+    destroy(twin);
+    after = f;
+    if (r != CUDA_SUCCESS || after >= before)
+        return -1;
+    *took = before - after;
+    return 0;
+}
+
 /* The charge for `made`, measured by the same means as p (measured: set when it was). */
 static uint64_t ctx_footprint(const ctx_probe *p, CUcontext made, int *measured)
 {
@@ -199,6 +229,8 @@ static uint64_t ctx_footprint(const ctx_probe *p, CUcontext made, int *measured)
                            : 0;
     if (ok && after < p->free)
         took = p->free - after;
+    if (p->how == 0 && twin_footprint(made, p->dev, &took) != 0)
+        took = 0;
     *measured = took >= (uint64_t)KGPU_SHIM_CONTEXT_MIN_MIB << 20 &&
                 took <= (uint64_t)KGPU_SHIM_CONTEXT_MAX_MIB << 20;
     if (!*measured)

@@ -402,7 +402,8 @@ static unsigned read_script(fake_proc *out)
     unsigned scripted = n;
     for (int s = 0; m != NULL && s < FAKE_MEM_SLOTS; s++) {
         int pid = __atomic_load_n(&m->slot[s].pid, __ATOMIC_ACQUIRE);
-        for (unsigned g = 0; fake_mem_slot_alive(m, s) && g < FAKE_MEM_DEVS && n < FAKE_PROCS_MAX; g++) {
+        for (unsigned g = 0; fake_mem_slot_alive(m, s) && g < FAKE_MEM_DEVS && n < FAKE_PROCS_MAX;
+             g++) {
             unsigned long long used = __atomic_load_n(&m->slot[s].used[g], __ATOMIC_ACQUIRE);
             int named = 0;
             for (unsigned i = 0; i < scripted; i++)

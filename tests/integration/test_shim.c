@@ -291,8 +291,11 @@ static void contexts_are_charged_what_they_take(void **state)
     env_add("PROBE_CTX_MIB=520");
     expect_run(KGPU_SHIM_PROBE, "ctx", 0); /* 6 contexts fit 4096 MiB, a 7th is refused */
     ctxcharge(520, NULL, "primary=520 created=520 destroyed=520 released=0\n");
-    /* Without NVML the primary context cannot be measured; one made in it can. */
-    ctxcharge(520, "-FAKE_NVML_GPUS", "primary=300 created=520 destroyed=300 released=0\n");
+    /*
+     * Without NVML (issue 25): the primary context is measured by a throwaway
+     * twin, and one made while it is current by cuMemGetInfo.
+     */
+    ctxcharge(520, "-FAKE_NVML_GPUS", "primary=520 created=520 destroyed=520 released=0\n");
     /* KGPU_CONTEXT_MIB is a floor: above the measurement it wins, below it does not. */
     ctxcharge(520, "KGPU_CONTEXT_MIB=600", "primary=600 created=600 destroyed=600 released=0\n");
     ctxcharge(520, "KGPU_CONTEXT_MIB=100", "primary=520 created=520 destroyed=520 released=0\n");
@@ -427,6 +430,19 @@ static void a_tenants_own_nvml_is_not_measured_with(void **state)
     expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
     expect_out("primary=500 created=500 destroyed=500 released=0\n");
     assert_string_equal(err, "");
+}
+
+/*
+ * An image without NVML (issue 25): contexts of 500 MiB were charged 300
+ * each, since a first primary context could not be measured. A throwaway
+ * twin made once the first exists measures it.
+ */
+static void first_contexts_without_nvml_are_measured(void **state)
+{
+    ctxcharge(500, "-FAKE_NVML_GPUS", "primary=500 created=500 destroyed=500 released=0\n");
+    /* The twin is gone again: nothing of it stays in the fake driver or the region. */
+    assert_int_equal(fake_used_mib(), 0);
+    assert_int_equal(region_used_mib(), 0);
 }
 
 static void forked_children_account_for_themselves(void **state)
@@ -985,6 +1001,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(exports_live_while_any_dup_is_open, setup, teardown),
         cmocka_unit_test_setup_teardown(multicast_bindings_keep_their_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(a_tenants_own_nvml_is_not_measured_with, setup, teardown),
+        cmocka_unit_test_setup_teardown(first_contexts_without_nvml_are_measured, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
