@@ -178,6 +178,15 @@ typedef struct CUipcMemHandle_st {
     char reserved[64];
 } CUipcMemHandle;
 
+/* cuGraphInstantiateWithParams's parameters; with the upload flag it uploads at once. */
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
 typedef struct CUmulticastObjectProp_st {
     unsigned int numDevices;
     size_t size;

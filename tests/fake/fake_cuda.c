@@ -1209,6 +1209,40 @@ CUresult cuGraphUpload(gexec *e, stream *s)
     return r;
 }
 
+/* ---- issue 25: instantiation with parameters ---- */
+
+/* CUDA_GRAPH_INSTANTIATE_PARAMS */
+typedef struct {
+    unsigned long long flags;
+    stream *upload;
+    gnode *err_node;
+    int result;
+} inst_params;
+
+/*
+ * As documented: with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD (2) the graph is
+ * uploaded to hUploadStream as part of the instantiation, mapping its
+ * memory (as cuGraphUpload); that failing fails the call.
+ */
+EXPORT CUresult cuGraphInstantiateWithParams(gexec **pe, graph *g, inst_params *p);
+CUresult cuGraphInstantiateWithParams(gexec **pe, graph *g, inst_params *p)
+{
+    if (p == NULL)
+        return INVALID_VALUE;
+    CUresult r = cuGraphInstantiateWithFlags(pe, g, p->flags & ~2ULL);
+    if (r == OK && (p->flags & 2)) {
+        pthread_mutex_lock(&mu);
+        r = graph_map(*pe);
+        pthread_mutex_unlock(&mu);
+        if (r != OK) {
+            free(*pe);
+            *pe = NULL;
+        }
+    }
+    p->result = r == OK ? 0 : 1; /* CUDA_GRAPH_INSTANTIATE_SUCCESS / _ERROR */
+    return r;
+}
+
 /* Allocations the graph does not free itself outlive the launch, until freed outside it. */
 EXPORT CUresult cuGraphLaunch(gexec *e, stream *s);
 CUresult cuGraphLaunch(gexec *e, stream *s)
@@ -2780,6 +2814,8 @@ static const proc procs[] = {
     P("cuMulticastBindMem", 12010, cuMulticastBindMem),
     P("cuMulticastBindAddr", 12010, cuMulticastBindAddr),
     P("cuMulticastUnbind", 12010, cuMulticastUnbind),
+    P("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    PZ("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
 };
 
 /* 0 found, 1 no such symbol, 2 the version asked for is too old (CUdriverProcAddressQueryResult).

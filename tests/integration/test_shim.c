@@ -445,6 +445,14 @@ static void first_contexts_without_nvml_are_measured(void **state)
     assert_int_equal(region_used_mib(), 0);
 }
 
+/* An instantiation that uploads at once is charged and refused before the driver uploads. */
+static void uploading_instantiations_are_charged_first(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "graph-upload", 0);
+    assert_string_equal(err, "");
+}
+
 static void forked_children_account_for_themselves(void **state)
 {
     env_container(KGPU_SHIM_LIB, "full", 1024);
@@ -1002,6 +1010,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(multicast_bindings_keep_their_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(a_tenants_own_nvml_is_not_measured_with, setup, teardown),
         cmocka_unit_test_setup_teardown(first_contexts_without_nvml_are_measured, setup, teardown),
+        cmocka_unit_test_setup_teardown(uploading_instantiations_are_charged_first, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

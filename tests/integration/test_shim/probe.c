@@ -36,6 +36,8 @@
  *   probe export-dup  an export kept open by a dup of its descriptor
  *   probe multicast memory bound into a multicast object stays charged
  *                   until unbound or the object is gone
+ *   probe graph-upload  instantiation with the upload flag: charged and
+ *                   refused before the driver uploads
  *   probe outlive   allocates PROBE_HOLD_MIB, forks a worker that waits to
  *                   be killed, prints "worker <pid>" and exits first
  *   probe loader / deepbind / dlmopen   the loader's routes
@@ -1585,6 +1587,60 @@ static int cmd_multicast(void)
     return failures != 0;
 }
 
+/* A graph of one memory allocation node of `bytes`, instantiated with `params`. */
+static CUresult graph_params(uint64_t bytes, CUgraph *g, CUgraphExec *e,
+                             CUDA_GRAPH_INSTANTIATE_PARAMS *ip)
+{
+    CUresult (*inst)(CUgraphExec *, CUgraph, void *) = NULL;
+    *(void **)&inst = driver_sym("cuGraphInstantiateWithParams");
+    CUDA_MEM_ALLOC_NODE_PARAMS params;
+    CUgraphNode node;
+    memset(&params, 0, sizeof(params));
+    params.poolProps.allocType = 1;
+    params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params.bytesize = bytes;
+    CUresult r = inst == NULL ? CUDA_ERROR_NOT_FOUND : A.cuGraphCreate(g, 0);
+    if (r == CUDA_SUCCESS)
+        r = A.cuGraphAddMemAllocNode(&node, *g, NULL, 0, &params);
+    if (r == CUDA_SUCCESS)
+        r = inst(e, *g, ip);
+    return r;
+}
+
+/*
+ * cuGraphInstantiateWithParams with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD maps
+ * the graph's memory at once: charged then, and refused over the share
+ * before the driver uploads anything.
+ */
+static int cmd_graph_upload(void)
+{
+    CUcontext ctx;
+    CUgraph g1, g2, g3;
+    CUgraphExec e1, e2, e3;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t p0 = pool();
+    CUDA_GRAPH_INSTANTIATE_PARAMS ip = {.flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD};
+    EXPECT_RC(graph_params(500 * MIB, &g1, &e1, &ip), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_EQ(pool(), p0 + 500 * MIB);
+    /* 800 MiB of graph memory do not fit 724: refused, nothing uploaded. */
+    EXPECT_RC(graph_params(800 * MIB, &g2, &e2, &ip), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_EQ(pool(), p0 + 500 * MIB);
+    /* Without the flag nothing is mapped at instantiation. */
+    ip.flags = 0;
+    EXPECT_RC(graph_params(800 * MIB, &g3, &e3, &ip), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_RC(A.cuGraphLaunch(e3, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_RC(A.cuGraphExecDestroy(e1), CUDA_SUCCESS);
+    EXPECT_RC(A.cuGraphExecDestroy(e3), CUDA_SUCCESS);
+    EXPECT_RC(A.cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    return failures != 0;
+}
+
 /* dlvsym, and glibc's own dlsym and dlvsym however they are fetched: the library's. */
 static int cmd_loader(void)
 {
@@ -1954,6 +2010,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "share") == 0      ? cmd_share()
              : strcmp(cmd, "sparse") == 0     ? cmd_sparse()
              : strcmp(cmd, "outlive") == 0    ? cmd_outlive()
+             : strcmp(cmd, "graph-upload") == 0 ? cmd_graph_upload()
              : strcmp(cmd, "multicast") == 0  ? cmd_multicast()
              : strcmp(cmd, "export-dup") == 0 ? cmd_export_dup()
              : strcmp(cmd, "ipc") == 0        ? cmd_ipc()
