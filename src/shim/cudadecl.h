@@ -184,6 +184,29 @@ typedef struct CUDA_LAUNCH_PARAMS_st {
 
 typedef void (*CUhostFn)(void *userData);
 
+/* ---- issue 25: IPC handles, multicast objects ---- */
+
+/* An IPC handle of device memory, passed by value (64 opaque bytes). */
+typedef struct CUipcMemHandle_st {
+    char reserved[64];
+} CUipcMemHandle;
+
+/* cuGraphInstantiateWithParams's parameters; with the upload flag it uploads at once. */
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
+typedef struct CUmulticastObjectProp_st {
+    unsigned int numDevices;
+    size_t size;
+    unsigned long long handleTypes;
+    unsigned long long flags;
+} CUmulticastObjectProp;
+
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
 

@@ -10,6 +10,8 @@
  * Every hook starts with KGPU_ENTER: without limits it calls the driver and
  * nothing more; with unusable limits it refuses.
  */
+#include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -23,8 +25,11 @@ CUresult cuInit(unsigned int flags)
 {
     KGPU_ENTER(cuInit, (flags));
     CUresult r = real_(flags);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         kgpu__map_devices();
+        /* The driver's descriptors are open: children forked from now on hold them too. */
+        kgpu_shim_region_client(kgpu__shim.region);
+    }
     return r;
 }
 
@@ -83,28 +88,65 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 /* How a context's footprint is measured: filled by ctx_before, read by ctx_footprint. */
 typedef struct ctx_probe {
-    int how; /* 0: not measurable; 1: NVML's free memory; 2: cuMemGetInfo in a context */
+    int how; /* 0: by a twin (below); 1: NVML's free memory; 2: cuMemGetInfo in a context */
     uint64_t free;
     nvmlDevice_t nvml;
+    CUdevice dev;
 } ctx_probe;
 
 static pthread_once_t ctx_nvml_once = PTHREAD_ONCE_INIT;
 static _Atomic int ctx_nvml_ok;
 
+/*
+ * NVML as the measurement uses it: the copy in the driver's own folder,
+ * beside the libcuda.so.1 loaded, never one found along the search path
+ * (a tenant's own libnvidia-ml.so.1 first on LD_LIBRARY_PATH could report
+ * any figures it liked, and so buy memory). The application's NVML calls
+ * still go to whichever copy it loaded (kgpu__shim.nvml_lib): its device
+ * handles belong to that copy.
+ */
+static struct {
+    kgpu__pfn_nvmlInit_v2 init;
+    kgpu__pfn_nvmlDeviceGetHandleByUUID by_uuid;
+    kgpu__pfn_nvmlDeviceGetMemoryInfo meminfo;
+} ctx_nvml;
+
+/* The driver's folder's libnvidia-ml.so.1, or NULL. */
+static void *driver_folder_nvml(void)
+{
+    struct link_map *lm = NULL;
+    char path[4096];
+    if (kgpu__shim.cuda_lib == NULL || dlinfo(kgpu__shim.cuda_lib, RTLD_DI_LINKMAP, &lm) != 0 ||
+        lm == NULL || lm->l_name == NULL)
+        return NULL;
+    const char *slash = strrchr(lm->l_name, '/');
+    if (slash == NULL)
+        return NULL; /* no folder known: not measured by NVML */
+    int n = snprintf(path, sizeof(path), "%.*s/libnvidia-ml.so.1", (int)(slash - lm->l_name),
+                     lm->l_name);
+    if (n < 0 || (size_t)n >= sizeof(path))
+        return NULL;
+    return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
 static void ctx_nvml_init(void)
 {
-    kgpu__nvml();
-    kgpu__pfn_nvmlInit_v2 init = KGPU_REAL(nvmlInit_v2);
+    void *h = driver_folder_nvml();
+    kgpu__dlsym_fn sym = kgpu__real_dlsym();
+    if (h == NULL || sym == NULL)
+        return;
+    *(void **)&ctx_nvml.init = sym(h, "nvmlInit_v2");
+    *(void **)&ctx_nvml.by_uuid = sym(h, "nvmlDeviceGetHandleByUUID");
+    *(void **)&ctx_nvml.meminfo = sym(h, "nvmlDeviceGetMemoryInfo");
     /* Initialised once and never shut down: NVML counts its users, the application's stay even. */
-    atomic_store(&ctx_nvml_ok, init != NULL && KGPU_REAL(nvmlDeviceGetHandleByUUID) != NULL &&
-                                   KGPU_REAL(nvmlDeviceGetMemoryInfo) != NULL &&
-                                   init() == NVML_SUCCESS);
+    atomic_store(&ctx_nvml_ok, ctx_nvml.init != NULL && ctx_nvml.by_uuid != NULL &&
+                                   ctx_nvml.meminfo != NULL && ctx_nvml.init() == NVML_SUCCESS);
 }
 
 static int nvml_free(nvmlDevice_t h, uint64_t *free)
 {
     nvmlMemory_t m;
-    if (KGPU_REAL(nvmlDeviceGetMemoryInfo)(h, &m) != NVML_SUCCESS)
+    if (ctx_nvml.meminfo(h, &m) != NVML_SUCCESS)
         return -1;
     *free = m.free;
     return 0;
@@ -129,6 +171,7 @@ static int cuda_free(CUcontext ctx, uint64_t *free)
 static void ctx_before(CUdevice dev, int li, ctx_probe *p)
 {
     p->how = 0;
+    p->dev = dev;
     if (li >= 0 && li < kgpu__shim.limits.ndevices) {
         pthread_once(&ctx_nvml_once, ctx_nvml_init);
         const char *u = kgpu__shim.limits.dev[li].uuid;
@@ -137,7 +180,7 @@ static void ctx_before(CUdevice dev, int li, ctx_probe *p)
         snprintf(uuid, sizeof(uuid), "%s%s",
                  strncmp(u, "GPU-", 4) == 0 || strncmp(u, "MIG-", 4) == 0 ? "" : "GPU-", u);
         if (atomic_load(&ctx_nvml_ok) &&
-            KGPU_REAL(nvmlDeviceGetHandleByUUID)(uuid, &p->nvml) == NVML_SUCCESS &&
+            ctx_nvml.by_uuid(uuid, &p->nvml) == NVML_SUCCESS &&
             nvml_free(p->nvml, &p->free) == 0) {
             p->how = 1;
             return;
@@ -149,6 +192,34 @@ static void ctx_before(CUdevice dev, int li, ctx_probe *p)
         p->how = 2;
 }
 
+/*
+ * Without NVML, a first context on its device has nothing to measure it
+ * with before it exists (cuMemGetInfo needs a context). Once it exists, a
+ * throwaway twin on the same device is measured instead: the free memory
+ * in `made`, then in the twin just made, which is destroyed again. The
+ * twin's footprint stands for the first's. 0 measured (*took set), or -1.
+ */
+static int twin_footprint(CUcontext made, CUdevice dev, uint64_t *took)
+{
+    kgpu__pfn_cuCtxCreate_v2 create = KGPU_REAL(cuCtxCreate_v2);
+    kgpu__pfn_cuCtxDestroy_v2 destroy = KGPU_REAL(cuCtxDestroy_v2);
+    kgpu__pfn_cuCtxPopCurrent_v2 pop = KGPU_REAL(cuCtxPopCurrent_v2);
+    uint64_t before, after;
+    CUcontext twin = NULL, popped;
+    size_t f = 0, total = 0;
+    if (create == NULL || destroy == NULL || pop == NULL || cuda_free(made, &before) != 0 ||
+        create(&twin, 0, dev) != CUDA_SUCCESS)
+        return -1;
+    CUresult r = KGPU_REAL(cuMemGetInfo_v2)(&f, &total); /* the twin is current */
+    pop(&popped); /* as it was before; destroying a current context would pop it too */
+    destroy(twin);
+    after = f;
+    if (r != CUDA_SUCCESS || after >= before)
+        return -1;
+    *took = before - after;
+    return 0;
+}
+
 /* The charge for `made`, measured by the same means as p (measured: set when it was). */
 static uint64_t ctx_footprint(const ctx_probe *p, CUcontext made, int *measured)
 {
@@ -158,6 +229,8 @@ static uint64_t ctx_footprint(const ctx_probe *p, CUcontext made, int *measured)
                            : 0;
     if (ok && after < p->free)
         took = p->free - after;
+    if (p->how == 0 && twin_footprint(made, p->dev, &took) != 0)
+        took = 0;
     *measured = took >= (uint64_t)KGPU_SHIM_CONTEXT_MIN_MIB << 20 &&
                 took <= (uint64_t)KGPU_SHIM_CONTEXT_MAX_MIB << 20;
     if (!*measured)

@@ -107,36 +107,77 @@ CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraph
                         phGraphExec, hGraph);
 }
 
+static CUresult charge_growth(const uint64_t bytes[KGPU_SHIM_MAX_DEVICES],
+                              uint64_t need[KGPU_SHIM_MAX_DEVICES], int *any);
+
+/*
+ * An instantiation that uploads at once (CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)
+ * maps the graph's memory before it returns: charged, before the driver is
+ * called, what the device's graph memory must grow by, as a launch or
+ * upload is, refused over the limit; then settled to what it reserves.
+ */
+typedef CUresult (*instantiate_call)(void *real, CUgraphExec *exec, CUgraph graph, void *arg);
+
+static CUresult instantiate_uploading(instantiate_call call, void *real, CUgraphExec *exec,
+                                      CUgraph graph, void *arg)
+{
+    uint64_t bytes[KGPU_SHIM_MAX_DEVICES] = {0}, need[KGPU_SHIM_MAX_DEVICES] = {0};
+    int any = 0;
+    graph_bytes(graph, bytes, 0);
+    CUresult c = charge_growth(bytes, need, &any);
+    if (c != CUDA_SUCCESS)
+        return c;
+    CUresult r = instantiated(call(real, exec, graph, arg), exec, graph);
+    for (int li = 0; any && li < kgpu__shim.limits.ndevices; li++)
+        if (need[li] != 0 || r == CUDA_SUCCESS)
+            graph_settle(kgpu__cuda_dev(li), li, need[li]);
+    return r;
+}
+
+static CUresult call_with_flags(void *real, CUgraphExec *exec, CUgraph graph, void *arg)
+{
+    return ((kgpu__pfn_cuGraphInstantiateWithFlags)real)(exec, graph,
+                                                        *(unsigned long long *)arg);
+}
+
+static CUresult call_with_params(void *real, CUgraphExec *exec, CUgraph graph, void *arg)
+{
+    return ((kgpu__pfn_cuGraphInstantiateWithParams)real)(exec, graph, arg);
+}
+
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
                                      unsigned long long flags)
 {
     KGPU_ENTER(cuGraphInstantiateWithFlags, (phGraphExec, hGraph, flags));
+    if (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) /* documented for ...WithParams only */
+        return instantiate_uploading(call_with_flags, (void *)real_, phGraphExec, hGraph, &flags);
     return instantiated(real_(phGraphExec, hGraph, flags), phGraphExec, hGraph);
 }
 
-/*
- * With instantiate parameters an upload may happen right away (on the
- * upload stream): the graph memory is settled afterwards, past the limit
- * if need be, as after a launch.
- */
+static int uploads(const void *params)
+{
+    return params != NULL && (((const CUDA_GRAPH_INSTANTIATE_PARAMS *)params)->flags &
+                              CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+}
+
 CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
                                       void *instantiateParams)
 {
     KGPU_ENTER(cuGraphInstantiateWithParams, (phGraphExec, hGraph, instantiateParams));
-    CUresult r = instantiated(real_(phGraphExec, hGraph, instantiateParams), phGraphExec, hGraph);
-    for (int li = 0; r == CUDA_SUCCESS && li < kgpu__shim.limits.ndevices; li++)
-        graph_settle(kgpu__cuda_dev(li), li, 0);
-    return r;
+    if (uploads(instantiateParams))
+        return instantiate_uploading(call_with_params, (void *)real_, phGraphExec, hGraph,
+                                     instantiateParams);
+    return instantiated(real_(phGraphExec, hGraph, instantiateParams), phGraphExec, hGraph);
 }
 
 CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
                                            void *instantiateParams)
 {
     KGPU_ENTER(cuGraphInstantiateWithParams_ptsz, (phGraphExec, hGraph, instantiateParams));
-    CUresult r = instantiated(real_(phGraphExec, hGraph, instantiateParams), phGraphExec, hGraph);
-    for (int li = 0; r == CUDA_SUCCESS && li < kgpu__shim.limits.ndevices; li++)
-        graph_settle(kgpu__cuda_dev(li), li, 0);
-    return r;
+    if (uploads(instantiateParams))
+        return instantiate_uploading(call_with_params, (void *)real_, phGraphExec, hGraph,
+                                     instantiateParams);
+    return instantiated(real_(phGraphExec, hGraph, instantiateParams), phGraphExec, hGraph);
 }
 
 /*
@@ -146,33 +187,50 @@ CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGr
  */
 typedef CUresult (*graph_call)(CUgraphExec exec, CUstream stream);
 
-static CUresult graph_run(graph_call real, CUgraphExec exec, CUstream stream)
+/*
+ * Charges, per limits index, what the device's graph memory must grow by
+ * to hold bytes[li] more (need[li]); all or nothing. *any: something was.
+ */
+static CUresult charge_growth(const uint64_t bytes[KGPU_SHIM_MAX_DEVICES],
+                              uint64_t need[KGPU_SHIM_MAX_DEVICES], int *any)
 {
-    kgpu__compute_gate(); /* a graph's kernels run in its container's turn like any others */
-    if (atomic_load_explicit(&graphs_with_memory, memory_order_relaxed) == 0)
-        return real(exec, stream);
-    uint64_t need[KGPU_SHIM_MAX_DEVICES] = {0};
-    int any = 0;
     for (int li = 0; li < kgpu__shim.limits.ndevices; li++) {
-        kgpu_track_rec rec;
-        if (!kgpu_track_get(&kgpu__shim.track, KGPU_TRACK_GRAPHEXEC, GRAPH_KEY(exec, li), &rec))
+        if (bytes[li] == 0)
             continue;
         uint64_t reserved = 0, used = 0;
         CUdevice dev = kgpu__cuda_dev(li);
         if (kgpu__graph_attr(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) == 0 &&
             kgpu__graph_attr(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) == 0 &&
             reserved > used)
-            need[li] = rec.bytes > reserved - used ? rec.bytes - (reserved - used) : 0;
+            need[li] = bytes[li] > reserved - used ? bytes[li] - (reserved - used) : 0;
         else
-            need[li] = rec.bytes;
+            need[li] = bytes[li];
         CUresult c = kgpu__charge(li, need[li]);
         if (c != CUDA_SUCCESS) {
             for (int k = 0; k < li; k++)
                 kgpu__uncharge(k, need[k]);
             return c;
         }
-        any = 1;
+        *any = 1;
     }
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_run(graph_call real, CUgraphExec exec, CUstream stream)
+{
+    kgpu__compute_gate(); /* a graph's kernels run in its container's turn like any others */
+    if (atomic_load_explicit(&graphs_with_memory, memory_order_relaxed) == 0)
+        return real(exec, stream);
+    uint64_t bytes[KGPU_SHIM_MAX_DEVICES] = {0}, need[KGPU_SHIM_MAX_DEVICES] = {0};
+    int any = 0;
+    for (int li = 0; li < kgpu__shim.limits.ndevices; li++) {
+        kgpu_track_rec rec;
+        if (kgpu_track_get(&kgpu__shim.track, KGPU_TRACK_GRAPHEXEC, GRAPH_KEY(exec, li), &rec))
+            bytes[li] = rec.bytes;
+    }
+    CUresult c = charge_growth(bytes, need, &any);
+    if (c != CUDA_SUCCESS)
+        return c;
     CUresult r = real(exec, stream);
     for (int li = 0; any && li < kgpu__shim.limits.ndevices; li++)
         if (need[li] != 0 || r == CUDA_SUCCESS)

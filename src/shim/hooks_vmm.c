@@ -213,3 +213,152 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     }
     return r;
 }
+
+/* ---- IPC: memory another process allocated, kept alive by opening it here ---- */
+
+/*
+ * An opened IPC allocation lives until the consumer closes it (or its
+ * context goes), whatever the producer does meanwhile. Its size shows in
+ * no argument and the driver checks nothing before it maps, so it is
+ * charged after the open, by the allocation's extent (cuMemGetAddressRange),
+ * and over the share the handle is closed again. Producer and consumer in
+ * one container are both charged: over, never under.
+ */
+static CUresult ipc_open(kgpu__pfn_cuIpcOpenMemHandle_v2 real, CUdeviceptr *pdptr,
+                         CUipcMemHandle handle, unsigned int flags)
+{
+    kgpu_where w;
+    CUresult r = kgpu__where_current(&w);
+    if (r != CUDA_SUCCESS || pdptr == NULL)
+        return r != CUDA_SUCCESS ? r : real(pdptr, handle, flags);
+    if ((r = real(pdptr, handle, flags)) != CUDA_SUCCESS)
+        return r;
+    kgpu_track_rec rec;
+    if (kgpu_track_get(&kgpu__shim.track, KGPU_TRACK_MEM, *pdptr, &rec))
+        return r; /* opened again in this context: the driver hands out the same mapping */
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    kgpu__pfn_cuMemGetAddressRange_v2 range = KGPU_REAL(cuMemGetAddressRange_v2);
+    if (range == NULL || range(&base, &size, *pdptr) != CUDA_SUCCESS)
+        size = 0; /* not measurable: not charged (docs/shim.md) */
+    kgpu__pfn_cuIpcCloseMemHandle close_ = KGPU_REAL(cuIpcCloseMemHandle);
+    rec = (kgpu_track_rec){.key = *pdptr, .bytes = size, .ctx = (uintptr_t)w.ctx,
+                           .dev = (int16_t)w.li, .kind = KGPU_TRACK_MEM};
+    if (kgpu__charge(w.li, size) != CUDA_SUCCESS) {
+        if (close_ != NULL)
+            close_(*pdptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (kgpu_track_put(&kgpu__shim.track, &rec) != 0) {
+        if (close_ != NULL)
+            close_(*pdptr);
+        kgpu__uncharge(w.li, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    KGPU_ENTER(cuIpcOpenMemHandle, (pdptr, handle, Flags));
+    return ipc_open(real_, pdptr, handle, Flags);
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    KGPU_ENTER(cuIpcOpenMemHandle_v2, (pdptr, handle, Flags));
+    return ipc_open(real_, pdptr, handle, Flags);
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    KGPU_ENTER(cuIpcCloseMemHandle, (dptr));
+    kgpu_track_rec rec;
+    int had = kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_MEM, dptr, &rec);
+    return kgpu__settle_free(real_(dptr), had, &rec);
+}
+
+/* ---- multicast objects: what a binding keeps alive ---- */
+
+/*
+ * Memory bound into a multicast object stays allocated while it is bound,
+ * whatever is released meanwhile: a binding counts as a reference in the
+ * virtual memory table until it is unbound or the object is gone (its last
+ * handle released and its last mapping unmapped, as for any handle). The
+ * object's own footprint is not charged (docs/shim.md).
+ */
+CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
+                           const CUmulticastObjectProp *prop)
+{
+    KGPU_ENTER(cuMulticastCreate, (mcHandle, prop));
+    CUresult r = real_(mcHandle, prop);
+    if (r == CUDA_SUCCESS && mcHandle != NULL &&
+        kgpu_vmm_mcast_created(&kgpu__shim.vmm, *mcHandle) != 0) {
+        KGPU_REAL(cuMemRelease)(*mcHandle);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return r;
+}
+
+/* After a successful bind: recorded, or undone when the table is out of memory. */
+static CUresult mcast_bound(CUmemGenericAllocationHandle mc, size_t off, size_t size,
+                            CUmemGenericAllocationHandle mem, CUdeviceptr addr, CUdevice dev)
+{
+    if (kgpu_vmm_mcast_bound(&kgpu__shim.vmm, mc, off, size, mem, addr) >= 0)
+        return CUDA_SUCCESS;
+    if (KGPU_REAL(cuMulticastUnbind) != NULL)
+        KGPU_REAL(cuMulticastUnbind)(mc, dev, off, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The CUDA device of the current context (whose memory a bind by address names), or 0. */
+static CUdevice current_dev(void)
+{
+    kgpu_where w;
+    return kgpu__where_current(&w) == CUDA_SUCCESS ? w.dev : 0;
+}
+
+CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+                            CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size,
+                            unsigned long long flags)
+{
+    KGPU_ENTER(cuMulticastBindMem, (mcHandle, mcOffset, memHandle, memOffset, size, flags));
+    CUresult r = real_(mcHandle, mcOffset, memHandle, memOffset, size, flags);
+    if (r != CUDA_SUCCESS || memHandle == 0)
+        return r;
+    union {
+        CUmemAllocationProp prop;
+        unsigned char room[256]; /* the driver writes the whole, larger, structure */
+    } p;
+    memset(&p, 0, sizeof(p));
+    kgpu__pfn_cuMemGetAllocationPropertiesFromHandle props =
+        KGPU_REAL(cuMemGetAllocationPropertiesFromHandle);
+    CUdevice dev = props != NULL && props(&p.prop, memHandle) == CUDA_SUCCESS
+                       ? p.prop.location.id
+                       : current_dev();
+    return mcast_bound(mcHandle, mcOffset, size, memHandle, 0, dev);
+}
+
+CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+                             CUdeviceptr memptr, size_t size, unsigned long long flags)
+{
+    KGPU_ENTER(cuMulticastBindAddr, (mcHandle, mcOffset, memptr, size, flags));
+    CUresult r = real_(mcHandle, mcOffset, memptr, size, flags);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return mcast_bound(mcHandle, mcOffset, size, 0, memptr, current_dev());
+}
+
+CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
+                           size_t size)
+{
+    KGPU_ENTER(cuMulticastUnbind, (mcHandle, dev, mcOffset, size));
+    CUresult r = real_(mcHandle, dev, mcOffset, size);
+    if (r == CUDA_SUCCESS) {
+        kgpu_vmm_freed f = {0};
+        kgpu_vmm_mcast_unbound(&kgpu__shim.vmm, mcHandle, kgpu__dev_index(dev), mcOffset, size,
+                               &f);
+        kgpu__uncharge_freed(&f);
+    }
+    return r;
+}

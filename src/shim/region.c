@@ -47,7 +47,14 @@ struct kgpu_shim_region {
     pid_t pid;      /* the process that owns `slot` */
     uint64_t start; /* its start time */
     uint32_t pidns; /* its PID namespace */
-    int fd;         /* the region, open: its open file description holds the slot's lock */
+    int fd;         /* the region, open (not the mapped description): holds the slot's lock */
+    /*
+     * The process has the driver's descriptors open (its driver client):
+     * a child forked from then on inherits them, and so keeps this
+     * process's device memory alive; it then keeps `fd` open too, and with
+     * it the slot's lock (become_child).
+     */
+    bool client;
     /*
      * A page the kernel zeroes in a child (MADV_WIPEONFORK): *mark == 0
      * means this handle was inherited by a child that did not go through
@@ -281,8 +288,10 @@ static int reclaim_locked(kgpu_shim_region *r)
         pid_t pid = atomic_load_explicit(&f->slot[s].pid, memory_order_relaxed);
         if (pid == 0 || s == r->slot)
             continue;
+        /* Unless a child forked before that exec still holds its client (and its lock). */
         int stale = pid == r->pid && f->slot[s].start_time == r->start &&
-                    (f->slot[s].pidns == 0 || f->slot[s].pidns == r->pidns);
+                    (f->slot[s].pidns == 0 || f->slot[s].pidns == r->pidns) &&
+                    slot_locked(r->fd, s) != 1;
         if (stale || !owner_alive(r, s, pid)) {
             free_dead_slot(f, s);
             n++;
@@ -328,7 +337,16 @@ static int take_slot(kgpu_shim_region *r)
     return -1;
 }
 
-/* Re-arms the fork mark and opens the file again: the inherited description is the parent's. */
+/*
+ * Re-arms the fork mark and opens the file again for a slot of the child's
+ * own. The inherited description is the parent's, holding its slot's lock.
+ * Where the parent had its driver client open, the child holds that client
+ * too (the driver's descriptors are inherited), and the parent's device
+ * memory lives until both are gone: the child then keeps the description
+ * open, so the parent's slot stays alive by its lock even after the
+ * parent exits. Both are close-on-exec, so an exec() in the child lets go
+ * of both at once. Without a client there is nothing to keep alive.
+ */
 static void become_child(kgpu_shim_region *r)
 {
     r->slot = -1;
@@ -336,9 +354,16 @@ static void become_child(kgpu_shim_region *r)
     if (r->mark != NULL)
         *r->mark = 1;
     r->attacher = getpid();
-    if (r->fd >= 0)
+    if (r->fd >= 0 && !r->client)
         close(r->fd);
+    r->client = false; /* the child's own client, if it opens one, is another */
     r->fd = open(r->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+}
+
+void kgpu_shim_region_client(kgpu_shim_region *r)
+{
+    if (kgpu_shim_region_same_process(r))
+        r->client = true;
 }
 
 int kgpu_shim_region_same_process(kgpu_shim_region *r)
@@ -424,12 +449,39 @@ uint64_t kgpu_shim_region_mine(kgpu_shim_region *r, int dev)
     return get(&r->map->slot[r->slot].bytes[dev]);
 }
 
+/*
+ * Lock held, at leave: drops this handle's own reference to the slot's
+ * lock (closing its description) and asks through a fresh one whether
+ * another process still holds it: a child that inherited the description
+ * together with the driver client. 1 held, 0 not, -1 unknown. r->fd is
+ * the fresh description afterwards.
+ */
+static int lock_outlives_us(kgpu_shim_region *r)
+{
+    if (r->fd < 0)
+        return -1;
+    close(r->fd);
+    r->fd = open(r->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    return slot_locked(r->fd, r->slot);
+}
+
 void kgpu_shim_region_leave(kgpu_shim_region *r)
 {
     /* A child that never said it was one must not free the slot it inherited. */
     if (!kgpu_shim_region_same_process(r) || r->slot < 0 || lock(r) != 0)
         return;
     kgpu_region_file *f = r->map;
+    /*
+     * A forked child still holding the driver client keeps this process's
+     * memory alive: the slot stays, held by the child's lock, and is
+     * reclaimed once that child is gone too.
+     */
+    if (lock_outlives_us(r) == 1) {
+        r->slot = -1;
+        r->client = false;
+        unlock(r);
+        return;
+    }
     for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++) {
         _Atomic uint64_t *mine = &f->slot[r->slot].bytes[d];
         uint64_t b = get(mine);
@@ -438,7 +490,6 @@ void kgpu_shim_region_leave(kgpu_shim_region *r)
     }
     f->slot[r->slot].start_time = 0;
     atomic_store_explicit(&f->slot[r->slot].pid, 0, memory_order_relaxed);
-    slot_lock(r->fd, r->slot, F_UNLCK);
     r->slot = -1;
     unlock(r);
 }
@@ -558,7 +609,22 @@ int kgpu_shim_region_attach(const char *dir, const char *name, const kgpu_shim_l
         close(fd);
         goto fail;
     }
-    r->fd = fd;
+    /*
+     * The slot's lock goes through a description of its own: the mapping
+     * holds a reference to the one it was made from, which would keep a
+     * lock on it alive after its descriptor is closed (leave needs that).
+     */
+    r->fd = open(r->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    struct stat again;
+    close(fd);
+    if (r->fd < 0 || kgpu_shim_fstat(r->fd, &again) != 0 || again.st_dev != st.st_dev ||
+        again.st_ino != st.st_ino) {
+        rc = kgpu_error_set(err, KGPU_ESTATE, "%s was replaced while it was opened", r->path);
+        if (r->fd >= 0)
+            close(r->fd);
+        munmap(r->map, sizeof(kgpu_region_file));
+        goto fail;
+    }
     r->attacher = getpid();
     void *page = mmap(NULL, (size_t)sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -97,10 +97,21 @@ uint64_t kgpu_shim_region_used(const kgpu_shim_region *r, int dev);
 uint64_t kgpu_shim_region_mine(kgpu_shim_region *r, int dev);
 
 /*
- * Gives back everything this process holds and frees its slot (at exit).
- * After it, the next reservation takes a slot again.
+ * Gives back everything this process holds and frees its slot (at exit),
+ * unless a child that inherited the driver client (see
+ * kgpu_shim_region_client) still lives: the driver keeps this process's
+ * memory until that child is gone too, so the slot stays, alive by the
+ * lock the child inherited, and is reclaimed after it. After it, the next
+ * reservation takes a slot again.
  */
 void kgpu_shim_region_leave(kgpu_shim_region *r);
+
+/*
+ * This process has opened its driver client (cuInit succeeded): children
+ * forked from now on inherit the driver's descriptors, and with them keep
+ * its device memory alive; they then keep its slot alive too.
+ */
+void kgpu_shim_region_client(kgpu_shim_region *r);
 
 /*
  * In a child after fork(): forgets the parent's slot without touching it

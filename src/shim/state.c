@@ -9,7 +9,9 @@
  * writes only in the accounting directory, and prints at most one line per
  * reason.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,12 +30,38 @@
 #define LIMITS_MAX_SIZE (64 * 1024)
 #define MADV_WIPEONFORK_ 18 /* Linux 4.14; older kernels say EINVAL */
 
-/* Whether an exported descriptor is still open in this process (vmm.h's is_open). */
-static int export_open(const kgpu_vmm_export *e)
+static int same_file(int fd, const kgpu_vmm_export *e)
 {
     struct stat st;
-    return fcntl(e->fd, F_GETFD) != -1 && kgpu_shim_fstat(e->fd, &st) == 0 &&
+    return fcntl(fd, F_GETFD) != -1 && kgpu_shim_fstat(fd, &st) == 0 &&
            (uint64_t)st.st_dev == e->dev && (uint64_t)st.st_ino == e->ino;
+}
+
+/*
+ * Whether any descriptor of this process still refers to an exported
+ * file (vmm.h's is_open): the driver keeps the memory while the export's
+ * open file description lives, and a dup() of it, with the original
+ * closed, keeps it as well. The number it was handed out under is asked
+ * first; only when that no longer refers to it are all descriptors
+ * looked at (/proc/self/fd), which happens at a release or when a
+ * reservation would fail, never on the allocation path.
+ */
+static int export_open(const kgpu_vmm_export *e)
+{
+    if (same_file(e->fd, e))
+        return 1;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL)
+        return 0;
+    int found = 0;
+    for (struct dirent *de; !found && (de = readdir(d)) != NULL;) {
+        char *end;
+        long fd = strtol(de->d_name, &end, 10);
+        found = de->d_name[0] != '.' && *end == '\0' && fd != dirfd(d) && fd >= 0 &&
+                fd <= INT_MAX && same_file((int)fd, e);
+    }
+    closedir(d);
+    return found;
 }
 
 kgpu_shim_state kgpu__shim = {

@@ -90,6 +90,17 @@ static void prune_exports(kgpu_vmm *v, kgpu_vmm_alloc *a)
     a->nexports = k;
 }
 
+static int maybe_free(kgpu_vmm *v, uint32_t a, kgpu_vmm_freed *freed);
+
+/* Drops binding i (the bound memory may die). */
+static void unbind_at(kgpu_vmm *v, size_t i, kgpu_vmm_freed *freed)
+{
+    uint32_t a = v->binds[i].alloc;
+    v->binds[i] = v->binds[--v->nbinds];
+    v->allocs[a].maps--;
+    maybe_free(v, a, freed);
+}
+
 /* Frees allocation a if nothing keeps it any more; its bytes into *freed. 1 if it died. */
 static int maybe_free(kgpu_vmm *v, uint32_t a, kgpu_vmm_freed *freed)
 {
@@ -99,6 +110,13 @@ static int maybe_free(kgpu_vmm *v, uint32_t a, kgpu_vmm_freed *freed)
     prune_exports(v, al);
     if (al->nexports > 0)
         return 0;
+    if (al->mcast) /* a multicast object gone: what it bound is no longer kept */
+        for (size_t i = 0; i < v->nbinds;) {
+            if (v->binds[i].mc == a)
+                unbind_at(v, i, freed);
+            else
+                i++;
+        }
     if (al->dev >= 0 && al->dev < KGPU_SHIM_MAX_DEVICES)
         freed->bytes[al->dev] += al->bytes;
     memset(al, 0, sizeof(*al));
@@ -349,6 +367,74 @@ size_t kgpu_vmm_sweep(kgpu_vmm *v, kgpu_vmm_freed *freed)
     return n;
 }
 
+int kgpu_vmm_mcast_created(kgpu_vmm *v, uint64_t handle)
+{
+    int rc = -1;
+    uint32_t a;
+    pthread_mutex_lock(&v->mu);
+    if (new_alloc(v, &a) == 0) {
+        v->allocs[a] = (kgpu_vmm_alloc){.dev = -1, .used = 1, .mcast = 1};
+        rc = add_handle(v, handle, a, 1);
+        if (rc != 0)
+            v->allocs[a].used = 0;
+    }
+    pthread_mutex_unlock(&v->mu);
+    return rc;
+}
+
+int kgpu_vmm_mcast_bound(kgpu_vmm *v, uint64_t mc, uint64_t off, uint64_t size,
+                         uint64_t mem_handle, uint64_t addr)
+{
+    int rc = 0;
+    pthread_mutex_lock(&v->mu);
+    kgpu_vmm_handle *m = find_handle(v, mc);
+    ptrdiff_t mem = -1;
+    if (mem_handle != 0) {
+        kgpu_vmm_handle *h = find_handle(v, mem_handle);
+        mem = h != NULL ? (ptrdiff_t)h->alloc : -1;
+    } else {
+        ptrdiff_t at = map_at(v, addr);
+        mem = at >= 0 ? (ptrdiff_t)v->maps[at].alloc : -1;
+    }
+    if (m != NULL && v->allocs[m->alloc].mcast && mem >= 0) {
+        if (reserve((void **)&v->binds, &v->cap_binds, v->nbinds + 1, sizeof(*v->binds)) != 0) {
+            rc = -1;
+        } else {
+            v->binds[v->nbinds++] = (kgpu_vmm_bind){.mc = m->alloc, .alloc = (uint32_t)mem,
+                                                    .dev = v->allocs[mem].dev, .off = off,
+                                                    .size = size};
+            v->allocs[mem].maps++;
+            rc = 1;
+        }
+    }
+    pthread_mutex_unlock(&v->mu);
+    return rc;
+}
+
+void kgpu_vmm_mcast_unbound(kgpu_vmm *v, uint64_t mc, int li, uint64_t off, uint64_t size,
+                            kgpu_vmm_freed *freed)
+{
+    uint64_t end = off + size < off ? UINT64_MAX : off + size;
+    pthread_mutex_lock(&v->mu);
+    kgpu_vmm_handle *m = find_handle(v, mc);
+    ptrdiff_t cell = -1;
+    if (m != NULL) {
+        cell = m->alloc;
+    } else { /* released, alive by a mapping: found through its bindings' cells */
+        for (size_t i = 0; i < v->nmaps && cell < 0; i++)
+            if (v->maps[i].handle == mc && v->allocs[v->maps[i].alloc].mcast)
+                cell = v->maps[i].alloc;
+    }
+    for (size_t i = 0; cell >= 0 && i < v->nbinds;) {
+        const kgpu_vmm_bind *b = &v->binds[i];
+        if (b->mc == (uint32_t)cell && b->dev == li && b->off >= off && b->off < end)
+            unbind_at(v, i, freed);
+        else
+            i++;
+    }
+    pthread_mutex_unlock(&v->mu);
+}
+
 void kgpu_vmm_counts(kgpu_vmm *v, size_t *allocs, size_t *handles, size_t *maps)
 {
     pthread_mutex_lock(&v->mu);
@@ -367,6 +453,9 @@ static void drop_all(kgpu_vmm *v)
     free(v->handles);
     free(v->maps);
     free(v->tiles);
+    free(v->binds);
+    v->binds = NULL;
+    v->nbinds = v->cap_binds = 0;
     v->allocs = NULL;
     v->handles = NULL;
     v->maps = NULL;

@@ -35,6 +35,7 @@ typedef struct kgpu_vmm_alloc {
     uint8_t used;   /* 0: a free cell */
     uint8_t sticky; /* exported in a way that cannot be watched: charged until the process ends */
     uint8_t imported; /* charged by what is mapped of it, not made here */
+    uint8_t mcast;    /* a multicast object: charged nothing, its bindings keep memory alive */
     int refs;       /* unreleased handles */
     int maps;       /* mappings */
     int nexports;
@@ -60,6 +61,14 @@ typedef struct kgpu_vmm_tile {
     uint32_t alloc;
 } kgpu_vmm_tile;
 
+/* Memory bound into a multicast object (cuMulticastBindMem/BindAddr) at [off, off+size). */
+typedef struct kgpu_vmm_bind {
+    uint32_t mc;    /* the multicast object's allocation cell */
+    uint32_t alloc; /* the memory bound */
+    int16_t dev;    /* limits index of the bound memory (unbinding is per device) */
+    uint64_t off, size;
+} kgpu_vmm_bind;
+
 /*
  * Whether export `e` is still open in this process (the caller decides how
  * to look; tests pass their own). NULL: exports are never open.
@@ -77,11 +86,14 @@ typedef struct kgpu_vmm {
     kgpu_vmm_open_fn is_open;
     kgpu_vmm_tile *tiles; /* unordered: sparse arrays are few */
     size_t ntiles, cap_tiles;
+    kgpu_vmm_bind *binds; /* multicast bindings, unordered: few */
+    size_t nbinds, cap_binds;
 } kgpu_vmm;
 
 #define KGPU_VMM_INIT(open_fn)                                                                     \
     {                                                                                              \
-        PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, NULL, 0, 0, NULL, 0, 0, open_fn, NULL, 0, 0         \
+        PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, NULL, 0, 0, NULL, 0, 0, open_fn, NULL, 0, 0, NULL,  \
+            0, 0                                                                                   \
     }
 
 /* What a call gave back: bytes per limits index, to be uncharged by the caller. */
@@ -158,6 +170,27 @@ int kgpu_vmm_tile_mapped(kgpu_vmm *v, uint64_t array, uint64_t where, uint64_t h
 
 /* That subresource was unmapped (or the array destroyed: where UINT64_MAX, all of it). */
 void kgpu_vmm_tile_unmapped(kgpu_vmm *v, uint64_t array, uint64_t where, kgpu_vmm_freed *freed);
+
+/*
+ * Multicast objects (issue 25). cuMulticastCreate made `handle`: a
+ * reference like any handle's, charged nothing; mapped and released like
+ * one. 0, or -1 out of memory.
+ */
+int kgpu_vmm_mcast_created(kgpu_vmm *v, uint64_t handle);
+
+/*
+ * Memory bound into multicast object `mc` at [off, off+size): by handle
+ * (cuMulticastBindMem) or, mem_handle 0, by the mapping at `addr`
+ * (cuMulticastBindAddr). The bound allocation lives while the binding
+ * does: until unbound, or the object is gone (last reference released and
+ * unmapped). 1 recorded, 0 unknown object or memory, -1 out of memory.
+ */
+int kgpu_vmm_mcast_bound(kgpu_vmm *v, uint64_t mc, uint64_t off, uint64_t size,
+                         uint64_t mem_handle, uint64_t addr);
+
+/* cuMulticastUnbind(mc, device li, off, size): bindings starting in the range go. */
+void kgpu_vmm_mcast_unbound(kgpu_vmm *v, uint64_t mc, int li, uint64_t off, uint64_t size,
+                            kgpu_vmm_freed *freed);
 
 /* Live allocations, handles and mappings (for tests). */
 void kgpu_vmm_counts(kgpu_vmm *v, size_t *allocs, size_t *handles, size_t *maps);

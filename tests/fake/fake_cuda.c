@@ -54,7 +54,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -132,6 +134,7 @@ enum kind {
     K_MODULE,
     K_LIBRARY,
     K_MEM32, /* asked for only: recorded as K_MEM at an address below 4 GiB */
+    K_IPC,   /* another process's allocation opened here (cuIpcOpenMemHandle) */
 };
 
 typedef struct alloc {
@@ -256,7 +259,7 @@ static CUresult take(int d, unsigned long long size, ctx *c, int kind, unsigned 
         *key = next_addr32;
         next_addr32 += (size + 511) / 512 * 512;
         kind = K_MEM;
-    } else if (kind == K_MEM) {
+    } else if (kind == K_MEM || kind == K_IPC) {
         *key = devs[d].next_addr;
         devs[d].next_addr += (size + 511) / 512 * 512;
     } else {
@@ -1231,6 +1234,40 @@ CUresult cuGraphUpload(gexec *e, stream *s)
     return r;
 }
 
+/* ---- issue 25: instantiation with parameters ---- */
+
+/* CUDA_GRAPH_INSTANTIATE_PARAMS */
+typedef struct {
+    unsigned long long flags;
+    stream *upload;
+    gnode *err_node;
+    int result;
+} inst_params;
+
+/*
+ * As documented: with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD (2) the graph is
+ * uploaded to hUploadStream as part of the instantiation, mapping its
+ * memory (as cuGraphUpload); that failing fails the call.
+ */
+EXPORT CUresult cuGraphInstantiateWithParams(gexec **pe, graph *g, inst_params *p);
+CUresult cuGraphInstantiateWithParams(gexec **pe, graph *g, inst_params *p)
+{
+    if (p == NULL)
+        return INVALID_VALUE;
+    CUresult r = cuGraphInstantiateWithFlags(pe, g, p->flags & ~2ULL);
+    if (r == OK && (p->flags & 2)) {
+        pthread_mutex_lock(&mu);
+        r = graph_map(*pe);
+        pthread_mutex_unlock(&mu);
+        if (r != OK) {
+            free(*pe);
+            *pe = NULL;
+        }
+    }
+    p->result = r == OK ? 0 : 1; /* CUDA_GRAPH_INSTANTIATE_SUCCESS / _ERROR */
+    return r;
+}
+
 /* Allocations the graph does not free itself outlive the launch, until freed outside it. */
 EXPORT CUresult cuGraphLaunch(gexec *e, stream *s);
 CUresult cuGraphLaunch(gexec *e, stream *s)
@@ -1576,9 +1613,10 @@ typedef struct {
 /* Physical memory: alive while a handle, a mapping or an exported descriptor of it is. */
 typedef struct phys {
     int alive, dev, foreign;
+    int mcast; /* a multicast object (takes no memory here; its bindings keep memory alive) */
     unsigned long long size;
     int refs, maps, nexp;
-    int exp_fd[MAX_EXPORTS];
+    int exp_fd[MAX_EXPORTS]; /* the kept end of each export's socket pair */
     unsigned long long exp_ino[MAX_EXPORTS];
 } phys;
 
@@ -1598,12 +1636,22 @@ static vmap vmaps[4 * MAX_PHYS];
 static int nhmaps, nvmaps;
 static unsigned long long next_va = 0x7f0000000000ULL;
 
+/*
+ * An exported descriptor keeps the memory alive by its open file
+ * description, as the driver's does: every dup of it, in this process or
+ * any other that received or inherited it, until the last is closed. The
+ * export is one end of a socket pair whose other end the fake keeps (a
+ * file of its own, which no scan of descriptors mistakes for the export):
+ * that end sees a hangup once the last copy of the exported one is gone.
+ * The size waits in the socket for an importer to peek at.
+ */
 static int export_open(const phys *p, int k)
 {
-    struct stat st;
-    return fcntl(p->exp_fd[k], F_GETFD) != -1 && fstat(p->exp_fd[k], &st) == 0 &&
-           (unsigned long long)st.st_ino == p->exp_ino[k];
+    struct pollfd pf = {.fd = p->exp_fd[k], .events = POLLIN};
+    return p->exp_fd[k] >= 0 && poll(&pf, 1, 0) >= 0 && !(pf.revents & (POLLHUP | POLLERR));
 }
+
+static void mcast_gone(int mc);
 
 /* Frees physical memory nothing refers to any more. mu held. */
 static void phys_settle(int i)
@@ -1616,7 +1664,13 @@ static void phys_settle(int i)
             return;
     if (!p->foreign)
         USED(p->dev) -= p->size;
+    for (int k = 0; k < p->nexp; k++)
+        if (p->exp_fd[k] >= 0)
+            close(p->exp_fd[k]);
+    p->nexp = 0;
     p->alive = 0;
+    if (p->mcast)
+        mcast_gone(i);
 }
 
 /* A closed export is noticed when the driver is next asked about memory. mu held. */
@@ -1795,14 +1849,21 @@ CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
     struct stat st;
     if (p != NULL && p->nexp < MAX_EXPORTS) {
         /* A descriptor any process can import: its size is the allocation's. */
-        int fd = memfd_create("fake-cuda-export", MFD_CLOEXEC);
-        if (fd >= 0 && ftruncate(fd, (off_t)p->size) == 0 && fstat(fd, &st) == 0) {
-            p->exp_fd[p->nexp] = fd;
+        int sv[2] = {-1, -1};
+        unsigned long long size = p->size;
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0 &&
+            write(sv[0], &size, sizeof(size)) == (ssize_t)sizeof(size) &&
+            fstat(sv[1], &st) == 0) {
+            int fd = sv[1];
+            p->exp_fd[p->nexp] = sv[0];
             p->exp_ino[p->nexp++] = (unsigned long long)st.st_ino;
             *(int *)out = fd;
             r = OK;
-        } else if (fd >= 0) {
-            close(fd);
+        } else {
+            if (sv[0] >= 0)
+                close(sv[0]);
+            if (sv[1] >= 0)
+                close(sv[1]);
             r = OUT_OF_MEMORY;
         }
     }
@@ -1825,9 +1886,11 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *o
             if (physs[i].exp_ino[k] == (unsigned long long)st.st_ino)
                 found = i;
     CUresult r = OUT_OF_MEMORY;
+    unsigned long long size = 0; /* what the exporter left in the socket, peeked at */
+    if (found < 0 && recv(fd, &size, sizeof(size), MSG_PEEK | MSG_DONTWAIT) != sizeof(size))
+        size = (unsigned long long)st.st_size;
     if (found < 0 && (found = new_phys()) >= 0) /* another process's: not this one's memory */
-        physs[found] =
-            (phys){.alive = 1, .foreign = 1, .size = (unsigned long long)st.st_size};
+        physs[found] = (phys){.alive = 1, .foreign = 1, .size = size};
     if (found >= 0) {
         *h = next_handle++; /* a handle of its own, to the same memory */
         r = handle_ref(*h, found);
@@ -2651,6 +2714,236 @@ CUresult cuArray3DCreate(void **ph, const desc3d_v1 *dsc)
     return cuArray3DCreate_v2(ph, &d);
 }
 
+/* ---- issue 25: IPC handles of device memory ---- */
+
+/*
+ * A handle names the exporting process's allocation (device, address,
+ * size). As the driver documents, it can be opened only in another
+ * process, and the memory then lives until that process closes it
+ * (cuIpcCloseMemHandle) or its context goes, whatever the exporter does
+ * meanwhile, freeing it or exiting. The fake counts an opened allocation
+ * in the opener's memory from the open: while the exporter still holds it
+ * too, the one physical allocation shows twice.
+ */
+typedef struct ipc_handle {
+    unsigned magic;
+    int pid, dev, pad;
+    unsigned long long ptr, size;
+    char reserved[32];
+} ipc_handle;
+_Static_assert(sizeof(ipc_handle) == 64, "CUipcMemHandle is 64 bytes");
+#define IPC_MAGIC 0x4b495043u
+
+EXPORT CUresult cuIpcGetMemHandle(ipc_handle *h, CUdeviceptr p);
+CUresult cuIpcGetMemHandle(ipc_handle *h, CUdeviceptr p)
+{
+    NEED_INIT();
+    if (h == NULL)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    alloc *a = find(p, K_MEM);
+    if (a != NULL)
+        *h = (ipc_handle){.magic = IPC_MAGIC, .pid = (int)getpid(), .dev = a->dev, .ptr = p,
+                          .size = a->size};
+    pthread_mutex_unlock(&mu);
+    return a != NULL ? OK : INVALID_VALUE;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, ipc_handle h, unsigned int flags);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, ipc_handle h, unsigned int flags)
+{
+    NEED_CTX(c);
+    CUresult r = INVALID_VALUE;
+    if (p != NULL && h.magic == IPC_MAGIC && h.dev == c->dev && h.size != 0)
+        r = h.pid == (int)getpid() ? INVALID_CONTEXT : take(c->dev, h.size, c, K_IPC, p);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, ipc_handle h, unsigned int flags);
+CUresult cuIpcOpenMemHandle(CUdeviceptr *p, ipc_handle h, unsigned int flags)
+{
+    return cuIpcOpenMemHandle_v2(p, h, flags);
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p);
+CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = give(p, K_IPC);
+    pthread_mutex_unlock(&mu);
+    return r == OK ? OK : INVALID_VALUE;
+}
+
+/* The allocation (device memory or an opened IPC handle) that contains p. */
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = NOT_FOUND;
+    for (size_t i = 0; i < table_cap && r != OK; i++) {
+        const alloc *a = &table[i];
+        if ((a->kind == K_MEM || a->kind == K_IPC) && p >= a->key && p - a->key < a->size) {
+            if (base != NULL)
+                *base = a->key;
+            if (size != NULL)
+                *size = (size_t)a->size;
+            r = OK;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+#ifndef FAKE_CUDA_OLD
+/* ---- issue 25: multicast objects ---- */
+
+/*
+ * As the driver documents them (CUDA 12.1): cuMulticastCreate makes an
+ * object of prop->size, a generic allocation handle released with
+ * cuMemRelease and mappable with cuMemMap; cuMulticastAddDevice adds a
+ * device; cuMulticastBindMem/BindAddr bind physical memory of a device at
+ * an offset, and the bound memory stays allocated while it is bound, even
+ * after every handle and mapping of it is gone, until cuMulticastUnbind of
+ * its device and range or the object's destruction.
+ */
+typedef struct {
+    unsigned int devices;
+    size_t size;
+    unsigned long long handle_types, flags;
+} mc_prop;
+
+typedef struct mbind {
+    int mc, p, dev;
+    unsigned long long off, size;
+} mbind;
+
+static mbind mbinds[256];
+static int nmbinds;
+
+/* Drops binding k; the memory it kept may go. mu held. */
+static void mbind_drop(int k)
+{
+    int p = mbinds[k].p;
+    mbinds[k] = mbinds[--nmbinds];
+    physs[p].maps--;
+    phys_settle(p);
+}
+
+static void mcast_gone(int mc)
+{
+    for (int k = 0; k < nmbinds;)
+        if (mbinds[k].mc == mc)
+            mbind_drop(k);
+        else
+            k++;
+}
+
+/* The multicast object behind handle h, or NULL. mu held. */
+static hmap *mcast_of(unsigned long long h)
+{
+    hmap *m = handle_of(h);
+    return m != NULL && physs[m->p].mcast ? m : NULL;
+}
+
+EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle *h, const mc_prop *prop);
+CUresult cuMulticastCreate(CUmemGenericAllocationHandle *h, const mc_prop *prop)
+{
+    NEED_INIT();
+    if (h == NULL || prop == NULL || prop->size == 0 || prop->devices == 0)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    int i = new_phys();
+    CUresult r = OUT_OF_MEMORY;
+    if (i >= 0) {
+        physs[i] = (phys){.alive = 1, .dev = -1, .foreign = 1, .mcast = 1, .size = prop->size};
+        *h = next_handle++;
+        r = handle_ref(*h, i);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice d);
+CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice d)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = mcast_of(mc) == NULL ? INVALID_HANDLE : d < 0 || d >= ndevs ? INVALID_DEVICE : OK;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* Binds physical memory p at [off, off+size) of multicast handle mc. mu held. */
+static CUresult mcast_bind(unsigned long long mc, unsigned long long off, int p,
+                           unsigned long long size)
+{
+    hmap *m = mcast_of(mc);
+    if (m == NULL || p < 0 || physs[p].mcast || size == 0 || off + size > physs[m->p].size ||
+        nmbinds == 256)
+        return INVALID_VALUE;
+    mbinds[nmbinds++] = (mbind){.mc = m->p, .p = p, .dev = physs[p].dev, .off = off, .size = size};
+    physs[p].maps++;
+    return OK;
+}
+
+EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mc_off,
+                                   CUmemGenericAllocationHandle mem, size_t mem_off, size_t size,
+                                   unsigned long long flags);
+CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mc_off,
+                            CUmemGenericAllocationHandle mem, size_t mem_off, size_t size,
+                            unsigned long long flags)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    hmap *h = handle_of(mem);
+    CUresult r = h != NULL && mem_off + size <= physs[h->p].size
+                     ? mcast_bind(mc, mc_off, h->p, size)
+                     : INVALID_VALUE;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mc_off,
+                                    CUdeviceptr ptr, size_t size, unsigned long long flags);
+CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mc_off, CUdeviceptr ptr,
+                             size_t size, unsigned long long flags)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    int p = -1;
+    for (int i = 0; i < nvmaps && p < 0; i++)
+        if (ptr >= vmaps[i].va && ptr + size <= vmaps[i].va + vmaps[i].size)
+            p = vmaps[i].p;
+    CUresult r = mcast_bind(mc, mc_off, p, size);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice d, size_t off,
+                                  size_t size);
+CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice d, size_t off, size_t size)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    hmap *m = mcast_of(mc);
+    int n = 0;
+    for (int k = 0; m != NULL && k < nmbinds;) {
+        if (mbinds[k].mc == m->p && mbinds[k].dev == d && mbinds[k].off >= off &&
+            mbinds[k].off < off + size) {
+            mbind_drop(k);
+            n++;
+        } else {
+            k++;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return m == NULL ? INVALID_HANDLE : n > 0 ? OK : INVALID_VALUE;
+}
+#endif
+
 #ifndef FAKE_CUDA_OLD
 /* What FAKE_CUDA_PROC_INTERNAL hands out: same behaviour, addresses no export has. */
 static CUresult internal_alloc(CUdeviceptr *p, size_t size)
@@ -2813,6 +3106,19 @@ static const proc procs[] = {
     P("cuParamSetSize", 2000, cuParamSetSize),
     P("cuParamSetv", 2000, cuParamSetv),
     P("cuParamSeti", 2000, cuParamSeti),
+    /* issue 25 */
+    P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    P("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle),
+    P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    P("cuMulticastCreate", 12010, cuMulticastCreate),
+    P("cuMulticastAddDevice", 12010, cuMulticastAddDevice),
+    P("cuMulticastBindMem", 12010, cuMulticastBindMem),
+    P("cuMulticastBindAddr", 12010, cuMulticastBindAddr),
+    P("cuMulticastUnbind", 12010, cuMulticastUnbind),
+    P("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    PZ("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
 };
 
 /* 0 found, 1 no such symbol, 2 the version asked for is too old (CUdriverProcAddressQueryResult).

@@ -9,6 +9,15 @@
  * (FAKE_CUDA_CTX_NEIGHBOUR_MIB moves it while a context is made, as a
  * neighbour allocating or freeing at that moment would).
  *
+ * A process's memory lives as long as its driver client, as on the real
+ * driver, where device memory belongs to the client behind the driver's
+ * descriptors (opened close-on-exec): a child forked without exec holds
+ * them too, and the memory stays until the last holder is gone. So a slot
+ * is alive while an open-file-description lock on its byte past the end of
+ * the file is held, taken at the slot's claim through a descriptor of its
+ * own (the fake "client") that forked children inherit and exec closes;
+ * its pid only names the process that claimed it.
+ *
  * Header-only, shared by fake_cuda.c and fake_nvml.c; not part of kgpu.
  */
 #ifndef KGPU_FAKE_GPUMEM_H
@@ -35,6 +44,14 @@ typedef struct fake_mem_file {
     fake_mem_slot slot[FAKE_MEM_SLOTS];
 } fake_mem_file;
 
+#ifndef F_OFD_GETLK
+#define F_OFD_GETLK 36
+#define F_OFD_SETLK 37
+#endif
+
+/* Asks about the slots' client locks; a description of its own (never holding one). */
+static int fake_mem_query_fd = -1;
+
 /* The shared file mapped (created zero-filled), or NULL without FAKE_GPU_MEM_FILE. */
 static inline fake_mem_file *fake_mem_open(void)
 {
@@ -45,32 +62,53 @@ static inline fake_mem_file *fake_mem_open(void)
     void *m = MAP_FAILED;
     if (ftruncate(fd, sizeof(fake_mem_file)) == 0)
         m = mmap(NULL, sizeof(fake_mem_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    if (fake_mem_query_fd >= 0)
+        close(fake_mem_query_fd);
+    fake_mem_query_fd = fd;
     return m != MAP_FAILED ? (fake_mem_file *)m : NULL;
 }
 
-static inline int fake_mem_alive(int pid)
+static inline struct flock fake_mem_lockbyte(int i, short type)
 {
-    return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET,
+                       .l_start = (off_t)sizeof(fake_mem_file) + i, .l_len = 1};
+    return fl;
 }
 
-/* This process's slot: its own from before, or a free or dead one taken. NULL when full. */
+/* Whether slot i's client is still held by some process. */
+static inline int fake_mem_slot_alive(const fake_mem_file *f, int i)
+{
+    int pid = __atomic_load_n(&f->slot[i].pid, __ATOMIC_ACQUIRE);
+    if (pid <= 0)
+        return 0;
+    struct flock fl = fake_mem_lockbyte(i, F_WRLCK);
+    if (fake_mem_query_fd >= 0 && fcntl(fake_mem_query_fd, F_OFD_GETLK, &fl) == 0)
+        return fl.l_type != F_UNLCK;
+    return kill(pid, 0) == 0 || errno == EPERM; /* no OFD locks: the claimer alone */
+}
+
+/*
+ * This process's slot: a free one, or one whose client nobody holds any
+ * more, taken with the lock through a new client descriptor that stays
+ * open (close-on-exec, like the driver's). NULL when full.
+ */
 static inline fake_mem_slot *fake_mem_claim(fake_mem_file *f)
 {
+    const char *path = getenv("FAKE_GPU_MEM_FILE");
+    int client = path != NULL ? open(path, O_RDWR | O_CLOEXEC) : -1;
+    if (client < 0)
+        return NULL;
     int me = (int)getpid();
-    for (int i = 0; i < FAKE_MEM_SLOTS; i++)
-        if (__atomic_load_n(&f->slot[i].pid, __ATOMIC_ACQUIRE) == me)
-            return &f->slot[i];
     for (int i = 0; i < FAKE_MEM_SLOTS; i++) {
-        int old = __atomic_load_n(&f->slot[i].pid, __ATOMIC_ACQUIRE);
-        if ((old == 0 || !fake_mem_alive(old)) &&
-            __atomic_compare_exchange_n(&f->slot[i].pid, &old, me, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
-            for (int d = 0; d < FAKE_MEM_DEVS; d++)
-                __atomic_store_n(&f->slot[i].used[d], 0, __ATOMIC_RELEASE);
-            return &f->slot[i];
-        }
+        struct flock fl = fake_mem_lockbyte(i, F_WRLCK);
+        if (fcntl(client, F_OFD_SETLK, &fl) != 0)
+            continue; /* a live client holds it */
+        __atomic_store_n(&f->slot[i].pid, me, __ATOMIC_RELEASE);
+        for (int d = 0; d < FAKE_MEM_DEVS; d++)
+            __atomic_store_n(&f->slot[i].used[d], 0, __ATOMIC_RELEASE);
+        return &f->slot[i];
     }
+    close(client);
     return NULL;
 }
 
@@ -78,11 +116,9 @@ static inline fake_mem_slot *fake_mem_claim(fake_mem_file *f)
 static inline unsigned long long fake_mem_device_used(const fake_mem_file *f, int d)
 {
     long long sum = __atomic_load_n(&f->neighbour[d], __ATOMIC_ACQUIRE);
-    for (int i = 0; i < FAKE_MEM_SLOTS; i++) {
-        int pid = __atomic_load_n(&f->slot[i].pid, __ATOMIC_ACQUIRE);
-        if (fake_mem_alive(pid))
+    for (int i = 0; i < FAKE_MEM_SLOTS; i++)
+        if (fake_mem_slot_alive(f, i))
             sum += (long long)__atomic_load_n(&f->slot[i].used[d], __ATOMIC_ACQUIRE);
-    }
     return sum > 0 ? (unsigned long long)sum : 0;
 }
 

@@ -248,6 +248,15 @@ int nvmlDeviceGetMemoryInfo(fake_dev *d, unsigned long long m[3])
     if (!initialised)
         return 1;
     unsigned long long total = d->mib * 1024 * 1024, used = mem_used(d);
+#ifdef FAKE_NVML_HOSTILE
+    /*
+     * A tenant's own libnvidia-ml.so.1 that lies (issue 25): every call
+     * reports 33 MiB more in use than the last, whatever the GPU holds, so
+     * whatever is measured across two calls "took" 33 MiB.
+     */
+    static unsigned long long calls;
+    used = ++calls * 33 * 1024 * 1024;
+#endif
     m[0] = total;
     m[2] = used < total ? used : total;
     m[1] = total - m[2];
@@ -393,7 +402,8 @@ static unsigned read_script(fake_proc *out)
     unsigned scripted = n;
     for (int s = 0; m != NULL && s < FAKE_MEM_SLOTS; s++) {
         int pid = __atomic_load_n(&m->slot[s].pid, __ATOMIC_ACQUIRE);
-        for (unsigned g = 0; fake_mem_alive(pid) && g < FAKE_MEM_DEVS && n < FAKE_PROCS_MAX; g++) {
+        for (unsigned g = 0; fake_mem_slot_alive(m, s) && g < FAKE_MEM_DEVS && n < FAKE_PROCS_MAX;
+             g++) {
             unsigned long long used = __atomic_load_n(&m->slot[s].used[g], __ATOMIC_ACQUIRE);
             int named = 0;
             for (unsigned i = 0; i < scripted; i++)

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -24,6 +25,8 @@
 #include <cmocka.h>
 
 #include "gpusched.h"
+#include "region.h"
+#include "fake/fake_gpumem.h"
 
 #define UUID0 "GPU-fa4e0000-0000-0000-0000-000000000000"
 #define UUID1 "GPU-fa4e0000-0000-0000-0000-000000000001"
@@ -288,8 +291,11 @@ static void contexts_are_charged_what_they_take(void **state)
     env_add("PROBE_CTX_MIB=520");
     expect_run(KGPU_SHIM_PROBE, "ctx", 0); /* 6 contexts fit 4096 MiB, a 7th is refused */
     ctxcharge(520, NULL, "primary=520 created=520 destroyed=520 released=0\n");
-    /* Without NVML the primary context cannot be measured; one made in it can. */
-    ctxcharge(520, "-FAKE_NVML_GPUS", "primary=300 created=520 destroyed=300 released=0\n");
+    /*
+     * Without NVML (issue 25): the primary context is measured by a throwaway
+     * twin, and one made while it is current by cuMemGetInfo.
+     */
+    ctxcharge(520, "-FAKE_NVML_GPUS", "primary=520 created=520 destroyed=520 released=0\n");
     /* KGPU_CONTEXT_MIB is a floor: above the measurement it wins, below it does not. */
     ctxcharge(520, "KGPU_CONTEXT_MIB=600", "primary=600 created=600 destroyed=600 released=0\n");
     ctxcharge(520, "KGPU_CONTEXT_MIB=100", "primary=520 created=520 destroyed=520 released=0\n");
@@ -317,6 +323,134 @@ static void implausible_context_measurements_fall_back(void **state)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         ctxcharge(cases[i].ctx_mib, cases[i].var, cases[i].want);
+}
+
+/* ---- memory kept alive past its process (issue 25) ---- */
+
+/* What the fake driver's processes hold on device 0 now, MiB (FAKE_GPU_MEM_FILE). */
+static unsigned long long fake_used_mib(void)
+{
+    char path[320];
+    snprintf(path, sizeof(path), "%s/gpumem", tmp);
+    setenv("FAKE_GPU_MEM_FILE", path, 1);
+    fake_mem_file *m = fake_mem_open();
+    unsetenv("FAKE_GPU_MEM_FILE");
+    assert_non_null(m);
+    unsigned long long u = fake_mem_device_used(m, 0) >> 20;
+    munmap(m, sizeof(*m));
+    return u;
+}
+
+/* What the container's region says device 0 holds, MiB. */
+static unsigned long long region_used_mib(void)
+{
+    char path[320];
+    snprintf(path, sizeof(path), "%s/main.acct", shared);
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    kgpu_region_file *f = mmap(NULL, sizeof(*f), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    assert_true(f != MAP_FAILED);
+    unsigned long long u = atomic_load(&f->dev[0].used) >> 20;
+    munmap(f, sizeof(*f));
+    return u;
+}
+
+/*
+ * A forked worker that outlives its parent (PyTorch's DataLoader workers)
+ * holds the parent's driver client, and with it the parent's memory: the
+ * parent's charge must stay until the worker is gone too.
+ */
+static void forked_worker_keeps_its_parents_memory(void **state)
+{
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0); /* the orphaned worker comes here */
+    env_measured(500);
+    env_add("PROBE_HOLD_MIB=600");
+    expect_run(KGPU_SHIM_PROBE, "outlive", 0);
+    const char *w = strstr(out, "worker ");
+    assert_non_null(w);
+    pid_t worker = (pid_t)atoi(w + 7);
+    assert_true(worker > 0);
+    /* The parent has exited; its context (500) and allocation (600) live on in the worker. */
+    assert_int_equal(fake_used_mib(), 1100);
+    assert_int_equal(region_used_mib(), 1100);
+    /* A newcomer gets what is left of 4096 after them and its own context and 64 MiB. */
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("free_mib=2432\n");
+    kill(worker, SIGKILL);
+    assert_int_equal(waitpid(worker, NULL, 0), worker);
+    assert_int_equal(fake_used_mib(), 0);
+    /* Gone with the worker: a newcomer's slot-taking reclaims the charge. */
+    expect_run(KGPU_SHIM_PROBE, "info", 0);
+    expect_out("free_mib=3532\n");
+    assert_int_equal(region_used_mib(), 0);
+}
+
+/* An IPC consumer is charged what it opened, and keeps it after the producer freed it. */
+static void ipc_consumers_are_charged_what_they_open(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    write_limits(limits, 2048);
+    expect_run(KGPU_SHIM_PROBE, "ipc", 0);
+    assert_string_equal(err, "");
+}
+
+/* A dup of an exported descriptor keeps the memory after the original is closed. */
+static void exports_live_while_any_dup_is_open(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    write_limits(limits, 2048);
+    expect_run(KGPU_SHIM_PROBE, "export-dup", 0);
+    assert_string_equal(err, "");
+}
+
+/* Memory bound into a multicast object stays charged until unbound or the object is gone. */
+static void multicast_bindings_keep_their_memory(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    write_limits(limits, 2048);
+    expect_run(KGPU_SHIM_PROBE, "multicast", 0);
+    assert_string_equal(err, "");
+}
+
+/*
+ * A tenant's own libnvidia-ml.so.1 first on LD_LIBRARY_PATH, reporting
+ * 33 MiB more in use at every call: contexts must still be measured with
+ * the NVML beside the driver (fake-cuda/full), 500 MiB each.
+ */
+static void a_tenants_own_nvml_is_not_measured_with(void **state)
+{
+    char path[320];
+    snprintf(path, sizeof(path), "%s/gpumem", tmp);
+    unlink(path);
+    env_measured(500);
+    env_drop("LD_LIBRARY_PATH");
+    env_add("LD_LIBRARY_PATH=%s:%s/full:%s", KGPU_SHIM_HOSTILE_NVML_DIR, KGPU_FAKE_CUDA_DIR,
+            KGPU_SHIM_FAKE_NVML_DIR);
+    expect_run(KGPU_SHIM_PROBE, "ctxcharge", 0);
+    expect_out("primary=500 created=500 destroyed=500 released=0\n");
+    assert_string_equal(err, "");
+}
+
+/*
+ * An image without NVML (issue 25): contexts of 500 MiB were charged 300
+ * each, since a first primary context could not be measured. A throwaway
+ * twin made once the first exists measures it.
+ */
+static void first_contexts_without_nvml_are_measured(void **state)
+{
+    ctxcharge(500, "-FAKE_NVML_GPUS", "primary=500 created=500 destroyed=500 released=0\n");
+    /* The twin is gone again: nothing of it stays in the fake driver or the region. */
+    assert_int_equal(fake_used_mib(), 0);
+    assert_int_equal(region_used_mib(), 0);
+}
+
+/* An instantiation that uploads at once is charged and refused before the driver uploads. */
+static void uploading_instantiations_are_charged_first(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "graph-upload", 0);
+    assert_string_equal(err, "");
 }
 
 static void forked_children_account_for_themselves(void **state)
@@ -943,6 +1077,15 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_library_load_without_cuLibraryUnload_does_not_crash,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(module_images_are_refused_before_the_driver, setup,
+                                        teardown),
+        /* issue 25: memory kept alive past its process */
+        cmocka_unit_test_setup_teardown(forked_worker_keeps_its_parents_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(ipc_consumers_are_charged_what_they_open, setup, teardown),
+        cmocka_unit_test_setup_teardown(exports_live_while_any_dup_is_open, setup, teardown),
+        cmocka_unit_test_setup_teardown(multicast_bindings_keep_their_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_tenants_own_nvml_is_not_measured_with, setup, teardown),
+        cmocka_unit_test_setup_teardown(first_contexts_without_nvml_are_measured, setup, teardown),
+        cmocka_unit_test_setup_teardown(uploading_instantiations_are_charged_first, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

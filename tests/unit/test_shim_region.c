@@ -269,12 +269,12 @@ static void reclaim_at_attach_and_after_exec(void **state)
      * A slot of this very process (same pid and start time) that is not the
      * handle's own is what an image before exec() left: reclaimed too.
      */
+    kgpu_shim_region_detach(r); /* what exec() does: the mapping and descriptors go */
     kgpu_shim_region *after_exec = attach("main");
     assert_int_equal(kgpu_shim_region_reserve(after_exec, 0, 10, 1024 * MIB), KGPU_OK);
-    assert_int_equal(kgpu_shim_region_used(r, 0), 10);
+    assert_int_equal(kgpu_shim_region_used(after_exec, 0), 10);
     kgpu_shim_region_leave(after_exec);
     kgpu_shim_region_detach(after_exec);
-    kgpu_shim_region_detach(r);
 }
 
 static void liveness(void **state)
@@ -372,6 +372,83 @@ static void quiet_children_leave_the_parent_slot(void **state)
     kgpu_shim_region_leave(r);
     assert_int_equal(kgpu_shim_region_used(r, 0), 0);
     kgpu_shim_region_detach(r);
+}
+
+/*
+ * One round of a process that opened its driver client (or, client 0, did
+ * not), reserved 300 MiB and forked a child that outlives it; the process
+ * ends by exit (leave) or, exec 1, by exec (detach) then a new image that
+ * reserves 10 MiB and exits. Returns the child's wake pipe once the
+ * process is gone; the child is not this process's to wait for.
+ */
+static int parent_then_child(int client, int exec)
+{
+    int ready[2], wake[2];
+    if (pipe(ready) != 0 || pipe(wake) != 0)
+        fail_msg("pipe: %s", strerror(errno));
+    pid_t parent = fork();
+    if (parent == 0) {
+        kgpu_shim_region *r = attach("main");
+        if (client)
+            kgpu_shim_region_client(r);
+        if (kgpu_shim_region_reserve(r, 0, 300 * MIB, 1024 * MIB) != KGPU_OK)
+            _exit(1);
+        if (fork() == 0) {
+            char c;
+            kgpu_shim_region_forked(r); /* what the library's fork handler does */
+            close(wake[1]);
+            if (write(ready[1], "r", 1) != 1 || read(wake[0], &c, 1) < 0)
+                _exit(1);
+            _exit(0);
+        }
+        char c;
+        if (read(ready[0], &c, 1) != 1)
+            _exit(1);
+        if (exec) {
+            kgpu_shim_region_detach(r); /* the image before exec() */
+            r = attach("main");
+            if (kgpu_shim_region_reserve(r, 0, 10 * MIB, 1024 * MIB) != KGPU_OK ||
+                kgpu_shim_region_used(r, 0) != (client ? 310 : 10) * MIB)
+                _exit(2);
+        }
+        kgpu_shim_region_leave(r); /* exit() */
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(parent, &status, 0), parent);
+    assert_int_equal(WEXITSTATUS(status), 0);
+    close(ready[0]);
+    close(ready[1]);
+    close(wake[0]);
+    return wake[1];
+}
+
+/*
+ * A child forked after its parent opened the driver client holds that
+ * client too, and so the parent's device memory, until it ends (PyTorch's
+ * DataLoader workers): the parent's slot stays charged after the parent
+ * exits or execs, and comes back once the child is gone. A child forked
+ * before any client holds nothing of the parent's.
+ */
+static void a_child_holding_the_client_keeps_its_parents_slot(void **state)
+{
+    kgpu_shim_region *watch = attach("main");
+    for (int exec = 0; exec < 2; exec++) {
+        int wake = parent_then_child(1, exec);
+        assert_int_equal(kgpu_shim_region_used(watch, 0), 300 * MIB);
+        assert_int_equal(kgpu_shim_region_reclaim(watch), 0);
+        assert_int_equal(kgpu_shim_region_used(watch, 0), 300 * MIB);
+        close(wake); /* the child ends */
+        for (int i = 0; i < 5000 && kgpu_shim_region_used(watch, 0) != 0; i++) {
+            kgpu_shim_region_reclaim(watch);
+            usleep(1000);
+        }
+        assert_int_equal(kgpu_shim_region_used(watch, 0), 0);
+    }
+    int wake = parent_then_child(0, 0);
+    assert_int_equal(kgpu_shim_region_used(watch, 0), 0);
+    close(wake);
+    kgpu_shim_region_detach(watch);
 }
 
 /*
@@ -578,6 +655,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(lock_owner_died, setup, teardown),
         cmocka_unit_test_setup_teardown(fork_child_takes_its_own_slot, setup, teardown),
         cmocka_unit_test_setup_teardown(quiet_children_leave_the_parent_slot, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_child_holding_the_client_keeps_its_parents_slot, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(pid_namespaces_do_not_fool_the_sweep, setup, teardown),
         cmocka_unit_test_setup_teardown(processes_race_for_one_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(threads_and_a_killed_process_race, setup, teardown),

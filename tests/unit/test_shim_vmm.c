@@ -186,6 +186,41 @@ static void many_handles_stay_sorted(void **state)
     kgpu_vmm_clear(&v);
 }
 
+/*
+ * Memory bound into a multicast object lives while bound: released handles
+ * and unmapped memory stay until unbound (on their device, in the range) or
+ * until the object's last handle and mapping are gone.
+ */
+static void multicast_bindings_keep_it(void **state)
+{
+    kgpu_vmm v = KGPU_VMM_INIT(fake_open);
+    kgpu_vmm_freed f = {0};
+    assert_int_equal(kgpu_vmm_mcast_created(&v, 0x90), 0);
+    assert_int_equal(kgpu_vmm_created(&v, 0x10, 10 * MIB, 0), 0);
+    assert_int_equal(kgpu_vmm_created(&v, 0x11, 20 * MIB, 1), 0);
+    assert_int_equal(kgpu_vmm_created(&v, 0x12, 40 * MIB, 0), 0);
+    assert_int_equal(kgpu_vmm_mcast_bound(&v, 0x90, 0, 10 * MIB, 0x10, 0), 1);
+    assert_int_equal(kgpu_vmm_mcast_bound(&v, 0x90, 0, 20 * MIB, 0x11, 0), 1);
+    assert_int_equal(kgpu_vmm_mapped(&v, 0x7000000, 40 * MIB, 0, 0x12, 0), 0);
+    assert_int_equal(kgpu_vmm_mcast_bound(&v, 0x90, 32 * MIB, 40 * MIB, 0, 0x7000000 + 4096), 1);
+    assert_int_equal(kgpu_vmm_mcast_bound(&v, 0x10, 0, 1, 0x11, 0), 0); /* not a multicast object */
+    assert_int_equal(kgpu_vmm_mcast_bound(&v, 0x90, 0, 1, 0x99, 0), 0); /* unknown memory */
+    kgpu_vmm_released(&v, 0x10, &f);
+    kgpu_vmm_released(&v, 0x11, &f);
+    kgpu_vmm_released(&v, 0x12, &f);
+    kgpu_vmm_unmapped(&v, 0x7000000, 40 * MIB, &f);
+    assert_int_equal(freed_total(&f), 0); /* all bound */
+    kgpu_vmm_mcast_unbound(&v, 0x90, 1, 0, 32 * MIB, &f); /* device 1's binding only */
+    assert_int_equal(f.bytes[1], 20 * MIB);
+    assert_int_equal(f.bytes[0], 0);
+    kgpu_vmm_released(&v, 0x90, &f); /* the object gone: its bindings with it */
+    assert_int_equal(f.bytes[0], 50 * MIB);
+    size_t a, h, m;
+    kgpu_vmm_counts(&v, &a, &h, &m);
+    assert_int_equal(a, 0);
+    kgpu_vmm_clear(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -195,6 +230,7 @@ int main(void)
         cmocka_unit_test(foreign_imports_charge_what_is_mapped),
         cmocka_unit_test(sparse_tiles_keep_it_too),
         cmocka_unit_test(many_handles_stay_sorted),
+        cmocka_unit_test(multicast_bindings_keep_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

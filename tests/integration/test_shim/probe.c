@@ -30,6 +30,16 @@
  *   probe modules   module and library loads
  *   probe v1        the pre-3.2 entry points
  *   probe quiet-fork  children made by _Fork() and clone()
+ *   probe ipc       a consumer (ipc-open, a child) opens the producer's
+ *                   allocation: charged from the open, refused over the
+ *                   share, kept after the producer freed it, closed
+ *   probe export-dup  an export kept open by a dup of its descriptor
+ *   probe multicast memory bound into a multicast object stays charged
+ *                   until unbound or the object is gone
+ *   probe graph-upload  instantiation with the upload flag: charged and
+ *                   refused before the driver uploads
+ *   probe outlive   allocates PROBE_HOLD_MIB, forks a worker that waits to
+ *                   be killed, prints "worker <pid>" and exits first
  *   probe loader / deepbind / dlmopen   the loader's routes
  *   probe launch    every launch path reaches the library, then the driver
  *   probe share     keeps the fake GPU busy; prints the GPU time it got
@@ -1347,6 +1357,295 @@ static int cmd_quiet_fork(void)
     return failures != 0;
 }
 
+/* ---- memory kept alive past its process (issue 25) ---- */
+
+/*
+ * A forked worker outliving its parent, as PyTorch DataLoader workers can:
+ * the worker inherits the driver's descriptors, so the parent's device
+ * memory lives on after the parent exits (normally, destructors run).
+ */
+static int cmd_outlive(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    if (setup(&ctx) != 0)
+        return 1;
+    EXPECT_RC(A.cuMemAlloc_v2(&p, env_mib("PROBE_HOLD_MIB", 100)), CUDA_SUCCESS);
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (;;)
+            pause();
+    }
+    if (pid < 0)
+        fail("fork: %s", strerror(errno));
+    printf("worker %d\n", (int)pid);
+    return failures != 0;
+}
+
+/* A driver function by dlsym (the library's hook where it has one): issue 25's routes. */
+static void *driver_sym(const char *name)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *f = h != NULL ? dlsym(h, name) : NULL;
+    if (f == NULL)
+        fail("the driver has no %s", name);
+    return f;
+}
+
+/* Runs this probe as `cmd` in a child that inherits the descriptors; returns its pid. */
+static pid_t spawn_self(const char *cmd)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        if (n <= 0)
+            _exit(126);
+        self[n] = '\0';
+        char *argv[] = {self, (char *)cmd, NULL};
+        execv(self, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/*
+ * The producer: 600 MiB, its IPC handle to a consumer process, freed once
+ * the consumer has opened it (the consumer keeps it alive).
+ */
+static int cmd_ipc(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    CUipcMemHandle h;
+    CUresult (*get)(CUipcMemHandle *, CUdeviceptr) = NULL;
+    *(void **)&get = driver_sym("cuIpcGetMemHandle");
+    int opened[2], freed[2];
+    if (get == NULL || setup(&ctx) != 0 || open_region() != 0 || pipe(opened) != 0 ||
+        pipe(freed) != 0)
+        return 1;
+    EXPECT_RC(A.cuMemAlloc_v2(&p, 600 * MIB), CUDA_SUCCESS);
+    EXPECT_RC(get(&h, p), CUDA_SUCCESS);
+    char hex[129], num[32];
+    for (int i = 0; i < 64; i++)
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)h.reserved[i]);
+    setenv("PROBE_IPC_HANDLE", hex, 1);
+    snprintf(num, sizeof(num), "%d %d", opened[1], freed[0]);
+    setenv("PROBE_IPC_PIPES", num, 1);
+    pid_t pid = spawn_self("ipc-open");
+    close(opened[1]);
+    close(freed[0]);
+    char c;
+    if (read(opened[0], &c, 1) != 1)
+        fail("the consumer did not open the handle");
+    EXPECT_RC(A.cuMemFree_v2(p), CUDA_SUCCESS);
+    EXPECT_EQ(used(), 2 * ctx_bytes + 600 * MIB); /* the consumer's charge stays */
+    if (write(freed[1], "f", 1) != 1)
+        fail("write: %s", strerror(errno));
+    int status;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("the consumer failed (status %d)", status);
+    return failures != 0;
+}
+
+/* The consumer of cmd_ipc. */
+static int cmd_ipc_open(void)
+{
+    CUcontext ctx;
+    CUdeviceptr q, filler;
+    CUipcMemHandle h;
+    int opened, freed;
+    const char *hex = getenv("PROBE_IPC_HANDLE"), *pipes = getenv("PROBE_IPC_PIPES");
+    CUresult (*open_)(CUdeviceptr *, CUipcMemHandle, unsigned int) = NULL;
+    CUresult (*close_)(CUdeviceptr) = NULL;
+    *(void **)&open_ = driver_sym("cuIpcOpenMemHandle_v2");
+    *(void **)&close_ = driver_sym("cuIpcCloseMemHandle");
+    if (hex == NULL || strlen(hex) != 128 || pipes == NULL ||
+        sscanf(pipes, "%d %d", &opened, &freed) != 2 || open_ == NULL || close_ == NULL ||
+        setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    for (int i = 0; i < 64; i++) {
+        unsigned b;
+        sscanf(hex + 2 * i, "%2x", &b);
+        h.reserved[i] = (char)b;
+    }
+    uint64_t u0 = used(); /* both contexts and the producer's 600 MiB */
+    EXPECT_EQ(u0, 2 * ctx_bytes + 600 * MIB);
+    /* Over the share: refused, and closed again. */
+    unsigned long long p0 = pool();
+    EXPECT_RC(A.cuMemAlloc_v2(&filler, limit_bytes - u0 - 599 * MIB), CUDA_SUCCESS);
+    unsigned long long p1 = pool();
+    EXPECT_RC(open_(&q, h, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(pool(), p1);
+    EXPECT_RC(A.cuMemFree_v2(filler), CUDA_SUCCESS);
+    EXPECT_EQ(pool(), p0);
+    /* Within it: charged what it opened. */
+    EXPECT_RC(open_(&q, h, 1), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0 + 600 * MIB);
+    char c;
+    if (write(opened, "o", 1) != 1 || read(freed, &c, 1) != 1)
+        fail("the producer went away");
+    EXPECT_EQ(used(), 2 * ctx_bytes + 600 * MIB); /* freed there, alive here */
+    EXPECT_RC(close_(q), CUDA_SUCCESS);
+    EXPECT_EQ(used(), 2 * ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    return failures != 0;
+}
+
+/*
+ * An exported descriptor keeps its memory by its open file description: a
+ * dup() of it keeps the memory alive after the original is closed, however
+ * often that is done; the charge goes only with the last descriptor.
+ */
+static int cmd_export_dup(void)
+{
+    CUcontext ctx;
+    CUmemGenericAllocationHandle h;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    int keep[4];
+    for (int i = 0; i < 4; i++) {
+        int fd;
+        EXPECT_RC(make_handle(200 * MIB, &h), CUDA_SUCCESS);
+        EXPECT_RC(A.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                 0),
+                  CUDA_SUCCESS);
+        EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+        keep[i] = dup(fd);
+        close(fd);
+        EXPECT_EQ(pool(), p0 + (uint64_t)(i + 1) * 200 * MIB); /* the driver still holds it */
+        if (fits(avail - (uint64_t)(i + 1) * 200 * MIB + MIB))
+            fail("memory kept by a dup of its export was given back to the share (%d)", i);
+        EXPECT_EQ(used(), ctx_bytes + (uint64_t)(i + 1) * 200 * MIB);
+    }
+    for (int i = 0; i < 4; i++)
+        close(keep[i]);
+    if (!fits(avail))
+        fail("the charge of closed exports did not come back (%llu bytes counted)",
+             (unsigned long long)used());
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    return failures != 0;
+}
+
+/*
+ * A multicast binding keeps the bound memory alive: released handles (and
+ * an unmapped one bound by address) stay charged until unbound, or until
+ * the multicast object itself is released.
+ */
+static int cmd_multicast(void)
+{
+    CUcontext ctx;
+    CUmemGenericAllocationHandle mc, h;
+    CUdeviceptr va;
+    CUresult (*create)(CUmemGenericAllocationHandle *, const CUmulticastObjectProp *) = NULL;
+    CUresult (*add)(CUmemGenericAllocationHandle, CUdevice) = NULL;
+    CUresult (*bind)(CUmemGenericAllocationHandle, size_t, CUmemGenericAllocationHandle, size_t,
+                     size_t, unsigned long long) = NULL;
+    CUresult (*bind_addr)(CUmemGenericAllocationHandle, size_t, CUdeviceptr, size_t,
+                          unsigned long long) = NULL;
+    CUresult (*unbind)(CUmemGenericAllocationHandle, CUdevice, size_t, size_t) = NULL;
+    *(void **)&create = driver_sym("cuMulticastCreate");
+    *(void **)&add = driver_sym("cuMulticastAddDevice");
+    *(void **)&bind = driver_sym("cuMulticastBindMem");
+    *(void **)&bind_addr = driver_sym("cuMulticastBindAddr");
+    *(void **)&unbind = driver_sym("cuMulticastUnbind");
+    if (create == NULL || add == NULL || bind == NULL || bind_addr == NULL || unbind == NULL ||
+        setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t avail = limit_bytes - ctx_bytes, p0 = pool();
+    CUmulticastObjectProp prop = {.numDevices = 1, .size = 1000 * MIB};
+    EXPECT_RC(create(&mc, &prop), CUDA_SUCCESS);
+    EXPECT_RC(add(mc, 0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes); /* the object itself is not charged */
+    /* Bound, then released: four times, each kept by its binding. */
+    for (int i = 0; i < 4; i++) {
+        EXPECT_RC(make_handle(200 * MIB, &h), CUDA_SUCCESS);
+        EXPECT_RC(bind(mc, (size_t)i * 200 * MIB, h, 0, 200 * MIB, 0), CUDA_SUCCESS);
+        EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+        EXPECT_EQ(pool(), p0 + (uint64_t)(i + 1) * 200 * MIB); /* the driver still holds it */
+        EXPECT_EQ(used(), ctx_bytes + (uint64_t)(i + 1) * 200 * MIB);
+    }
+    if (fits(avail - 800 * MIB + MIB))
+        fail("memory kept by multicast bindings was given back to the share");
+    /* Bound by address, released and unmapped: kept too. */
+    EXPECT_RC(make_handle(100 * MIB, &h), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemAddressReserve(&va, 100 * MIB, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemMap(va, 100 * MIB, 0, h, 0), CUDA_SUCCESS);
+    EXPECT_RC(bind_addr(mc, 800 * MIB, va, 100 * MIB, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemRelease(h), CUDA_SUCCESS);
+    EXPECT_RC(A.cuMemUnmap(va, 100 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 900 * MIB);
+    EXPECT_EQ(pool(), p0 + 900 * MIB);
+    /* Unbound: that memory goes. */
+    EXPECT_RC(unbind(mc, 0, 0, 200 * MIB), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 700 * MIB);
+    EXPECT_EQ(pool(), p0 + 700 * MIB);
+    /* The object released: every binding goes with it. */
+    EXPECT_RC(A.cuMemRelease(mc), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    if (!fits(avail))
+        fail("the charge of unbound memory did not come back");
+    return failures != 0;
+}
+
+/* A graph of one memory allocation node of `bytes`, instantiated with `params`. */
+static CUresult graph_params(uint64_t bytes, CUgraph *g, CUgraphExec *e,
+                             CUDA_GRAPH_INSTANTIATE_PARAMS *ip)
+{
+    CUresult (*inst)(CUgraphExec *, CUgraph, void *) = NULL;
+    *(void **)&inst = driver_sym("cuGraphInstantiateWithParams");
+    CUDA_MEM_ALLOC_NODE_PARAMS params;
+    CUgraphNode node;
+    memset(&params, 0, sizeof(params));
+    params.poolProps.allocType = 1;
+    params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params.bytesize = bytes;
+    CUresult r = inst == NULL ? CUDA_ERROR_NOT_FOUND : A.cuGraphCreate(g, 0);
+    if (r == CUDA_SUCCESS)
+        r = A.cuGraphAddMemAllocNode(&node, *g, NULL, 0, &params);
+    if (r == CUDA_SUCCESS)
+        r = inst(e, *g, ip);
+    return r;
+}
+
+/*
+ * cuGraphInstantiateWithParams with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD maps
+ * the graph's memory at once: charged then, and refused over the share
+ * before the driver uploads anything.
+ */
+static int cmd_graph_upload(void)
+{
+    CUcontext ctx;
+    CUgraph g1, g2, g3;
+    CUgraphExec e1, e2, e3;
+    if (setup(&ctx) != 0 || open_region() != 0)
+        return 1;
+    uint64_t p0 = pool();
+    CUDA_GRAPH_INSTANTIATE_PARAMS ip = {.flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD};
+    EXPECT_RC(graph_params(500 * MIB, &g1, &e1, &ip), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_EQ(pool(), p0 + 500 * MIB);
+    /* 800 MiB of graph memory do not fit 724: refused, nothing uploaded. */
+    EXPECT_RC(graph_params(800 * MIB, &g2, &e2, &ip), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_EQ(pool(), p0 + 500 * MIB);
+    /* Without the flag nothing is mapped at instantiation. */
+    ip.flags = 0;
+    EXPECT_RC(graph_params(800 * MIB, &g3, &e3, &ip), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes + 500 * MIB);
+    EXPECT_RC(A.cuGraphLaunch(e3, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_RC(A.cuGraphExecDestroy(e1), CUDA_SUCCESS);
+    EXPECT_RC(A.cuGraphExecDestroy(e3), CUDA_SUCCESS);
+    EXPECT_RC(A.cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    EXPECT_EQ(used(), ctx_bytes);
+    EXPECT_EQ(pool(), p0);
+    return failures != 0;
+}
+
 /* dlvsym, and glibc's own dlsym and dlvsym however they are fetched: the library's. */
 static int cmd_loader(void)
 {
@@ -2083,6 +2382,12 @@ int main(int argc, char **argv)
              : strcmp(cmd, "libunload-missing") == 0 ? cmd_libunload_missing()
              : strcmp(cmd, "modimage") == 0   ? cmd_modimage()
              : strcmp(cmd, "share-2ctx") == 0 ? cmd_share_2ctx()
+             : strcmp(cmd, "outlive") == 0    ? cmd_outlive()
+             : strcmp(cmd, "graph-upload") == 0 ? cmd_graph_upload()
+             : strcmp(cmd, "multicast") == 0  ? cmd_multicast()
+             : strcmp(cmd, "export-dup") == 0 ? cmd_export_dup()
+             : strcmp(cmd, "ipc") == 0        ? cmd_ipc()
+             : strcmp(cmd, "ipc-open") == 0   ? cmd_ipc_open()
                                               : 2;
     return rc;
 }
