@@ -151,7 +151,7 @@ static int spawn(proc *p, const char *dir, const char *name, int nolib, int queu
                  int ctx, int go_fd, char *const argv[])
 {
     int fd[2];
-    if (pipe(fd) != 0)
+    if (pipe2(fd, O_CLOEXEC) != 0) /* a child holds only its own ends: dup2 clears the flag */
         return -1;
     fflush(stdout);
     p->pid = fork();
@@ -162,10 +162,10 @@ static int spawn(proc *p, const char *dir, const char *name, int nolib, int queu
         dup2(fd[1], 1);
         close(fd[0]);
         close(fd[1]);
-        if (go_fd >= 0 && go_fd != 3) {
+        if (go_fd == 3) /* already there: only its close-on-exec flag to clear */
+            fcntl(3, F_SETFD, 0);
+        else if (go_fd >= 0)
             dup2(go_fd, 3);
-            close(go_fd);
-        }
         setenv("LD_LIBRARY_PATH", fake_dir, 1);
         snprintf(buf, sizeof(buf), "%s/gpu", dir);
         setenv("FAKE_CUDA_GPU_FILE", buf, 1);
@@ -232,7 +232,7 @@ static int run_compute(const container *c, int n, int nolib, double *gpu, double
     char dir[320], path[400], secs[32];
     proc p[MAX_PROCS];
     int np = 0, go[2], failed = 0;
-    if (fresh_dir(dir, sizeof(dir)) != 0 || pipe(go) != 0)
+    if (fresh_dir(dir, sizeof(dir)) != 0 || pipe2(go, O_CLOEXEC) != 0)
         return -1;
     snprintf(secs, sizeof(secs), "%g", seconds);
     for (int i = 0; i < n; i++) {
@@ -443,8 +443,11 @@ static int memory_part(void)
            "   at the last refusal. Goal: 99 %% or more.\n\n",
            ctx_mib);
     printf("%-22s", "route");
-    for (int s = 0; s < NSHARES; s++)
-        printf("   %u GiB: med (min)", shares_mib[s] / 1024);
+    for (int s = 0; s < NSHARES; s++) {
+        char h[32];
+        snprintf(h, sizeof(h), "%u GiB: med (min)", shares_mib[s] / 1024);
+        printf("   %-17s", h);
+    }
     printf("   worst: held of share\n");
     series all = {0};
     double all_min = INFINITY;
