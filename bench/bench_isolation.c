@@ -237,20 +237,21 @@ static int run_compute(const container *c, int n, int nolib, double *gpu, double
     snprintf(secs, sizeof(secs), "%g", seconds);
     for (int i = 0; i < n; i++) {
         snprintf(path, sizeof(path), "%s/%s.limits", dir, c[i].name);
-        write_limits(path, 4096, c[i].core, c[i].core_limit);
+        failed |= write_limits(path, 4096, c[i].core, c[i].core_limit) != 0;
         gpu[i] = rate[i] = 0;
         int queue = strcmp(c[i].pattern, "flat") == 0 ? 0 : 100; /* a whole step queued */
-        for (int k = 0; k < c[i].procs && np < MAX_PROCS; k++) {
+        for (int k = 0; k < c[i].procs && np < MAX_PROCS && !failed; k++) {
             char *argv[] = {(char *)worker, "compute", (char *)c[i].pattern, secs, NULL};
             p[np].c = i;
             if (spawn(&p[np], dir, c[i].name, nolib, queue, 0, go[0], argv) != 0)
-                return -1;
-            np++;
+                failed = 1; /* those started are killed below */
+            else
+                np++;
         }
     }
     close(go[0]);
     char line[256];
-    for (int i = 0; i < np; i++)
+    for (int i = 0; i < np && !failed; i++)
         if (fgets(line, sizeof(line), p[i].out) == NULL || strncmp(line, "ready", 5) != 0)
             failed = 1;
     /* Everyone starts at once, a little after the last one is ready. */
