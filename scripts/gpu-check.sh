@@ -3,20 +3,24 @@
 # a GPU machine that has this repository and the Debian build packages
 # (scripts/deps.sh). No CUDA compiler is needed: the programs find the driver
 # as CUDA runtimes do (dlopen of libcuda.so.1 and libnvidia-ml.so.1) and load
-# their kernels as PTX, which the driver compiles. A few minutes:
+# their kernels as PTX, which the driver compiles. About six minutes on one GPU:
 #
 #   1. shim_gpu_check   a memory share through the real driver: the share
 #                       shown, within it, past it (dlsym, cuGetProcAddress)
 #   2. shim_gpu_real    real CUDA programs under libkgpu-limit.so: a kernel
 #                       writing all of a share, allocations past it; a pool
 #                       that keeps freed memory; VMM memory released while
-#                       mapped; two processes with 30 % and 70 % compute
-#                       shares under saturating load (and, for comparison,
-#                       without the schedule)
-#   3. shim_gpu_watch   the device plugin's watcher against the real NVML: a
+#                       mapped
+#   3. shim_gpu_share   compute shares: two containers at 30/70 and 10/90
+#                       launching flat out, in training steps (25 kernels,
+#                       sync), as one CUDA graph per step, and with four
+#                       processes each (each within 5 points of its share);
+#                       recorded only: the split without the library, and a
+#                       25 % victim's slowdown next to a 75 % noisy neighbour
+#   4. shim_gpu_watch   the device plugin's watcher against the real NVML: a
 #                       process over its memory share is seen and killed
 #                       (enforce: kill), one within it is left alone
-#   4. mps              where nvidia-cuda-mps-control exists: a private MPS
+#   5. mps              where nvidia-cuda-mps-control exists: a private MPS
 #                       control daemon; its control pipe is where the device
 #                       plugin's MPS mode looks for it, and an MPS client
 #                       under the library is held to its pinned memory limit
@@ -38,7 +42,7 @@
 # GPU_CHECK_BUILD (build folder, default build-gpu), GPU_CHECK_FORCE (build and
 # run even where no driver is seen), KGPU_GPU_CHECK_MIB (the
 # memory share, default 2048 for shim_gpu_real), KGPU_GPU_CHECK_SECONDS (each
-# compute run, default 10). docs/shim.md, "On a real GPU", records results.
+# of shim_gpu_share's 15 compute runs, default 8). docs/shim.md, "On a real GPU", records results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=all
@@ -71,7 +75,7 @@ if [ "$mode" != run ]; then
     log=$BUILD/gpu-check-build.log
     if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKGPU_SANITIZE=OFF >"$log" 2>&1 ||
        ! cmake --build "$BUILD" -j"$(nproc)" --target kgpu-limit shim_gpu_check shim_gpu_real \
-            shim_gpu_watch >>"$log" 2>&1; then
+            shim_gpu_share shim_gpu_watch >>"$log" 2>&1; then
         tail -30 "$log"
         echo "gpu-check: the build failed (whole log: $log; scripts/deps.sh installs what it" \
              "needs, or build elsewhere with --build-only and run here with --no-build)" >&2
@@ -88,7 +92,8 @@ if [ "$mode" = build ]; then
          "GPU_CHECK_BUILD=$BUILD scripts/gpu-check.sh --no-build"
     exit 0
 fi
-for f in libkgpu-limit.so tests/shim_gpu_check tests/shim_gpu_real tests/shim_gpu_watch; do
+for f in libkgpu-limit.so tests/shim_gpu_check tests/shim_gpu_real tests/shim_gpu_share \
+         tests/shim_gpu_watch; do
     if [ ! -e "$BUILD/$f" ]; then
         echo "gpu-check: $BUILD/$f is missing: build it first (without --no-build)" >&2
         exit 1
@@ -111,7 +116,7 @@ record() { # record NAME RC
         *) result[$1]="FAILED (exit $2)"; ran=$((ran + 1)); failed=$((failed + 1)) ;;
     esac
 }
-for prog in shim_gpu_check shim_gpu_real shim_gpu_watch; do
+for prog in shim_gpu_check shim_gpu_real shim_gpu_share shim_gpu_watch; do
     echo
     echo "== $prog"
     if [ "$prog" = shim_gpu_watch ] && [ -d "$BUILD/carrylib" ]; then
@@ -169,10 +174,12 @@ fi
 
 echo
 echo "== summary"
-for prog in shim_gpu_check shim_gpu_real shim_gpu_watch mps; do
+for prog in shim_gpu_check shim_gpu_real shim_gpu_share shim_gpu_watch mps; do
     printf 'gpu-check: %-15s %s\n' "$prog" "${result[$prog]}"
 done
 grep -h -e '^context:' -e 'NVML counts' -e 'NVML lists no process' "$LOGS/shim_gpu_check" \
+    2>/dev/null | sed 's/^/gpu-check: /'
+grep -h -e '^share ' -e '^without the library' -e '^noisy neighbour' "$LOGS/shim_gpu_share" \
     2>/dev/null | sed 's/^/gpu-check: /'
 if [ "$failed" -gt 0 ]; then
     exit 1

@@ -1,8 +1,8 @@
 /*
  * libkgpu-limit.so in front of a real NVIDIA driver, as real CUDA programs
  * use it (scripts/gpu-check.sh; docs/shim.md, "On a real GPU"). No CUDA
- * compiler is needed: the kernels are PTX below, which the driver compiles
- * when the module is loaded.
+ * compiler is needed: the kernels are PTX (gpu_kernels.h), which the driver
+ * compiles when the module is loaded. Compute shares are gpu_share.c's.
  *
  *   shim_gpu_real                  everything, as the orchestrator: reads
  *                                  GPU 0's UUID, writes limits files, runs
@@ -11,9 +11,6 @@
  *                                  FAIL lines; exits 0, 1 (failures) or 77
  *                                  (no driver or GPU)
  *   shim_gpu_real memory|pool|vmm  one memory route (library preloaded)
- *   shim_gpu_real spin SECONDS     fixed-work kernels from KGPU_GPU_CHECK_T0
- *                                  (CLOCK_MONOTONIC ns) for SECONDS; prints
- *                                  how many ran (library preloaded, or not)
  *   shim_gpu_real hold MIB SECONDS [spin]
  *                                  allocates MIB and holds it, busy or idle
  *                                  (for shim_gpu_watch)
@@ -35,6 +32,7 @@
 #include <unistd.h>
 
 #include "cudadecl.h"
+#include "gpu_kernels.h"
 
 #define MIB ((size_t)1024 * 1024)
 
@@ -66,64 +64,6 @@ typedef struct {
 #define ACCESS_READWRITE       3
 #define GRANULARITY_MINIMUM    0
 
-/*
- * fill(buf, n, value): buf[i] = value for i < n.
- * spin(out, iters): a chain of iters dependent multiply-adds per thread, its
- * result stored so that the compiler keeps it: fixed work per kernel.
- */
-static const char ptx[] =
-    ".version 6.4\n"
-    ".target sm_50\n"
-    ".address_size 64\n"
-    "\n"
-    ".visible .entry kgpu_fill(.param .u64 p_buf, .param .u32 p_n, .param .u32 p_val)\n"
-    "{\n"
-    "    .reg .pred %p<2>;\n"
-    "    .reg .b32 %r<8>;\n"
-    "    .reg .b64 %rd<5>;\n"
-    "    ld.param.u64 %rd1, [p_buf];\n"
-    "    ld.param.u32 %r1, [p_n];\n"
-    "    ld.param.u32 %r2, [p_val];\n"
-    "    mov.u32 %r3, %ctaid.x;\n"
-    "    mov.u32 %r4, %ntid.x;\n"
-    "    mov.u32 %r5, %tid.x;\n"
-    "    mad.lo.u32 %r6, %r3, %r4, %r5;\n"
-    "    setp.ge.u32 %p1, %r6, %r1;\n"
-    "    @%p1 bra DONE;\n"
-    "    cvta.to.global.u64 %rd2, %rd1;\n"
-    "    mul.wide.u32 %rd3, %r6, 4;\n"
-    "    add.s64 %rd4, %rd2, %rd3;\n"
-    "    st.global.u32 [%rd4], %r2;\n"
-    "DONE:\n"
-    "    ret;\n"
-    "}\n"
-    "\n"
-    ".visible .entry kgpu_spin(.param .u64 p_out, .param .u32 p_iters)\n"
-    "{\n"
-    "    .reg .pred %p<2>;\n"
-    "    .reg .b32 %r<8>;\n"
-    "    .reg .f32 %f<3>;\n"
-    "    .reg .b64 %rd<5>;\n"
-    "    ld.param.u64 %rd1, [p_out];\n"
-    "    ld.param.u32 %r1, [p_iters];\n"
-    "    mov.u32 %r2, %tid.x;\n"
-    "    cvt.rn.f32.u32 %f1, %r2;\n"
-    "    mov.f32 %f2, 0f3F800000;\n"
-    "    mov.u32 %r3, 0;\n"
-    "LOOP:\n"
-    "    fma.rn.f32 %f1, %f1, 0f3F7FF972, %f2;\n"
-    "    add.u32 %r3, %r3, 1;\n"
-    "    setp.lt.u32 %p1, %r3, %r1;\n"
-    "    @%p1 bra LOOP;\n"
-    "    mov.u32 %r4, %ctaid.x;\n"
-    "    mov.u32 %r5, %ntid.x;\n"
-    "    mad.lo.u32 %r6, %r4, %r5, %r2;\n"
-    "    cvta.to.global.u64 %rd2, %rd1;\n"
-    "    mul.wide.u32 %rd3, %r6, 4;\n"
-    "    add.s64 %rd4, %rd2, %rd3;\n"
-    "    st.global.f32 [%rd4], %f1;\n"
-    "    ret;\n"
-    "}\n";
 
 /* The driver functions used, found as a program that dlopens the driver finds them. */
 typedef struct api {
@@ -258,7 +198,7 @@ static int setup(void)
         printf("FAIL: the driver's context: %d\n", r);
         return -1;
     }
-    if ((r = A.module_load(&mod, ptx)) != CUDA_SUCCESS ||
+    if ((r = A.module_load(&mod, kgpu_gpu_ptx)) != CUDA_SUCCESS ||
         (r = A.get_function(&fill_fn, mod, "kgpu_fill")) != CUDA_SUCCESS ||
         (r = A.get_function(&spin_fn, mod, "kgpu_spin")) != CUDA_SUCCESS) {
         printf("FAIL: loading the PTX kernels: %d\n", r);
@@ -411,75 +351,16 @@ static int cmd_vmm(void)
     return failures != 0;
 }
 
-/* ---- compute: fixed-work kernels, as many as the GPU runs for this process ---- */
+/* ---- a process that holds memory, busy or idle (for shim_gpu_watch) ---- */
 
 #define SPIN_BLOCKS_PER_SM 4
 #define SPIN_THREADS       256
-#define BATCH              4
 
 static int grid_of(void)
 {
     int sms = 0;
     A.attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
     return (sms > 0 ? sms : 1) * SPIN_BLOCKS_PER_SM;
-}
-
-/* Milliseconds one kernel of `iters` takes alone. */
-static double spin_ms(CUdeviceptr out, unsigned iters)
-{
-    CUevent a, b;
-    float ms = 0;
-    void *args[] = {&out, &iters};
-    A.event_create(&a, 0);
-    A.event_create(&b, 0);
-    A.event_record(a, NULL);
-    A.launch(spin_fn, (unsigned)grid_of(), 1, 1, SPIN_THREADS, 1, 1, 0, NULL, args, NULL);
-    A.event_record(b, NULL);
-    A.event_sync(b);
-    A.event_elapsed(&ms, a, b);
-    return ms;
-}
-
-static int cmd_spin(int seconds)
-{
-    const char *t0s = getenv("KGPU_GPU_CHECK_T0"), *its = getenv("KGPU_GPU_CHECK_ITERS");
-    if (t0s == NULL || its == NULL) {
-        printf("FAIL: KGPU_GPU_CHECK_T0 and KGPU_GPU_CHECK_ITERS are needed\n");
-        return 1;
-    }
-    uint64_t t0 = strtoull(t0s, NULL, 10), t1 = t0 + (uint64_t)seconds * 1000000000ULL;
-    unsigned iters = (unsigned)strtoul(its, NULL, 10);
-    unsigned grid = (unsigned)grid_of();
-    CUdeviceptr out;
-    if (A.alloc(&out, (size_t)grid * SPIN_THREADS * 4) != CUDA_SUCCESS) {
-        printf("FAIL: spin: no memory for the output\n");
-        return 1;
-    }
-    CUevent ev[2];
-    A.event_create(&ev[0], 0);
-    A.event_create(&ev[1], 0);
-    uint64_t now = now_ns();
-    if (now > t0) {
-        printf("FAIL: spin: ready %.0f ms after the start\n", (double)(now - t0) / 1e6);
-        return 1;
-    }
-    struct timespec ts = {(time_t)((t0 - now) / 1000000000ULL), (long)((t0 - now) % 1000000000ULL)};
-    nanosleep(&ts, NULL);
-    long kernels = 0;
-    void *args[] = {&out, &iters};
-    /* At most two batches queued, as a framework that synchronises now and then. */
-    for (int b = 0; now_ns() < t1; b++) {
-        if (b >= 2)
-            A.event_sync(ev[b % 2]);
-        for (int i = 0; i < BATCH; i++)
-            if (A.launch(spin_fn, grid, 1, 1, SPIN_THREADS, 1, 1, 0, NULL, args, NULL) ==
-                CUDA_SUCCESS)
-                kernels++;
-        A.event_record(ev[b % 2], NULL);
-    }
-    A.sync();
-    printf("kernels %ld\n", kernels);
-    return 0;
 }
 
 static int cmd_hold(size_t mib, int seconds, int spin)
@@ -578,51 +459,6 @@ static void route(const char *self, const char *cmd, unsigned long long mib)
     failures += rc != 0;
 }
 
-static long kernels_in(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char line[256];
-    long n = -1;
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        if (sscanf(line, "kernels %ld", &n) != 1)
-            fputs(line, stdout); /* FAIL lines and the like */
-    }
-    if (f != NULL)
-        fclose(f);
-    return n;
-}
-
-/*
- * Two processes as two containers with `core_a` and 100 - core_a percent,
- * both launching flat out for `seconds`: the first one's part of the
- * kernels that ran. `sched` 0 runs them without the schedule (no library).
- */
-static double split(const char *self, int core_a, int seconds, unsigned iters, int sched)
-{
-    char ta[300], tb[300], t0[32], it[32], secs[16];
-    snprintf(ta, sizeof(ta), "%s/a.out", tmpdir);
-    snprintf(tb, sizeof(tb), "%s/b.out", tmpdir);
-    write_limits("split-a", 1024, core_a);
-    write_limits("split-b", 1024, 100 - core_a);
-    snprintf(t0, sizeof(t0), "%llu", (unsigned long long)(now_ns() + 8000000000ULL));
-    snprintf(it, sizeof(it), "%u", iters);
-    snprintf(secs, sizeof(secs), "%d", seconds);
-    setenv("KGPU_GPU_CHECK_T0", t0, 1);
-    setenv("KGPU_GPU_CHECK_ITERS", it, 1);
-    char *args[] = {"spin", secs, NULL};
-    pid_t a = start(self, sched ? "split-a" : NULL, ta, args);
-    pid_t b = start(self, sched ? "split-b" : NULL, tb, args);
-    int ra = finish(a), rb = finish(b);
-    long ka = kernels_in(ta), kb = kernels_in(tb);
-    if (ra != 0 || rb != 0 || ka <= 0 || kb <= 0) {
-        printf("FAIL: split: the two processes ended %d and %d with %ld and %ld kernels\n", ra,
-               rb, ka, kb);
-        failures++;
-        return -1;
-    }
-    return (double)ka / (double)(ka + kb);
-}
-
 static int orchestrate(const char *self)
 {
     CUuuid u;
@@ -664,36 +500,6 @@ static int orchestrate(const char *self)
     route(self, "pool", mib);
     route(self, "vmm", mib);
 
-    /* Compute: kernels of about 2 ms alone, then 30 % and 70 % under saturating load. */
-    CUcontext ctx;
-    CUmodule mod;
-    CUdeviceptr out = 0;
-    if (A.retain(&ctx, dev) != CUDA_SUCCESS || A.set_current(ctx) != CUDA_SUCCESS ||
-        A.module_load(&mod, ptx) != CUDA_SUCCESS ||
-        A.get_function(&spin_fn, mod, "kgpu_spin") != CUDA_SUCCESS ||
-        A.alloc(&out, (size_t)grid_of() * SPIN_THREADS * 4) != CUDA_SUCCESS) {
-        printf("FAIL: compute: cannot load the spin kernel\n");
-        failures++;
-    } else {
-        unsigned iters = 100000;
-        spin_ms(out, iters); /* the first launch pays for setting up */
-        double ms = spin_ms(out, iters);
-        if (ms > 0)
-            iters = (unsigned)(iters * 2.0 / ms);
-        ms = spin_ms(out, iters);
-        printf("compute: one kernel of %u iterations x %d blocks takes %.2f ms alone\n", iters,
-               grid_of(), ms);
-        A.free(out);
-        const char *s = getenv("KGPU_GPU_CHECK_SECONDS");
-        int seconds = s != NULL && atoi(s) > 0 ? atoi(s) : 10;
-        double base = split(self, 30, seconds, iters, 0);
-        double shared = split(self, 30, seconds, iters, 1);
-        printf("compute: without the schedule the two processes got %.1f %% / %.1f %%\n",
-               100 * base, 100 * (1 - base));
-        printf("compute: with shares of 30 %% and 70 %% they got %.1f %% / %.1f %%\n",
-               100 * shared, 100 * (1 - shared));
-        CHECK(shared >= 0.25 && shared <= 0.35, "the 30 %% share got %.1f %%", 100 * shared);
-    }
     char cmd[400];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0)
@@ -715,12 +521,10 @@ int main(int argc, char **argv)
         return cmd_pool();
     if (strcmp(argv[1], "vmm") == 0)
         return cmd_vmm();
-    if (strcmp(argv[1], "spin") == 0 && argc >= 3)
-        return cmd_spin(atoi(argv[2]));
     if (strcmp(argv[1], "hold") == 0 && argc >= 4)
         return cmd_hold(strtoull(argv[2], NULL, 10), atoi(argv[3]),
                         argc >= 5 && strcmp(argv[4], "spin") == 0);
     fprintf(stderr,
-            "usage: shim_gpu_real [memory|pool|vmm|spin SECONDS|hold MIB SECONDS [spin]]\n");
+            "usage: shim_gpu_real [memory|pool|vmm|hold MIB SECONDS [spin]]\n");
     return 2;
 }
