@@ -506,12 +506,21 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
          * go; so does one whose slice ends further ahead than any slice
          * lasts, which no library wrote.
          */
-        if (!free && (end > now + KGPU_SCHED_PERIOD_NS ||
-                      (now > end && ((atomic_load(&f->m[h].seen_ns) < end && now > end + IDLE_NS &&
-                                      !busy(s, h)) ||
-                                     now > end + OVERRUN_NS)))) {
+        if (!free && end > now + KGPU_SCHED_PERIOD_NS) {
             account(f, h, now);
             free = 1;
+        } else if (!free && now > end) {
+            int idle = atomic_load(&f->m[h].seen_ns) < end && !busy(s, h);
+            /*
+             * Charged no further than it can have used the GPU: a holder gone
+             * for an hour (nobody waited) is not charged the hour.
+             */
+            uint64_t upto = idle ? end + IDLE_NS : end + OVERRUN_NS;
+            if (now > upto) {
+                account(f, h, upto);
+                atomic_store(&f->slice_start, now);
+                free = 1;
+            }
         }
         atomic_store(&f->m[me].waiting_ns, now);
         if (free && neediest(f, now, me, -1) == me) {
