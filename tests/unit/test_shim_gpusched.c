@@ -493,7 +493,6 @@ static int busy_byte_locked(int i)
 static void four_processes_busy_and_one_killed(void **state)
 {
     kgpu_sched *a = join("a", 30), *b = join("b", 70);
-    kgpu_sched_gate(a, drain);
     kgpu_sched_file *f = view();
     int ia = member_of(f, "a"), fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -526,6 +525,8 @@ static void four_processes_busy_and_one_killed(void **state)
     kill(kids[0], SIGKILL);
     int status;
     assert_int_equal(waitpid(kids[0], &status, 0), kids[0]);
+    /* a's turn starts now: it launched nothing since, so without its busy mark it looks idle. */
+    kgpu_sched_gate(a, drain);
     uint64_t t0 = kgpu_sched_now();
     assert_true(busy_byte_locked(ia)); /* the three alive are inside */
     kgpu_sched_gate(b, drain);         /* waits for them, not for a's slice alone */
