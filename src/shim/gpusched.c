@@ -143,12 +143,12 @@ static void clamp(kgpu_sched_file *f, uint64_t now)
             atomic_store(&m->seen_ns, now);
         if (m->credit_at > now)
             m->credit_at = now;
+        int64_t cap = credit_cap(m);
+        m->credit_ns = m->credit_ns < -FLOOR_NS ? -FLOOR_NS
+                       : m->credit_ns > cap     ? cap
+                                                : m->credit_ns;
         if (limited(m)) { /* refilled at its ceiling's rate, up to one period's worth */
-            int64_t cap = credit_cap(m);
             uint64_t gained = (now - m->credit_at) * m->limit / 100;
-            m->credit_ns = m->credit_ns < -FLOOR_NS ? -FLOOR_NS
-                           : m->credit_ns > cap     ? cap
-                                                    : m->credit_ns;
             m->credit_ns = gained >= (uint64_t)(cap - m->credit_ns) ? cap
                                                                      : m->credit_ns + (int64_t)gained;
         }
