@@ -408,6 +408,43 @@ static void pause_us(long us)
     nanosleep(&ts, NULL);
 }
 
+/* busy_mu held: this process's own busy descriptor (a forked child's is its parent's). */
+static int own_busy_fd(kgpu_sched *s)
+{
+    if (s->busy_fd >= 0 && s->busy_pid == getpid())
+        return 0;
+    if (s->busy_fd >= 0)
+        close(s->busy_fd);
+    s->busy_fd = open(s->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    s->busy_pid = getpid();
+    return s->busy_fd >= 0 ? 0 : -1;
+}
+
+/* This process is busy for its member: its work runs and it waits for it (any thread). */
+static void busy_begin(kgpu_sched *s)
+{
+    pthread_mutex_lock(&s->busy_mu);
+    int me = atomic_load(&s->me);
+    if (s->busy_n++ == 0) {
+        /* Not marked (not joined yet, or refused): the others see it idle, as before. */
+        s->busy_idx = -1;
+        if (me >= 0 && own_busy_fd(s) == 0 &&
+            ofd(s->busy_fd, F_RDLCK, KGPU_SCHED_BUSY_BASE + me, 1) == 0)
+            s->busy_idx = me;
+    }
+    pthread_mutex_unlock(&s->busy_mu);
+}
+
+static void busy_end(kgpu_sched *s)
+{
+    pthread_mutex_lock(&s->busy_mu);
+    if (s->busy_n > 0 && --s->busy_n == 0 && s->busy_idx >= 0) {
+        ofd(s->busy_fd, F_UNLCK, KGPU_SCHED_BUSY_BASE + s->busy_idx, 1);
+        s->busy_idx = -1;
+    }
+    pthread_mutex_unlock(&s->busy_mu);
+}
+
 void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
 {
     uint64_t now = kgpu_sched_now();
@@ -466,7 +503,9 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
             /* Its turn is over: its queued work runs out before the next one starts. */
             atomic_store(&f->m[me].waiting_ns, now);
             unlock(s);
+            busy_begin(s); /* its queued work runs: the others wait for it, up to OVERRUN_NS */
             drain();
+            busy_end(s);
             if (lock(s) != 0) {
                 give_up(s);
                 return;
@@ -510,12 +549,16 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
             account(f, h, now);
             free = 1;
         } else if (!free && now > end) {
-            int idle = atomic_load(&f->m[h].seen_ns) < end && !busy(s, h);
             /*
-             * Charged no further than it can have used the GPU: a holder gone
-             * for an hour (nobody waited) is not charged the hour.
+             * Busy (draining, or waiting in a synchronisation) it may hold
+             * until OVERRUN_NS past its slice; not busy, IDLE_NS past its
+             * slice or its last pass through the file, whichever is later.
+             * Charged no further than that: a holder gone for an hour
+             * (nobody waited) is not charged the hour.
              */
-            uint64_t upto = idle ? end + IDLE_NS : end + OVERRUN_NS;
+            uint64_t seen = atomic_load(&f->m[h].seen_ns);
+            uint64_t upto = busy(s, h) ? end + OVERRUN_NS : (seen > end ? seen : end) + IDLE_NS;
+            upto = upto < end + OVERRUN_NS ? upto : end + OVERRUN_NS;
             if (now > upto) {
                 account(f, h, upto);
                 atomic_store(&f->slice_start, now);
@@ -536,40 +579,14 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
     }
 }
 
-/* busy_mu held: this process's own busy descriptor (a forked child's is its parent's). */
-static int own_busy_fd(kgpu_sched *s)
-{
-    if (s->busy_fd >= 0 && s->busy_pid == getpid())
-        return 0;
-    if (s->busy_fd >= 0)
-        close(s->busy_fd);
-    s->busy_fd = open(s->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    s->busy_pid = getpid();
-    return s->busy_fd >= 0 ? 0 : -1;
-}
-
 void kgpu_sched_sync_begin(kgpu_sched *s)
 {
-    pthread_mutex_lock(&s->busy_mu);
-    int me = atomic_load(&s->me);
-    if (s->busy_n++ == 0) {
-        /* Not marked (not joined yet, or refused): the others see it idle, as before. */
-        s->busy_idx = -1;
-        if (me >= 0 && own_busy_fd(s) == 0 &&
-            ofd(s->busy_fd, F_RDLCK, KGPU_SCHED_BUSY_BASE + me, 1) == 0)
-            s->busy_idx = me;
-    }
-    pthread_mutex_unlock(&s->busy_mu);
+    busy_begin(s);
 }
 
 void kgpu_sched_sync_end(kgpu_sched *s)
 {
-    pthread_mutex_lock(&s->busy_mu);
-    if (s->busy_n > 0 && --s->busy_n == 0 && s->busy_idx >= 0) {
-        ofd(s->busy_fd, F_UNLCK, KGPU_SCHED_BUSY_BASE + s->busy_idx, 1);
-        s->busy_idx = -1;
-    }
-    pthread_mutex_unlock(&s->busy_mu);
+    busy_end(s);
     /* Within its slice, or not holding: nothing to settle (the next launch passes the gate). */
     if (kgpu_sched_now() < atomic_load_explicit(&s->until, memory_order_relaxed) ||
         atomic_load(&s->me) < 0)

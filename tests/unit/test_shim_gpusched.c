@@ -281,6 +281,11 @@ static void a_lock_held_hostage_opens_the_gate_for_a_while(void **state)
     uint64_t t1 = kgpu_sched_now();
     kgpu_sched_gate(b, drain);
     assert_true(kgpu_sched_now() - t1 < 50000000ULL); /* open for a while */
+    /* A container starting meanwhile is not refused: it joins at its first turn. */
+    kgpu_sched *c = NULL;
+    kgpu_error err = {0};
+    assert_int_equal(kgpu_sched_attach(dir, GPU, "c", 10, 100, &c, &err), KGPU_OK);
+    kgpu_sched_detach(c);
     while (kgpu_sched_now() - t0 < 1600000000ULL)
         sleep_ms(10);
     atomic_store(&h.release, 1);
