@@ -106,4 +106,21 @@ static inline void kgpu__compute_gate(void)
         kgpu__compute_wait();
 }
 
+/*
+ * Around a synchronisation (the current context's device, or the
+ * stream's): marks this container busy on that GPU while it runs, and
+ * settles its turn after (compute.c). NULL, and nothing to end, where no
+ * device has a compute share.
+ */
+kgpu_sched *kgpu__compute_sync_current(void);
+kgpu_sched *kgpu__compute_sync_stream(CUstream stream);
+void kgpu__compute_sync_end(kgpu_sched *s);
+
+static inline kgpu_sched *kgpu__compute_sync(int by_stream, CUstream stream)
+{
+    if (!atomic_load_explicit(&kgpu__shim.compute_limited, memory_order_relaxed))
+        return NULL;
+    return by_stream ? kgpu__compute_sync_stream(stream) : kgpu__compute_sync_current();
+}
+
 #endif

@@ -77,7 +77,7 @@ static kgpu_sched *sched_for(int li)
          * not enforced, and the library says nothing (docs/shim.md).
          */
         if (kgpu_sched_attach(kgpu__shim.sched_dir, d->uuid, kgpu__shim.sched_id, d->core_pct,
-                              &s, &err) == KGPU_OK)
+                              d->core_limit_pct, &s, &err) == KGPU_OK)
             atomic_store_explicit(&kgpu__shim.sched[li], s, memory_order_release);
         kgpu__shim.sched_tried[li] = 1;
     }
@@ -111,4 +111,41 @@ void kgpu__compute_wait_li(int li)
         kgpu_sched_gate(s, drain);
         drain_li = -1;
     }
+}
+
+/* The schedule of the device at w, where it has a compute share; else NULL. */
+static kgpu_sched *sched_at(const kgpu_where *w)
+{
+    if (w->li < 0 || w->li >= kgpu__shim.limits.ndevices)
+        return NULL;
+    int pct = kgpu__shim.limits.dev[w->li].core_pct;
+    return pct >= 0 && pct < 100 ? sched_for(w->li) : NULL;
+}
+
+/*
+ * A synchronisation is where queued work is seen to finish: while one
+ * runs, the container is busy on that device's GPU, not idle (gpusched.h).
+ */
+kgpu_sched *kgpu__compute_sync_current(void)
+{
+    kgpu_where w;
+    kgpu_sched *s = kgpu__where_current(&w) == CUDA_SUCCESS ? sched_at(&w) : NULL;
+    if (s != NULL)
+        kgpu_sched_sync_begin(s);
+    return s;
+}
+
+kgpu_sched *kgpu__compute_sync_stream(CUstream stream)
+{
+    kgpu_where w;
+    kgpu_sched *s = kgpu__where_stream(stream, &w) == CUDA_SUCCESS ? sched_at(&w) : NULL;
+    if (s != NULL)
+        kgpu_sched_sync_begin(s);
+    return s;
+}
+
+void kgpu__compute_sync_end(kgpu_sched *s)
+{
+    if (s != NULL)
+        kgpu_sched_sync_end(s);
 }

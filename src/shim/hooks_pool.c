@@ -323,6 +323,10 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
     return r;
 }
 
+/*
+ * The synchronisations: pools shrink there (refresh.c), and a container
+ * taking turns is busy there, its queued work running (compute.c).
+ */
 static int any_pool(void)
 {
     return __atomic_load_n(&kgpu__shim.npools, __ATOMIC_RELAXED) != 0;
@@ -331,7 +335,9 @@ static int any_pool(void)
 CUresult cuCtxSynchronize(void)
 {
     KGPU_ENTER(cuCtxSynchronize, ());
+    kgpu_sched *busy = kgpu__compute_sync(0, NULL);
     CUresult r = real_();
+    kgpu__compute_sync_end(busy);
     if (any_pool())
         kgpu__pools_refresh();
     return r;
@@ -340,7 +346,9 @@ CUresult cuCtxSynchronize(void)
 CUresult cuStreamSynchronize(CUstream hStream)
 {
     KGPU_ENTER(cuStreamSynchronize, (hStream));
+    kgpu_sched *busy = kgpu__compute_sync(1, hStream);
     CUresult r = real_(hStream);
+    kgpu__compute_sync_end(busy);
     if (any_pool())
         kgpu__pools_refresh();
     return r;
@@ -349,7 +357,9 @@ CUresult cuStreamSynchronize(CUstream hStream)
 CUresult cuStreamSynchronize_ptsz(CUstream hStream)
 {
     KGPU_ENTER(cuStreamSynchronize_ptsz, (hStream));
+    kgpu_sched *busy = kgpu__compute_sync(1, hStream);
     CUresult r = real_(hStream);
+    kgpu__compute_sync_end(busy);
     if (any_pool())
         kgpu__pools_refresh();
     return r;
@@ -358,7 +368,9 @@ CUresult cuStreamSynchronize_ptsz(CUstream hStream)
 CUresult cuEventSynchronize(void *hEvent)
 {
     KGPU_ENTER(cuEventSynchronize, (hEvent));
+    kgpu_sched *busy = kgpu__compute_sync(0, NULL);
     CUresult r = real_(hEvent);
+    kgpu__compute_sync_end(busy);
     if (any_pool())
         kgpu__pools_refresh();
     return r;

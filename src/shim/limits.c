@@ -112,8 +112,9 @@ static int parse_device(cursor *c, kgpu_shim_limits *lim, kgpu_error *err)
         return fail(err, KGPU_ERANGE, c, "more than %d devices", KGPU_SHIM_MAX_DEVICES);
 
     kgpu_shim_device_limit *d = &lim->dev[lim->ndevices];
-    int have_uuid = 0, have_mem = 0, have_core = 0;
+    int have_uuid = 0, have_mem = 0, have_core = 0, have_limit = 0;
     d->core_pct = -1;
+    d->core_limit_pct = -1;
     for (;;) {
         next_token(c, &tok, &n);
         if (n == 0)
@@ -160,6 +161,17 @@ static int parse_device(cursor *c, kgpu_shim_limits *lim, kgpu_error *err)
                 return fail(err, KGPU_EPARSE, c, "core_pct: '%s' is not a whole percent",
                             echo(val, vlen, e1));
             d->core_pct = (int)v;
+        } else if (token_is(tok, klen, "core_limit_pct")) {
+            if (have_limit++)
+                return fail(err, KGPU_EPARSE, c, "core_limit_pct given twice");
+            r = parse_number(val, vlen, 100, &v);
+            if (r == -2)
+                return fail(err, KGPU_ERANGE, c, "core_limit_pct: %s is above 100",
+                            echo(val, vlen, e1));
+            if (r != 0)
+                return fail(err, KGPU_EPARSE, c, "core_limit_pct: '%s' is not a whole percent",
+                            echo(val, vlen, e1));
+            d->core_limit_pct = (int)v;
         }
         /* Other keys: left for newer readers. */
     }
@@ -167,6 +179,10 @@ static int parse_device(cursor *c, kgpu_shim_limits *lim, kgpu_error *err)
         return fail(err, KGPU_EPARSE, c, "device has no uuid=");
     if (!have_mem)
         return fail(err, KGPU_EPARSE, c, "device has no memory_mib=");
+    /* A ceiling below the guaranteed share is a contradiction, not a smaller share. */
+    if (d->core_limit_pct >= 0 && d->core_limit_pct < d->core_pct)
+        return fail(err, KGPU_ERANGE, c, "core_limit_pct: %d is below core_pct (%d)",
+                    d->core_limit_pct, d->core_pct);
     for (int i = 0; i < lim->ndevices; i++)
         if (strcasecmp(lim->dev[i].uuid, d->uuid) == 0)
             return fail(err, KGPU_EPARSE, c, "uuid %s is already device %d", d->uuid, i);
@@ -245,12 +261,14 @@ size_t kgpu_shim_limits_format(const kgpu_shim_limits *lim, char *buf, size_t si
     off += n > 0 ? (size_t)n : 0;
     for (int i = 0; i < lim->ndevices; i++) {
         const kgpu_shim_device_limit *d = &lim->dev[i];
-        char core[24] = "";
+        char core[24] = "", ceiling[32] = "";
         if (d->core_pct >= 0)
             snprintf(core, sizeof(core), " core_pct=%d", d->core_pct);
+        if (d->core_limit_pct >= 0)
+            snprintf(ceiling, sizeof(ceiling), " core_limit_pct=%d", d->core_limit_pct);
         n = snprintf(off < size ? buf + off : NULL, off < size ? size - off : 0,
-                     "device %d uuid=%s memory_mib=%llu%s\n", i, d->uuid,
-                     (unsigned long long)d->memory_mib, core);
+                     "device %d uuid=%s memory_mib=%llu%s%s\n", i, d->uuid,
+                     (unsigned long long)d->memory_mib, core, ceiling);
         off += n > 0 ? (size_t)n : 0;
     }
     return off;

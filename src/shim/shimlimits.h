@@ -3,7 +3,7 @@
  * limits.h, so that <limits.h> stays the C library's):
  *
  *   # kgpu limits v1
- *   device 0 uuid=GPU-8f3c... memory_mib=4096 core_pct=25
+ *   device 0 uuid=GPU-8f3c... memory_mib=4096 core_pct=25 core_limit_pct=50
  *
  * A pure parser (no I/O), so it is fuzzed and unit-tested on its own. The
  * shim enforces what it returns and nothing else: the file is a read-only
@@ -25,6 +25,11 @@ typedef struct kgpu_shim_device_limit {
     char uuid[KGPU_SHIM_UUID_MAX];
     uint64_t memory_mib;
     int core_pct; /* 0..100, or -1 when the line has none */
+    /*
+     * The ceiling on an otherwise idle GPU, core_pct..100 (0..100, unused,
+     * without core_pct), or -1 when the line has none: no ceiling, as 100.
+     */
+    int core_limit_pct;
 } kgpu_shim_device_limit;
 
 /* Devices in file order: dev[i] is "device i", i.e. the i-th GPU of NVIDIA_VISIBLE_DEVICES. */
@@ -38,7 +43,8 @@ typedef struct kgpu_shim_limits {
  * `name` only labels messages ("/etc/kgpu/limits:3: memory_mib: ..."). The
  * first line must be "# kgpu limits v1"; then blank lines, '#' comments and
  * lines "device <i> key=value ...", numbered 0, 1, ... in order, each with
- * uuid= and memory_mib= and optionally core_pct=; other keys are ignored so
+ * uuid= and memory_mib= and optionally core_pct= and core_limit_pct= (not
+ * below core_pct); other keys are ignored so
  * a newer plugin may add some. Returns KGPU_OK, or KGPU_EPARSE/KGPU_ERANGE
  * with `err` naming the line and field; *out is then zeroed.
  */

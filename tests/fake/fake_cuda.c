@@ -768,11 +768,15 @@ CUresult cuMemFree_v2(CUdeviceptr p)
  * take time: a launch's grid x is its duration in microseconds, and the
  * kernels of all processes using that file run one after another on one
  * timeline (CLOCK_MONOTONIC ns), as time-sliced contexts share a GPU. A
- * process may queue at most QUEUE_NS ahead: further launches wait, as a
- * driver's full launch queue makes them. Synchronisations wait for this
- * process's last kernel.
+ * process may queue at most FAKE_CUDA_QUEUE_MS milliseconds ahead (4 by
+ * default): further launches wait, as a driver's full launch queue makes
+ * them. A real queue holds about 1024 launches, so a training step of 25
+ * kernels of 2 ms fits in it whole: FAKE_CUDA_QUEUE_MS=50 or more lets a
+ * process queue a step and then wait for it in a synchronisation.
+ * Synchronisations wait for this process's last kernel.
  */
-#define QUEUE_NS 4000000ULL
+#define QUEUE_NS_DEFAULT 4000000ULL
+static unsigned long long queue_ns = QUEUE_NS_DEFAULT;
 
 typedef struct timeline {
     _Atomic unsigned long long busy_until;
@@ -812,6 +816,11 @@ static void gpu_open(void)
             gpu = m;
     }
     close(fd);
+    const char *q = getenv("FAKE_CUDA_QUEUE_MS");
+    char *end = NULL;
+    unsigned long long ms = q != NULL ? strtoull(q, &end, 10) : 0;
+    if (q != NULL && end != q && *end == '\0' && ms > 0 && ms <= 600000)
+        queue_ns = ms * 1000000ULL;
 }
 
 /* Queues a kernel of `us` microseconds on the shared timeline. */
@@ -821,8 +830,8 @@ static void run_kernel(unsigned int us)
     if (gpu == NULL || us == 0)
         return;
     unsigned long long now = now_ns(), mine = atomic_load(&last_end);
-    if (mine > now + QUEUE_NS) {
-        sleep_ns(mine - now - QUEUE_NS);
+    if (mine > now + queue_ns) {
+        sleep_ns(mine - now - queue_ns);
         now = now_ns();
     }
     unsigned long long d = (unsigned long long)us * 1000ULL, old = atomic_load(&gpu->busy_until),

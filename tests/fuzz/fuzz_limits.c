@@ -28,7 +28,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const kgpu_shim_device_limit *d = &lim.dev[i];
         size_t n = strnlen(d->uuid, sizeof(d->uuid));
         if (n == 0 || n == sizeof(d->uuid) || d->memory_mib > KGPU_SHIM_MAX_MEMORY_MIB ||
-            d->core_pct < -1 || d->core_pct > 100 || kgpu_shim_limits_find(&lim, d->uuid) != i)
+            d->core_pct < -1 || d->core_pct > 100 || d->core_limit_pct < -1 ||
+            d->core_limit_pct > 100 || (d->core_limit_pct >= 0 && d->core_limit_pct < d->core_pct) ||
+            kgpu_shim_limits_find(&lim, d->uuid) != i)
             abort();
         for (size_t k = 0; k < n; k++)
             if (d->uuid[k] <= ' ' || d->uuid[k] > '~')

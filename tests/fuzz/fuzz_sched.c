@@ -4,7 +4,9 @@
  * it holds (truncated, forged, garbage), joining and taking a turn must
  * neither crash nor hang, and must leave a whole, valid schedule behind:
  * at least the schedule's size, its header, a holder in range, shares of
- * 1..100, names that end, and this container in it once.
+ * 1..100, ceilings of share..100 with credits inside their bucket, names
+ * that end, and this container in it once. Its own synchronisation (a
+ * busy mark and the turn settled after) must leave the same.
  */
 #include <fcntl.h>
 #include <stdint.h>
@@ -38,9 +40,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     kgpu_sched *s = NULL;
     kgpu_error err = {0};
-    if (kgpu_sched_attach(dir, GPU, "fuzz", 30, &s, &err) != KGPU_OK)
+    if (kgpu_sched_attach(dir, GPU, "fuzz", 30, 60, &s, &err) != KGPU_OK)
         abort(); /* a file of any content is repaired, never refused */
     kgpu_sched_gate(s, no_drain);
+    kgpu_sched_sync_begin(s);
+    kgpu_sched_sync_end(s);
     kgpu_sched_detach(s);
     static kgpu_sched_file f;
     fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -55,7 +59,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < KGPU_SCHED_MEMBERS; i++) {
         if (memchr(f.m[i].id, '\0', sizeof(f.m[i].id)) == NULL)
             abort();
-        if (f.m[i].id[0] != '\0' && (f.m[i].share < 1 || f.m[i].share > 100))
+        if (f.m[i].id[0] != '\0' &&
+            (f.m[i].share < 1 || f.m[i].share > 100 || f.m[i].limit < f.m[i].share ||
+             f.m[i].limit > 100 || f.m[i].credit_ns < -(int64_t)KGPU_SCHED_PERIOD_NS * 5 ||
+             f.m[i].credit_ns > (int64_t)KGPU_SCHED_PERIOD_NS))
             abort();
         me += strcmp(f.m[i].id, "fuzz") == 0;
     }

@@ -818,6 +818,85 @@ static void module_images_are_refused_before_the_driver(void **state)
     expect_run(KGPU_SHIM_PROBE, "modimage", 0);
 }
 
+/* Container `name`: a share of `pct` % of GPU 0 and a ceiling of `limit` %. */
+static void env_share_limited(const char *name, int pct, int limit)
+{
+    char path[400], text[256];
+    env_share(name, pct);
+    snprintf(path, sizeof(path), "%s/limits-%s", tmp, name);
+    snprintf(text, sizeof(text),
+             "# kgpu limits v1\ndevice 0 uuid=%s memory_mib=4096 core_pct=%d core_limit_pct=%d\n",
+             UUID0, pct, limit);
+    write_file(path, text);
+}
+
+/*
+ * The audit's patterns: an ordinary training step (25 kernels of 2 ms,
+ * queued at once as a real launch queue allows, then cuStreamSynchronize)
+ * and the same step as one CUDA graph. Each container then spends most of
+ * its time waiting in a synchronisation while its queued work runs: the
+ * 30 % container got 50 % when turns followed submissions. It must get 30
+ * within 5 points, measured in the fake GPU's time.
+ */
+static void compute_shares_split_training_steps(void **state)
+{
+    char dir[320], out_a[320], out_b[320];
+    snprintf(dir, sizeof(dir), "%s/sched", tmp);
+    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
+    snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
+    for (int graph = 0; graph < 2; graph++) {
+        char path[340];
+        snprintf(path, sizeof(path), "%s/go", tmp);
+        unlink(path);
+        snprintf(path, sizeof(path), "%s/gpu", tmp);
+        unlink(path);
+        snprintf(path, sizeof(path), "%s/sched/%s.sched", tmp, UUID0);
+        unlink(path);
+        mkdir(dir, 0700);
+        pid_t p[2];
+        const char *outs[2] = {out_a, out_b};
+        for (int k = 0; k < 2; k++) {
+            env_share(k == 0 ? "a" : "b", k == 0 ? 30 : 70);
+            env_add("FAKE_CUDA_QUEUE_MS=100"); /* a whole 50 ms step fits in the queue */
+            env_drop("PROBE_SECONDS");
+            env_add("PROBE_SECONDS=3");
+            if (graph)
+                env_add("PROBE_GRAPH=1");
+            p[k] = start(KGPU_SHIM_PROBE, "step", outs[k], "ready\n");
+        }
+        go();
+        double ga = gpu_seconds(p[0], out_a), gb = gpu_seconds(p[1], out_b), share = ga / (ga + gb);
+        print_message("training steps%s: a %.3f s, b %.3f s of GPU time: a's share %.1f %%\n",
+                      graph ? " as graphs" : "", ga, gb, 100 * share);
+        if (waits_of("a") <= 0 || waits_of("b") <= 0)
+            fail_msg("the two containers never took turns");
+        if (share < 0.25 || share > 0.35)
+            fail_msg("a got %.1f %% of the GPU, b %.1f %%: shares are 30 and 70", 100 * share,
+                     100 * (1 - share));
+        if (ga + gb < 0.5 * 3)
+            fail_msg("the GPU was busy only %.0f %% of the time", 100 * (ga + gb) / 3);
+    }
+}
+
+/*
+ * A ceiling: alone with 30 % and core_limit_pct=50, a container gets about
+ * half of an idle GPU's time, not all of it (which it gets without one).
+ */
+static void a_ceiling_holds_on_an_idle_gpu(void **state)
+{
+    char dir[320], out_a[320];
+    snprintf(dir, sizeof(dir), "%s/sched", tmp);
+    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
+    mkdir(dir, 0700);
+    env_share_limited("a", 30, 50);
+    pid_t a = start(KGPU_SHIM_PROBE, "share", out_a, "ready\n");
+    go();
+    double ga = gpu_seconds(a, out_a);
+    print_message("alone under a 50 %% ceiling: %.3f s of GPU time in 2 s\n", ga);
+    if (ga < 0.40 * 2 || ga > 0.56 * 2)
+        fail_msg("alone under a ceiling of 50 %%, a got %.0f %% of the GPU", 100 * ga / 2);
+}
+
 /* ---- no limits: nothing happens ---- */
 
 static void without_limits_nothing_changes(void **state)
@@ -1087,6 +1166,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(first_contexts_without_nvml_are_measured, setup, teardown),
         cmocka_unit_test_setup_teardown(uploading_instantiations_are_charged_first, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(compute_shares_split_training_steps, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_ceiling_holds_on_an_idle_gpu, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,13 +52,19 @@ static int teardown(void **state)
     return rmdir(dir);
 }
 
-static kgpu_sched *join(const char *id, int share)
+/* Container `id` with `share` percent and a ceiling of `limit` percent (100: none). */
+static kgpu_sched *join_limited(const char *id, int share, int limit)
 {
     kgpu_sched *s = NULL;
     kgpu_error err = {0};
-    if (kgpu_sched_attach(dir, GPU, id, share, &s, &err) != KGPU_OK)
+    if (kgpu_sched_attach(dir, GPU, id, share, limit, &s, &err) != KGPU_OK)
         fail_msg("attach: %s", err.msg);
     return s;
+}
+
+static kgpu_sched *join(const char *id, int share)
+{
+    return join_limited(id, share, 100);
 }
 
 static kgpu_sched_file *map_file(int prot)
@@ -251,10 +259,12 @@ static void *hold_lock(void *arg)
 }
 
 /*
- * A container that takes the lock and keeps it must not hang every launch on
- * the GPU: after a second the gate opens in this process, and stays open.
+ * A container that takes the lock and keeps it (1.6 s here, as the audit
+ * did) must not hang every launch on the GPU: after 100 ms the gate opens
+ * in this process for a while; and it must not switch turns off for good:
+ * once the lock is let go, the gate takes turns again.
  */
-static void a_lock_held_hostage_opens_the_gate(void **state)
+static void a_lock_held_hostage_opens_the_gate_for_a_while(void **state)
 {
     kgpu_sched *a = join("a", 30), *b = join("b", 70);
     hostage h = {tamper(), 0, 0};
@@ -266,13 +276,28 @@ static void a_lock_held_hostage_opens_the_gate(void **state)
     uint64_t t0 = kgpu_sched_now();
     kgpu_sched_gate(b, drain);
     uint64_t first = kgpu_sched_now() - t0;
-    assert_true(first >= 900000000ULL);   /* it did wait for the lock, about 1 s */
-    assert_true(first < 10000000000ULL);  /* and not for ever */
-    t0 = kgpu_sched_now();
+    assert_true(first >= 90000000ULL);   /* it did wait for the lock, about 100 ms */
+    assert_true(first < 1000000000ULL);  /* and not for ever */
+    uint64_t t1 = kgpu_sched_now();
     kgpu_sched_gate(b, drain);
-    assert_true(kgpu_sched_now() - t0 < 500000000ULL); /* open from then on */
+    assert_true(kgpu_sched_now() - t1 < 50000000ULL); /* open for a while */
+    /* A container starting meanwhile is not refused: it joins at its first turn. */
+    kgpu_sched *c = NULL;
+    kgpu_error err = {0};
+    assert_int_equal(kgpu_sched_attach(dir, GPU, "c", 10, 100, &c, &err), KGPU_OK);
+    kgpu_sched_detach(c);
+    while (kgpu_sched_now() - t0 < 1600000000ULL)
+        sleep_ms(10);
     atomic_store(&h.release, 1);
     pthread_join(t, NULL);
+    /* Past the back-off, b goes through the file again: a's slice is long over, b takes the GPU. */
+    while (kgpu_sched_now() - t0 < 2500000000ULL)
+        sleep_ms(10);
+    uint64_t t2 = kgpu_sched_now();
+    kgpu_sched_gate(b, drain);
+    int ib = member_of(h.f, "b");
+    assert_true(atomic_load(&h.f->m[ib].seen_ns) >= t2);
+    assert_int_equal(atomic_load(&h.f->holder), ib);
     assert_int_equal(atomic_load(&drains), 0);
     munmap(h.f, sizeof(*h.f));
     kgpu_sched_detach(a);
@@ -388,6 +413,266 @@ static void the_node_prepares_the_file(void **state)
     assert_non_null(strstr(err.msg, "cannot name a schedule file"));
 }
 
+/* ---- turns charged for the GPU time they took (docs/shim.md, "Compute shares") ---- */
+
+/*
+ * A holder that queued its work and waits for it in a synchronisation is
+ * busy, not idle: the waiter does not take the GPU while its work runs,
+ * and the turn is charged until the synchronisation returns.
+ */
+static void a_holder_inside_a_synchronize_is_busy_and_charged(void **state)
+{
+    kgpu_sched *a = join("a", 30), *b = join("b", 70);
+    kgpu_sched_file *f = view();
+    kgpu_sched_gate(a, drain); /* a's 15 ms slice */
+    int ia = member_of(f, "a");
+    uint64_t t0 = kgpu_sched_now();
+    kgpu_sched_sync_begin(a); /* its queued 60 ms of work runs */
+    waiter w = {b, 0};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, wait_turn, &w), 0);
+    sleep_ms(60);
+    int early = atomic_load(&w.through); /* before a's work ran out */
+    kgpu_sched_sync_end(a);
+    uint64_t t1 = kgpu_sched_now();
+    pthread_join(t, NULL);
+    if (early)
+        fail_msg("b took the GPU while a's process waited for a's work");
+    assert_int_equal(atomic_load(&f->holder), member_of(f, "b"));
+    /* a was charged from its turn's start to the synchronisation's end (the drain included). */
+    assert_true(f->m[ia].used_ns >= t1 - t0 - 1000000ULL);
+    assert_true(f->m[ia].used_ns <= 2 * (t1 - t0) + 50000000ULL);
+    munmap(f, sizeof(*f));
+    kgpu_sched_detach(a);
+    kgpu_sched_detach(b);
+}
+
+/* Deficit round robin counts the holder too: still the neediest, it keeps the GPU. */
+static void the_holder_keeps_the_gpu_while_it_is_the_neediest(void **state)
+{
+    kgpu_sched *a = join("a", 30), *b = join("b", 70);
+    kgpu_sched_file *f = tamper();
+    f->m[member_of(f, "b")].used_ns = 5000000000ULL; /* b has had 5 s of late */
+    kgpu_sched_gate(a, drain);
+    int ia = member_of(f, "a");
+    uint64_t end = atomic_load(&f->slice_end);
+    waiter w = {b, 0};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, wait_turn, &w), 0);
+    while (kgpu_sched_now() < end)
+        sleep_ms(1);
+    while (atomic_load(&f->m[member_of(f, "b")].waiting_ns) == 0)
+        sleep_ms(1);
+    kgpu_sched_gate(a, drain); /* past a's slice, b waiting: a drains, and keeps the GPU */
+    int through = atomic_load(&w.through), holder = atomic_load(&f->holder);
+    assert_int_equal(atomic_load(&drains), 1);
+    pthread_join(t, NULL); /* a launches no more: b gets it after a's slice */
+    if (through || holder != ia)
+        fail_msg("the GPU went to b (used 5 s for 70 %%) from a (used %llu ns for 30 %%)",
+                 (unsigned long long)f->m[ia].used_ns);
+    munmap(f, sizeof(*f));
+    kgpu_sched_detach(a);
+    kgpu_sched_detach(b);
+}
+
+/* Whether some process holds member i's busy byte (as another container would see it). */
+static int busy_byte_locked(int i)
+{
+    char path[400];
+    snprintf(path, sizeof(path), "%s/%s.sched", dir, GPU);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                       .l_start = KGPU_SCHED_BUSY_BASE + i, .l_len = 1};
+    assert_int_equal(fcntl(fd, F_OFD_GETLK, &fl), 0);
+    close(fd);
+    return fl.l_type != F_UNLCK;
+}
+
+/*
+ * Four processes of one container inside synchronisations: the container
+ * is busy while any of them is; one killed there leaves it busy no longer
+ * than the others (the kernel drops its lock); the last one out settles
+ * the turn.
+ */
+static void four_processes_busy_and_one_killed(void **state)
+{
+    kgpu_sched *a = join("a", 30), *b = join("b", 70);
+    kgpu_sched_file *f = view();
+    int ia = member_of(f, "a"), fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t kids[4];
+    for (int k = 0; k < 4; k++) {
+        kids[k] = fork();
+        assert_true(kids[k] >= 0);
+        if (kids[k] == 0) {
+            kgpu_sched *c = NULL;
+            kgpu_error err = {0};
+            if (kgpu_sched_attach(dir, GPU, "a", 30, 100, &c, &err) != KGPU_OK)
+                _exit(3);
+            kgpu_sched_sync_begin(c);
+            if (write(fds[1], "r", 1) != 1)
+                _exit(4);
+            if (k == 0)
+                for (;;)
+                    pause(); /* killed inside its synchronisation */
+            sleep_ms(150);
+            kgpu_sched_sync_end(c);
+            _exit(0);
+        }
+    }
+    char r[4];
+    for (int n = 0; n < 4;) {
+        ssize_t got = read(fds[0], r, sizeof(r) - (size_t)n);
+        assert_true(got > 0);
+        n += (int)got;
+    }
+    kill(kids[0], SIGKILL);
+    int status;
+    assert_int_equal(waitpid(kids[0], &status, 0), kids[0]);
+    /* a's turn starts now: it launched nothing since, so without its busy mark it looks idle. */
+    kgpu_sched_gate(a, drain);
+    uint64_t t0 = kgpu_sched_now();
+    assert_true(busy_byte_locked(ia)); /* the three alive are inside */
+    kgpu_sched_gate(b, drain);         /* waits for them, not for a's slice alone */
+    uint64_t took = kgpu_sched_now() - t0;
+    for (int k = 1; k < 4; k++) {
+        assert_int_equal(waitpid(kids[k], &status, 0), kids[k]);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    assert_false(busy_byte_locked(ia)); /* the killed one left nothing behind */
+    print_message("b waited %.0f ms for a's three processes (150 ms each)\n", took / 1e6);
+    assert_true(took >= 60000000ULL);
+    assert_int_equal(atomic_load(&f->holder), member_of(f, "b"));
+    assert_true(f->m[ia].used_ns >= 100000000ULL);
+    close(fds[0]);
+    close(fds[1]);
+    munmap(f, sizeof(*f));
+    kgpu_sched_detach(a);
+    kgpu_sched_detach(b);
+}
+
+/* ---- what a tenant writing the file cannot do ---- */
+
+typedef struct liar {
+    _Atomic int stop;
+    int who; /* the member it claims holds the GPU */
+} liar;
+
+/*
+ * A hostile container that, every 5 ms, under the lock as a library would,
+ * writes that it holds the GPU for a period from now: always within the
+ * clamps.
+ */
+static void *rewrite_slice_end(void *arg)
+{
+    liar *l = arg;
+    char path[400];
+    snprintf(path, sizeof(path), "%s/%s.sched", dir, GPU);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    kgpu_sched_file *f = tamper();
+    while (!atomic_load(&l->stop)) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = sizeof(*f)};
+        while (fcntl(fd, F_OFD_SETLK, &fl) != 0)
+            sleep_ms(0);
+        uint64_t now = kgpu_sched_now();
+        atomic_store(&f->holder, l->who);
+        atomic_store(&f->fresh, 0);
+        atomic_store(&f->slice_start, now);
+        atomic_store(&f->slice_end, now + KGPU_SCHED_PERIOD_NS);
+        atomic_store(&f->m[l->who].seen_ns, now);
+        fl.l_type = F_UNLCK;
+        fcntl(fd, F_OFD_SETLK, &fl);
+        sleep_ms(5);
+    }
+    munmap(f, sizeof(*f));
+    close(fd);
+    return NULL;
+}
+
+typedef struct runner {
+    kgpu_sched *s;
+    _Atomic int stop;
+    _Atomic uint64_t held_ns; /* time between passing the gate and coming back to it */
+} runner;
+
+/* Launches: passes the gate, works 1 ms, again, until told to stop. */
+static void *run_work(void *arg)
+{
+    runner *r = arg;
+    while (!atomic_load(&r->stop)) {
+        kgpu_sched_gate(r->s, drain);
+        uint64_t t = kgpu_sched_now();
+        sleep_ms(1);
+        atomic_fetch_add(&r->held_ns, kgpu_sched_now() - t);
+    }
+    return NULL;
+}
+
+/*
+ * The audit's attack: b rewrites the slice end every 5 ms, within the
+ * clamps; a (30 %) waited for ever. By its own clock, a takes the GPU
+ * after waiting longer than its share allows, and gets about its share.
+ */
+static void a_slice_end_rewritten_within_the_clamps_does_not_starve(void **state)
+{
+    kgpu_sched *a = join("a", 30), *b = join("b", 70);
+    kgpu_sched_file *f = view();
+    liar l = {0, member_of(f, "b")};
+    pthread_t tl, ta;
+    assert_int_equal(pthread_create(&tl, NULL, rewrite_slice_end, &l), 0);
+    sleep_ms(20);
+    runner r = {a, 0, 0};
+    uint64_t t0 = kgpu_sched_now();
+    assert_int_equal(pthread_create(&ta, NULL, run_work, &r), 0);
+    sleep_ms(2500);
+    uint64_t held = atomic_load(&r.held_ns), total = kgpu_sched_now() - t0;
+    atomic_store(&l.stop, 1);
+    pthread_join(tl, NULL);
+    atomic_store(&r.stop, 1);
+    pthread_join(ta, NULL);
+    print_message("under the rewriting, a held the GPU %.1f %% of %.1f s\n", 100.0 * held / total,
+                  total / 1e9);
+    if (held < total / 10) /* about its 30 %, less the first wait */
+        fail_msg("a (30 %%) got %.1f %% of the GPU", 100.0 * held / total);
+    munmap(f, sizeof(*f));
+    kgpu_sched_detach(a);
+    kgpu_sched_detach(b);
+}
+
+/* ---- the ceiling: core_limit_pct ---- */
+
+/* Alone, with 30 % and a ceiling of 50 %, a container holds the GPU about half the time. */
+static void alone_a_ceiling_holds(void **state)
+{
+    kgpu_sched *a = join_limited("a", 30, 50);
+    runner r = {a, 0, 0};
+    pthread_t t;
+    uint64_t t0 = kgpu_sched_now();
+    assert_int_equal(pthread_create(&t, NULL, run_work, &r), 0);
+    sleep_ms(1000);
+    atomic_store(&r.stop, 1);
+    pthread_join(t, NULL);
+    uint64_t held = atomic_load(&r.held_ns), total = kgpu_sched_now() - t0;
+    print_message("alone under a 50 %% ceiling: held %.1f %%\n", 100.0 * held / total);
+    if (held < total * 35 / 100 || held > total * 65 / 100)
+        fail_msg("held %.1f %% under a ceiling of 50 %%", 100.0 * held / total);
+    assert_true(atomic_load(&drains) > 0); /* it gave the GPU up, its work drained */
+    /* Without a ceiling, alone, it is lent the whole GPU. */
+    kgpu_sched *c = join("c", 30);
+    runner rc = {c, 0, 0};
+    t0 = kgpu_sched_now();
+    assert_int_equal(pthread_create(&t, NULL, run_work, &rc), 0);
+    sleep_ms(300);
+    atomic_store(&rc.stop, 1);
+    pthread_join(t, NULL);
+    total = kgpu_sched_now() - t0;
+    assert_true(atomic_load(&rc.held_ns) > total * 80 / 100);
+    kgpu_sched_detach(a);
+    kgpu_sched_detach(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -396,10 +681,19 @@ int main(void)
         cmocka_unit_test_setup_teardown(alone_the_gpu_is_lent, setup, teardown),
         cmocka_unit_test_setup_teardown(a_forged_slice_end_is_not_believed, setup, teardown),
         cmocka_unit_test_setup_teardown(a_member_rewrites_its_own_share, setup, teardown),
-        cmocka_unit_test_setup_teardown(a_lock_held_hostage_opens_the_gate, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_lock_held_hostage_opens_the_gate_for_a_while, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(a_truncated_file_is_made_whole_again, setup, teardown),
         cmocka_unit_test_setup_teardown(forged_values_are_clamped, setup, teardown),
         cmocka_unit_test_setup_teardown(the_node_prepares_the_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_holder_inside_a_synchronize_is_busy_and_charged, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(the_holder_keeps_the_gpu_while_it_is_the_neediest, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(four_processes_busy_and_one_killed, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_slice_end_rewritten_within_the_clamps_does_not_starve,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(alone_a_ceiling_holds, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -75,6 +75,37 @@ static void lenient_where_harmless(void **state)
     assert_int_equal(lim.dev[2].memory_mib, KGPU_SHIM_MAX_MEMORY_MIB);
 }
 
+/* The ceiling on an idle GPU: core_pct..100, absent as -1, and written back by format. */
+static void a_compute_ceiling(void **state)
+{
+    kgpu_shim_limits lim;
+    kgpu_error err = {0};
+    const char *text = "# kgpu limits v1\n"
+                       "device 0 uuid=GPU-a memory_mib=5 core_pct=30 core_limit_pct=50\n"
+                       "device 1 uuid=GPU-b memory_mib=5 core_limit_pct=100 core_pct=100\n"
+                       "device 2 uuid=GPU-c memory_mib=5 core_pct=30\n";
+    assert_int_equal(parse(text, &lim, &err), KGPU_OK);
+    assert_int_equal(lim.dev[0].core_limit_pct, 50);
+    assert_int_equal(lim.dev[1].core_limit_pct, 100);
+    assert_int_equal(lim.dev[2].core_limit_pct, -1);
+    char buf[1024];
+    kgpu_shim_limits_format(&lim, buf, sizeof(buf));
+    assert_non_null(strstr(buf, "device 0 uuid=GPU-a memory_mib=5 core_pct=30 core_limit_pct=50\n"));
+    assert_non_null(strstr(buf, "device 2 uuid=GPU-c memory_mib=5 core_pct=30\n"));
+    kgpu_shim_limits back;
+    assert_int_equal(kgpu_shim_limits_parse(buf, strlen(buf), "again", &back, &err), KGPU_OK);
+    assert_memory_equal(&lim, &back, sizeof(lim));
+    assert_refused("# kgpu limits v1\ndevice 0 uuid=GPU-a memory_mib=5 core_pct=30 core_limit_pct=20\n",
+                   ":2: core_limit_pct: 20 is below core_pct (30)");
+    assert_refused("# kgpu limits v1\ndevice 0 uuid=GPU-a memory_mib=5 core_limit_pct=101\n",
+                   ":2: core_limit_pct: 101 is above 100");
+    assert_refused("# kgpu limits v1\ndevice 0 uuid=GPU-a memory_mib=5 core_limit_pct=5 "
+                   "core_limit_pct=6\n",
+                   ":2: core_limit_pct given twice");
+    assert_refused("# kgpu limits v1\ndevice 0 uuid=GPU-a memory_mib=5 core_limit_pct=half\n",
+                   ":2: core_limit_pct: 'half' is not a whole percent");
+}
+
 static void refusals_name_line_and_field(void **state)
 {
     assert_refused("", "/etc/kgpu/limits:1: expected '# kgpu limits v1' first");
@@ -154,6 +185,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(plugin_output),
         cmocka_unit_test(lenient_where_harmless),
+        cmocka_unit_test(a_compute_ceiling),
         cmocka_unit_test(refusals_name_line_and_field),
         cmocka_unit_test(nul_bytes_and_limits),
     };

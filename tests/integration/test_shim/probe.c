@@ -43,6 +43,8 @@
  *   probe loader / deepbind / dlmopen   the loader's routes
  *   probe launch    every launch path reaches the library, then the driver
  *   probe share     keeps the fake GPU busy; prints the GPU time it got
+ *   probe step      the same with training steps: 25 kernels, then a
+ *                   cuStreamSynchronize (or one graph per step)
  *   probe launch-old / multidev   the pre-4.0 and multi-device launches
  *   probe lmem      local memory grown at launch
  *   probe libunload-missing   a library load a driver cannot undo
@@ -2338,6 +2340,98 @@ static int cmd_share_2ctx(void)
 
 /* ==== end of the launches and modules block ==== */
 
+/* ---- compute shares: a training step (probe step) ---- */
+
+static unsigned long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+/* Waits for the CLOCK_MONOTONIC time written in the file `go`, then until it; 0 if none came. */
+static unsigned long long await_go(const char *go)
+{
+    unsigned long long t0 = 0;
+    for (int i = 0; i < 20000 && t0 == 0; i++) {
+        FILE *f = fopen(go, "r");
+        if (f == NULL || fscanf(f, "%llu", &t0) != 1)
+            t0 = 0;
+        if (f != NULL)
+            fclose(f);
+        if (t0 == 0)
+            usleep(500);
+    }
+    unsigned long long now = mono_ns();
+    if (t0 > now)
+        usleep((useconds_t)((t0 - now) / 1000));
+    return t0;
+}
+
+/*
+ * An ordinary training step, over and over: PROBE_BATCH (25) kernels of
+ * PROBE_KERNEL_US (2000) microseconds queued on a stream, then
+ * cuStreamSynchronize on it; with PROBE_GRAPH, the step is one graph of
+ * those kernels launched on the stream. With FAKE_CUDA_QUEUE_MS past the
+ * step, the whole step is queued at once and the process then waits in the
+ * synchronisation, as with a real launch queue. From the time in PROBE_GO
+ * for PROBE_SECONDS; prints the GPU time its kernels got.
+ */
+static int cmd_step(void)
+{
+    CUcontext ctx;
+    stream_t st = NULL;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL || setup(&ctx) != 0)
+        return 1;
+    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       void *, void **, void **) = NULL;
+    CUresult (*add_kernel)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                           const void *) = NULL;
+    CUresult (*gpu_time)(unsigned long long, unsigned long long, unsigned long long *) = NULL;
+    *(void **)&launch = dlsym(h, "cuLaunchKernel");
+    *(void **)&add_kernel = dlsym(h, "cuGraphAddKernelNode");
+    *(void **)&gpu_time = dlsym(h, "fakeCudaGpuTime");
+    const char *go = getenv("PROBE_GO");
+    unsigned us = (unsigned)(env_mib("PROBE_KERNEL_US", 2000) / MIB);
+    int batch = (int)(env_mib("PROBE_BATCH", 25) / MIB);
+    uint64_t seconds = env_mib("PROBE_SECONDS", 2) / MIB;
+    if (launch == NULL || add_kernel == NULL || gpu_time == NULL || go == NULL) {
+        fail("the fake driver's timed kernels are missing, or PROBE_GO");
+        return 1;
+    }
+    EXPECT_RC(A.cuStreamCreate(&st, 0), CUDA_SUCCESS);
+    CUgraph g = NULL;
+    CUgraphExec e = NULL;
+    if (getenv("PROBE_GRAPH") != NULL) {
+        struct {
+            void *func;
+            unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+            void **params, **extra;
+        } kp = {NULL, us, 1, 1, 32, 1, 1, 0, NULL, NULL};
+        CUgraphNode node;
+        EXPECT_RC(A.cuGraphCreate(&g, 0), CUDA_SUCCESS);
+        for (int i = 0; i < batch; i++)
+            EXPECT_RC(add_kernel(&node, g, NULL, 0, &kp), CUDA_SUCCESS);
+        EXPECT_RC(A.cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
+    }
+    printf("ready\n");
+    fflush(stdout);
+    unsigned long long t0 = await_go(go), t1 = t0 + seconds * 1000000000ULL;
+    while (mono_ns() < t1) {
+        if (e != NULL)
+            EXPECT_RC(A.cuGraphLaunch(e, st), CUDA_SUCCESS);
+        else
+            for (int i = 0; i < batch; i++)
+                EXPECT_RC(launch(NULL, us, 1, 1, 32, 1, 1, 0, st, NULL, NULL), CUDA_SUCCESS);
+        EXPECT_RC(A.cuStreamSynchronize(st), CUDA_SUCCESS);
+    }
+    unsigned long long ns = 0;
+    gpu_time(t0, t1, &ns);
+    printf("gpu_ns=%llu\n", ns);
+    return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -2375,6 +2469,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "dlmopen") == 0    ? cmd_dlmopen()
              : strcmp(cmd, "launch") == 0     ? cmd_launch()
              : strcmp(cmd, "share") == 0      ? cmd_share()
+             : strcmp(cmd, "step") == 0       ? cmd_step()
              : strcmp(cmd, "sparse") == 0     ? cmd_sparse()
              : strcmp(cmd, "launch-old") == 0 ? cmd_launch_old()
              : strcmp(cmd, "multidev") == 0   ? cmd_multidev()
