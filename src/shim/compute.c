@@ -36,7 +36,7 @@ static void drain_ctx(CUcontext ctx)
  * (the allocation table's KGPU_TRACK_CTX records, by limits index) and the
  * retained primary contexts of the CUDA devices on this limits line.
  */
-static void drain(void)
+static void drain_all(void)
 {
     kgpu__pfn_cuCtxSynchronize sync = KGPU_REAL(cuCtxSynchronize);
     kgpu_where w = {.li = -1, .ctx = NULL};
@@ -60,6 +60,25 @@ static void drain(void)
         if (p != NULL && p != cur && kgpu__shim.devmap[d] == li)
             drain_ctx(p);
     }
+}
+
+/*
+ * The drain is the library's synchronisation, not the application's: it
+ * must not break a stream capture under way. In the default (global)
+ * capture mode the driver refuses cuCtxSynchronize to a thread that is
+ * capturing, or while any thread captures globally, and invalidates that
+ * capture (a training loop recording a CUDA graph would see
+ * cuStreamEndCapture fail). So the drain runs in the relaxed mode, which
+ * allows it, and the thread's own mode is put back after.
+ */
+static void drain(void)
+{
+    kgpu__pfn_cuThreadExchangeStreamCaptureMode xchg = KGPU_REAL(cuThreadExchangeStreamCaptureMode);
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    int swapped = xchg != NULL && xchg(&mode) == CUDA_SUCCESS;
+    drain_all();
+    if (swapped)
+        xchg(&mode);
 }
 
 /* The schedule of limits index li, joined on first use; NULL where there is none to join. */

@@ -157,6 +157,9 @@ typedef struct CUarrayMapInfo_st {
 /* CUstreamCaptureStatus */
 #define CU_STREAM_CAPTURE_STATUS_NONE 0
 
+/* CUstreamCaptureMode */
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+
 /* CUmemAllocationHandleType */
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
 

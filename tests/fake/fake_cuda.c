@@ -104,6 +104,9 @@ struct graph;
 typedef struct stream {
     ctx *c;
     struct graph *cap; /* capturing into it */
+    int cap_mode;      /* CUstreamCaptureMode it was begun with */
+    pthread_t cap_thread;
+    int cap_invalid;   /* an unsafe call while it captured: cuStreamEndCapture fails */
 } stream;
 
 typedef struct pool {
@@ -1022,10 +1025,61 @@ CUresult cuStreamSynchronize(stream *s)
     return OK;
 }
 
+/*
+ * Stream capture and "potentially unsafe" calls, as the driver API documents
+ * them (cuThreadExchangeStreamCaptureMode): a thread whose own mode is
+ * global is refused such a call (cuCtxSynchronize here) while it has a
+ * capture of its own that was not begun relaxed, or while any thread has
+ * one begun global; thread-local mode only minds its own captures; relaxed
+ * minds none. A refused call returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * and invalidates the capture it ran into, whose cuStreamEndCapture then
+ * fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.
+ */
+enum { CAP_GLOBAL = 0, CAP_THREAD_LOCAL = 1, CAP_RELAXED = 2 };
+#define CAPTURE_UNSUPPORTED ((CUresult)900)
+#define CAPTURE_INVALIDATED ((CUresult)901)
+#define MAX_CAPTURES        16
+static _Thread_local int capture_mode = CAP_GLOBAL;
+static stream *captures[MAX_CAPTURES]; /* mu */
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode);
+CUresult cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    if (mode == NULL || *mode < CAP_GLOBAL || *mode > CAP_RELAXED)
+        return INVALID_VALUE;
+    int old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+    return OK;
+}
+
+/* A potentially unsafe call from this thread: refused, invalidating what it runs into. */
+static CUresult unsafe_call(void)
+{
+    CUresult r = OK;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_CAPTURES && capture_mode != CAP_RELAXED; i++) {
+        stream *s = captures[i];
+        if (s == NULL)
+            continue;
+        int own = pthread_equal(s->cap_thread, pthread_self());
+        if ((own && s->cap_mode != CAP_RELAXED) ||
+            (!own && capture_mode == CAP_GLOBAL && s->cap_mode == CAP_GLOBAL)) {
+            s->cap_invalid = 1;
+            r = CAPTURE_UNSUPPORTED;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 EXPORT CUresult cuCtxSynchronize(void);
 CUresult cuCtxSynchronize(void)
 {
     NEED_INIT();
+    CUresult unsafe = unsafe_call();
+    if (unsafe != OK)
+        return unsafe;
     ctx_drain();
     run_ops(NULL, 1);
     return OK;
@@ -1347,9 +1401,22 @@ EXPORT CUresult cuStreamBeginCapture_v2(stream *s, int mode);
 CUresult cuStreamBeginCapture_v2(stream *s, int mode)
 {
     NEED_INIT();
-    if ((uintptr_t)s <= 2 || s->cap != NULL)
+    if ((uintptr_t)s <= 2 || s->cap != NULL || mode < CAP_GLOBAL || mode > CAP_RELAXED)
         return INVALID_VALUE; /* the default streams cannot be captured */
-    return cuGraphCreate(&s->cap, 0);
+    CUresult r = cuGraphCreate(&s->cap, 0);
+    if (r != OK)
+        return r;
+    pthread_mutex_lock(&mu);
+    s->cap_mode = mode;
+    s->cap_thread = pthread_self();
+    s->cap_invalid = 0;
+    for (int i = 0; i < MAX_CAPTURES; i++)
+        if (captures[i] == NULL) {
+            captures[i] = s;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    return OK;
 }
 
 EXPORT CUresult cuStreamEndCapture(stream *s, graph **pg);
@@ -1358,9 +1425,15 @@ CUresult cuStreamEndCapture(stream *s, graph **pg)
     NEED_INIT();
     if ((uintptr_t)s <= 2 || s->cap == NULL || pg == NULL)
         return INVALID_VALUE;
-    *pg = s->cap;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_CAPTURES; i++)
+        if (captures[i] == s)
+            captures[i] = NULL;
+    int invalid = s->cap_invalid;
+    pthread_mutex_unlock(&mu);
+    *pg = invalid ? NULL : s->cap; /* an invalidated capture's graph is the driver's to drop */
     s->cap = NULL;
-    return OK;
+    return invalid ? CAPTURE_INVALIDATED : OK;
 }
 
 EXPORT CUresult cuStreamIsCapturing(stream *s, int *status);
@@ -3054,6 +3127,7 @@ static const proc procs[] = {
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     P("cuStreamEndCapture", 10000, cuStreamEndCapture),
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    P("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode),
     P("cuLaunchHostFunc", 10000, cuLaunchHostFunc),
     P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
     P("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),

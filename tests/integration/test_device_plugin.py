@@ -60,7 +60,7 @@ MEM, CORE, WHOLE, ALIAS = "kgpu.io/gpu-mem", "kgpu.io/gpu-core", "nvidia.com/gpu
 SOCKETS = {MEM: "kgpu-gpu-mem.sock", CORE: "kgpu-gpu-core.sock", WHOLE: "kgpu-nvidia-gpu.sock",
            ALIAS: "kgpu-aliyun-gpu-mem.sock"}
 SHIM_IN_CONTAINER = "/usr/lib/kgpu/libkgpu-limit.so"
-SCHED_SIZE = 6296  # sizeof(kgpu_sched_file), src/shim/gpusched.h, x86-64 and arm64
+SCHED_SIZE = 7832  # sizeof(kgpu_sched_file) (version 3), src/shim/gpusched.h, x86-64 and arm64
 
 
 
@@ -485,7 +485,7 @@ class PluginCase(unittest.TestCase):
         with open(self.sched_file(uuid), "rb") as f:
             head = f.read(16)
         self.assertEqual(head[:8], b"KGPUSCHD")
-        self.assertEqual(struct.unpack("=II", head[8:16]), (2, 64))  # version, members
+        self.assertEqual(struct.unpack("=II", head[8:16]), (3, 64))  # version, members
 
     def pod_files(self):
         root = os.path.join(self.state_dir, "pods")

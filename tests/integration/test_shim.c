@@ -879,6 +879,46 @@ static void compute_shares_split_training_steps(void **state)
 }
 
 /*
+ * A container recording CUDA graphs (global capture mode, the default)
+ * while it takes turns with a busy neighbour: the turns end at launches
+ * into the capturing stream, and the drain there must leave the capture
+ * whole (the driver refuses a global-mode thread's cuCtxSynchronize during
+ * a capture and invalidates the capture).
+ */
+static void a_turn_ending_inside_a_capture_leaves_it_whole(void **state)
+{
+    char dir[320], out_a[320], out_b[320], buf[512];
+    snprintf(dir, sizeof(dir), "%s/sched", tmp);
+    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
+    snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
+    mkdir(dir, 0700);
+    env_share("a", 30);
+    pid_t a = start(KGPU_SHIM_PROBE, "capture", out_a, "ready\n");
+    env_share("b", 70);
+    pid_t b = start(KGPU_SHIM_PROBE, "share", out_b, "ready\n");
+    go();
+    int status;
+    assert_int_equal(waitpid(a, &status, 0), a);
+    gpu_seconds(b, out_b);
+    FILE *f = fopen(out_a, "r");
+    size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f != NULL)
+        fclose(f);
+    buf[n] = '\0';
+    int ended = -1, invalidated = -1;
+    const char *at = strstr(buf, "captures=");
+    if (at == NULL || sscanf(at, "captures=%d invalidated=%d", &ended, &invalidated) != 2)
+        fail_msg("the capturing container printed no count: %s", buf);
+    print_message("captures %d, invalidated %d, a waited %ld times\n", ended, invalidated,
+                  waits_of("a"));
+    if (waits_of("a") <= 0)
+        fail_msg("a never waited for its turn: no turn ended inside a capture");
+    if (invalidated != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("%d of %d captures were invalidated (exit %d): %s", invalidated, ended,
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
+}
+
+/*
  * A ceiling: alone with 30 % and core_limit_pct=50, a container gets about
  * half of an idle GPU's time, not all of it (which it gets without one).
  */
@@ -1168,6 +1208,11 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(compute_shares_split_training_steps, setup, teardown),
         cmocka_unit_test_setup_teardown(a_ceiling_holds_on_an_idle_gpu, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_turn_ending_inside_a_capture_leaves_it_whole, setup,
+                                        teardown),
     };
+    /* To run some alone: KGPU_TEST_FILTER=compute_shares* (cmocka's own wildcard pattern). */
+    if (getenv("KGPU_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KGPU_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

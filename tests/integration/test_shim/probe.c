@@ -45,6 +45,7 @@
  *   probe share     keeps the fake GPU busy; prints the GPU time it got
  *   probe step      the same with training steps: 25 kernels, then a
  *                   cuStreamSynchronize (or one graph per step)
+ *   probe capture   records graphs in global capture mode while taking turns
  *   probe launch-old / multidev   the pre-4.0 and multi-device launches
  *   probe lmem      local memory grown at launch
  *   probe libunload-missing   a library load a driver cannot undo
@@ -2432,6 +2433,61 @@ static int cmd_step(void)
     return failures != 0;
 }
 
+/*
+ * A training loop that records its step as a CUDA graph, in the default
+ * (global) capture mode, while its container takes turns: the kernels it
+ * launches into the capturing stream pass the gate, and when a turn ends
+ * there the library's drain must not break the capture. Each round
+ * captures PROBE_BATCH (20) kernels of 1 ms, a millisecond apart (longer
+ * than a 30 % slice), then instantiates and runs the graph. Prints how many
+ * captures ended and how many the driver invalidated.
+ */
+static int cmd_capture(void)
+{
+    CUcontext ctx;
+    stream_t st = NULL;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL || setup(&ctx) != 0)
+        return 1;
+    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       void *, void **, void **) = NULL;
+    *(void **)&launch = dlsym(h, "cuLaunchKernel");
+    const char *go = getenv("PROBE_GO");
+    int batch = (int)(env_mib("PROBE_BATCH", 20) / MIB);
+    uint64_t seconds = env_mib("PROBE_SECONDS", 2) / MIB;
+    if (launch == NULL || go == NULL) {
+        fail("no cuLaunchKernel, or PROBE_GO");
+        return 1;
+    }
+    EXPECT_RC(A.cuStreamCreate(&st, 0), CUDA_SUCCESS);
+    printf("ready\n");
+    fflush(stdout);
+    unsigned long long t1 = await_go(go) + seconds * 1000000000ULL;
+    int ended = 0, invalidated = 0;
+    while (mono_ns() < t1) {
+        CUgraph g = NULL;
+        CUgraphExec e = NULL;
+        EXPECT_RC(A.cuStreamBeginCapture_v2(st, 0), CUDA_SUCCESS);
+        for (int i = 0; i < batch; i++) {
+            EXPECT_RC(launch(NULL, 1000, 1, 1, 32, 1, 1, 0, st, NULL, NULL), CUDA_SUCCESS);
+            usleep(1000);
+        }
+        CUresult r = A.cuStreamEndCapture(st, &g);
+        ended++;
+        if (r != CUDA_SUCCESS) {
+            invalidated++;
+            continue;
+        }
+        EXPECT_RC(A.cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
+        EXPECT_RC(A.cuGraphLaunch(e, st), CUDA_SUCCESS);
+        EXPECT_RC(A.cuStreamSynchronize(st), CUDA_SUCCESS);
+        A.cuGraphExecDestroy(e);
+        A.cuGraphDestroy(g);
+    }
+    printf("captures=%d invalidated=%d\n", ended, invalidated);
+    return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -2470,6 +2526,7 @@ int main(int argc, char **argv)
              : strcmp(cmd, "launch") == 0     ? cmd_launch()
              : strcmp(cmd, "share") == 0      ? cmd_share()
              : strcmp(cmd, "step") == 0       ? cmd_step()
+             : strcmp(cmd, "capture") == 0    ? cmd_capture()
              : strcmp(cmd, "sparse") == 0     ? cmd_sparse()
              : strcmp(cmd, "launch-old") == 0 ? cmd_launch_old()
              : strcmp(cmd, "multidev") == 0   ? cmd_multidev()
