@@ -50,7 +50,6 @@
  *   probe lmem      local memory grown at launch
  *   probe libunload-missing   a library load a driver cannot undo
  *   probe modimage  module images estimated before the load
- *   probe share-2ctx  share, with most kernels in a second context
  *
  * Environment: PROBE_ROUTE (dlsym | proc | proc2 | direct), PROBE_LIMIT_MIB
  * (the limit of device 0), PROBE_CTX_MIB (the charge per context, 300),
@@ -1843,6 +1842,32 @@ static int cmd_launch(void)
     return failures != 0;
 }
 
+static unsigned long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+/* Waits for the CLOCK_MONOTONIC time written in the file `go`, then until it; 0 if none came. */
+static unsigned long long await_go(const char *go)
+{
+    unsigned long long t0 = 0;
+    for (int i = 0; i < 20000 && t0 == 0; i++) {
+        FILE *f = fopen(go, "r");
+        if (f == NULL || fscanf(f, "%llu", &t0) != 1)
+            t0 = 0;
+        if (f != NULL)
+            fclose(f);
+        if (t0 == 0)
+            usleep(500);
+    }
+    unsigned long long now = mono_ns();
+    if (t0 > now)
+        usleep((useconds_t)((t0 - now) / 1000));
+    return t0;
+}
+
 /*
  * Keeps the GPU busy with kernels of PROBE_KERNEL_US microseconds (the fake
  * driver's FAKE_CUDA_GPU_FILE timeline), PROBE_BATCH at a time and then a
@@ -1888,23 +1913,7 @@ static int cmd_share(void)
     }
     printf("ready\n");
     fflush(stdout);
-    unsigned long long t0 = 0;
-    for (int i = 0; i < 20000 && t0 == 0; i++) {
-        FILE *f = fopen(go, "r");
-        if (f == NULL || fscanf(f, "%llu", &t0) != 1)
-            t0 = 0;
-        if (f != NULL)
-            fclose(f);
-        if (t0 == 0)
-            usleep(500);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long long now =
-        (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
-    if (t0 > now)
-        usleep((useconds_t)((t0 - now) / 1000));
-    unsigned long long t1 = t0 + seconds * 1000000000ULL;
+    unsigned long long t0 = await_go(go), t1 = t0 + seconds * 1000000000ULL, now = mono_ns();
     while (now < t1) {
         if (e != NULL)
             EXPECT_RC(A.cuGraphLaunch(e, NULL), CUDA_SUCCESS);
@@ -1912,8 +1921,7 @@ static int cmd_share(void)
             for (int i = 0; i < batch; i++)
                 EXPECT_RC(launch(NULL, us, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
         A.cuCtxSynchronize();
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        now = (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+        now = mono_ns();
     }
     unsigned long long ns = 0;
     gpu_time(t0, t1, &ns);
@@ -2273,101 +2281,9 @@ static int cmd_modimage(void)
     return failures != 0;
 }
 
-/*
- * share, from a process with two contexts on the GPU: most of its kernels
- * (PROBE_KERNEL_US, one at a time) go to a second context made for them,
- * while its turns mostly end at a small launch in the current (primary)
- * context. Prints the GPU time its kernels got from PROBE_GO for
- * PROBE_SECONDS.
- */
-static int cmd_share_2ctx(void)
-{
-    CUcontext ctx, other, popped;
-    if (setup(&ctx) != 0)
-        return 1;
-    launch_fn launch = (launch_fn)fn_by_route("cuLaunchKernel");
-    CUresult (*push)(CUcontext) = NULL, (*pop)(CUcontext *) = NULL;
-    CUresult (*gpu_time)(unsigned long long, unsigned long long, unsigned long long *) = NULL;
-    *(void **)&push = fn_by_route("cuCtxPushCurrent_v2");
-    *(void **)&pop = fn_by_route("cuCtxPopCurrent_v2");
-    *(void **)&gpu_time = fake_fn("fakeCudaGpuTime");
-    const char *go = getenv("PROBE_GO");
-    unsigned us = (unsigned)(env_mib("PROBE_KERNEL_US", 8000) / MIB);
-    uint64_t seconds = env_mib("PROBE_SECONDS", 2) / MIB;
-    if (launch == NULL || push == NULL || pop == NULL || gpu_time == NULL || go == NULL) {
-        fail("the fake driver's timed kernels are missing, or PROBE_GO");
-        return 1;
-    }
-    EXPECT_RC(A.cuCtxCreate_v2(&other, 0, 0), CUDA_SUCCESS);
-    EXPECT_RC(A.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-    printf("ready\n");
-    fflush(stdout);
-    unsigned long long t0 = 0;
-    for (int i = 0; i < 20000 && t0 == 0; i++) {
-        FILE *f = fopen(go, "r");
-        if (f == NULL || fscanf(f, "%llu", &t0) != 1)
-            t0 = 0;
-        if (f != NULL)
-            fclose(f);
-        if (t0 == 0)
-            usleep(500);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long long now =
-        (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
-    if (t0 > now)
-        usleep((useconds_t)((t0 - now) / 1000));
-    unsigned long long t1 = t0 + seconds * 1000000000ULL;
-    /*
-     * The long kernel first, then some host work, then the short one: so a
-     * turn ends at a launch in the current context while the other
-     * context's kernel is still running.
-     */
-    while (now < t1) {
-        EXPECT_RC(push(other), CUDA_SUCCESS);
-        EXPECT_RC(launch(NULL, us, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
-        EXPECT_RC(pop(&popped), CUDA_SUCCESS);
-        usleep(2000);
-        EXPECT_RC(launch(NULL, 10, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        now = (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
-    }
-    unsigned long long ns = 0;
-    gpu_time(t0, t1, &ns);
-    printf("gpu_ns=%llu\n", ns);
-    return failures != 0;
-}
-
 /* ==== end of the launches and modules block ==== */
 
 /* ---- compute shares: a training step (probe step) ---- */
-
-static unsigned long long mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
-}
-
-/* Waits for the CLOCK_MONOTONIC time written in the file `go`, then until it; 0 if none came. */
-static unsigned long long await_go(const char *go)
-{
-    unsigned long long t0 = 0;
-    for (int i = 0; i < 20000 && t0 == 0; i++) {
-        FILE *f = fopen(go, "r");
-        if (f == NULL || fscanf(f, "%llu", &t0) != 1)
-            t0 = 0;
-        if (f != NULL)
-            fclose(f);
-        if (t0 == 0)
-            usleep(500);
-    }
-    unsigned long long now = mono_ns();
-    if (t0 > now)
-        usleep((useconds_t)((t0 - now) / 1000));
-    return t0;
-}
 
 /*
  * An ordinary training step, over and over: PROBE_BATCH (25) kernels of
@@ -2533,7 +2449,6 @@ int main(int argc, char **argv)
              : strcmp(cmd, "lmem") == 0       ? cmd_lmem()
              : strcmp(cmd, "libunload-missing") == 0 ? cmd_libunload_missing()
              : strcmp(cmd, "modimage") == 0   ? cmd_modimage()
-             : strcmp(cmd, "share-2ctx") == 0 ? cmd_share_2ctx()
              : strcmp(cmd, "outlive") == 0    ? cmd_outlive()
              : strcmp(cmd, "graph-upload") == 0 ? cmd_graph_upload()
              : strcmp(cmd, "multicast") == 0  ? cmd_multicast()
