@@ -576,14 +576,15 @@ class NodeSuite(unittest.TestCase):
             self.assertEqual(out["launch_failed"], ["0"])
         ga, gb = first_int(a["gpu_ns"]) / 1e9, first_int(b["gpu_ns"]) / 1e9
         # Both joined the one schedule the plugin made, as their own users, and waited
-        # their turns on it. A member (gpusched.h, after 152 bytes of header): id[64],
-        # share u32, waits u32, seen_ns u64, ...; 96 bytes. Members seen since t0 are these.
+        # their turns on it. A member (gpusched.h, version 3, after 152 bytes of header):
+        # id[64], share u32, waits u32, seen_ns u64, ...; 120 bytes. Members seen since t0
+        # are these.
         with open(os.path.join(self.plugin.state_dir, "sched", V100["uuid"] + ".sched"),
                   "rb") as f:
             data = f.read()
         members = {}
         for i in range(64):
-            m = data[152 + 96 * i:152 + 96 * (i + 1)]
+            m = data[152 + 120 * i:152 + 120 * (i + 1)]
             if m[0] and int.from_bytes(m[72:80], "little") >= t0:
                 members[int.from_bytes(m[64:68], "little")] = int.from_bytes(m[68:72], "little")
         self.assertEqual(sorted(members), [30, 70], members)
