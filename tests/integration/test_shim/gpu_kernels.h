@@ -1,10 +1,48 @@
 /*
- * The PTX kernels of the real-GPU programs (gpu_real.c, gpu_share.c): no
- * CUDA compiler is needed, the driver compiles them at cuModuleLoadData.
- * Included by one .c file each; the text is the module image.
+ * What the real-GPU programs (gpu_real.c, gpu_share.c) share: their PTX
+ * kernels (no CUDA compiler is needed, the driver compiles them at
+ * cuModuleLoadData; the text is the module image) and how they find GPU 0.
+ * Included by one .c file each.
  */
 #ifndef KGPU_TEST_SHIM_GPU_KERNELS_H
 #define KGPU_TEST_SHIM_GPU_KERNELS_H
+
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "cudadecl.h"
+
+/*
+ * GPU 0 through the driver's own functions, and its UUID as nvidia-smi
+ * writes it (GPU-xxxxxxxx-...). 0; 77, said on stdout, where the check
+ * cannot run here (no driver or GPU, or a /etc/kgpu/limits that would
+ * shadow KGPU_LIMITS_FILE); 1 when the driver fails.
+ */
+static int kgpu_gpu_first(CUresult (*init)(unsigned), CUresult (*device_get)(CUdevice *, int),
+                          CUresult (*get_uuid)(CUuuid *, CUdevice), CUdevice *dev, char *uuid,
+                          size_t size)
+{
+    CUuuid u;
+    struct stat st;
+    if (init(0) != CUDA_SUCCESS || device_get(dev, 0) != CUDA_SUCCESS) {
+        printf("skipped: no CUDA driver or GPU here\n");
+        return 77;
+    }
+    if (lstat("/etc/kgpu/limits", &st) == 0) {
+        printf("skipped: /etc/kgpu/limits exists, so KGPU_LIMITS_FILE would be ignored\n");
+        return 77;
+    }
+    if (get_uuid(&u, *dev) != CUDA_SUCCESS) {
+        printf("FAIL: cuDeviceGetUuid\n");
+        return 1;
+    }
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    snprintf(uuid, size,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+    return 0;
+}
 
 /*
  * fill(buf, n, value): buf[i] = value for i < n.

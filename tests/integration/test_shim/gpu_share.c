@@ -446,28 +446,16 @@ static void noisy(int nolib)
 
 static int orchestrate(void)
 {
-    CUuuid u;
     int loaded = load();
     if (loaded == -2)
         return 1;
-    if (loaded != 0 || A.init(0) != CUDA_SUCCESS || A.device_get(&dev, 0) != CUDA_SUCCESS) {
+    if (loaded != 0) {
         printf("skipped: no CUDA driver or GPU here\n");
         return 77;
     }
-    struct stat st;
-    if (lstat("/etc/kgpu/limits", &st) == 0) {
-        printf("skipped: /etc/kgpu/limits exists, so KGPU_LIMITS_FILE would be ignored\n");
-        return 77;
-    }
-    if (A.uuid(&u, dev) != CUDA_SUCCESS) {
-        printf("FAIL: cuDeviceGetUuid\n");
-        return 1;
-    }
-    const unsigned char *b = (const unsigned char *)u.bytes;
-    snprintf(uuid, sizeof(uuid),
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-             b[14], b[15]);
+    int first = kgpu_gpu_first(A.init, A.device_get, A.uuid, &dev, uuid, sizeof(uuid));
+    if (first != 0)
+        return first;
     if (mkdtemp(tmpdir) == NULL || setup() != 0)
         return 1;
     /* A fixed-work kernel of about 2 ms alone. */

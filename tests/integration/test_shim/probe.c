@@ -2298,17 +2298,14 @@ static int cmd_step(void)
 {
     CUcontext ctx;
     stream_t st = NULL;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL || setup(&ctx) != 0)
+    if (setup(&ctx) != 0)
         return 1;
-    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                       void *, void **, void **) = NULL;
+    launch_fn launch = (launch_fn)fn_by_route("cuLaunchKernel");
     CUresult (*add_kernel)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                            const void *) = NULL;
     CUresult (*gpu_time)(unsigned long long, unsigned long long, unsigned long long *) = NULL;
-    *(void **)&launch = dlsym(h, "cuLaunchKernel");
-    *(void **)&add_kernel = dlsym(h, "cuGraphAddKernelNode");
-    *(void **)&gpu_time = dlsym(h, "fakeCudaGpuTime");
+    *(void **)&add_kernel = fn_by_route("cuGraphAddKernelNode");
+    *(void **)&gpu_time = fake_fn("fakeCudaGpuTime");
     const char *go = getenv("PROBE_GO");
     unsigned us = (unsigned)(env_mib("PROBE_KERNEL_US", 2000) / MIB);
     int batch = (int)(env_mib("PROBE_BATCH", 25) / MIB);
@@ -2340,7 +2337,7 @@ static int cmd_step(void)
             EXPECT_RC(A.cuGraphLaunch(e, st), CUDA_SUCCESS);
         else
             for (int i = 0; i < batch; i++)
-                EXPECT_RC(launch(NULL, us, 1, 1, 32, 1, 1, 0, st, NULL, NULL), CUDA_SUCCESS);
+                EXPECT_RC(launch(NULL, us, 1, 1, 32, 1, 1, 0, (CUstream)st, NULL, NULL), CUDA_SUCCESS);
         EXPECT_RC(A.cuStreamSynchronize(st), CUDA_SUCCESS);
     }
     unsigned long long ns = 0;
@@ -2362,12 +2359,9 @@ static int cmd_capture(void)
 {
     CUcontext ctx;
     stream_t st = NULL;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL || setup(&ctx) != 0)
+    if (setup(&ctx) != 0)
         return 1;
-    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                       void *, void **, void **) = NULL;
-    *(void **)&launch = dlsym(h, "cuLaunchKernel");
+    launch_fn launch = (launch_fn)fn_by_route("cuLaunchKernel");
     const char *go = getenv("PROBE_GO");
     int batch = (int)(env_mib("PROBE_BATCH", 20) / MIB);
     uint64_t seconds = env_mib("PROBE_SECONDS", 2) / MIB;
@@ -2385,7 +2379,7 @@ static int cmd_capture(void)
         CUgraphExec e = NULL;
         EXPECT_RC(A.cuStreamBeginCapture_v2(st, 0), CUDA_SUCCESS);
         for (int i = 0; i < batch; i++) {
-            EXPECT_RC(launch(NULL, 1000, 1, 1, 32, 1, 1, 0, st, NULL, NULL), CUDA_SUCCESS);
+            EXPECT_RC(launch(NULL, 1000, 1, 1, 32, 1, 1, 0, (CUstream)st, NULL, NULL), CUDA_SUCCESS);
             usleep(1000);
         }
         CUresult r = A.cuStreamEndCapture(st, &g);
