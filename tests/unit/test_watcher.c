@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -132,8 +133,40 @@ static int setup(void **state)
     return 0;
 }
 
+/*
+ * The children a test starts: a failed assertion leaves its test early, so
+ * teardown kills what is still here (a live probe would hold CTest's pipe
+ * open until the test's timeout). Each child also dies with this process.
+ */
+static pid_t kids[16];
+
+static void kid_started(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof(kids) / sizeof(kids[0]); i++)
+        if (kids[i] == 0) {
+            kids[i] = pid;
+            return;
+        }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fail_msg("more than %zu children at once", sizeof(kids) / sizeof(kids[0]));
+}
+
+static void kid_gone(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof(kids) / sizeof(kids[0]); i++)
+        if (kids[i] == pid)
+            kids[i] = 0;
+}
+
 static int teardown(void **state)
 {
+    for (size_t i = 0; i < sizeof(kids) / sizeof(kids[0]); i++)
+        if (kids[i] > 0) {
+            kill(kids[i], SIGKILL);
+            waitpid(kids[i], NULL, 0);
+            kids[i] = 0;
+        }
     char cmd[400];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
     return system(cmd) == 0 ? 0 : -1;
@@ -512,9 +545,11 @@ static pid_t child_in(const char *uid, const char *cid)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         for (;;)
             pause();
     }
+    kid_started(pid);
     cgroup_of((unsigned)pid, uid, cid);
     return pid;
 }
@@ -525,8 +560,10 @@ static bool killed(pid_t pid)
     for (int i = 0; i < 200; i++) {
         int st;
         pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
+        if (r == pid) {
+            kid_gone(pid);
             return WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+        }
         usleep(10000);
     }
     return false;
@@ -536,6 +573,7 @@ static void reap(pid_t pid)
 {
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
+    kid_gone(pid);
 }
 
 static void test_memory_over_share_kills_only_the_offender(void **state)
@@ -687,12 +725,14 @@ static pid_t probe_holding(unsigned hold_mib, int nvml)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(fds[1], 1);
         close(fds[0]);
         char *argv[] = {(char *)KGPU_SHIM_PROBE, (char *)"hold", NULL};
         execve(KGPU_SHIM_PROBE, argv, envp);
         _exit(127);
     }
+    kid_started(pid);
     close(fds[1]);
     char buf[256];
     ssize_t n = read(fds[0], buf, sizeof(buf) - 1); /* "holding" once its memory is held */
