@@ -2050,9 +2050,13 @@ class TestStress(ExtenderTest):
         self.assertEqual(failures, counts["bind_failed"])
         conflicts = ext.metric("kgpu_extender_assignment_conflicts_total", None, text)
         if conflicts:  # what the extender said about them, to tell a race from a test bug
-            said = [line for line in ext.log().splitlines() if " ERROR " in line or " WARN " in line]
-            self.fail("%d assignment conflicts; the extender's errors and warnings:\n%s"
-                      % (conflicts, "\n".join(said[-40:])))
+            # The lines that count a conflict first (refused binds make many other warnings).
+            lines = ext.log().splitlines()
+            said = [line for line in lines if "cannot be counted now" in line or
+                    "malformed kgpu.io/" in line]
+            said += [line for line in lines if " ERROR " in line or " WARN " in line][-40:]
+            self.fail("%d assignment conflicts; what the extender said of them, then its last "
+                      "errors and warnings:\n%s" % (conflicts, "\n".join(said)))
         self.assertEqual(ext.metric("kgpu_extender_pods", None, text), doc["totals"]["pods"])
 
 
