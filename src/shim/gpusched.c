@@ -68,6 +68,7 @@ struct kgpu_sched {
     uint32_t limit;         /* its ceiling, share..100 */
     _Atomic uint64_t until; /* this container holds the GPU until then: launches pass */
     _Atomic uint64_t forced_until; /* took the GPU after waiting too long: holds it until then */
+    uint64_t seen_before;   /* mu held: this member's last pass through the file before this one */
     pthread_mutex_t busy_mu; /* the threads inside a synchronisation */
     int busy_fd;            /* holds the busy byte's read lock while busy_n > 0 */
     pid_t busy_pid;
@@ -256,13 +257,14 @@ static void level(kgpu_sched_file *f, int i, uint64_t now)
  * Lock held: this container's member, found again by name when the file
  * was rewritten or the entry taken over; else a free one, or one no
  * process has used for GONE_NS (a container gone). -1 when there is none.
- * Its share and ceiling are written again from the limits, and when it
- * was last seen.
+ * Its share and ceiling are written again from the limits, and, with
+ * `pass` (a launch or a synchronisation, not a process joining), when it
+ * was last seen: a holder's last pass is what its turn is charged up to.
  */
-static int member(kgpu_sched *s, uint64_t now)
+static int member(kgpu_sched *s, uint64_t now, int pass)
 {
     kgpu_sched_file *f = &s->copy;
-    int me = atomic_load(&s->me);
+    int me = atomic_load(&s->me), created = 0;
     if (me < 0 || strcmp(f->m[me].id, s->id) != 0)
         me = -1;
     for (int i = 0; i < KGPU_SCHED_MEMBERS && me < 0; i++)
@@ -273,7 +275,9 @@ static int member(kgpu_sched *s, uint64_t now)
             (atomic_load(&f->holder) != i && now - atomic_load(&f->m[i].seen_ns) > GONE_NS)) {
             memset(&f->m[i], 0, sizeof(f->m[i]));
             snprintf(f->m[i].id, sizeof(f->m[i].id), "%s", s->id);
+            atomic_store(&f->m[i].seen_ns, now);
             me = i;
+            created = 1;
         }
     atomic_store(&s->me, me);
     if (me >= 0) {
@@ -282,9 +286,11 @@ static int member(kgpu_sched *s, uint64_t now)
             m->credit_ns = (int64_t)(KGPU_SCHED_PERIOD_NS * s->limit / 100);
         m->share = s->share;
         m->limit = s->limit;
-        if (now - atomic_load(&m->seen_ns) > AWAY_NS)
+        s->seen_before = atomic_load(&m->seen_ns);
+        if (created || (pass && now - s->seen_before > AWAY_NS))
             level(f, me, now);
-        atomic_store(&m->seen_ns, now);
+        if (pass)
+            atomic_store(&m->seen_ns, now);
     }
     return me;
 }
@@ -390,6 +396,19 @@ static void settle(kgpu_sched *s, int me, uint64_t now)
         hand_to(f, next, now);
 }
 
+/*
+ * Lock held: until when holder h, whose slice ends at `end` and whose last
+ * pass through the file was at `seen`, counts as holding the GPU. Busy
+ * (draining, or waiting in a synchronisation) it holds until OVERRUN_NS
+ * past its slice; not busy, IDLE_NS past its slice or its last pass,
+ * whichever is later, and never past OVERRUN_NS after its slice.
+ */
+static uint64_t held_until(kgpu_sched *s, int h, uint64_t seen, uint64_t end)
+{
+    uint64_t upto = busy(s, h) ? end + OVERRUN_NS : (seen > end ? seen : end) + IDLE_NS;
+    return upto < end + OVERRUN_NS ? upto : end + OVERRUN_NS;
+}
+
 /* Lock not had, or no room: the gate stays open in this process for BACKOFF_NS, then tries again. */
 static void give_up(kgpu_sched *s)
 {
@@ -458,7 +477,7 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
             return;
         }
         now = kgpu_sched_now();
-        int me = member(s, now);
+        int me = member(s, now, 1);
         if (me < 0) { /* the file has no room for this container: as without a schedule */
             unlock(s);
             give_up(s);
@@ -493,7 +512,15 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
                 unlock(s);
                 return;
             }
-            account(f, me, now); /* the slice so far, its ceiling's credit with it */
+            /*
+             * The slice so far, its ceiling's credit with it; no further than
+             * a waiter would have charged it: a process of this container
+             * that ended holding the GPU, or this one back after a pause,
+             * does not pay for the time nobody of it used the GPU.
+             */
+            uint64_t upto = held_until(s, me, s->seen_before, end);
+            account(f, me, upto < now ? upto : now);
+            atomic_store(&f->slice_start, now);
             if (!others_waiting(f, me, now) && !over(&f->m[me])) { /* alone: lent on */
                 atomic_store(&f->slice_end, now + slice);
                 atomic_store(&s->until, now + slice);
@@ -511,7 +538,7 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
                 return;
             }
             now = kgpu_sched_now();
-            if ((me = member(s, now)) >= 0 && atomic_load(&f->holder) == me &&
+            if ((me = member(s, now, 1)) >= 0 && atomic_load(&f->holder) == me &&
                 !atomic_load(&f->fresh)) {
                 /* Another process of it still waits for its work: the turn ends with it. */
                 if (busy(s, me) && now < atomic_load(&f->slice_end) + OVERRUN_NS) {
@@ -550,15 +577,11 @@ void kgpu_sched_gate(kgpu_sched *s, void (*drain)(void))
             free = 1;
         } else if (!free && now > end) {
             /*
-             * Busy (draining, or waiting in a synchronisation) it may hold
-             * until OVERRUN_NS past its slice; not busy, IDLE_NS past its
-             * slice or its last pass through the file, whichever is later.
-             * Charged no further than that: a holder gone for an hour
-             * (nobody waited) is not charged the hour.
+             * A holder past held_until lets go, charged no further than
+             * that: a holder gone for an hour (nobody waited) is not
+             * charged the hour.
              */
-            uint64_t seen = atomic_load(&f->m[h].seen_ns);
-            uint64_t upto = busy(s, h) ? end + OVERRUN_NS : (seen > end ? seen : end) + IDLE_NS;
-            upto = upto < end + OVERRUN_NS ? upto : end + OVERRUN_NS;
+            uint64_t upto = held_until(s, h, atomic_load(&f->m[h].seen_ns), end);
             if (now > upto) {
                 account(f, h, upto);
                 atomic_store(&f->slice_start, now);
@@ -596,7 +619,7 @@ void kgpu_sched_sync_end(kgpu_sched *s)
         return;
     }
     uint64_t now = kgpu_sched_now();
-    int me = member(s, now);
+    int me = member(s, now, 1);
     kgpu_sched_file *f = &s->copy;
     /* The last of it out settles the turn: what it queued has run, and was held for. */
     if (me >= 0 && atomic_load(&f->holder) == me && !atomic_load(&f->fresh) &&
@@ -685,7 +708,7 @@ int kgpu_sched_attach(const char *dir, const char *gpu, const char *id, int shar
         *out = s;
         return KGPU_OK;
     }
-    int me = member(s, kgpu_sched_now());
+    int me = member(s, kgpu_sched_now(), 0);
     unlock(s);
     if (me < 0) {
         kgpu_sched_detach(s);

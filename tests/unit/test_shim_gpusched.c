@@ -687,6 +687,36 @@ static void alone_a_ceiling_holds(void **state)
     kgpu_sched_detach(c);
 }
 
+/*
+ * A process of a container ends while its container holds the GPU (a CI
+ * job's steps, a training script run again): the next process of it,
+ * 200 ms later, is not charged those 200 ms, in which nobody of it used the
+ * GPU; nor, under a ceiling, does the pause come off its credit.
+ */
+static void a_pause_after_a_holders_exit_is_not_charged(void **state)
+{
+    kgpu_sched *a = join_limited("a", 30, 50);
+    kgpu_sched_file *f = view();
+    kgpu_sched_gate(a, drain); /* alone: its turn, lent on */
+    int ia = member_of(f, "a");
+    uint64_t before = f->m[ia].used_ns;
+    kgpu_sched_detach(a); /* the process ends holding the GPU */
+    assert_int_equal(atomic_load(&f->holder), ia);
+    sleep_ms(200);
+    kgpu_sched *again = join_limited("a", 30, 50);
+    kgpu_sched_gate(again, drain);
+    uint64_t charged = f->m[ia].used_ns - before;
+    /* its slice (15 ms) and IDLE_NS (5 ms) at most, and this machine's delays */
+    if (charged > 60000000ULL)
+        fail_msg("charged %llu ms for a turn nobody of it used past 20 ms",
+                 (unsigned long long)(charged / 1000000ULL));
+    int64_t credit = f->m[ia].credit_ns;
+    if (credit <= 0)
+        fail_msg("the pause came off its ceiling's credit: %lld ns left", (long long)credit);
+    munmap(f, sizeof(*f));
+    kgpu_sched_detach(again);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -708,6 +738,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_slice_end_rewritten_within_the_clamps_does_not_starve,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(alone_a_ceiling_holds, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_pause_after_a_holders_exit_is_not_charged, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
