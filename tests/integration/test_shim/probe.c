@@ -842,6 +842,15 @@ static int cmd_race(void)
         if (read(ready[0], &c, 1) != 1)
             fail("a victim never got going, or the survivor never finished");
     uint64_t held_by_victims = 0;
+    /*
+     * All stopped first: a victim still running when another dies takes the
+     * dead one's slot back at its next refused allocation (as it should), and
+     * on a loaded machine the slots looked at below would be gone.
+     */
+    for (int i = 1; i <= nvictims; i++)
+        kill(pids[i], SIGSTOP);
+    for (int i = 1; i <= nvictims; i++)
+        waitpid(pids[i], NULL, WUNTRACED);
     for (int i = 1; i <= nvictims; i++) {
         kill(pids[i], SIGKILL);
         waitpid(pids[i], NULL, 0);
