@@ -14,6 +14,7 @@ PACKAGES=(
   libprotobuf-c-dev protobuf-c-compiler  # kubelet device plugin API messages (C)
   libgrpc-dev                        # gRPC core (C API): kubelet's device plugin sockets
   python3-grpcio python3-protobuf protobuf-compiler  # the kubelet stand-in of the device plugin tests
+  liblz4-dev libzstd-dev             # static PIC decoders linked into libkgpu-limit.so: compressed fatbinary entries
   libcmocka-dev                      # unit test framework
   libxml2-utils                      # xmllint: tests check the SVG plot is well-formed XML
   python3                            # the API server stand-in and load drivers of integration tests

@@ -171,6 +171,8 @@ typedef struct CUarrayMapInfo_st {
 /* CUdevice_attribute */
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT            16
 #define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR       75
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR       76
 
 /* CUfunction_attribute: bytes of local memory each thread of the kernel needs. */
 #define CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES 3

@@ -116,13 +116,18 @@ CUresult cuCtxSetLimit(int limit, size_t value)
 /* ---- modules and libraries: an estimate before the load, the measured drop after ---- */
 
 /*
- * Before a load: the image's own upper bound (modimage.c) is charged, so
- * a module that cannot fit is refused before the driver makes it. After
- * a load that succeeded the charge becomes what the driver's free memory
- * dropped by across it; past the limit (an image without an estimate, or
- * one the driver took more for), the load is undone with `unload` and
- * CUDA_ERROR_OUT_OF_MEMORY returned. A driver without the unload function
- * cannot undo it: the memory is then charged past the limit, as it is held.
+ * Before a load: the image's own upper bound (modimage.c: cubins, PTX and
+ * fatbinaries, compressed entries decompressed) is charged, so a module
+ * that cannot fit is refused before the driver makes it. An image without
+ * an estimate (unparsable, or another format) is charged nothing before:
+ * refusing it would refuse what the driver may load well within the
+ * share, so it is measured after, and for that moment can be past the
+ * share (docs/shim.md). After a load that succeeded the charge becomes
+ * what the driver's free memory dropped by across it; past the limit (an
+ * image without an estimate, or one the driver took more for), the load
+ * is undone with `unload` and CUDA_ERROR_OUT_OF_MEMORY returned. A driver
+ * without the unload function cannot undo it: the memory is then charged
+ * past the limit, as it is held.
  */
 static CUresult loaded(CUresult r, int measured, size_t before, const kgpu_where *w, int kind,
                        uint64_t key, CUcontext ctx, CUresult (*unload)(uint64_t key), uint64_t est)
@@ -173,16 +178,33 @@ static int before_load(kgpu_where *w, size_t *before)
            free_now(before) == 0;
 }
 
-/* The image's estimate (0: none); files are read up to IMAGE_FILE_MAX. */
-#define IMAGE_FILE_MAX (64u << 20)
-
-static uint64_t image_estimate(const void *image)
+/*
+ * The device's compute capability as 10 * major + minor (86 for 8.6), 0
+ * where the driver does not say: which cubin of a fatbinary it loads, and
+ * whether it compiles the PTX instead (modimage.h).
+ */
+static unsigned device_sm(CUdevice dev)
 {
-    uint64_t b = 0;
-    return kgpu_modimage_estimate(image, SIZE_MAX, &b) ? b : 0;
+    int major = 0, minor = 0;
+    kgpu__pfn_cuDeviceGetAttribute attr = KGPU_REAL(cuDeviceGetAttribute);
+    if (attr == NULL ||
+        attr(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS ||
+        attr(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) != CUDA_SUCCESS ||
+        major <= 0 || major > 99 || minor < 0 || minor > 9)
+        return 0;
+    return (unsigned)(major * 10 + minor);
 }
 
-static uint64_t file_estimate(const char *path)
+/* The image's estimate (0: none, measured after the load); files: up to IMAGE_FILE_MAX. */
+#define IMAGE_FILE_MAX (64u << 20)
+
+static uint64_t image_estimate(const void *image, CUdevice dev)
+{
+    uint64_t b = 0;
+    return kgpu_modimage_estimate(image, SIZE_MAX, device_sm(dev), &b) ? b : 0;
+}
+
+static uint64_t file_estimate(const char *path, CUdevice dev)
 {
     struct stat st;
     uint64_t b = 0;
@@ -199,7 +221,7 @@ static uint64_t file_estimate(const char *path)
                 break;
             got += (size_t)n;
         }
-        if (!kgpu_modimage_estimate(buf, got, &b))
+        if (!kgpu_modimage_estimate(buf, got, device_sm(dev), &b))
             b = 0;
     }
     free(buf);
@@ -214,13 +236,13 @@ static uint64_t file_estimate(const char *path)
 CUresult cuModuleLoad(CUmodule *module, const char *fname)
 {
     KGPU_ENTER(cuModuleLoad, (module, fname));
-    MODULE_LOAD(real_(module, fname), module, file_estimate(fname));
+    MODULE_LOAD(real_(module, fname), module, file_estimate(fname, w.dev));
 }
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     KGPU_ENTER(cuModuleLoadData, (module, image));
-    MODULE_LOAD(real_(module, image), module, image_estimate(image));
+    MODULE_LOAD(real_(module, image), module, image_estimate(image, w.dev));
 }
 
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
@@ -228,13 +250,13 @@ CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int nu
 {
     KGPU_ENTER(cuModuleLoadDataEx, (module, image, numOptions, options, optionValues));
     MODULE_LOAD(real_(module, image, numOptions, options, optionValues), module,
-                image_estimate(image));
+                image_estimate(image, w.dev));
 }
 
 CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
     KGPU_ENTER(cuModuleLoadFatBinary, (module, fatCubin));
-    MODULE_LOAD(real_(module, fatCubin), module, image_estimate(fatCubin));
+    MODULE_LOAD(real_(module, fatCubin), module, image_estimate(fatCubin, w.dev));
 }
 
 CUresult cuModuleUnload(CUmodule hmod)
@@ -259,7 +281,7 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, int *jitOptions
                                    libraryOptions, libraryOptionValues, numLibraryOptions));
     LIBRARY_LOAD(real_(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
                        libraryOptionValues, numLibraryOptions),
-                 library, image_estimate(code));
+                 library, image_estimate(code, w.dev));
 }
 
 CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, int *jitOptions,
@@ -272,7 +294,7 @@ CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, int *ji
                                        numLibraryOptions));
     LIBRARY_LOAD(real_(library, fileName, jitOptions, jitOptionsValues, numJitOptions,
                        libraryOptions, libraryOptionValues, numLibraryOptions),
-                 library, file_estimate(fileName));
+                 library, file_estimate(fileName, w.dev));
 }
 
 CUresult cuLibraryUnload(CUlibrary library)

@@ -38,7 +38,9 @@
  * loading a module ("KGPUFAKEMOD <MiB>" as the image), take device memory.
  *
  * Module images are "KGPUFAKEMOD <MiB>", a CUDA ELF (cubin: its allocated
- * sections) or a fatbinary whose first entry is one. Functions, their
+ * sections), PTX (compiled: its variables and code) or a fatbinary, whose
+ * entries may be compressed; the device is of compute capability 8.0
+ * (see "modules and libraries"). Functions, their
  * local memory and the launches from before CUDA 4.0: see "functions".
  * A context's synchronisation waits for that context's kernels only.
  *
@@ -62,6 +64,11 @@
 #include <unistd.h>
 
 #include "fake_gpumem.h"
+
+#ifdef KGPU_MODIMAGE_DECODE
+#include <lz4.h>
+#include <zstd.h>
+#endif
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -125,6 +132,7 @@ typedef struct dev {
     pool *current_pool;
     unsigned long long next_addr;
     unsigned long long graph_reserved, graph_used;
+    unsigned long long peak; /* the most this process had given out since fakeCudaPoolPeak */
 } dev;
 
 enum kind {
@@ -150,6 +158,8 @@ typedef struct alloc {
     unsigned long long part; /* K_POOL, K_GRAPHMEM: its bytes within the pool */
 } alloc;
 
+#define FAKE_SM 80 /* every device's compute capability: 8.0 */
+
 /* What device d has given out in this process (an lvalue). */
 #define USED(d) (*devs[d].used)
 
@@ -159,6 +169,14 @@ static unsigned long long ctx_bytes;
 static long long ctx_neighbour; /* FAKE_CUDA_CTX_NEIGHBOUR_MIB, in bytes */
 static fake_mem_file *shared_mem; /* FAKE_GPU_MEM_FILE, or NULL */
 static dev devs[MAX_DEVS];
+
+/* After device d gave out more: its peak follows (mu held). */
+static void grew(int d)
+{
+    if (USED(d) > devs[d].peak)
+        devs[d].peak = USED(d);
+}
+
 static ctx ctxs[MAX_CTXS];
 static alloc *table;
 static size_t table_cap;
@@ -269,6 +287,7 @@ static CUresult take(int d, unsigned long long size, ctx *c, int kind, unsigned 
         *key = next_handle++;
     }
     USED(d) += size;
+    grew(d);
     alloc a = {.key = *key, .size = size, .c = c, .dev = d, .kind = kind};
     insert(&a);
     return OK;
@@ -387,6 +406,26 @@ CUresult fakeCudaPoolUsed(int d, unsigned long long *used)
     return OK;
 }
 
+/*
+ * Not a driver function either: the most device d had given out in this
+ * process since the previous call (or cuInit), so a test sees a moment
+ * past a limit that is over by the time the call returns. Starts the next
+ * window at what is given out now.
+ */
+EXPORT CUresult fakeCudaPoolPeak(int d, unsigned long long *peak);
+CUresult fakeCudaPoolPeak(int d, unsigned long long *peak)
+{
+    NEED_INIT();
+    if (d < 0 || d >= ndevs || peak == NULL)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    phys_sweep();
+    *peak = devs[d].peak > USED(d) ? devs[d].peak : USED(d);
+    devs[d].peak = USED(d);
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
 EXPORT CUresult cuDriverGetVersion(int *v);
 CUresult cuDriverGetVersion(int *v)
 {
@@ -492,6 +531,7 @@ CUresult cuCtxCreate_v2(ctx **pctx, unsigned int flags, CUdevice d)
         if (ctx_bytes > devs[d].total - USED(d))
             break;
         USED(d) += ctx_bytes;
+        grew(d);
         neighbour_moves(d);
         ctxs[i] = (ctx){.dev = d, .alive = 1};
         if (depth < MAX_STACK)
@@ -541,6 +581,7 @@ CUresult cuDevicePrimaryCtxRetain(ctx **pctx, CUdevice d)
             return OUT_OF_MEMORY;
         }
         USED(d) += ctx_bytes;
+        grew(d);
         neighbour_moves(d);
     }
     p->primary_refs++;
@@ -1280,6 +1321,7 @@ static CUresult graph_map(const gexec *e)
         if (grow > devs[d].total - USED(d))
             return OUT_OF_MEMORY;
         USED(d) += grow;
+        grew(d);
         devs[d].graph_reserved += grow;
     }
     return OK;
@@ -1477,6 +1519,7 @@ static CUresult pool_take(pool *p, unsigned long long size, CUdeviceptr *out)
         if (grow > devs[p->dev].total - USED(p->dev))
             return OUT_OF_MEMORY;
         USED(p->dev) += grow;
+        grew(p->dev);
         p->reserved += grow;
     }
     p->used += size;
@@ -1811,6 +1854,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const mem_pro
     CUresult r = OUT_OF_MEMORY;
     if (i >= 0 && size <= devs[d].total - USED(d)) {
         USED(d) += size;
+        grew(d);
         physs[i] = (phys){.alive = 1, .dev = d, .size = size};
         *h = next_handle++;
         r = handle_ref(*h, i);
@@ -2135,6 +2179,7 @@ CUresult cuCtxSetLimit(int limit, size_t v)
             r = OUT_OF_MEMORY;
         if (r == OK) {
             USED(c->dev) = USED(c->dev) + now - was;
+            grew(c->dev);
             c->limit_mem = c->limit_mem + now - was;
             c->limits[limit] = v;
             if (limit == 0)
@@ -2151,29 +2196,183 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
     NEED_INIT();
     if (v == NULL || d < 0 || d >= ndevs)
         return INVALID_VALUE;
-    *v = attr == 16 ? 4 : attr == 39 ? 2048 : 0; /* multiprocessors, threads per multiprocessor */
+    /* multiprocessors, threads per multiprocessor, compute capability (FAKE_SM) */
+    *v = attr == 16   ? 4
+         : attr == 39 ? 2048
+         : attr == 75 ? FAKE_SM / 10
+         : attr == 76 ? FAKE_SM % 10
+                      : 0;
     return OK;
 }
 
-/* ---- modules and libraries: the image "KGPUFAKEMOD <MiB>" takes that much ---- */
+/*
+ * ---- modules and libraries ----
+ *
+ * What loading an image takes, as the driver does it: a cubin its
+ * allocated sections (elf_bytes); PTX is compiled first, and this fake's
+ * compiler makes half a byte of code per byte of text besides the
+ * module's .global and .const variables (ptx_bytes); of a fatbinary the
+ * driver loads the cubin built for the device with the highest
+ * architecture (same major version as the device's FAKE_SM, minor at most
+ * its own), else it compiles a PTX entry; entries nvcc compressed (LZ4
+ * blocks, Zstandard frames) are decompressed first. "KGPUFAKEMOD <MiB>"
+ * takes that much.
+ */
 
 static _Atomic unsigned long long module_loads;
 static unsigned long long elf_bytes(const unsigned char *p);
+
+/* 64 KiB pages, as elf_bytes takes them. */
+static unsigned long long fake_pages(unsigned long long b)
+{
+    return b == 0 ? 0 : (b + 0xffff) / 0x10000 * 0x10000;
+}
+
+/* PTX text: comments and white space, then .version. */
+static int is_ptx(const char *t, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        if (t[i] == ' ' || t[i] == '\t' || t[i] == '\n' || t[i] == '\r') {
+            i++;
+        } else if (i + 1 < n && t[i] == '/' && t[i + 1] == '/') {
+            while (i < n && t[i] != '\n')
+                i++;
+        } else {
+            break;
+        }
+    }
+    return n - i >= 8 && memcmp(t + i, ".version", 8) == 0;
+}
+
+/*
+ * What the module compiled from PTX text t[0, n) takes: each line
+ * declaring .global or .const variables ("[.visible] .global [.align N]
+ * .b32 name[N][M]", one name) gives its bytes; .extern ones have none.
+ */
+static unsigned long long ptx_bytes(const char *t, size_t n)
+{
+    if (!is_ptx(t, n))
+        return 0;
+    unsigned long long vars = 0;
+    for (size_t at = 0; at < n;) {
+        const char *nl = memchr(t + at, '\n', n - at);
+        size_t len = nl != NULL ? (size_t)(nl - (t + at)) : n - at;
+        char line[512];
+        snprintf(line, sizeof(line), "%.*s", (int)(len < sizeof(line) ? len : sizeof(line) - 1),
+                 t + at);
+        at += len + 1;
+        const char *q = line + strspn(line, " \t");
+        if (strncmp(q, ".visible ", 9) == 0)
+            q += 9;
+        int k = 0;
+        unsigned long long align = 0, dim, count = 1;
+        unsigned bits = 0;
+        if (strncmp(q, ".global ", 8) == 0)
+            q += 8;
+        else if (strncmp(q, ".const ", 7) == 0)
+            q += 7;
+        else
+            continue;
+        q += strspn(q, " \t");
+        if (sscanf(q, ".align %llu %n", &align, &k) == 1 && k > 0)
+            q += k;
+        k = 0;
+        if (sscanf(q, ".%*[a-z]%u %*[A-Za-z0-9_$]%n", &bits, &k) != 1 || k == 0 || bits < 8)
+            continue;
+        for (q += k; sscanf(q, "[%llu]%n", &dim, &k) == 1; q += k)
+            count *= dim;
+        vars += count * (bits / 8);
+    }
+    return fake_pages(vars + n / 2);
+}
+
+#ifdef KGPU_MODIMAGE_DECODE
+/* An entry's payload decompressed into a new buffer of `usize` bytes (NULL: damaged). */
+static unsigned char *inflate_entry(int zstd, const unsigned char *src, size_t csize, size_t usize)
+{
+    unsigned char *buf = malloc(usize ? usize : 1);
+    if (buf == NULL)
+        return NULL;
+    if (zstd ? ZSTD_decompress(buf, usize, src, csize) != usize
+             : LZ4_decompress_safe((const char *)src, (char *)buf, (int)csize, (int)usize) !=
+                   (int)usize) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+#else
+static unsigned char *inflate_entry(int zstd, const unsigned char *src, size_t csize, size_t usize)
+{
+    return NULL; /* built without the decoders: compressed images do not load */
+}
+#endif
+
+/* What the entry the driver picks from fatbinary f takes (0: none it can load). */
+static unsigned long long fatbin_bytes(const unsigned char *f)
+{
+    unsigned short hsize;
+    unsigned long long fsize;
+    memcpy(&hsize, f + 6, 2);
+    memcpy(&fsize, f + 8, 8);
+    const unsigned char *cubin = NULL, *ptx = NULL, *end = f + hsize + fsize;
+    unsigned best = 0;
+    for (const unsigned char *e = f + hsize; e < end;) {
+        unsigned short kind;
+        unsigned int ehsize, arch = 0;
+        unsigned long long psize;
+        memcpy(&kind, e, 2);
+        memcpy(&ehsize, e + 4, 4);
+        memcpy(&psize, e + 8, 8);
+        if (ehsize >= 32)
+            memcpy(&arch, e + 28, 4);
+        unsigned a = arch != 0 ? arch : FAKE_SM; /* the shortest headers have none: it fits */
+        if (kind == 2 && a / 10 == FAKE_SM / 10 && a <= FAKE_SM && (cubin == NULL || a > best))
+            cubin = e, best = a;
+        if (kind == 1 && a <= FAKE_SM && ptx == NULL)
+            ptx = e;
+        e += ehsize + psize;
+    }
+    const unsigned char *pick = cubin != NULL ? cubin : ptx;
+    int pick_kind = cubin != NULL ? 2 : 1;
+    if (pick == NULL)
+        return 0;
+    unsigned int ehsize;
+    unsigned long long psize, flags = 0, usize = 0, bytes;
+    memcpy(&ehsize, pick + 4, 4);
+    memcpy(&psize, pick + 8, 8);
+    const unsigned char *data = pick + ehsize;
+    unsigned char *buf = NULL;
+    if (ehsize >= 64)
+        memcpy(&flags, pick + 40, 8);
+    if (flags & (0x2000 | 0x8000)) {
+        unsigned int csize;
+        memcpy(&csize, pick + 16, 4);
+        memcpy(&usize, pick + 56, 8);
+        if ((buf = inflate_entry((flags & 0x8000) != 0, data, csize, usize)) == NULL)
+            return 0;
+        data = buf, psize = usize;
+    }
+    bytes = pick_kind == 2 ? elf_bytes(data)
+                           : ptx_bytes((const char *)data, strnlen((const char *)data, psize));
+    free(buf);
+    return bytes;
+}
 
 static CUresult load_image(const char *image, void **out, int kind)
 {
     unsigned long long mib, key, bytes = 0;
     atomic_fetch_add(&module_loads, 1);
-    unsigned int magic = 0, entry_header = 0;
+    unsigned int magic = 0;
     if (image != NULL)
         memcpy(&magic, image, 4);
     if (image != NULL && memcmp(image, "\x7f" "ELF", 4) == 0)
         bytes = elf_bytes((const unsigned char *)image);
-    else if (magic == 0xBA55ED50u) { /* a fatbinary: its first entry, a cubin here */
-        memcpy(&entry_header, image + 16 + 4, 4);
-        if (memcmp(image + 16 + entry_header, "\x7f" "ELF", 4) == 0)
-            bytes = elf_bytes((const unsigned char *)image + 16 + entry_header);
-    }
+    else if (magic == 0xBA55ED50u)
+        bytes = fatbin_bytes((const unsigned char *)image);
+    else if (image != NULL && is_ptx(image, strlen(image)))
+        bytes = ptx_bytes(image, strlen(image));
     else if (image != NULL && sscanf(image, "KGPUFAKEMOD %llu", &mib) == 1)
         bytes = mib ? mib * MIB : 1;
     if (bytes == 0 || out == NULL)
@@ -2525,6 +2724,7 @@ static CUresult launched_fn(void *f, unsigned int grid_x)
                 r = OUT_OF_MEMORY;
             } else {
                 USED(c->dev) += more;
+                grew(c->dev);
                 c->limit_mem += more;
                 c->local = fn->local;
             }

@@ -825,6 +825,20 @@ static void module_images_are_refused_before_the_driver(void **state)
     expect_run(KGPU_SHIM_PROBE, "modimage", 0);
 }
 
+/*
+ * issue 25: PTX (bare, from a file, a fatbinary's entry) and compressed
+ * fatbinary entries are estimated before the load as well, so one past the
+ * share never reaches the driver: the fake driver's peak shows no moment
+ * past it. A cubin built for the device keeps the PTX beside it uncharged.
+ */
+static void ptx_and_compressed_images_are_refused_before_the_driver(void **state)
+{
+    env_container(KGPU_SHIM_LIB, "full", 1024);
+    expect_run(KGPU_SHIM_PROBE, "modimage-jit", 0);
+    env_add("PROBE_ROUTE=proc");
+    expect_run(KGPU_SHIM_PROBE, "modimage-jit", 0);
+}
+
 /* Container `name`: a share of `pct` % of GPU 0 and a ceiling of `limit` %. */
 static void env_share_limited(const char *name, int pct, int limit)
 {
@@ -1204,6 +1218,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(module_images_are_refused_before_the_driver, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(ptx_and_compressed_images_are_refused_before_the_driver,
+                                        setup, teardown),
         /* issue 25: memory kept alive past its process */
         cmocka_unit_test_setup_teardown(forked_worker_keeps_its_parents_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(ipc_consumers_are_charged_what_they_open, setup, teardown),
