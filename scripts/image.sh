@@ -72,11 +72,13 @@ fi
 
 # ---- the image ---------------------------------------------------------------
 start=$SECONDS
-if ! docker build -q --build-arg "BASE=$BASE" -t "$TAG" -f Dockerfile . >/dev/null; then
-    echo "image.sh: docker build failed; rerun it to see why:" >&2
-    echo "  docker build --build-arg BASE=$BASE -t $TAG -f Dockerfile ." >&2
+log=$(mktemp /tmp/kgpu-image-build.XXXXXX)
+if ! docker build --build-arg "BASE=$BASE" -t "$TAG" -f Dockerfile . >"$log" 2>&1; then
+    tail -30 "$log" >&2
+    echo "image.sh: docker build failed (the end of its output above; all of it in $log)" >&2
     exit 1
 fi
+rm -f "$log"
 echo "image.sh: $TAG built in $((SECONDS - start)) s: $(size_of "$TAG")"
 
 # ---- the checks ----------------------------------------------------------------

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start, second command (and what CI runs): install the Debian
 # packages, build with AddressSanitizer and UndefinedBehaviorSanitizer, and
-# run the whole test suite under CTest, then the end-to-end suites against
+# run the whole test suite under CTest, build and check the container image
+# (scripts/image.sh, where Docker answers), then the end-to-end suites against
 # the real Kubernetes components (scripts/e2e.sh; it builds them from their
 # Go modules once, into a cache outside the tree). Tests that need the
 # Alibaba trace report themselves skipped when it is absent (set
@@ -20,5 +21,14 @@ status=0
 REL=${RELEASE_BUILD:-build-release-check}
 cmake -S . -B "$REL" -DCMAKE_BUILD_TYPE=Release -DKGPU_BUILD_TESTS=OFF >/dev/null
 cmake --build "$REL" -j"$(nproc)" >/dev/null || { echo "test.sh: the Release build failed"; status=1; }
+# The container image, built and checked as users build it (scripts/image.sh).
+if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+    ./scripts/image.sh || status=1
+elif [ "${CI:-}" = true ]; then
+    echo "test.sh: FAILED: CI=true and no Docker engine answers: the image cannot be built"
+    status=1
+else
+    echo "test.sh: no Docker engine answers: the image is not built (scripts/image.sh)"
+fi
 E2E_BUILD="$BUILD" ./scripts/e2e.sh || status=1
 exit "$status"
