@@ -47,6 +47,7 @@ import shutil
 import signal
 import subprocess
 import time
+import unittest
 
 import cluster
 import harness
@@ -76,6 +77,14 @@ def emergency_cleanup():
         n.cleanup()
 
 
+def cannot_run(message):
+    """A suite this machine cannot run: skipped, but under CI=true an error, since CI must
+    run every suite and a skip would pass unseen."""
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("CI=true: " + message)
+    raise unittest.SkipTest(message)
+
+
 def cannot_run_reason(bindir):
     """Why this machine cannot run the node, or None when it can."""
     if os.geteuid() != 0:
@@ -90,6 +99,9 @@ def cannot_run_reason(bindir):
             return "the CNI plugin %s is missing (Debian's containernetworking-plugins)" % plugin
     if not os.path.exists(os.path.join(bindir, "kubelet")):
         return "kubelet is not built (scripts/upstream.sh)"
+    if shutil.which("docker") is None or subprocess.run(
+            ["docker", "info"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
+        return "no Docker engine answers: kgpu's image is built by scripts/image.sh"
     with open("/proc/filesystems") as f:
         if "overlay" not in f.read():
             return "the kernel has no overlay file system (containerd's snapshotter)"

@@ -7,11 +7,12 @@ for it on this machine (read from `ldd`), at the same paths. So the images
 carry this machine's glibc, which is what the fake driver and
 libkgpu-limit.so were built against.
 
-Three images: the pod sandbox (a static `pause`, under the name the runtime's
-sandbox_image setting gives, as kubelet's runtime expects it there), the
-job image (gpu_job built dynamically, statically, and statically on musl
-where musl-gcc is installed), and the image the Helm chart names. The
-programs are built from C sources in tests/e2e/node/ with the machine's cc.
+Two images made here: the pod sandbox (a static `pause`, under the name the
+runtime's sandbox_image setting gives, as kubelet's runtime expects it
+there) and the job image (gpu_job built dynamically, statically, and
+statically on musl where musl-gcc is installed), from C sources in
+tests/e2e/node/ with the machine's cc. The image the Helm chart names is
+kgpu's own, built by scripts/image.sh from the Dockerfile as users build it.
 """
 
 import hashlib
@@ -25,6 +26,7 @@ import tarfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "node")
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"  # kubeadm's for Kubernetes 1.37
 JOB_IMAGE = "kgpu-e2e.local/gpu-job:1"
@@ -122,22 +124,17 @@ def docker_archive(path, name, layer_bytes, entrypoint, cmd=None, env=None):
     return path
 
 
-def kgpu_image(workdir, build_dir, dra=False):
-    """The DaemonSet's image: kgpu-device-plugin on the PATH (with dra, also kgpu-dra-plugin,
-    which deploy/dra's DaemonSet runs from the same image), /usr/lib/kgpu/libkgpu-limit.so,
-    and what the install-shim init container's script runs (sh, mkdir, cp, chmod, mv, from
-    this machine), each with the shared objects it needs."""
-    files = {"/usr/bin/kgpu-device-plugin": os.path.join(build_dir, "kgpu-device-plugin"),
-             "/usr/lib/kgpu/libkgpu-limit.so": os.path.join(build_dir, "libkgpu-limit.so")}
-    if dra:
-        files["/usr/bin/kgpu-dra-plugin"] = os.path.join(build_dir, "kgpu-dra-plugin")
-    for tool in ("sh", "mkdir", "cp", "chmod", "mv"):
-        host = os.path.realpath(shutil.which(tool))
-        files["/bin/" + tool] = host
+def kgpu_image(workdir, build_dir=None, dra=False):
+    """The image the Helm chart's pods name, exactly as users build it: scripts/image.sh
+    (the Dockerfile, from a Debian base made here), saved as a docker-archive. It holds
+    kgpu-device-plugin, kgpu-dra-plugin, kgpu-extender and kgpu, the interception library
+    and busybox for the install-shim script; build_dir and dra are not needed for it."""
     path = os.path.join(workdir, "kgpu.tar")
-    docker_archive(path, KGPU_IMAGE, layer(files, libs_for=list(files.values())),
-                   ["/usr/bin/kgpu-device-plugin"],
-                   env=["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"])
+    r = subprocess.run([os.path.join(REPO, "scripts", "image.sh"), "--tag", KGPU_IMAGE,
+                        "--save", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError("scripts/image.sh failed:\n%s" % r.stdout[-3000:])
     return KGPU_IMAGE, path
 
 

@@ -224,8 +224,7 @@ class DraSuite(unittest.TestCase):
         if reason is None and ctrd is None:
             reason = "containerd 2.x is not built in %s (scripts/upstream.sh)" % CONFIG["bin"]
         if reason:
-            raise unittest.SkipTest("this machine cannot run a kubelet with a CDI runtime: "
-                                    + reason)
+            nodemod.cannot_run("this machine cannot run a kubelet with a CDI runtime: " + reason)
         cls.cp = cluster.ControlPlane(CONFIG["work"], CONFIG["bin"]).start()
         try:
             cls._bring_up(ctrd)
