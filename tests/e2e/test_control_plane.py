@@ -1130,6 +1130,56 @@ class ControlPlaneSuite(unittest.TestCase):
             self.assertIn(why, json.loads(text)["message"])
         cp.admin.merge_patch(own, {"metadata": {"labels": {"kgpu.io/e2e-probe": None}}})
 
+    # -- 17. kgpu's own scheduler: GPU pods routed to it by the chart's policy -----------
+
+    def test_17_own_scheduler_routing_in_the_api_server(self):
+        """ownScheduler.enabled: the chart's MutatingAdmissionPolicy, evaluated by the real
+        API server, gives GPU pods (asking in a container or an init container) kgpu's
+        scheduler, and leaves alone pods without a GPU, pods that name another scheduler,
+        and, with a namespace selector, namespaces it does not select."""
+        cp = self.cp
+        text = kgpu_deploy.render(cp, CONFIG["build"], values=[
+            "ownScheduler.enabled=true", "ownScheduler.tlsSecretName=unused"])
+        docs = [d for d in text.split("\n---\n")
+                if re.search(r"(?m)^kind: MutatingAdmissionPolicy(Binding)?$", d)]
+        self.assertEqual(len(docs), 2, "the chart's routing policy and its binding")
+        cp.kubectl("apply", "-f", "-", input="\n---\n".join(docs))
+        base = "/apis/admissionregistration.k8s.io/v1/"
+        for plural in ("mutatingadmissionpolicybindings", "mutatingadmissionpolicies"):
+            self.cleanups.append(base + plural + "/kgpu-scheduler-routing")
+        ns = "e2e-routing"
+        cp.ensure_namespace(ns)
+        n = [0]
+
+        def scheduler_of(containers, init=None, scheduler=None, in_ns=ns):
+            n[0] += 1
+            pod = pod_object("route-%d" % n[0], containers, ns=in_ns, init=init)
+            if scheduler:
+                pod["spec"]["schedulerName"] = scheduler
+            made = cp.admin.post(cluster.pod_path(in_ns), pod)
+            self.created.append((in_ns, pod["metadata"]["name"]))
+            return made["spec"]["schedulerName"]
+
+        # The policy takes effect once the API server has loaded it.
+        wait_for(lambda: scheduler_of([("main", {MEM: 1})]) == "kgpu-scheduler", 30,
+                 "the routing policy to take effect")
+        self.assertEqual(scheduler_of([("main", {WHOLE: 1})]), "kgpu-scheduler")
+        self.assertEqual(scheduler_of([("main", {})], init=[("fetch", {MEM: 2})]),
+                         "kgpu-scheduler")
+        self.assertEqual(scheduler_of([("main", {})]), "default-scheduler")
+        self.assertEqual(scheduler_of([("main", {MEM: 1})], scheduler="team-sched"),
+                         "team-sched")
+        # Only the namespaces the selector picks.
+        cp.admin.merge_patch(base + "mutatingadmissionpolicybindings/kgpu-scheduler-routing",
+                             {"spec": {"matchResources": {"namespaceSelector": {
+                                 "matchLabels": {"kgpu.io/e2e-route": "yes"}}}}})
+        wait_for(lambda: scheduler_of([("main", {MEM: 1})]) == "default-scheduler", 30,
+                 "the selector to take effect")
+        cp.admin.merge_patch("/api/v1/namespaces/" + ns,
+                             {"metadata": {"labels": {"kgpu.io/e2e-route": "yes"}}})
+        wait_for(lambda: scheduler_of([("main", {MEM: 1})]) == "kgpu-scheduler", 30,
+                 "the labelled namespace to be routed")
+
     def test_0_only_kube_scheduler_gets_in(self):
         """The extender runs the chart's config (HTTPS, client CA); kube-scheduler runs the
         shipped tlsConfig. Its calls succeed; a client without a certificate, or with one

@@ -852,6 +852,76 @@ class HelmChartTest(unittest.TestCase):
         self.assertEqual({c["image"] for c in pod["containers"] + pod["initContainers"]},
                          {"registry.example/kgpu:dev"})
 
+    # --- kgpu's own scheduler (ownScheduler) --------------------------------------
+
+    def test_own_scheduler(self):
+        """ownScheduler.enabled: a second kube-scheduler, the upstream image at the
+        cluster's version, runs the rendered configuration under its own profile name,
+        with in-cluster credentials, a Lease of its own and the files its tlsConfig names;
+        the routing policy names it. Off by default."""
+        base = helm()
+        self.assertFalse([k for k in base if k[0].startswith("MutatingAdmissionPolicy")
+                          or k[2] == "kgpu-scheduler"])
+        h = helm("ownScheduler.enabled=true", "extender.tls.certManager.enabled=true")
+        cfg = scheduler_config(h)
+        self.assertEqual([p["schedulerName"] for p in cfg["profiles"]], ["kgpu-scheduler"])
+        self.assertNotIn("clientConnection", cfg)  # in-cluster credentials
+        self.assertEqual(cfg["leaderElection"], {"leaderElect": True,
+                                                 "resourceName": "kgpu-scheduler",
+                                                 "resourceNamespace": EXT_NS})
+        dep = h[("Deployment", EXT_NS, "kgpu-scheduler")]["spec"]["template"]["spec"]
+        c = dep["containers"][0]
+        self.assertRegex(c["image"], r"^registry\.k8s\.io/kube-scheduler:v1\.\d+\.\d+$")
+        self.assertEqual(c["command"], ["kube-scheduler", "--config=/etc/kubernetes/"
+                                        "kgpu-scheduler/scheduler-config.yaml"])
+        self.assertTrue(c["securityContext"]["readOnlyRootFilesystem"])
+        self.assertTrue(dep["securityContext"]["runAsNonRoot"])
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        vols = {v["name"]: v for v in dep["volumes"]}
+        self.assertEqual(vols["config"]["configMap"]["name"], "kgpu-scheduler-config")
+        # The tlsConfig's files, from cert-manager's client certificate.
+        ext = cfg["extenders"][0]["tlsConfig"]
+        tls = vols["tls"]["secret"]
+        self.assertEqual(tls["secretName"], "kgpu-extender-scheduler-client")
+        files = {os.path.join(mounts["tls"], i["path"]) for i in tls["items"]}
+        self.assertEqual(files, {ext["caFile"], ext["certFile"], ext["keyFile"]})
+        # Its RBAC: the cluster's scheduler roles, and its own Lease only.
+        roles = {o["roleRef"]["name"] for (kind, _, name), o in h.items()
+                 if kind in ("ClusterRoleBinding", "RoleBinding") and
+                 name.startswith("kgpu-scheduler")}
+        self.assertEqual(roles, {"system:kube-scheduler", "system:volume-scheduler",
+                                 "extension-apiserver-authentication-reader",
+                                 "kgpu-scheduler-lease"})
+        lease = h[("Role", EXT_NS, "kgpu-scheduler-lease")]["rules"]
+        self.assertEqual([r.get("resourceNames") for r in lease], [None, ["kgpu-scheduler"]])
+        self.assertEqual(lease[0]["verbs"], ["create"])
+        # The routing names the profile, for every managed resource.
+        pol = h[("MutatingAdmissionPolicy", "", "kgpu-scheduler-routing")]["spec"]
+        self.assertIn('schedulerName: "kgpu-scheduler"',
+                      pol["mutations"][0]["applyConfiguration"]["expression"])
+        cond = {m["name"]: m["expression"] for m in pol["matchConditions"]}
+        for r in scheduler_config(base)["extenders"][0]["managedResources"]:
+            self.assertIn("'%s'" % r["name"], cond["asks-for-a-gpu"])
+        binding = h[("MutatingAdmissionPolicyBinding", "", "kgpu-scheduler-routing")]
+        self.assertEqual(binding["spec"]["policyName"], "kgpu-scheduler-routing")
+        # Another name, a namespace selector, a pinned tag.
+        h2 = helm("ownScheduler.enabled=true", "ownScheduler.schedulerName=gpu-sched",
+                  "ownScheduler.tlsSecretName=my-tls", "ownScheduler.image.tag=v1.37.2",
+                  "ownScheduler.routing.namespaceSelector.matchLabels.gpu=yes")
+        self.assertEqual([p["schedulerName"] for p in scheduler_config(h2)["profiles"]],
+                         ["gpu-sched"])
+        self.assertEqual(h2[("Deployment", EXT_NS, "gpu-sched")]["spec"]["template"]["spec"]
+                         ["containers"][0]["image"], "registry.k8s.io/kube-scheduler:v1.37.2")
+        self.assertEqual(h2[("MutatingAdmissionPolicyBinding", "", "gpu-sched-routing")]
+                         ["spec"]["matchResources"]["namespaceSelector"],
+                         {"matchLabels": {"gpu": "yes"}})
+        # TLS without a Secret for it, nor cert-manager to make one: refused by name.
+        self.assertIn("ownScheduler.tlsSecretName", helm_error("ownScheduler.enabled=true"))
+        r = subprocess.run([HELM, "lint", "--strict", CHART, "--set", "ownScheduler.enabled=true",
+                            "--set", "ownScheduler.tlsSecretName=x"],
+                           capture_output=True, text=True, env=HELM_ENV)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
     # --- the DRA driver -----------------------------------------------------------
 
     def test_dra_matches_kustomize(self):
