@@ -4,7 +4,7 @@
 # example cluster and workload with every placement policy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/deps.sh
+./scripts/deps.sh --build
 BUILD=${BUILD:-build}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKGPU_BUILD_TESTS=OFF >/dev/null
 cmake --build "$BUILD" -j"$(nproc)" >/dev/null

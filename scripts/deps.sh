@@ -2,9 +2,21 @@
 # Installs the Debian packages kgpu builds and tests with (Debian 12).
 # As root it runs apt-get; otherwise it prints the line to run and fails if
 # anything is missing. Safe to run again: it installs only what is missing.
+#
+#   scripts/deps.sh           what the build and the whole test suite need
+#   scripts/deps.sh --build   only what building and running kgpu needs (the
+#                             Quick start's first command, scripts/demo.sh)
+#
+# Packages that ship a service (prometheus, containerd) are installed for
+# the tests' own use, which start them by hand: their services are not
+# started, and are disabled where systemd runs, so nothing is left running
+# that was not asked for.
 set -euo pipefail
 
-PACKAGES=(
+build_only=0
+[ "${1:-}" = "--build" ] && build_only=1
+
+BUILD_PACKAGES=(
   build-essential cmake pkg-config   # toolchain
   libjansson-dev                     # JSON: kube-scheduler and API server wire formats, simulator output
   libmicrohttpd-dev                  # HTTP server of kgpu-extender
@@ -13,8 +25,10 @@ PACKAGES=(
   libyaml-dev                        # YAML: config, cluster file, kubeconfig
   libprotobuf-c-dev protobuf-c-compiler  # kubelet device plugin API messages (C)
   libgrpc-dev                        # gRPC core (C API): kubelet's device plugin sockets
-  python3-grpcio python3-protobuf protobuf-compiler  # the kubelet stand-in of the device plugin tests
   liblz4-dev libzstd-dev             # static PIC decoders linked into libkgpu-limit.so: compressed fatbinary entries
+)
+TEST_PACKAGES=(
+  python3-grpcio python3-protobuf protobuf-compiler  # the kubelet stand-in of the device plugin tests
   libcmocka-dev                      # unit test framework
   libxml2-utils                      # xmllint: tests check the SVG plot is well-formed XML
   python3                            # the API server stand-in and load drivers of integration tests
@@ -27,6 +41,10 @@ PACKAGES=(
   iproute2                           # ... and taking that bridge down again
   musl-tools                         # ... and a job program on another C library
 )
+
+PACKAGES=("${BUILD_PACKAGES[@]}")
+[ "$build_only" = 1 ] || PACKAGES+=("${TEST_PACKAGES[@]}")
+SERVICES=(prometheus containerd)  # packages above whose install starts a service
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -41,6 +59,22 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
+# No service starts while packages install (Debian's policy-rc.d convention),
+# unless the machine already has a policy of its own.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' > "$policy"
+  chmod 755 "$policy"
+  trap 'rm -f "$policy"' EXIT
+fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "installed: ${missing[*]}"
+# ... nor at the next boot: the tests start their own.
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+  for svc in "${SERVICES[@]}"; do
+    if printf '%s\n' "${missing[@]}" | grep -qx "$svc"; then
+      systemctl disable --now "$svc" >/dev/null 2>&1 || true
+    fi
+  done
+fi
