@@ -9,6 +9,11 @@
   leave the docs behind; `bench/bench_sim` names the program built from
   bench/bench_sim.c. A path with a placeholder (NAME, <x>, *, {a,b})
   is a pattern, not a path, and is left alone.
+- Every --flag given to one of kgpu's commands in the docs (in backticks or
+  in a code block: `kgpu`, `kgpu-extender`, `kgpu-device-plugin`,
+  `kgpu-dra-plugin`, `scripts/NAME.sh`, `bench/NAME.sh`, a `bench_NAME`
+  program) is one that command's source still spells, so a renamed or
+  removed flag cannot live on in the docs.
 
   test_docs.py --source SRC_DIR
 """
@@ -55,6 +60,76 @@ def is_pattern(p):
     return any(c in p for c in "<>*{}$") or re.search(r"\b[A-Z]{2,}\b", p) is not None
 
 
+# kgpu's commands and where each one's flags are spelled.
+PROGRAM_SOURCES = {
+    "kgpu": ("src/cli", "src/sim", "src/common"),
+    "kgpu-extender": ("src/extender", "src/common"),
+    "kgpu-device-plugin": ("src/deviceplugin", "src/nodeagent", "src/common"),
+    "kgpu-dra-plugin": ("src/dra", "src/nodeagent", "src/common"),
+}
+FLAG = re.compile(r"^--([a-z][a-z0-9-]*)(=.*)?$")
+ENDS = {"|", "||", "&&", ";", ">", ">>", "2>&1", "&"}
+
+
+def command_source(root, word):
+    """The text a command's flags are spelled in, or None when word is no command of kgpu."""
+    base = word.split("/")[-1]
+    files = []
+    if base in PROGRAM_SOURCES:
+        for d in PROGRAM_SOURCES[base]:
+            full = os.path.join(root, d)
+            if os.path.isdir(full):
+                files += [os.path.join(full, f) for f in sorted(os.listdir(full))
+                          if f.endswith((".c", ".h"))]
+    elif re.match(r"^(\./)?(scripts|bench)/[\w-]+\.sh$", word):
+        files = [os.path.join(root, word.lstrip("./") if word.startswith("./") else word)]
+    elif re.match(r"^bench_\w+$", base) and "/" in word:
+        files = [os.path.join(root, "bench", base + ".c")]
+    else:
+        return None
+    text = ""
+    for f in files:
+        if os.path.exists(f):
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                text += fh.read()
+    return text
+
+
+def unknown_flags(root, command_line, cache):
+    """(the --flags of command_line's kgpu commands that their source does not spell,
+    how many flags were checked)."""
+    words = command_line.split()
+    out, n = [], 0
+    i, at_start = 0, True  # a command is a line's first word, or the first after | ; &&
+    while i < len(words):
+        w = words[i].strip("`'\"(")
+        if words[i] in ENDS:
+            i, at_start = i + 1, True
+            continue
+        if at_start and (re.match(r"^[A-Z_][A-Z0-9_]*=", w) or w in ("sudo", "time", "exec")):
+            i += 1
+            continue
+        if not at_start:
+            i += 1
+            continue
+        at_start = False
+        if w not in cache:
+            cache[w] = command_source(root, w)
+        text = cache[w]
+        if text is None:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(words) and words[j] not in ENDS:
+            m = FLAG.match(words[j].strip("`'\",.;:)"))
+            n += 1 if m else 0
+            if m and ('"%s"' % m.group(1)) not in text and ("--" + m.group(1)) not in text:
+                out.append("%s --%s" % (w, m.group(1)))
+            j += 1
+        i = j
+    return out, n
+
+
 def scan(root):
     """(problems, links and paths checked) of root's README.md and docs/*.md."""
     docs = [os.path.join(root, "README.md")] + sorted(
@@ -66,8 +141,19 @@ def scan(root):
         rel_doc = os.path.relpath(doc, root)
         with open(doc, encoding="utf-8") as f:
             lines = f.read().split("\n")
+        fenced = False
+        flag_cache = {}
         for lineno, line in enumerate(lines, 1):
             where = f"{rel_doc}:{lineno}"
+            if FENCE.match(line):
+                fenced = not fenced
+                continue
+            commands = [line.split(" #")[0]] if fenced else CODE.findall(line)
+            for cmd in commands:
+                bad, n = unknown_flags(root, cmd, flag_cache)
+                checked += n
+                for b in bad:
+                    problems.append(f"{where}: `{b}`: the command has no such flag")
             for target in LINK.findall(line):
                 if re.match(r"^[a-z]+:", target):
                     continue  # http(s), mailto: not this tree's
@@ -106,15 +192,19 @@ def self_check():
         os.makedirs(os.path.join(root, "docs"))
         os.makedirs(os.path.join(root, "src", "x"))
         open(os.path.join(root, "src", "x", "a.c"), "w").close()
+        os.makedirs(os.path.join(root, "scripts"))
+        with open(os.path.join(root, "scripts", "t.sh"), "w", encoding="utf-8") as f:
+            f.write("case $1 in --yes) ;; esac\n")
         with open(os.path.join(root, "docs", "b.md"), "w", encoding="utf-8") as f:
             f.write("# B\n\n## The node suite (`--suite node`)\n")
         with open(os.path.join(root, "README.md"), "w", encoding="utf-8") as f:
             f.write("[ok](docs/b.md#the-node-suite---suite-node) `src/x/a.c` `src/x/NAME.c`\n"
-                    "[gone](docs/c.md) [no heading](docs/b.md#the-node-suite) `src/x/b.c`\n")
+                    "[gone](docs/c.md) [no heading](docs/b.md#the-node-suite) `src/x/b.c`\n"
+                    "`X=1 scripts/t.sh --yes --nope` `helm install t --nope`\n")
         problems, checked = scan(root)
         want = ["README.md:2: link to docs/c.md", "README.md:2: link to docs/b.md#the-node-suite:",
-                "README.md:2: `src/x/b.c`"]
-        ok = checked == 5 and len(problems) == 3 and all(
+                "README.md:2: `src/x/b.c`", "README.md:3: `scripts/t.sh --nope`"]
+        ok = checked == 8 and len(problems) == 4 and all(
             any(p.startswith(w) for p in problems) for w in want)
         print(("ok   " if ok else "FAIL ") + "the scan finds what is broken: " + "; ".join(problems))
         return ok
