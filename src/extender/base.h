@@ -42,6 +42,8 @@ typedef struct ext_config {
     char lease_ns[64], lease_name[64];
     int lease_duration_s; /* 15 */
     int allocate_wait_s;  /* a bound pod holds back same-size pods on its node this long; 0 off */
+    /* POST /mutate/pods gives GPU pods this schedulerName (kgpu's own scheduler); "" off. */
+    char route_pods_to[64];
     /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
     char probe_listen[256];         /* ADDR:PORT of /healthz and /readyz; "" none; :12347 */
     bool probe_listen_given;        /* set by the file or a flag, not the default */

@@ -2,6 +2,7 @@
  * kgpu-extender configuration: defaults, one YAML file (--config), then
  * flags, which have the last word.
  */
+#include <ctype.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -121,6 +122,23 @@ static int parse_namespace_queues(ext_config *cfg, const char *path, json_t *v, 
     return 0;
 }
 
+/* routePodsTo: a scheduler's name as pods carry it, 1-63 of [a-z0-9.-], alphanumeric at the ends. */
+static int check_scheduler_name(const char *name, kgpu_error *err)
+{
+    size_t n = strlen(name);
+    bool ok = n >= 1 && n <= 63 && isalnum((unsigned char)name[0]) &&
+              isalnum((unsigned char)name[n - 1]);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') ||
+             name[i] == '-' || name[i] == '.';
+    if (!ok)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "routePodsTo: '%.80s' is not a scheduler name (1-63 of a-z, 0-9, "
+                              "'-', '.')",
+                              name);
+    return 0;
+}
+
 static int check_policy(const char *name, kgpu_error *err)
 {
     if (kgpu_policy_find(name) == NULL)
@@ -205,6 +223,10 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
         } else if (strcmp(key, "allocateWaitSeconds") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 0 && json_integer_value(v) <= ALLOCATE_WAIT_MAX) {
             cfg->allocate_wait_s = (int)json_integer_value(v);
+        } else if (strcmp(key, "routePodsTo") == 0 && s) {
+            rc = check_scheduler_name(s, err);
+            if (rc == 0)
+                snprintf(cfg->route_pods_to, sizeof(cfg->route_pods_to), "%s", s);
         } else if (strcmp(key, "queues") == 0) {
             kgpu_queues *qs = NULL;
             rc = kgpu_queues_from_json(root, path, &qs, err);
@@ -257,7 +279,8 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                                           "leaseNamespace",
                                           "leaseName",
                                           "leaseDurationSeconds",
-                                          "allocateWaitSeconds"};
+                                          "allocateWaitSeconds",
+                                          "routePodsTo"};
             bool is_known = false;
             for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
                 is_known = is_known || strcmp(key, known[i]) == 0;
@@ -312,6 +335,8 @@ static void usage(FILE *f)
             "  --allocate-wait S      seconds a bound pod, until kubelet has allocated its\n"
             "                         devices, keeps pods asking the same amount off its node\n"
             "                         (default 120; 0 turns this off)\n"
+            "  --route-pods-to NAME   answer POST /mutate/pods, the webhook giving GPU pods\n"
+            "                         schedulerName NAME (kgpu's own scheduler; default off)\n"
             "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
             "  --help                 this text\n"
             "  --port-file FILE       write the port served once listening (for --listen :0)\n"
@@ -339,6 +364,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"lease-name", required_argument, NULL, 'M'},
         {"lease-duration", required_argument, NULL, 'D'},
         {"allocate-wait", required_argument, NULL, 'W'},
+        {"route-pods-to", required_argument, NULL, 'r'},
         {"max-buffered-bytes", required_argument, NULL, 'B'},
         {"max-connections", required_argument, NULL, 'x'},
         {"max-connections-per-client", required_argument, NULL, 'X'},
@@ -431,6 +457,11 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
             if (end == optarg || *end || cfg->lease_duration_s < 2 || cfg->lease_duration_s > 3600)
                 rc = kgpu_error_set(err, KGPU_EINVAL, "--lease-duration '%s': 2..3600 seconds",
                                     optarg);
+            break;
+        case 'r':
+            rc = check_scheduler_name(optarg, err);
+            if (rc == 0)
+                snprintf(cfg->route_pods_to, sizeof(cfg->route_pods_to), "%s", optarg);
             break;
         case 'W': {
             long wait = strtol(optarg, &end, 10);

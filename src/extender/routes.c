@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "mutate.h"
 
 bool ext_daemon_leads(ext_daemon *d)
 {
@@ -74,6 +75,25 @@ static void handle_pod_delete(ext_daemon *d, const char *path, ext_response *r)
     ext_reply_json(r, 200, json_pack("{s:s,s:s,s:s}", "namespace", ns, "name", name, "uid", uid));
 }
 
+/* POST /mutate/pods: the API server's AdmissionReview of a pod being created (mutate.c). */
+static void handle_mutate(ext_daemon *d, const char *body, size_t len, ext_response *r)
+{
+    json_t *answer = NULL;
+    bool routed = false;
+    char why[200];
+    int status = ext_mutate_review(d->cfg.route_pods_to, d->cfg.max_json_depth, body, len,
+                                   &answer, &routed, why, sizeof(why));
+    if (status != 200) {
+        ext_log(EXT_WARN, "mutate/pods: %s", why);
+        ext_reply_json(r, status, json_pack("{s:s}", "Error", why));
+        return;
+    }
+    if (routed)
+        ext_log(EXT_DEBUG, "mutate/pods: a GPU pod is given schedulerName %s",
+                d->cfg.route_pods_to);
+    ext_reply_json(r, 200, answer);
+}
+
 /* The last path segment for POST verbs, so any urlPrefix kube-scheduler uses works. */
 static const char *last_segment(const char *url)
 {
@@ -85,6 +105,10 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
                 ext_response *r)
 {
     memset(r, 0, sizeof(*r));
+    if (strcmp(method, "POST") == 0 && strcmp(url, "/mutate/pods") == 0) {
+        handle_mutate(d, body, len, r);
+        return;
+    }
     if (strcmp(method, "POST") == 0) {
         const char *verb = last_segment(url);
         enum ext_verb v = VERB_OTHER;

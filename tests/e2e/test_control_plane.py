@@ -7,6 +7,7 @@ Nodes have no kubelet: they are Node objects with the capacity and the
 kgpu.io/gpus annotation that kubelet and kgpu's device plugin would write.
 """
 
+import base64
 import http.client
 import json
 import os
@@ -1139,7 +1140,8 @@ class ControlPlaneSuite(unittest.TestCase):
         and, with a namespace selector, namespaces it does not select."""
         cp = self.cp
         text = kgpu_deploy.render(cp, CONFIG["build"], values=[
-            "ownScheduler.enabled=true", "ownScheduler.tlsSecretName=unused"])
+            "ownScheduler.enabled=true", "ownScheduler.tlsSecretName=unused",
+            "ownScheduler.routing.via=policy"])
         docs = [d for d in text.split("\n---\n")
                 if re.search(r"(?m)^kind: MutatingAdmissionPolicy(Binding)?$", d)]
         self.assertEqual(len(docs), 2, "the chart's routing policy and its binding")
@@ -1179,6 +1181,71 @@ class ControlPlaneSuite(unittest.TestCase):
                              {"metadata": {"labels": {"kgpu.io/e2e-route": "yes"}}})
         wait_for(lambda: scheduler_of([("main", {MEM: 1})]) == "kgpu-scheduler", 30,
                  "the labelled namespace to be routed")
+
+    def test_18_own_scheduler_routing_by_the_extenders_webhook(self):
+        """ownScheduler.routing.via=webhook (clusters without the v1 policy): the chart's
+        MutatingWebhookConfiguration, called by the real API server without a client
+        certificate, routes GPU pods through the extender's POST /mutate/pods; pods without
+        a GPU never reach it. With the extender down, creating a GPU pod fails with the
+        webhook's error, and pods without a GPU are still created."""
+        import yaml  # python3-yaml (scripts/deps.sh)
+        cp, tls = self.cp, self.cp.kgpu_tls
+        if tls is None:
+            self.skipTest("the extender runs without TLS here; webhooks need HTTPS")
+        with open(tls.ca, "rb") as f:
+            ca_bundle = base64.b64encode(f.read()).decode()
+        text = kgpu_deploy.render(cp, CONFIG["build"], values=[
+            "ownScheduler.enabled=true", "ownScheduler.tlsSecretName=unused",
+            "ownScheduler.routing.via=webhook", "ownScheduler.routing.caBundle=" + ca_bundle])
+        hooks = [d for d in yaml.safe_load_all(text)
+                 if d and d.get("kind") == "MutatingWebhookConfiguration"]
+        self.assertEqual(len(hooks), 1)
+        self.assertIn('routePodsTo: "kgpu-scheduler"', text)
+        # The extender's webhook, run as its pod would run it, called by URL (no kube-proxy).
+        route = kgpu_deploy.Extender(cp, CONFIG["build"], self.ext_config,
+                                     name="kgpu-extender-route",
+                                     extra=["--route-pods-to", "kgpu-scheduler"]).start()
+        try:
+            hook = hooks[0]
+            cc = hook["webhooks"][0]["clientConfig"]
+            self.assertEqual(cc["service"]["path"], "/mutate/pods")
+            del cc["service"]
+            cc["url"] = "https://127.0.0.1:%d/mutate/pods" % route.port
+            path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+            cp.admin.post(path, hook)
+            self.cleanups.append(path + "/" + hook["metadata"]["name"])
+            ns = "e2e-webhook"
+            cp.ensure_namespace(ns)
+            n = [0]
+
+            def create(containers, scheduler=None):
+                n[0] += 1
+                pod = pod_object("hook-%d" % n[0], containers, ns=ns)
+                if scheduler:
+                    pod["spec"]["schedulerName"] = scheduler
+                st, body = cp.admin.raw("POST", cluster.pod_path(ns), json.dumps(pod),
+                                        "application/json")
+                if st == 201:
+                    self.created.append((ns, pod["metadata"]["name"]))
+                return st, json.loads(body)
+
+            def scheduler_of(containers, scheduler=None):
+                st, body = create(containers, scheduler)
+                self.assertEqual(st, 201, body)
+                return body["spec"]["schedulerName"]
+
+            wait_for(lambda: scheduler_of([("main", {MEM: 1})]) == "kgpu-scheduler", 30,
+                     "the webhook to take effect")
+            self.assertEqual(scheduler_of([("main", {})], ), "default-scheduler")
+            self.assertEqual(scheduler_of([("main", {WHOLE: 1})], "team-sched"), "team-sched")
+            # kgpu down: GPU pods are refused with the webhook's error, the others created.
+            route.child.stop()
+            st, body = create([("main", {MEM: 1})])
+            self.assertEqual(st, 500, body)
+            self.assertIn("pods.routing.kgpu.io", body.get("message", ""))
+            self.assertEqual(scheduler_of([("main", {})]), "default-scheduler")
+        finally:
+            route.child.stop()
 
     def test_0_only_kube_scheduler_gets_in(self):
         """The extender runs the chart's config (HTTPS, client CA); kube-scheduler runs the

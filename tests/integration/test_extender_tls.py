@@ -5,10 +5,12 @@ Makes a throwaway CA, a server certificate for 127.0.0.1 and client
 certificates (one from that CA, one from another), starts the real extender
 with --tls-cert/--tls-key/--tls-client-ca in --cluster-file mode, and checks
 who gets in: a client signed by the CA does; no certificate or a foreign one
-does not; probes (/healthz, /readyz) do without a certificate; plain HTTP
-does not work at all. Exit 77 (skipped) when openssl is not installed.
+does not; probes (/healthz, /readyz) and the API server's call of the
+pod-routing webhook (POST /mutate/pods) do without a certificate; plain
+HTTP does not work at all. Exit 77 (skipped) when openssl is not installed.
 """
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -55,7 +57,7 @@ class TlsTest(unittest.TestCase):
             [ARGS.extender, "--cluster-file", os.path.join(ARGS.source, "examples", "cluster.yaml"),
              "--listen", "127.0.0.1:0", "--port-file", portfile, "--log-level", "warn",
              "--tls-cert", p("server.crt"), "--tls-key", p("server.key"),
-             "--tls-client-ca", p("ca.crt")],
+             "--tls-client-ca", p("ca.crt"), "--route-pods-to", "kgpu-scheduler"],
             start_new_session=True)
         def port_written():
             if not os.path.exists(portfile):
@@ -122,6 +124,28 @@ class TlsTest(unittest.TestCase):
         for path in ("/healthz", "/readyz", "/version"):
             status, _ = self.request("GET", path)
             self.assertEqual(status, 200, path)
+
+    def test_the_routing_webhook_needs_no_certificate(self):
+        """The API server calls POST /mutate/pods with no client certificate (a managed
+        cluster cannot give it one): answered, the GPU pod routed; every other POST still
+        needs one (test_no_certificate_is_refused)."""
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {"uid": "u-1", "operation": "CREATE", "object": {
+                      "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                      "spec": {"containers": [{"name": "c", "resources": {
+                          "limits": {"kgpu.io/gpu-mem": "4"}}}]}}}}
+        status, body = self.request("POST", "/mutate/pods", body=json.dumps(review))
+        self.assertEqual(status, 200, body)
+        resp = json.loads(body)["response"]
+        self.assertEqual((resp["uid"], resp["allowed"], resp["patchType"]),
+                         ("u-1", True, "JSONPatch"))
+        self.assertEqual(json.loads(base64.b64decode(resp["patch"])),
+                         [{"op": "add", "path": "/spec/schedulerName", "value": "kgpu-scheduler"}])
+        status, body = self.request("POST", "/mutate/pods", body="{")
+        self.assertEqual(status, 400)
+        self.assertIn("malformed JSON", json.loads(body)["Error"])
+        status, _ = self.request("POST", "/mutate/pods/../filter", body="{}")
+        self.assertEqual(status, 403)
 
     def test_plain_http_does_not_work(self):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)

@@ -862,7 +862,8 @@ class HelmChartTest(unittest.TestCase):
         base = helm()
         self.assertFalse([k for k in base if k[0].startswith("MutatingAdmissionPolicy")
                           or k[2] == "kgpu-scheduler"])
-        h = helm("ownScheduler.enabled=true", "extender.tls.certManager.enabled=true")
+        h = helm("ownScheduler.enabled=true", "extender.tls.certManager.enabled=true",
+                 "ownScheduler.routing.via=policy")
         cfg = scheduler_config(h)
         self.assertEqual([p["schedulerName"] for p in cfg["profiles"]], ["kgpu-scheduler"])
         self.assertNotIn("clientConnection", cfg)  # in-cluster credentials
@@ -907,6 +908,7 @@ class HelmChartTest(unittest.TestCase):
         # Another name, a namespace selector, a pinned tag.
         h2 = helm("ownScheduler.enabled=true", "ownScheduler.schedulerName=gpu-sched",
                   "ownScheduler.tlsSecretName=my-tls", "ownScheduler.image.tag=v1.37.2",
+                  "ownScheduler.routing.via=policy",
                   "ownScheduler.routing.namespaceSelector.matchLabels.gpu=yes")
         self.assertEqual([p["schedulerName"] for p in scheduler_config(h2)["profiles"]],
                          ["gpu-sched"])
@@ -915,10 +917,51 @@ class HelmChartTest(unittest.TestCase):
         self.assertEqual(h2[("MutatingAdmissionPolicyBinding", "", "gpu-sched-routing")]
                          ["spec"]["matchResources"]["namespaceSelector"],
                          {"matchLabels": {"gpu": "yes"}})
+        self.assertNotIn("routePodsTo", h[("ConfigMap", EXT_NS, "kgpu-extender")]["data"]
+                         ["config.yaml"])
+        # The webhook instead: same conditions, the extender answers it.
+        w = helm("ownScheduler.enabled=true", "extender.tls.certManager.enabled=true",
+                 "ownScheduler.routing.via=webhook")
+        self.assertFalse([k for k in w if k[0].startswith("MutatingAdmissionPolicy")])
+        hook = w[("MutatingWebhookConfiguration", "", "kgpu-scheduler-routing")]
+        self.assertEqual(hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+                         EXT_NS + "/kgpu-extender-tls")
+        wh = hook["webhooks"][0]
+        self.assertEqual(wh["clientConfig"]["service"],
+                         {"name": "kgpu-extender", "namespace": EXT_NS,
+                          "port": extender_container(w)["ports"][0]["containerPort"],
+                          "path": "/mutate/pods"})
+        self.assertEqual((wh["failurePolicy"], wh["sideEffects"]), ("Fail", "None"))
+        self.assertEqual(wh["matchConditions"], pol["matchConditions"])
+        ext_cfg = yaml.safe_load(w[("ConfigMap", EXT_NS, "kgpu-extender")]["data"]["config.yaml"])
+        self.assertEqual(ext_cfg["routePodsTo"], "kgpu-scheduler")
+        # auto: the policy where the API server serves it, else the webhook.
+        for api, kind in ((["--api-versions",
+                            "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"],
+                           "MutatingAdmissionPolicy"), ([], "MutatingWebhookConfiguration")):
+            r = subprocess.run([HELM, "template", "kgpu", CHART, "--set",
+                                "ownScheduler.enabled=true", "--set",
+                                "extender.tls.certManager.enabled=true"] + api,
+                               capture_output=True, text=True, env=HELM_ENV)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            kinds = {o["kind"] for o in load_docs(r.stdout)}
+            self.assertIn(kind, kinds)
+            self.assertEqual(len(kinds & {"MutatingAdmissionPolicy",
+                                          "MutatingWebhookConfiguration"}), 1)
+        self.assertIn("caBundle", helm_error("ownScheduler.enabled=true",
+                                             "ownScheduler.tlsSecretName=x",
+                                             "ownScheduler.routing.via=webhook"))
+        self.assertIn("extender.tls.enabled", helm_error(
+            "ownScheduler.enabled=true", "extender.tls.enabled=false",
+            "ownScheduler.routing.via=webhook"))
+        self.assertIn("expected auto, policy or webhook", helm_error(
+            "ownScheduler.enabled=true", "ownScheduler.tlsSecretName=x",
+            "ownScheduler.routing.via=both"))
         # TLS without a Secret for it, nor cert-manager to make one: refused by name.
         self.assertIn("ownScheduler.tlsSecretName", helm_error("ownScheduler.enabled=true"))
         r = subprocess.run([HELM, "lint", "--strict", CHART, "--set", "ownScheduler.enabled=true",
-                            "--set", "ownScheduler.tlsSecretName=x"],
+                            "--set", "ownScheduler.tlsSecretName=x",
+                            "--set", "ownScheduler.routing.caBundle=eA=="],
                            capture_output=True, text=True, env=HELM_ENV)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 

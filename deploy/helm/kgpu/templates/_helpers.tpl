@@ -123,3 +123,30 @@ from column 0.
 {{- fail "namespaces.dra.name must differ from namespaces.devicePlugin.name: each is installed and removed alone" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* ownScheduler's routing: "policy" (a MutatingAdmissionPolicy in the API server) or "webhook" (the extender's /mutate/pods); with via auto, the policy where the API server serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy. */}}
+{{- define "kgpu.routing.via" -}}
+{{- $via := .Values.ownScheduler.routing.via -}}
+{{- if eq $via "auto" -}}
+{{- ternary "policy" "webhook" (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") -}}
+{{- else if or (eq $via "policy") (eq $via "webhook") -}}
+{{- $via -}}
+{{- else -}}
+{{- fail (printf "ownScheduler.routing.via: %q: expected auto, policy or webhook" $via) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Which pods are routed, as CEL conditions on the pod being created: the policy's and the webhook's (so that only GPU pods reach the webhook). */}}
+{{- define "kgpu.routing.matchConditions" -}}
+{{- $res := list -}}
+{{- range .Values.scheduler.managedResources }}{{ $res = append $res (printf "'%s'" .name) }}{{ end -}}
+- name: names-no-other-scheduler
+  expression: >-
+    !has(object.spec.schedulerName) || object.spec.schedulerName == '' || object.spec.schedulerName == 'default-scheduler'
+- name: asks-for-a-gpu
+  expression: >-
+    (object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : []))
+    .exists(c, has(c.resources) && [{{ join ", " $res }}].exists(r,
+    (has(c.resources.limits) && r in c.resources.limits) ||
+    (has(c.resources.requests) && r in c.resources.requests)))
+{{- end -}}
