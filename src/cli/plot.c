@@ -3,7 +3,9 @@
  * "nice" 1/2/5 x 10^k ticks, light grid lines, a legend and a fixed
  * colour-blind-friendly palette. Output is deterministic: numbers are
  * printed with fixed precision under the C locale, so a chart can be
- * diffed or checked in as a golden file.
+ * diffed or checked in as a golden file. An optional detail panel below the
+ * chart redraws a window of it at its own scale: curves that finish a point
+ * apart are one line at the main panel's scale.
  */
 #include "plot.h"
 
@@ -13,6 +15,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Layout in viewBox units. The legend sits in the column right of the plot area. */
@@ -32,6 +35,12 @@
 #define CLIP_MARGIN 2.0
 /* Pixel coordinates are clamped to this so far-away points cannot print 300-digit numbers. */
 #define COORD_LIMIT 100000.0
+/* The detail panel: below the main one's axis label, the full width (no legend beside it). */
+#define ZOOM_H      860
+#define ZOOM_LEFT   PLOT_LEFT
+#define ZOOM_RIGHT  776.0
+#define ZOOM_TOP    530.0
+#define ZOOM_BOTTOM 796.0
 
 /*
  * Okabe-Ito (without yellow, which vanishes on white) followed by Paul Tol's
@@ -59,6 +68,13 @@ typedef struct plot_axis {
     int decimals; /* for "%.*f" */
     bool use_g;   /* magnitudes where fixed notation would be unreadable */
 } plot_axis;
+
+/* One plot area: where it sits in the viewBox, its axes and the id of its clip path. */
+typedef struct plot_panel {
+    double left, right, top, bottom;
+    plot_axis x, y;
+    const char *clip_id;
+} plot_panel;
 
 static void out(svg_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -180,14 +196,14 @@ static double coord(double v)
     return v;
 }
 
-static double map_x(const plot_axis *a, double v)
+static double map_x(const plot_panel *p, double v)
 {
-    return coord(PLOT_LEFT + (v - a->lo) / (a->hi - a->lo) * (PLOT_RIGHT - PLOT_LEFT));
+    return coord(p->left + (v - p->x.lo) / (p->x.hi - p->x.lo) * (p->right - p->left));
 }
 
-static double map_y(const plot_axis *a, double v)
+static double map_y(const plot_panel *p, double v)
 {
-    return coord(PLOT_BOTTOM - (v - a->lo) / (a->hi - a->lo) * (PLOT_BOTTOM - PLOT_TOP));
+    return coord(p->bottom - (v - p->y.lo) / (p->y.hi - p->y.lo) * (p->bottom - p->top));
 }
 
 /* A step of 1, 2 or 5 x 10^k that cuts [lo, hi] into about `target` intervals. */
@@ -269,14 +285,14 @@ static bool data_extent(const kgpu_plot *plot, bool want_y, const plot_axis *xra
     return any;
 }
 
-/* Picks the axis range: the caller's, or one fitted to the data. */
-static int axis_range(const kgpu_plot *plot, bool is_y, const plot_axis *xaxis, plot_axis *a,
-                      kgpu_error *err)
+/*
+ * Picks an axis range: the caller's [lo, hi], or, if lo >= hi, one fitted to
+ * the data (for y, the points within xaxis when given). name says which in
+ * messages.
+ */
+static int axis_range(const kgpu_plot *plot, bool is_y, double lo, double hi, const char *name,
+                      const plot_axis *xaxis, plot_axis *a, kgpu_error *err)
 {
-    double lo = is_y ? plot->ymin : plot->xmin;
-    double hi = is_y ? plot->ymax : plot->xmax;
-    const char *name = is_y ? "y" : "x";
-
     if (!isfinite(lo) || !isfinite(hi))
         return kgpu_error_set(err, KGPU_EINVAL, "plot: %s range [%g, %g] is not finite", name, lo,
                               hi);
@@ -306,8 +322,61 @@ static int axis_range(const kgpu_plot *plot, bool is_y, const plot_axis *xaxis, 
     return 0;
 }
 
+static bool zoom_on(const kgpu_plot *plot)
+{
+    return plot->zoom_xmin != 0.0 || plot->zoom_xmax != 0.0;
+}
+
+static int zoom_check(const kgpu_plot *plot, kgpu_error *err)
+{
+    const double v[] = {plot->zoom_xmin, plot->zoom_xmax, plot->zoom_ymin, plot->zoom_ymax};
+    const char *const names[] = {"zoom_xmin", "zoom_xmax", "zoom_ymin", "zoom_ymax"};
+
+    if (!zoom_on(plot))
+        return 0;
+    for (int i = 0; i < 4; i++)
+        if (!isfinite(v[i]))
+            return kgpu_error_set(err, KGPU_EINVAL, "plot: %s is %g, not a finite number", names[i],
+                                  v[i]);
+    if (!(plot->zoom_xmin < plot->zoom_xmax))
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "plot: zoom_xmin %g is not below zoom_xmax %g (both 0: no zoom)",
+                              plot->zoom_xmin, plot->zoom_xmax);
+    return 0;
+}
+
+/* legend_order must name each series once: a repeat would leave another out of the legend. */
+static int legend_check(const kgpu_plot *plot, kgpu_error *err)
+{
+    bool *seen;
+    int rc = 0;
+
+    if (!plot->legend_order || plot->nseries == 0)
+        return 0;
+    seen = calloc((size_t)plot->nseries, sizeof(*seen));
+    if (!seen)
+        return kgpu_error_set(err, KGPU_ENOMEM, "plot: out of memory checking legend_order");
+    for (int i = 0; i < plot->nseries && rc == 0; i++) {
+        int k = plot->legend_order[i];
+
+        if (k < 0 || k >= plot->nseries)
+            rc = kgpu_error_set(err, KGPU_EINVAL,
+                                "plot: legend_order[%d] is %d, not a series index below %d", i, k,
+                                plot->nseries);
+        else if (seen[k])
+            rc =
+                kgpu_error_set(err, KGPU_EINVAL, "plot: legend_order names series %d twice", k + 1);
+        else
+            seen[k] = true;
+    }
+    free(seen);
+    return rc;
+}
+
 static int plot_check(FILE *f, const kgpu_plot *plot, kgpu_error *err)
 {
+    int rc;
+
     if (!f || !plot)
         return kgpu_error_set(err, KGPU_EINVAL, "plot: no %s given", f ? "plot" : "output stream");
     if (plot->nseries < 0 || (plot->nseries > 0 && !plot->series))
@@ -321,7 +390,9 @@ static int plot_check(FILE *f, const kgpu_plot *plot, kgpu_error *err)
         if (s->n > 0 && !s->y)
             return kgpu_error_set(err, KGPU_EINVAL, "plot: series %d has no y values", i + 1);
     }
-    return 0;
+    if ((rc = zoom_check(plot, err)) < 0)
+        return rc;
+    return legend_check(plot, err);
 }
 
 static void out_style(svg_out *o, int i)
@@ -342,8 +413,7 @@ static void out_label(svg_out *o, const kgpu_plot_series *s, int i, size_t max_c
 }
 
 /* The lines of one series: a polyline per run of finite points, a dot for a lone point. */
-static void out_series(svg_out *o, const kgpu_plot_series *s, int si, const plot_axis *xa,
-                       const plot_axis *ya)
+static void out_series(svg_out *o, const kgpu_plot_series *s, int si, const plot_panel *p)
 {
     out(o, "<g");
     out_style(o, si);
@@ -361,12 +431,12 @@ static void out_series(svg_out *o, const kgpu_plot_series *s, int si, const plot
         if (b - a == 1) {
             point_at(s, a, &x, &y);
             out(o, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2.5\" fill=\"%s\" stroke=\"none\"/>\n",
-                map_x(xa, x), map_y(ya, y), plot_palette[si % PALETTE_N]);
+                map_x(p, x), map_y(p, y), plot_palette[si % PALETTE_N]);
         } else {
             out(o, "<polyline points=\"");
             for (int i = a; i < b; i++) {
                 point_at(s, i, &x, &y);
-                out(o, "%s%.2f,%.2f", i > a ? " " : "", map_x(xa, x), map_y(ya, y));
+                out(o, "%s%.2f,%.2f", i > a ? " " : "", map_x(p, x), map_y(p, y));
             }
             out(o, "\"/>\n");
         }
@@ -375,101 +445,190 @@ static void out_series(svg_out *o, const kgpu_plot_series *s, int si, const plot
     out(o, "</g>\n");
 }
 
+/* Code points in s as out_text writes it (a replaced byte counts as one). */
+static size_t text_chars(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t chars = 0;
+
+    while (*p) {
+        size_t n = xml_char_len(p);
+
+        p += n ? n : 1;
+        chars++;
+    }
+    return chars;
+}
+
 static void out_legend(svg_out *o, const kgpu_plot *plot)
 {
+    double top = plot->legend_title ? LEGEND_TOP + LEGEND_ROW : LEGEND_TOP;
+    int room = plot->legend_title ? LEGEND_MAX_ROWS - 1 : LEGEND_MAX_ROWS;
     int rows = plot->nseries;
 
-    if (rows > LEGEND_MAX_ROWS)
-        rows = LEGEND_MAX_ROWS - 1; /* the last row says how many are not shown */
+    if (rows > room)
+        rows = room - 1; /* the last row says how many are not shown */
     out(o, "<g font-size=\"12\" fill=\"#222222\">\n");
+    if (plot->legend_title) {
+        out(o, "<text x=\"%.2f\" y=\"%.2f\" dy=\"0.35em\" font-weight=\"bold\">", LEGEND_X,
+            LEGEND_TOP);
+        out_text(o, plot->legend_title, LEGEND_MAX_CHARS);
+        out(o, "</text>\n");
+    }
     for (int i = 0; i < rows; i++) {
-        double y = LEGEND_TOP + i * LEGEND_ROW;
+        int si = plot->legend_order ? plot->legend_order[i] : i;
+        const kgpu_plot_series *s = &plot->series[si];
+        double y = top + i * LEGEND_ROW;
+        size_t max_chars = LEGEND_MAX_CHARS;
 
         out(o,
             "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke-width=\"2.5\" "
             "stroke-linecap=\"round\"",
             LEGEND_X, y, LEGEND_X + 24.0, y);
-        out_style(o, i);
+        out_style(o, si);
         out(o, "/>\n<text x=\"%.2f\" y=\"%.2f\" dy=\"0.35em\">", LEGEND_X + 30.0, y);
-        out_label(o, &plot->series[i], i, LEGEND_MAX_CHARS);
+        if (s->value) {
+            /* The value stays whole; the label gets what is left, a few characters at least. */
+            size_t need = text_chars(s->value) + 1;
+
+            max_chars = need + 4 < LEGEND_MAX_CHARS ? LEGEND_MAX_CHARS - need : 4;
+        }
+        out_label(o, s, si, max_chars);
+        if (s->value) {
+            out(o, " ");
+            out_text(o, s->value, 0);
+        }
         out(o, "</text>\n");
     }
     if (rows < plot->nseries)
         out(o, "<text x=\"%.2f\" y=\"%.2f\" dy=\"0.35em\">+%d more</text>\n", LEGEND_X + 30.0,
-            LEGEND_TOP + rows * LEGEND_ROW, plot->nseries - rows);
+            top + rows * LEGEND_ROW, plot->nseries - rows);
     out(o, "</g>\n");
 }
 
-static void render(svg_out *o, const kgpu_plot *plot, const plot_axis *xa, const plot_axis *ya)
+static void out_clip(svg_out *o, const plot_panel *p)
+{
+    out(o,
+        "<clipPath id=\"%s\"><rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" "
+        "height=\"%.2f\"/></clipPath>",
+        p->clip_id, p->left - CLIP_MARGIN, p->top - CLIP_MARGIN,
+        p->right - p->left + 2 * CLIP_MARGIN, p->bottom - p->top + 2 * CLIP_MARGIN);
+}
+
+/*
+ * One panel's grid, axes, ticks and clipped data; with mark, that panel's
+ * window is shaded here so the reader sees what the detail panel enlarges.
+ */
+static void render_panel(svg_out *o, const kgpu_plot *plot, const plot_panel *p,
+                         const plot_panel *mark)
 {
     double xt[MAX_TICKS], yt[MAX_TICKS];
-    int nx = axis_ticks(xa, xt), ny = axis_ticks(ya, yt);
-    double cx = (PLOT_LEFT + PLOT_RIGHT) / 2.0, cy = (PLOT_TOP + PLOT_BOTTOM) / 2.0;
-
-    out(o,
-        "<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"no\"?>\n"
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%d\" "
-        "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
-        PLOT_W, PLOT_H, PLOT_W, PLOT_H);
-    if (plot->title) {
-        out(o, "<title>");
-        out_text(o, plot->title, 0);
-        out(o, "</title>\n");
-    }
-    out(o,
-        "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n"
-        "<defs><clipPath id=\"kgpu-plot-area\"><rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" "
-        "height=\"%.2f\"/></clipPath></defs>\n",
-        PLOT_W, PLOT_H, PLOT_LEFT - CLIP_MARGIN, PLOT_TOP - CLIP_MARGIN,
-        PLOT_RIGHT - PLOT_LEFT + 2 * CLIP_MARGIN, PLOT_BOTTOM - PLOT_TOP + 2 * CLIP_MARGIN);
+    int nx = axis_ticks(&p->x, xt), ny = axis_ticks(&p->y, yt);
 
     /* Grid first, so data draws over it. */
     out(o, "<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n");
     for (int i = 0; i < nx; i++)
-        out(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", map_x(xa, xt[i]),
-            PLOT_TOP, map_x(xa, xt[i]), PLOT_BOTTOM);
+        out(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", map_x(p, xt[i]), p->top,
+            map_x(p, xt[i]), p->bottom);
     for (int i = 0; i < ny; i++)
-        out(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", PLOT_LEFT,
-            map_y(ya, yt[i]), PLOT_RIGHT, map_y(ya, yt[i]));
+        out(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", p->left,
+            map_y(p, yt[i]), p->right, map_y(p, yt[i]));
     out(o, "</g>\n");
+
+    if (mark) {
+        double x0 = map_x(p, mark->x.lo), x1 = map_x(p, mark->x.hi);
+        double y0 = map_y(p, mark->y.hi), y1 = map_y(p, mark->y.lo);
+
+        out(o,
+            "<rect class=\"kgpu-zoom-window\" x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" "
+            "height=\"%.2f\" fill=\"#4d4d4d\" fill-opacity=\"0.10\" stroke=\"#4d4d4d\" "
+            "stroke-width=\"1\" stroke-dasharray=\"4 3\" clip-path=\"url(#%s)\"/>\n",
+            x0, y0, coord(x1 - x0), coord(y1 - y0), p->clip_id);
+    }
 
     /* Axes and tick marks. */
     out(o,
         "<g stroke=\"#444444\" stroke-width=\"1\">\n"
         "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n"
         "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n",
-        PLOT_LEFT, PLOT_BOTTOM, PLOT_RIGHT, PLOT_BOTTOM, PLOT_LEFT, PLOT_TOP, PLOT_LEFT,
-        PLOT_BOTTOM);
+        p->left, p->bottom, p->right, p->bottom, p->left, p->top, p->left, p->bottom);
     for (int i = 0; i < nx; i++)
-        out(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", map_x(xa, xt[i]),
-            PLOT_BOTTOM, map_x(xa, xt[i]), PLOT_BOTTOM + 5.0);
+        out(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", map_x(p, xt[i]),
+            p->bottom, map_x(p, xt[i]), p->bottom + 5.0);
     for (int i = 0; i < ny; i++)
-        out(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", PLOT_LEFT - 5.0,
-            map_y(ya, yt[i]), PLOT_LEFT, map_y(ya, yt[i]));
+        out(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", p->left - 5.0,
+            map_y(p, yt[i]), p->left, map_y(p, yt[i]));
     out(o, "</g>\n");
 
     /* Tick labels. */
     out(o, "<g font-size=\"11\" fill=\"#444444\">\n");
     for (int i = 0; i < nx; i++) {
-        out(o, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">", map_x(xa, xt[i]),
-            PLOT_BOTTOM + 18.0);
-        out_tick_label(o, xa, xt[i]);
+        out(o, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">", map_x(p, xt[i]),
+            p->bottom + 18.0);
+        out_tick_label(o, &p->x, xt[i]);
         out(o, "</text>\n");
     }
     for (int i = 0; i < ny; i++) {
-        out(o, "<text x=\"%.2f\" y=\"%.2f\" dy=\"0.35em\" text-anchor=\"end\">", PLOT_LEFT - 8.0,
-            map_y(ya, yt[i]));
-        out_tick_label(o, ya, yt[i]);
+        out(o, "<text x=\"%.2f\" y=\"%.2f\" dy=\"0.35em\" text-anchor=\"end\">", p->left - 8.0,
+            map_y(p, yt[i]));
+        out_tick_label(o, &p->y, yt[i]);
         out(o, "</text>\n");
     }
     out(o, "</g>\n");
 
     /* Data, clipped to the plot area. */
-    out(o, "<g clip-path=\"url(#kgpu-plot-area)\" fill=\"none\" stroke-width=\"2\" "
-           "stroke-linejoin=\"round\" stroke-linecap=\"round\">\n");
+    out(o,
+        "<g clip-path=\"url(#%s)\" fill=\"none\" stroke-width=\"2\" "
+        "stroke-linejoin=\"round\" stroke-linecap=\"round\">\n",
+        p->clip_id);
     for (int i = 0; i < plot->nseries; i++)
-        out_series(o, &plot->series[i], i, xa, ya);
+        out_series(o, &plot->series[i], i, p);
     out(o, "</g>\n");
+}
+
+static void render_axis_labels(svg_out *o, const kgpu_plot *plot, const plot_panel *p)
+{
+    if (plot->xlabel) {
+        out(o,
+            "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\" font-size=\"13\" "
+            "fill=\"#222222\">",
+            (p->left + p->right) / 2.0, p->bottom + 44.0);
+        out_text(o, plot->xlabel, 0);
+        out(o, "</text>\n");
+    }
+    if (plot->ylabel) {
+        out(o,
+            "<text transform=\"translate(20.00,%.2f) rotate(-90)\" text-anchor=\"middle\" "
+            "font-size=\"13\" fill=\"#222222\">",
+            (p->top + p->bottom) / 2.0);
+        out_text(o, plot->ylabel, 0);
+        out(o, "</text>\n");
+    }
+}
+
+/* zoom is NULL without a detail panel. */
+static void render(svg_out *o, const kgpu_plot *plot, const plot_panel *main_p,
+                   const plot_panel *zoom)
+{
+    int height = zoom ? ZOOM_H : PLOT_H;
+
+    out(o,
+        "<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"no\"?>\n"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%d\" "
+        "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
+        PLOT_W, height, PLOT_W, height);
+    if (plot->title) {
+        out(o, "<title>");
+        out_text(o, plot->title, 0);
+        out(o, "</title>\n");
+    }
+    out(o, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n<defs>", PLOT_W, height);
+    out_clip(o, main_p);
+    if (zoom)
+        out_clip(o, zoom);
+    out(o, "</defs>\n");
+
+    render_panel(o, plot, main_p, zoom);
 
     /* Words: title, axis labels, legend. */
     if (plot->title) {
@@ -480,41 +639,64 @@ static void render(svg_out *o, const kgpu_plot *plot, const plot_axis *xa, const
         out_text(o, plot->title, 0);
         out(o, "</text>\n");
     }
-    if (plot->xlabel) {
-        out(o,
-            "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\" font-size=\"13\" "
-            "fill=\"#222222\">",
-            cx, PLOT_BOTTOM + 44.0);
-        out_text(o, plot->xlabel, 0);
-        out(o, "</text>\n");
-    }
-    if (plot->ylabel) {
-        out(o,
-            "<text transform=\"translate(20.00,%.2f) rotate(-90)\" text-anchor=\"middle\" "
-            "font-size=\"13\" fill=\"#222222\">",
-            cy);
-        out_text(o, plot->ylabel, 0);
-        out(o, "</text>\n");
-    }
+    render_axis_labels(o, plot, main_p);
     out_legend(o, plot);
+
+    if (zoom) {
+        render_panel(o, plot, zoom, NULL);
+        out(o,
+            "<text x=\"%.2f\" y=\"%.2f\" font-size=\"13\" font-weight=\"bold\" "
+            "fill=\"#222222\">",
+            zoom->left, zoom->top - 14.0);
+        if (plot->zoom_title) {
+            out_text(o, plot->zoom_title, 0);
+        } else {
+            out(o, "detail of the shaded window: x from ");
+            out_tick_label(o, &zoom->x, zoom->x.lo);
+            out(o, " to ");
+            out_tick_label(o, &zoom->x, zoom->x.hi);
+        }
+        out(o, "</text>\n");
+        render_axis_labels(o, plot, zoom);
+    }
     out(o, "</svg>\n");
 }
 
 int kgpu_plot_svg(FILE *f, const kgpu_plot *plot, kgpu_error *err)
 {
-    plot_axis xa = {0}, ya = {0};
+    plot_panel main_p = {.left = PLOT_LEFT,
+                         .right = PLOT_RIGHT,
+                         .top = PLOT_TOP,
+                         .bottom = PLOT_BOTTOM,
+                         .clip_id = "kgpu-plot-area"};
+    plot_panel zoom = {.left = ZOOM_LEFT,
+                       .right = ZOOM_RIGHT,
+                       .top = ZOOM_TOP,
+                       .bottom = ZOOM_BOTTOM,
+                       .clip_id = "kgpu-plot-zoom"};
     svg_out o = {.f = f};
     locale_t c_locale, saved;
     int rc;
 
     if ((rc = plot_check(f, plot, err)) < 0)
         return rc;
-    if ((rc = axis_range(plot, false, NULL, &xa, err)) < 0)
+    if ((rc = axis_range(plot, false, plot->xmin, plot->xmax, "x", NULL, &main_p.x, err)) < 0)
         return rc;
-    if ((rc = axis_range(plot, true, &xa, &ya, err)) < 0)
+    if ((rc = axis_range(plot, true, plot->ymin, plot->ymax, "y", &main_p.x, &main_p.y, err)) < 0)
         return rc;
-    axis_resolve(&xa, 7);
-    axis_resolve(&ya, 6);
+    axis_resolve(&main_p.x, 7);
+    axis_resolve(&main_p.y, 6);
+    if (zoom_on(plot)) {
+        if ((rc = axis_range(plot, false, plot->zoom_xmin, plot->zoom_xmax, "zoom x", NULL, &zoom.x,
+                             err)) < 0)
+            return rc;
+        if ((rc = axis_range(plot, true, plot->zoom_ymin, plot->zoom_ymax, "zoom y", &zoom.x,
+                             &zoom.y, err)) < 0)
+            return rc;
+        /* A wider, shorter panel than the main one: more x ticks, fewer y ticks. */
+        axis_resolve(&zoom.x, 9);
+        axis_resolve(&zoom.y, 5);
+    }
 
     /* Per-thread switch to the C locale: a decimal comma would corrupt the SVG. */
     c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
@@ -522,7 +704,7 @@ int kgpu_plot_svg(FILE *f, const kgpu_plot *plot, kgpu_error *err)
         return kgpu_error_set(err, KGPU_ENOMEM, "plot: cannot create the C locale: %s",
                               strerror(errno));
     saved = uselocale(c_locale);
-    render(&o, plot, &xa, &ya);
+    render(&o, plot, &main_p, zoom_on(plot) ? &zoom : NULL);
     uselocale(saved);
     freelocale(c_locale);
 

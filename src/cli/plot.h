@@ -17,6 +17,11 @@ typedef struct kgpu_plot_series {
     const double *x;   /* n values; NULL: x[i] = i */
     const double *y;   /* n values; NaN or infinite points break the line */
     int n;
+    /*
+     * Legend text after the label ("98.01 %"), never cut short: a long label
+     * is cut to leave it room. NULL: none.
+     */
+    const char *value;
 } kgpu_plot_series;
 
 /* A chart. Borrowed by kgpu_plot_svg; nothing is retained after it returns. */
@@ -31,12 +36,32 @@ typedef struct kgpu_plot {
     double xmin, xmax, ymin, ymax;
     const kgpu_plot_series *series;
     int nseries;
+    /*
+     * The legend's order: nseries distinct series indices, first row first
+     * (e.g. ranked by result). A series keeps its colour whatever its row.
+     * NULL: series order.
+     */
+    const int *legend_order;
+    const char *legend_title; /* a heading over the legend (what the values are); NULL: none */
+    /*
+     * A detail panel below the chart: the same series over x in
+     * [zoom_xmin, zoom_xmax], that window shaded on the main panel. Both 0
+     * (the default): no detail panel; otherwise both must be finite and
+     * zoom_xmin < zoom_xmax. The detail's y range is [zoom_ymin, zoom_ymax],
+     * or, if zoom_ymin >= zoom_ymax, fitted to the points inside the x window
+     * like the auto y range above. zoom_title heads the panel; NULL: it says
+     * which x window it shows.
+     */
+    double zoom_xmin, zoom_xmax, zoom_ymin, zoom_ymax;
+    const char *zoom_title;
 } kgpu_plot;
 
 /*
- * Writes a complete standalone SVG document (~800x500 viewBox) to f.
- * Returns 0, KGPU_EINVAL for bad arguments (NULL f or plot, n < 0, NULL y
- * with n > 0, NaN or infinite ranges) or KGPU_EIO when writing fails
+ * Writes a complete standalone SVG document (800x500 viewBox; 800x860 with
+ * the detail panel) to f. Returns 0, KGPU_EINVAL for bad arguments (NULL f
+ * or plot, n < 0, NULL y with n > 0, NaN or infinite ranges, a zoom window
+ * that is empty or not finite, a legend_order that is not a permutation),
+ * KGPU_ENOMEM, or KGPU_EIO when writing fails
  * (f is flushed before returning). Numbers are written in the C locale
  * whatever the process locale is. Thread-safe for distinct f.
  */
