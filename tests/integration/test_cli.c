@@ -77,6 +77,61 @@ static void test_table_and_plot(void **state)
     check_table_and_plot("", "p.svg", "alloc@130%", "fgd");
 }
 
+/*
+ * The Quick start's chart (scripts/demo.sh's command): the legend ranks the
+ * policies by allocation at 130 % arrived, each with the table's alloc@130%,
+ * and a detail panel enlarges the end, where the leading policies differ by
+ * tenths of a point.
+ */
+static void test_demo_plot_ranked_and_zoomed(void **state)
+{
+    char args[600], path[300];
+    snprintf(path, sizeof(path), "%s/example.svg", tmp);
+    snprintf(args, sizeof(args), "simulate " EXAMPLE " --plot '%s'", path);
+    run_result r = run(args);
+    assert_int_equal(r.status, 0);
+    char *svg = slurp(path);
+    const char *prev_at = svg;
+    double prev = 101.0;
+    int rows = 0;
+    for (const char *p = strstr(svg, "<text x=\"648.00\""); p != NULL;
+         p = strstr(p + 1, "<text x=\"648.00\"")) {
+        /* Each legend row is "<policy> <value> %": a policy name, intact, then a value. */
+        const char *text = strchr(p, '>') + 1;
+        char name[32], expect[64];
+        double v;
+        assert_int_equal(sscanf(text, "%31s %lf %%</text>", name, &v), 2);
+        assert_non_null(kgpu_policy_find(name));
+        assert_true(v <= prev); /* ranked, highest first */
+        /* The table's alloc@130% for that policy, to the printed digit. */
+        char row[64];
+        snprintf(row, sizeof(row), "\n%s ", name);
+        const char *line = strstr(r.out, row);
+        assert_non_null(line);
+        line += strlen(row);
+        if (strncmp(line, "(online)", 8) == 0)
+            line += 8;
+        double at100, at130;
+        assert_int_equal(sscanf(line, "%lf%% %lf%%", &at100, &at130), 2);
+        snprintf(expect, sizeof(expect), "%s %.2f %%</text>", name, at130);
+        assert_true(strncmp(text, expect, strlen(expect)) == 0);
+        assert_true(p > prev_at);
+        prev_at = p, prev = v, rows++;
+    }
+    int policies = 0;
+    for (const kgpu_policy_ops *const *p = kgpu_policy_list(); *p; p++)
+        policies++;
+    assert_int_equal(rows, policies);
+    assert_non_null(strstr(svg, ">at 130 % arrived</text>"));
+    /* The detail panel: its own clip path, the window marked on the main panel. */
+    assert_non_null(strstr(svg, "viewBox=\"0 0 800 860\""));
+    assert_non_null(strstr(svg, "<clipPath id=\"kgpu-plot-zoom\">"));
+    assert_non_null(strstr(svg, "class=\"kgpu-zoom-window\""));
+    assert_non_null(strstr(svg, ">Detail of the shaded box: "));
+    free(svg);
+    run_free(&r);
+}
+
 static void test_bad_input(void **state)
 {
     char path[300], args[800];
@@ -184,10 +239,10 @@ static int setup(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_json_shape),         cmocka_unit_test(test_json_deterministic),
-        cmocka_unit_test(test_table_and_plot),     cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_example_reproduces), cmocka_unit_test(test_version_help),
-        cmocka_unit_test(test_parse_seeds),
+        cmocka_unit_test(test_json_shape),     cmocka_unit_test(test_json_deterministic),
+        cmocka_unit_test(test_table_and_plot), cmocka_unit_test(test_demo_plot_ranked_and_zoomed),
+        cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_example_reproduces),
+        cmocka_unit_test(test_version_help),   cmocka_unit_test(test_parse_seeds),
     };
     return cmocka_run_group_tests(tests, setup, cli_tmp_remove);
 }
