@@ -900,6 +900,44 @@ static void compute_shares_split_training_steps(void **state)
 }
 
 /*
+ * A process whose training step runs in a second context of its own while
+ * the thread goes on launching in its first: its turn ends at a launch in
+ * the first, which has nothing queued. The turn must end only when the
+ * work of every context of the process on that GPU has run (the fake
+ * driver's synchronisation waits for the current context's kernels only,
+ * as the real one does); otherwise the second context's queued step runs
+ * in the neighbour's turn, uncharged, and a gets about half the GPU.
+ */
+static void a_turn_drains_every_context(void **state)
+{
+    char out_a[320], out_b[320], path[340];
+    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
+    snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
+    snprintf(path, sizeof(path), "%s/sched", tmp);
+    mkdir(path, 0700);
+    pid_t p[2];
+    const char *outs[2] = {out_a, out_b};
+    for (int k = 0; k < 2; k++) {
+        env_share(k == 0 ? "a" : "b", k == 0 ? 30 : 70);
+        env_add("FAKE_CUDA_QUEUE_MS=100"); /* a whole 50 ms step fits in the queue */
+        env_drop("PROBE_SECONDS");
+        env_add("PROBE_SECONDS=3");
+        if (k == 0)
+            env_add("PROBE_TWO_CTX=1");
+        p[k] = start(KGPU_SHIM_PROBE, "step", outs[k], "ready\n");
+    }
+    go();
+    double ga = gpu_seconds(p[0], out_a), gb = gpu_seconds(p[1], out_b), share = ga / (ga + gb);
+    print_message("steps in a second context: a %.3f s, b %.3f s of GPU time: a's share %.1f %%\n",
+                  ga, gb, 100 * share);
+    if (waits_of("a") <= 0 || waits_of("b") <= 0)
+        fail_msg("the two containers never took turns");
+    if (share < 0.25 || share > 0.35)
+        fail_msg("a got %.1f %% of the GPU, b %.1f %%: shares are 30 and 70", 100 * share,
+                 100 * (1 - share));
+}
+
+/*
  * A container recording CUDA graphs (global capture mode, the default)
  * while it takes turns with a busy neighbour: the turns end at launches
  * into the capturing stream, and the drain there must leave the capture
@@ -1230,6 +1268,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(uploading_instantiations_are_charged_first, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(compute_shares_split_training_steps, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_turn_drains_every_context, setup, teardown),
         cmocka_unit_test_setup_teardown(a_ceiling_holds_on_an_idle_gpu, setup, teardown),
         cmocka_unit_test_setup_teardown(a_turn_ending_inside_a_capture_leaves_it_whole, setup,
                                         teardown),

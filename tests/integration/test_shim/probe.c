@@ -2478,8 +2478,10 @@ static int cmd_modimage_jit(void)
  * cuStreamSynchronize on it; with PROBE_GRAPH, the step is one graph of
  * those kernels launched on the stream. With FAKE_CUDA_QUEUE_MS past the
  * step, the whole step is queued at once and the process then waits in the
- * synchronisation, as with a real launch queue. From the time in PROBE_GO
- * for PROBE_SECONDS; prints the GPU time its kernels got.
+ * synchronisation, as with a real launch queue. With PROBE_TWO_CTX, the
+ * step's kernels run in a second context of the process while the thread
+ * goes on in its first (see below). From the time in PROBE_GO for
+ * PROBE_SECONDS; prints the GPU time its kernels got.
  */
 static int cmd_step(void)
 {
@@ -2516,10 +2518,36 @@ static int cmd_step(void)
             EXPECT_RC(add_kernel(&node, g, NULL, 0, &kp), CUDA_SUCCESS);
         EXPECT_RC(A.cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
     }
+    CUcontext work = NULL;
+    if (getenv("PROBE_TWO_CTX") != NULL) {
+        EXPECT_RC(A.cuCtxCreate_v2(&work, 0, 0), CUDA_SUCCESS);
+        EXPECT_RC(A.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    }
     printf("ready\n");
     fflush(stdout);
     unsigned long long t0 = await_go(go), t1 = t0 + seconds * 1000000000ULL;
-    while (mono_ns() < t1) {
+    while (work != NULL && mono_ns() < t1) {
+        /*
+         * The step's kernels go to context `work`; the thread then goes on
+         * in its own context with launches that take no GPU time (a
+         * library's bookkeeping kernels, say) while they run, and waits
+         * for them at the step's end. Its turn ends at one of those
+         * launches, where the current context has nothing queued.
+         */
+        EXPECT_RC(A.cuCtxSetCurrent(work), CUDA_SUCCESS);
+        for (int i = 0; i < batch; i++)
+            EXPECT_RC(launch(NULL, us, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+        EXPECT_RC(A.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+        unsigned long long step_end = mono_ns() + (unsigned long long)batch * us * 1000ULL;
+        while (mono_ns() < step_end) {
+            EXPECT_RC(launch(NULL, 0, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+            usleep(500);
+        }
+        EXPECT_RC(A.cuCtxSetCurrent(work), CUDA_SUCCESS);
+        EXPECT_RC(A.cuCtxSynchronize(), CUDA_SUCCESS);
+        EXPECT_RC(A.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    }
+    while (work == NULL && mono_ns() < t1) {
         if (e != NULL)
             EXPECT_RC(A.cuGraphLaunch(e, st), CUDA_SUCCESS);
         else
