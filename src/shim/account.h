@@ -106,6 +106,23 @@ static inline void kgpu__compute_gate(void)
         kgpu__compute_wait();
 }
 
+/* Whether `stream` (the per-thread default one for NULL with per_thread) is capturing. */
+int kgpu__compute_capturing(CUstream stream, int per_thread);
+
+/*
+ * The gate of a launch into `stream`: none where the stream is capturing,
+ * since the launch then records work into a graph and runs nothing (the
+ * graph's launch passes the gate). The driver is asked only while some
+ * capture of this process is under way.
+ */
+static inline void kgpu__compute_gate_on(CUstream stream, int per_thread)
+{
+    if (atomic_load_explicit(&kgpu__shim.compute_limited, memory_order_relaxed) &&
+        (atomic_load_explicit(&kgpu__shim.captures, memory_order_relaxed) == 0 ||
+         !kgpu__compute_capturing(stream, per_thread)))
+        kgpu__compute_wait();
+}
+
 /*
  * Around a synchronisation (the current context's device, or the
  * stream's): marks this container busy on that GPU while it runs, and

@@ -132,6 +132,17 @@ void kgpu__compute_wait_li(int li)
     }
 }
 
+int kgpu__compute_capturing(CUstream stream, int per_thread)
+{
+    kgpu__pfn_cuStreamIsCapturing is_capturing = KGPU_REAL(cuStreamIsCapturing);
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (stream == NULL && per_thread)
+        stream = KGPU_CU_STREAM_PER_THREAD;
+    /* An error (the legacy stream beside a capture): not capturing; the launch meets the driver's. */
+    return is_capturing != NULL && is_capturing(stream, &status) == CUDA_SUCCESS &&
+           status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* The schedule of the device at w, where it has a compute share; else NULL. */
 static kgpu_sched *sched_at(const kgpu_where *w)
 {

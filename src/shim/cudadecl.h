@@ -157,6 +157,17 @@ typedef struct CUarrayMapInfo_st {
 /* CUstreamCaptureStatus */
 #define CU_STREAM_CAPTURE_STATUS_NONE 0
 
+/* The per-thread default stream's handle (CU_STREAM_PER_THREAD). */
+#define KGPU_CU_STREAM_PER_THREAD ((CUstream)(uintptr_t)0x2)
+
+/* CUlaunchConfig (cuLaunchKernelEx): the grid, the block, shared memory, the stream, attributes. */
+typedef struct CUlaunchConfig {
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
 /* CUstreamCaptureMode */
 #define CU_STREAM_CAPTURE_MODE_RELAXED 2
 

@@ -216,9 +216,10 @@ static CUresult charge_growth(const uint64_t bytes[KGPU_SHIM_MAX_DEVICES],
     return CUDA_SUCCESS;
 }
 
-static CUresult graph_run(graph_call real, CUgraphExec exec, CUstream stream)
+static CUresult graph_run(graph_call real, CUgraphExec exec, CUstream stream, int per_thread)
 {
-    kgpu__compute_gate(); /* a graph's kernels run in its container's turn like any others */
+    /* A graph's kernels run in its container's turn like any others (captured: when it runs). */
+    kgpu__compute_gate_on(stream, per_thread);
     if (atomic_load_explicit(&graphs_with_memory, memory_order_relaxed) == 0)
         return real(exec, stream);
     uint64_t bytes[KGPU_SHIM_MAX_DEVICES] = {0}, need[KGPU_SHIM_MAX_DEVICES] = {0};
@@ -241,25 +242,25 @@ static CUresult graph_run(graph_call real, CUgraphExec exec, CUstream stream)
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
     KGPU_ENTER(cuGraphLaunch, (hGraphExec, hStream));
-    return graph_run(real_, hGraphExec, hStream);
+    return graph_run(real_, hGraphExec, hStream, 0);
 }
 
 CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
     KGPU_ENTER(cuGraphLaunch_ptsz, (hGraphExec, hStream));
-    return graph_run(real_, hGraphExec, hStream);
+    return graph_run(real_, hGraphExec, hStream, 1);
 }
 
 CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream)
 {
     KGPU_ENTER(cuGraphUpload, (hGraphExec, hStream));
-    return graph_run(real_, hGraphExec, hStream);
+    return graph_run(real_, hGraphExec, hStream, 0);
 }
 
 CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
     KGPU_ENTER(cuGraphUpload_ptsz, (hGraphExec, hStream));
-    return graph_run(real_, hGraphExec, hStream);
+    return graph_run(real_, hGraphExec, hStream, 1);
 }
 
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
@@ -287,4 +288,99 @@ CUresult cuDeviceGraphMemTrim(CUdevice device)
     if (r == CUDA_SUCCESS && li >= 0)
         graph_settle(device, li, 0);
     return r;
+}
+
+/* ---- stream capture: the count of captures under way (state.h) ---- */
+
+static void capture_begun(CUresult r)
+{
+    if (r == CUDA_SUCCESS)
+        atomic_fetch_add_explicit(&kgpu__shim.captures, 1, memory_order_relaxed);
+}
+
+CUresult cuStreamBeginCapture(CUstream hStream)
+{
+    KGPU_ENTER(cuStreamBeginCapture, (hStream));
+    CUresult r = real_(hStream);
+    capture_begun(r);
+    return r;
+}
+
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+    KGPU_ENTER(cuStreamBeginCapture_ptsz, (hStream));
+    CUresult r = real_(hStream);
+    capture_begun(r);
+    return r;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
+{
+    KGPU_ENTER(cuStreamBeginCapture_v2, (hStream, mode));
+    CUresult r = real_(hStream, mode);
+    capture_begun(r);
+    return r;
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode)
+{
+    KGPU_ENTER(cuStreamBeginCapture_v2_ptsz, (hStream, mode));
+    CUresult r = real_(hStream, mode);
+    capture_begun(r);
+    return r;
+}
+
+CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, const void *dependencyData,
+                                     size_t numDependencies, int mode)
+{
+    KGPU_ENTER(cuStreamBeginCaptureToGraph,
+               (hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
+    CUresult r = real_(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
+    capture_begun(r);
+    return r;
+}
+
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                          const CUgraphNode *dependencies,
+                                          const void *dependencyData, size_t numDependencies,
+                                          int mode)
+{
+    KGPU_ENTER(cuStreamBeginCaptureToGraph_ptsz,
+               (hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
+    CUresult r = real_(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
+    capture_begun(r);
+    return r;
+}
+
+/*
+ * A capture ends with cuStreamEndCapture whatever it returns (an
+ * invalidated capture ends too): the count goes down where the stream was
+ * capturing before the call and is not after it, never below zero.
+ */
+static CUresult capture_end(CUresult (*real)(CUstream, CUgraph *), CUstream stream, int per_thread,
+                            CUgraph *graph)
+{
+    int was = kgpu__compute_capturing(stream, per_thread);
+    CUresult r = real(stream, graph);
+    if (was && !kgpu__compute_capturing(stream, per_thread)) {
+        int n = atomic_load_explicit(&kgpu__shim.captures, memory_order_relaxed);
+        while (n > 0 && !atomic_compare_exchange_weak_explicit(&kgpu__shim.captures, &n, n - 1,
+                                                               memory_order_relaxed,
+                                                               memory_order_relaxed))
+            ;
+    }
+    return r;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    KGPU_ENTER(cuStreamEndCapture, (hStream, phGraph));
+    return capture_end(real_, hStream, 0, phGraph);
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+    KGPU_ENTER(cuStreamEndCapture_ptsz, (hStream, phGraph));
+    return capture_end(real_, hStream, 1, phGraph);
 }

@@ -5,7 +5,8 @@
  * cuLaunchGridAsync); graph launches and uploads (hooks_graph.c) take the
  * same gate. Where a device has a compute share (core_pct below 100), a
  * launch waits for its container's turn on the GPU (compute.c); elsewhere
- * it goes straight to the driver. Before either, the local memory the
+ * it goes straight to the driver; a launch into a capturing stream, which
+ * records and runs nothing, does not wait. Before either, the local memory the
  * launch makes the context grow is charged (hooks_measure.c): for a
  * function seen before without local memory, a hash and a load. What
  * these hooks cost is what any launch pays (bench/bench_shim.c).
@@ -29,7 +30,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
     KGPU_ENTER(cuLaunchKernel, (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
                                 sharedMemBytes, hStream, kernelParams, extra));
     LMEM_OR_RETURN(f);
-    kgpu__compute_gate();
+    kgpu__compute_gate_on(hStream, 0);
     return real_(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
                  hStream, kernelParams, extra);
 }
@@ -42,7 +43,7 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int g
     KGPU_ENTER(cuLaunchKernel_ptsz, (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
                                      blockDimZ, sharedMemBytes, hStream, kernelParams, extra));
     LMEM_OR_RETURN(f);
-    kgpu__compute_gate();
+    kgpu__compute_gate_on(hStream, 1);
     return real_(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
                  hStream, kernelParams, extra);
 }
@@ -51,7 +52,7 @@ CUresult cuLaunchKernelEx(const void *config, CUfunction f, void **kernelParams,
 {
     KGPU_ENTER(cuLaunchKernelEx, (config, f, kernelParams, extra));
     LMEM_OR_RETURN(f);
-    kgpu__compute_gate();
+    kgpu__compute_gate_on(config != NULL ? ((const CUlaunchConfig *)config)->hStream : NULL, 0);
     return real_(config, f, kernelParams, extra);
 }
 
@@ -60,7 +61,7 @@ CUresult cuLaunchKernelEx_ptsz(const void *config, CUfunction f, void **kernelPa
 {
     KGPU_ENTER(cuLaunchKernelEx_ptsz, (config, f, kernelParams, extra));
     LMEM_OR_RETURN(f);
-    kgpu__compute_gate();
+    kgpu__compute_gate_on(config != NULL ? ((const CUlaunchConfig *)config)->hStream : NULL, 1);
     return real_(config, f, kernelParams, extra);
 }
 
@@ -73,7 +74,7 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned
     KGPU_ENTER(cuLaunchCooperativeKernel, (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
                                            blockDimZ, sharedMemBytes, hStream, kernelParams));
     LMEM_OR_RETURN(f);
-    kgpu__compute_gate();
+    kgpu__compute_gate_on(hStream, 0);
     return real_(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
                  hStream, kernelParams);
 }
@@ -88,7 +89,7 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
                (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
                 hStream, kernelParams));
     LMEM_OR_RETURN(f);
-    kgpu__compute_gate();
+    kgpu__compute_gate_on(hStream, 1);
     return real_(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
                  hStream, kernelParams);
 }
@@ -160,6 +161,6 @@ CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstre
 {
     KGPU_ENTER(cuLaunchGridAsync, (f, grid_width, grid_height, hStream));
     LMEM_OR_RETURN(f);
-    kgpu__compute_gate();
+    kgpu__compute_gate_on(hStream, 0);
     return real_(f, grid_width, grid_height, hStream);
 }

@@ -114,6 +114,13 @@ typedef struct kgpu_shim_state {
      * schedule per limits index, joined at the first launch there (gpusched.h).
      */
     _Atomic int compute_limited;
+    /*
+     * Stream captures begun and not yet ended, by this process's threads
+     * (hooks_graph.c). Where none is, a launch does not ask the driver
+     * whether its stream captures. A thread that dies mid-capture leaves it
+     * above zero: launches then ask, which costs a driver call, not a turn.
+     */
+    _Atomic int captures;
     char sched_dir[4096], sched_id[64];
     pthread_mutex_t sched_mu;
     kgpu_sched *_Atomic sched[KGPU_SHIM_MAX_DEVICES];

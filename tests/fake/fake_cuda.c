@@ -42,6 +42,8 @@
  * entries may be compressed; the device is of compute capability 8.0
  * (see "modules and libraries"). Functions, their
  * local memory and the launches from before CUDA 4.0: see "functions".
+ * A launch into a capturing stream is recorded in the capture's graph and
+ * does not run.
  * A context's synchronisation waits for that context's kernels only.
  *
  * Variants: -DFAKE_CUDA_OLD leaves out what drivers before CUDA 11 lack
@@ -1461,6 +1463,13 @@ CUresult cuStreamBeginCapture_v2(stream *s, int mode)
     return OK;
 }
 
+/* The 10.0 entry point: no mode, as global. */
+EXPORT CUresult cuStreamBeginCapture(stream *s);
+CUresult cuStreamBeginCapture(stream *s)
+{
+    return cuStreamBeginCapture_v2(s, CAP_GLOBAL);
+}
+
 EXPORT CUresult cuStreamEndCapture(stream *s, graph **pg);
 CUresult cuStreamEndCapture(stream *s, graph **pg)
 {
@@ -1484,13 +1493,27 @@ CUresult cuStreamIsCapturing(stream *s, int *status)
     NEED_INIT();
     if (status == NULL)
         return INVALID_VALUE;
-    *status = (uintptr_t)s > 2 && s->cap != NULL;
+    /* CU_STREAM_CAPTURE_STATUS_NONE, _ACTIVE, _INVALIDATED */
+    *status = (uintptr_t)s <= 2 || s->cap == NULL ? 0 : s->cap_invalid ? 2 : 1;
     return OK;
 }
 
 static graph *capturing(stream *s)
 {
     return (uintptr_t)s > 2 ? s->cap : NULL;
+}
+
+/*
+ * A kernel launched into a capturing stream is recorded in the capture's
+ * graph, as a kernel node of the same duration, and does not run.
+ */
+static CUresult captured(stream *s, unsigned int grid_x)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = add_node(s->cap, NULL, NODE_KERNEL, 0, grid_x, 0);
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 EXPORT CUresult cuLaunchHostFunc(stream *s, void (*fn)(void *), void *data);
@@ -2607,6 +2630,13 @@ static CUresult launched(unsigned int grid_x)
 
 static CUresult launched_fn(void *f, unsigned int grid_x);
 
+/* A launch into stream s: recorded where s captures (drivers before CUDA 10 capture nothing). */
+#ifndef FAKE_CUDA_OLD
+#define launch_into(s, f, gx) (capturing(s) != NULL ? captured((s), (gx)) : launched_fn((f), (gx)))
+#else
+#define launch_into(s, f, gx) launched_fn((f), (gx))
+#endif
+
 /* Not a driver function: how many launches reached the driver, and the last one's grid x. */
 EXPORT CUresult fakeCudaLaunches(unsigned long long *n, unsigned int *grid_x);
 CUresult fakeCudaLaunches(unsigned long long *n, unsigned int *grid_x)
@@ -2623,7 +2653,7 @@ CUresult cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int 
                         unsigned int by, unsigned int bz, unsigned int shm, stream *s,
                         void **params, void **extra)
 {
-    return launched_fn(f, gx);
+    return launch_into(s, f, gx);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(void *f, unsigned int gx, unsigned int gy,
@@ -2634,15 +2664,24 @@ CUresult cuLaunchCooperativeKernel(void *f, unsigned int gx, unsigned int gy, un
                                    unsigned int bx, unsigned int by, unsigned int bz,
                                    unsigned int shm, stream *s, void **params)
 {
-    return launched_fn(f, gx);
+    return launch_into(s, f, gx);
 }
 
 #ifndef FAKE_CUDA_OLD
-/* CUlaunchConfig begins with the grid's dimensions. */
-EXPORT CUresult cuLaunchKernelEx(const unsigned int *config, void *f, void **params, void **extra);
-CUresult cuLaunchKernelEx(const unsigned int *config, void *f, void **params, void **extra)
+/* CUlaunchConfig: the grid's dimensions, the block's, shared memory, then the stream. */
+typedef struct {
+    unsigned int grid[3], block[3], shm;
+    stream *s;
+    void *attrs;
+    unsigned int nattrs;
+} launch_config;
+
+EXPORT CUresult cuLaunchKernelEx(const launch_config *config, void *f, void **params, void **extra);
+CUresult cuLaunchKernelEx(const launch_config *config, void *f, void **params, void **extra)
 {
-    return config != NULL ? launched_fn(f, config[0]) : INVALID_VALUE;
+    if (config == NULL)
+        return INVALID_VALUE;
+    return launch_into(config->s, f, config->grid[0]);
 }
 #endif
 
@@ -3324,6 +3363,7 @@ static const proc procs[] = {
     P("cuArray3DCreate", 2000, cuArray3DCreate),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuStreamBeginCapture", 10000, cuStreamBeginCapture),
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     P("cuStreamEndCapture", 10000, cuStreamEndCapture),
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),

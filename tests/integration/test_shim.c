@@ -978,6 +978,43 @@ static void a_turn_ending_inside_a_capture_leaves_it_whole(void **state)
 }
 
 /*
+ * A container that only records graphs, beside a busy neighbour: a launch
+ * into a capturing stream records work and runs none (the fake driver, as
+ * the real one, adds it to the capture's graph), so it must not wait for a
+ * turn; before, each waited like a launch that runs.
+ */
+static void launches_into_a_capture_do_not_wait(void **state)
+{
+    char dir[320], out_a[320], out_b[320], buf[512];
+    snprintf(dir, sizeof(dir), "%s/sched", tmp);
+    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
+    snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
+    mkdir(dir, 0700);
+    env_share("a", 30);
+    env_add("PROBE_CAPTURE_ONLY=1");
+    pid_t a = start(KGPU_SHIM_PROBE, "capture", out_a, "ready\n");
+    env_share("b", 70);
+    pid_t b = start(KGPU_SHIM_PROBE, "share", out_b, "ready\n");
+    go();
+    int status;
+    assert_int_equal(waitpid(a, &status, 0), a);
+    double gb = gpu_seconds(b, out_b);
+    slurp(out_a, buf, sizeof(buf));
+    int ended = -1, invalidated = -1;
+    const char *at = strstr(buf, "captures=");
+    if (at == NULL || sscanf(at, "captures=%d invalidated=%d", &ended, &invalidated) != 2)
+        fail_msg("the capturing container printed no count: %s", buf);
+    print_message("captures %d, a waited %ld times, b had %.3f s of GPU time\n", ended,
+                  waits_of("a"), gb);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || ended <= 0 || invalidated != 0)
+        fail_msg("the capturing container failed: %s", buf);
+    if (waits_of("a") > 0)
+        fail_msg("launches into a capture waited %ld times for a turn", waits_of("a"));
+    if (gb < 1.5)
+        fail_msg("b, alone on the GPU, had only %.3f s of it in 2 s", gb);
+}
+
+/*
  * A ceiling: alone with 30 % and core_limit_pct=50, a container gets about
  * half of an idle GPU's time, not all of it (which it gets without one).
  */
@@ -1270,6 +1307,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(compute_shares_split_training_steps, setup, teardown),
         cmocka_unit_test_setup_teardown(a_turn_drains_every_context, setup, teardown),
         cmocka_unit_test_setup_teardown(a_ceiling_holds_on_an_idle_gpu, setup, teardown),
+        cmocka_unit_test_setup_teardown(launches_into_a_capture_do_not_wait, setup, teardown),
         cmocka_unit_test_setup_teardown(a_turn_ending_inside_a_capture_leaves_it_whole, setup,
                                         teardown),
     };

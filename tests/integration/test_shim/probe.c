@@ -2563,12 +2563,15 @@ static int cmd_step(void)
 
 /*
  * A training loop that records its step as a CUDA graph, in the default
- * (global) capture mode, while its container takes turns: the kernels it
- * launches into the capturing stream pass the gate, and when a turn ends
- * there the library's drain must not break the capture. Each round
+ * (global) capture mode, while its container takes turns. Each round
  * captures PROBE_BATCH (20) kernels of 1 ms, a millisecond apart (longer
- * than a 30 % slice), then instantiates and runs the graph. Prints how many
- * captures ended and how many the driver invalidated.
+ * than a 30 % slice), and meanwhile launches as many kernels of 1 ms into
+ * a second stream, which run and pass the gate: when a turn ends there,
+ * the library's drain must not break the capture. Then it instantiates and
+ * runs the graph. With PROBE_CAPTURE_ONLY it only captures (no second
+ * stream, the graphs never run): nothing it launches runs, so it never has
+ * to wait for a turn. Prints how many captures ended and how many the
+ * driver invalidated.
  */
 static int cmd_capture(void)
 {
@@ -2584,7 +2587,10 @@ static int cmd_capture(void)
         fail("no cuLaunchKernel, or PROBE_GO");
         return 1;
     }
+    int only = getenv("PROBE_CAPTURE_ONLY") != NULL;
+    stream_t beside = NULL;
     EXPECT_RC(A.cuStreamCreate(&st, 0), CUDA_SUCCESS);
+    EXPECT_RC(A.cuStreamCreate(&beside, 0), CUDA_SUCCESS);
     printf("ready\n");
     fflush(stdout);
     unsigned long long t1 = await_go(go) + seconds * 1000000000ULL;
@@ -2595,12 +2601,19 @@ static int cmd_capture(void)
         EXPECT_RC(A.cuStreamBeginCapture_v2(st, 0), CUDA_SUCCESS);
         for (int i = 0; i < batch; i++) {
             EXPECT_RC(launch(NULL, 1000, 1, 1, 32, 1, 1, 0, (CUstream)st, NULL, NULL), CUDA_SUCCESS);
+            if (!only)
+                EXPECT_RC(launch(NULL, 1000, 1, 1, 32, 1, 1, 0, (CUstream)beside, NULL, NULL),
+                          CUDA_SUCCESS);
             usleep(1000);
         }
         CUresult r = A.cuStreamEndCapture(st, &g);
         ended++;
         if (r != CUDA_SUCCESS) {
             invalidated++;
+            continue;
+        }
+        if (only) {
+            A.cuGraphDestroy(g);
             continue;
         }
         EXPECT_RC(A.cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
