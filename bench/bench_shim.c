@@ -5,7 +5,10 @@
  * configurations run in turn in child processes: the driver alone (the
  * baseline), the library preloaded without limits (pass-through), the
  * library enforcing a (memory) limit, and the library with a compute share
- * too, alone on the GPU (so its launches pass the schedule's fast path). Each child times ROUNDS rounds of PAIRS pairs and reports its
+ * too, alone on the GPU (so its launches pass the schedule's fast path);
+ * and a launch of a function with local memory the context already holds
+ * (the fake driver's "kgpufake_local_4096", 4 KiB per thread), which every
+ * launch of a real kernel that spills is. Each child times ROUNDS rounds of PAIRS pairs and reports its
  * median; each configuration runs CHILDREN times, interleaved, and the
  * median of those is printed with the difference to the baseline. Asserts
  * nothing.
@@ -103,16 +106,38 @@ static int child(void)
             }
         launches[r] = (now_ns() - t0) / PAIRS;
     }
-    printf("%.2f %.2f\n", median(rounds, ROUNDS), median(launches, ROUNDS));
+    CUresult (*load)(void **, const void *) =
+        (CUresult(*)(void **, const void *))dlsym(h, "cuModuleLoadData");
+    CUresult (*get)(void **, void *, const char *) =
+        (CUresult(*)(void **, void *, const char *))dlsym(h, "cuModuleGetFunction");
+    void *module = NULL, *fn = NULL;
+    if (load == NULL || get == NULL || load(&module, "KGPUFAKEMOD 2") != CUDA_SUCCESS ||
+        get(&fn, module, "kgpufake_local_4096") != CUDA_SUCCESS) {
+        fprintf(stderr, "bench_shim: no function with local memory\n");
+        return 1;
+    }
+    double local[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        double t0 = now_ns();
+        for (int i = 0; i < PAIRS; i++)
+            if (launch(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS) {
+                fprintf(stderr, "bench_shim: a launch with local memory failed\n");
+                return 1;
+            }
+        local[r] = (now_ns() - t0) / PAIRS;
+    }
+    printf("%.2f %.2f %.2f\n", median(rounds, ROUNDS), median(launches, ROUNDS),
+           median(local, ROUNDS));
     return 0;
 }
 
 /*
  * Runs this program as a child with `preload` (or none) and `limits` (or
- * none); its median per pair, and per launch into *launch.
+ * none); its median per pair, per launch into *launch, per launch with
+ * local memory into *local.
  */
 static double run(const char *self, const char *fake_dir, const char *preload, const char *limits,
-                  const char *shared, double *launch)
+                  const char *shared, double *launch, double *local)
 {
     int fd[2];
     if (pipe(fd) != 0)
@@ -136,7 +161,7 @@ static double run(const char *self, const char *fake_dir, const char *preload, c
         _exit(127);
     }
     close(fd[1]);
-    char buf[64] = "";
+    char buf[128] = "";
     ssize_t n = read(fd[0], buf, sizeof(buf) - 1);
     close(fd[0]);
     int status;
@@ -146,7 +171,8 @@ static double run(const char *self, const char *fake_dir, const char *preload, c
     buf[n] = '\0';
     char *end;
     double pair = strtod(buf, &end);
-    *launch = strtod(end, NULL);
+    *launch = strtod(end, &end);
+    *local = strtod(end, NULL);
     return pair;
 }
 
@@ -182,12 +208,12 @@ int main(int argc, char **argv)
 
     const char *names[] = {"driver alone (baseline)", "library, no limits (pass-through)",
                            "library enforcing a limit", "same, with a 50 % compute share"};
-    double runs[4][CHILDREN], launches[4][CHILDREN];
+    double runs[4][CHILDREN], launches[4][CHILDREN], local[4][CHILDREN];
+    const char *preloads[4] = {NULL, lib, lib, lib}, *files[4] = {NULL, NULL, limits, shares};
     for (int c = 0; c < CHILDREN; c++) {
-        runs[0][c] = run(self, fake_dir, NULL, NULL, shared, &launches[0][c]);
-        runs[1][c] = run(self, fake_dir, lib, NULL, shared, &launches[1][c]);
-        runs[2][c] = run(self, fake_dir, lib, limits, shared, &launches[2][c]);
-        runs[3][c] = run(self, fake_dir, lib, shares, shared, &launches[3][c]);
+        for (int k = 0; k < 4; k++)
+            runs[k][c] =
+                run(self, fake_dir, preloads[k], files[k], shared, &launches[k][c], &local[k][c]);
         for (int k = 0; k < 4; k++)
             if (runs[k][c] < 0) {
                 fprintf(stderr, "bench_shim: the '%s' child failed (library %s, driver in %s)\n",
@@ -214,6 +240,15 @@ int main(int argc, char **argv)
             printf("  %-36s %8.1f ns per launch\n", names[k], m);
         else
             printf("  %-36s %8.1f ns per launch (+%.1f ns)\n", names[k], m, m - lbase);
+    }
+    printf("cuLaunchKernel of a function with 4 KiB of local memory per thread, held already:\n");
+    double bbase = median(local[0], CHILDREN);
+    for (int k = 0; k < 4; k++) {
+        double m = median(local[k], CHILDREN);
+        if (k == 0)
+            printf("  %-36s %8.1f ns per launch\n", names[k], m);
+        else
+            printf("  %-36s %8.1f ns per launch (+%.1f ns)\n", names[k], m, m - bbase);
     }
     char path[256];
     snprintf(path, sizeof(path), "%s/bench.acct", shared);

@@ -96,7 +96,9 @@ CUresult kgpu__settle_free(CUresult r, int had, const kgpu_track_rec *rec)
 void kgpu__drop_ctx(CUcontext ctx)
 {
     uint64_t bytes[KGPU_SHIM_MAX_DEVICES] = {0};
-    if (kgpu_track_take_ctx(&kgpu__shim.track, (uintptr_t)ctx, bytes) == 0)
+    size_t n = kgpu_track_take_ctx(&kgpu__shim.track, (uintptr_t)ctx, bytes);
+    atomic_fetch_add(&kgpu__shim.lmem_gen, 1); /* its handle may come back as another context */
+    if (n == 0)
         return;
     for (int d = 0; d < KGPU_SHIM_MAX_DEVICES; d++)
         if (bytes[d] != 0)

@@ -109,6 +109,7 @@ CUresult cuCtxSetLimit(int limit, size_t value)
     if (limit == CU_LIMIT_STACK_SIZE) { /* the local memory is resized to the new stack */
         kgpu_track_rec gone;
         kgpu_track_take(&kgpu__shim.track, KGPU_TRACK_LMEM, (uintptr_t)w.ctx, &gone);
+        atomic_fetch_add(&kgpu__shim.lmem_gen, 1);
     }
     return r;
 }
@@ -318,8 +319,18 @@ CUresult cuLibraryUnload(CUlibrary library)
  * cuCtxSetLimit above, so either can follow the other), before the
  * launch. Each function's local size is asked once and kept in a
  * lock-free table, so a launch of a function seen before costs a hash and
- * a load; only a function with local memory goes further.
+ * a load; only a function with local memory goes further. There each
+ * thread remembers the context it last launched in and the local memory
+ * that context is known to hold, good for one generation of
+ * kgpu__shim.lmem_gen (state.h): a launch that fits asks the driver for the
+ * current context and compares, with no lock and no table.
  */
+
+static _Thread_local struct {
+    CUcontext ctx;
+    uint64_t gen;
+    uint32_t held; /* local bytes per thread ctx holds at least */
+} lmem_seen;
 
 #define FN_SLOTS 4096 /* a power of two */
 #define FN_PROBE 8
@@ -386,6 +397,8 @@ static CUresult lmem_grow(uint32_t local)
         return CUDA_SUCCESS; /* the launch fails in the driver, or lands on no line */
     uint64_t key = (uint64_t)(uintptr_t)w.ctx; /* ^ (CU_LIMIT_STACK_SIZE << 56), which is 0 */
     CUresult r = CUDA_SUCCESS;
+    /* Read before the records: a change after this read makes what is cached below stale. */
+    uint64_t gen = atomic_load(&kgpu__shim.lmem_gen);
     pthread_mutex_lock(&lmem_mu);
     kgpu_track_rec cur, base, prev = {0};
     size_t stack = 0;
@@ -395,8 +408,12 @@ static CUresult lmem_grow(uint32_t local)
         pthread_mutex_unlock(&lmem_mu);
         return CUDA_SUCCESS;
     }
-    if (local <= stack)
-        goto out; /* reserved already */
+    if (local <= stack) { /* reserved already */
+        lmem_seen.ctx = w.ctx;
+        lmem_seen.gen = gen;
+        lmem_seen.held = stack < UINT32_MAX ? (uint32_t)stack : UINT32_MAX;
+        goto out;
+    }
     if (!kgpu_track_get(&kgpu__shim.track, KGPU_TRACK_LIMITBASE, key, &base)) {
         size_t now = stack;
         get(&now, CU_LIMIT_STACK_SIZE);
@@ -433,7 +450,11 @@ static CUresult lmem_grow(uint32_t local)
                             .ctx = (uintptr_t)w.ctx,
                             .dev = -1, /* a size per thread, not a charge */
                             .kind = KGPU_TRACK_LMEM};
-    kgpu_track_put(&kgpu__shim.track, &grown); /* lost: asked again next time, nothing worse */
+    if (kgpu_track_put(&kgpu__shim.track, &grown) == 0) { /* lost: asked again, nothing worse */
+        lmem_seen.ctx = w.ctx;
+        lmem_seen.gen = gen;
+        lmem_seen.held = local;
+    }
 out:
     pthread_mutex_unlock(&lmem_mu);
     return r;
@@ -453,5 +474,12 @@ CUresult kgpu__lmem_launch(CUfunction f)
         local = (uint32_t)v;
         fn_remember((uintptr_t)f, local);
     }
-    return local == 0 ? CUDA_SUCCESS : lmem_grow(local);
+    if (local == 0)
+        return CUDA_SUCCESS;
+    CUcontext ctx;
+    if (local <= lmem_seen.held &&
+        atomic_load(&kgpu__shim.lmem_gen) == lmem_seen.gen &&
+        KGPU_REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx != NULL && ctx == lmem_seen.ctx)
+        return CUDA_SUCCESS; /* this thread saw this context hold as much, nothing since */
+    return lmem_grow(local);
 }

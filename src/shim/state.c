@@ -249,6 +249,8 @@ static void fork_child(void)
         atomic_store(&kgpu__shim.primary[d].ctx, NULL);
     }
     atomic_store(&kgpu__shim.nprimary, 0);
+    atomic_store(&kgpu__shim.captures, 0);  /* a child has no captures of its own */
+    atomic_fetch_add(&kgpu__shim.lmem_gen, 1); /* nor the contexts its thread's cache names */
     kgpu_track_forked(&kgpu__shim.track);
     kgpu_vmm_forked(&kgpu__shim.vmm);
     pthread_mutex_init(&kgpu__shim.pool_mu, NULL);

@@ -121,6 +121,15 @@ typedef struct kgpu_shim_state {
      * above zero: launches then ask, which costs a driver call, not a turn.
      */
     _Atomic int captures;
+
+    /*
+     * Bumped whenever a context's local memory reservation may have shrunk
+     * or its handle may name another context: a stack limit set, a
+     * context gone, a fork. A thread's cache of "this context already
+     * holds this much local memory" (hooks_measure.c) is good only for
+     * the generation it was filled in.
+     */
+    _Atomic uint64_t lmem_gen;
     char sched_dir[4096], sched_id[64];
     pthread_mutex_t sched_mu;
     kgpu_sched *_Atomic sched[KGPU_SHIM_MAX_DEVICES];

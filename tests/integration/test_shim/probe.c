@@ -2178,6 +2178,24 @@ static int cmd_lmem(void)
     EXPECT_RC(A.cuCtxDestroy_v2(made), CUDA_SUCCESS);
     EXPECT_EQ(used(), u0 + 64 * MIB);
     EXPECT_EQ(pool(), p0 + 64 * MIB);
+    /*
+     * A context made again under the same handle (the fake driver reuses
+     * the slot, as a driver may reuse an address) holds no local memory:
+     * its launch is charged again, whatever the thread saw before.
+     */
+    CUcontext again;
+    EXPECT_RC(A.cuCtxCreate_v2(&again, 0, 0), CUDA_SUCCESS);
+    EXPECT_EQ(again == made, 1);
+    EXPECT_RC(LAUNCH(big), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u1 + 64 * MIB);
+    EXPECT_RC(LAUNCH(big), CUDA_SUCCESS); /* held now: nothing more */
+    EXPECT_EQ(used(), u1 + 64 * MIB);
+    EXPECT_RC(A.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024), CUDA_SUCCESS); /* shrunk: grown again */
+    EXPECT_EQ(used(), u1);
+    EXPECT_RC(LAUNCH(big), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u1 + 64 * MIB);
+    EXPECT_RC(A.cuCtxDestroy_v2(again), CUDA_SUCCESS);
+    EXPECT_EQ(used(), u0 + 64 * MIB);
 #undef LAUNCH
     return failures != 0;
 }
