@@ -460,6 +460,15 @@ class HelmChartTest(unittest.TestCase):
                 % i for i in (0, 1)]})
         self.check_invariants(h, url_from_service=False)
 
+    def test_service_cluster_ip(self):
+        """A fixed cluster IP is the one change (so it can go into urlPrefix beforehand)."""
+        self.assertNotIn("clusterIP", helm()[("Service", EXT_NS, "kgpu-extender")]["spec"])
+        h = helm("extender.service.clusterIP=10.96.200.200")
+        self.assertEqual(changed(helm(), h), {
+            ("Service", EXT_NS, "kgpu-extender"): [
+                "spec.clusterIP: only in second ('10.96.200.200')"]})
+        self.check_invariants(h)
+
     def test_gpuless_pods_entry_can_be_left_out(self):
         """scheduler.scoreGpulessPods=false: the GPU entry alone, nothing else changes."""
         base, h = helm(), helm("scheduler.scoreGpulessPods=false")
