@@ -12,6 +12,9 @@
 #   scripts/e2e.sh --suite dra              kgpu-dra-plugin on such a node with containerd 2.x
 #                                           (CDI): claims allocated by kube-scheduler, prepared
 #                                           by kubelet, shares enforced in the containers
+#   scripts/e2e.sh --suite install          `helm install` of kgpu's own-scheduler mode, every
+#                                           part a real pod (kube-controller-manager and
+#                                           kube-proxy run too): routing, upgrade, uninstall
 #   scripts/e2e.sh --suite control-plane -k preempt    tests whose name has "preempt"
 #
 # Ends with the line `N passed, N failed`; exits non-zero on any failure.
@@ -28,7 +31,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --suite) args+=(--suite "$2"); shift 2 ;;
         -k) args+=(-k "$2"); shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "e2e.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done

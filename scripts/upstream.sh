@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the upstream components the end-to-end suites run -- etcd,
-# kube-apiserver, kube-scheduler, kubectl, kubelet, helm and containerd
+# kube-apiserver, kube-scheduler, kubectl, kubelet, kube-controller-manager
+# and kube-proxy (the install suite), helm and containerd
 # (with its runc shim and ctr) -- from their
 # published Go modules at the versions pinned below, into a cache outside
 # the source tree keyed by version. A second run with the same versions
@@ -34,7 +35,8 @@ GO_MIN=1.26       # what k8s.io/kubernetes ${K8S_VERSION}'s go.mod asks for
 CACHE=${KGPU_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kgpu-upstream}
 BIN="$CACHE/bin-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
 CTRD_BIN="$BIN/containerd-$CONTAINERD_VERSION"
-TOOLS=(etcd kube-apiserver kube-scheduler kubectl kubelet helm
+K8S_CMDS=(kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
+TOOLS=(etcd "${K8S_CMDS[@]}" helm
        "containerd-$CONTAINERD_VERSION/containerd"
        "containerd-$CONTAINERD_VERSION/containerd-shim-runc-v2"
        "containerd-$CONTAINERD_VERSION/ctr")
@@ -82,7 +84,8 @@ export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 # published v0.<minor>.<patch> of the same release.
 k8s_dir="$CACHE/src/k8s-$K8S_VERSION"
 staging="v0.${K8S_VERSION#v1.}"
-if [ ! -f "$k8s_dir/.resolved" ]; then
+# Resolved for this list of commands; a command added to it resolves again.
+if [ "$(cat "$k8s_dir/.resolved" 2>/dev/null)" != "${K8S_CMDS[*]}" ]; then
     rm -rf "$k8s_dir"; mkdir -p "$k8s_dir"
     (
         cd "$k8s_dir"
@@ -95,12 +98,11 @@ if [ ! -f "$k8s_dir/.resolved" ]; then
         for m in $mods; do go mod edit -replace "$m=$m@$staging"; done
         go mod edit -require "k8s.io/kubernetes@$K8S_VERSION"
         printf 'package upstream\n' > doc.go
-        go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-               "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
-               "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" \
-               "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" >&2
+        pkgs=()
+        for t in "${K8S_CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$t@$K8S_VERSION"); done
+        go get "${pkgs[@]}" >&2
     )
-    touch "$k8s_dir/.resolved"
+    echo "${K8S_CMDS[*]}" > "$k8s_dir/.resolved"
 fi
 # The version the binaries report (kubectl version, /version, skew checks).
 minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
@@ -111,7 +113,7 @@ k8s_ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
 k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
 k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitMajor=1"
 k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-for t in kube-apiserver kube-scheduler kubectl kubelet; do
+for t in "${K8S_CMDS[@]}"; do
     [ -x "$BIN/$t" ] && continue
     say "building $t $K8S_VERSION (cold: several minutes)"
     (cd "$k8s_dir" && go build -trimpath -ldflags "$k8s_ldflags" \

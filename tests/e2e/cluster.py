@@ -58,6 +58,13 @@ def host_ip():
     return None
 
 
+def remove_proxy_tables():
+    """kube-proxy's nftables tables (mode nftables), gone; nothing if there are none."""
+    for family in ("ip", "ip6"):
+        subprocess.run(["nft", "delete", "table", family, "kube-proxy"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def wait_for(fn, timeout, what, interval=0.05):
     deadline = time.monotonic() + timeout
     last = None
@@ -323,14 +330,21 @@ class ControlPlane:
     def tool(self, name):
         return os.path.join(self.bin, name)
 
-    def start(self, apiserver_args=()):
+    def start(self, apiserver_args=(), reachable=False):
+        """reachable: the API server listens on every address and publishes this machine's
+        (the `kubernetes` Service's endpoints, for kube-proxy), so that pods reach it at
+        10.96.0.1:443 as in a cluster; otherwise on loopback only, with no endpoints."""
         t0 = time.monotonic()
         self.pki = Pki(os.path.join(self.dir, "pki"))
         self.api_port = free_port()
         self.server = "https://127.0.0.1:%d" % self.api_port
+        self.reachable_ip = host_ip() if reachable else None
+        if reachable and self.reachable_ip is None:
+            raise RuntimeError("no non-loopback IPv4 address to publish the API server on")
         crt, key = self.pki.issue("apiserver", "kube-apiserver", server=True,
                                   sans=["IP:127.0.0.1", "DNS:localhost", "IP:10.96.0.1",
-                                        "DNS:kubernetes", "DNS:kubernetes.default.svc"])
+                                        "DNS:kubernetes", "DNS:kubernetes.default.svc"]
+                                  + (["IP:" + self.reachable_ip] if reachable else []))
         self.admin_crt, self.admin_key = self.pki.issue("admin", "kgpu-e2e-admin",
                                                         orgs=["system:masters"])
         sched_crt, sched_key = self.pki.issue("scheduler", "system:kube-scheduler")
@@ -354,9 +368,14 @@ class ControlPlane:
             "--unsafe-no-fsync", "--quota-backend-bytes", str(4 << 30),
             "--listen-metrics-urls", "http://127.0.0.1:%d" % free_port(),
             "--log-level", "warn"])
+        if reachable:
+            where = ["--bind-address", "0.0.0.0", "--advertise-address", self.reachable_ip]
+        else:
+            # No kube-apiserver Endpoints for 127.0.0.1 (validation forbids loopback there).
+            where = ["--bind-address", "127.0.0.1", "--endpoint-reconciler-type", "none"]
         self.spawn("kube-apiserver", [
             self.tool("kube-apiserver"), "--etcd-servers", self.etcd_url,
-            "--bind-address", "127.0.0.1", "--secure-port", str(self.api_port),
+            "--secure-port", str(self.api_port)] + where + [
             "--tls-cert-file", crt, "--tls-private-key-file", key,
             "--client-ca-file", self.pki.ca_crt,
             "--service-account-issuer", "https://kubernetes.default.svc",
@@ -368,8 +387,6 @@ class ControlPlane:
             "--kubelet-certificate-authority", self.pki.ca_crt,
             # A node's name need not resolve; its InternalIP is what kubelet listens on.
             "--kubelet-preferred-address-types", "InternalIP,Hostname",
-            # No kube-apiserver Endpoints for 127.0.0.1 (validation forbids loopback there).
-            "--endpoint-reconciler-type", "none",
             "--audit-policy-file", self._audit_policy(), "--audit-log-path", self.p("audit.log"),
             "--audit-log-format", "json", "--audit-log-maxsize", "0",
             "--profiling=false", "--v", "1"] + list(apiserver_args))
@@ -456,10 +473,15 @@ class ControlPlane:
                                                    "metadata": {"name": ns,
                                                                 "labels": labels or {}}})
         # No kube-controller-manager: the ServiceAccount admission plugin still wants `default`.
+        # (Where one runs, it may make it first.)
         if self.admin.try_get("/api/v1/namespaces/%s/serviceaccounts/default" % ns) is None:
-            self.admin.post("/api/v1/namespaces/%s/serviceaccounts" % ns,
-                            {"apiVersion": "v1", "kind": "ServiceAccount",
-                             "metadata": {"name": "default"}})
+            try:
+                self.admin.post("/api/v1/namespaces/%s/serviceaccounts" % ns,
+                                {"apiVersion": "v1", "kind": "ServiceAccount",
+                                 "metadata": {"name": "default"}})
+            except ApiError as e:
+                if e.status != 409:
+                    raise
 
     def service_account_token(self, ns, name, seconds=7200, pod=None):
         """A token of ServiceAccount ns/name; given `pod` (a Pod object of ns), bound to
@@ -583,6 +605,67 @@ class ControlPlane:
                 return False
         wait_for(healthy, 60, "kube-scheduler /healthz", interval=0.2)
         return self.scheduler
+
+    # -- kube-controller-manager and kube-proxy (the install suite) -------------
+
+    def start_controller_manager(self):
+        """kube-controller-manager with the controllers a cluster runs by default
+        (Deployments, DaemonSets, ReplicaSets, EndpointSlices, namespaces, garbage
+        collection, ServiceAccounts, the kube-root-ca.crt publisher, ...), as the admin."""
+        port = free_port()
+        c = self.spawn("kube-controller-manager", [
+            self.tool("kube-controller-manager"), "--kubeconfig", self.admin_kubeconfig,
+            "--authentication-kubeconfig", self.admin_kubeconfig,
+            "--authorization-kubeconfig", self.admin_kubeconfig,
+            "--root-ca-file", self.pki.ca_crt,
+            "--service-account-private-key-file", self.pki.sa_key,
+            "--use-service-account-credentials=false", "--leader-elect=false",
+            "--bind-address", "127.0.0.1", "--secure-port", str(port),
+            "--concurrent-deployment-syncs", "2", "--v", "1"])
+
+        def healthy():
+            if not c.alive():
+                raise RuntimeError("kube-controller-manager exited:\n" + c.log()[-3000:])
+            try:
+                ctx = ssl._create_unverified_context()
+                conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=2)
+                conn.request("GET", "/healthz")
+                return conn.getresponse().status == 200
+            except OSError:
+                return False
+        wait_for(healthy, 60, "kube-controller-manager /healthz", interval=0.2)
+        return c
+
+    def start_proxy(self, node_name, cluster_cidr):
+        """kube-proxy in nftables mode for node `node_name`: cluster IPs reach their
+        endpoints from pods (its table `kube-proxy`, removed by stop_proxy). Its identity
+        is system:kube-proxy, whom the bootstrap policy gives system:node-proxier."""
+        crt, key = self.pki.issue("kube-proxy", "system:kube-proxy")
+        kc = kubeconfig(self.p("kube-proxy.kubeconfig"), self.server, self.pki.ca_crt, crt, key)
+        conf = self.p("kube-proxy-config.yaml")
+        with open(conf, "w") as f:
+            f.write("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
+                    "kind: KubeProxyConfiguration\n"
+                    "mode: nftables\n"
+                    "clientConnection: {kubeconfig: %s}\n"
+                    "hostnameOverride: %s\n"
+                    "clusterCIDR: %s\n"
+                    "healthzBindAddress: 127.0.0.1:%d\n"
+                    "metricsBindAddress: 127.0.0.1:%d\n"
+                    # Leave this machine's conntrack settings alone.
+                    "conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s,"
+                    " tcpCloseWaitTimeout: 0s}\n"
+                    % (kc, node_name, cluster_cidr, free_port(), free_port()))
+        self.proxy = self.spawn("kube-proxy", [self.tool("kube-proxy"), "--config", conf,
+                                               "--v", "1"])
+        return self.proxy
+
+    def stop_proxy(self):
+        """Stops kube-proxy and removes its nftables tables, whatever state it left."""
+        c = self.children.pop("kube-proxy", None)
+        if c is not None:
+            c.stop()
+        remove_proxy_tables()
 
     def stop_scheduler(self):
         if self.scheduler is not None:

@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 
 import harness  # noqa: E402
 
-SUITES = {"control-plane": "test_control_plane", "node": "test_node", "dra": "test_dra"}
+SUITES = {"control-plane": "test_control_plane", "node": "test_node", "dra": "test_dra",
+          "install": "test_install"}
 
 
 def undo_node():

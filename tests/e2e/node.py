@@ -13,7 +13,12 @@ needs, and gives back at the end:
   - a cgroup /kgpu-e2e in every cgroup hierarchy (kubelet's cgroupRoot, with
     the cgroupfs driver that this machine's cgroup v1 calls for);
   - the bridge kgpue2e0 of the pods' network (no address, no gateway, no
-    masquerading: pods reach nothing but each other);
+    masquerading: pods reach nothing but each other); with gateway=True (the
+    install suite) the bridge is the pods' gateway and default route, so that
+    they reach this machine and, through kube-proxy, cluster IPs, and two
+    rules first in this machine's FORWARD chain let the bridge's traffic
+    through (Docker's policy there is DROP), removed at the end with
+    kube-proxy's nftables tables;
   - the kernel settings kubelet insists on (vm.overcommit_memory, kernel.panic,
     ...), saved before kubelet starts and put back after;
   - kubelet's links to container logs in /var/log/containers and the CNI
@@ -169,8 +174,13 @@ class Node:
     """kubelet + containerd on this machine as node `name` of the control plane `cp`."""
 
     def __init__(self, cp, workdir, build_dir, name="kgpu-e2e-node", gpus=(), labels=None,
-                 containerd_bin=None, cdi_dirs=None):
+                 containerd_bin=None, cdi_dirs=None, gateway=False):
         self.cp, self.dir, self.build, self.name = cp, workdir, build_dir, name
+        # gateway: the bridge is the pods' gateway (POD_GATEWAY), so that pods reach this
+        # machine and, through kube-proxy, cluster IPs; this machine's FORWARD chain gets
+        # rules that let the bridge's traffic through (Docker's policy there is DROP).
+        self.gateway = gateway
+        self.forward_rules = []
         # containerd_bin: a folder with containerd, containerd-shim-runc-v2 and ctr to run
         # instead of the PATH's; cdi_dirs: CDI spec folders (containerd 1.7+ only).
         self.containerd_bin, self.cdi_dirs = containerd_bin, list(cdi_dirs or [])
@@ -220,18 +230,22 @@ class Node:
 
     # -- start ------------------------------------------------------------------
 
-    def start(self, preloaded=(), kgpu_image=False, dra_image=False):
+    def start(self, preloaded=(), kgpu_image=False, dra_image=False, extra_images=()):
         """preloaded: shared objects the job image must carry the C library for;
         kgpu_image: also the image the Helm chart's pods name, from self.build;
-        dra_image: that image with kgpu-dra-plugin in it too (deploy/dra's DaemonSet)."""
+        dra_image: that image with kgpu-dra-plugin in it too (deploy/dra's DaemonSet);
+        extra_images: further (name, docker-archive path) to import."""
         t0 = time.monotonic()
         self._save_sysctls()
         self._make_cgroups()
+        if self.gateway:
+            self._open_forward()
         self._start_containerd()
         self.images = node_images.build_all(self.p("images"), preloaded=preloaded)
         if kgpu_image or dra_image:
             self.images.append(node_images.kgpu_image(self.p("images"), self.build,
                                                       dra=dra_image))
+        self.images += list(extra_images)
         for name, path in self.images:
             self.ctr("-n", "k8s.io", "images", "import", path)
         self._write_kubelet_files()
@@ -239,6 +253,21 @@ class Node:
         self.wait_ready()
         self.cp.log("node %s up in %.1f s" % (self.name, time.monotonic() - t0))
         return self
+
+    def _open_forward(self):
+        """Lets the pods' bridge through this machine's FORWARD chain, first in it (before
+        Docker's rules and its DROP policy): routed traffic between pods and cluster IPs,
+        and bridged traffic, which br_netfilter also passes through the chain."""
+        for rule in (["-i", BRIDGE, "-j", "ACCEPT"], ["-o", BRIDGE, "-j", "ACCEPT"]):
+            if shutil.which("iptables") is None:
+                return
+            if _run(["iptables", "-w", "-I", "FORWARD", "1"] + rule, check=False).returncode == 0:
+                self.forward_rules.append(rule)
+
+    def _close_forward(self):
+        for rule in self.forward_rules:
+            _run(["iptables", "-w", "-D", "FORWARD"] + rule, check=False)
+        self.forward_rules = []
 
     def _save_sysctls(self):
         for key in KUBELET_SYSCTLS:
@@ -271,9 +300,11 @@ class Node:
         with open(os.path.join(d, "runtime.json"), "w") as f:
             json.dump(runtime_conf, f, indent=1)
         cni = {"cniVersion": "0.4.0", "name": "kgpu-e2e", "plugins": [
-            {"type": "bridge", "bridge": BRIDGE, "isGateway": False, "ipMasq": False,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
-                      "dataDir": os.path.join(d, "cni-ipam")}}]}
+            {"type": "bridge", "bridge": BRIDGE, "isGateway": self.gateway, "ipMasq": False,
+             "ipam": dict({"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                           "dataDir": os.path.join(d, "cni-ipam")},
+                          # The pods' default route, through the bridge (the gateway).
+                          **({"routes": [{"dst": "0.0.0.0/0"}]} if self.gateway else {}))}]}
         with open(os.path.join(d, "net.d", "10-kgpu-e2e.conflist"), "w") as f:
             json.dump(cni, f, indent=1)
         cri = 'plugins."io.containerd.grpc.v1.cri"'
@@ -487,6 +518,9 @@ class Node:
         self._unmount_all()
         self._remove_cgroups()
         _run(["ip", "link", "del", BRIDGE], check=False)
+        self._close_forward()
+        if self.gateway:
+            cluster.remove_proxy_tables()  # kube-proxy ran for this node's pods
         for key, value in self.saved_sysctls.items():
             try:
                 with open("/proc/sys/" + key, "w") as f:

@@ -13,6 +13,8 @@ there) and the job image (gpu_job built dynamically, statically, and
 statically on musl where musl-gcc is installed), from C sources in
 tests/e2e/node/ with the machine's cc. The image the Helm chart names is
 kgpu's own, built by scripts/image.sh from the Dockerfile as users build it.
+The install suite adds the upstream kube-scheduler's image (kube_scheduler_image),
+since kgpu's own-scheduler mode runs it.
 """
 
 import hashlib
@@ -136,6 +138,18 @@ def kgpu_image(workdir, build_dir=None, dra=False):
     if r.returncode != 0:
         raise RuntimeError("scripts/image.sh failed:\n%s" % r.stdout[-3000:])
     return KGPU_IMAGE, path
+
+
+def kube_scheduler_image(workdir, binary, version):
+    """registry.k8s.io/kube-scheduler:VERSION as kgpu's chart names it (ownScheduler), made
+    from the kube-scheduler scripts/upstream.sh built: the binary on the PATH, with the
+    shared objects it loads (none when Go built it static)."""
+    name = "registry.k8s.io/kube-scheduler:" + version
+    path = os.path.join(workdir, "kube-scheduler.tar")
+    os.makedirs(workdir, exist_ok=True)
+    docker_archive(path, name, layer({"/usr/local/bin/kube-scheduler": binary},
+                                     libs_for=[binary]), entrypoint=None)
+    return name, path
 
 
 def build_all(workdir, preloaded=()):
