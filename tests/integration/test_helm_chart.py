@@ -889,6 +889,14 @@ class HelmChartTest(unittest.TestCase):
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         vols = {v["name"]: v for v in dep["volumes"]}
         self.assertEqual(vols["config"]["configMap"]["name"], "kgpu-scheduler-config")
+        # The extender's NetworkPolicy admits its pods to the scheduling port, and they
+        # are the pods the Deployment makes.
+        peers = h[("NetworkPolicy", EXT_NS, "kgpu-extender")]["spec"]["ingress"][0]["from"]
+        own = [p["podSelector"]["matchLabels"] for p in peers if "podSelector" in p]
+        self.assertEqual(own, [h[("Deployment", EXT_NS, "kgpu-scheduler")]["spec"]["selector"]
+                               ["matchLabels"]])
+        self.assertFalse([p for p in base[("NetworkPolicy", EXT_NS, "kgpu-extender")]["spec"]
+                          ["ingress"][0]["from"] if "podSelector" in p])
         # The tlsConfig's files, from cert-manager's client certificate.
         ext = cfg["extenders"][0]["tlsConfig"]
         tls = vols["tls"]["secret"]
