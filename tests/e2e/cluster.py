@@ -58,6 +58,22 @@ def host_ip():
     return None
 
 
+def wait_healthz(child, port, name):
+    """Waits for component `name` (harness.Child `child`) to answer /healthz on its secure
+    port on loopback; raises with its log if it exits first."""
+    def healthy():
+        if not child.alive():
+            raise RuntimeError("%s exited:\n%s" % (name, child.log()[-3000:]))
+        try:
+            ctx = ssl._create_unverified_context()  # its self-signed serving certificate
+            c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=2)
+            c.request("GET", "/healthz")
+            return c.getresponse().status == 200
+        except OSError:
+            return False
+    wait_for(healthy, 60, "%s /healthz" % name, interval=0.2)
+
+
 def remove_proxy_tables():
     """kube-proxy's nftables tables (mode nftables), gone; nothing if there are none."""
     for family in ("ip", "ip6"):
@@ -593,17 +609,7 @@ class ControlPlane:
             + list(extra))
         self.scheduler_port = port
 
-        def healthy():
-            if not self.scheduler.alive():
-                raise RuntimeError("kube-scheduler exited:\n" + self.scheduler.log()[-3000:])
-            try:
-                ctx = ssl._create_unverified_context()  # its self-signed serving cert
-                c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=2)
-                c.request("GET", "/healthz")
-                return c.getresponse().status == 200
-            except OSError:
-                return False
-        wait_for(healthy, 60, "kube-scheduler /healthz", interval=0.2)
+        wait_healthz(self.scheduler, port, "kube-scheduler")
         return self.scheduler
 
     # -- kube-controller-manager and kube-proxy (the install suite) -------------
@@ -622,18 +628,7 @@ class ControlPlane:
             "--use-service-account-credentials=false", "--leader-elect=false",
             "--bind-address", "127.0.0.1", "--secure-port", str(port),
             "--concurrent-deployment-syncs", "2", "--v", "1"])
-
-        def healthy():
-            if not c.alive():
-                raise RuntimeError("kube-controller-manager exited:\n" + c.log()[-3000:])
-            try:
-                ctx = ssl._create_unverified_context()
-                conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=2)
-                conn.request("GET", "/healthz")
-                return conn.getresponse().status == 200
-            except OSError:
-                return False
-        wait_for(healthy, 60, "kube-controller-manager /healthz", interval=0.2)
+        wait_healthz(c, port, "kube-controller-manager")
         return c
 
     def start_proxy(self, node_name, cluster_cidr):

@@ -852,6 +852,47 @@ static void env_share_limited(const char *name, int pct, int limit)
 }
 
 /*
+ * Containers a (30 %) and b (70 %) each running training steps (probe step:
+ * 25 kernels of 2 ms, then a synchronisation) for 3 s, the whole step queued
+ * at once; `extra` is one more setting of a's. a's share of their GPU time,
+ * after checking that they took turns and kept the GPU busy.
+ */
+static double split_training_steps(const char *what, const char *extra)
+{
+    char dir[320], out_a[320], out_b[320], path[340];
+    snprintf(dir, sizeof(dir), "%s/sched", tmp);
+    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
+    snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
+    snprintf(path, sizeof(path), "%s/go", tmp);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/gpu", tmp);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/sched/%s.sched", tmp, UUID0);
+    unlink(path);
+    mkdir(dir, 0700);
+    pid_t p[2];
+    const char *outs[2] = {out_a, out_b};
+    for (int k = 0; k < 2; k++) {
+        env_share(k == 0 ? "a" : "b", k == 0 ? 30 : 70);
+        env_add("FAKE_CUDA_QUEUE_MS=100"); /* a whole 50 ms step fits in the queue */
+        env_drop("PROBE_SECONDS");
+        env_add("PROBE_SECONDS=3");
+        if (k == 0 && extra != NULL)
+            env_add("%s", extra);
+        p[k] = start(KGPU_SHIM_PROBE, "step", outs[k], "ready\n");
+    }
+    go();
+    double ga = gpu_seconds(p[0], out_a), gb = gpu_seconds(p[1], out_b), share = ga / (ga + gb);
+    print_message("%s: a %.3f s, b %.3f s of GPU time: a's share %.1f %%\n", what, ga, gb,
+                  100 * share);
+    if (waits_of("a") <= 0 || waits_of("b") <= 0)
+        fail_msg("the two containers never took turns");
+    if (ga + gb < 0.5 * 3)
+        fail_msg("the GPU was busy only %.0f %% of the time", 100 * (ga + gb) / 3);
+    return share;
+}
+
+/*
  * The audit's patterns: an ordinary training step (25 kernels of 2 ms,
  * queued at once as a real launch queue allows, then cuStreamSynchronize)
  * and the same step as one CUDA graph. Each container then spends most of
@@ -861,41 +902,12 @@ static void env_share_limited(const char *name, int pct, int limit)
  */
 static void compute_shares_split_training_steps(void **state)
 {
-    char dir[320], out_a[320], out_b[320];
-    snprintf(dir, sizeof(dir), "%s/sched", tmp);
-    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
-    snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
+    const char *what[2] = {"training steps", "training steps as graphs"};
     for (int graph = 0; graph < 2; graph++) {
-        char path[340];
-        snprintf(path, sizeof(path), "%s/go", tmp);
-        unlink(path);
-        snprintf(path, sizeof(path), "%s/gpu", tmp);
-        unlink(path);
-        snprintf(path, sizeof(path), "%s/sched/%s.sched", tmp, UUID0);
-        unlink(path);
-        mkdir(dir, 0700);
-        pid_t p[2];
-        const char *outs[2] = {out_a, out_b};
-        for (int k = 0; k < 2; k++) {
-            env_share(k == 0 ? "a" : "b", k == 0 ? 30 : 70);
-            env_add("FAKE_CUDA_QUEUE_MS=100"); /* a whole 50 ms step fits in the queue */
-            env_drop("PROBE_SECONDS");
-            env_add("PROBE_SECONDS=3");
-            if (graph)
-                env_add("PROBE_GRAPH=1");
-            p[k] = start(KGPU_SHIM_PROBE, "step", outs[k], "ready\n");
-        }
-        go();
-        double ga = gpu_seconds(p[0], out_a), gb = gpu_seconds(p[1], out_b), share = ga / (ga + gb);
-        print_message("training steps%s: a %.3f s, b %.3f s of GPU time: a's share %.1f %%\n",
-                      graph ? " as graphs" : "", ga, gb, 100 * share);
-        if (waits_of("a") <= 0 || waits_of("b") <= 0)
-            fail_msg("the two containers never took turns");
+        double share = split_training_steps(what[graph], graph ? "PROBE_GRAPH=1" : NULL);
         if (share < 0.25 || share > 0.35)
             fail_msg("a got %.1f %% of the GPU, b %.1f %%: shares are 30 and 70", 100 * share,
                      100 * (1 - share));
-        if (ga + gb < 0.5 * 3)
-            fail_msg("the GPU was busy only %.0f %% of the time", 100 * (ga + gb) / 3);
     }
 }
 
@@ -910,28 +922,7 @@ static void compute_shares_split_training_steps(void **state)
  */
 static void a_turn_drains_every_context(void **state)
 {
-    char out_a[320], out_b[320], path[340];
-    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
-    snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
-    snprintf(path, sizeof(path), "%s/sched", tmp);
-    mkdir(path, 0700);
-    pid_t p[2];
-    const char *outs[2] = {out_a, out_b};
-    for (int k = 0; k < 2; k++) {
-        env_share(k == 0 ? "a" : "b", k == 0 ? 30 : 70);
-        env_add("FAKE_CUDA_QUEUE_MS=100"); /* a whole 50 ms step fits in the queue */
-        env_drop("PROBE_SECONDS");
-        env_add("PROBE_SECONDS=3");
-        if (k == 0)
-            env_add("PROBE_TWO_CTX=1");
-        p[k] = start(KGPU_SHIM_PROBE, "step", outs[k], "ready\n");
-    }
-    go();
-    double ga = gpu_seconds(p[0], out_a), gb = gpu_seconds(p[1], out_b), share = ga / (ga + gb);
-    print_message("steps in a second context: a %.3f s, b %.3f s of GPU time: a's share %.1f %%\n",
-                  ga, gb, 100 * share);
-    if (waits_of("a") <= 0 || waits_of("b") <= 0)
-        fail_msg("the two containers never took turns");
+    double share = split_training_steps("steps in a second context", "PROBE_TWO_CTX=1");
     if (share < 0.25 || share > 0.35)
         fail_msg("a got %.1f %% of the GPU, b %.1f %%: shares are 30 and 70", 100 * share,
                  100 * (1 - share));
