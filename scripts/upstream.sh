@@ -22,8 +22,8 @@
 # inside the bin dir, named by its version, so adding or bumping it does not
 # rebuild the rest.
 #
-# Cold cost on the project's 2-core machine: Kubernetes, etcd and helm about
-# 19 minutes; containerd, its shim and ctr about 10 more.
+# Cold cost on the project's 2-core machine (docs/e2e.md): about 21 minutes,
+# Kubernetes' seven commands 14 of them.
 set -euo pipefail
 
 K8S_VERSION=v1.37.2
