@@ -207,7 +207,11 @@ static void print_table(FILE *f, const kgpu_study *s, const char *pods_path)
         if (s->k8s != NULL && s->k8s->extender_weight == 0)
             fprintf(f, "; extender weight 0: no extender, the policy is not consulted");
     }
-    fprintf(f, "\n\n%-16s %11s %11s %13s %12s %9s %8s\n", "policy", "alloc@100%", "alloc@130%",
+    /* The second column is the allocation when the last pod arrived: at inflate x capacity. */
+    char last[32] = "alloc@end";
+    if (s->inflate > 0)
+        snprintf(last, sizeof(last), "alloc@%.0f%%", s->inflate * 100);
+    fprintf(f, "\n\n%-16s %11s %11s %13s %12s %9s %8s\n", "policy", "alloc@100%", last,
             "unalloc GPUs", "failed pods", "frag@90%", "wall s");
     for (int r = 0; r < s->nrows; r++) {
         const kgpu_study_row *row = &s->rows[r];

@@ -77,6 +77,16 @@ static void test_table_and_plot(void **state)
     check_table_and_plot("", "p.svg", "alloc@130%", "fgd");
 }
 
+/* The table's second column is named for when the last pod arrived, whatever --inflate says. */
+static void test_table_names_the_inflation(void **state)
+{
+    run_result r = run("simulate " EXAMPLE " --seeds 1 --policy fgd --inflate 1.5 --no-timing");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "alloc@150%"));
+    assert_null(strstr(r.out, "alloc@130%"));
+    run_free(&r);
+}
+
 /*
  * The Quick start's chart (scripts/demo.sh's command): the legend ranks the
  * policies by allocation at 130 % arrived, each with the table's alloc@130%,
@@ -240,7 +250,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_shape),     cmocka_unit_test(test_json_deterministic),
-        cmocka_unit_test(test_table_and_plot), cmocka_unit_test(test_demo_plot_ranked_and_zoomed),
+        cmocka_unit_test(test_table_and_plot), cmocka_unit_test(test_table_names_the_inflation),
+        cmocka_unit_test(test_demo_plot_ranked_and_zoomed),
         cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_example_reproduces),
         cmocka_unit_test(test_version_help),   cmocka_unit_test(test_parse_seeds),
     };
