@@ -76,7 +76,8 @@ def shipped_extender_config(path):
     """The config.yaml held by the ConfigMap in deploy/extender/config.yaml, written to path,
     without its `tls:` block: this suite plays kube-scheduler over plain HTTP, as an operator
     trying kgpu without certificates would (the config's own comment says how). The shipped
-    TLS and client-certificate setup is what test_extender_tls and scripts/e2e.sh check."""
+    TLS and client-certificate setup is what test_extender_tls and scripts/e2e.sh check.
+    Its probeListen becomes 127.0.0.1:0."""
     with open(SHIPPED_CONFIG) as f:
         lines = f.read().splitlines()
     start = lines.index("  config.yaml: |") + 1
@@ -92,6 +93,10 @@ def shipped_extender_config(path):
         if in_tls and (line.startswith(" ") or not line.strip()):
             continue
         in_tls = False
+        # The probe listener on any free loopback port, not the shipped fixed one: another
+        # test (or anything on this machine) holding that port must not stop this suite.
+        if line.startswith("probeListen:"):
+            line = "probeListen: 127.0.0.1:0"
         body.append(line)
 
     with open(path, "w") as f:
