@@ -929,36 +929,50 @@ static void a_turn_drains_every_context(void **state)
 }
 
 /*
- * A container recording CUDA graphs (global capture mode, the default)
- * while it takes turns with a busy neighbour: the turns end at launches
- * into the capturing stream, and the drain there must leave the capture
- * whole (the driver refuses a global-mode thread's cuCtxSynchronize during
- * a capture and invalidates the capture).
+ * Container a (30 %, probe capture, with up to two more settings extra1 and
+ * extra2, or NULL) recording graphs beside a busy b (70 %, probe share) for
+ * 2 s. a's exit status, its output in buf, its capture counts; b's GPU
+ * seconds.
  */
-static void a_turn_ending_inside_a_capture_leaves_it_whole(void **state)
+static double capture_beside_busy(const char *extra1, const char *extra2, int *status, char *buf,
+                                  size_t size, int *ended, int *invalidated)
 {
-    char dir[320], out_a[320], out_b[320], buf[512];
+    char dir[320], out_a[320], out_b[320];
     snprintf(dir, sizeof(dir), "%s/sched", tmp);
     snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
     snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
     mkdir(dir, 0700);
     env_share("a", 30);
+    if (extra1 != NULL)
+        env_add("%s", extra1);
+    if (extra2 != NULL)
+        env_add("%s", extra2);
     pid_t a = start(KGPU_SHIM_PROBE, "capture", out_a, "ready\n");
     env_share("b", 70);
     pid_t b = start(KGPU_SHIM_PROBE, "share", out_b, "ready\n");
     go();
-    int status;
-    assert_int_equal(waitpid(a, &status, 0), a);
-    gpu_seconds(b, out_b);
-    FILE *f = fopen(out_a, "r");
-    size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    if (f != NULL)
-        fclose(f);
-    buf[n] = '\0';
-    int ended = -1, invalidated = -1;
+    assert_int_equal(waitpid(a, status, 0), a);
+    double gb = gpu_seconds(b, out_b);
+    slurp(out_a, buf, size);
+    *ended = *invalidated = -1;
     const char *at = strstr(buf, "captures=");
-    if (at == NULL || sscanf(at, "captures=%d invalidated=%d", &ended, &invalidated) != 2)
+    if (at == NULL || sscanf(at, "captures=%d invalidated=%d", ended, invalidated) != 2)
         fail_msg("the capturing container printed no count: %s", buf);
+    return gb;
+}
+
+/*
+ * A container recording CUDA graphs (global capture mode, the default)
+ * while it takes turns with a busy neighbour: the turns end at launches
+ * into a second stream beside the capture, and the drain there must leave
+ * the capture whole (the driver refuses a global-mode thread's
+ * cuCtxSynchronize during a capture and invalidates the capture).
+ */
+static void a_turn_ending_inside_a_capture_leaves_it_whole(void **state)
+{
+    char buf[512];
+    int status, ended, invalidated;
+    capture_beside_busy(NULL, NULL, &status, buf, sizeof(buf), &ended, &invalidated);
     print_message("captures %d, invalidated %d, a waited %ld times\n", ended, invalidated,
                   waits_of("a"));
     if (waits_of("a") <= 0)
@@ -976,25 +990,10 @@ static void a_turn_ending_inside_a_capture_leaves_it_whole(void **state)
  */
 static void launches_into_a_capture_do_not_wait(void **state)
 {
-    char dir[320], out_a[320], out_b[320], buf[512];
-    snprintf(dir, sizeof(dir), "%s/sched", tmp);
-    snprintf(out_a, sizeof(out_a), "%s/a.out", tmp);
-    snprintf(out_b, sizeof(out_b), "%s/b.out", tmp);
-    mkdir(dir, 0700);
-    env_share("a", 30);
-    env_add("PROBE_CAPTURE_ONLY=1");
-    pid_t a = start(KGPU_SHIM_PROBE, "capture", out_a, "ready\n");
-    env_share("b", 70);
-    pid_t b = start(KGPU_SHIM_PROBE, "share", out_b, "ready\n");
-    go();
-    int status;
-    assert_int_equal(waitpid(a, &status, 0), a);
-    double gb = gpu_seconds(b, out_b);
-    slurp(out_a, buf, sizeof(buf));
-    int ended = -1, invalidated = -1;
-    const char *at = strstr(buf, "captures=");
-    if (at == NULL || sscanf(at, "captures=%d invalidated=%d", &ended, &invalidated) != 2)
-        fail_msg("the capturing container printed no count: %s", buf);
+    char buf[512];
+    int status, ended, invalidated;
+    double gb = capture_beside_busy("PROBE_CAPTURE_ONLY=1", NULL, &status, buf, sizeof(buf),
+                                    &ended, &invalidated);
     print_message("captures %d, a waited %ld times, b had %.3f s of GPU time\n", ended,
                   waits_of("a"), gb);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || ended <= 0 || invalidated != 0)
@@ -1003,6 +1002,27 @@ static void launches_into_a_capture_do_not_wait(void **state)
         fail_msg("launches into a capture waited %ld times for a turn", waits_of("a"));
     if (gb < 1.5)
         fail_msg("b, alone on the GPU, had only %.3f s of it in 2 s", gb);
+}
+
+/*
+ * A tenant that keeps a capture under way all the time, hoping its other
+ * launches skip the gate too: only launches into the capturing stream do
+ * (the driver says which stream captures, not the library's count). Its
+ * kernels in a second stream, the only work of it that runs (its graphs
+ * never do), still wait for its turns.
+ */
+static void a_capture_under_way_frees_no_other_launch(void **state)
+{
+    char buf[512];
+    int status, ended, invalidated;
+    double gb = capture_beside_busy("PROBE_CAPTURE_ONLY=1", "PROBE_CAPTURE_BESIDE=1", &status,
+                                    buf, sizeof(buf), &ended, &invalidated);
+    print_message("captures %d, a waited %ld times, b had %.3f s of GPU time\n", ended,
+                  waits_of("a"), gb);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || ended <= 0 || invalidated != 0)
+        fail_msg("the capturing container failed: %s", buf);
+    if (waits_of("a") <= 0)
+        fail_msg("a's kernels beside its capture never waited for a turn");
 }
 
 /*
@@ -1299,6 +1319,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_turn_drains_every_context, setup, teardown),
         cmocka_unit_test_setup_teardown(a_ceiling_holds_on_an_idle_gpu, setup, teardown),
         cmocka_unit_test_setup_teardown(launches_into_a_capture_do_not_wait, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_capture_under_way_frees_no_other_launch, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(a_turn_ending_inside_a_capture_leaves_it_whole, setup,
                                         teardown),
     };

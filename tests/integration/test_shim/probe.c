@@ -2588,8 +2588,9 @@ static int cmd_step(void)
  * the library's drain must not break the capture. Then it instantiates and
  * runs the graph. With PROBE_CAPTURE_ONLY it only captures (no second
  * stream, the graphs never run): nothing it launches runs, so it never has
- * to wait for a turn. Prints how many captures ended and how many the
- * driver invalidated.
+ * to wait for a turn; PROBE_CAPTURE_BESIDE too puts the second stream's
+ * kernels back, which run while a capture is always under way. Prints how
+ * many captures ended and how many the driver invalidated.
  */
 static int cmd_capture(void)
 {
@@ -2606,6 +2607,7 @@ static int cmd_capture(void)
         return 1;
     }
     int only = getenv("PROBE_CAPTURE_ONLY") != NULL;
+    int beside_too = !only || getenv("PROBE_CAPTURE_BESIDE") != NULL;
     stream_t beside = NULL;
     EXPECT_RC(A.cuStreamCreate(&st, 0), CUDA_SUCCESS);
     EXPECT_RC(A.cuStreamCreate(&beside, 0), CUDA_SUCCESS);
@@ -2619,7 +2621,7 @@ static int cmd_capture(void)
         EXPECT_RC(A.cuStreamBeginCapture_v2(st, 0), CUDA_SUCCESS);
         for (int i = 0; i < batch; i++) {
             EXPECT_RC(launch(NULL, 1000, 1, 1, 32, 1, 1, 0, (CUstream)st, NULL, NULL), CUDA_SUCCESS);
-            if (!only)
+            if (beside_too)
                 EXPECT_RC(launch(NULL, 1000, 1, 1, 32, 1, 1, 0, (CUstream)beside, NULL, NULL),
                           CUDA_SUCCESS);
             usleep(1000);
