@@ -227,6 +227,11 @@ class InstallSuite(unittest.TestCase):
     def wait_phase(self, name, phases, timeout=120):
         return self.cp.wait_phase(E2E_NS, name, phases, timeout)
 
+    def scheduled_by(self, name):
+        """Who placed pod `name`: the reporting component of its Scheduled events."""
+        return [e.get("reportingComponent") or e.get("source", {}).get("component")
+                for e in self.cp.events_for(E2E_NS, name) if e["reason"] == "Scheduled"]
+
     def gpu_of(self, name):
         ann = self.cp.get_pod(E2E_NS, name)["metadata"].get("annotations") or {}
         self.assertIn("kgpu.io/assignment", ann)
@@ -264,9 +269,7 @@ class InstallSuite(unittest.TestCase):
         self.assertIn("KGPU_MEMORY_LIMIT_MIB=4096", out["env"])
         self.assertEqual(out["alloc_within"], ["0 mib %d" % (4096 - CTX_MIB)])
         self.assertEqual(first_int(out["alloc_past"]), OOM, "one MiB past the share was given")
-        events = [e.get("reportingComponent") or e.get("source", {}).get("component")
-                  for e in cp.events_for(E2E_NS, "share-a") if e["reason"] == "Scheduled"]
-        self.assertEqual(events, [OWN], "placed by %s" % events)
+        self.assertEqual(self.scheduled_by("share-a"), [OWN])
         print("    helm install to the first shared pod done: %.1f s" % elapsed)
         # A pod without a GPU keeps the cluster's scheduler.
         cpu = pod_object("cpu", [("main", {})])
@@ -278,9 +281,7 @@ class InstallSuite(unittest.TestCase):
         self.assertEqual(cp.get_pod(E2E_NS, "cpu")["spec"]["schedulerName"],
                          "default-scheduler")
         self.wait_phase("cpu", ("Succeeded", "Failed"))
-        events = [e.get("reportingComponent") or e.get("source", {}).get("component")
-                  for e in cp.events_for(E2E_NS, "cpu") if e["reason"] == "Scheduled"]
-        self.assertEqual(events, ["default-scheduler"])
+        self.assertEqual(self.scheduled_by("cpu"), ["default-scheduler"])
 
     # -- 2. upgrade -----------------------------------------------------------------
 
