@@ -358,10 +358,23 @@ int kgpu__k8s_call_perform(kgpu__k8s_call *c, atomic_bool *stop, kgpu_error *err
             return kgpu_error_set(err, KGPU_EIO, "%s %s: %s", c->method, c->url,
                                   curl_multi_strerror(mc));
     }
+    c->result = cc;
     if (cc != CURLE_OK)
         return kgpu_error_set(err, KGPU_EIO, "%s %s: %s", c->method, c->url,
                               c->errbuf[0] ? c->errbuf : curl_easy_strerror(cc));
     return 0;
+}
+
+/* After a failed transfer: whether none of the request can have reached the server. */
+static bool call_unsent(kgpu__k8s_call *c)
+{
+    long sent = 0;
+    if (c->result == CURLE_COULDNT_RESOLVE_HOST || c->result == CURLE_COULDNT_RESOLVE_PROXY ||
+        c->result == CURLE_COULDNT_CONNECT || c->result == CURLE_SSL_CONNECT_ERROR ||
+        c->result == CURLE_PEER_FAILED_VERIFICATION)
+        return true;
+    /* Bytes of request headers sent: 0 when it failed before the request went out. */
+    return curl_easy_getinfo(c->h, CURLINFO_REQUEST_SIZE, &sent) == CURLE_OK && sent == 0;
 }
 
 /* A response body growing up to KGPU__K8S_BODY_MAX. */
@@ -404,6 +417,7 @@ int kgpu__k8s_request_ex(kgpu_k8s *k, const char *method, const char *path,
     if (resp == NULL)
         resp = &local;
     memset(resp, 0, sizeof(*resp));
+    resp->unsent = true;
     if (k == NULL)
         return kgpu_error_set(err, KGPU_EINVAL, "no Kubernetes client");
     kgpu__k8s_call c;
@@ -414,6 +428,7 @@ int kgpu__k8s_request_ex(kgpu_k8s *k, const char *method, const char *path,
     curl_easy_setopt(c.h, CURLOPT_WRITEFUNCTION, sink_write);
     curl_easy_setopt(c.h, CURLOPT_WRITEDATA, &s);
     rc = kgpu__k8s_call_perform(&c, stop, err);
+    resp->unsent = rc != 0 && call_unsent(&c);
     if (s.too_big)
         rc = kgpu_error_set(err, KGPU_ERANGE, "%s %s: response larger than %zu MiB", c.method,
                             c.url, KGPU__K8S_BODY_MAX >> 20);
@@ -517,8 +532,10 @@ static int send_json(kgpu_k8s *k, const char *method, const char *path, const ch
     char *body = doc != NULL ? json_dumps(doc, JSON_COMPACT) : NULL;
     json_decref(doc);
     if (body == NULL) {
-        if (resp != NULL)
+        if (resp != NULL) {
             memset(resp, 0, sizeof(*resp));
+            resp->unsent = true;
+        }
         return kgpu_error_set(err, KGPU_EINVAL,
                               "%s %s: cannot build the request (strings must be UTF-8)", method,
                               path);
@@ -531,8 +548,10 @@ static int send_json(kgpu_k8s *k, const char *method, const char *path, const ch
 int kgpu_k8s_bind(kgpu_k8s *k, const char *ns, const char *name, const char *uid, const char *node,
                   json_t *annotations, kgpu_http_resp *resp, kgpu_error *err)
 {
-    if (resp != NULL)
+    if (resp != NULL) {
         memset(resp, 0, sizeof(*resp));
+        resp->unsent = true; /* until the request goes out */
+    }
     char path[2048];
     int rc = pod_path(ns, name, "/binding", path, sizeof(path), err);
     if (rc != 0)

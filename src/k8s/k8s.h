@@ -60,6 +60,13 @@ typedef struct kgpu_http_resp {
     long status;
     char *body; /* NUL-terminated, malloc'd; caller frees */
     size_t len;
+    /*
+     * After a transport failure: true when no byte of the request can have
+     * reached the server (no connection, or none of it sent), so that the
+     * request was certainly not applied. False after a failure past that
+     * point (a timeout, a broken connection): the server may have applied it.
+     */
+    bool unsent;
 } kgpu_http_resp;
 
 /*

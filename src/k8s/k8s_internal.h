@@ -45,6 +45,7 @@ typedef struct kgpu__k8s_call {
     char method[16];
     char *url; /* server + path; for error messages */
     char errbuf[CURL_ERROR_SIZE];
+    CURLcode result; /* of the transfer, once performed */
 } kgpu__k8s_call;
 
 /*

@@ -252,6 +252,7 @@ static void test_transport_errors(void **state)
     if (strncmp(err.msg, want, strlen(want)) != 0)
         fail_msg("error '%s' does not start with '%s'", err.msg, want);
     assert_null(resp.body);
+    assert_true(resp.unsent); /* no connection: nothing can have been applied */
     kgpu_k8s_free(k);
 
     /* timeout_ms: the stand-in answers binds after 1.5 s. */
@@ -263,12 +264,14 @@ static void test_transport_errors(void **state)
                      KGPU_EIO);
     assert_true(now_s() - t0 < 1.2);
     assert_non_null(strstr(err.msg, "timed out"));
+    assert_false(resp.unsent); /* it went out: the server may apply it (and here does) */
     kgpu_k8s_free(quick);
     control("{\"bind_delay_ms\":0}");
 
     /* Bad arguments never reach the wire. */
     assert_int_equal(kgpu_k8s_request(api, "GET", "api/v1/pods", NULL, NULL, &resp, &err),
                      KGPU_EINVAL);
+    assert_true(resp.unsent);
     cfg.server[0] = '\0';
     assert_null(kgpu_k8s_new(&cfg, &err));
     assert_int_equal(err.code, KGPU_EINVAL);
