@@ -113,13 +113,14 @@ static void print_node(json_t *node, bool detail)
             else
                 snprintf(amount, sizeof(amount), "%" PRId64 " MiB, %" PRId64 " milli", m,
                          jint(p, "milli"));
+            const char *status = json_string_value(json_object_get(p, "status")) ?: "";
             printf("%-24s      %s/%s (%s): %s%s\n", "",
                    json_string_value(json_object_get(p, "namespace")),
                    json_string_value(json_object_get(p, "pod")),
                    json_string_value(json_object_get(p, "container")), amount,
-                   strcmp(json_string_value(json_object_get(p, "status")) ?: "", "reserved") == 0
-                       ? " [binding]"
-                       : "");
+                   strcmp(status, "reserved") == 0   ? " [binding]"
+                   : strcmp(status, "in-doubt") == 0 ? " [binding in doubt]"
+                                                     : "");
         }
     }
     print_awaiting(node);

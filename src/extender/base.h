@@ -42,6 +42,7 @@ typedef struct ext_config {
     char lease_ns[64], lease_name[64];
     int lease_duration_s; /* 15 */
     int allocate_wait_s;  /* a bound pod holds back same-size pods on its node this long; 0 off */
+    int bind_doubt_s;     /* a Binding without a usable answer keeps its GPUs this long; 60 */
     /* POST /mutate/pods gives GPU pods this schedulerName (kgpu's own scheduler); "" off. */
     char route_pods_to[64];
     /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
@@ -110,6 +111,7 @@ enum ext_bind_fail {
     BIND_FAIL_API_UNREACHABLE,
     BIND_FAIL_STANDBY,
     BIND_FAIL_AWAITING, /* a same-size pod on the node still waits for kubelet's Allocate */
+    BIND_FAIL_IN_DOUBT, /* an earlier Binding of the pod to another node may still be applied */
     BIND_FAIL_COUNT
 };
 enum ext_http_refused {
@@ -136,6 +138,7 @@ typedef struct ext_metrics {
     atomic_ullong watch_restarts[2];    /* nodes, pods */
     atomic_ullong assignment_conflicts; /* annotations that would overbook a GPU */
     atomic_ullong assignments_refused;  /* annotations giving more than the pod asks */
+    atomic_ullong doubts_ended[3];      /* binds in doubt, by how they ended (enum ext_doubt_end) */
     /* The serving layer (http.c). */
     atomic_ullong http_refused[EXT_HTTP_REFUSED_COUNT]; /* answered before the body was read */
     atomic_int metrics_streams;                          /* /metrics answers being sent */

@@ -123,15 +123,19 @@ static kgpu_pod *bind_pod(ext_ctx *d, const char *ns, const char *name, const ch
  */
 static enum ext_bind_fail post_binding(ext_ctx *d, const char *ns, const char *name,
                                        const char *uid, const char *node, json_t *ann, char *msg,
-                                       size_t len)
+                                       size_t len, bool *maybe_applied)
 {
     kgpu_error err;
     kgpu_http_resp resp = {0};
     enum ext_bind_fail why = BIND_FAIL_COUNT;
+    *maybe_applied = false;
     if (kgpu_k8s_bind(d->k8s, ns, name, uid, node, ann, &resp, &err) != 0) {
         why = BIND_FAIL_API_UNREACHABLE;
+        *maybe_applied = !resp.unsent; /* a timeout or a broken connection, after it went out */
         snprintf(msg, len, "binding %s/%s to %s: %s", ns, name, node, err.msg);
     } else if (resp.status != 200 && resp.status != 201) {
+        /* A 5xx says nothing of whether the handler went on (a 504 of the timeout filter). */
+        *maybe_applied = resp.status >= 500;
         why = resp.status == 409 ? BIND_FAIL_API_CONFLICT : BIND_FAIL_API_ERROR;
         json_t *st = resp.body ? json_loads(resp.body, 0, NULL) : NULL;
         const char *m = json_string_value(json_object_get(st, "message"));
@@ -141,6 +145,48 @@ static enum ext_bind_fail post_binding(ext_ctx *d, const char *ns, const char *n
     }
     free(resp.body);
     return why;
+}
+
+/* What the API server shows of a Binding whose answer was lost. */
+enum landing {
+    LAND_NOT_ASKED,
+    LAND_APPLIED,   /* the pod is bound to the node with the assignment sent */
+    LAND_NOT_YET,   /* the pod is not bound (or could not be read): it may still be */
+    LAND_ELSEWHERE, /* gone, replaced, being deleted, or bound by another Binding */
+};
+
+/* GETs the pod: was the Binding to `node` with `assignment` applied? */
+static enum landing find_binding(ext_ctx *d, const char *ns, const char *name, const char *uid,
+                                 const char *node, const char *assignment)
+{
+    char path[KGPU_K8S_PATH_MAX];
+    snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    long status = 0;
+    json_t *j = kgpu_k8s_get_json(d->k8s, path, &status, &err);
+    if (status == 404)
+        return LAND_ELSEWHERE;
+    json_t *meta = json_object_get(j, "metadata");
+    const char *juid = json_string_value(json_object_get(meta, "uid"));
+    const char *on =
+        json_string_value(json_object_get(json_object_get(j, "spec"), "nodeName"));
+    const char *ann = json_string_value(
+        json_object_get(json_object_get(meta, "annotations"), KGPU_ANN_ASSIGNMENT));
+    enum landing l = LAND_NOT_YET;
+    if (j == NULL)
+        l = LAND_NOT_YET;
+    else if (juid == NULL || strcmp(juid, uid) != 0 ||
+             json_object_get(meta, "deletionTimestamp") != NULL)
+        l = LAND_ELSEWHERE;
+    else if (on == NULL || on[0] == '\0')
+        l = LAND_NOT_YET;
+    else if (strcmp(on, node) == 0 && ann != NULL && strcmp(ann, assignment) == 0)
+        l = LAND_APPLIED;
+    else
+        l = LAND_ELSEWHERE;
+    json_decref(j);
+    return l;
 }
 
 /*
@@ -233,8 +279,10 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
     }
     if (pod->nparts == 0) { /* asks for no GPU (e.g. kgpu.io/gpu-mem: 0): bind, hold nothing */
         free(pod);
-        enum ext_bind_fail why =
-            d->k8s ? post_binding(d, ns, name, uid, node, NULL, msg, sizeof(msg)) : BIND_FAIL_COUNT;
+        bool maybe;
+        enum ext_bind_fail why = d->k8s ? post_binding(d, ns, name, uid, node, NULL, msg,
+                                                       sizeof(msg), &maybe)
+                                        : BIND_FAIL_COUNT;
         if (why != BIND_FAIL_COUNT)
             bind_failed(d, r, why, msg);
         else
@@ -247,10 +295,23 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
     kgpu_error err;
     kgpu_error_clear(&err);
     char *assignment = NULL;
-    char waiting[REASON_MAX] = "";
+    char waiting[REASON_MAX] = "", indoubt[REASON_MAX] = "";
+    unsigned long long gen = 0;
+    double retry_of = 0; /* > 0: this bind retries a Binding in doubt (doubt.c) that ran until then */
     pthread_mutex_lock(&d->state->mu);
     int rc = ext_state_compile(d->state, pod, &err);
-    if (rc == 0 && kgpu_strmap_get(&d->state->pods, uid) == NULL && d->state->awaiting.len > 0) {
+    ext_doubts_expire(d->state);
+    ext_pod *doubt = rc == 0 ? ext_state_doubt_of(d->state, uid) : NULL;
+    if (doubt != NULL && strcmp(doubt->node, node) != 0) {
+        ext_doubt_reason(d->state, doubt, indoubt, sizeof(indoubt));
+        rc = kgpu_error_set(&err, KGPU_ESTATE, "%s", indoubt);
+    } else if (doubt != NULL) { /* on its node: this Binding carries the same GPUs */
+        retry_of = doubt->doubt_until;
+        ext_state_doubt_end(d->state, doubt, EXT_DOUBT_RETRIED);
+        held = doubt;
+    }
+    if (rc == 0 && retry_of == 0 && kgpu_strmap_get(&d->state->pods, uid) == NULL &&
+        d->state->awaiting.len > 0) {
         /* Filter let it through, but another bind of the same size may have come first. */
         ext_await_expire(d->state);
         ext_ask same;
@@ -260,13 +321,13 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
             rc = kgpu_error_set(&err, KGPU_ESTATE, "%s", waiting);
         }
     }
-    if (rc == 0 && ext_queues_resolve(d->state, ns, qlabel, qname, sizeof(qname), qwhy,
-                                      sizeof(qwhy)) == -2)
+    if (rc == 0 && retry_of == 0 &&
+        ext_queues_resolve(d->state, ns, qlabel, qname, sizeof(qname), qwhy, sizeof(qwhy)) == -2)
         rc = kgpu_error_set(&err, KGPU_ENOFIT, "%s", qwhy);
-    bool fresh = rc == 0 && kgpu_strmap_get(&d->state->pods, uid) == NULL;
+    bool fresh = rc == 0 && retry_of == 0 && kgpu_strmap_get(&d->state->pods, uid) == NULL;
     if (fresh)
         rc = held_for_another(d->state, pod, node, false, &err);
-    if (rc == 0)
+    if (rc == 0 && retry_of == 0)
         rc = ext_state_reserve(d->state, pod, node, qlabel, priority, &held, &err);
     if (rc == 0 && fresh && held_for_another(d->state, pod, node, true, &err) != 0) {
         /* The GPUs the policy chose were the ones held: the room stays the waiting pod's. */
@@ -284,6 +345,7 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
         snprintf(held_ns, sizeof(held_ns), "%s", held->ns);
         snprintf(held_name, sizeof(held_name), "%s", held->name);
         held_bound = held->status == POD_BOUND;
+        gen = held->gen;
     }
     if (rc == 0) {
         const kgpu_node *n =
@@ -301,6 +363,12 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
         }
     }
     pthread_mutex_unlock(&d->state->mu);
+    if (indoubt[0] != '\0') {
+        free(pod);
+        snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node, indoubt);
+        bind_failed(d, r, BIND_FAIL_IN_DOUBT, msg);
+        return;
+    }
     if (waiting[0] != '\0') {
         free(pod);
         snprintf(msg, sizeof(msg), "binding %s/%s to %s: %s", ns, name, node, waiting);
@@ -352,21 +420,70 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
     kgpu_rfc3339_now(when, sizeof(when));
     json_t *ann = json_pack("{s:s,s:s,s:s}", KGPU_ANN_ASSIGNMENT, assignment, KGPU_ANN_NODE, node,
                             KGPU_ANN_BIND_TIME, when);
-    enum ext_bind_fail why = post_binding(d, ns, name, uid, node, ann, msg, sizeof(msg));
+    bool maybe_applied;
+    enum ext_bind_fail why =
+        post_binding(d, ns, name, uid, node, ann, msg, sizeof(msg), &maybe_applied);
     json_decref(ann);
+    /*
+     * No usable answer, or a conflict when an earlier Binding of ours is in
+     * doubt: ask the API server what became of it before the GPUs go.
+     */
+    enum landing land = LAND_NOT_ASKED;
+    if (why != BIND_FAIL_COUNT &&
+        (maybe_applied || (why == BIND_FAIL_API_CONFLICT && retry_of > 0)))
+        land = find_binding(d, ns, name, uid, node, assignment);
+    char kept[REASON_MAX] = "";
     pthread_mutex_lock(&d->state->mu);
-    if (why == BIND_FAIL_COUNT)
-        ext_state_confirm(d->state, uid);
-    else
+    /* Only our own reservation: the watch may have settled it meanwhile (pods.c). */
+    ext_pod *mine = ext_state_own(d->state, uid, gen);
+    double now = ext_now();
+    /* The watch showed the pod bound with these very GPUs (pods.c): our Binding was applied. */
+    if (why != BIND_FAIL_COUNT && mine != NULL && mine->status == POD_BOUND)
+        land = LAND_APPLIED;
+    if (why == BIND_FAIL_COUNT || land == LAND_APPLIED) {
+        if (mine != NULL)
+            ext_state_confirm(d->state, uid);
+        if (land == LAND_APPLIED)
+            atomic_fetch_add(&d->metrics->doubts_ended[EXT_DOUBT_LANDED], 1);
+        else if (retry_of > 0) /* the earlier Binding cannot be applied after this one */
+            atomic_fetch_add(&d->metrics->doubts_ended[EXT_DOUBT_RELEASED], 1);
+    } else if (mine != NULL && land != LAND_ELSEWHERE &&
+               ((maybe_applied && land == LAND_NOT_YET) || retry_of > now)) {
+        /* This Binding, or the earlier one it retried, may still be applied: keep the GPUs. */
+        double until = maybe_applied ? now + d->cfg->bind_doubt_s : retry_of;
+        until = until > retry_of ? until : retry_of;
+        ext_state_doubt(d->state, mine, until);
+        snprintf(kept, sizeof(kept),
+                 "the API server may still apply it: its GPUs stay held on %s until the API "
+                 "server shows the pod, for at most %.0f s (--bind-doubt)",
+                 node, until - now);
+    } else if (mine != NULL) {
+        if (retry_of > 0) /* its doubt ended at the retry; count how it really ended */
+            atomic_fetch_add(&d->metrics->doubts_ended[land == LAND_ELSEWHERE
+                                                           ? EXT_DOUBT_RELEASED
+                                                           : EXT_DOUBT_EXPIRED],
+                             1);
         ext_state_release(d->state, uid); /* nothing leaks when the API server says no */
+    }
     pthread_mutex_unlock(&d->state->mu);
     free(pod);
-    if (why != BIND_FAIL_COUNT) {
+    if (why != BIND_FAIL_COUNT && land != LAND_APPLIED) {
         free(assignment);
+        if (kept[0] != '\0') {
+            char full[sizeof(msg)];
+            snprintf(full, sizeof(full), "%.600s; %s", msg, kept);
+            snprintf(msg, sizeof(msg), "%s", full);
+        }
         bind_failed(d, r, why, msg);
         return;
     }
-    ext_log(EXT_INFO, "bound %s/%s to %s: %s", ns, name, node, assignment);
+    if (land == LAND_APPLIED)
+        ext_log(EXT_WARN,
+                "bound %s/%s to %s: %s (the API server applied the Binding though its answer "
+                "was lost: %s)",
+                ns, name, node, assignment, msg);
+    else
+        ext_log(EXT_INFO, "bound %s/%s to %s: %s", ns, name, node, assignment);
     free(assignment);
     bind_result(r, "");
 }

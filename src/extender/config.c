@@ -18,6 +18,7 @@
 #include "yamljson.h"
 
 #define ALLOCATE_WAIT_MAX 86400 /* a day: anything longer is a pod that will never start */
+#define BIND_DOUBT_MAX    3600  /* an hour: far past any API server's request timeout */
 #define MAX_CONNECTIONS   65536 /* descriptors, and libmicrohttpd's buffer each */
 
 void ext_config_defaults(ext_config *cfg)
@@ -43,6 +44,8 @@ void ext_config_defaults(ext_config *cfg)
     snprintf(cfg->lease_name, sizeof(cfg->lease_name), "kgpu-extender");
     cfg->lease_duration_s = 15;
     cfg->allocate_wait_s = 120;
+    /* kube-apiserver's default --request-timeout: the longest a request it took may run. */
+    cfg->bind_doubt_s = 60;
 }
 
 static int parse_level(const char *s, int *out, kgpu_error *err)
@@ -223,6 +226,9 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
         } else if (strcmp(key, "allocateWaitSeconds") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 0 && json_integer_value(v) <= ALLOCATE_WAIT_MAX) {
             cfg->allocate_wait_s = (int)json_integer_value(v);
+        } else if (strcmp(key, "bindDoubtSeconds") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 1 && json_integer_value(v) <= BIND_DOUBT_MAX) {
+            cfg->bind_doubt_s = (int)json_integer_value(v);
         } else if (strcmp(key, "routePodsTo") == 0 && s) {
             rc = check_scheduler_name(s, err);
             if (rc == 0)
@@ -335,6 +341,9 @@ static void usage(FILE *f)
             "  --allocate-wait S      seconds a bound pod, until kubelet has allocated its\n"
             "                         devices, keeps pods asking the same amount off its node\n"
             "                         (default 120; 0 turns this off)\n"
+            "  --bind-doubt S         seconds a Binding that got no usable answer (a timeout,\n"
+            "                         a 5xx) keeps its GPUs, unless the API server shows\n"
+            "                         the pod first (default 60)\n"
             "  --route-pods-to NAME   answer POST /mutate/pods, the webhook giving GPU pods\n"
             "                         schedulerName NAME (kgpu's own scheduler; default off)\n"
             "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
@@ -364,6 +373,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"lease-name", required_argument, NULL, 'M'},
         {"lease-duration", required_argument, NULL, 'D'},
         {"allocate-wait", required_argument, NULL, 'W'},
+        {"bind-doubt", required_argument, NULL, 'O'},
         {"route-pods-to", required_argument, NULL, 'r'},
         {"max-buffered-bytes", required_argument, NULL, 'B'},
         {"max-connections", required_argument, NULL, 'x'},
@@ -470,6 +480,15 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
                                     ALLOCATE_WAIT_MAX);
             else
                 cfg->allocate_wait_s = (int)wait;
+            break;
+        }
+        case 'O': {
+            long doubt = strtol(optarg, &end, 10);
+            if (end == optarg || *end || doubt < 1 || doubt > BIND_DOUBT_MAX)
+                rc = kgpu_error_set(err, KGPU_EINVAL, "--bind-doubt '%s': 1..%d seconds", optarg,
+                                    BIND_DOUBT_MAX);
+            else
+                cfg->bind_doubt_s = (int)doubt;
             break;
         }
         case 'B':

@@ -21,7 +21,8 @@ const char *ext_bind_fail_name(enum ext_bind_fail f)
     static const char *names[BIND_FAIL_COUNT] = {
         "bad_request",     "unknown_pod",  "unknown_node",
         "no_fit",          "api_conflict", "api_error",
-        "api_unreachable", "standby",      "awaiting_allocation"};
+        "api_unreachable", "standby",      "awaiting_allocation",
+        "in_doubt"};
     return f >= 0 && f < BIND_FAIL_COUNT ? names[f] : "other";
 }
 

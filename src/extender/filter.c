@@ -52,6 +52,7 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
     int priority, qid = -1;
     ext_pod_queue_fields(json_object_get(args, "Pod"), qlabel, sizeof(qlabel), &priority);
     ext_reclaim *evict = NULL; /* victims to evict through the API once the lock is released */
+    char doubt_node[KGPU_NAME_MAX + 1] = "", doubt_why[REASON_MAX];
     bool holds = false;        /* some reclaim holds room for its pod (reclaim_state.c) */
     pthread_mutex_lock(&d->state->mu);
     rc = ext_check_pod(d, pod, NULL, invalid, sizeof(invalid));
@@ -66,6 +67,12 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
                                  sizeof(qwhy));
         ext_reclaims_refresh(d->state);
         holds = d->state->reclaims.len > 0;
+        ext_doubts_expire(d->state);
+        const ext_pod *doubt = ext_state_doubt_of(d->state, pod->uid);
+        if (doubt != NULL) { /* its GPUs are held on one node: only that one will do */
+            snprintf(doubt_node, sizeof(doubt_node), "%s", doubt->node);
+            ext_doubt_reason(d->state, doubt, doubt_why, sizeof(doubt_why));
+        }
         if (remembered != NULL) {
             snprintf(remembered->queue_label, sizeof(remembered->queue_label), "%s", qlabel);
             snprintf(remembered->queue, sizeof(remembered->queue), "%s", qname);
@@ -90,6 +97,13 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
             }
             if (pod->nparts == 0) {
                 pass[i] = any = true; /* no GPU asked: not kgpu's business */
+                continue;
+            }
+            if (doubt_node[0] != '\0') {
+                if (strcmp(names[i], doubt_node) == 0)
+                    pass[i] = any = true;
+                else
+                    ext_add_reason(&failed, names[i], doubt_why);
                 continue;
             }
             if (qid == -2) { /* a queue may be made: not unresolvable */

@@ -30,6 +30,7 @@ typedef struct snap_pod {
     int milli;
     int64_t memory_mib; /* -1: the whole GPU */
     bool bound;
+    bool doubt; /* reserved by a Binding without a usable answer (doubt.c) */
 } snap_pod;
 
 typedef struct snap_wait {
@@ -157,7 +158,8 @@ static bool snap_take(ext_state *st, const char *only, snapshot *s, bool *found)
                             .container = keep(s, p->part[i].container),
                             .milli = a->gpu_milli,
                             .memory_mib = a->exclusive ? -1 : a->gpu_memory_mib,
-                            .bound = p->status == POD_BOUND};
+                            .bound = p->status == POD_BOUND,
+                            .doubt = p->doubt_until > 0};
             for (int g = 0; g < a->ngpus; g++) {
                 row.gpu = gpu_base[a->node] + a->gpus[g];
                 add_pod(s, &row);
@@ -339,7 +341,10 @@ static json_t *render(const snapshot *s, bool one)
                     pods, json_pack("{s:s,s:s,s:s,s:i,s:I,s:s}", "pod", text(s, p->name),
                                     "namespace", text(s, p->ns), "container", text(s, p->container),
                                     "milli", p->milli, "memory_mib", (json_int_t)p->memory_mib,
-                                    "status", p->bound ? "bound" : "reserved"));
+                                    "status",
+                                    p->bound   ? "bound"
+                                    : p->doubt ? "in-doubt"
+                                               : "reserved"));
             }
             int64_t ma = x->memory_mib - x->free_memory_mib;
             mem += x->memory_mib;
@@ -399,6 +404,7 @@ json_t *ext_inspect_json(ext_state *st, const char *only)
     bool found;
     pthread_mutex_lock(&st->mu);
     ext_await_expire(st);
+    ext_doubts_expire(st);
     bool ok = snap_take(st, only, &s, &found);
     pthread_mutex_unlock(&st->mu);
     json_t *doc = ok ? render(&s, only != NULL) : NULL;

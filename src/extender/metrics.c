@@ -124,6 +124,14 @@ static void render_requests(buf *b, ext_metrics *m)
            "# TYPE kgpu_extender_assignments_refused_total counter\n");
     put(b, "kgpu_extender_assignments_refused_total %llu\n",
         atomic_load(&m->assignments_refused));
+    static const char *doubt_ends[3] = {"landed", "released", "expired"};
+    put(b, "# HELP kgpu_extender_bind_doubts_total Binds whose Binding got no usable answer (a "
+           "timeout, a 5xx) and kept their GPUs, by how that ended: the Binding shown applied, "
+           "shown not to be (released), or --bind-doubt passed (expired).\n"
+           "# TYPE kgpu_extender_bind_doubts_total counter\n");
+    for (int i = 0; i < 3; i++)
+        put(b, "kgpu_extender_bind_doubts_total{outcome=\"%s\"} %llu\n", doubt_ends[i],
+            atomic_load(&m->doubts_ended[i]));
     static const char *refused[EXT_HTTP_REFUSED_COUNT] = {"too_large", "busy", "bad_framing",
                                                           "unauthenticated"};
     put(b, "# HELP kgpu_extender_http_refused_total Requests answered before their body was "
@@ -302,6 +310,8 @@ static bool render_into(ext_metrics *m, ext_state *st, bool ready, buf *b, snaps
     render_requests(b, m);
     memset(snap, 0, sizeof(*snap));
     pthread_mutex_lock(&st->mu);
+    ext_doubts_expire(st);
+    long doubts = (long)st->doubts;
     ext_state_integrate_usage(st);
     bool ok = take_snapshot(st->cluster, snap);
     size_t nns = st->ns_usage.len, k = 0;
@@ -364,6 +374,11 @@ static bool render_into(ext_metrics *m, ext_state *st, bool ready, buf *b, snaps
         "asked for yet; each keeps pods of the same size off its node until then.\n"
         "# TYPE kgpu_pods_awaiting_allocation gauge\nkgpu_pods_awaiting_allocation %ld\n",
         awaiting);
+    put(b,
+        "# HELP kgpu_extender_binds_in_doubt Binds whose Binding got no usable answer and may "
+        "still be applied: their GPUs stay held (--bind-doubt).\n"
+        "# TYPE kgpu_extender_binds_in_doubt gauge\nkgpu_extender_binds_in_doubt %ld\n",
+        doubts);
     put(b,
         "# HELP kgpu_extender_ready Whether inventory and pods are loaded.\n"
         "# TYPE kgpu_extender_ready gauge\nkgpu_extender_ready %d\n",

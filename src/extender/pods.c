@@ -216,6 +216,7 @@ int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node,
     ext_queues_name_pod(st, p);
     p->priority = priority;
     p->status = POD_RESERVED;
+    p->gen = ++st->next_gen;
     /* The one placement search decides, as it did for filter; the policy picks within it. */
     const kgpu_request *reqs[KGPU_MAX_PARTS];
     kgpu_assignment a[KGPU_MAX_PARTS];
@@ -266,8 +267,42 @@ void ext_state_release(ext_state *st, const char *uid)
     ext_pod *p = kgpu_strmap_del(&st->pods, uid);
     if (p == NULL)
         return;
+    ext_state_doubt_end(st, p, EXT_DOUBT_RELEASED); /* whatever ends it now, it cannot land */
     unhold(st, p);
     free(p);
+}
+
+/* Binds in doubt (doubt.c) whose time ran out: their GPUs are free again. */
+void ext_doubts_expire(ext_state *st)
+{
+    if (st->doubts == 0)
+        return;
+    double now = ext_now();
+    size_t it = 0, n = 0;
+    const char *k;
+    void *v;
+    char(*late)[64] = calloc(st->doubts, sizeof(*late));
+    while (late != NULL && n < st->doubts && kgpu_strmap_next(&st->pods, &it, &k, &v)) {
+        const ext_pod *p = v;
+        if (p->doubt_until > 0 && now >= p->doubt_until)
+            snprintf(late[n++], sizeof(late[0]), "%s", p->uid);
+    }
+    for (size_t i = 0; i < n; i++) {
+        ext_pod *p = kgpu_strmap_get(&st->pods, late[i]);
+        ext_log(EXT_WARN,
+                "pod %s/%s: its Binding to %s got no answer, and the API server has not shown "
+                "it applied in %d s (--bind-doubt): its GPUs there are free again",
+                p->ns, p->name, p->node, st->cfg->bind_doubt_s);
+        ext_state_doubt_end(st, p, EXT_DOUBT_EXPIRED);
+        ext_state_release(st, late[i]);
+    }
+    free(late);
+}
+
+ext_pod *ext_state_own(ext_state *st, const char *uid, unsigned long long gen)
+{
+    ext_pod *p = kgpu_strmap_get(&st->pods, uid);
+    return p != NULL && p->gen == gen ? p : NULL;
 }
 
 /* ---- pods without kgpu GPUs: their CPU and memory ---- */
@@ -400,6 +435,7 @@ static const char *try_adopt(ext_state *st, const char *uid, const char *ns, con
     ext_queues_name_pod(st, p);
     p->priority = priority;
     p->status = POD_BOUND;
+    p->gen = ++st->next_gen;
     const char *why = NULL;
     kgpu_error err;
     kgpu_error_clear(&err);
@@ -449,6 +485,36 @@ static const char *try_adopt(ext_state *st, const char *uid, const char *ns, con
     return NULL;
 }
 
+/*
+ * Whether reservation p is what a bound pod's assignment records: the same
+ * node, and part by part the same GPUs with the same amounts (a Binding of
+ * kgpu's carries the assignment it reserved).
+ */
+static bool held_as_recorded(const ext_state *st, const ext_pod *p, const char *nodename,
+                             const kgpu_assigned_part *parts, int n)
+{
+    if (strcmp(p->node, nodename) != 0 || p->nparts != n)
+        return false;
+    const kgpu_node *node =
+        kgpu_cluster_node(st->cluster, kgpu_cluster_find_node(st->cluster, nodename));
+    if (node == NULL)
+        return false;
+    for (int i = 0; i < n; i++) {
+        const kgpu_assignment *a = &p->part[i].a;
+        const kgpu_assigned_part *ap = &parts[i];
+        if (a->ngpus != ap->ngpus || a->exclusive != ap->exclusive)
+            return false;
+        for (int g = 0; g < ap->ngpus; g++) {
+            if (ext__gpu_position(node, ap->gpus[g].index, ap->gpus[g].uuid) != a->gpus[g])
+                return false;
+            if (!a->exclusive && (ap->gpus[g].milli != a->gpu_milli ||
+                                  ap->gpus[g].memory_mib != a->gpu_memory_mib))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* Tries every orphan again: after inventory changes and after pods leave. */
 void ext__retry_orphans(ext_state *st)
 {
@@ -494,11 +560,8 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
     }
     if (pod.node[0] == '\0' || !pod.has_assignment)
         return; /* not bound, or a reservation in flight: it stays as it is */
-    if (held != NULL) {
-        if (held->status == POD_RESERVED && strcmp(held->node, pod.node) == 0)
-            held->status = POD_BOUND; /* our bind, confirmed by the watch */
+    if (held != NULL && held->status == POD_BOUND)
         return;
-    }
     const json_t *ann = json_object_get(json_object_get(json, "metadata"), "annotations");
     const char *text = json_string_value(json_object_get(ann, KGPU_ANN_ASSIGNMENT));
     const char *anode = json_string_value(json_object_get(ann, KGPU_ANN_NODE));
@@ -519,6 +582,21 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
                 KGPU_ANN_ASSIGNMENT, err.msg);
         free(parts);
         return;
+    }
+    if (held != NULL) { /* reserved: a bind in flight, or in doubt */
+        if (held_as_recorded(st, held, pod.node, parts, n)) {
+            ext_state_doubt_end(st, held, EXT_DOUBT_LANDED);
+            held->status = POD_BOUND; /* our Binding, applied */
+            free(parts);
+            return;
+        }
+        /* Bound by another Binding: the one these GPUs were held for cannot be applied now. */
+        ext_log(EXT_WARN,
+                "pod %s/%s: bound to %s by another Binding than kgpu's; the GPUs kgpu held "
+                "for it on %s are released",
+                pod.ns, pod.name, pod.node, held->node);
+        ext_state_release(st, pod.uid);
+        held = NULL;
     }
     if (kgpu_assignment_within(&pod, parts, n, &err) != 0) {
         /* Not written by kgpu's bind (the admission policy keeps tenants from writing it):
@@ -616,7 +694,8 @@ void ext_state_pods_reset(ext_state *st, json_t *items, char ***suspects, size_t
     size_t ngone = 0;
     while (kgpu_strmap_next(&st->pods, &it, &k, &v)) {
         const ext_pod *p = v;
-        if (p->status != POD_BOUND || kgpu_strmap_get(&present, k) != NULL)
+        /* In doubt: gone like a bound pod (its Binding cannot land on a deleted pod). */
+        if ((p->status != POD_BOUND && p->doubt_until <= 0) || kgpu_strmap_get(&present, k) != NULL)
             continue;
         if (p->since >= st->relist_started) {
             /* Bound after the relist was asked for: the snapshot may predate the binding. */

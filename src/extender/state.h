@@ -38,6 +38,14 @@ typedef struct ext_pod {
     double gpus;  /* GPU fraction held, for GPU-hours */
     double since; /* monotonic time it started holding: a relist may not drop younger pods */
     /*
+     * > 0: its Binding got no answer the bind could act on (a timeout, a
+     * broken connection, a 5xx), and the API server may still apply it, so
+     * its GPUs stay held until then (monotonic seconds, doubt.c) unless the
+     * API server says first. Status POD_RESERVED meanwhile.
+     */
+    double doubt_until;
+    unsigned long long gen; /* which reservation this is: a bind settles only its own */
+    /*
      * Its GPU queue (queues.c): its kgpu.io/queue label ("" none), and the
      * queue that and its namespace's annotation name, resolved again
      * whenever the queues or the namespaces change.
@@ -254,6 +262,8 @@ typedef struct ext_state {
     kgpu_strmap orphans;   /* uid -> ext_orphan* */
     kgpu_strmap cpu_pods;  /* uid -> ext_cpu_pod*: bound pods without kgpu GPUs */
     double relist_started; /* when the pod relist in progress was asked for (0: first list) */
+    size_t doubts;                /* pods in `pods` with doubt_until > 0 */
+    unsigned long long next_gen;  /* the gen of the next ext_pod */
     kgpu_strmap pending; /* uid -> ext_filtered*, from filter, for bind; at most pending_pods_max */
     ext_filtered *pending_oldest, *pending_newest; /* least and most recently filtered */
     kgpu_strmap awaiting;  /* uid -> ext_await*: pods kubelet has yet to allocate devices for */
@@ -385,6 +395,28 @@ int ext_state_reserve(ext_state *st, const kgpu_pod *pod, const char *node,
 void ext_state_confirm(ext_state *st, const char *uid);
 /* Drops whatever uid holds. */
 void ext_state_release(ext_state *st, const char *uid);
+/* What uid holds when it is still reservation `gen` (a bind's own), else NULL. */
+ext_pod *ext_state_own(ext_state *st, const char *uid, unsigned long long gen);
+
+/* ---- binds in doubt (doubt.c) ---- */
+
+enum ext_doubt_end {
+    EXT_DOUBT_LANDED,   /* the API server showed the Binding applied */
+    EXT_DOUBT_RELEASED, /* it cannot land any more: the pod is gone, or bound by another Binding */
+    EXT_DOUBT_EXPIRED,  /* --bind-doubt passed without a word from the API server */
+    EXT_DOUBT_RETRIED,  /* a bind of the pod to the same node takes its GPUs over */
+    EXT_DOUBT_ENDS
+};
+/* Puts reservation p in doubt until `until` (monotonic seconds). */
+void ext_state_doubt(ext_state *st, ext_pod *p, double until);
+/* Ends p's doubt, counting how (EXT_DOUBT_RETRIED: not counted, its bind settles it). */
+void ext_state_doubt_end(ext_state *st, ext_pod *p, enum ext_doubt_end how);
+/* The pod uid's reservation in doubt, or NULL. */
+ext_pod *ext_state_doubt_of(ext_state *st, const char *uid);
+/* Releases every reservation whose doubt has run out. */
+void ext_doubts_expire(ext_state *st);
+/* Why a pod in doubt on p->node binds nowhere else yet, for filter and bind. */
+void ext_doubt_reason(const ext_state *st, const ext_pod *p, char *out, size_t len);
 
 /* Brings per-namespace GPU-seconds up to now. Caller holds st->mu. */
 void ext_state_integrate_usage(ext_state *st);

@@ -31,7 +31,14 @@ a POST would: a large cluster in a second instead of one request per object.
 /_control (JSON, no token needed) takes any of:
     bind_status: N       answer binds with this HTTP status instead of binding
     bind_count: N        ...for the next N binds (-1: until changed; default 1)
-    bind_delay_ms: D     sleep D ms before answering every bind (0: off)
+    bind_delay_ms: D     sleep D ms before answering every bind (0: off); the bind is
+                         applied after the sleep even if the client has gone, as a
+                         request the real server has started goes on
+    bind_lost: N         apply the next N binds, then answer 504, as kube-apiserver's
+                         timeout filter does while the handler goes on: an answer lost
+    bind_late: N         answer the next N binds 504 at once and apply them bind_late_ms
+                         (default 300) later, as a handler that goes on past the timeout
+                         filter's answer; stats' late_applied names those applied
     patch_delay_ms: D    sleep D ms before answering every PATCH (0: off): a slow or
                          overloaded server, as a daemon that writes annotations sees it
     drop_watches: true   cut every open watch stream now, mid-stream
@@ -261,13 +268,15 @@ class Store:
         self.rv = 0
         self.objects = {k: {} for k in KINDS}   # kind -> {(ns, name): obj}
         self.evictions = []                       # {"pod": "ns/name", "status": N}
+        self.late_applied = []                    # "ns/name" of late binds that were applied
         self.history = deque()                     # (rv, type, kind, obj, old_obj)
         self.history_max = history
         self.floor = 0          # history holds every event after this rv; older watches get 410
         self.drop_gen = 0       # bumped by drop_watches
         self.expire_gen = 0     # bumped by expire_watches
         self.closing = False
-        self.faults = {"bind_status": 0, "bind_count": 0, "bind_delay_ms": 0, "fail_lists": 0,
+        self.faults = {"bind_status": 0, "bind_count": 0, "bind_delay_ms": 0, "bind_lost": 0,
+                       "bind_late": 0, "bind_late_ms": 300, "fail_lists": 0,
                        "patch_delay_ms": 0, "ignore_limit": False, "expire_continues": 0,
                        "hold_continues": "", "crd_absent": False, "evict_status": {},
                        "evict_keep": False, "dra_absent": False}
@@ -594,8 +603,8 @@ class Store:
         if "load" in req:
             self.load(req["load"])
         with self.cond:
-            for key in ("bind_status", "bind_delay_ms", "fail_lists", "patch_delay_ms",
-                        "expire_continues"):
+            for key in ("bind_status", "bind_delay_ms", "bind_lost", "bind_late", "bind_late_ms",
+                        "fail_lists", "patch_delay_ms", "expire_continues"):
                 if key in req:
                     self.faults[key] = int(req[key])
             if "ignore_limit" in req:
@@ -626,14 +635,34 @@ class Store:
             return dict(self.faults)
 
     def take_bind_fault(self):
-        """(status or 0, delay seconds) for the bind now arriving."""
+        """(status or 0, delay seconds, answer lost, applied how much later or None)."""
         with self.cond:
             status = 0
             if self.faults["bind_status"] and self.faults["bind_count"] != 0:
                 status = self.faults["bind_status"]
                 if self.faults["bind_count"] > 0:
                     self.faults["bind_count"] -= 1
-            return status, self.faults["bind_delay_ms"] / 1000.0
+            lost = not status and self.faults["bind_lost"] > 0
+            if lost:
+                self.faults["bind_lost"] -= 1
+            late = None
+            if not status and not lost and self.faults["bind_late"] > 0:
+                self.faults["bind_late"] -= 1
+                late = self.faults["bind_late_ms"] / 1000.0
+            return status, self.faults["bind_delay_ms"] / 1000.0, lost, late
+
+    def bind_later(self, ns, name, body, seconds):
+        """Applies a Binding `seconds` from now, if it still can be (a handler going on)."""
+        def apply():
+            try:
+                self.bind(ns, name, body)
+            except ApiError:
+                return  # deleted, or bound meanwhile: the late Binding fails as a real one would
+            with self.cond:
+                self.late_applied.append("%s/%s" % (ns, name))
+        t = threading.Timer(seconds, apply)
+        t.daemon = True
+        t.start()
 
     def take_list_fault(self):
         with self.cond:
@@ -869,7 +898,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def bind(self, ns, name, body):
         self.store.count("binds")
-        status, delay = self.store.take_bind_fault()
+        status, delay, lost, late = self.store.take_bind_fault()
         if delay:
             time.sleep(delay)
         try:
@@ -877,11 +906,18 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(status, "injected bind failure")
             if not isinstance(body, dict) or body.get("kind") not in (None, "Binding"):
                 raise ApiError(400, "a Binding object is required")
+            if late is not None:
+                self.store.bind_later(ns, name, body, late)
+                raise ApiError(504, "The request timed out (injected: the binding is applied "
+                               "later)", "Timeout")
             self.store.bind(ns, name, body)
         except ApiError:
             self.store.count("binds_failed")
             raise
         self.store.count("binds_ok")
+        if lost:
+            raise ApiError(504, "The request timed out (injected: the binding was applied)",
+                           "Timeout")
         self.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                              "status": "Success", "code": 201})
 
@@ -930,7 +966,8 @@ class Handler(BaseHTTPRequestHandler):
     def control(self, method):
         if method == "GET" and urlsplit(self.path).path == "/_control/stats":
             with self.store.cond:
-                stats = dict(self.store.stats, resourceVersion=str(self.store.rv))
+                stats = dict(self.store.stats, resourceVersion=str(self.store.rv),
+                             late_applied=list(self.store.late_applied))
             return self.send_json(200, stats)
         if method == "GET" and urlsplit(self.path).path == "/_control/evictions":
             with self.store.cond:
