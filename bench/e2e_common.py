@@ -496,7 +496,7 @@ def extender_latency(ext):
     """p50/p99 ms per verb of kgpu_extender_request_duration_seconds, and the worst p99."""
     samples = parse_metrics(ext.metrics())
     out, worst = {}, None
-    for verb in ("filter", "prioritize", "bind"):
+    for verb in ("filter", "prioritize", "bind", "filter-gpuless", "prioritize-gpuless"):
         h = histogram(samples, "kgpu_extender_request_duration_seconds", {"verb": verb})
         if not h["count"]:
             continue

@@ -81,6 +81,10 @@ def nodes(n):
     return out
 
 
+def round2(x):
+    return round(x, 2) if x is not None else None
+
+
 def run_mode(mode, a, bindir, workdir, shapes):
     """One mode on a fresh control plane; a dict of figures."""
     E.log("== %s: starting a control plane in %s" % (mode, workdir))
@@ -146,6 +150,9 @@ def run_mode(mode, a, bindir, workdir, shapes):
             res["pods_per_s_after_creation"] = round(len(after) / (after[-1] - c1), 1)
         try:
             res["scheduler"] = E.scheduler_breakdown(E.scheduler_metrics(cp))
+            # kube-scheduler's cycle runs one pod at a time: its mean bounds the rate.
+            res["scheduling_algorithm_ms"] = res["scheduler"].get(
+                "scheduling_algorithm_duration_mean_ms")
         except Exception as e:  # noqa: BLE001 -- a figure missing is not a failed run
             res["scheduler"] = {"error": str(e)[:200]}
         if ext is not None:
@@ -184,9 +191,10 @@ def main():
     ap.add_argument("--precreate", action="store_true",
                     help="for analysis: create every pod before kube-scheduler starts and time "
                          "from its first bind to its last (its rate without the creator)")
-    ap.add_argument("--qps", type=int, default=0,
-                    help="for analysis only: kube-scheduler's clientConnection qps (burst 2x) "
-                         "instead of its default 50 (the shipped configuration sets none)")
+    ap.add_argument("--qps", type=int, default=1000,
+                    help="kube-scheduler's clientConnection qps (burst 2x), as a large cluster "
+                         "raises it (docs/install-extender.md); 0: its default 50, which caps "
+                         "the Bindings plain kube-scheduler posts itself (default 1000)")
     ap.add_argument("--scheduler-arg", action="append", default=[], dest="scheduler_args",
                     help="extra kube-scheduler flag, e.g. --scheduler-arg=--v=4")
     ap.add_argument("--bin", help="upstream bin dir (default: scripts/upstream.sh --check)")
@@ -226,12 +234,23 @@ def main():
         return E.median_spread([run[mode].get(key) for run in runs if mode in run])
 
     out = {"nodes": a.nodes, "gpus": a.nodes * GPUS_PER_NODE, "pods": a.pods, "runs": a.runs,
-           "seed": a.seed, "precreate": a.precreate, "scheduler_qps": a.qps or "default (50)", "creators": "%d processes x %d threads" % (a.processes, a.threads)}
+           "seed": a.seed, "precreate": a.precreate, "qps": a.qps or 50,
+           "scheduler_qps": a.qps or "default (50)",
+           "creators": "%d processes x %d threads" % (a.processes, a.threads)}
     for mode in modes:
         med, lo, hi = fig(mode, "pods_per_s")
         out["%s_pods_per_s" % mode] = med
         out["%s_pods_per_s_range" % mode] = [lo, hi]
         out["%s_create_pods_per_s" % mode] = fig(mode, "create_pods_per_s")[0]
+        # Where the CPU went: seconds per component over the run, and per pod bound.
+        comps = sorted({c for run in runs if mode in run for c in run[mode]["cpu_s"]})
+        out["%s_cpu_s" % mode] = {c: E.median_spread(
+            [run[mode]["cpu_s"].get(c) for run in runs if mode in run])[0] for c in comps}
+        out["%s_cpu_ms_per_pod" % mode] = {c: round2(E.median_spread(
+            [1000.0 * run[mode]["cpu_s"][c] / run[mode]["bound"] for run in runs
+             if mode in run and run[mode]["cpu_s"].get(c) is not None and run[mode]["bound"]])[0])
+            for c in comps}
+        out["%s_scheduling_algorithm_ms" % mode] = fig(mode, "scheduling_algorithm_ms")[0]
     ratios = [run["kgpu"]["pods_per_s"] / run["plain"]["pods_per_s"] for run in runs
               if "kgpu" in run and "plain" in run and run["plain"]["pods_per_s"]]
     med, lo, hi = E.median_spread(ratios)
@@ -244,11 +263,17 @@ def main():
     p99 = [run[m].get("extender_p99_ms") for run in runs for m in ("kgpu", "kgpu_shares")
            if m in run]
     out["extender_p99_ms"] = E.median_spread(p99)[0]
-    for verb in ("filter", "prioritize", "bind"):
+    for verb in ("filter", "prioritize", "bind", "prioritize-gpuless"):
         v = [run[m]["extender_latency"][verb]["p99_ms"] for run in runs
              for m in ("kgpu", "kgpu_shares")
              if m in run and verb in run[m].get("extender_latency", {})]
-        out["extender_%s_p99_ms" % verb] = E.median_spread(v)[0]
+        out["extender_%s_p99_ms" % verb.replace("-", "_")] = E.median_spread(v)[0]
+        # Calls per pod bound through kgpu: what kube-scheduler sends for each.
+        c = [run[m]["extender_latency"][verb]["count"] / run[m]["bound"] for run in runs
+             for m in ("kgpu", "kgpu_shares")
+             if m in run and run[m]["bound"] and verb in run[m].get("extender_latency", {})]
+        out["extender_%s_calls_per_pod" % verb.replace("-", "_")] = \
+            round(E.median_spread(c)[0], 3) if c else None
     rss = [run[m].get("extender_peak_rss_mb") for run in runs for m in ("kgpu", "kgpu_shares")
            if m in run]
     out["extender_peak_rss_mb"] = max([x for x in rss if x is not None], default=None)

@@ -411,6 +411,20 @@ class HelmChartTest(unittest.TestCase):
             shipped = yaml.safe_load(f)
         self.assertEqual(scheduler_config(helm()), shipped)
 
+    def test_scheduler_client_limits(self):
+        # 0 leaves kube-scheduler's defaults (the shipped file sets none).
+        self.assertNotIn("qps", scheduler_config(helm())["clientConnection"])
+        conf = scheduler_config(helm("scheduler.clientQPS=1000", "scheduler.clientBurst=2000"))
+        self.assertEqual(conf["clientConnection"], {"kubeconfig": "/etc/kubernetes/scheduler.conf",
+                                                    "qps": 1000, "burst": 2000})
+        conf = scheduler_config(helm("scheduler.clientQPS=500", "scheduler.kubeconfig="))
+        self.assertEqual(conf["clientConnection"], {"qps": 500})
+        own_on = ("ownScheduler.enabled=true", "extender.tls.certManager.enabled=true")
+        own = scheduler_config(helm(*own_on, "scheduler.clientQPS=800",
+                                    "scheduler.clientBurst=1600"))
+        self.assertEqual(own["clientConnection"], {"qps": 800, "burst": 1600})
+        self.assertNotIn("clientConnection", scheduler_config(helm(*own_on)))
+
     def test_lint(self):
         r = subprocess.run([HELM, "lint", "--strict", CHART], capture_output=True, text=True,
                            env=HELM_ENV)
