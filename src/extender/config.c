@@ -482,15 +482,9 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
                 cfg->allocate_wait_s = (int)wait;
             break;
         }
-        case 'O': {
-            long doubt = strtol(optarg, &end, 10);
-            if (end == optarg || *end || doubt < 1 || doubt > BIND_DOUBT_MAX)
-                rc = kgpu_error_set(err, KGPU_EINVAL, "--bind-doubt '%s': 1..%d seconds", optarg,
-                                    BIND_DOUBT_MAX);
-            else
-                cfg->bind_doubt_s = (int)doubt;
+        case 'O':
+            rc = int_flag("--bind-doubt", optarg, 1, BIND_DOUBT_MAX, &cfg->bind_doubt_s, err);
             break;
-        }
         case 'B':
             cfg->max_buffered_bytes = strtol(optarg, &end, 10);
             if (end == optarg || *end || cfg->max_buffered_bytes < 1024)

@@ -1692,6 +1692,14 @@ class TestBindInDoubt(ExtenderTest):
             return ext.metric("kgpu_extender_binds_in_doubt")
         return ext.metric("kgpu_extender_bind_doubts_total", {"outcome": outcome})
 
+    def test_bind_doubt_flag_is_checked(self):
+        for bad in ("0", "3601", "ten"):
+            out = subprocess.run([EXTENDER_BIN, "--bind-doubt", bad, "--cluster-file",
+                                  os.path.join(SOURCE_DIR, "examples", "cluster.yaml")],
+                                 capture_output=True, text=True, timeout=30)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertIn("--bind-doubt '%s': 1..3600" % bad, out.stderr)
+
     def test_a_binding_that_lands_after_its_timeout_keeps_its_gpus(self):
         # With --leader-elect and a 5-s lease no API call may take over 1 s: a bind
         # the stand-in answers after 2.5 s times out, and the stand-in applies it then.
