@@ -517,11 +517,12 @@ def start_control_plane(workdir, bindir):
     return cp
 
 
-def install_kgpu(cp, build_dir):
-    """kgpu's objects from the chart (kustomize with KGPU_E2E_KUSTOMIZE=1) and the extender
-    as a process; returns (scheduler config text, Extender)."""
-    sched_text, ext_text = kgpu_deploy.install(cp, build_dir,
-                                               values=["extender.config.allocateWaitSeconds=0"])
+def install_kgpu(cp, build_dir, values=()):
+    """kgpu's objects from the chart (kustomize with KGPU_E2E_KUSTOMIZE=1), with extra chart
+    `values` (KEY=VALUE), and the extender as a process; returns (scheduler config text,
+    Extender)."""
+    sched_text, ext_text = kgpu_deploy.install(
+        cp, build_dir, values=["extender.config.allocateWaitSeconds=0"] + list(values))
     ext = kgpu_deploy.Extender(cp, build_dir, extender_config(ext_text), name="kgpu-extender")
     ext.start()
     cluster.wait_for(ext.ready, 300, "the extender's /readyz", interval=0.2)

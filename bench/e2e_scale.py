@@ -106,7 +106,7 @@ def run_mode(mode, a, bindir, workdir, shapes):
             sched_text = E.strip_extenders(E.shipped_scheduler_config())
             cp.start_scheduler(E.with_qps(sched_text, a.qps), extra=a.scheduler_args)
         else:
-            sched_text, ext = E.install_kgpu(cp, a.build)
+            sched_text, ext = E.install_kgpu(cp, a.build, a.chart_values)
             cp.start_scheduler(E.with_qps(sched_text, a.qps), extender_url=ext.url,
                                extra=a.scheduler_args)
         E.wait_scheduler_leader(cp)
@@ -195,6 +195,10 @@ def main():
                     help="kube-scheduler's clientConnection qps (burst 2x), as a large cluster "
                          "raises it (docs/install-extender.md); 0: its default 50, which caps "
                          "the Bindings plain kube-scheduler posts itself (default 1000)")
+    ap.add_argument("--set", action="append", default=[], dest="chart_values",
+                    metavar="KEY=VALUE",
+                    help="a chart value for the kgpu modes, e.g. --set "
+                         "scheduler.scoreGpulessPods=false (no second extender entry)")
     ap.add_argument("--scheduler-arg", action="append", default=[], dest="scheduler_args",
                     help="extra kube-scheduler flag, e.g. --scheduler-arg=--v=4")
     ap.add_argument("--bin", help="upstream bin dir (default: scripts/upstream.sh --check)")
@@ -235,6 +239,7 @@ def main():
 
     out = {"nodes": a.nodes, "gpus": a.nodes * GPUS_PER_NODE, "pods": a.pods, "runs": a.runs,
            "seed": a.seed, "precreate": a.precreate, "qps": a.qps or 50,
+           "chart_values": a.chart_values,
            "scheduler_qps": a.qps or "default (50)",
            "creators": "%d processes x %d threads" % (a.processes, a.threads)}
     for mode in modes:
