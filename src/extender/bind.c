@@ -24,16 +24,6 @@ static void bind_failed(ext_ctx *d, ext_response *r, enum ext_bind_fail why, con
     bind_result(r, msg);
 }
 
-/* GET of the pod ns/name from the API server: its JSON when *status is 200. */
-static json_t *get_pod(ext_ctx *d, const char *ns, const char *name, long *status,
-                       kgpu_error *err)
-{
-    char path[KGPU_K8S_PATH_MAX];
-    snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
-    kgpu_error_clear(err);
-    return kgpu_k8s_get_json(d->k8s, path, status, err);
-}
-
 /*
  * The pod for a bind, and its asks: remembered from filter, else asked of the
  * API server. NULL with msg and *fail saying why.
@@ -73,8 +63,9 @@ static kgpu_pod *bind_pod(ext_ctx *d, const char *ns, const char *name, const ch
         return pod;
     if (d->k8s != NULL) {
         kgpu_error err;
+        kgpu_error_clear(&err);
         long status = 0;
-        json_t *j = get_pod(d, ns, name, &status, &err);
+        json_t *j = kgpu_k8s_get_pod(d->k8s, ns, name, &status, &err);
         if (status == 200) {
             int rc = j ? kgpu_pod_from_json(j, d->cfg->memory_unit_mib, pod, &err) : -1;
             const char *juid =
@@ -168,7 +159,7 @@ static enum landing find_binding(ext_ctx *d, const char *ns, const char *name, c
 {
     kgpu_error err;
     long status = 0;
-    json_t *j = get_pod(d, ns, name, &status, &err);
+    json_t *j = kgpu_k8s_get_pod(d->k8s, ns, name, &status, &err);
     if (status == 404)
         return LAND_ELSEWHERE;
     json_t *meta = json_object_get(j, "metadata");
@@ -177,8 +168,8 @@ static enum landing find_binding(ext_ctx *d, const char *ns, const char *name, c
         json_string_value(json_object_get(json_object_get(j, "spec"), "nodeName"));
     const char *ann = json_string_value(
         json_object_get(json_object_get(meta, "annotations"), KGPU_ANN_ASSIGNMENT));
-    enum landing l = LAND_NOT_YET;
-    if (j == NULL)
+    enum landing l;
+    if (j == NULL) /* not read: it may still be */
         l = LAND_NOT_YET;
     else if (juid == NULL || strcmp(juid, uid) != 0 ||
              json_object_get(meta, "deletionTimestamp") != NULL)

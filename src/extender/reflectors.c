@@ -108,11 +108,9 @@ static bool pod_gone(kgpu_k8s *k8s, const char *triple)
     char ns[128], name[KGPU_NAME_MAX + 1], uid[128];
     if (sscanf(triple, "%127[^/]/%254[^/]/%127s", ns, name, uid) != 3)
         return false;
-    char path[KGPU_K8S_PATH_MAX];
-    snprintf(path, sizeof(path), "/api/v1/namespaces/%s/pods/%s", ns, name);
     kgpu_error err;
     long status;
-    json_t *pod = kgpu_k8s_get_json(k8s, path, &status, &err);
+    json_t *pod = kgpu_k8s_get_pod(k8s, ns, name, &status, &err);
     if (status == 404)
         return true;
     json_t *meta = json_object_get(pod, "metadata");

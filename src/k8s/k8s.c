@@ -545,6 +545,16 @@ static int send_json(kgpu_k8s *k, const char *method, const char *path, const ch
     return rc;
 }
 
+json_t *kgpu_k8s_get_pod(kgpu_k8s *k, const char *ns, const char *name, long *status,
+                         kgpu_error *err)
+{
+    char path[2048];
+    *status = 0;
+    if (pod_path(ns, name, "", path, sizeof(path), err) != 0)
+        return NULL;
+    return kgpu_k8s_get_json(k, path, status, err);
+}
+
 int kgpu_k8s_bind(kgpu_k8s *k, const char *ns, const char *name, const char *uid, const char *node,
                   json_t *annotations, kgpu_http_resp *resp, kgpu_error *err)
 {

@@ -132,6 +132,13 @@ int kgpu_k8s_list(kgpu_k8s *k, const char *collection, const char *query,
                   const kgpu_k8s_list_opts *opts, json_t **items, char *rv, size_t rvsz,
                   kgpu_k8s_list_stats *stats, kgpu_error *err);
 
+/*
+ * GET of one pod (path segments escaped), as kgpu_k8s_get_json: the pod's JSON
+ * when *status is 200, else NULL with *status the HTTP status (0: none came).
+ */
+json_t *kgpu_k8s_get_pod(kgpu_k8s *k, const char *ns, const char *name, long *status,
+                         kgpu_error *err);
+
 /* POST .../pods/{name}/binding with annotations (an object of strings, borrowed). */
 int kgpu_k8s_bind(kgpu_k8s *k, const char *ns, const char *name, const char *uid, const char *node,
                   json_t *annotations, kgpu_http_resp *resp, kgpu_error *err);

@@ -342,6 +342,28 @@ static void test_bind(void **state)
     json_decref(pod);
 }
 
+static void test_get_pod(void **state)
+{
+    json_decref(create_pod("default", "getme", NULL));
+    kgpu_error err = {0};
+    long status = -1;
+    json_t *got = kgpu_k8s_get_pod(api, "default", "getme", &status, &err);
+    assert_int_equal(status, 200);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(got, "metadata"),
+                                                          "name")),
+                        "getme");
+    json_decref(got);
+    assert_null(kgpu_k8s_get_pod(api, "default", "nope", &status, &err));
+    assert_int_equal(status, 404);
+    /* A name that is not a path segment is escaped, never a path of its own. */
+    assert_null(kgpu_k8s_get_pod(api, "default", "getme/../x", &status, &err));
+    assert_int_equal(status, 404);
+    status = -1;
+    assert_null(kgpu_k8s_get_pod(api, "", "getme", &status, &err));
+    assert_int_equal(status, 0);
+    assert_int_equal(err.code, KGPU_EINVAL);
+}
+
 static void test_annotate(void **state)
 {
     json_decref(create_pod("default", "ann", "{\"a\":\"1\",\"b\":\"2\"}"));
@@ -1283,6 +1305,7 @@ int main(void)
         cmocka_unit_test(test_token_required),
         cmocka_unit_test(test_transport_errors),
         cmocka_unit_test(test_bind),
+        cmocka_unit_test(test_get_pod),
         cmocka_unit_test(test_annotate),
         cmocka_unit_test(test_pod_event),
         cmocka_unit_test(test_watch_protocol),
