@@ -17,6 +17,8 @@
 
 void ext_state_doubt(ext_state *st, ext_pod *p, double until)
 {
+    if (st->doubts == 0 || until < st->doubt_next)
+        st->doubt_next = until; /* the earliest deadline, or earlier: never later */
     if (p->doubt_until <= 0)
         st->doubts++;
     p->doubt_until = until;

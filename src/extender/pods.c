@@ -5,6 +5,7 @@
  * for their CPU; and GPU-hours per namespace. Caller holds st->mu.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,18 +276,23 @@ void ext_state_release(ext_state *st, const char *uid)
 /* Binds in doubt (doubt.c) whose time ran out: their GPUs are free again. */
 void ext_doubts_expire(ext_state *st)
 {
-    if (st->doubts == 0)
-        return;
     double now = ext_now();
+    if (st->doubts == 0 || now < st->doubt_next)
+        return; /* filter and bind call this: no scan of every pod before a doubt is due */
     size_t it = 0, n = 0;
     const char *k;
     void *v;
     char(*late)[64] = calloc(st->doubts, sizeof(*late));
-    while (late != NULL && n < st->doubts && kgpu_strmap_next(&st->pods, &it, &k, &v)) {
+    double next = HUGE_VAL;
+    while (late != NULL && kgpu_strmap_next(&st->pods, &it, &k, &v)) {
         const ext_pod *p = v;
-        if (p->doubt_until > 0 && now >= p->doubt_until)
+        if (p->doubt_until > 0 && now >= p->doubt_until && n < st->doubts)
             snprintf(late[n++], sizeof(late[0]), "%s", p->uid);
+        else if (p->doubt_until > 0 && p->doubt_until < next)
+            next = p->doubt_until;
     }
+    if (late != NULL)
+        st->doubt_next = next;
     for (size_t i = 0; i < n; i++) {
         ext_pod *p = kgpu_strmap_get(&st->pods, late[i]);
         ext_log(EXT_WARN,

@@ -263,6 +263,7 @@ typedef struct ext_state {
     kgpu_strmap cpu_pods;  /* uid -> ext_cpu_pod*: bound pods without kgpu GPUs */
     double relist_started; /* when the pod relist in progress was asked for (0: first list) */
     size_t doubts;                /* pods in `pods` with doubt_until > 0 */
+    double doubt_next;            /* no doubt_until is earlier (ext_doubts_expire scans then) */
     unsigned long long next_gen;  /* the gen of the next ext_pod */
     kgpu_strmap pending; /* uid -> ext_filtered*, from filter, for bind; at most pending_pods_max */
     ext_filtered *pending_oldest, *pending_newest; /* least and most recently filtered */
