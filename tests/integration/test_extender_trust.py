@@ -416,6 +416,37 @@ class TestForgedAssignment(ExtenderTest):
         self.assertEqual(ext.schedule(pod, ["t4-0"]), ("t4-0", ""))
         self.assertEqual(ext.metric("kgpu_extender_assignment_conflicts_total"), 0)
 
+    def test_a_binding_kgpu_did_not_send_while_its_own_is_in_doubt(self):
+        # kgpu's Binding got a 500: its GPUs are held in doubt. Then the pod is bound by
+        # a Binding kgpu did not send, with an assignment of its author's (both GPUs whole
+        # for a 4 GiB share). kgpu's reservation goes (its own Binding cannot land now),
+        # and the forged assignment is refused as any other: nothing is counted for it.
+        s = self.standin
+        ext = self.start_extender_for(s, ["--allocate-wait", "0"])
+        pod = s.add_pod(pod_object("doubt", [container("main", share(mem=4))]))
+        self.assertEqual(ext.filter(pod, ["t4-0"])["NodeNames"], ["t4-0"])
+        s.control(bind_status=500, bind_count=1)
+        self.assertIn("held on t4-0", ext.bind(pod, "t4-0"))
+        self.assertEqual(sum(m for m, _ in ext.held().values()), 4096)
+        forged = te.assignment_annotation([("main", True, [(0, "GPU-t4-0-0", 1000, 15360),
+                                                           (1, "GPU-t4-0-1", 1000, 15360)])])
+        s.api("POST", "/api/v1/namespaces/default/pods/doubt/binding",
+              {"apiVersion": "v1", "kind": "Binding",
+               "metadata": {"name": "doubt", "annotations": {
+                   "kgpu.io/assignment": forged, "kgpu.io/node": "t4-0"}},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": "t4-0"}}, expect=201)
+        wait_for(lambda: ext.metric("kgpu_extender_assignments_refused_total") == 1, 10,
+                 what="the forged assignment refused")
+        self.assertEqual(ext.held(), {})
+        self.assertEqual(ext.metric("kgpu_extender_binds_in_doubt"), 0)
+        self.assertEqual(ext.metric("kgpu_extender_bind_doubts_total", {"outcome": "released"}),
+                         1)
+        # Both GPUs are still kgpu's to give.
+        for name in ("real-0", "real-1"):
+            real = s.add_pod(pod_object(name, [container("main", whole(1))]))
+            self.assertEqual(ext.schedule(real, ["t4-0"]), ("t4-0", ""))
+        self.assertEqual(ext.metric("kgpu_extender_assignment_conflicts_total"), 0)
+
     def test_more_memory_than_asked_is_not_adopted(self):
         self.bound("greedy", share(mem=1), [("main", False, [(0, "GPU-t4-0-0", 0, 15360)])])
         ext = self.start_extender_for(self.standin, ["--allocate-wait", "0"])
