@@ -240,7 +240,6 @@ def main():
     out = {"nodes": a.nodes, "gpus": a.nodes * GPUS_PER_NODE, "pods": a.pods, "runs": a.runs,
            "seed": a.seed, "precreate": a.precreate, "qps": a.qps or 50,
            "chart_values": a.chart_values,
-           "scheduler_qps": a.qps or "default (50)",
            "creators": "%d processes x %d threads" % (a.processes, a.threads)}
     for mode in modes:
         med, lo, hi = fig(mode, "pods_per_s")
