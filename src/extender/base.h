@@ -144,6 +144,7 @@ typedef struct ext_metrics {
     atomic_int metrics_streams;                          /* /metrics answers being sent */
     atomic_ullong http_deadline_closes; /* connections shut at requestTimeoutSeconds */
     atomic_llong http_connections;      /* open on the scheduling listener */
+    atomic_ullong http_accepted;        /* connections accepted there, ever (TLS handshakes) */
     atomic_llong http_buffered;         /* bytes of request bodies charged now */
     atomic_llong http_buffered_peak;    /* the most ever charged at once */
 } ext_metrics;

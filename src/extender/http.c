@@ -24,6 +24,7 @@
  *   daemon: a client that fills the scheduling port cannot fail the probes.
  */
 #include <errno.h>
+#include <gnutls/crypto.h>
 #include <gnutls/gnutls.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -109,6 +110,7 @@ void ext__http_on_connection(void *cls, struct MHD_Connection *conn, void **sock
         h->registry.prev = s;
         pthread_mutex_unlock(&h->mu);
         atomic_fetch_add(&h->metrics->http_connections, 1);
+        atomic_fetch_add(&h->metrics->http_accepted, 1);
         *socket_context = s;
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context != NULL) {
         conn_slot *s = *socket_context;
@@ -370,8 +372,35 @@ static bool dispatch(ext_http *h, request *rq)
 
 /* ---- the scheduling listener ---- */
 
-/* With a client CA configured, only peers whose certificate it signed get in. */
-static bool client_allowed(const ext_http *d, struct MHD_Connection *conn)
+/* SHA-256 over the peer's certificates as presented, each with its length; 0 on success. */
+static int peer_digest(const gnutls_datum_t *certs, unsigned int n, unsigned char *out)
+{
+    gnutls_hash_hd_t hd;
+    if (gnutls_hash_init(&hd, GNUTLS_DIG_SHA256) != 0)
+        return -1;
+    int rc = 0;
+    for (unsigned int i = 0; i < n && rc == 0; i++) {
+        unsigned char len[4] = {(unsigned char)(certs[i].size >> 24),
+                                (unsigned char)(certs[i].size >> 16),
+                                (unsigned char)(certs[i].size >> 8), (unsigned char)certs[i].size};
+        rc = gnutls_hash(hd, len, sizeof(len));
+        if (rc == 0)
+            rc = gnutls_hash(hd, certs[i].data, certs[i].size);
+    }
+    gnutls_hash_deinit(hd, out);
+    return rc;
+}
+
+/*
+ * With a client CA configured, only peers whose certificate it signed get in.
+ * Verifying the chain (parsing it, checking its signatures) costs far more
+ * than answering a filter, and kube-scheduler sends every call of a pod on
+ * connections it keeps: so a connection's verdict is kept in its slot and
+ * reused while the peer presents the very same chain (compared by digest, so
+ * a renegotiation with another certificate is verified afresh) and for at most
+ * PEER_RECHECK_S. A refusal is never kept.
+ */
+static bool client_allowed(const ext_http *d, struct MHD_Connection *conn, conn_slot *slot)
 {
     if (d->tls_ca_pem == NULL)
         return true;
@@ -381,9 +410,22 @@ static bool client_allowed(const ext_http *d, struct MHD_Connection *conn)
         return false;
     gnutls_session_t tls = (gnutls_session_t)ci->tls_session;
     unsigned int n = 0, status = 0;
-    if (gnutls_certificate_get_peers(tls, &n) == NULL || n == 0)
+    const gnutls_datum_t *certs = gnutls_certificate_get_peers(tls, &n);
+    if (certs == NULL || n == 0)
         return false;
-    return gnutls_certificate_verify_peers2(tls, &status) == 0 && status == 0;
+    unsigned char digest[PEER_DIGEST_LEN];
+    bool digested = slot != NULL && peer_digest(certs, n, digest) == 0;
+    double now = ext_now();
+    if (digested && slot->peer_ok && now - slot->peer_checked < PEER_RECHECK_S &&
+        memcmp(digest, slot->peer_digest, sizeof(digest)) == 0)
+        return true;
+    bool ok = gnutls_certificate_verify_peers2(tls, &status) == 0 && status == 0;
+    if (digested) {
+        slot->peer_ok = ok;
+        slot->peer_checked = now;
+        memcpy(slot->peer_digest, digest, sizeof(digest));
+    }
+    return ok;
 }
 
 typedef struct length_headers {
@@ -427,7 +469,7 @@ static enum MHD_Result request_start(ext_http *h, request *rq, const char *metho
      * answer depends on the request alone and changes nothing here.
      */
     bool webhook = strcmp(method, "POST") == 0 && strcmp(url, "/mutate/pods") == 0;
-    if (!probe && !webhook && !client_allowed(d, rq->conn))
+    if (!probe && !webhook && !client_allowed(d, rq->conn, rq->slot))
         return refuse(h, rq, 403, "client certificate required");
     length_headers lh = {0, false, false, false, 0};
     MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, count_length, &lh);

@@ -33,12 +33,24 @@ enum slot_phase { SLOT_READING, SLOT_WORKING, SLOT_SENDING };
  * descriptor stays valid while the slot is registered: libmicrohttpd
  * notifies the close before it closes the socket.
  */
+#define PEER_DIGEST_LEN 32
+/* A kept verdict is checked again after this long (a certificate may expire meanwhile). */
+#define PEER_RECHECK_S 60.0
+
 typedef struct conn_slot {
     struct conn_slot *prev, *next;
     int fd;
     double since;          /* monotonic start of the current phase */
     enum slot_phase phase; /* WORKING (a handler runs) has no deadline */
     bool shut;             /* the watchdog shut it down */
+    /*
+     * The client certificate's verdict, kept for the connection's next
+     * requests (http.c client_allowed). Touched only by the connection's
+     * I/O thread, which runs its requests one at a time.
+     */
+    bool peer_ok;
+    double peer_checked;                        /* monotonic time of that verification */
+    unsigned char peer_digest[PEER_DIGEST_LEN]; /* SHA-256 of the chain it was given for */
 } conn_slot;
 
 typedef struct request {

@@ -148,6 +148,11 @@ static void render_requests(buf *b, ext_metrics *m)
     put(b, "# HELP kgpu_extender_http_connections Connections open on the scheduling port.\n"
            "# TYPE kgpu_extender_http_connections gauge\n");
     put(b, "kgpu_extender_http_connections %lld\n", atomic_load(&m->http_connections));
+    put(b, "# HELP kgpu_extender_http_connections_total Connections accepted on the scheduling "
+           "port (each a TLS handshake with HTTPS): many per scheduled pod means clients do not "
+           "keep their connections.\n"
+           "# TYPE kgpu_extender_http_connections_total counter\n");
+    put(b, "kgpu_extender_http_connections_total %llu\n", atomic_load(&m->http_accepted));
     put(b, "# HELP kgpu_extender_http_buffered_bytes Bytes of request bodies held now, counted "
            "against maxBufferedBytes.\n"
            "# TYPE kgpu_extender_http_buffered_bytes gauge\n");

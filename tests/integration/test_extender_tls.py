@@ -108,6 +108,45 @@ class TlsTest(unittest.TestCase):
         self.assertEqual(status, 200, body)
         self.assertEqual(json.loads(body)["NodeNames"], ["gpu-a100-0"])
 
+    def connections_total(self):
+        status, body = self.request("GET", "/metrics", cert="client")
+        self.assertEqual(status, 200)
+        for line in body.decode().splitlines():
+            if line.startswith("kgpu_extender_http_connections_total "):
+                return int(line.split()[1])
+        self.fail("no kgpu_extender_http_connections_total in /metrics")
+
+    def test_kept_connection_keeps_its_verdict(self):
+        """The client certificate's verdict is kept per connection (issue 27: verifying
+        the chain on every call was a third of the extender's CPU): many calls on one
+        connection all get in, are counted as one connection, and a connection with a
+        foreign certificate is refused on every call, not only its first."""
+        before = self.connections_total()
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port,
+                                           context=self.context("client"), timeout=10)
+        try:
+            for i in range(5):
+                conn.request("GET", "/inspect")
+                r = conn.getresponse()
+                r.read()
+                self.assertEqual(r.status, 200, i)
+        finally:
+            conn.close()
+        # This connection, and the one that reads the counter.
+        self.assertEqual(self.connections_total(), before + 2)
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port,
+                                           context=self.context("stranger"), timeout=10)
+        try:
+            for i in range(3):
+                conn.request("GET", "/inspect")
+                r = conn.getresponse()
+                r.read()
+                self.assertEqual(r.status, 403, i)
+        except (ssl.SSLError, ConnectionError):
+            pass  # refused during the handshake: also right
+        finally:
+            conn.close()
+
     def test_no_certificate_is_refused(self):
         for method, path in (("GET", "/inspect"), ("GET", "/metrics"), ("POST", "/filter")):
             status, _ = self.request(method, path, body="{}" if method == "POST" else None)
