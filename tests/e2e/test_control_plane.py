@@ -62,6 +62,9 @@ class ControlPlaneSuite(unittest.TestCase):
             # No kubelet and no device plugin run in this suite, so no pod is ever marked
             # kgpu.io/allocated: turn off the wait that holds back same-size pods until then.
             "extender.config.allocateWaitSeconds=0",
+            # DRA pods run here (the driver apart from the chart): their queue's limits
+            # hold before allocation only with filter-gpuless.
+            "scheduler.filterDraPods=true",
         ])
         cls.ext_config = ext_config
         cp.ensure_namespace(E2E_NS)

@@ -310,6 +310,8 @@ class HelmChartTest(unittest.TestCase):
         svc = svcs[0]
         ns = svc["metadata"]["namespace"]
         cfg = scheduler_config(objs, ns)
+        # filter-gpuless comes with the DRA driver (scheduler.filterDraPods: auto).
+        filter_verb = "filter-gpuless" if any(k[0] == "DeviceClass" for k in objs) else None
         self.assertEqual(cfg["kind"], "KubeSchedulerConfiguration")
         self.assertTrue(cfg["apiVersion"].startswith("kubescheduler.config.k8s.io/"))
         self.assertIn(len(cfg["extenders"]), (1, 2))
@@ -320,9 +322,9 @@ class HelmChartTest(unittest.TestCase):
         for other in cfg["extenders"][1:]:
             # The entry for pods without a GPU: the same extender, reached the same way,
             # for every pod (no managedResources), scoring, and filtering DRA pods by their
-            # queue (issue 24), never in the way.
+            # queue (issue 24) only where DRA is deployed (issue 27), never in the way.
             self.assertEqual(other["prioritizeVerb"], "prioritize-gpuless")
-            self.assertEqual(other["filterVerb"], "filter-gpuless")
+            self.assertEqual(other.get("filterVerb"), filter_verb)
             for key in ("bindVerb", "preemptVerb", "managedResources"):
                 self.assertNotIn(key, other)
             self.assertIs(other["ignorable"], True)
@@ -1000,20 +1002,43 @@ class HelmChartTest(unittest.TestCase):
 
     def test_dra_matches_kustomize(self):
         """dra.enabled=true adds exactly deploy/dra's objects, as kustomize renders
-        them, and changes nothing else."""
+        them, and changes nothing else but the filterVerb of the scheduler
+        configuration's second entry (scheduler.filterDraPods: auto)."""
         h, k = helm("dra.enabled=true"), kustomize("dra")
         added = changed(helm(), h)
+        cm = ("ConfigMap", EXT_NS, "kgpu-scheduler-config")
+        self.assertIn(cm, added)
+        del added[cm]
         self.assertEqual(sorted(added), sorted(k))
         self.assertTrue(all(v == ["only in second"] for v in added.values()), added)
+        with_dra, without = scheduler_config(h), scheduler_config(helm())
+        self.assertEqual(with_dra["extenders"][1].pop("filterVerb"), "filter-gpuless")
+        self.assertEqual(with_dra, without)
         self.assert_matches_kustomize({kk: h[kk] for kk in k}, k)
         self.check_invariants(h)
+
+    def test_filter_dra_pods(self):
+        """filter-gpuless costs every pod a round trip in kube-scheduler's cycle, so it is
+        in the configuration only where it has DRA pods to hold to their queues: auto
+        follows dra.enabled, true and false force it (a driver installed apart)."""
+        def second(*values):
+            return scheduler_config(helm(*values))["extenders"][1]
+        self.assertNotIn("filterVerb", second())
+        self.assertNotIn("filterVerb", second("scheduler.filterDraPods=auto"))
+        self.assertEqual(second("scheduler.filterDraPods=true")["filterVerb"], "filter-gpuless")
+        self.assertNotIn("filterVerb", second("dra.enabled=true", "scheduler.filterDraPods=false"))
+        self.assertEqual(second("dra.enabled=true")["filterVerb"], "filter-gpuless")
+        # The shipped file has the line commented, for the operator who adds deploy/dra.
+        with open(os.path.join(ARGS.source, "deploy", "extender", "scheduler-config.yaml")) as f:
+            self.assertIn("#   filterVerb: filter-gpuless", f.read())
 
     def test_dra_only(self):
         """A cluster served by DRA alone: the extender and the driver, no device plugin."""
         h = helm("dra.enabled=true", "devicePlugin.enabled=false")
         self.assertFalse([kk for kk in h if kk[1] == DP_NS or kk[2] in (DP_NS, "kgpu-device-plugin")])
         self.assertLessEqual(set(kustomize("dra")), set(h))
-        self.assertEqual(changed(helm("devicePlugin.enabled=false"), h),
+        self.assertEqual(changed(helm("devicePlugin.enabled=false",
+                                      "scheduler.filterDraPods=true"), h),
                          {kk: ["only in second"] for kk in kustomize("dra")})
         self.check_invariants(h)
 
