@@ -1,7 +1,7 @@
 /*
  * The prioritize verbs: 0-10 scores of the nodes filter passed, by the pod's
  * policy (prioritize), and for pods asking no GPU or asking through DRA
- * claims (prioritize-gpuless).
+ * claims (prioritize-gpuless). The answer lists the nodes scoring above 0.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -146,11 +146,20 @@ reply:
         ext_invalid_pod(d, verb, pod, invalid);
     if (dra_why[0] != '\0')
         ext_log(EXT_INFO, "%s; scored 0 on every node", dra_why);
+    /*
+     * Only the nodes that score above 0: kube-scheduler adds an extender's
+     * score to the nodes its answer names and nothing to the others, so 0
+     * need not be said. Decoding the answers was most of kube-scheduler's
+     * cost of an extender call, and a GPU pod's prioritize-gpuless (or a pod
+     * kgpu cannot honour) scores 0 everywhere: its answer is [].
+     */
     kgpu_jsonw w;
     kgpu_jsonw_init(&w, (size_t)n * 40 + 16);
     kgpu_jsonw_lit(&w, "[");
-    for (int i = 0; i < n; i++) {
-        kgpu_jsonw_lit(&w, i ? ",{\"Host\":" : "{\"Host\":");
+    for (int i = 0, listed = 0; i < n; i++) {
+        if (scores[i] == 0)
+            continue;
+        kgpu_jsonw_lit(&w, listed++ ? ",{\"Host\":" : "{\"Host\":");
         kgpu_jsonw_str(&w, names[i]);
         kgpu_jsonw_lit(&w, ",\"Score\":");
         kgpu_jsonw_int(&w, scores[i]);

@@ -198,6 +198,23 @@ def pod_uid(pod):
 # The API server stand-in
 # ---------------------------------------------------------------------------
 
+def full_scores(res, names):
+    """A prioritize answer as kube-scheduler reads it: the nodes it names get their score,
+    the others 0 (schedule_one.go adds an extender's scores to the nodes listed). Checks
+    the answer's own contract on the way: only nodes that were asked about, each once,
+    none with score 0 (the extender leaves those out). Returns [{Host, Score}] in the
+    order of `names`."""
+    if not isinstance(res, list):
+        raise AssertionError("prioritize answered %r" % (res,))
+    got = {}
+    for r in res:
+        host, score = r["Host"], r["Score"]
+        if host not in names or host in got or score == 0:
+            raise AssertionError("prioritize listed %r (asked about %r): %r" % (r, names, res))
+        got[host] = score
+    return [{"Host": n, "Score": got.get(n, 0)} for n in names]
+
+
 class StandIn:
     """apiserver_standin.py as a child process, with a small client for its API."""
 
@@ -409,7 +426,8 @@ class Extender:
         status, res = self.post_json("prioritize", args)
         if status != 200:
             raise AssertionError("prioritize answered %d: %s" % (status, res))
-        return res
+        return full_scores(res, list(names) if nodes is None
+                           else [n["metadata"]["name"] for n in nodes])
 
     def bind(self, pod, node, timeout=30.0):
         """ExtenderBindingResult.Error ("" on success)."""
@@ -662,6 +680,15 @@ class TestHappyPath(ExtenderTest):
 
     def test_prioritize_scores_every_node_in_order(self):
         pod = self.new_pod("p", [container("main", share(mem=4, core=20))])
+        # The answer itself names only the nodes scoring above 0, in the order asked
+        # (kube-scheduler adds nothing to the others): cpu-0, which has no GPU, is left out.
+        status, raw = self.ext.post_json("prioritize", {"Pod": pod, "Nodes": None,
+                                                        "NodeNames": self.all_nodes})
+        self.assertEqual(status, 200, raw)
+        full = self.ext.prioritize(pod, self.all_nodes)
+        self.assertEqual(raw, [r for r in full if r["Score"] > 0])
+        self.assertNotIn("cpu-0", [r["Host"] for r in raw])
+        self.assertTrue(raw, "some node scores above 0")
         for names in (self.all_nodes, list(reversed(self.all_nodes)), ["a100-1"], []):
             res = self.ext.prioritize(pod, names)
             self.assertEqual([r["Host"] for r in res], names)
@@ -1232,8 +1259,7 @@ class TestKgpuPolicy(ExtenderTest):
             status, res = self.ext.post_json("prioritize-gpuless",
                                              {"Pod": pod, "Nodes": None, "NodeNames": names})
             self.assertEqual(status, 200, res)
-            self.assertEqual([r["Host"] for r in res], names)
-            return {r["Host"]: r["Score"] for r in res}
+            return {r["Host"]: r["Score"] for r in full_scores(res, names)}
 
         for i in range(4):  # every GPU of tight-0 taken: CPU there strands nothing
             self.place("whole-%d" % i, "tight-0")
@@ -2310,7 +2336,8 @@ class TestBadInput(ExtenderTest):
                              sorted(json.loads(names)), names)
             status, _, data = self.ext.post("prioritize", ok % (pod, names))
             self.assertEqual(status, 200, (names, data))
-            self.assertEqual([r["Host"] for r in json.loads(data)], json.loads(names))
+            self.assertEqual([r["Host"] for r in full_scores(json.loads(data), json.loads(names))],
+                             json.loads(names))
         for names in ('["t4-0" "x"]', '[,"t4-0"]', '["t4-0"', '[1]',
                       '["a", null]', '"t4-0"', '{"a": 1}', '["t4-0"]]'):
             for verb in ("filter", "prioritize"):

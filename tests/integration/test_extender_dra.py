@@ -153,7 +153,7 @@ class DRATest(ExtenderTest):
         args = {"Pod": pod, "Nodes": None, "NodeNames": list(names or self.NODES)}
         status, res = self.ext.post_json("prioritize-gpuless", args)
         self.assertEqual(status, 200, res)
-        return {r["Host"]: r["Score"] for r in res}
+        return {r["Host"]: r["Score"] for r in te.full_scores(res, args["NodeNames"])}
 
     def held(self):
         return self.ext.held()
