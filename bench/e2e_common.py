@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import ssl
 import statistics
@@ -465,6 +466,80 @@ def scheduler_metrics(cp):
         c.close()
 
 
+def _https_get(port, path, cp, timeout):
+    ctx = ssl._create_unverified_context()  # self-signed serving certificates
+    ctx.load_cert_chain(cp.admin_crt, cp.admin_key)
+    c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        body = r.read()
+        if r.status != 200:
+            raise RuntimeError("GET %s: HTTP %d %s" % (path, r.status, body[:200]))
+        return body
+    finally:
+        c.close()
+
+
+class Profiles:
+    """CPU profiles over one span (bench --profile): kube-apiserver's and kube-scheduler's
+    own pprof endpoints (the API server started with --profiling=true), and kgpu-extender
+    under `perf record` when perf is installed. Each goes to DIR/<mode>-<component>.*, with
+    a `-top.txt` beside it (go tool pprof -top, perf report)."""
+
+    def __init__(self, out_dir, mode, cp, seconds, ext_pid=None):
+        self.out, self.mode, self.cp, self.seconds = out_dir, mode, cp, seconds
+        self.ext_pid = ext_pid
+        self.threads, self.perf, self.files = [], None, []
+        os.makedirs(out_dir, exist_ok=True)
+
+    def _pprof(self, name, port):
+        path = os.path.join(self.out, "%s-%s.pprof" % (self.mode, name))
+        try:
+            data = _https_get(port, "/debug/pprof/profile?seconds=%d" % self.seconds, self.cp,
+                              self.seconds + 60)
+            with open(path, "wb") as f:
+                f.write(data)
+            self.files.append(path)
+        except Exception as e:  # noqa: BLE001 -- a profile missing is not a failed run
+            log("profile of %s: %s" % (name, e))
+
+    def start(self):
+        for name, port in (("kube-apiserver", self.cp.api_port),
+                           ("kube-scheduler", self.cp.scheduler_port)):
+            t = threading.Thread(target=self._pprof, args=(name, port), daemon=True)
+            t.start()
+            self.threads.append(t)
+        perf = shutil.which("perf")
+        if self.ext_pid and perf:
+            path = os.path.join(self.out, "%s-kgpu-extender.perf" % self.mode)
+            self.perf = (subprocess.Popen(
+                [perf, "record", "-q", "-e", "cpu-clock", "-g", "-p", str(self.ext_pid), "-o",
+                 path, "--", "sleep", str(self.seconds)], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL), path)
+
+    def finish(self):
+        for t in self.threads:
+            t.join(self.seconds + 90)
+        if self.perf:
+            self.perf[0].wait(self.seconds + 60)
+            self.files.append(self.perf[1])
+        go = shutil.which("go") or ("/usr/local/go/bin/go"
+                                    if os.path.exists("/usr/local/go/bin/go") else None)
+        for path in self.files:
+            top = os.path.splitext(path)[0] + "-top.txt"
+            if path.endswith(".pprof") and go:
+                argv = [go, "tool", "pprof", "-top", "-nodecount=40", path]
+            elif path.endswith(".perf"):
+                argv = ["perf", "report", "-i", path, "--no-children", "--sort", "dso,sym",
+                        "--stdio", "--percent-limit", "0.5"]
+            else:
+                continue
+            with open(top, "w") as f:
+                subprocess.run(argv, stdout=f, stderr=subprocess.DEVNULL, timeout=300)
+        log("%s: profiles in %s" % (self.mode, self.out))
+
+
 def scheduler_breakdown(samples):
     """Mean milliseconds per scheduling attempt in each extension point and in total."""
     out = {}
@@ -493,9 +568,13 @@ def scheduler_breakdown(samples):
 
 
 def extender_latency(ext):
-    """p50/p99 ms per verb of kgpu_extender_request_duration_seconds, and the worst p99."""
+    """p50/p99 ms per verb of kgpu_extender_request_duration_seconds, and the worst p99;
+    out["connections"]: connections the extender accepted (each a TLS handshake)."""
     samples = parse_metrics(ext.metrics())
     out, worst = {}, None
+    acc = [v for n, _, v in samples if n == "kgpu_extender_http_connections_total"]
+    if acc:
+        out["connections"] = int(acc[0])
     for verb in ("filter", "prioritize", "bind", "filter-gpuless", "prioritize-gpuless"):
         h = histogram(samples, "kgpu_extender_request_duration_seconds", {"verb": verb})
         if not h["count"]:
@@ -511,8 +590,9 @@ def extender_latency(ext):
 # A control plane with or without kgpu
 # ---------------------------------------------------------------------------
 
-def start_control_plane(workdir, bindir):
-    cp = cluster.ControlPlane(workdir, bindir, log=log).start()
+def start_control_plane(workdir, bindir, profiling=False):
+    cp = cluster.ControlPlane(workdir, bindir, log=log).start(
+        apiserver_args=["--profiling=true"] if profiling else ())
     cp.ensure_namespace(BENCH_NS)
     return cp
 

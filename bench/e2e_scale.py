@@ -15,6 +15,22 @@ order of the same run, so machine noise hits all three alike):
   kgpu_shares   the same with the trace's fractional pods asking for kgpu's
                 shares: kgpu.io/gpu-core (gpu_milli / 10) and kgpu.io/gpu-mem
                 (the same fraction of a 15 GiB card, at least one 1 GiB unit).
+  dra           GPUs through Dynamic Resource Allocation: the nodes are DRA nodes
+                (kgpu.io/gpu-allocator=dra, no GPU resources) with the ResourceSlice
+                kgpu-dra-plugin publishes for their model, and each GPU pod names a
+                ResourceClaim of class gpu.kgpu.io (a fraction asks its memory and
+                cores of one GPU's consumable capacity, a whole pod `count` whole
+                devices); kube-scheduler alone (its DRA allocator) places them;
+  dra_kgpu      the same pods and slices with the configuration the chart renders
+                with dra.enabled, so kgpu's second entry holds them to their queues
+                (filter-gpuless) and scores them (prioritize-gpuless).
+                dra_ratio = dra_kgpu / dra: what kgpu's scores cost DRA.
+
+The claims of the DRA modes are created before the timed span (as the pods of
+--precreate are): their creation is the operator's, not the scheduler's.
+
+--profile DIR adds CPU profiles of kube-apiserver, kube-scheduler (pprof) and
+the extender (perf) over the first seconds of each mode's scheduling span.
 
 Throughput = pods bound / (last bind seen - first creation), binds seen on a
 watch. Pods are created by P processes x T threads, all released at once;
@@ -81,6 +97,119 @@ def nodes(n):
     return out
 
 
+DRA_DRIVER = "gpu.kgpu.io"
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+SLICE_SUFFIX = "-" + DRA_DRIVER
+
+
+def dra_nodes(n):
+    """Nodes whose GPUs kgpu-dra-plugin offers: no GPU resources, the DRA label."""
+    out = []
+    for i in range(n):
+        model, mib = MODELS[i % len(MODELS)]
+        out.append(E.cluster.node_object("n-%05d" % i, model, 0, mib, cpu=NODE_CPU,
+                                         memory=NODE_MEMORY,
+                                         labels={"kgpu.io/gpu-allocator": "dra"}))
+    return out
+
+
+def fake_gpus(model, mib, tag):
+    """kgpu-dra-plugin's --fake-gpus file: GPUS_PER_NODE GPUs of one model, 4 per NUMA node."""
+    lines = ["gpus:"]
+    for g in range(GPUS_PER_NODE):
+        lines.append("- {index: %d, uuid: GPU-%s-%02d, model: %s, memory_mib: %d, numa: %d}"
+                     % (g, tag, g, model.replace(" ", "-"), mib, g // 4))
+    return "\n".join(lines) + "\n"
+
+
+def driver_slices(cp, a, workdir):
+    """{model: ResourceSlice} as the real kgpu-dra-plugin publishes it for a node of that
+    model: the driver runs once per model against this control plane, on a template
+    node, and the bench copies what it published (the upstream API server validated it)."""
+    plugin = os.path.join(a.build, "kgpu-dra-plugin")
+    kc = cp.admin_kubeconfig
+    out = {}
+    for k, (model, mib) in enumerate(MODELS):
+        node = "tmpl-%d" % k
+        cp.add_node(E.cluster.node_object(node, model, 0, mib,
+                                          labels={"kgpu.io/gpu-allocator": "dra"}))
+        d = os.path.join(workdir, node)
+        dirs = {x: os.path.join(d, x) for x in ("plugins", "registry", "state", "cdi")}
+        for x in dirs.values():
+            os.makedirs(x, exist_ok=True)
+        with open(os.path.join(d, "gpus.yaml"), "w") as f:
+            f.write(fake_gpus(model, mib, "TMPL%d" % k))
+        shim = os.path.join(d, "libkgpu-limit.so")
+        open(shim, "w").close()
+        child = E.harness.Child([plugin, "--node-name", node, "--fake-gpus",
+                                 os.path.join(d, "gpus.yaml"), "--kubeconfig", kc,
+                                 "--state-dir", dirs["state"], "--cdi-dir", dirs["cdi"],
+                                 "--plugin-dir", dirs["plugins"],
+                                 "--registry-dir", dirs["registry"], "--shim-lib", shim],
+                                os.path.join(d, "driver.log"))
+        try:
+            path = RESOURCE_API + "/resourceslices/" + node + SLICE_SUFFIX
+
+            def published():
+                if not child.alive():
+                    raise RuntimeError("kgpu-dra-plugin exited:\n" + child.log_tail())
+                s = cp.admin.try_get(path)
+                return s if s and len((s.get("spec") or {}).get("devices") or []) \
+                    == GPUS_PER_NODE else None
+            out[model] = E.cluster.wait_for(published, 60, "the %s slice" % model,
+                                            interval=0.2)
+        finally:
+            child.stop()
+        cp.admin.delete(RESOURCE_API + "/resourceslices/" + node + SLICE_SUFFIX, missing_ok=True)
+        cp.admin.delete("/api/v1/nodes/" + node, missing_ok=True)
+    return out
+
+
+def node_slices(cp, templates, n):
+    """One ResourceSlice per bench node, copied from its model's template with the node's
+    name, owner, pool and GPU UUIDs."""
+    uids = {o["metadata"]["name"]: o["metadata"]["uid"]
+            for o in cp.admin.get("/api/v1/nodes")["items"]}
+    out = []
+    for i in range(n):
+        k = i % len(MODELS)
+        model = MODELS[k][0]
+        node = "n-%05d" % i
+        text = json.dumps(templates[model]).replace("tmpl-%d" % k, node).replace(
+            "GPU-TMPL%d-" % k, "GPU-%05d-" % i)
+        s = json.loads(text)
+        meta = s["metadata"]
+        s["metadata"] = {"name": meta["name"], "labels": meta.get("labels") or {},
+                         "ownerReferences": [dict(meta["ownerReferences"][0], uid=uids[node])]}
+        s.pop("status", None)
+        out.append(s)
+    return out
+
+
+def dra_workload(shapes):
+    """(claims, pods) of the DRA modes: a GPU pod names its own claim."""
+    claims, pods = [], []
+    for i, (cpu, mem, ngpu, milli) in enumerate(shapes):
+        name = "p-%05d" % i
+        pod = E.bench_pod(name, cpu, mem)
+        if ngpu > 0:
+            if milli >= 1000:
+                exactly = {"deviceClassName": DRA_DRIVER, "allocationMode": "ExactCount",
+                           "count": ngpu}
+            else:
+                exactly = {"deviceClassName": DRA_DRIVER, "capacity": {"requests": {
+                    "memory": "%dGi" % max(1, round(SHARE_CARD_GIB * milli / 1000)),
+                    "cores": str(max(1, milli // 10))}}}
+            claims.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                           "metadata": {"name": name, "namespace": E.BENCH_NS},
+                           "spec": {"devices": {"requests": [{"name": "gpu",
+                                                              "exactly": exactly}]}}})
+            pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+            pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+        pods.append(pod)
+    return claims, pods
+
+
 def round2(x):
     return round(x, 2) if x is not None else None
 
@@ -88,13 +217,29 @@ def round2(x):
 def run_mode(mode, a, bindir, workdir, shapes):
     """One mode on a fresh control plane; a dict of figures."""
     E.log("== %s: starting a control plane in %s" % (mode, workdir))
-    cp = E.start_control_plane(workdir, bindir)
+    cp = E.start_control_plane(workdir, bindir, profiling=bool(a.profile))
     ext = None
     try:
-        t = E.create_all(cp, "/api/v1/nodes", nodes(a.nodes), a.processes, a.threads, "nodes")
+        dra = mode.startswith("dra")
+        t = E.create_all(cp, "/api/v1/nodes", dra_nodes(a.nodes) if dra else nodes(a.nodes),
+                         a.processes, a.threads, "nodes")
         E.log("%s: %d nodes created in %.1f s" % (mode, a.nodes, t))
-        pods = pods_for(mode, shapes)
-        managed = sum(1 for p in pods if p["spec"]["containers"][0]["resources"].get("limits"))
+        if dra:
+            cp.kubectl("apply", "-k", os.path.join(E.REPO, "deploy", "dra"))  # the DeviceClass
+            templates = driver_slices(cp, a, workdir)
+            t = E.create_all(cp, RESOURCE_API + "/resourceslices",
+                             node_slices(cp, templates, a.nodes), a.processes, a.threads,
+                             "ResourceSlices")
+            E.log("%s: %d ResourceSlices created in %.1f s" % (mode, a.nodes, t))
+            claims, pods = dra_workload(shapes)
+            t = E.create_all(cp, RESOURCE_API + "/namespaces/%s/resourceclaims" % E.BENCH_NS,
+                             claims, a.processes, a.threads, "ResourceClaims")
+            E.log("%s: %d ResourceClaims created in %.1f s" % (mode, len(claims), t))
+            managed = len(claims)
+        else:
+            pods = pods_for(mode, shapes)
+            managed = sum(1 for p in pods
+                          if p["spec"]["containers"][0]["resources"].get("limits"))
         watch = E.PodWatch(cp)
         creators = E.Creators(cp, "/api/v1/namespaces/%s/pods" % E.BENCH_NS, pods,
                               a.processes, a.threads)
@@ -102,11 +247,13 @@ def run_mode(mode, a, bindir, workdir, shapes):
         if a.precreate:  # every pod Pending before kube-scheduler starts: its rate alone
             creators.start()
             created, errors, c0, c1 = creators.wait()
-        if mode == "plain":
+        if mode in ("plain", "dra"):
             sched_text = E.strip_extenders(E.shipped_scheduler_config())
             cp.start_scheduler(E.with_qps(sched_text, a.qps), extra=a.scheduler_args)
         else:
-            sched_text, ext = E.install_kgpu(cp, a.build, a.chart_values)
+            # With DRA, as the chart renders it with dra.enabled: filter-gpuless too.
+            values = a.chart_values + (["scheduler.filterDraPods=true"] if dra else [])
+            sched_text, ext = E.install_kgpu(cp, a.build, values)
             cp.start_scheduler(E.with_qps(sched_text, a.qps), extender_url=ext.url,
                                extra=a.scheduler_args)
         E.wait_scheduler_leader(cp)
@@ -116,6 +263,11 @@ def run_mode(mode, a, bindir, workdir, shapes):
         pids = E.process_table(cp, ext)
         cpu0 = E.cpu_snapshot(pids)
         wall0 = time.monotonic()
+        prof = None
+        if a.profile:  # over the first --profile-seconds of scheduling
+            prof = E.Profiles(a.profile, mode, cp, a.profile_seconds,
+                              ext.child.pid if ext is not None else None)
+            prof.start()
         if not a.precreate:
             creators.start()
             created, errors, c0, c1 = creators.wait()
@@ -129,6 +281,8 @@ def run_mode(mode, a, bindir, workdir, shapes):
         cpu1 = E.cpu_snapshot(pids)
         wall = time.monotonic() - wall0
         watch.stop()
+        if prof is not None:
+            prof.finish()
         binds = sorted(t for t, _ in watch.bound.values())
         bound = len(binds)
         # From the first creation to the last bind; with --precreate, from the first bind.
@@ -136,6 +290,7 @@ def run_mode(mode, a, bindir, workdir, shapes):
         span = (binds[-1] - first) if binds else None
         res = {
             "mode": mode, "pods": len(pods), "pods_to_extender": managed if ext else 0,
+            "gpu_pods": managed,
             "bound": bound, "all_bound": done,
             "pods_per_s": round(bound / span, 1) if span else 0.0,
             "span_s": round(span, 2) if span else None,
@@ -159,6 +314,9 @@ def run_mode(mode, a, bindir, workdir, shapes):
             # The peak of scheduling alone, before this scrape of /metrics renders every GPU.
             peak_sched = E.peak_rss_mb(ext.child.pid)
             res["extender_latency"], res["extender_p99_ms"] = E.extender_latency(ext)
+            conns = res["extender_latency"].pop("connections", None)
+            if conns is not None and bound:  # TLS handshakes kube-scheduler made per pod
+                res["extender_connections_per_pod"] = round(conns / bound, 3)
             res["extender_peak_rss_mb"] = round(E.peak_rss_mb(ext.child.pid) or 0, 1)
             res["extender_rss_mb"] = {
                 "ready": round(ready_rss[0] or 0, 1), "peak_at_ready": round(ready_rss[1] or 0, 1),
@@ -187,7 +345,9 @@ def main():
     ap.add_argument("--threads", type=int, default=8, help="threads per creator process")
     ap.add_argument("--stall", type=float, default=120,
                     help="give up when no pod was bound for this many seconds")
-    ap.add_argument("--modes", default="plain,kgpu,kgpu_shares")
+    ap.add_argument("--modes", default="plain,kgpu,kgpu_shares",
+                    help="comma-separated, of plain, kgpu, kgpu_shares, dra, dra_kgpu "
+                         "(default plain,kgpu,kgpu_shares)")
     ap.add_argument("--precreate", action="store_true",
                     help="for analysis: create every pod before kube-scheduler starts and time "
                          "from its first bind to its last (its rate without the creator)")
@@ -199,6 +359,12 @@ def main():
                     metavar="KEY=VALUE",
                     help="a chart value for the kgpu modes, e.g. --set "
                          "scheduler.scoreGpulessPods=false (no second extender entry)")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="CPU profiles of kube-apiserver, kube-scheduler (pprof) and "
+                         "kgpu-extender (perf, when installed) over the scheduling span, with "
+                         "their top functions, in DIR (docs/e2e.md)")
+    ap.add_argument("--profile-seconds", type=int, default=20,
+                    help="length of each --profile (default 20)")
     ap.add_argument("--scheduler-arg", action="append", default=[], dest="scheduler_args",
                     help="extra kube-scheduler flag, e.g. --scheduler-arg=--v=4")
     ap.add_argument("--bin", help="upstream bin dir (default: scripts/upstream.sh --check)")
@@ -264,6 +430,19 @@ def main():
               if "kgpu_shares" in run and "plain" in run and run["plain"]["pods_per_s"]]
     if shares:
         out["shares_ratio"] = round(E.median_spread(shares)[0], 3)
+    # DRA: what kgpu's scores cost kube-scheduler's own allocator, and DRA against plain pods.
+    for key, num, den in (("dra_ratio", "dra_kgpu", "dra"), ("dra_vs_plain", "dra", "plain")):
+        v = [run[num]["pods_per_s"] / run[den]["pods_per_s"] for run in runs
+             if num in run and den in run and run[den]["pods_per_s"]]
+        if v:
+            med, lo, hi = E.median_spread(v)
+            out[key], out[key + "_range"] = round(med, 3), [round(lo, 3), round(hi, 3)]
+    if any("dra_kgpu" in run for run in runs):
+        for verb in ("filter-gpuless", "prioritize-gpuless"):
+            v = [run["dra_kgpu"]["extender_latency"][verb]["p99_ms"] for run in runs
+                 if verb in run.get("dra_kgpu", {}).get("extender_latency", {})]
+            out["dra_kgpu_extender_%s_p99_ms" % verb.replace("-", "_")] = \
+                E.median_spread(v)[0]
     p99 = [run[m].get("extender_p99_ms") for run in runs for m in ("kgpu", "kgpu_shares")
            if m in run]
     out["extender_p99_ms"] = E.median_spread(p99)[0]
@@ -278,8 +457,11 @@ def main():
              if m in run and run[m]["bound"] and verb in run[m].get("extender_latency", {})]
         out["extender_%s_calls_per_pod" % verb.replace("-", "_")] = \
             round(E.median_spread(c)[0], 3) if c else None
-    rss = [run[m].get("extender_peak_rss_mb") for run in runs for m in ("kgpu", "kgpu_shares")
-           if m in run]
+    c = [run[m].get("extender_connections_per_pod") for run in runs
+         for m in ("kgpu", "kgpu_shares") if m in run]
+    out["extender_connections_per_pod"] = E.median_spread(c)[0]
+    rss = [run[m].get("extender_peak_rss_mb") for run in runs
+           for m in ("kgpu", "kgpu_shares", "dra_kgpu") if m in run]
     out["extender_peak_rss_mb"] = max([x for x in rss if x is not None], default=None)
     out["all_bound"] = all(run[m]["all_bound"] for run in runs for m in run)
     out["runs_detail"] = runs

@@ -9,8 +9,11 @@
 # plain_pods_per_s, kgpu_pods_per_s, kgpu_shares_pods_per_s, ratio,
 # extender_p99_ms, extender_peak_rss_mb, ... Progress goes to stderr.
 # Needs the upstream components (scripts/upstream.sh) and the trace
-# (KGPU_TRACE_DIR); without them it says SKIPPED and exits 77. Builds a
-# Release kgpu-extender in build-rel (E2E_BENCH_BUILD) if it is missing.
+# (KGPU_TRACE_DIR); without them it says SKIPPED and exits 77.
+# --modes plain,dra,dra_kgpu measures the DRA path (dra_ratio); --profile
+# DIR takes CPU profiles of every component (docs/e2e.md).
+# Builds a Release kgpu-extender in build-rel (E2E_BENCH_BUILD) if it is
+# missing.
 # Every process it starts is stopped at the end, also on Ctrl-C or SIGTERM.
 # Environment: E2E_WORK (scratch folder, kept for its logs; default a
 # temporary one, removed after a clean run).
