@@ -122,30 +122,28 @@ class TlsTest(unittest.TestCase):
         connection all get in, are counted as one connection, and a connection with a
         foreign certificate is refused on every call, not only its first."""
         before = self.connections_total()
-        conn = http.client.HTTPSConnection("127.0.0.1", self.port,
-                                           context=self.context("client"), timeout=10)
-        try:
-            for i in range(5):
-                conn.request("GET", "/inspect")
-                r = conn.getresponse()
-                r.read()
-                self.assertEqual(r.status, 200, i)
-        finally:
-            conn.close()
-        # This connection, and the one that reads the counter.
+        self.assertEqual(self.calls_on_one_connection("client", 5), [200] * 5)
+        # That connection, and the one that reads the counter.
         self.assertEqual(self.connections_total(), before + 2)
-        conn = http.client.HTTPSConnection("127.0.0.1", self.port,
-                                           context=self.context("stranger"), timeout=10)
         try:
-            for i in range(3):
-                conn.request("GET", "/inspect")
-                r = conn.getresponse()
-                r.read()
-                self.assertEqual(r.status, 403, i)
+            self.assertEqual(self.calls_on_one_connection("stranger", 3), [403] * 3)
         except (ssl.SSLError, ConnectionError):
             pass  # refused during the handshake: also right
+
+    def calls_on_one_connection(self, cert, n):
+        """The statuses of n GET /inspect on one kept connection."""
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port,
+                                           context=self.context(cert), timeout=10)
+        out = []
+        try:
+            for _ in range(n):
+                conn.request("GET", "/inspect")
+                r = conn.getresponse()
+                r.read()
+                out.append(r.status)
         finally:
             conn.close()
+        return out
 
     def test_no_certificate_is_refused(self):
         for method, path in (("GET", "/inspect"), ("GET", "/metrics"), ("POST", "/filter")):
