@@ -452,21 +452,12 @@ def quantile(h, q):
 
 def scheduler_metrics(cp):
     """kube-scheduler's /metrics from its secure port, as the admin (system:masters)."""
-    ctx = ssl._create_unverified_context()  # its self-signed serving certificate
-    ctx.load_cert_chain(cp.admin_crt, cp.admin_key)
-    c = http.client.HTTPSConnection("127.0.0.1", cp.scheduler_port, context=ctx, timeout=30)
-    try:
-        c.request("GET", "/metrics")
-        r = c.getresponse()
-        body = r.read().decode("utf-8", "replace")
-        if r.status != 200:
-            raise RuntimeError("kube-scheduler /metrics: HTTP %d %s" % (r.status, body[:200]))
-        return parse_metrics(body)
-    finally:
-        c.close()
+    return parse_metrics(_https_get(cp.scheduler_port, "/metrics", cp, 30)
+                         .decode("utf-8", "replace"))
 
 
 def _https_get(port, path, cp, timeout):
+    """GET from a control-plane component's secure port as the admin; the body."""
     ctx = ssl._create_unverified_context()  # self-signed serving certificates
     ctx.load_cert_chain(cp.admin_crt, cp.admin_key)
     c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=timeout)

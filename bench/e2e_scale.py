@@ -88,29 +88,21 @@ def pods_for(mode, shapes):
     return out
 
 
-def nodes(n):
+def nodes(n, dra=False):
+    """n nodes of the models in turn; dra: nodes whose GPUs kgpu-dra-plugin offers (no GPU
+    resources, the DRA label)."""
     out = []
     for i in range(n):
         model, mib = MODELS[i % len(MODELS)]
-        out.append(E.cluster.node_object("n-%05d" % i, model, GPUS_PER_NODE, mib,
-                                         cpu=NODE_CPU, memory=NODE_MEMORY))
+        out.append(E.cluster.node_object(
+            "n-%05d" % i, model, 0 if dra else GPUS_PER_NODE, mib, cpu=NODE_CPU,
+            memory=NODE_MEMORY, labels={"kgpu.io/gpu-allocator": "dra"} if dra else None))
     return out
 
 
 DRA_DRIVER = "gpu.kgpu.io"
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 SLICE_SUFFIX = "-" + DRA_DRIVER
-
-
-def dra_nodes(n):
-    """Nodes whose GPUs kgpu-dra-plugin offers: no GPU resources, the DRA label."""
-    out = []
-    for i in range(n):
-        model, mib = MODELS[i % len(MODELS)]
-        out.append(E.cluster.node_object("n-%05d" % i, model, 0, mib, cpu=NODE_CPU,
-                                         memory=NODE_MEMORY,
-                                         labels={"kgpu.io/gpu-allocator": "dra"}))
-    return out
 
 
 def fake_gpus(model, mib, tag):
@@ -221,7 +213,7 @@ def run_mode(mode, a, bindir, workdir, shapes):
     ext = None
     try:
         dra = mode.startswith("dra")
-        t = E.create_all(cp, "/api/v1/nodes", dra_nodes(a.nodes) if dra else nodes(a.nodes),
+        t = E.create_all(cp, "/api/v1/nodes", nodes(a.nodes, dra),
                          a.processes, a.threads, "nodes")
         E.log("%s: %d nodes created in %.1f s" % (mode, a.nodes, t))
         if dra:
@@ -421,21 +413,21 @@ def main():
              if mode in run and run[mode]["cpu_s"].get(c) is not None and run[mode]["bound"]])[0])
             for c in comps}
         out["%s_scheduling_algorithm_ms" % mode] = fig(mode, "scheduling_algorithm_ms")[0]
-    ratios = [run["kgpu"]["pods_per_s"] / run["plain"]["pods_per_s"] for run in runs
-              if "kgpu" in run and "plain" in run and run["plain"]["pods_per_s"]]
-    med, lo, hi = E.median_spread(ratios)
+    def ratio(num, den):
+        """(median, min, max) of num's pods/s over den's, run by run; Nones without both."""
+        return E.median_spread([run[num]["pods_per_s"] / run[den]["pods_per_s"] for run in runs
+                                if num in run and den in run and run[den]["pods_per_s"]])
+
+    med, lo, hi = ratio("kgpu", "plain")
     out["ratio"] = round(med, 3) if med is not None else None
     out["ratio_range"] = [round(lo, 3), round(hi, 3)] if med is not None else None
-    shares = [run["kgpu_shares"]["pods_per_s"] / run["plain"]["pods_per_s"] for run in runs
-              if "kgpu_shares" in run and "plain" in run and run["plain"]["pods_per_s"]]
-    if shares:
-        out["shares_ratio"] = round(E.median_spread(shares)[0], 3)
+    med = ratio("kgpu_shares", "plain")[0]
+    if med is not None:
+        out["shares_ratio"] = round(med, 3)
     # DRA: what kgpu's scores cost kube-scheduler's own allocator, and DRA against plain pods.
     for key, num, den in (("dra_ratio", "dra_kgpu", "dra"), ("dra_vs_plain", "dra", "plain")):
-        v = [run[num]["pods_per_s"] / run[den]["pods_per_s"] for run in runs
-             if num in run and den in run and run[den]["pods_per_s"]]
-        if v:
-            med, lo, hi = E.median_spread(v)
+        med, lo, hi = ratio(num, den)
+        if med is not None:
             out[key], out[key + "_range"] = round(med, 3), [round(lo, 3), round(hi, 3)]
     if any("dra_kgpu" in run for run in runs):
         for verb in ("filter-gpuless", "prioritize-gpuless"):
