@@ -79,6 +79,15 @@ typedef struct kgpu_churn_config {
     /* Optional: queues (NULL, or mode OFF: none). At most KGPU_CHURN_MAX_QUEUES queues. */
     const kgpu_churn_queues *queues;
     kgpu_churn_queue_mode queue_mode;
+    /*
+     * 0: none. 1..3: consolidation (kgpu_sim_config.consolidate): a pod that
+     * fits nowhere on arrival, and the oldest few waiting after each batch of
+     * departures, may be placed by moving up to that many restartable pods
+     * of one node elsewhere. A moved pod starts over (its lifetime again from
+     * the move; the work it had done counts in lost_gpu_s). Not with queues.
+     */
+    int consolidate;
+    const bool *restartable; /* per sim->requests entry; NULL: every pod */
 } kgpu_churn_config;
 
 /* Per queue, over the measured span (simulated seconds). */
@@ -130,6 +139,9 @@ typedef struct kgpu_churn_result {
     long jain_samples;
     long quota_refused; /* placements refused for a queue limit (the static caps' cost) */
     double lost_gpu_s;  /* GPU-seconds of work evicted pods had done, lost (they start over) */
+    long moves;         /* pods moved by consolidation */
+    long consolidated;  /* pods placed thanks to such moves */
+    long placed;        /* placements, moves not counted */
 } kgpu_churn_result;
 
 /*

@@ -84,6 +84,19 @@ typedef struct kgpu_sim_config {
      * KGPU_SIM_K8S_DEFAULT when NULL; extender_scores 0 counts as 1).
      */
     kgpu_sim_allocator allocator;
+    /*
+     * 0 (the study): a pod that fits no node fails. 1..3: before it fails,
+     * up to that many restartable pods of one node are moved elsewhere to
+     * make room for it, if such a move exists (the fewest moves, then the
+     * least GPU compute moved; kgpu_sim_result.moves counts them). Under the
+     * policy's own choice only (not with extender_scores or DRA).
+     */
+    int consolidate;
+    /*
+     * Which pods are restartable (may be moved): one flag per in->requests
+     * entry; NULL: every pod.
+     */
+    const bool *restartable;
 } kgpu_sim_config;
 
 /* kube-scheduler's side of a placement (kubescheduler.config.k8s.io/v1 defaults shown). */
@@ -125,6 +138,8 @@ typedef struct kgpu_sim_result {
     double frag_ratio_pct_90; /* fragmented share of idle GPU milli when arrival reached 90 % */
     double curve[KGPU_SIM_CURVE_MAX + 1]; /* allocation % at each arrival % */
     long pods;                            /* arrivals */
+    long moves;                           /* pods moved to make room (consolidate) */
+    long consolidated;                    /* pods placed thanks to such moves */
     long pods_failed;
     long gpu_pods_failed;
     long constrained_pods;   /* arrivals allowed on only some of the cluster's GPU models */

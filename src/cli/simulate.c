@@ -70,11 +70,12 @@ int kgpu_parse_seeds(const char *text, uint64_t *seeds, int max, int *n, kgpu_er
 
 /*
  * Reads and parses the node and pod lists and prepares the simulator input;
- * with ch, also the pods' times for a churn study (kgpu/churn.h).
+ * with ch, also the pods' times for a churn study (kgpu/churn.h); with
+ * best_effort, per pod whether its qos is BE (caller frees).
  */
 static int load_traces(const char *nodes_path, const char *pods_path, kgpu_sim_input *in,
                        kgpu_churn_input *ch, const kgpu_queues *qs, int **queue_of,
-                       int **priority_of, kgpu_error *err)
+                       int **priority_of, bool **best_effort, kgpu_error *err)
 {
     char *nb = NULL, *pb = NULL;
     size_t nl = 0, pl = 0;
@@ -94,6 +95,13 @@ static int load_traces(const char *nodes_path, const char *pods_path, kgpu_sim_i
         rc = kgpu_churn_prepare(in, &pods, pods_path, ch, err);
     if (rc == 0 && qs != NULL)
         rc = kgpu_simq_assign(qs, &pods, pods_path, queue_of, priority_of, err);
+    if (rc == 0 && best_effort != NULL) {
+        *best_effort = calloc(pods.npods ? pods.npods : 1, sizeof(**best_effort));
+        if (*best_effort == NULL)
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        for (size_t i = 0; rc == 0 && i < pods.npods; i++)
+            (*best_effort)[i] = strcmp(pods.pods[i].qos, "BE") == 0;
+    }
     kgpu_trace_free(&nodes);
     kgpu_trace_free(&pods);
     free(nb);
@@ -104,7 +112,7 @@ static int load_traces(const char *nodes_path, const char *pods_path, kgpu_sim_i
 int kgpu_load_input(const char *nodes_path, const char *pods_path, kgpu_sim_input *in,
                     kgpu_error *err)
 {
-    return load_traces(nodes_path, pods_path, in, NULL, NULL, NULL, NULL, err);
+    return load_traces(nodes_path, pods_path, in, NULL, NULL, NULL, NULL, NULL, err);
 }
 
 static json_t *real_array(const double *v, int n)
@@ -130,6 +138,10 @@ json_t *kgpu_study_json(const kgpu_study *s, bool timing)
     /* Only when not the default, so that the default's output stays what it always was. */
     if (s->allocator == KGPU_SIM_ALLOC_DRA)
         json_object_set_new(root, "allocator", json_string("dra"));
+    if (s->consolidate > 0) {
+        json_object_set_new(root, "consolidate", json_integer(s->consolidate));
+        json_object_set_new(root, "restartable", json_string(s->restartable ? "be" : "all"));
+    }
     if (s->k8s) {
         json_t *k = json_object();
         json_object_set_new(k, "extender_weight", json_integer(s->k8s->extender_weight));
@@ -164,6 +176,13 @@ json_t *kgpu_study_json(const kgpu_study *s, bool timing)
         json_object_set_new(o, "pods_failed", json_real(row->pods_failed));
         json_object_set_new(o, "constrained_pods", json_real(row->constrained_pods));
         json_object_set_new(o, "constrained_pods_failed", json_real(row->constrained_failed));
+        if (s->consolidate > 0) {
+            json_object_set_new(o, "moves", json_real(row->moves));
+            json_object_set_new(o, "consolidated_pods", json_real(row->consolidated));
+            double placed = row->pods - row->pods_failed;
+            json_object_set_new(o, "moves_per_100_placed",
+                                json_real(placed > 0 ? row->moves * 100.0 / placed : 0));
+        }
         json_t *sp = json_object();
         json_object_set_new(sp, "pods", json_real(row->share_pods));
         json_object_set_new(sp, "pods_failed", json_real(row->share_pods_failed));
@@ -221,6 +240,19 @@ static void print_table(FILE *f, const kgpu_study *s, const char *pods_path)
         fprintf(f, "%-16s %10.2f%% %10.2f%% %13.1f %12.1f %8.1f%% %8.2f\n", name,
                 row->alloc_pct_100, row->alloc_pct_130, row->unallocated_gpus, row->pods_failed,
                 row->frag_ratio_pct_90, row->wall_s_total);
+    }
+    if (s->consolidate > 0) {
+        fprintf(f,
+                "\nconsolidation: up to %d moves a pod, %s pods restartable\n"
+                "%-16s %12s %14s %12s\n",
+                s->consolidate, s->restartable ? "BE" : "all", "policy", "moves",
+                "placed by moves", "moves/100");
+        for (int r = 0; r < s->nrows; r++) {
+            const kgpu_study_row *row = &s->rows[r];
+            double placed = row->pods - row->pods_failed;
+            fprintf(f, "%-16s %12.1f %14.1f %12.2f\n", row->policy, row->moves, row->consolidated,
+                    placed > 0 ? row->moves * 100.0 / placed : 0.0);
+        }
     }
     fprintf(f, "\nalloc@N%%: GPU allocated / capacity when GPU demand arrived reached N%% of "
                "capacity.\nfrag@90%%: share of idle GPU compute the target workload cannot use.\n");
@@ -393,6 +425,7 @@ typedef struct churn_row {
     double pods, alloc_mean, alloc_peak, wait_median, wait_p99, wait_mean, waited, never_placed,
         max_queue, retries, wall_s_total;
     double alloc[KGPU_CHURN_SAMPLES];
+    double moves, consolidated, placed; /* with consolidation */
 } churn_row;
 
 typedef struct churn_study {
@@ -404,6 +437,8 @@ typedef struct churn_study {
     double speedup, inflate;
     bool random_ties, online;
     const kgpu_churn_queues *queues; /* NULL without --queues */
+    int consolidate;                 /* see kgpu_churn_config */
+    const bool *restartable;         /* see kgpu_churn_config; borrowed */
     atomic_int next, failed;
     kgpu_error first_err;
 } churn_study;
@@ -425,7 +460,9 @@ static void *churn_worker(void *arg)
                                  .speedup = s->speedup,
                                  .inflate = s->inflate,
                                  .queues = s->queues,
-                                 .queue_mode = row->mode};
+                                 .queue_mode = row->mode,
+                                 .consolidate = s->consolidate,
+                                 .restartable = s->restartable};
         kgpu_error err;
         kgpu_error_clear(&err);
         double t0 = kgpu_now();
@@ -481,6 +518,9 @@ static int churn_study_run(churn_study *s, int threads, kgpu_error *err)
             row->quota_refused += (double)x->quota_refused / n;
             row->reclaim_failed += (double)x->reclaim_failed / n;
             row->lost_gpu_h += x->lost_gpu_s / 3600.0 / n;
+            row->moves += (double)x->moves / n;
+            row->consolidated += (double)x->consolidated / n;
+            row->placed += (double)x->placed / n;
             /* Allocation less the work evictions threw away, as a share of the span. */
             double span = x->t_last - x->t_first;
             double lost_pct = span > 0 ? x->lost_gpu_s * 100.0 / (span * s->in->sim->gpus) : 0;
@@ -560,6 +600,13 @@ static json_t *churn_json(const churn_study *s, bool timing)
             }
             json_object_set_new(o, "queues", qa);
         }
+        if (s->consolidate > 0) {
+            json_object_set_new(o, "moves", json_real(row->moves));
+            json_object_set_new(o, "consolidated_pods", json_real(row->consolidated));
+            json_object_set_new(o, "moves_per_100_placed",
+                                json_real(row->placed > 0 ? row->moves * 100.0 / row->placed : 0));
+            json_object_set_new(o, "lost_gpu_hours", json_real(row->lost_gpu_h));
+        }
         json_object_set_new(o, "online", json_boolean(row->runs[0].online));
         json_object_set_new(o, "seeds", seeds);
         json_object_set_new(o, "alloc_mean_pct", json_real(row->alloc_mean));
@@ -629,6 +676,21 @@ static void churn_table(FILE *f, const churn_study *s, const char *pods_path)
     fprintf(f, "\nalloc mean: GPU allocated / capacity, time-weighted over that span.\n"
                "wait: arrival to placement, over placed pods; waited: pods that queued; never:\n"
                "pods still queued when every placed pod had left.\n");
+    if (s->consolidate > 0) {
+        fprintf(f,
+                "\nconsolidation: up to %d moves a pod, %s pods restartable\n"
+                "%-16s %10s %16s %10s %11s\n",
+                s->consolidate, s->restartable ? "BE" : "all", "policy", "moves",
+                "placed by moves", "moves/100", "lost GPU-h");
+        for (int r = 0; r < s->nrows; r++) {
+            const churn_row *row = &s->rows[r];
+            fprintf(f, "%-16s %10.1f %16.1f %10.2f %11.2f\n", row->label, row->moves,
+                    row->consolidated, row->placed > 0 ? row->moves * 100.0 / row->placed : 0.0,
+                    row->lost_gpu_h);
+        }
+        fprintf(f, "moves/100: pods moved per 100 placements; lost GPU-h: work moved pods had\n"
+                   "done (they start over).\n");
+    }
     if (s->queues == NULL)
         return;
     int nq = 0;
@@ -729,6 +791,8 @@ typedef struct churn_opts {
     int nseeds;
     double speedup, inflate;
     bool json, timing, random_ties, online;
+    int consolidate;
+    bool restartable_be;
 } churn_opts;
 
 /* The whole --churn run; returns the exit status. */
@@ -745,6 +809,7 @@ static int run_churn(const churn_opts *o)
     int status = 1;
     kgpu_queues *qs = NULL;
     int *queue_of = NULL, *priority_of = NULL;
+    bool *best_effort = NULL;
     kgpu_churn_queues cq;
     if (o->queues_path != NULL) {
         if (kgpu_queues_load_file(o->queues_path, &qs, &err) != 0)
@@ -754,8 +819,11 @@ static int run_churn(const churn_opts *o)
             goto out;
         }
     }
-    if (load_traces(o->nodes_path, o->pods_path, &in, &ch, qs, &queue_of, &priority_of, &err) != 0)
+    if (load_traces(o->nodes_path, o->pods_path, &in, &ch, qs, &queue_of, &priority_of,
+                    o->restartable_be ? &best_effort : NULL, &err) != 0)
         goto out;
+    s.consolidate = o->consolidate;
+    s.restartable = best_effort;
     if (qs != NULL) {
         cq = (kgpu_churn_queues){.tree = qs, .queue = queue_of, .priority = priority_of};
         s.queues = &cq;
@@ -818,6 +886,7 @@ out:
     free(s.rows);
     free(queue_of);
     free(priority_of);
+    free(best_effort);
     kgpu_queues_free(qs);
     kgpu_churn_input_free(&ch);
     kgpu_sim_input_free(&in);
@@ -916,6 +985,11 @@ static void simulate_usage(FILE *f)
                "                    allocator takes them (first fit in slice order) on the\n"
                "                    node kube-scheduler chooses (--kube-scheduler SPEC,\n"
                "                    default `default`; weight=0: no extender, DRA alone)\n"
+               "  --consolidate N   before a pod fails, move up to N (1..3) restartable pods\n"
+               "                    of one node elsewhere if that makes room for it (the\n"
+               "                    fewest moves); reports the moves made\n"
+               "  --restartable W   with --consolidate: which pods may be moved: all (the\n"
+               "                    default) or be (pods whose qos is BE)\n"
                "  --workload        print the arrival sequence of the (one) seed as CSV\n"
                "                    (seq,pod,name,cpu_milli,memory_mib,num_gpu,gpu_milli,\n"
                "                    gpu_spec) instead of simulating\n"
@@ -1020,6 +1094,8 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"queues", required_argument, NULL, 'Q'},
         {"queue-modes", required_argument, NULL, 'M'},
         {"allocator", required_argument, NULL, 'A'},
+        {"consolidate", required_argument, NULL, 'X'},
+        {"restartable", required_argument, NULL, 'r'},
         {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL, *queues_path = NULL;
@@ -1033,6 +1109,9 @@ int kgpu_cmd_simulate(int argc, char **argv)
     bool extender_scores = false, workload = false, k8s_set = false, extender_only = false;
     kgpu_sim_allocator allocator = KGPU_SIM_ALLOC_POLICY;
     kgpu_sim_k8s k8s = KGPU_SIM_K8S_DEFAULT;
+    int consolidate = 0;
+    bool restartable_be = false, restartable_set = false;
+    bool *best_effort = NULL;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -1115,6 +1194,25 @@ int kgpu_cmd_simulate(int argc, char **argv)
         case 'W':
             workload = true;
             break;
+        case 'X':
+            consolidate = (int)strtol(optarg, &end, 10);
+            if (end == optarg || *end != '\0' || consolidate < 1 || consolidate > 3) {
+                fprintf(stderr, "kgpu simulate: --consolidate '%s': expected 1..3 moves\n",
+                        optarg);
+                free(policy_text);
+                return 2;
+            }
+            break;
+        case 'r':
+            if (strcmp(optarg, "all") != 0 && strcmp(optarg, "be") != 0) {
+                fprintf(stderr, "kgpu simulate: --restartable '%s': expected all or be\n",
+                        optarg);
+                free(policy_text);
+                return 2;
+            }
+            restartable_be = strcmp(optarg, "be") == 0;
+            restartable_set = true;
+            break;
         case 'K':
             if (!k8s_arg(optarg, &k8s)) {
                 free(policy_text);
@@ -1134,6 +1232,11 @@ int kgpu_cmd_simulate(int argc, char **argv)
     }
     if (queues_path != NULL && !churn) {
         fprintf(stderr, "kgpu simulate: --queues needs --churn\n");
+        free(policy_text);
+        return 2;
+    }
+    if (restartable_set && consolidate == 0) {
+        fprintf(stderr, "kgpu simulate: --restartable needs --consolidate\n");
         free(policy_text);
         return 2;
     }
@@ -1210,6 +1313,12 @@ int kgpu_cmd_simulate(int argc, char **argv)
     }
     if (allocator == KGPU_SIM_ALLOC_DRA)
         k8s_set = extender_scores = true; /* k8s holds the default when no SPEC was given */
+    if (consolidate > 0 && extender_scores) {
+        kgpu_error_set(&err, KGPU_EINVAL,
+                       "--consolidate is simulated under the policy's own choice only (no "
+                       "--extender-scores, --kube-scheduler or --allocator dra)");
+        goto out;
+    }
     if (churn) {
         kgpu_churn_queue_mode modes[4];
         int nmodes = 0;
@@ -1231,12 +1340,15 @@ int kgpu_cmd_simulate(int argc, char **argv)
                          .json = json,
                          .timing = timing,
                          .random_ties = random_ties,
-                         .online = online};
+                         .online = online,
+                         .consolidate = consolidate,
+                         .restartable_be = restartable_be};
         status = run_churn(&co);
         free(policy_text);
         return status;
     }
-    if (kgpu_load_input(nodes_path, pods_path, &in, &err) != 0)
+    if (load_traces(nodes_path, pods_path, &in, NULL, NULL, NULL, NULL,
+                    restartable_be ? &best_effort : NULL, &err) != 0)
         goto out;
     if (kgpu_study_init(&study, &in, policies, npolicies, seeds, nseeds, inflate, &err) != 0)
         goto out;
@@ -1246,6 +1358,8 @@ int kgpu_cmd_simulate(int argc, char **argv)
     study.extender_scores = extender_scores ? 1 : 0;
     study.k8s = k8s_set ? &k8s : NULL;
     study.allocator = allocator;
+    study.consolidate = consolidate;
+    study.restartable = best_effort;
     study.progress = isatty(STDERR_FILENO);
     if (kgpu_study_run(&study, &err) != 0)
         goto out;
@@ -1269,6 +1383,7 @@ out:
         fprintf(stderr, "kgpu simulate: %s\n", err.msg[0] ? err.msg : kgpu_strerror(err.code));
     kgpu_study_free(&study);
     kgpu_sim_input_free(&in);
+    free(best_effort);
     free(policy_text);
     return status;
 }

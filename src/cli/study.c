@@ -85,7 +85,9 @@ static void *worker(void *arg)
                                .online = s->online,
                                .extender_scores = s->extender_scores,
                                .k8s = s->k8s,
-                               .allocator = s->allocator};
+                               .allocator = s->allocator,
+                               .consolidate = s->consolidate,
+                               .restartable = s->restartable};
         kgpu_error err;
         kgpu_error_clear(&err);
         double t0 = kgpu_now();
@@ -112,6 +114,7 @@ static void average(kgpu_study *s)
         row->share_compute_gpus = row->share_gpus = row->share_gpus_bound = 0;
         row->share_pods = row->share_pods_failed = 0;
         row->share_gpus_bfd = 0;
+        row->moves = row->consolidated = 0;
         memset(row->curve, 0, sizeof(row->curve));
         for (int k = 0; k < s->nseeds; k++) {
             const kgpu_sim_result *x = &row->runs[k];
@@ -129,6 +132,8 @@ static void average(kgpu_study *s)
             row->share_gpus += (double)x->share_gpus / n;
             row->share_gpus_bound += (double)x->share_gpus_bound / n;
             row->share_gpus_bfd += (double)x->share_gpus_bfd / n;
+            row->moves += (double)x->moves / n;
+            row->consolidated += (double)x->consolidated / n;
             row->wall_s_total += row->wall_s[k];
             for (int i = 0; i <= KGPU_SIM_CURVE_MAX; i++)
                 row->curve[i] += x->curve[i] / n;

@@ -23,6 +23,7 @@ typedef struct kgpu_study_row {
     double share_pods, share_pods_failed, share_compute_gpus, share_gpus, share_gpus_bound,
         share_gpus_bfd; /* see kgpu_sim_result */
     double curve[KGPU_SIM_CURVE_MAX + 1];
+    double moves, consolidated; /* see kgpu_sim_result */
     double wall_s_total; /* sum over seeds of the run times */
 } kgpu_study_row;
 
@@ -40,6 +41,8 @@ typedef struct kgpu_study {
     int extender_scores; /* see kgpu_sim_config */
     const kgpu_sim_k8s *k8s; /* see kgpu_sim_config; borrowed */
     kgpu_sim_allocator allocator; /* see kgpu_sim_config */
+    int consolidate;              /* see kgpu_sim_config */
+    const bool *restartable;      /* see kgpu_sim_config; borrowed */
     double elapsed_s; /* wall time of the whole study */
 } kgpu_study;
 

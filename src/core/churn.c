@@ -180,7 +180,10 @@ typedef struct run {
     bool *quota_blocked, *ever_placed; /* per slot */
     size_t *victims, *vslots;
     double *sort_key; /* per slot: retry order among queued pods */
-    double *started;  /* per slot: when its current run began */
+    double *started;  /* per slot: when its current run began (queues or consolidation) */
+    /* Consolidation (cfg->consolidate > 0), else pods.on is NULL. */
+    kgpu__pods pods;
+    int *pod_id; /* per slot: its id in pods while it runs */
     /* Per queue, from the last round. */
     bool starving[KGPU_CHURN_MAX_QUEUES], starving_recl[KGPU_CHURN_MAX_QUEUES];
     long pending[KGPU_CHURN_MAX_QUEUES], rounds_run[KGPU_CHURN_MAX_QUEUES];
@@ -309,6 +312,8 @@ static bool quota_admits(run *r, size_t k)
     return st == KGPU_QUEUE_WITHIN || st == KGPU_QUEUE_BORROWS;
 }
 
+static int placed_now(run *r, size_t k, double t, kgpu_error *err);
+
 /*
  * Places slot k chosen among nodes (NULL = all) at time t; with `force`, on
  * nodes[0] and those GPUs (reclaim's choice), without asking the policy.
@@ -362,6 +367,20 @@ static int try_place_on(run *r, size_t k, const int *nodes, int nn, const int *f
         r->run_slot[r->nrunning++] = k;
         r->started[k] = t;
     }
+    return placed_now(r, k, t, err);
+}
+
+/* Slot k now runs from t at r->placed[k]: its records, its departure, the peak. 1 or <0. */
+static int placed_now(run *r, size_t k, double t, kgpu_error *err)
+{
+    if (r->pods.on != NULL) {
+        const kgpu_request *req = &r->in->sim->requests[r->slot[k]];
+        bool movable = r->cfg->restartable == NULL || r->cfg->restartable[r->slot[k]];
+        if (kgpu__pods_add(&r->pods, req, &r->placed[k], movable, k, &r->pod_id[k]) != 0)
+            return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        r->started[k] = t;
+    }
+    r->out->placed++;
     if (!r->ever_placed[k]) {
         r->ever_placed[k] = true;
         r->waits[r->nwaits++] = t - r->arrive[k];
@@ -555,6 +574,59 @@ static void order_retries(run *r)
     qsort_r(r->queue, r->nqueue, sizeof(*r->queue), retry_cmp, r);
 }
 
+/*
+ * Slot k fits nowhere: place it by moving restartable pods (cfg->consolidate).
+ * The moved pods start over where the policy put them. 1 placed, 0 not, <0 error.
+ */
+static int try_consolidate(run *r, size_t k, double t, kgpu_error *err)
+{
+    const kgpu_request *req = &r->in->sim->requests[r->slot[k]];
+    int moved[KGPU__MAX_MOVES], nmoved = 0;
+    int rc = kgpu__consolidate(&r->pods, r->c, r->p, req, r->cfg->consolidate, &r->rng,
+                               &r->placed[k], moved, &nmoved, err);
+    if (rc == KGPU_ENOFIT)
+        return 0;
+    if (rc != 0)
+        return rc;
+    for (int m = 0; m < nmoved; m++) {
+        kgpu__pod *pod = &r->pods.pod[moved[m]];
+        size_t v = pod->tag;
+        r->out->lost_gpu_s += (double)kgpu__gpu_demand(pod->req) / KGPU_MILLI * (t - r->started[v]);
+        r->placed[v] = pod->a;
+        r->started[v] = t;
+        r->gen[v]++; /* its old departure is void: it starts over */
+        if (!heap_push(&r->deps, (departure){t + r->in->lifetime[r->slot[v]], v, r->gen[v]}))
+            return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    r->out->moves += nmoved;
+    r->out->consolidated++;
+    return placed_now(r, k, t, err);
+}
+
+/* After a batch: consolidation for the oldest waiting pods, a few a batch. */
+#define CONSOLIDATE_PER_BATCH 4
+
+static int consolidate_pass(run *r, double t, kgpu_error *err)
+{
+    size_t keep = 0;
+    int tried = 0;
+    for (size_t q = 0; q < r->nqueue; q++) {
+        size_t k = r->queue[q];
+        int placed = 0;
+        if (tried < CONSOLIDATE_PER_BATCH) {
+            tried++;
+            if ((placed = try_consolidate(r, k, t, err)) < 0)
+                return placed;
+        }
+        if (placed)
+            r->out->waited++;
+        else
+            r->queue[keep++] = k;
+    }
+    r->nqueue = keep;
+    return 0;
+}
+
 /* Every departure at the heap's earliest time, then the queue against the freed nodes. */
 static int depart_batch(run *r, int *freed, bool *is_freed, kgpu_error *err)
 {
@@ -570,6 +642,8 @@ static int depart_batch(run *r, int *freed, bool *is_freed, kgpu_error *err)
             return rc;
         if (r->qs != NULL && (rc = remove_running(r, d.pod, err)) != 0)
             return rc;
+        if (r->pods.on != NULL)
+            kgpu__pods_remove(&r->pods, r->c, r->pod_id[d.pod]);
         int node = r->placed[d.pod].node;
         if (!is_freed[node]) {
             is_freed[node] = true;
@@ -624,7 +698,9 @@ static int depart_batch(run *r, int *freed, bool *is_freed, kgpu_error *err)
     r->nqueue = keep;
     for (int i = 0; i < nf; i++)
         is_freed[freed[i]] = false;
-    int rc = reclaim_pass(r, t, err);
+    int rc = r->pods.on != NULL ? consolidate_pass(r, t, err) : 0;
+    if (rc == 0)
+        rc = reclaim_pass(r, t, err);
     queue_round(r);
     return rc;
 }
@@ -780,6 +856,23 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
         for (size_t i = 0; i < n; i++)
             r.run_pos[i] = SIZE_MAX;
     }
+    if (cfg->consolidate < 0 || cfg->consolidate > KGPU__MAX_MOVES) {
+        rc = kgpu_error_set(err, KGPU_EINVAL, "consolidate %d outside 0..%d", cfg->consolidate,
+                            KGPU__MAX_MOVES);
+        goto done;
+    }
+    if (cfg->consolidate > 0 && r.qs != NULL) {
+        rc = kgpu_error_set(err, KGPU_EINVAL, "consolidation is not simulated with queues yet");
+        goto done;
+    }
+    if (r.c != NULL && cfg->consolidate > 0) {
+        r.pod_id = malloc((n ? n : 1) * sizeof(*r.pod_id));
+        r.started = calloc(n ? n : 1, sizeof(*r.started));
+        if (r.pod_id == NULL || r.started == NULL || kgpu__pods_init(&r.pods, nn) != 0) {
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+            goto done;
+        }
+    }
     r.memo_batch = calloc((size_t)r.nshapes + 1, sizeof(*r.memo_batch));
     r.memo_mem = calloc((size_t)r.nshapes + 1, sizeof(*r.memo_mem));
     rank = malloc((size_t)(nn > 0 ? nn : 1) * sizeof(*rank));
@@ -851,6 +944,8 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
         int placed = try_place(&r, k, NULL, 0, t, err);
         if (placed == 0 && reclaiming(&r))
             placed = try_reclaim(&r, k, t, err);
+        if (placed == 0 && r.pods.on != NULL)
+            placed = try_consolidate(&r, k, t, err);
         if (placed < 0) {
             rc = placed;
             goto done;
@@ -906,6 +1001,8 @@ done:
     free(r.vslots);
     free(r.sort_key);
     free(r.started);
+    free(r.pod_id);
+    kgpu__pods_free(&r.pods);
     kgpu_queues_free(r.qs);
     kgpu_policy_free(r.p);
     kgpu_learner_free(learner);

@@ -315,4 +315,62 @@ void kgpu__qns_free(kgpu__qns *r);
 /* Whether queue q's rules admit namespace ns (false for no rules). */
 bool kgpu__qns_admits(const kgpu__qns *r, int q, const kgpu_queue_ns *ns);
 
+/* ---- consolidate.c (layer consolidate): making room by moving restartable pods ---- */
+
+#define KGPU__MAX_MOVES 3 /* pods one consolidation may move */
+
+/* A placed pod as the planner tracks it. */
+typedef struct kgpu__pod {
+    const kgpu_request *req; /* borrowed */
+    kgpu_assignment a;       /* where it is now */
+    bool movable;            /* restartable: may be moved to make room */
+    int moves;               /* times it was moved */
+    size_t tag;              /* the caller's name for it */
+} kgpu__pod;
+
+typedef struct kgpu__pods_node {
+    int *ids; /* pods on the node, in placement order */
+    int n, cap;
+} kgpu__pods_node;
+
+/*
+ * The placed pods of one cluster, by node, for moves; ids are indices into
+ * pod[] in the order they were added. Owned by the thread that owns the
+ * cluster. The per-shape arrays are the planner's memory (consolidate.c).
+ */
+typedef struct kgpu__pods {
+    kgpu__pod *pod;
+    size_t n, cap;
+    kgpu__pods_node *on; /* per node */
+    int nnodes;
+    int nshapes;
+    int *fit_first, *fit_second; /* per shape: first two nodes it fits, at fit_seq */
+    uint64_t *fit_seq;
+    uint64_t *failed_seq; /* per shape: cluster change when a search last found nothing */
+    int *failed_max;      /* ... and with how many moves allowed */
+    uint64_t room_seq;    /* cluster change when room was last freed */
+} kgpu__pods;
+
+int kgpu__pods_init(kgpu__pods *t, int nnodes);
+void kgpu__pods_free(kgpu__pods *t);
+/* Records a placement (a->node) as pod *id (may be NULL). 0 or KGPU_ENOMEM. */
+int kgpu__pods_add(kgpu__pods *t, const kgpu_request *req, const kgpu_assignment *a, bool movable,
+                   size_t tag, int *id);
+/* Pod id left (the caller released it from c first): its room is free for searches again. */
+void kgpu__pods_remove(kgpu__pods *t, const kgpu_cluster *c, int id);
+
+/*
+ * Places req, which fits no node as the cluster stands, by moving at most
+ * max_moves (<= KGPU__MAX_MOVES) movable pods of one node elsewhere: the
+ * fewest moves, then the least GPU compute moved. The policy picks req's
+ * GPUs on that node and every moved pod's new place. On 0, req is applied
+ * (*placed; the caller records it) and the *nmoved pods moved[] (ids, room
+ * for KGPU__MAX_MOVES) are in their new places (t->pod[id].a); KGPU_ENOFIT
+ * when no such move exists (the cluster is unchanged); other errors are
+ * bugs or out of memory.
+ */
+int kgpu__consolidate(kgpu__pods *t, kgpu_cluster *c, kgpu_policy *p, const kgpu_request *req,
+                      int max_moves, kgpu_rng *rng, kgpu_assignment *placed, int *moved,
+                      int *nmoved, kgpu_error *err);
+
 #endif

@@ -339,6 +339,12 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
         return kgpu_error_set(err, KGPU_EINVAL, "inflate %.3f outside (0, 100]", cfg->inflate);
     if (cfg->allocator != KGPU_SIM_ALLOC_POLICY && cfg->allocator != KGPU_SIM_ALLOC_DRA)
         return kgpu_error_set(err, KGPU_EINVAL, "allocator %d unknown", (int)cfg->allocator);
+    if (cfg->consolidate < 0 || cfg->consolidate > KGPU__MAX_MOVES)
+        return kgpu_error_set(err, KGPU_EINVAL, "consolidate %d outside 0..%d", cfg->consolidate,
+                              KGPU__MAX_MOVES);
+    if (cfg->consolidate > 0 && (cfg->extender_scores != 0 || cfg->allocator != 0))
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "consolidation is simulated under the policy's own choice only");
     static const kgpu_sim_k8s k8s_default = KGPU_SIM_K8S_DEFAULT;
     bool dra = cfg->allocator == KGPU_SIM_ALLOC_DRA;
     const kgpu_sim_k8s *k8s = cfg->k8s != NULL ? cfg->k8s : dra ? &k8s_default : NULL;
@@ -364,6 +370,7 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     int *all = NULL, *scores = NULL; /* extender_scores: every node, and its 0-10 score */
     long *shares = out->share_sizes; /* placed shares by milli */
     long whole_gpus = 0;             /* GPUs taken whole */
+    kgpu__pods placed = {0};         /* with consolidate: where each placed pod is */
     if (c == NULL) {
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
@@ -384,6 +391,10 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     uint64_t present = 0;
     for (int i = 0; i < nn; i++)
         present |= kgpu_cluster_node(c, i)->model_mask;
+    if (cfg->consolidate > 0 && kgpu__pods_init(&placed, nn) != 0) {
+        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        goto done;
+    }
     int k8s_start = 0; /* kube-scheduler's nextStartNodeIndex */
     if (choose) {
         all = malloc((size_t)(nn > 0 ? nn : 1) * 2 * sizeof(*all)); /* and k8s_node's sample */
@@ -431,10 +442,30 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
             rc = extender_select(p, c, req, all, scores, nn, &srng, &node, gpus, err);
         else
             rc = kgpu_policy_select(p, c, req, NULL, 0, &srng, &node, gpus, err);
+        kgpu_assignment a;
+        bool applied = false;
         if (rc == 0) {
-            rc = kgpu_cluster_apply(c, req, node, gpus, NULL, err);
+            rc = kgpu_cluster_apply(c, req, node, gpus, &a, err);
             if (rc != 0)
                 goto done; /* a policy chose something that does not fit: a bug */
+            applied = true;
+        } else if (rc == KGPU_ENOFIT && cfg->consolidate > 0) {
+            int moved[KGPU__MAX_MOVES], nmoved = 0;
+            rc = kgpu__consolidate(&placed, c, p, req, cfg->consolidate, &srng, &a, moved, &nmoved,
+                                   err);
+            if (rc == 0) {
+                applied = true;
+                out->moves += nmoved;
+                out->consolidated++;
+            }
+        }
+        if (applied && cfg->consolidate > 0 &&
+            kgpu__pods_add(&placed, req, &a,
+                           cfg->restartable == NULL || cfg->restartable[order[k]], k, NULL) != 0) {
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+            goto done;
+        }
+        if (applied) {
             if (is_share(req)) {
                 shares[req->gpu_milli] += req->gpu_count;
                 out->share_pods++;
@@ -488,6 +519,7 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
     out->share_gpus_bound = kgpu__share_lower_bound(shares);
     out->share_gpus_bfd = kgpu__share_bfd(shares);
 done:
+    kgpu__pods_free(&placed);
     free(all);
     free(scores);
     free(rank);

@@ -1,0 +1,339 @@
+/*
+ * Unit tests of consolidation (src/core/consolidate.c): the fewest moves and
+ * then the least GPU compute moved, only restartable pods, nothing changed
+ * when no move exists, an exact undo when two victims want the same hole,
+ * and the simulators' use of it (deterministic, counted, refused where it is
+ * not simulated).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core.h"
+#include "kgpu/churn.h"
+#include "kgpu/rng.h"
+#include "sim_fixture.h"
+
+/* A cluster of one-GPU nodes; pods placed as listed, node by node. */
+typedef struct world {
+    kgpu_cluster *c;
+    kgpu_policy *p;
+    kgpu__pods t;
+    kgpu_request req[16];
+    int nreq;
+    kgpu_rng rng;
+} world;
+
+static void world_init(world *w, int nodes)
+{
+    memset(w, 0, sizeof(*w));
+    w->c = kgpu_cluster_new();
+    assert_non_null(w->c);
+    kgpu_error err;
+    for (int i = 0; i < nodes; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "n%d", i);
+        kgpu_gpu_spec g = {.index = 0, .model = "T4", .memory_mib = 16384, .numa = -1,
+                           .healthy = true};
+        kgpu_node_spec n = {.name = name, .cpu_milli = 64000, .memory_mib = 262144, .gpus = &g,
+                            .ngpus = 1};
+        assert_int_equal(kgpu_cluster_add_node(w->c, &n, &err), i);
+    }
+    w->p = kgpu_policy_new("bestfit", w->c, NULL, &err);
+    assert_non_null(w->p);
+    assert_int_equal(kgpu__pods_init(&w->t, nodes), 0);
+    kgpu_rng_seed(&w->rng, 42, 2);
+}
+
+static void world_free(world *w)
+{
+    kgpu__pods_free(&w->t);
+    kgpu_policy_free(w->p);
+    kgpu_cluster_free(w->c);
+}
+
+/* A share request of `milli`, its own shape id. */
+static const kgpu_request *share(world *w, int milli)
+{
+    kgpu_request *r = &w->req[w->nreq];
+    *r = (kgpu_request){.cpu_milli = 1000, .memory_mib = 1024, .gpu_count = 1,
+                        .gpu_milli = milli, .shape = w->nreq};
+    w->nreq++;
+    kgpu_error err;
+    assert_int_equal(kgpu_request_compile(w->c, r, &err), 0);
+    return r;
+}
+
+/* Places a share of `milli` on node `node`; returns its pod id. */
+static int put(world *w, int node, int milli, bool movable)
+{
+    const kgpu_request *r = share(w, milli);
+    int gpus[1] = {0}, id = -1;
+    kgpu_assignment a;
+    kgpu_error err;
+    assert_int_equal(kgpu_cluster_apply(w->c, r, node, gpus, &a, &err), 0);
+    assert_int_equal(kgpu__pods_add(&w->t, r, &a, movable, (size_t)w->t.n, &id), 0);
+    return id;
+}
+
+static int free_milli(const world *w, int node)
+{
+    return kgpu_cluster_node(w->c, node)->gpus[0].free_milli;
+}
+
+static bool fits_anywhere(const world *w, const kgpu_request *r)
+{
+    for (int i = 0; i < kgpu_cluster_node_count(w->c); i++)
+        if (kgpu_fit(w->c, i, r, NULL, 0))
+            return true;
+    return false;
+}
+
+/* Node 0: 250 + 300 (450 free); node 1: 600 (400 free). A 700 fits after one move. */
+static void test_one_move_least_compute(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 2);
+    int a1 = put(&w, 0, 250, true);
+    put(&w, 0, 300, true);
+    put(&w, 1, 600, true);
+    const kgpu_request *r = share(&w, 700);
+    assert_false(fits_anywhere(&w, r));
+    kgpu_assignment placed;
+    int moved[KGPU__MAX_MOVES], nmoved = -1;
+    kgpu_error err;
+    assert_int_equal(
+        kgpu__consolidate(&w.t, w.c, w.p, r, 1, &w.rng, &placed, moved, &nmoved, &err), 0);
+    assert_int_equal(nmoved, 1);
+    assert_int_equal(moved[0], a1); /* 250 moved rather than 300 */
+    assert_int_equal(placed.node, 0);
+    assert_int_equal(w.t.pod[a1].a.node, 1);
+    assert_int_equal(w.t.pod[a1].moves, 1);
+    assert_int_equal(free_milli(&w, 0), 0);   /* 300 + 700 */
+    assert_int_equal(free_milli(&w, 1), 150); /* 600 + 250 */
+    assert_int_equal(w.t.on[0].n, 1);
+    assert_int_equal(w.t.on[1].n, 2);
+    world_free(&w);
+}
+
+/* Only restartable pods move: with the 250 pinned, the 300 goes. */
+static void test_only_restartable_move(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 2);
+    put(&w, 0, 250, false);
+    int a2 = put(&w, 0, 300, true);
+    put(&w, 1, 600, false);
+    const kgpu_request *r = share(&w, 700);
+    kgpu_assignment placed;
+    int moved[KGPU__MAX_MOVES], nmoved = 0;
+    kgpu_error err;
+    assert_int_equal(
+        kgpu__consolidate(&w.t, w.c, w.p, r, 1, &w.rng, &placed, moved, &nmoved, &err), 0);
+    assert_int_equal(nmoved, 1);
+    assert_int_equal(moved[0], a2);
+    assert_int_equal(w.t.pod[a2].a.node, 1);
+    world_free(&w);
+}
+
+/* Nothing movable, or no room anywhere for what would move: refused, nothing changed. */
+static void test_no_move_changes_nothing(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 2);
+    put(&w, 0, 250, false);
+    put(&w, 0, 300, false);
+    put(&w, 1, 600, true);
+    const kgpu_request *r = share(&w, 700);
+    int64_t before = kgpu_cluster_gpu_milli_allocated(w.c);
+    kgpu_assignment placed;
+    int moved[KGPU__MAX_MOVES], nmoved = 0;
+    kgpu_error err;
+    assert_int_equal(
+        kgpu__consolidate(&w.t, w.c, w.p, r, 3, &w.rng, &placed, moved, &nmoved, &err),
+        KGPU_ENOFIT);
+    assert_int_equal(nmoved, 0);
+    assert_int_equal(kgpu_cluster_gpu_milli_allocated(w.c), before);
+    assert_int_equal(free_milli(&w, 0), 450);
+    assert_int_equal(free_milli(&w, 1), 400);
+    world_free(&w);
+}
+
+/*
+ * Node 0: 200 + 200 + 300 (300 free); nodes 1 and 2: 750 each (250 free).
+ * A 700 needs two of node 0's pods gone: one move is not enough, two are,
+ * each to its own node.
+ */
+static void test_two_moves_when_one_is_not_enough(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 3);
+    int a1 = put(&w, 0, 200, true);
+    int a2 = put(&w, 0, 200, true);
+    put(&w, 0, 300, true);
+    put(&w, 1, 750, true);
+    put(&w, 2, 750, true);
+    const kgpu_request *r = share(&w, 700);
+    kgpu_assignment placed;
+    int moved[KGPU__MAX_MOVES], nmoved = 0;
+    kgpu_error err;
+    assert_int_equal(
+        kgpu__consolidate(&w.t, w.c, w.p, r, 1, &w.rng, &placed, moved, &nmoved, &err),
+        KGPU_ENOFIT);
+    assert_int_equal(
+        kgpu__consolidate(&w.t, w.c, w.p, r, 2, &w.rng, &placed, moved, &nmoved, &err), 0);
+    assert_int_equal(nmoved, 2);
+    assert_int_equal(placed.node, 0);
+    int n1 = w.t.pod[a1].a.node, n2 = w.t.pod[a2].a.node;
+    assert_true(n1 != 0 && n2 != 0 && n1 != n2);
+    assert_int_equal(free_milli(&w, 0), 0);
+    assert_int_equal(free_milli(&w, 1), 50);
+    assert_int_equal(free_milli(&w, 2), 50);
+    world_free(&w);
+}
+
+/*
+ * As above with node 2 full: each of the two 200s fits node 1 alone, not
+ * both. The commit finds out, undoes every step exactly and refuses.
+ */
+static void test_competing_victims_undone_exactly(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 3);
+    int ids[5];
+    ids[0] = put(&w, 0, 200, true);
+    ids[1] = put(&w, 0, 200, true);
+    ids[2] = put(&w, 0, 300, true);
+    ids[3] = put(&w, 1, 750, false);
+    ids[4] = put(&w, 2, 1000 - 1, false);
+    const kgpu_request *r = share(&w, 700);
+    int64_t before = kgpu_cluster_gpu_milli_allocated(w.c);
+    kgpu_assignment placed;
+    int moved[KGPU__MAX_MOVES], nmoved = 0;
+    kgpu_error err;
+    assert_int_equal(
+        kgpu__consolidate(&w.t, w.c, w.p, r, 2, &w.rng, &placed, moved, &nmoved, &err),
+        KGPU_ENOFIT);
+    assert_int_equal(kgpu_cluster_gpu_milli_allocated(w.c), before);
+    assert_int_equal(free_milli(&w, 0), 300);
+    assert_int_equal(free_milli(&w, 1), 250);
+    assert_int_equal(free_milli(&w, 2), 1);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(w.t.pod[ids[k]].a.node, 0);
+        assert_int_equal(w.t.pod[ids[k]].moves, 0);
+    }
+    assert_int_equal(w.t.on[0].n, 3);
+    /* The records still match the cluster: releasing each succeeds and empties node 0. */
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(kgpu_cluster_release(w.c, &w.t.pod[ids[k]].a, &err), 0);
+    assert_int_equal(free_milli(&w, 0), 1000);
+    world_free(&w);
+}
+
+/* A departure gives its room back to searches a shape failed before. */
+static void test_removal_reopens_a_failed_shape(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 2);
+    put(&w, 0, 250, true);
+    put(&w, 0, 300, true);
+    int b = put(&w, 1, 800, false);
+    const kgpu_request *r = share(&w, 700);
+    kgpu_assignment placed;
+    int moved[KGPU__MAX_MOVES], nmoved = 0;
+    kgpu_error err;
+    assert_int_equal(
+        kgpu__consolidate(&w.t, w.c, w.p, r, 1, &w.rng, &placed, moved, &nmoved, &err),
+        KGPU_ENOFIT);
+    /* Node 1's 800 leaves: node 1 now takes the 700 directly, and a 750 needs a move. */
+    assert_int_equal(kgpu_cluster_release(w.c, &w.t.pod[b].a, &err), 0);
+    kgpu__pods_remove(&w.t, w.c, b);
+    put(&w, 1, 400, false);
+    const kgpu_request *r2 = share(&w, 750);
+    assert_false(fits_anywhere(&w, r2));
+    assert_int_equal(
+        kgpu__consolidate(&w.t, w.c, w.p, r2, 1, &w.rng, &placed, moved, &nmoved, &err), 0);
+    assert_int_equal(placed.node, 0);
+    world_free(&w);
+}
+
+static void test_sim_consolidation_counted_and_deterministic(void **state)
+{
+    fixture *f = *state;
+    kgpu_sim_config cfg = {.policy = "kgpu", .seed = 7, .inflate = 2.0, .consolidate = 2};
+    kgpu_sim_result a, b, plain;
+    kgpu_error err;
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &a, &err), 0);
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &b, &err), 0);
+    assert_memory_equal(&a, &b, sizeof(a));
+    assert_true(a.moves >= a.consolidated && a.moves <= 2 * a.consolidated);
+    cfg.consolidate = 0;
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &plain, &err), 0);
+    assert_int_equal(plain.moves, 0);
+    assert_int_equal(plain.consolidated, 0);
+    assert_int_equal(a.pods, plain.pods); /* the same arrivals */
+}
+
+static void test_sim_consolidation_refused_where_not_simulated(void **state)
+{
+    fixture *f = *state;
+    kgpu_sim_result out;
+    kgpu_error err;
+    kgpu_sim_config cfg = {.policy = "kgpu", .seed = 7, .inflate = 1.3, .consolidate = 4};
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &out, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "consolidate 4"));
+    cfg.consolidate = 1;
+    cfg.extender_scores = 1;
+    assert_int_equal(kgpu_sim_run(&f->in, &cfg, &out, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "policy's own choice"));
+}
+
+static void test_churn_consolidation(void **state)
+{
+    fixture *f = *state;
+    kgpu_churn_input ch;
+    kgpu_error err;
+    assert_int_equal(kgpu_churn_prepare(&f->in, &f->pods, "p.csv", &ch, &err), 0);
+    kgpu_churn_config cfg = {.policy = "kgpu", .seed = 3, .speedup = 1, .inflate = 3.0,
+                             .consolidate = 2};
+    kgpu_churn_result a, b;
+    assert_int_equal(kgpu_churn_run(&ch, &cfg, &a, &err), 0);
+    assert_int_equal(kgpu_churn_run(&ch, &cfg, &b, &err), 0);
+    assert_memory_equal(&a, &b, sizeof(a));
+    assert_true(a.moves >= a.consolidated && a.moves <= 2 * a.consolidated);
+    assert_true(a.placed >= a.pods - a.never_placed);
+    assert_int_equal(a.never_placed, 0);
+    /* Only moved pods lose work here (no queues, no reclaim). */
+    if (a.moves == 0)
+        assert_true(a.lost_gpu_s == 0);
+    cfg.consolidate = 5;
+    assert_int_equal(kgpu_churn_run(&ch, &cfg, &a, &err), KGPU_EINVAL);
+    kgpu_churn_input_free(&ch);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_move_least_compute),
+        cmocka_unit_test(test_only_restartable_move),
+        cmocka_unit_test(test_no_move_changes_nothing),
+        cmocka_unit_test(test_two_moves_when_one_is_not_enough),
+        cmocka_unit_test(test_competing_victims_undone_exactly),
+        cmocka_unit_test(test_removal_reopens_a_failed_shape),
+        cmocka_unit_test(test_sim_consolidation_counted_and_deterministic),
+        cmocka_unit_test(test_sim_consolidation_refused_where_not_simulated),
+        cmocka_unit_test(test_churn_consolidation),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
