@@ -320,7 +320,12 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
         ext_queues_resolve(d->state, ns, qlabel, qname, sizeof(qname), qwhy, sizeof(qwhy)) == -2)
         rc = kgpu_error_set(&err, KGPU_ENOFIT, "%s", qwhy);
     bool fresh = rc == 0 && retry_of == 0 && kgpu_strmap_get(&d->state->pods, uid) == NULL;
-    if (fresh)
+    const char *leaving = fresh ? kgpu_strmap_get(&d->state->leaving, node) : NULL;
+    if (leaving != NULL) /* it started to leave after filter let the pod through */
+        rc = kgpu_error_set(&err, KGPU_ENOFIT,
+                            "node %s is leaving (%s): kgpu places no new GPU pod there", node,
+                            leaving);
+    else if (fresh)
         rc = held_for_another(d->state, pod, node, false, &err);
     if (rc == 0 && retry_of == 0)
         rc = ext_state_reserve(d->state, pod, node, qlabel, priority, &held, &err);

@@ -317,6 +317,7 @@ static bool render_into(ext_metrics *m, ext_state *st, bool ready, buf *b, snaps
     pthread_mutex_lock(&st->mu);
     ext_doubts_expire(st);
     long doubts = (long)st->doubts;
+    long leaving = (long)st->leaving.len;
     ext_state_integrate_usage(st);
     bool ok = take_snapshot(st->cluster, snap);
     size_t nns = st->ns_usage.len, k = 0;
@@ -384,6 +385,12 @@ static bool render_into(ext_metrics *m, ext_state *st, bool ready, buf *b, snaps
         "still be applied: their GPUs stay held (--bind-doubt).\n"
         "# TYPE kgpu_extender_binds_in_doubt gauge\nkgpu_extender_binds_in_doubt %ld\n",
         doubts);
+    put(b,
+        "# HELP kgpu_extender_nodes_leaving GPU nodes kgpu places no new pod on because they are "
+        "going away: deleted, cordoned, or tainted by an autoscaler or a spot interruption "
+        "handler.\n"
+        "# TYPE kgpu_extender_nodes_leaving gauge\nkgpu_extender_nodes_leaving %ld\n",
+        leaving);
     put(b,
         "# HELP kgpu_extender_ready Whether inventory and pods are loaded.\n"
         "# TYPE kgpu_extender_ready gauge\nkgpu_extender_ready %d\n",

@@ -248,6 +248,54 @@ int ext_node_parse(const json_t *item, kgpu_node_spec *spec, kgpu_node_store *st
     return rc;
 }
 
+/*
+ * Taints put on a node that is about to go: kgpu places no new GPU pod
+ * there, even for a pod that tolerates them (a blanket toleration passes
+ * kube-scheduler's own TaintToleration).
+ */
+static const char *const leaving_taints[] = {
+    "ToBeDeletedByClusterAutoscaler",                          /* Cluster Autoscaler */
+    "karpenter.sh/disrupted",                                  /* Karpenter v1 */
+    "karpenter.sh/disruption",                                 /* Karpenter before v1 */
+    "cloud.google.com/impending-node-termination",             /* GKE preemption */
+    "aws-node-termination-handler/spot-itn",                   /* AWS spot interruption */
+    "aws-node-termination-handler/rebalance-recommendation",   /* AWS spot at risk */
+    "aws-node-termination-handler/scheduled-maintenance",      /* AWS maintenance */
+    "aws-node-termination-handler/asg-lifecycle-termination", /* AWS scale-in */
+    "node.kubernetes.io/out-of-service",                       /* Kubernetes: node shut down */
+    "kgpu.io/leaving",                                         /* any other handler */
+};
+
+bool ext_node_leaving(const json_t *node, char *why, size_t len)
+{
+    why[0] = '\0';
+    const json_t *meta = json_object_get(node, "metadata");
+    const json_t *spec = json_object_get(node, "spec");
+    if (json_object_get(meta, "deletionTimestamp") != NULL) {
+        snprintf(why, len, "it is being deleted");
+        return true;
+    }
+    if (json_is_true(json_object_get(spec, "unschedulable"))) {
+        snprintf(why, len, "it is cordoned");
+        return true;
+    }
+    size_t i;
+    const json_t *t;
+    json_array_foreach(json_object_get(spec, "taints"), i, t)
+    {
+        const char *key = json_string_value(json_object_get(t, "key"));
+        const char *effect = json_string_value(json_object_get(t, "effect"));
+        if (key == NULL)
+            continue;
+        for (size_t k = 0; k < sizeof(leaving_taints) / sizeof(leaving_taints[0]); k++)
+            if (strcmp(key, leaving_taints[k]) == 0) {
+                snprintf(why, len, "taint %s%s%s", key, effect ? ":" : "", effect ? effect : "");
+                return true;
+            }
+    }
+    return false;
+}
+
 /* ---- GPUQueues and namespaces ---- */
 
 const char *ext_obj_name(const json_t *obj)

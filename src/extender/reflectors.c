@@ -26,10 +26,11 @@ static void nodes_reset(void *ctx, json_t *items)
     kgpu_node_spec *specs = calloc(n + 1, sizeof(*specs));
     void **packed = calloc(n + 1, sizeof(*packed));
     bool *dra = calloc(n + 1, sizeof(*dra)); /* labelled for DRA: GPUs from its slice */
+    char(*leaving)[EXT_LEAVING_MAX] = calloc(n + 1, sizeof(*leaving));
     kgpu_node_store *store = malloc(sizeof(*store));
     kgpu_error err;
     kgpu_error_clear(&err);
-    int rc = specs == NULL || packed == NULL || dra == NULL || store == NULL
+    int rc = specs == NULL || packed == NULL || dra == NULL || leaving == NULL || store == NULL
                  ? kgpu_error_set(&err, KGPU_ENOMEM, "out of memory")
                  : 0;
     size_t ndra = 0;
@@ -42,13 +43,15 @@ static void nodes_reset(void *ctx, json_t *items)
         }
         if (spec.ngpus == 0 && !dra[m])
             continue;
+        ext_node_leaving(item, leaving[m], sizeof(leaving[m]));
         if ((packed[m] = kgpu_node_spec_pack(&spec, &specs[m])) == NULL)
             rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
         else
             ndra += dra[m++];
     }
     if (rc == 0)
-        rc = s->sink->nodes_listed(s->sink->ctx, specs, dra, m, &err);
+        rc = s->sink->nodes_listed(s->sink->ctx, specs, dra, (const char(*)[EXT_LEAVING_MAX])leaving,
+                                   m, &err);
     if (rc != 0)
         ext_log(EXT_ERROR, "node list not applied: %s", err.msg);
     else
@@ -58,6 +61,7 @@ static void nodes_reset(void *ctx, json_t *items)
     free(packed);
     free(specs);
     free(dra);
+    free(leaving);
     free(store);
     ext_malloc_trim(); /* the list was a large transient tree */
 }
@@ -77,9 +81,11 @@ static void nodes_event(void *ctx, const char *type, json_t *obj)
     if (store == NULL)
         return;
     bool dra;
+    char leaving[EXT_LEAVING_MAX];
+    ext_node_leaving(obj, leaving, sizeof(leaving));
     if (ext_node_parse(obj, &spec, store, &dra, &err) != 0)
         ext_log(EXT_WARN, "node inventory ignored: %s", err.msg);
-    else if (s->sink->node_seen(s->sink->ctx, &spec, dra, &err) != 0)
+    else if (s->sink->node_seen(s->sink->ctx, &spec, dra, leaving, &err) != 0)
         ext_log(EXT_ERROR, "node %s not updated: %s", spec.name, err.msg);
     free(store);
 }

@@ -23,8 +23,36 @@
 
 /* ---- nodes and pods ---- */
 
-static int nodes_listed(void *ctx, kgpu_node_spec *specs, const bool *dra, size_t m,
-                        kgpu_error *err)
+/*
+ * Records whether node `name` is leaving ("" = it stays), saying so when
+ * `before` (the map as it was) did not have it so. Caller holds st->mu.
+ */
+static void set_leaving(ext_state *st, const kgpu_strmap *before, const char *name,
+                        const char *why)
+{
+    const char *old = kgpu_strmap_get(before, name);
+    if (why == NULL || why[0] == '\0') {
+        if (old != NULL)
+            ext_log(EXT_INFO, "node %s stays: GPU pods may go there again", name);
+        free(kgpu_strmap_del(&st->leaving, name));
+        return;
+    }
+    bool changed = old == NULL || strcmp(old, why) != 0;
+    if (before == &st->leaving && !changed)
+        return;
+    char *copy = strdup(why);
+    void *prev = NULL;
+    if (copy == NULL || !kgpu_strmap_put(&st->leaving, name, copy, &prev)) {
+        free(copy); /* out of memory: the node is treated as staying */
+        return;
+    }
+    free(prev); /* `old` too, when before is st->leaving */
+    if (changed)
+        ext_log(EXT_INFO, "node %s is leaving (%s): no new GPU pod goes there", name, why);
+}
+
+static int nodes_listed(void *ctx, kgpu_node_spec *specs, const bool *dra,
+                        const char (*leaving)[EXT_LEAVING_MAX], size_t m, kgpu_error *err)
 {
     ext_state *st = ctx;
     size_t ndra = 0;
@@ -36,8 +64,11 @@ static int nodes_listed(void *ctx, kgpu_node_spec *specs, const bool *dra, size_
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     pthread_mutex_lock(&st->mu);
     ext_dra_nodes_clear(st);
+    kgpu_strmap before = st->leaving; /* the list replaces it: nodes not in it go */
+    kgpu_strmap_init(&st->leaving);
     size_t k = 0, kept = 0;
     for (size_t i = 0; i < m; i++) {
+        set_leaving(st, &before, specs[i].name, leaving[i]);
         if (dra[i])
             ext_dra_node_seen(st, &specs[i], true, gpus[k++]);
         if (specs[i].ngpus > 0)
@@ -47,15 +78,18 @@ static int nodes_listed(void *ctx, kgpu_node_spec *specs, const bool *dra, size_
     if (rc == 0)
         st->nodes_synced = true;
     pthread_mutex_unlock(&st->mu);
+    kgpu_strmap_clear_free(&before);
     free(gpus);
     return rc;
 }
 
-static int node_seen(void *ctx, kgpu_node_spec *spec, bool dra, kgpu_error *err)
+static int node_seen(void *ctx, kgpu_node_spec *spec, bool dra, const char *leaving,
+                     kgpu_error *err)
 {
     ext_state *st = ctx;
     kgpu_gpu_spec gpus[KGPU_MAX_GPUS_PER_NODE];
     pthread_mutex_lock(&st->mu);
+    set_leaving(st, &st->leaving, spec->name, leaving);
     /* A DRA node's GPUs are its slice's; one that is not (any more) keeps its own. */
     ext_dra_node_seen(st, spec, dra, gpus);
     int rc = ext_state_upsert_node(st, spec, err);
@@ -68,6 +102,7 @@ static void node_gone(void *ctx, const char *name)
     ext_state *st = ctx;
     pthread_mutex_lock(&st->mu);
     ext_dra_node_gone(st, name);
+    free(kgpu_strmap_del(&st->leaving, name));
     ext_state_remove_node(st, name);
     pthread_mutex_unlock(&st->mu);
 }

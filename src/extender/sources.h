@@ -77,6 +77,16 @@ void ext_node_trim(void *ctx, json_t *node);
 int ext_node_parse(const json_t *item, kgpu_node_spec *spec, kgpu_node_store *store, bool *dra,
                    kgpu_error *err);
 
+/*
+ * Whether the node is going away, so that kgpu places nothing new there:
+ * deleted, cordoned, or carrying a taint that an autoscaler or a spot
+ * interruption handler puts on a node it is about to remove (the list in
+ * objects.c, and kgpu.io/leaving for any other handler). *why (len >= 1)
+ * says which, e.g. "taint aws-node-termination-handler/spot-itn".
+ */
+bool ext_node_leaving(const json_t *node, char *why, size_t len);
+#define EXT_LEAVING_MAX 160 /* room for ext_node_leaving's reason */
+
 /* ---- DRA objects (dra_objects.c; docs/install-dra.md "kgpu's scores on DRA nodes") ---- */
 
 #define EXT_DRA_DRIVER      "gpu.kgpu.io" /* kgpu-dra-plugin's driver name */
@@ -191,9 +201,11 @@ enum ext_dra_kind { EXT_DRA_SLICES, EXT_DRA_CLAIMS };
 typedef struct ext_sink {
     void *ctx;
     /* Nodes: a list (n specs, dra[i]: labelled for DRA), one node seen, one gone. */
-    int (*nodes_listed)(void *ctx, kgpu_node_spec *specs, const bool *dra, size_t n,
-                        kgpu_error *err);
-    int (*node_seen)(void *ctx, kgpu_node_spec *spec, bool dra, kgpu_error *err);
+    /* leaving[i] / leaving: ext_node_leaving's reason, "" when the node stays. */
+    int (*nodes_listed)(void *ctx, kgpu_node_spec *specs, const bool *dra,
+                        const char (*leaving)[EXT_LEAVING_MAX], size_t n, kgpu_error *err);
+    int (*node_seen)(void *ctx, kgpu_node_spec *spec, bool dra, const char *leaving,
+                     kgpu_error *err);
     void (*node_gone)(void *ctx, const char *name);
     /* Whether the nodes are known (pods name their nodes: the pod source waits for this). */
     bool (*nodes_known)(void *ctx);

@@ -35,6 +35,7 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->unsched_ns);
     st->sweep_slice_s = EXT_SWEEP_SLICE_MS / 1000.0;
     kgpu_strmap_init(&st->dra_nodes);
+    kgpu_strmap_init(&st->leaving);
     kgpu_strmap_init(&st->dra_slices);
     kgpu_strmap_init(&st->dra_claims);
     kgpu_strmap_init(&st->pod_qlabels);
@@ -76,7 +77,7 @@ void ext_state_destroy(ext_state *st)
         free(v);
     kgpu_strmap *owning[] = {&st->ns_queue,  &st->reclaims,   &st->refused,
                              &st->dra_nodes, &st->dra_slices, &st->dra_claims,
-                             &st->pod_qlabels};
+                             &st->pod_qlabels, &st->leaving};
     for (size_t m = 0; m < sizeof(owning) / sizeof(owning[0]); m++)
         kgpu_strmap_clear_free(owning[m]);
     ext_unsched_clear(st);

@@ -298,6 +298,8 @@ typedef struct ext_state {
     kgpu_strmap dra_slices; /* node (the pool) -> ext_dra_slice* of driver gpu.kgpu.io */
     kgpu_strmap dra_claims; /* "ns/name" -> ext_dra_claim*: claims of gpu.kgpu.io only */
     kgpu_strmap pod_qlabels; /* pod uid -> its kgpu.io/queue label (char*), pods with one only */
+    /* Nodes going away (ext_node_leaving): name -> its reason (char*); no new GPU pod there. */
+    kgpu_strmap leaving;
     int dra_unapplied;      /* allocation results not charged now (node or GPU unknown, full) */
     bool dra_absent[2];     /* the API server answered 404 for resourceslices, resourceclaims */
 } ext_state;

@@ -1250,6 +1250,53 @@ class ControlPlaneSuite(unittest.TestCase):
         finally:
             route.child.stop()
 
+    def test_19_no_new_gpu_pod_on_a_leaving_node(self):
+        """A node a spot interruption handler or an autoscaler is removing takes no new GPU
+        pod, even one tolerating every taint (kube-scheduler's TaintToleration lets it
+        through; kgpu's filter does not)."""
+        spot = "aws-node-termination-handler/spot-itn"
+        leaving = sorted(n for n in NODES if n != "gpu-v100-0")
+
+        def taint(node, keys):
+            self.cp.admin.merge_patch("/api/v1/nodes/" + node, {"spec": {"taints": [
+                {"key": k, "value": "e2e", "effect": "NoSchedule"} for k in keys] or None}})
+
+        def tolerant(name):
+            pod = pod_object(name, [("main", {WHOLE: 1})])
+            pod["spec"]["tolerations"] = [{"operator": "Exists"}]
+            self.cp.create_pod(pod)
+            self.created.append((E2E_NS, name))
+
+        try:
+            for node in leaving:
+                taint(node, [spot])
+            wait_for(lambda: self.ext.metric("kgpu_extender_nodes_leaving") == len(leaving),
+                     30, "the extender to see the taints")
+            for i in range(2):  # gpu-v100-0's two GPUs
+                tolerant("spot-%d" % i)
+                self.assertEqual(self.wait_bound("spot-%d" % i)["spec"]["nodeName"],
+                                 "gpu-v100-0")
+            # Cluster Autoscaler marks the last node too, and a GPU there comes free (so
+            # kube-scheduler's own resource check passes it): nowhere to go, and why.
+            taint("gpu-v100-0", ["ToBeDeletedByClusterAutoscaler"])
+            wait_for(lambda: self.ext.metric("kgpu_extender_nodes_leaving") == len(NODES),
+                     30, "the extender to see the last taint")
+            self.cp.delete_pod(E2E_NS, "spot-1")
+            wait_for(lambda: self.cp.get_pod(E2E_NS, "spot-1") is None, 30, "spot-1 to go")
+            tolerant("spot-2")
+            msg = self.failed_scheduling("spot-2")
+            self.assertIn("node is leaving (taint %s:NoSchedule)" % spot, msg)
+            self.assertIn("node is leaving (taint ToBeDeletedByClusterAutoscaler:NoSchedule)",
+                          msg)
+            # The notices are withdrawn: the waiting pod goes.
+            for node in leaving + ["gpu-v100-0"]:
+                taint(node, [])
+            self.assertIn(self.wait_bound("spot-2")["spec"]["nodeName"], leaving)
+            self.assert_state_matches()
+        finally:
+            for node in leaving + ["gpu-v100-0"]:
+                taint(node, [])
+
     def test_0_only_kube_scheduler_gets_in(self):
         """The extender runs the chart's config (HTTPS, client CA); kube-scheduler runs the
         shipped tlsConfig. Its calls succeed; a client without a certificate, or with one

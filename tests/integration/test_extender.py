@@ -1573,6 +1573,63 @@ class TestFaults(ExtenderTest):
         self.assertEqual(self.ext.gpu("t4-1", gpu)["memory_allocated_mib"], 4096)
         self.assert_state_matches(self.ext, self.standin)
 
+    def set_node_spec(self, name, spec):
+        self.standin.api("PATCH", "/api/v1/nodes/" + name, {"spec": spec},
+                         "application/merge-patch+json", expect=200)
+
+    def test_leaving_nodes_take_no_new_gpu_pods(self):
+        """A node an autoscaler or a spot interruption handler is about to remove (its
+        taint), or that is cordoned, takes no new GPU pod; what runs there stays counted."""
+        there = self.new_pod("there", share(mem=4))
+        self.assertEqual(self.ext.schedule(there, ["t4-1"]), ("t4-1", ""))
+        late = self.new_pod("late", share(mem=2))
+        self.assertEqual(self.ext.filter(late, ["t4-1"])["NodeNames"], ["t4-1"])
+        # A taint kgpu does not know (the GPU operator's) changes nothing.
+        self.set_node_spec("t4-1", {"taints": [
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]})
+        time.sleep(0.3)
+        self.assertEqual(self.ext.metric("kgpu_extender_nodes_leaving"), 0)
+        self.assertEqual(self.ext.filter(self.new_pod("n-0", share(mem=1)),
+                                         ["t4-1"])["NodeNames"], ["t4-1"])
+        # The spot interruption notice arrives after filter let `late` through.
+        self.set_node_spec("t4-1", {"taints": [
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": "aws-node-termination-handler/spot-itn", "value": "1700000000",
+             "effect": "NoSchedule"}]})
+        wait_for(lambda: self.ext.metric("kgpu_extender_nodes_leaving") == 1, 3,
+                 what="t4-1 leaving")
+        err = self.ext.bind(late, "t4-1")
+        self.assertIn("leaving", err)
+        self.assertIn("aws-node-termination-handler/spot-itn", err)
+        res = self.ext.filter(self.new_pod("n-1", share(mem=1)), ["t4-0", "t4-1"])
+        self.assertEqual(res["NodeNames"], ["t4-0"])
+        why = res["FailedAndUnresolvableNodes"]["t4-1"]
+        self.assertIn("leaving (taint aws-node-termination-handler/spot-itn:NoSchedule)", why)
+        # The pod already there keeps its GPU until it goes.
+        self.assertEqual(self.ext.gpu("t4-1", self.parse_assignment(
+            self.standin.get_pod("default", "there"))[0]["gpus"][0]["index"]
+        )["memory_allocated_mib"], 4096)
+        # The notice is withdrawn: the node takes pods again.
+        self.set_node_spec("t4-1", {"taints": None})
+        wait_for(lambda: self.ext.metric("kgpu_extender_nodes_leaving") == 0, 3,
+                 what="t4-1 staying")
+        self.assertEqual(self.ext.filter(late, ["t4-1"])["NodeNames"], ["t4-1"])
+        # Cordoned (kubectl drain's first step), then Karpenter's disruption taint on t4-0.
+        self.set_node_spec("t4-1", {"unschedulable": True})
+        self.set_node_spec("t4-0", {"taints": [
+            {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]})
+        wait_for(lambda: self.ext.metric("kgpu_extender_nodes_leaving") == 2, 3,
+                 what="both leaving")
+        res = self.ext.filter(self.new_pod("n-2", share(mem=1)), ["t4-0", "t4-1"])
+        self.assertEqual(res["NodeNames"], [])
+        self.assertIn("cordoned", res["FailedAndUnresolvableNodes"]["t4-1"])
+        self.assertIn("karpenter.sh/disrupted", res["FailedAndUnresolvableNodes"]["t4-0"])
+        # A relist (the watch expired) keeps what it says.
+        self.standin.control(expire_watches=True)
+        time.sleep(0.5)
+        self.assertEqual(self.ext.metric("kgpu_extender_nodes_leaving"), 2)
+        self.assert_state_matches(self.ext, self.standin)
+
     def test_gpu_leaves_and_returns(self):
         w = self.new_pod("w", whole(2))
         self.assertEqual(self.ext.schedule(w, ["t4-0"]), ("t4-0", ""))
