@@ -89,7 +89,8 @@ static int node_seen(void *ctx, kgpu_node_spec *spec, bool dra, const char *leav
     ext_state *st = ctx;
     kgpu_gpu_spec gpus[KGPU_MAX_GPUS_PER_NODE];
     pthread_mutex_lock(&st->mu);
-    set_leaving(st, &st->leaving, spec->name, leaving);
+    /* Only GPU nodes count: a node kgpu does not track has nothing to refuse. */
+    set_leaving(st, &st->leaving, spec->name, spec->ngpus > 0 || dra ? leaving : "");
     /* A DRA node's GPUs are its slice's; one that is not (any more) keeps its own. */
     ext_dra_node_seen(st, spec, dra, gpus);
     int rc = ext_state_upsert_node(st, spec, err);
