@@ -95,7 +95,7 @@ check() { # what, then the command
         fail=1
     fi
 }
-for bin in kgpu kgpu-extender kgpu-device-plugin kgpu-dra-plugin; do
+for bin in kgpu kgpu-extender kgpu-device-plugin kgpu-dra-plugin kgpu-expander; do
     # --help starts the program: every shared library it needs is in the image.
     check "$bin --help in the image" run --entrypoint "/usr/bin/$bin" "$TAG" --help
 done

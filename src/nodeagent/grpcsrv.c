@@ -20,14 +20,15 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "grpcsrv.h"
 #include "log.h"
-#include "nodeagent.h"
 
 #define POLL_MS 100
 
@@ -375,17 +376,23 @@ static void server_free(node_server *s, bool remove_socket)
            GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(s->cq);
-    if (remove_socket)
+    if (remove_socket && s->path[0] != '\0')
         unlink(s->path);
     free(s);
 }
 
-node_server *node_server_start(const char *path, const char *name, const char *stream,
-                               node_snapshot *snap, node_unary_fn unary, void *ctx,
-                               kgpu_error *err)
+/*
+ * A server listening at `addr` (a gRPC address: "unix:/path", "0.0.0.0:8447")
+ * with credentials `cr` (taken over); `path` (may be "") is the socket file
+ * to remove when the server goes.
+ */
+static node_server *start(const char *addr, const char *path, grpc_server_credentials *cr,
+                          int max_recv, const char *name, const char *stream, node_snapshot *snap,
+                          node_unary_fn unary, void *ctx, kgpu_error *err)
 {
     node_server *s = calloc(1, sizeof(*s));
     if (s == NULL) {
+        grpc_server_credentials_release(cr);
         kgpu_error_set(err, KGPU_ENOMEM, "out of memory starting a server");
         return NULL;
     }
@@ -398,23 +405,25 @@ node_server *node_server_start(const char *path, const char *name, const char *s
     s->ctx = ctx;
     s->t_shutdown.kind = TAG_SHUTDOWN;
     snprintf(s->path, sizeof(s->path), "%s", path);
-    unlink(path); /* a socket left by an earlier run */
+    if (path[0] != '\0')
+        unlink(path); /* a socket left by an earlier run */
     s->cq = grpc_completion_queue_create_for_next(NULL);
-    s->srv = grpc_server_create(NULL, NULL);
+    grpc_arg arg = {.type = GRPC_ARG_INTEGER,
+                    .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+                    .value.integer = max_recv};
+    grpc_channel_args args = {.num_args = 1, .args = &arg};
+    s->srv = grpc_server_create(max_recv > 0 ? &args : NULL, NULL);
     grpc_server_register_completion_queue(s->srv, s->cq, NULL);
-    char addr[1200];
-    snprintf(addr, sizeof(addr), "unix:%s", path);
-    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
     int port = grpc_server_add_http2_port(s->srv, addr, cr);
     grpc_server_credentials_release(cr);
     if (port == 0) {
-        kgpu_error_set(err, KGPU_EIO, "cannot listen on %s", path);
+        kgpu_error_set(err, KGPU_EIO, "cannot listen on %s", addr);
         server_free(s, false);
         return NULL;
     }
     grpc_server_start(s->srv);
     if (pthread_create(&s->thread, NULL, serve, s) != 0) {
-        kgpu_error_set(err, KGPU_ENOMEM, "cannot start the server thread for %s", path);
+        kgpu_error_set(err, KGPU_ENOMEM, "cannot start the server thread for %s", addr);
         atomic_store(&s->stopping, true);
         grpc_server_shutdown_and_notify(s->srv, s->cq, &s->t_shutdown);
         grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
@@ -422,6 +431,29 @@ node_server *node_server_start(const char *path, const char *name, const char *s
         return NULL;
     }
     return s;
+}
+
+node_server *node_server_start(const char *path, const char *name, const char *stream,
+                               node_snapshot *snap, node_unary_fn unary, void *ctx,
+                               kgpu_error *err)
+{
+    char addr[1200];
+    snprintf(addr, sizeof(addr), "unix:%s", path);
+    return start(addr, path, grpc_insecure_server_credentials_create(), 0, name, stream, snap,
+                 unary, ctx, err);
+}
+
+node_server *node_server_start_tls(const char *addr, const char *cert_pem, const char *key_pem,
+                                   const char *name, node_unary_fn unary, void *ctx,
+                                   kgpu_error *err)
+{
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = key_pem, .cert_chain = cert_pem};
+    grpc_server_credentials *cr = grpc_ssl_server_credentials_create_ex(
+        NULL, &pair, 1, GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, NULL);
+    if (cr == NULL)
+        return kgpu_error_set(err, KGPU_EINVAL, "the TLS certificate or key is not usable"),
+               NULL;
+    return start(addr, "", cr, NODE_TLS_MAX_MESSAGE, name, NULL, NULL, unary, ctx, err);
 }
 
 void node_server_stop(node_server *s)

@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 
 #include "contract.h"
+#include "grpcsrv.h"
 #include "gpu.h"
 #include "k8s.h"
 #include "kgpu/error.h"
@@ -153,50 +154,7 @@ void node_contract_paths(const node_config *c, char *shim, size_t cap, contract_
  */
 int node_state_check(const node_config *c, kgpu_error *err);
 
-/* ---- grpcsrv.c ---- */
-
-/* The current message of a server's streamed method (written by the agent). */
-typedef struct node_snapshot {
-    pthread_mutex_t mu;
-    uint64_t gen; /* bumped on every change */
-    uint8_t *buf;
-    size_t len;
-} node_snapshot;
-
-/* A gRPC status and message for a failed call. */
-typedef struct node_status {
-    int code; /* grpc_status_code; 0 = OK */
-    char message[1024];
-} node_status;
-
-/*
- * A unary method: `in` is the request's bytes; on success *out (malloc'd)
- * holds the response's. Runs on a worker thread; `ctx` is the server's.
- */
-typedef void (*node_unary_fn)(void *ctx, const char *method, const uint8_t *in, size_t len,
-                              uint8_t **out, size_t *outlen, node_status *st);
-
-typedef struct node_server node_server;
-
-/*
- * Serves the unix socket `path` (removed first if stale). `name` (copied)
- * begins the server's log lines: the resource it serves ("kgpu.io/gpu-mem"),
- * or what else it is. Calls of `stream` (a full method name such as
- * "/v1beta1.DevicePlugin/ListAndWatch"; NULL for none) stay open and get
- * `snap`'s message at once and again whenever its generation moves on
- * (checked every 100 ms); every other method is handed to `unary` on a
- * worker thread of its own. `snap` (borrowed, outlives the server) may be
- * NULL without a stream.
- */
-node_server *node_server_start(const char *path, const char *name, const char *stream,
-                               node_snapshot *snap, node_unary_fn unary, void *ctx,
-                               kgpu_error *err);
-/* Cancels every call, waits for workers and removes the socket. NULL is fine. */
-void node_server_stop(node_server *s);
-
-/* gRPC core's global state, around every server's life (node_daemon_main does it). */
-void node_grpc_init(void);
-void node_grpc_shutdown(void);
+/* ---- grpcsrv.c: grpcsrv.h ---- */
 
 /* ---- daemon.c ---- */
 

@@ -305,7 +305,8 @@ class HelmChartTest(unittest.TestCase):
     def check_wiring(self, objs, url_from_service):
         """The scheduler config parses; its urlPrefix reaches the Service,
         the Service reaches the extender's pods and listen port."""
-        svcs = [o for (kind, _, _), o in objs.items() if kind == "Service"]
+        svcs = [o for (kind, _, name), o in objs.items()
+                if kind == "Service" and name != "kgpu-expander"]  # not kube-scheduler's
         self.assertEqual(len(svcs), 1)
         svc = svcs[0]
         ns = svc["metadata"]["namespace"]
@@ -1031,6 +1032,42 @@ class HelmChartTest(unittest.TestCase):
         # The shipped file has the line commented, for the operator who adds deploy/dra.
         with open(os.path.join(ARGS.source, "deploy", "extender", "scheduler-config.yaml")) as f:
             self.assertIn("#   filterVerb: filter-gpuless", f.read())
+
+    def test_expander(self):
+        """kgpu-expander only when asked, TLS from the named Secret, no API token, and a
+        NetworkPolicy that lets Cluster Autoscaler's pods alone reach its port (it sends
+        no client certificate)."""
+        self.assertFalse([kk for kk in helm() if kk[2] == "kgpu-expander"])
+        self.assertIn("expander.tls.secretName is required", helm_error("expander.enabled=true"))
+        self.assertIn("expander.port must be 1..65535",
+                      helm_error("expander.enabled=true", "expander.tls.secretName=t",
+                                 "expander.port=0"))
+        h = helm("expander.enabled=true", "expander.tls.secretName=exp-tls",
+                 "extender.config.memoryUnit=512Mi")
+        dep = h[("Deployment", EXT_NS, "kgpu-expander")]
+        pod = dep["spec"]["template"]["spec"]
+        self.assertIs(pod["automountServiceAccountToken"], False)
+        self.assertNotIn("serviceAccountName", pod)
+        c = pod["containers"][0]
+        cmd = c["command"]
+        self.assertEqual(cmd[0], "kgpu-expander")
+        self.assertEqual(cmd[cmd.index("--memory-unit") + 1], "512Mi")
+        self.assertEqual(cmd[cmd.index("--listen") + 1], "0.0.0.0:8447")
+        self.assertTrue(c["securityContext"]["readOnlyRootFilesystem"])
+        self.assertEqual([v["secret"]["secretName"] for v in pod["volumes"]], ["exp-tls"])
+        svc = h[("Service", EXT_NS, "kgpu-expander")]
+        self.assertEqual(svc["spec"]["ports"][0]["port"], 8447)
+        np = h[("NetworkPolicy", EXT_NS, "kgpu-expander")]
+        peer = np["spec"]["ingress"][0]["from"][0]
+        self.assertEqual(peer["podSelector"]["matchLabels"],
+                         {"app.kubernetes.io/name": "cluster-autoscaler"})
+        self.assertEqual(np["spec"]["ingress"][0]["ports"], [{"port": 8447, "protocol": "TCP"}])
+        # Nothing else changes, and no RBAC comes with it.
+        extra = set(h) - set(helm("extender.config.memoryUnit=512Mi"))
+        self.assertEqual(extra, {("Deployment", EXT_NS, "kgpu-expander"),
+                                 ("Service", EXT_NS, "kgpu-expander"),
+                                 ("NetworkPolicy", EXT_NS, "kgpu-expander")})
+        self.check_invariants(h)
 
     def test_dra_only(self):
         """A cluster served by DRA alone: the extender and the driver, no device plugin."""
