@@ -34,6 +34,9 @@ static const char usage[] =
     "  --tls-key FILE        its PEM private key\n"
     "  --memory-unit QTY     one kgpu.io/gpu-mem unit, as the extender's memoryUnit\n"
     "                        (default 1Gi)\n"
+    "  --prices FILE         prices per GPU-hour by GPU model and capacity type, and\n"
+    "                        per core-hour (YAML or JSON, a prices: section); without\n"
+    "                        it every group costs nothing and the one placing most wins\n"
     "  --gpu-hour-price X    what a GPU placed is worth per hour, in the prices'\n"
     "                        currency (default 1): weighs pods against node cost\n"
     "  --log-level LEVEL     debug, info, warn or error (default info)\n"
@@ -41,9 +44,15 @@ static const char usage[] =
 
 typedef struct expander_flags {
     char listen[256];
-    const char *cert, *key;
+    const char *cert, *key, *prices_path;
+    caexp_prices prices;
     caexp_config cfg;
 } expander_flags;
+
+static double price_of(void *ctx, const json_t *node, bool spot)
+{
+    return caexp_node_price(ctx, node, spot);
+}
 
 static atomic_bool stop;
 
@@ -90,6 +99,7 @@ static int parse(int argc, char **argv, expander_flags *f)
         {"tls-key", required_argument, NULL, 'k'},
         {"memory-unit", required_argument, NULL, 'm'},
         {"gpu-hour-price", required_argument, NULL, 'p'},
+        {"prices", required_argument, NULL, 'P'},
         {"log-level", required_argument, NULL, 'L'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
@@ -136,6 +146,9 @@ static int parse(int argc, char **argv, expander_flags *f)
                 return 2;
             }
             break;
+        case 'P':
+            f->prices_path = optarg;
+            break;
         case 'L':
             if (kgpu_log_level_parse(optarg, &level) != 0) {
                 fprintf(stderr, "kgpu-expander: --log-level '%s': expected debug, info, warn "
@@ -177,6 +190,14 @@ int main(int argc, char **argv)
     size_t n;
     kgpu_error err;
     kgpu_error_clear(&err);
+    if (f.prices_path != NULL) {
+        if (caexp_prices_load(f.prices_path, &f.prices, &err) != 0) {
+            fprintf(stderr, "kgpu-expander: %s\n", err.msg);
+            return 1;
+        }
+        f.cfg.node_price = price_of;
+        f.cfg.price_ctx = &f.prices;
+    }
     if (kgpu_read_file_max(f.cert, 1 << 20, &cert, &n, &err) != 0 ||
         kgpu_read_file_max(f.key, 1 << 20, &key, &n, &err) != 0) {
         fprintf(stderr, "kgpu-expander: %s\n", err.msg);
@@ -196,6 +217,9 @@ int main(int argc, char **argv)
         node_grpc_shutdown();
         return 1;
     }
+    if (f.prices_path != NULL)
+        kgpu_log(KGPU_LOG_INFO, "prices of %d GPU models in %s from %s", f.prices.n,
+                 f.prices.currency, f.prices_path);
     kgpu_log(KGPU_LOG_INFO, "serving %s on %s (TLS)", CAEXP_METHOD, f.listen);
     while (!atomic_load(&stop))
         usleep(100000);

@@ -118,13 +118,25 @@ static int add_groups(call *k, const caexp_config *cfg, kgpu_error *err)
             free(k->group_ids[k->ngroups]);
             return prefix(err, "node group %s", id);
         }
-        k->groups[k->ngroups] = (kgpu_expander_group){.node = NULL, .price_hour = price > 0 ? price : 0,
+        k->groups[k->ngroups] = (kgpu_expander_group){.node = NULL, .price_hour = price,
                                                       .spot = spot};
         k->ngroups++;
     }
-    /* Nodes are read once all are in: adding one may move the others. */
+    /*
+     * A group without a price costs 1 % more than the dearest priced group
+     * of the call: after every known one, still chosen when it is the only
+     * one that places the pods. None priced: all cost nothing, and the
+     * option that places the most wins.
+     */
+    double dearest = 0;
     for (int g = 0; g < k->ngroups; g++)
+        dearest = k->groups[g].price_hour > dearest ? k->groups[g].price_hour : dearest;
+    for (int g = 0; g < k->ngroups; g++) {
+        if (k->groups[g].price_hour < 0)
+            k->groups[g].price_hour = dearest * 1.01;
+        /* Nodes are read once all are in: adding one may move the others. */
         k->groups[g].node = kgpu_cluster_node(k->c, g);
+    }
     return 0;
 }
 

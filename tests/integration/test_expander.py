@@ -290,6 +290,49 @@ class ExpanderTest(unittest.TestCase):
         r = run("--listen", "127.0.0.1:%d" % free_port(), "--tls-cert", junk, "--tls-key", junk)
         self.assertEqual(r.returncode, 1)
 
+    def test_prices(self):
+        """With examples/prices.yaml: among groups that all place the pod, the cheapest,
+        spot when the group is spot; a prices file with a mistake stops the start."""
+        port = free_port()
+        crt, key = os.path.join(self.tmp, "srv.crt"), os.path.join(self.tmp, "srv.key")
+        proc = subprocess.Popen([ARGS.expander, "--listen", "127.0.0.1:%d" % port,
+                                 "--tls-cert", crt, "--tls-key", key,
+                                 "--prices", os.path.join(ROOT, "examples", "prices.yaml")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(self.ca, "rb") as f:
+            ch = grpc.secure_channel("localhost:%d" % port,
+                                     grpc.ssl_channel_credentials(root_certificates=f.read()))
+        try:
+            grpc.channel_ready_future(ch).result(timeout=20)
+            call = ch.unary_unary(METHOD)
+
+            def best(groups, options):
+                r = MSG["kgpu.caexp.BestOptionsResponse"].FromString(
+                    call(request(groups, options), timeout=5))
+                return [o.nodeGroupId for o in r.options]
+            groups = {"a100": template("NVIDIA A100-SXM4-80GB", 2, 81920),
+                      "t4": template("Tesla T4", 2, 15360),
+                      "t4-spot": template("Tesla T4", 2, 15360,
+                                          {"eks.amazonaws.com/capacityType": "SPOT"})}
+            pods = [pod("job", {"nvidia.com/gpu": 1})]
+            self.assertEqual(best(groups, [("a100", 1, pods), ("t4", 1, pods)]), ["t4"])
+            self.assertEqual(best(groups, [("a100", 1, pods), ("t4", 1, pods),
+                                           ("t4-spot", 1, pods)]), ["t4-spot"])
+            # A 20 GiB share fits only the A100s: the price does not buy a node that cannot.
+            big = [pod("big", {"kgpu.io/gpu-mem": 20})]
+            self.assertEqual(best(groups, [("a100", 1, big), ("t4", 1, big)]), ["a100"])
+        finally:
+            ch.close()
+            proc.terminate()
+            proc.wait(10)
+        bad = os.path.join(self.tmp, "bad-prices.yaml")
+        with open(bad, "w") as f:
+            f.write("prices:\n  gpu:\n    Tesla T4: {onDemand: 0.35, spot: cheap}\n")
+        r = subprocess.run([ARGS.expander, "--tls-cert", crt, "--tls-key", key, "--prices", bad],
+                           capture_output=True, text=True, timeout=20)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("prices.gpu.Tesla T4.spot: expected a price", r.stderr)
+
     def test_concurrent_calls(self):
         groups = {"p4": template("Tesla P4", 2, 7680), "t4": template("Tesla T4", 2, 15360)}
         pods = [pod("job-%d" % i, {"kgpu.io/gpu-mem": 12}) for i in range(2)]

@@ -1062,6 +1062,17 @@ class HelmChartTest(unittest.TestCase):
         self.assertEqual(peer["podSelector"]["matchLabels"],
                          {"app.kubernetes.io/name": "cluster-autoscaler"})
         self.assertEqual(np["spec"]["ingress"][0]["ports"], [{"port": 8447, "protocol": "TCP"}])
+        self.assertNotIn("--prices", cmd)
+        # Prices become the file it reads.
+        hp = helm("expander.enabled=true", "expander.tls.secretName=exp-tls",
+                  values_yaml="expander:\n  prices:\n    currency: EUR\n    gpu:\n"
+                              "      Tesla T4: {onDemand: 0.3, spot: 0.1}\n")
+        pcmd = hp[("Deployment", EXT_NS, "kgpu-expander")]["spec"]["template"]["spec"][
+            "containers"][0]["command"]
+        self.assertEqual(pcmd[pcmd.index("--prices") + 1], "/etc/kgpu-prices/prices.yaml")
+        text = hp[("ConfigMap", EXT_NS, "kgpu-expander-prices")]["data"]["prices.yaml"]
+        prices = yaml.safe_load(text)["prices"]
+        self.assertEqual(prices["gpu"]["Tesla T4"], {"onDemand": 0.3, "spot": 0.1})
         # Nothing else changes, and no RBAC comes with it.
         extra = set(h) - set(helm("extender.config.memoryUnit=512Mi"))
         self.assertEqual(extra, {("Deployment", EXT_NS, "kgpu-expander"),

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "caexp.h"
+#include "yamljson.h"
 
 /* ---- building CA's messages ---- */
 
@@ -358,6 +359,130 @@ static void test_option_without_template(void **state)
     free(tpl[0]);
 }
 
+
+/* ---- prices ---- */
+
+static int prices_of(const char *yaml, caexp_prices *p, kgpu_error *err)
+{
+    json_t *root = kgpu_yaml_load(yaml, strlen(yaml), "prices.yaml", err);
+    if (root == NULL)
+        return err->code;
+    int rc = caexp_prices_from_json(root, "prices.yaml", p, err);
+    json_decref(root);
+    return rc;
+}
+
+static const char prices_yaml[] = "prices:\n"
+                                   "  currency: EUR\n"
+                                   "  gpu:\n"
+                                   "    Tesla T4: {onDemand: 0.5, spot: 0.2}\n"
+                                   "    Tesla P4: {onDemand: 0.4}\n"
+                                   "  cpuCore: {onDemand: 0.01, spot: 0.005}\n";
+
+static void test_prices_file(void **state)
+{
+    (void)state;
+    caexp_prices p;
+    kgpu_error err;
+    assert_int_equal(prices_of(prices_yaml, &p, &err), 0);
+    assert_string_equal(p.currency, "EUR");
+    assert_int_equal(p.n, 2);
+    size_t nl;
+    uint8_t *nb = node_bytes("Tesla T4", 2, 15360, NULL, &nl);
+    json_t *node = caexp_node_json(nb, nl, &err);
+    /* 2 x 0.5 + 16 cores x 0.01; spot: 2 x 0.2 + 16 x 0.005. */
+    assert_float_equal(caexp_node_price(&p, node, false), 1.16, 1e-9);
+    assert_float_equal(caexp_node_price(&p, node, true), 0.48, 1e-9);
+    json_decref(node);
+    free(nb);
+    /* P4 has no spot price: spot costs on-demand. A model with no price at all: -1. */
+    nb = node_bytes("Tesla P4", 1, 7680, NULL, &nl);
+    node = caexp_node_json(nb, nl, &err);
+    assert_float_equal(caexp_node_price(&p, node, true), 0.4 + 0.08, 1e-9);
+    json_decref(node);
+    free(nb);
+    nb = node_bytes("NVIDIA L4", 1, 24576, NULL, &nl);
+    node = caexp_node_json(nb, nl, &err);
+    assert_true(caexp_node_price(&p, node, false) < 0);
+    json_decref(node);
+    free(nb);
+}
+
+static void test_prices_errors_name_the_field(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *yaml, *says;
+    } bad[] = {
+        {"gpu: {}\n", "no prices: section"},
+        {"prices: {gpu: {T4: {onDemand: -1}}}\n", "prices.gpu.T4.onDemand: expected a price"},
+        {"prices: {gpu: {T4: {spot: 0.1}}}\n", "prices.gpu.T4.onDemand is required"},
+        {"prices: {gpu: {T4: {onDemand: 1, reserved: 0.5}}}\n", "prices.gpu.T4.reserved: unknown"},
+        {"prices: {gpu: {T4: {onDemand: \"cheap\"}}}\n", "expected a price"},
+        {"prices: {cpu: {onDemand: 1}}\n", "prices.cpu: unknown"},
+        {"prices: {currency: USD}\n", "prices.gpu is required"},
+        {"prices: {gpu: []}\n", "prices.gpu: expected a mapping"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        caexp_prices p;
+        kgpu_error err;
+        assert_int_not_equal(prices_of(bad[i].yaml, &p, &err), 0);
+        if (strstr(err.msg, bad[i].says) == NULL || strstr(err.msg, "prices.yaml") == NULL)
+            fail_msg("%s: said '%s', expected '%s'", bad[i].yaml, err.msg, bad[i].says);
+    }
+}
+
+static double price_cb(void *ctx, const json_t *node, bool spot)
+{
+    return caexp_node_price(ctx, node, spot);
+}
+
+/*
+ * Both groups place the pod: the cheaper per worth wins, spot when its
+ * template says spot (the pods in the option tolerate it: CA put them
+ * there by the group's taints), and a group without a price comes after
+ * every priced one.
+ */
+static void test_price_decides_among_groups_that_fit(void **state)
+{
+    (void)state;
+    caexp_prices p;
+    kgpu_error err;
+    assert_int_equal(prices_of(prices_yaml, &p, &err), 0);
+    caexp_config pc = cfg;
+    pc.node_price = price_cb;
+    pc.price_ctx = &p;
+    kv spot[] = {{"cloud.google.com/gke-spot", "true"}, {NULL, NULL}};
+    size_t tl[3], pl, rl, outlen;
+    uint8_t *tpl[3] = {node_bytes("Tesla T4", 2, 15360, NULL, &tl[0]),
+                       node_bytes("Tesla T4", 2, 15360, spot, &tl[1]),
+                       node_bytes("NVIDIA L4", 2, 24576, NULL, &tl[2])};
+    const char *groups[3] = {"t4", "t4-spot", "l4"};
+    req_builder rb = {0};
+    uint8_t *p0 = pod_bytes("w", "nvidia.com/gpu", "1", &pl);
+    rb.pods[0] = (ProtobufCBinaryData){.len = pl, .data = p0};
+    uint8_t *out;
+    caexp_decision d;
+    char ids[256];
+    uint8_t *in = pack_request(&rb, groups, tpl, tl, 3, groups, 3, 1, &rl);
+    CALL_OK(caexp_best_options(&pc, in, rl, &out, &outlen, &d, &err));
+    answer(out, outlen, ids, sizeof(ids));
+    assert_string_equal(ids, "t4-spot");
+    free(out);
+    free(in);
+    /* Without spot: on-demand T4 (1.16/h) before the unpriced L4 (priced as the dearest). */
+    const char *no_spot[2] = {"l4", "t4"};
+    in = pack_request(&rb, groups, tpl, tl, 3, no_spot, 2, 1, &rl);
+    CALL_OK(caexp_best_options(&pc, in, rl, &out, &outlen, &d, &err));
+    answer(out, outlen, ids, sizeof(ids));
+    assert_string_equal(ids, "t4");
+    free(out);
+    free(in);
+    free(p0);
+    for (int i = 0; i < 3; i++)
+        free(tpl[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -366,6 +491,9 @@ int main(void)
         cmocka_unit_test(test_pods_that_fit_either_group),
         cmocka_unit_test(test_bad_bytes_name_where),
         cmocka_unit_test(test_option_without_template),
+        cmocka_unit_test(test_prices_file),
+        cmocka_unit_test(test_prices_errors_name_the_field),
+        cmocka_unit_test(test_price_decides_among_groups_that_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
