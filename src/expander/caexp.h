@@ -28,8 +28,10 @@
 #define CAEXP_METHOD "/grpcplugin.Expander/BestOptions"
 
 /* Bounds on one request: beyond them the call fails and CA keeps its own choice. */
-#define CAEXP_MAX_GROUPS 1000
-#define CAEXP_MAX_PODS   20000
+#define CAEXP_MAX_GROUPS  1000
+#define CAEXP_MAX_PODS    20000  /* distinct pending pods (CA lists one in every option it fits) */
+#define CAEXP_MAX_ENTRIES 200000 /* pod entries over all options */
+#define CAEXP_MAX_NEW_NODES 5000  /* nodes one option adds */
 
 /*
  * v1.Node / v1.Pod protobuf bytes (as Cluster Autoscaler sends them) as

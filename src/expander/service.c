@@ -58,10 +58,15 @@ typedef struct call {
     kgpu_expander_group *groups;
     char **group_ids;
     int ngroups;
-    kgpu_pod *pods; /* the requests' globs point into them */
-    kgpu_request *reqs;
-    const kgpu_request **req_ptrs;
+    kgpu_pod *scratch; /* one pod read at a time */
+    kgpu_request *reqs; /* one per distinct pod (by its bytes) */
+    const ProtobufCBinaryData **seen; /* their bytes, in the request */
+    uint64_t *hash;                   /* of those bytes */
     size_t npods;
+    int *table; /* open addressing on hash: index into reqs, or -1 */
+    size_t table_cap;
+    const kgpu_request **req_ptrs; /* per pod entry of every option */
+    size_t nentries;
     kgpu_expander_option *opts;
     int *opt_index; /* per option given to the expander: its index in the request */
     int nopts;
@@ -76,8 +81,11 @@ static void call_free(call *k)
         free(k->group_ids[i]);
     free(k->group_ids);
     free(k->groups);
-    free(k->pods);
+    free(k->scratch);
     free(k->reqs);
+    free(k->seen);
+    free(k->hash);
+    free(k->table);
     free(k->req_ptrs);
     free(k->opts);
     free(k->opt_index);
@@ -152,21 +160,21 @@ static int group_of(const call *k, const char *id)
  * A pending pod as one request: its GPU container's, with the pod's CPU and
  * memory (kgpu_pod puts them on parts[0]); a pod with several GPU
  * containers counts by the largest (kgpu/expander.h places one request per
- * pod); a pod without GPUs by its CPU and memory alone.
+ * pod); a pod without GPUs by its CPU and memory alone. Model globs are
+ * compiled into the mask, which is all the fit reads afterwards.
  */
 static int pod_request(call *k, const caexp_config *cfg, const uint8_t *b, size_t len,
-                       kgpu_error *err)
+                       kgpu_request *out, kgpu_error *err)
 {
-    size_t i = k->npods;
     json_t *pod = caexp_pod_json(b, len, err);
     if (pod == NULL)
         return KGPU_EPARSE;
-    int rc = kgpu_pod_from_json(pod, cfg->memory_unit_mib, &k->pods[i], err);
+    int rc = kgpu_pod_from_json(pod, cfg->memory_unit_mib, k->scratch, err);
     json_decref(pod);
     if (rc != 0)
         return rc;
-    const kgpu_pod *p = &k->pods[i];
-    kgpu_request r = {.cpu_milli = p->cpu_milli, .memory_mib = p->memory_mib, .shape = -1};
+    const kgpu_pod *p = k->scratch;
+    kgpu_request r = {.cpu_milli = p->cpu_milli, .memory_mib = p->memory_mib};
     int best = -1;
     int64_t most = -1;
     for (int j = 0; j < p->nparts; j++) {
@@ -182,13 +190,53 @@ static int pod_request(call *k, const caexp_config *cfg, const uint8_t *b, size_
         r = p->parts[best].req;
         r.cpu_milli = p->cpu_milli;
         r.memory_mib = p->memory_mib;
-        r.shape = -1;
     }
+    r.shape = -1;
     if ((rc = kgpu_request_compile(k->c, &r, err)) != 0)
         return rc;
-    k->reqs[i] = r;
-    k->npods++;
+    r.allow = r.exclude = NULL; /* they point into the scratch pod */
+    r.nallow = r.nexclude = 0;
+    *out = r;
     return 0;
+}
+
+static uint64_t fnv1a(const uint8_t *b, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/*
+ * The request of a pod entry: Cluster Autoscaler lists the same pending pod
+ * in every option that could take it, so each distinct pod (by its bytes)
+ * is read once. NULL with err when it cannot be read, or when there are
+ * more than CAEXP_MAX_PODS distinct pods.
+ */
+static const kgpu_request *request_of(call *k, const caexp_config *cfg,
+                                      const ProtobufCBinaryData *b, kgpu_error *err)
+{
+    uint64_t h = fnv1a(b->data, b->len);
+    size_t i = (size_t)h & (k->table_cap - 1);
+    for (; k->table[i] >= 0; i = (i + 1) & (k->table_cap - 1)) {
+        int u = k->table[i];
+        if (k->hash[u] == h && k->seen[u]->len == b->len &&
+            memcmp(k->seen[u]->data, b->data, b->len) == 0)
+            return &k->reqs[u];
+    }
+    if (k->npods == CAEXP_MAX_PODS) {
+        kgpu_error_set(err, KGPU_ERANGE, "more than %d distinct pods", CAEXP_MAX_PODS);
+        return NULL;
+    }
+    size_t u = k->npods;
+    if (pod_request(k, cfg, b->data, b->len, &k->reqs[u], err) != 0)
+        return NULL;
+    k->seen[u] = b;
+    k->hash[u] = h;
+    k->table[i] = (int)u;
+    k->npods++;
+    return &k->reqs[u];
 }
 
 static int add_options(call *k, const caexp_config *cfg, kgpu_error *err)
@@ -196,37 +244,48 @@ static int add_options(call *k, const caexp_config *cfg, kgpu_error *err)
     size_t n = k->req->n_options, total = 0;
     for (size_t i = 0; i < n; i++)
         total += k->req->options[i]->n_podbytes;
-    if (total > CAEXP_MAX_PODS)
-        return kgpu_error_set(err, KGPU_ERANGE, "%zu pods in the options (at most %d)", total,
-                              CAEXP_MAX_PODS);
-    k->pods = calloc(total + 1, sizeof(*k->pods));
-    k->reqs = calloc(total + 1, sizeof(*k->reqs));
+    if (total > CAEXP_MAX_ENTRIES)
+        return kgpu_error_set(err, KGPU_ERANGE, "%zu pod entries in the options (at most %d)",
+                              total, CAEXP_MAX_ENTRIES);
+    size_t distinct = total < CAEXP_MAX_PODS ? total : CAEXP_MAX_PODS;
+    k->table_cap = 16;
+    while (k->table_cap < 2 * distinct)
+        k->table_cap *= 2;
+    k->scratch = malloc(sizeof(*k->scratch));
+    k->reqs = calloc(distinct + 1, sizeof(*k->reqs));
+    k->seen = calloc(distinct + 1, sizeof(*k->seen));
+    k->hash = calloc(distinct + 1, sizeof(*k->hash));
+    k->table = malloc(k->table_cap * sizeof(*k->table));
     k->req_ptrs = calloc(total + 1, sizeof(*k->req_ptrs));
     k->opts = calloc(n + 1, sizeof(*k->opts));
     k->opt_index = calloc(n + 1, sizeof(*k->opt_index));
-    if (k->pods == NULL || k->reqs == NULL || k->req_ptrs == NULL || k->opts == NULL ||
-        k->opt_index == NULL)
+    if (k->scratch == NULL || k->reqs == NULL || k->seen == NULL || k->hash == NULL ||
+        k->table == NULL || k->req_ptrs == NULL || k->opts == NULL || k->opt_index == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    memset(k->table, 0xff, k->table_cap * sizeof(*k->table)); /* all -1 */
     for (size_t i = 0; i < n; i++) {
         const Kgpu__Caexp__Option *o = k->req->options[i];
         const char *id = o->nodegroupid != NULL ? o->nodegroupid : "";
         int g = group_of(k, id);
         if (g < 0)
             continue; /* no template to judge it by: not kgpu's to offer */
-        size_t first = k->npods;
-        for (size_t j = 0; j < o->n_podbytes; j++)
-            if (pod_request(k, cfg, o->podbytes[j].data, o->podbytes[j].len, err) != 0)
+        size_t first = k->nentries;
+        for (size_t j = 0; j < o->n_podbytes; j++) {
+            const kgpu_request *r = request_of(k, cfg, &o->podbytes[j], err);
+            if (r == NULL)
                 return prefix(err, "option %zu (group %s): pod %zu", i, id, j);
-        for (size_t j = first; j < k->npods; j++)
-            k->req_ptrs[j] = &k->reqs[j];
+            k->req_ptrs[k->nentries++] = r;
+        }
         k->opts[k->nopts] = (kgpu_expander_option){.group = g,
                                                    .node_count = o->has_nodecount ? o->nodecount
                                                                                   : 1,
                                                    .pods = &k->req_ptrs[first],
-                                                   .npods = (int)(k->npods - first)};
-        if (k->opts[k->nopts].node_count < 1)
-            return kgpu_error_set(err, KGPU_EINVAL, "option %zu (group %s): nodeCount %d", i,
-                                  id, o->nodecount);
+                                                   .npods = (int)(k->nentries - first)};
+        if (k->opts[k->nopts].node_count < 1 ||
+            k->opts[k->nopts].node_count > CAEXP_MAX_NEW_NODES)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "option %zu (group %s): nodeCount %d outside 1..%d", i, id,
+                                  o->nodecount, CAEXP_MAX_NEW_NODES);
         k->opt_index[k->nopts++] = (int)i;
     }
     return 0;

@@ -334,6 +334,37 @@ static void test_bad_bytes_name_where(void **state)
     free(tpl[0]);
 }
 
+/* nodeCount is bounded: a request cannot make kgpu build a million template nodes. */
+static void test_node_count_bounded(void **state)
+{
+    (void)state;
+    size_t tl, pl, rl, outlen;
+    uint8_t *tpl[1] = {node_bytes("Tesla T4", 2, 15360, NULL, &tl)};
+    const char *groups[1] = {"t4-pool"};
+    req_builder rb = {0};
+    uint8_t *p0 = pod_bytes("w", "nvidia.com/gpu", "1", &pl);
+    rb.pods[0] = (ProtobufCBinaryData){.len = pl, .data = p0};
+    uint8_t *in = pack_request(&rb, groups, tpl, &tl, 1, groups, 1, 1, &rl);
+    /* pack_request asks for one node; ask for too many instead. */
+    Kgpu__Caexp__BestOptionsRequest *q = kgpu__caexp__best_options_request__unpack(NULL, rl, in);
+    assert_non_null(q);
+    q->options[0]->nodecount = CAEXP_MAX_NEW_NODES + 1;
+    size_t ql = kgpu__caexp__best_options_request__get_packed_size(q);
+    uint8_t *qb = malloc(ql);
+    kgpu__caexp__best_options_request__pack(q, qb);
+    uint8_t *out = NULL;
+    caexp_decision d;
+    kgpu_error err;
+    assert_int_equal(caexp_best_options(&cfg, qb, ql, &out, &outlen, &d, &err), KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "nodeCount 5001 outside 1..5000"));
+    assert_null(out);
+    kgpu__caexp__best_options_request__free_unpacked(q, NULL);
+    free(qb);
+    free(in);
+    free(p0);
+    free(tpl[0]);
+}
+
 /* An option for a group with no template is not kgpu's to judge: never chosen. */
 static void test_option_without_template(void **state)
 {
@@ -491,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_pods_that_fit_either_group),
         cmocka_unit_test(test_bad_bytes_name_where),
         cmocka_unit_test(test_option_without_template),
+        cmocka_unit_test(test_node_count_bounded),
         cmocka_unit_test(test_prices_file),
         cmocka_unit_test(test_prices_errors_name_the_field),
         cmocka_unit_test(test_price_decides_among_groups_that_fit),
