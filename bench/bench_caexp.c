@@ -16,6 +16,7 @@
 
 #include "bench_util.h"
 #include "caexp.h"
+#include "unit/caexp_fixture.h"
 
 typedef struct sized {
     int groups, pods, nodes;
@@ -23,85 +24,15 @@ typedef struct sized {
 
 static uint8_t *pack_node(const char *product, int gpus, int mib, size_t *len)
 {
-    char count[16], mem[16];
-    snprintf(count, sizeof(count), "%d", gpus);
-    snprintf(mem, sizeof(mem), "%d", mib);
-    Kgpu__Caexp__ObjectMeta__LabelsEntry l[2] = {
-        KGPU__CAEXP__OBJECT_META__LABELS_ENTRY__INIT, KGPU__CAEXP__OBJECT_META__LABELS_ENTRY__INIT};
-    l[0].key = "nvidia.com/gpu.product";
-    l[0].value = (char *)product;
-    l[1].key = "nvidia.com/gpu.memory";
-    l[1].value = mem;
-    Kgpu__Caexp__ObjectMeta__LabelsEntry *lp[2] = {&l[0], &l[1]};
-    Kgpu__Caexp__ObjectMeta meta = KGPU__CAEXP__OBJECT_META__INIT;
-    meta.name = "template";
-    meta.n_labels = 2;
-    meta.labels = lp;
-    Kgpu__Caexp__Quantity q[3] = {KGPU__CAEXP__QUANTITY__INIT, KGPU__CAEXP__QUANTITY__INIT,
-                                  KGPU__CAEXP__QUANTITY__INIT};
-    q[0].string = "96";
-    q[1].string = "768Gi";
-    q[2].string = count;
-    const char *names[3] = {"cpu", "memory", "nvidia.com/gpu"};
-    Kgpu__Caexp__NodeStatus__AllocatableEntry a[3], *ap[3];
-    for (int i = 0; i < 3; i++) {
-        Kgpu__Caexp__NodeStatus__AllocatableEntry e =
-            KGPU__CAEXP__NODE_STATUS__ALLOCATABLE_ENTRY__INIT;
-        e.key = (char *)names[i];
-        e.value = &q[i];
-        a[i] = e;
-        ap[i] = &a[i];
-    }
-    Kgpu__Caexp__NodeStatus st = KGPU__CAEXP__NODE_STATUS__INIT;
-    st.n_allocatable = 3;
-    st.allocatable = ap;
-    Kgpu__Caexp__Node node = KGPU__CAEXP__NODE__INIT;
-    node.metadata = &meta;
-    node.status = &st;
-    *len = kgpu__caexp__node__get_packed_size(&node);
-    uint8_t *b = malloc(*len);
-    if (b != NULL)
-        kgpu__caexp__node__pack(&node, b);
-    return b;
+    return caexp_fx_node(product, gpus, mib, "96", "768Gi", NULL, len);
 }
 
 static uint8_t *pack_pod(int i, size_t *len)
 {
     char name[32], amount[16];
     snprintf(name, sizeof(name), "ci-job-%d", i);
-    const char *res = i % 3 == 0 ? "nvidia.com/gpu" : "kgpu.io/gpu-mem";
     snprintf(amount, sizeof(amount), "%d", i % 3 == 0 ? 1 : 4 + (i * 7) % 17);
-    Kgpu__Caexp__Quantity q = KGPU__CAEXP__QUANTITY__INIT, cpu = KGPU__CAEXP__QUANTITY__INIT;
-    q.string = amount;
-    cpu.string = "2";
-    Kgpu__Caexp__ResourceRequirements__LimitsEntry e[2] = {
-        KGPU__CAEXP__RESOURCE_REQUIREMENTS__LIMITS_ENTRY__INIT,
-        KGPU__CAEXP__RESOURCE_REQUIREMENTS__LIMITS_ENTRY__INIT};
-    e[0].key = "cpu";
-    e[0].value = &cpu;
-    e[1].key = (char *)res;
-    e[1].value = &q;
-    Kgpu__Caexp__ResourceRequirements__LimitsEntry *ep[2] = {&e[0], &e[1]};
-    Kgpu__Caexp__ResourceRequirements rr = KGPU__CAEXP__RESOURCE_REQUIREMENTS__INIT;
-    rr.n_limits = 2;
-    rr.limits = ep;
-    Kgpu__Caexp__Container c = KGPU__CAEXP__CONTAINER__INIT, *cp[1] = {&c};
-    c.name = "build";
-    c.resources = &rr;
-    Kgpu__Caexp__PodSpec spec = KGPU__CAEXP__POD_SPEC__INIT;
-    spec.n_containers = 1;
-    spec.containers = cp;
-    Kgpu__Caexp__ObjectMeta meta = KGPU__CAEXP__OBJECT_META__INIT;
-    meta.name = name;
-    meta.namespace_ = "ci";
-    Kgpu__Caexp__Pod pod = KGPU__CAEXP__POD__INIT;
-    pod.metadata = &meta;
-    pod.spec = &spec;
-    *len = kgpu__caexp__pod__get_packed_size(&pod);
-    uint8_t *b = malloc(*len);
-    if (b != NULL)
-        kgpu__caexp__pod__pack(&pod, b);
-    return b;
+    return caexp_fx_pod(name, "2", i % 3 == 0 ? "nvidia.com/gpu" : "kgpu.io/gpu-mem", amount, len);
 }
 
 /* The request for one size; *len its bytes. NULL when out of memory. */

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "caexp.h"
+#include "unit/caexp_fixture.h"
 #include "yamljson.h"
 
 /* ---- building CA's messages ---- */
@@ -24,98 +25,25 @@ typedef struct kv {
     const char *k, *v;
 } kv;
 
-/* A v1.Node template: GFD's product and memory labels, nvidia.com/gpu allocatable. */
+/* A template of 16 cores and 64 GiB; extra labels as {key, value} pairs ending in {NULL}. */
 static uint8_t *node_bytes(const char *product, int gpus, int mib, const kv *extra, size_t *len)
 {
-    Kgpu__Caexp__ObjectMeta__LabelsEntry le[4], *lp[4];
-    char count[16], mem[16];
-    snprintf(count, sizeof(count), "%d", gpus);
-    snprintf(mem, sizeof(mem), "%d", mib);
-    kv labels[4] = {{"nvidia.com/gpu.product", product}, {"nvidia.com/gpu.memory", mem}};
-    size_t nl = 2;
-    for (; extra != NULL && extra->k != NULL && nl < 4; extra++)
-        labels[nl++] = *extra;
-    for (size_t i = 0; i < nl; i++) {
-        Kgpu__Caexp__ObjectMeta__LabelsEntry e = KGPU__CAEXP__OBJECT_META__LABELS_ENTRY__INIT;
-        e.key = (char *)labels[i].k;
-        e.value = (char *)labels[i].v;
-        le[i] = e;
-        lp[i] = &le[i];
+    const char *flat[2 * CAEXP_FX_LABELS + 1] = {NULL};
+    size_t n = 0;
+    for (; extra != NULL && extra->k != NULL && n + 2 < 2 * CAEXP_FX_LABELS; extra++) {
+        flat[n++] = extra->k;
+        flat[n++] = extra->v;
     }
-    Kgpu__Caexp__ObjectMeta meta = KGPU__CAEXP__OBJECT_META__INIT;
-    meta.name = "template-node-for-group";
-    meta.n_labels = nl;
-    meta.labels = lp;
-    Kgpu__Caexp__Quantity q[3] = {KGPU__CAEXP__QUANTITY__INIT, KGPU__CAEXP__QUANTITY__INIT,
-                                  KGPU__CAEXP__QUANTITY__INIT};
-    q[0].string = "16";
-    q[1].string = "64Gi";
-    q[2].string = count;
-    const char *names[3] = {"cpu", "memory", "nvidia.com/gpu"};
-    Kgpu__Caexp__NodeStatus__AllocatableEntry ae[3], *ap[3];
-    for (int i = 0; i < 3; i++) {
-        Kgpu__Caexp__NodeStatus__AllocatableEntry e =
-            KGPU__CAEXP__NODE_STATUS__ALLOCATABLE_ENTRY__INIT;
-        e.key = (char *)names[i];
-        e.value = &q[i];
-        ae[i] = e;
-        ap[i] = &ae[i];
-    }
-    Kgpu__Caexp__NodeStatus st = KGPU__CAEXP__NODE_STATUS__INIT;
-    st.n_allocatable = 3;
-    st.allocatable = ap;
-    Kgpu__Caexp__Node node = KGPU__CAEXP__NODE__INIT;
-    node.metadata = &meta;
-    node.status = &st;
-    *len = kgpu__caexp__node__get_packed_size(&node);
-    uint8_t *b = malloc(*len);
+    uint8_t *b = caexp_fx_node(product, gpus, mib, "16", "64Gi", flat, len);
     assert_non_null(b);
-    kgpu__caexp__node__pack(&node, b);
     return b;
 }
 
-/* A v1.Pod with one container limited to `resource: amount` (NULL: CPU only). */
+/* A pod with one CPU and, given, `resource: amount`. */
 static uint8_t *pod_bytes(const char *name, const char *resource, const char *amount, size_t *len)
 {
-    Kgpu__Caexp__Quantity q = KGPU__CAEXP__QUANTITY__INIT, cpu = KGPU__CAEXP__QUANTITY__INIT;
-    q.string = (char *)amount;
-    cpu.string = "1";
-    Kgpu__Caexp__ResourceRequirements__LimitsEntry le[2], *lp[2];
-    Kgpu__Caexp__ResourceRequirements__LimitsEntry e0 =
-        KGPU__CAEXP__RESOURCE_REQUIREMENTS__LIMITS_ENTRY__INIT;
-    e0.key = "cpu";
-    e0.value = &cpu;
-    le[0] = e0;
-    size_t nl = 1;
-    if (resource != NULL) {
-        Kgpu__Caexp__ResourceRequirements__LimitsEntry e1 =
-            KGPU__CAEXP__RESOURCE_REQUIREMENTS__LIMITS_ENTRY__INIT;
-        e1.key = (char *)resource;
-        e1.value = &q;
-        le[nl++] = e1;
-    }
-    for (size_t i = 0; i < nl; i++)
-        lp[i] = &le[i];
-    Kgpu__Caexp__ResourceRequirements rr = KGPU__CAEXP__RESOURCE_REQUIREMENTS__INIT;
-    rr.n_limits = nl;
-    rr.limits = lp;
-    Kgpu__Caexp__Container c = KGPU__CAEXP__CONTAINER__INIT, *cp[1] = {&c};
-    c.name = "main";
-    c.resources = &rr;
-    Kgpu__Caexp__PodSpec spec = KGPU__CAEXP__POD_SPEC__INIT;
-    spec.n_containers = 1;
-    spec.containers = cp;
-    Kgpu__Caexp__ObjectMeta meta = KGPU__CAEXP__OBJECT_META__INIT;
-    meta.name = (char *)name;
-    meta.namespace_ = "ci";
-    meta.uid = "uid-1";
-    Kgpu__Caexp__Pod pod = KGPU__CAEXP__POD__INIT;
-    pod.metadata = &meta;
-    pod.spec = &spec;
-    *len = kgpu__caexp__pod__get_packed_size(&pod);
-    uint8_t *b = malloc(*len);
+    uint8_t *b = caexp_fx_pod(name, "1", resource, amount, len);
     assert_non_null(b);
-    kgpu__caexp__pod__pack(&pod, b);
     return b;
 }
 
