@@ -93,6 +93,12 @@ typedef struct kgpu_autoscale_result {
     double gpu_hours_bought; /* GPUs of the nodes held in the span, from scale-up to removal */
     double cost;             /* their price over the span */
     double gpu_hours_used;   /* GPU allocated, integrated over the span */
+    /*
+     * The same over the arrival span alone (5 % of arrivals to the last
+     * arrival): trace pods live up to months, so the span to the last
+     * departure is mostly a few long pods' tail.
+     */
+    double t_last, arrival_gpu_hours_bought, arrival_cost;
     double wait_mean_s, wait_p50_s, wait_p99_s; /* per placed pod: all its time pending */
     long pods, never_placed;
     long scale_ups;      /* scale-up decisions */
@@ -105,6 +111,7 @@ typedef struct kgpu_autoscale_result {
     long pods_on_spot;   /* placements on spot nodes */
     int peak_nodes;      /* nodes held at once, at most */
     int peak[KGPU_AS_MAX_GROUPS]; /* per group */
+    int peak_shape[KGPU_AS_MAX_GROUPS / 2]; /* per node shape, both capacity types together */
 } kgpu_autoscale_result;
 
 /*

@@ -510,6 +510,8 @@ static int add_node(run *r, int g, double t, bool ready, kgpu_error *err)
     }
     r->live[g]++;
     r->nlive++;
+    if (r->live[g & ~1] + r->live[g | 1] > r->out->peak_shape[g / 2])
+        r->out->peak_shape[g / 2] = r->live[g & ~1] + r->live[g | 1];
     if (r->live[g] > r->out->peak[g])
         r->out->peak[g] = r->live[g];
     if (r->nlive > r->out->peak_nodes)
@@ -860,8 +862,8 @@ static int check_config(const kgpu_autoscale_input *in, const kgpu_autoscale_con
     if (!(cfg->utilization >= 0 && cfg->utilization <= 1))
         return kgpu_error_set(err, KGPU_EINVAL, "utilization threshold %g outside [0, 1]",
                               cfg->utilization);
-    if (!(cfg->spot_rate >= 0 && cfg->spot_rate <= 1000))
-        return kgpu_error_set(err, KGPU_EINVAL, "spot interruption rate %g outside [0, 1000]",
+    if (!(cfg->spot_rate >= 0 && cfg->spot_rate <= 100))
+        return kgpu_error_set(err, KGPU_EINVAL, "spot interruption rate %g outside [0, 100] per node-hour",
                               cfg->spot_rate);
     if (cfg->prices == NULL)
         return kgpu_error_set(err, KGPU_EINVAL, "no prices");
@@ -1000,6 +1002,7 @@ int kgpu_autoscale_run(const kgpu_autoscale_input *in, const kgpu_autoscale_conf
     out->pods = (long)n;
     /* The costed span opens at 5 % of arrivals, as churn's measured span: see churn.h. */
     out->t_first = n ? r.arrive[n / 20] : 0;
+    out->t_last = n ? r.arrive[n - 1] : 0;
     r.last_t = n ? r.arrive[0] : 0;
     if (cfg->mode == KGPU_AS_FIXED) {
         for (int g = 0; g < in->ngroups; g++)
@@ -1124,6 +1127,11 @@ int kgpu_autoscale_run(const kgpu_autoscale_input *in, const kgpu_autoscale_conf
         const kgpu_node *tn = r.eg[l->group].node;
         out->gpu_hours_bought += tn->ngpus * (to - from) / 3600.0;
         out->cost += r.price[l->group] * (to - from) / 3600.0;
+        double ato = fmin(to, out->t_last);
+        if (ato > from) {
+            out->arrival_gpu_hours_bought += tn->ngpus * (ato - from) / 3600.0;
+            out->arrival_cost += r.price[l->group] * (ato - from) / 3600.0;
+        }
     }
     out->gpu_hours_used = r.used_area / KGPU_MILLI / 3600.0;
     {
