@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "fileio.h"
 #include "pricefile.h"
 #include "simautoscale.h"
 #include "study.h"
@@ -386,9 +386,9 @@ int kgpu_simulate_autoscale(const kgpu_as_opts *o)
     }
     int rc = kgpu_prices_load_file(o->prices_path, &prices, &err);
     if (rc == 0)
-        rc = kgpu_read_file(o->nodes_path, &nb, &nl, &err);
+        rc = kgpu_read_file_max(o->nodes_path, (size_t)1 << 30, &nb, &nl, &err);
     if (rc == 0)
-        rc = kgpu_read_file(o->pods_path, &pb, &pl, &err);
+        rc = kgpu_read_file_max(o->pods_path, (size_t)1 << 30, &pb, &pl, &err);
     if (rc == 0)
         rc = kgpu_trace_parse_nodes(nb, nl, o->nodes_path, &nodes, &err);
     if (rc == 0)
