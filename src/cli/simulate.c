@@ -19,6 +19,7 @@
 #include "kgpu/churn.h"
 #include "plot.h"
 #include "queuefile.h"
+#include "simautoscale.h"
 #include "simqueues.h"
 #include "study.h"
 
@@ -1007,7 +1008,24 @@ static void simulate_usage(FILE *f)
                "                    to the queues' guarantees (docs/queues.md)\n"
                "  --queue-modes L   with --queues: compare none (no queues), static (caps at\n"
                "                    the guarantees), priority-age (borrowing, Kueue-like\n"
-               "                    reclaim), frag (kgpu's reclaim); default all four\n");
+               "                    reclaim), frag (kgpu's reclaim); default all four\n"
+               "  --autoscale       replay the trace's times on node groups (one per node\n"
+               "                    shape x on-demand/spot, quotas from --nodes) that start\n"
+               "                    empty and a Cluster Autoscaler-like loop grows and\n"
+               "                    shrinks; reports GPU-hours bought, cost and waiting per\n"
+               "                    expander, medians over seeds (docs/autoscaling.md).\n"
+               "                    --speedup and --inflate as with --churn\n"
+               "  --prices FILE     with --autoscale: prices per GPU-hour by model and\n"
+               "                    capacity type (default examples/prices.yaml)\n"
+               "  --expanders L     kgpu, least-waste, price, random, fixed (a cluster of\n"
+               "                    kgpu's peak node counts, on-demand); default all five\n"
+               "  --scan-interval S         autoscaler loop period (default 10)\n"
+               "  --provision-delay S       scale-up to node ready (default 120)\n"
+               "  --scale-down-unneeded-time S    (default 600)\n"
+               "  --scale-down-delay-after-add S  (default 600)\n"
+               "  --scale-down-utilization-threshold X  (default 0.5)\n"
+               "  --spot-interruptions R    per spot node-hour, Poisson (default 0.05)\n"
+               "  --spot-qos LIST   qos values whose pods tolerate spot nodes (default BE)\n");
 }
 
 /*
@@ -1094,6 +1112,16 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"queues", required_argument, NULL, 'Q'},
         {"queue-modes", required_argument, NULL, 'M'},
         {"allocator", required_argument, NULL, 'A'},
+        {"autoscale", no_argument, NULL, 'a'},
+        {"prices", required_argument, NULL, 1000},
+        {"expanders", required_argument, NULL, 1001},
+        {"scan-interval", required_argument, NULL, 1002},
+        {"provision-delay", required_argument, NULL, 1003},
+        {"scale-down-unneeded-time", required_argument, NULL, 1004},
+        {"scale-down-delay-after-add", required_argument, NULL, 1005},
+        {"scale-down-utilization-threshold", required_argument, NULL, 1006},
+        {"spot-interruptions", required_argument, NULL, 1007},
+        {"spot-qos", required_argument, NULL, 1008},
         {"consolidate", required_argument, NULL, 'X'},
         {"restartable", required_argument, NULL, 'r'},
         {NULL, 0, NULL, 0},
@@ -1112,6 +1140,11 @@ int kgpu_cmd_simulate(int argc, char **argv)
     int consolidate = 0;
     bool restartable_be = false, restartable_set = false;
     bool *best_effort = NULL;
+    bool autoscale = false, autoscale_flag = false;
+    kgpu_as_opts ao = {.prices_path = "examples/prices.yaml",
+                       .expanders = "kgpu,least-waste,price,random,fixed",
+                       .spot_qos = "BE",
+                       .base = KGPU_AUTOSCALE_DEFAULTS};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -1213,6 +1246,45 @@ int kgpu_cmd_simulate(int argc, char **argv)
             restartable_be = strcmp(optarg, "be") == 0;
             restartable_set = true;
             break;
+        case 'a':
+            autoscale = true;
+            break;
+        case 1000:
+            ao.prices_path = optarg;
+            autoscale_flag = true;
+            break;
+        case 1001:
+            ao.expanders = optarg;
+            autoscale_flag = true;
+            break;
+        case 1008:
+            ao.spot_qos = optarg;
+            autoscale_flag = true;
+            break;
+        case 1002:
+        case 1003:
+        case 1004:
+        case 1005:
+        case 1006:
+        case 1007: {
+            /* Seconds, a fraction or a rate: each checked again, with its range, by the core. */
+            double v = strtod(optarg, &end);
+            bool ok = end != optarg && *end == '\0' && v >= 0 && v <= 604800 &&
+                      (c != 1002 || v > 0) && (c != 1006 || v <= 1);
+            if (!ok) {
+                fprintf(stderr, "kgpu simulate: --%s '%s': expected a number %s\n",
+                        opts[c - 1000 + 21].name, optarg,
+                        c == 1006 ? "in [0, 1]" : c == 1002 ? "in (0, 86400]" : ">= 0");
+                free(policy_text);
+                return 2;
+            }
+            double *dst[] = {&ao.base.scan_interval_s, &ao.base.provision_delay_s,
+                             &ao.base.unneeded_s,      &ao.base.delay_after_add_s,
+                             &ao.base.utilization,     &ao.base.spot_rate};
+            *dst[c - 1002] = v;
+            autoscale_flag = true;
+            break;
+        }
         case 'K':
             if (!k8s_arg(optarg, &k8s)) {
                 free(policy_text);
@@ -1240,8 +1312,23 @@ int kgpu_cmd_simulate(int argc, char **argv)
         free(policy_text);
         return 2;
     }
-    if (speedup_set && !churn) {
-        fprintf(stderr, "kgpu simulate: --speedup needs --churn\n");
+    if (autoscale_flag && !autoscale) {
+        fprintf(stderr, "kgpu simulate: --prices, --expanders, --scan-interval, "
+                        "--provision-delay, --scale-down-*, --spot-* need --autoscale\n");
+        free(policy_text);
+        return 2;
+    }
+    if (autoscale && (churn || queues_path != NULL || plot_path != NULL || extender_scores ||
+                      allocator != KGPU_SIM_ALLOC_POLICY || workload || policy_text != NULL ||
+                      consolidate > 0)) {
+        fprintf(stderr, "kgpu simulate: --autoscale takes none of --churn, --queues, --plot, "
+                        "--policy (the scheduler is kgpu's), --extender-scores, "
+                        "--kube-scheduler, --allocator, --workload, --consolidate\n");
+        free(policy_text);
+        return 2;
+    }
+    if (speedup_set && !churn && !autoscale) {
+        fprintf(stderr, "kgpu simulate: --speedup needs --churn or --autoscale\n");
         free(policy_text);
         return 2;
     }
@@ -1288,6 +1375,19 @@ int kgpu_cmd_simulate(int argc, char **argv)
     }
     if (kgpu_parse_seeds(seeds_text, seeds, MAX_SEEDS, &nseeds, &err) != 0)
         goto out;
+    if (autoscale) {
+        ao.nodes_path = nodes_path;
+        ao.pods_path = pods_path;
+        ao.seeds = seeds;
+        ao.nseeds = nseeds;
+        ao.threads = threads;
+        ao.json = json;
+        ao.timing = timing;
+        ao.base.speedup = speedup;
+        ao.base.inflate = inflate_set ? inflate : 0;
+        free(policy_text);
+        return kgpu_simulate_autoscale(&ao);
+    }
     if (workload) {
         if (nseeds != 1 || churn) {
             kgpu_error_set(&err, KGPU_EINVAL, "--workload takes one seed and no --churn");

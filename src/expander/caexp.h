@@ -5,7 +5,7 @@
  * new node would take a pending pod.
  *
  *   decode.c   CA's v1.Node and v1.Pod protobuf bytes as the JSON kgpu reads
- *   prices.c   prices per GPU model and capacity type, a node's price
+ *   prices.c   a template node's price per hour
  *   service.c  BestOptions: request bytes in, response bytes out (pure)
  *   main.c     flags, TLS, the gRPC server (src/nodeagent grpcsrv.c)
  *
@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "ca_expander.pb-c.h"
+#include "kgpu/autoscale.h"
 #include "kgpu/error.h"
 #include "kgpu/model.h"
 
@@ -55,45 +56,13 @@ bool caexp_template_spot(const json_t *node);
 
 /* ---- prices.c ---- */
 
-#define CAEXP_MAX_PRICED 64 /* GPU models in a prices file */
-
-typedef struct caexp_price {
-    double on_demand, spot; /* per hour; spot -1 when not given (on-demand is used) */
-} caexp_price;
-
 /*
- * A prices file's `prices:` section: currency (default USD), gpu (per
- * GPU-hour, keyed by the GPU model name kgpu reads on nodes: the
- * kgpu.io/gpus model or nvidia.com/gpu.product), cpuCore (per core-hour,
- * optional), each {onDemand: X, spot: Y} with spot optional:
- *
- *   prices:
- *     currency: USD
- *     gpu:
- *       "Tesla T4": {onDemand: 0.35, spot: 0.11}
- *     cpuCore: {onDemand: 0.04, spot: 0.01}
- *
- * Errors name the file and the field ("prices.yaml: prices.gpu.Tesla
- * T4.spot: expected a price 0..1e+06").
+ * A template node's price per hour from a prices file (kgpu_prices, read by
+ * src/common/pricefile.c; the format is docs/autoscaling.md's): its GPUs at
+ * their model's price and its cores at cpuCore's, spot or on-demand; -1
+ * when a GPU model of it has no price (or the node cannot be read).
  */
-typedef struct caexp_prices {
-    char currency[16];
-    int n;
-    char model[CAEXP_MAX_PRICED][KGPU_MODEL_NAME_MAX];
-    caexp_price gpu[CAEXP_MAX_PRICED];
-    caexp_price cpu_core;
-} caexp_prices;
-
-int caexp_prices_from_json(const json_t *root, const char *file, caexp_prices *out,
-                           kgpu_error *err);
-int caexp_prices_load(const char *path, caexp_prices *out, kgpu_error *err);
-
-/*
- * A template node's price per hour: its GPUs at their model's price and its
- * cores at cpuCore's, spot or on-demand; -1 when a GPU model of it has no
- * price (or the node cannot be read).
- */
-double caexp_node_price(const caexp_prices *p, const json_t *node, bool spot);
+double caexp_node_price(const kgpu_prices *p, const json_t *node, bool spot);
 
 /* ---- service.c ---- */
 

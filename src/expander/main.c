@@ -14,6 +14,7 @@
 #include "fileio.h"
 #include "log.h"
 #include "podspec.h"
+#include "pricefile.h"
 #include "grpcsrv.h"
 
 #ifndef KGPU_VERSION
@@ -45,7 +46,7 @@ static const char usage[] =
 typedef struct expander_flags {
     char listen[256];
     const char *cert, *key, *prices_path;
-    caexp_prices prices;
+    kgpu_prices prices;
     caexp_config cfg;
 } expander_flags;
 
@@ -191,7 +192,7 @@ int main(int argc, char **argv)
     kgpu_error err;
     kgpu_error_clear(&err);
     if (f.prices_path != NULL) {
-        if (caexp_prices_load(f.prices_path, &f.prices, &err) != 0) {
+        if (kgpu_prices_load_file(f.prices_path, &f.prices, &err) != 0) {
             fprintf(stderr, "kgpu-expander: %s\n", err.msg);
             return 1;
         }
@@ -218,7 +219,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (f.prices_path != NULL)
-        kgpu_log(KGPU_LOG_INFO, "prices of %d GPU models in %s from %s", f.prices.n,
+        kgpu_log(KGPU_LOG_INFO, "prices of %d GPU models in %s from %s", f.prices.nmodels,
                  f.prices.currency, f.prices_path);
     kgpu_log(KGPU_LOG_INFO, "serving %s on %s (TLS)", CAEXP_METHOD, f.listen);
     while (!atomic_load(&stop))

@@ -331,7 +331,7 @@ class ExpanderTest(unittest.TestCase):
         r = subprocess.run([ARGS.expander, "--tls-cert", crt, "--tls-key", key, "--prices", bad],
                            capture_output=True, text=True, timeout=20)
         self.assertEqual(r.returncode, 1)
-        self.assertIn("prices.gpu.Tesla T4.spot: expected a price", r.stderr)
+        self.assertIn("prices.gpu.Tesla T4.spot: expected a price per hour", r.stderr)
 
     def test_concurrent_calls(self):
         groups = {"p4": template("Tesla P4", 2, 7680), "t4": template("Tesla T4", 2, 15360)}

@@ -17,7 +17,7 @@
 
 #include "caexp.h"
 #include "unit/caexp_fixture.h"
-#include "yamljson.h"
+#include "pricefile.h"
 
 /* ---- building CA's messages ---- */
 
@@ -321,31 +321,25 @@ static void test_option_without_template(void **state)
 
 /* ---- prices ---- */
 
-static int prices_of(const char *yaml, caexp_prices *p, kgpu_error *err)
+static int prices_of(const char *yaml, kgpu_prices *p, kgpu_error *err)
 {
-    json_t *root = kgpu_yaml_load(yaml, strlen(yaml), "prices.yaml", err);
-    if (root == NULL)
-        return err->code;
-    int rc = caexp_prices_from_json(root, "prices.yaml", p, err);
-    json_decref(root);
-    return rc;
+    return kgpu_prices_load(yaml, strlen(yaml), "prices.yaml", p, err);
 }
 
 static const char prices_yaml[] = "prices:\n"
                                    "  currency: EUR\n"
                                    "  gpu:\n"
                                    "    Tesla T4: {onDemand: 0.5, spot: 0.2}\n"
-                                   "    Tesla P4: {onDemand: 0.4}\n"
+                                   "    Tesla P4: {onDemand: 0.4, spot: 0.15}\n"
                                    "  cpuCore: {onDemand: 0.01, spot: 0.005}\n";
 
-static void test_prices_file(void **state)
+/* A template's price: its GPUs at their model's price and its cores at cpuCore's. */
+static void test_node_price(void **state)
 {
     (void)state;
-    caexp_prices p;
+    kgpu_prices p;
     kgpu_error err;
     assert_int_equal(prices_of(prices_yaml, &p, &err), 0);
-    assert_string_equal(p.currency, "EUR");
-    assert_int_equal(p.n, 2);
     size_t nl;
     uint8_t *nb = node_bytes("Tesla T4", 2, 15360, NULL, &nl);
     json_t *node = caexp_node_json(nb, nl, &err);
@@ -354,41 +348,12 @@ static void test_prices_file(void **state)
     assert_float_equal(caexp_node_price(&p, node, true), 0.48, 1e-9);
     json_decref(node);
     free(nb);
-    /* P4 has no spot price: spot costs on-demand. A model with no price at all: -1. */
-    nb = node_bytes("Tesla P4", 1, 7680, NULL, &nl);
-    node = caexp_node_json(nb, nl, &err);
-    assert_float_equal(caexp_node_price(&p, node, true), 0.4 + 0.08, 1e-9);
-    json_decref(node);
-    free(nb);
+    /* A model with no price: -1, for the caller to decide. */
     nb = node_bytes("NVIDIA L4", 1, 24576, NULL, &nl);
     node = caexp_node_json(nb, nl, &err);
     assert_true(caexp_node_price(&p, node, false) < 0);
     json_decref(node);
     free(nb);
-}
-
-static void test_prices_errors_name_the_field(void **state)
-{
-    (void)state;
-    static const struct {
-        const char *yaml, *says;
-    } bad[] = {
-        {"gpu: {}\n", "no prices: section"},
-        {"prices: {gpu: {T4: {onDemand: -1}}}\n", "prices.gpu.T4.onDemand: expected a price"},
-        {"prices: {gpu: {T4: {spot: 0.1}}}\n", "prices.gpu.T4.onDemand is required"},
-        {"prices: {gpu: {T4: {onDemand: 1, reserved: 0.5}}}\n", "prices.gpu.T4.reserved: unknown"},
-        {"prices: {gpu: {T4: {onDemand: \"cheap\"}}}\n", "expected a price"},
-        {"prices: {cpu: {onDemand: 1}}\n", "prices.cpu: unknown"},
-        {"prices: {currency: USD}\n", "prices.gpu is required"},
-        {"prices: {gpu: []}\n", "prices.gpu: expected a mapping"},
-    };
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        caexp_prices p;
-        kgpu_error err;
-        assert_int_not_equal(prices_of(bad[i].yaml, &p, &err), 0);
-        if (strstr(err.msg, bad[i].says) == NULL || strstr(err.msg, "prices.yaml") == NULL)
-            fail_msg("%s: said '%s', expected '%s'", bad[i].yaml, err.msg, bad[i].says);
-    }
 }
 
 static double price_cb(void *ctx, const json_t *node, bool spot)
@@ -405,7 +370,7 @@ static double price_cb(void *ctx, const json_t *node, bool spot)
 static void test_price_decides_among_groups_that_fit(void **state)
 {
     (void)state;
-    caexp_prices p;
+    kgpu_prices p;
     kgpu_error err;
     assert_int_equal(prices_of(prices_yaml, &p, &err), 0);
     caexp_config pc = cfg;
@@ -451,8 +416,7 @@ int main(void)
         cmocka_unit_test(test_bad_bytes_name_where),
         cmocka_unit_test(test_option_without_template),
         cmocka_unit_test(test_node_count_bounded),
-        cmocka_unit_test(test_prices_file),
-        cmocka_unit_test(test_prices_errors_name_the_field),
+        cmocka_unit_test(test_node_price),
         cmocka_unit_test(test_price_decides_among_groups_that_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
