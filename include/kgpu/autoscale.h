@@ -41,6 +41,14 @@ typedef struct kgpu_prices {
 /* The price of model `name`, or NULL when the table has none. */
 const kgpu_price *kgpu_prices_gpu(const kgpu_prices *p, const char *name);
 
+/*
+ * Node n of cluster c for an hour, spot or on-demand: its GPUs at their
+ * model's price plus its cores at cpu_core's; -1 when a GPU model of it has
+ * no price. The simulator's node groups and kgpu-expander's templates.
+ */
+double kgpu_prices_node(const kgpu_prices *p, const kgpu_cluster *c, const kgpu_node *n,
+                        bool spot);
+
 /* One node group: a node shape of the node list and a capacity type. */
 typedef struct kgpu_as_group {
     int tmpl;  /* a node of sim->cluster with that shape */

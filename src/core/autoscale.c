@@ -74,11 +74,9 @@ void kgpu_autoscale_input_free(kgpu_autoscale_input *in)
     memset(in, 0, sizeof(*in));
 }
 
-double kgpu_autoscale_group_price(const kgpu_autoscale_input *in, int g, const kgpu_prices *p)
+double kgpu_prices_node(const kgpu_prices *p, const kgpu_cluster *c, const kgpu_node *n,
+                        bool spot)
 {
-    const kgpu_cluster *c = in->churn->sim->cluster;
-    const kgpu_node *n = kgpu_cluster_node(c, in->groups[g].tmpl);
-    bool spot = in->groups[g].spot;
     double price = (double)n->cpu_milli / 1000.0 *
                    (spot ? p->cpu_core.spot : p->cpu_core.on_demand);
     for (int i = 0; i < n->ngpus; i++) {
@@ -90,65 +88,19 @@ double kgpu_autoscale_group_price(const kgpu_autoscale_input *in, int g, const k
     return price;
 }
 
-/* ---- departures: a min-heap by time, as churn.c keeps them ---- */
-
-typedef struct departure {
-    double t;
-    size_t pod;
-    uint32_t gen; /* the pod's run it ends; a restarted pod's old departure is stale */
-} departure;
-
-typedef struct heap {
-    departure *v;
-    size_t n, cap;
-} heap;
-
-static bool dep_before(const departure *a, const departure *b)
+double kgpu_autoscale_group_price(const kgpu_autoscale_input *in, int g, const kgpu_prices *p)
 {
-    return a->t < b->t || (a->t == b->t && a->pod < b->pod);
+    const kgpu_cluster *c = in->churn->sim->cluster;
+    return kgpu_prices_node(p, c, kgpu_cluster_node(c, in->groups[g].tmpl), in->groups[g].spot);
 }
 
-static bool heap_push(heap *h, departure d)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? 2 * h->cap : 64;
-        departure *v = realloc(h->v, cap * sizeof(*v));
-        if (v == NULL)
-            return false;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t up = (i - 1) / 2;
-        if (!dep_before(&d, &h->v[up]))
-            break;
-        h->v[i] = h->v[up];
-        i = up;
-    }
-    h->v[i] = d;
-    return true;
-}
-
-static departure heap_pop(heap *h)
-{
-    departure top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t m = 2 * i + 1;
-        if (m >= h->n)
-            break;
-        if (m + 1 < h->n && dep_before(&h->v[m + 1], &h->v[m]))
-            m++;
-        if (!dep_before(&h->v[m], &last))
-            break;
-        h->v[i] = h->v[m];
-        i = m;
-    }
-    if (h->n > 0)
-        h->v[i] = last;
-    return top;
-}
+/*
+ * Departures (core.h, depheap.c): `gen` tells a pod's current run from one
+ * that ended early (evicted, moved, interrupted), whose departure stays in
+ * the heap and is skipped when it comes up.
+ */
+typedef kgpu__departure departure;
+typedef kgpu__dep_heap heap;
 
 /* ---- CA's view of a node: free amounts by sums ---- */
 
@@ -354,7 +306,7 @@ static int place(run *r, size_t k, const int *nodes, int nn, double t, kgpu_erro
     r->status[k] = P_RUNNING;
     r->ever[k] = true;
     r->started[k] = t;
-    if (!heap_push(&r->deps, (departure){t + r->in->churn->lifetime[r->slot[k]], k, r->gen[k]}))
+    if (!kgpu__dep_push(&r->deps, (departure){t + r->in->churn->lifetime[r->slot[k]], k, r->gen[k]}))
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     return 1;
 }
@@ -1061,7 +1013,7 @@ int kgpu_autoscale_run(const kgpu_autoscale_input *in, const kgpu_autoscale_conf
         case EV_DEPART: {
             int *freed = r.freed, nf = 0;
             while (r.deps.n > 0 && r.deps.v[0].t == t) {
-                departure d = heap_pop(&r.deps);
+                departure d = kgpu__dep_pop(&r.deps);
                 if (d.gen != r.gen[d.pod] || r.status[d.pod] != P_RUNNING)
                     continue;
                 int node = r.placed[d.pod].node;

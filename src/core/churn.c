@@ -80,68 +80,12 @@ void kgpu_churn_input_free(kgpu_churn_input *in)
 }
 
 /*
- * A departure: when, and which running pod (index into the run's pod slots).
- * A pod evicted by reclaim leaves its departure in the heap: `gen` tells it
- * from the pod's next run.
+ * Departures (core.h, depheap.c): `gen` tells a pod's current run from one
+ * that ended early (evicted, moved, interrupted), whose departure stays in
+ * the heap and is skipped when it comes up.
  */
-typedef struct departure {
-    double t;
-    size_t pod;
-    uint32_t gen;
-} departure;
-
-typedef struct heap {
-    departure *v;
-    size_t n, cap;
-} heap;
-
-/* Earlier first; equal times by pod index, so the order never depends on the heap's layout. */
-static bool dep_before(const departure *a, const departure *b)
-{
-    return a->t < b->t || (a->t == b->t && a->pod < b->pod);
-}
-
-static bool heap_push(heap *h, departure d)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? 2 * h->cap : 64;
-        departure *v = realloc(h->v, cap * sizeof(*v));
-        if (v == NULL)
-            return false;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t up = (i - 1) / 2;
-        if (!dep_before(&d, &h->v[up]))
-            break;
-        h->v[i] = h->v[up];
-        i = up;
-    }
-    h->v[i] = d;
-    return true;
-}
-
-static departure heap_pop(heap *h)
-{
-    departure top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t m = 2 * i + 1;
-        if (m >= h->n)
-            break;
-        if (m + 1 < h->n && dep_before(&h->v[m + 1], &h->v[m]))
-            m++;
-        if (!dep_before(&h->v[m], &last))
-            break;
-        h->v[i] = h->v[m];
-        i = m;
-    }
-    if (h->n > 0)
-        h->v[i] = last;
-    return top;
-}
+typedef kgpu__departure departure;
+typedef kgpu__dep_heap heap;
 
 /* The state of one run. */
 typedef struct run {
@@ -385,7 +329,7 @@ static int placed_now(run *r, size_t k, double t, kgpu_error *err)
         r->ever_placed[k] = true;
         r->waits[r->nwaits++] = t - r->arrive[k];
     }
-    if (!heap_push(&r->deps, (departure){t + r->in->lifetime[r->slot[k]], k, r->gen[k]}))
+    if (!kgpu__dep_push(&r->deps, (departure){t + r->in->lifetime[r->slot[k]], k, r->gen[k]}))
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     double a = alloc_pct(r);
     if (a > r->out->alloc_peak_pct)
@@ -595,7 +539,7 @@ static int try_consolidate(run *r, size_t k, double t, kgpu_error *err)
         r->placed[v] = pod->a;
         r->started[v] = t;
         r->gen[v]++; /* its old departure is void: it starts over */
-        if (!heap_push(&r->deps, (departure){t + r->in->lifetime[r->slot[v]], v, r->gen[v]}))
+        if (!kgpu__dep_push(&r->deps, (departure){t + r->in->lifetime[r->slot[v]], v, r->gen[v]}))
             return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
     r->out->moves += nmoved;
@@ -634,7 +578,7 @@ static int depart_batch(run *r, int *freed, bool *is_freed, kgpu_error *err)
     advance(r, t);
     int nf = 0;
     while (r->deps.n > 0 && r->deps.v[0].t == t) {
-        departure d = heap_pop(&r->deps);
+        departure d = kgpu__dep_pop(&r->deps);
         if (d.gen != r->gen[d.pod])
             continue; /* evicted since: not running this lifetime */
         int rc = kgpu_cluster_release(r->c, &r->placed[d.pod], err);

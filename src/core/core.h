@@ -23,6 +23,26 @@
 long kgpu__share_lower_bound(const long *h);
 long kgpu__share_bfd(const long *h);
 
+/* ---- depheap.c (layer base): the simulators' departures, earliest first ---- */
+
+/* A running pod's end: when, which pod (the caller's index), and which of its runs. */
+typedef struct kgpu__departure {
+    double t;
+    size_t pod;
+    uint32_t gen; /* the pod's run it ends: a departure of an earlier run is stale */
+} kgpu__departure;
+
+/* A min-heap of departures by time, ties by pod index; zero-initialised is empty. */
+typedef struct kgpu__dep_heap {
+    kgpu__departure *v;
+    size_t n, cap;
+} kgpu__dep_heap;
+
+/* Adds d; false when out of memory (the heap is unchanged). */
+bool kgpu__dep_push(kgpu__dep_heap *h, kgpu__departure d);
+/* Removes and returns the earliest; h->n must be > 0. */
+kgpu__departure kgpu__dep_pop(kgpu__dep_heap *h);
+
 /* ---- node.c (layer node): one node and one request ---- */
 
 /* The fit check without the reason text: the hot path of every policy. */

@@ -5,7 +5,6 @@
  * new node would take a pending pod.
  *
  *   decode.c   CA's v1.Node and v1.Pod protobuf bytes as the JSON kgpu reads
- *   prices.c   a template node's price per hour
  *   service.c  BestOptions: request bytes in, response bytes out (pure)
  *   main.c     flags, TLS, the gRPC server (src/nodeagent grpcsrv.c)
  *
@@ -54,27 +53,16 @@ json_t *caexp_pod_json(const uint8_t *b, size_t n, kgpu_error *err);
  */
 bool caexp_template_spot(const json_t *node);
 
-/* ---- prices.c ---- */
-
-/*
- * A template node's price per hour from a prices file (kgpu_prices, read by
- * src/common/pricefile.c; the format is docs/autoscaling.md's): its GPUs at
- * their model's price and its cores at cpuCore's, spot or on-demand; -1
- * when a GPU model of it has no price (or the node cannot be read).
- */
-double caexp_node_price(const kgpu_prices *p, const json_t *node, bool spot);
-
 /* ---- service.c ---- */
 
 /* What the service needs besides the request. Read-only while serving. */
 typedef struct caexp_config {
     int64_t memory_unit_mib; /* one kgpu.io/gpu-mem unit (1024) */
     /*
-     * A node of the template for an hour, in the prices' currency; < 0 when
-     * unknown (the option then competes on pods placed alone, at cost 0).
+     * Prices of nodes by GPU model and capacity type (kgpu_prices_node);
+     * NULL: every group costs nothing. Borrowed.
      */
-    double (*node_price)(void *ctx, const json_t *node, bool spot);
-    void *price_ctx;
+    const kgpu_prices *prices;
     double pod_gpu_price, pod_core_price; /* what a placed pod is worth (kgpu/expander.h) */
 } caexp_config;
 

@@ -50,10 +50,7 @@ typedef struct expander_flags {
     caexp_config cfg;
 } expander_flags;
 
-static double price_of(void *ctx, const json_t *node, bool spot)
-{
-    return caexp_node_price(ctx, node, spot);
-}
+
 
 static atomic_bool stop;
 
@@ -196,8 +193,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "kgpu-expander: %s\n", err.msg);
             return 1;
         }
-        f.cfg.node_price = price_of;
-        f.cfg.price_ctx = &f.prices;
+        f.cfg.prices = &f.prices;
     }
     if (kgpu_read_file_max(f.cert, 1 << 20, &cert, &n, &err) != 0 ||
         kgpu_read_file_max(f.key, 1 << 20, &key, &n, &err) != 0) {

@@ -112,7 +112,6 @@ static int add_groups(call *k, const caexp_config *cfg, kgpu_error *err)
         kgpu_node_store store;
         int rc = kgpu_node_from_json(node, &spec, &store, err);
         bool spot = caexp_template_spot(node);
-        double price = cfg->node_price != NULL ? cfg->node_price(cfg->price_ctx, node, spot) : -1;
         json_decref(node);
         if (rc != 0)
             return prefix(err, "node group %s", id);
@@ -126,6 +125,10 @@ static int add_groups(call *k, const caexp_config *cfg, kgpu_error *err)
             free(k->group_ids[k->ngroups]);
             return prefix(err, "node group %s", id);
         }
+        /* A model without a price: -1, settled below once every group is in. */
+        double price = cfg->prices != NULL
+                           ? kgpu_prices_node(cfg->prices, k->c, kgpu_cluster_node(k->c, idx), spot)
+                           : -1;
         k->groups[k->ngroups] = (kgpu_expander_group){.node = NULL, .price_hour = price,
                                                       .spot = spot};
         k->ngroups++;

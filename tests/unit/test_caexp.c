@@ -17,6 +17,7 @@
 
 #include "caexp.h"
 #include "unit/caexp_fixture.h"
+#include "podspec.h"
 #include "pricefile.h"
 
 /* ---- building CA's messages ---- */
@@ -333,6 +334,26 @@ static const char prices_yaml[] = "prices:\n"
                                    "    Tesla P4: {onDemand: 0.4, spot: 0.15}\n"
                                    "  cpuCore: {onDemand: 0.01, spot: 0.005}\n";
 
+/* A node's price (kgpu_prices_node), the template read as the service reads it. */
+static double template_price(const kgpu_prices *p, const char *product, int gpus, int mib,
+                             bool spot)
+{
+    size_t nl;
+    kgpu_error err;
+    uint8_t *nb = node_bytes(product, gpus, mib, NULL, &nl);
+    json_t *node = caexp_node_json(nb, nl, &err);
+    kgpu_node_spec spec;
+    kgpu_node_store store;
+    assert_int_equal(kgpu_node_from_json(node, &spec, &store, &err), 0);
+    kgpu_cluster *c = kgpu_cluster_new();
+    assert_int_equal(kgpu_cluster_add_node(c, &spec, &err), 0);
+    double price = kgpu_prices_node(p, c, kgpu_cluster_node(c, 0), spot);
+    kgpu_cluster_free(c);
+    json_decref(node);
+    free(nb);
+    return price;
+}
+
 /* A template's price: its GPUs at their model's price and its cores at cpuCore's. */
 static void test_node_price(void **state)
 {
@@ -340,25 +361,11 @@ static void test_node_price(void **state)
     kgpu_prices p;
     kgpu_error err;
     assert_int_equal(prices_of(prices_yaml, &p, &err), 0);
-    size_t nl;
-    uint8_t *nb = node_bytes("Tesla T4", 2, 15360, NULL, &nl);
-    json_t *node = caexp_node_json(nb, nl, &err);
     /* 2 x 0.5 + 16 cores x 0.01; spot: 2 x 0.2 + 16 x 0.005. */
-    assert_float_equal(caexp_node_price(&p, node, false), 1.16, 1e-9);
-    assert_float_equal(caexp_node_price(&p, node, true), 0.48, 1e-9);
-    json_decref(node);
-    free(nb);
+    assert_float_equal(template_price(&p, "Tesla T4", 2, 15360, false), 1.16, 1e-9);
+    assert_float_equal(template_price(&p, "Tesla T4", 2, 15360, true), 0.48, 1e-9);
     /* A model with no price: -1, for the caller to decide. */
-    nb = node_bytes("NVIDIA L4", 1, 24576, NULL, &nl);
-    node = caexp_node_json(nb, nl, &err);
-    assert_true(caexp_node_price(&p, node, false) < 0);
-    json_decref(node);
-    free(nb);
-}
-
-static double price_cb(void *ctx, const json_t *node, bool spot)
-{
-    return caexp_node_price(ctx, node, spot);
+    assert_true(template_price(&p, "NVIDIA L4", 1, 24576, false) < 0);
 }
 
 /*
@@ -374,8 +381,7 @@ static void test_price_decides_among_groups_that_fit(void **state)
     kgpu_error err;
     assert_int_equal(prices_of(prices_yaml, &p, &err), 0);
     caexp_config pc = cfg;
-    pc.node_price = price_cb;
-    pc.price_ctx = &p;
+    pc.prices = &p;
     kv spot[] = {{"cloud.google.com/gke-spot", "true"}, {NULL, NULL}};
     size_t tl[3], pl, rl, outlen;
     uint8_t *tpl[3] = {node_bytes("Tesla T4", 2, 15360, NULL, &tl[0]),
