@@ -526,7 +526,7 @@ static int try_consolidate(run *r, size_t k, double t, kgpu_error *err)
 {
     const kgpu_request *req = &r->in->sim->requests[r->slot[k]];
     int moved[KGPU__MAX_MOVES], nmoved = 0;
-    int rc = kgpu__consolidate(&r->pods, r->c, r->p, req, r->cfg->consolidate, &r->rng,
+    int rc = kgpu__consolidate(&r->pods, r->c, r->p, req, r->cfg->consolidate, NULL, &r->rng,
                                &r->placed[k], moved, &nmoved, err);
     if (rc == KGPU_ENOFIT)
         return 0;

@@ -299,8 +299,8 @@ undo:
 }
 
 int kgpu__consolidate(kgpu__pods *t, kgpu_cluster *c, kgpu_policy *p, const kgpu_request *req,
-                      int max_moves, kgpu_rng *rng, kgpu_assignment *placed, int *moved,
-                      int *nmoved, kgpu_error *err)
+                      int max_moves, const bool *hosts, kgpu_rng *rng, kgpu_assignment *placed,
+                      int *moved, int *nmoved, kgpu_error *err)
 {
     *nmoved = 0;
     if (max_moves > KGPU__MAX_MOVES)
@@ -308,7 +308,7 @@ int kgpu__consolidate(kgpu__pods *t, kgpu_cluster *c, kgpu_policy *p, const kgpu
     int nn = kgpu_cluster_node_count(c);
     uint64_t seq = kgpu__cluster_seq(c);
     int s = req->shape;
-    bool memo = s >= 0 && shape_slots(t, s) == 0;
+    bool memo = s >= 0 && hosts == NULL && shape_slots(t, s) == 0;
     /*
      * Nothing freed room since this shape last found no move with as many
      * moves allowed: it would find none again.
@@ -326,7 +326,8 @@ int kgpu__consolidate(kgpu__pods *t, kgpu_cluster *c, kgpu_policy *p, const kgpu
     /* 1. Nodes where req would fit with every movable pod gone. */
     for (int i = 0; i < nn; i++) {
         const kgpu__pods_node *l = &t->on[i];
-        if (l->n == 0 || (req->models & kgpu_cluster_node(c, i)->model_mask) == 0)
+        if (l->n == 0 || (hosts != NULL && !hosts[i]) ||
+            (req->models & kgpu_cluster_node(c, i)->model_mask) == 0)
             continue;
         kgpu_assignment all[64];
         int na = 0;
@@ -377,5 +378,40 @@ int kgpu__consolidate(kgpu__pods *t, kgpu_cluster *c, kgpu_policy *p, const kgpu
     }
     free(movable);
     free(cand_nodes);
+    return rc;
+}
+
+int kgpu_plan_moves(kgpu_cluster *c, kgpu_policy *p, const kgpu_placed_pod *pods, size_t n,
+                    const kgpu_request *req, int max_moves, const bool *hosts, kgpu_rng *rng,
+                    kgpu_moves *out, kgpu_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    if (max_moves < 1 || max_moves > KGPU_MAX_MOVES)
+        return kgpu_error_set(err, KGPU_EINVAL, "moves: %d, not 1..%d", max_moves,
+                              KGPU_MAX_MOVES);
+    int nn = kgpu_cluster_node_count(c);
+    kgpu__pods t;
+    if (kgpu__pods_init(&t, nn) != 0)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (pods[i].a.node < 0 || pods[i].a.node >= nn)
+            rc = kgpu_error_set(err, KGPU_EINVAL, "pod %zu: node %d is not in the cluster", i,
+                                pods[i].a.node);
+        else if (kgpu__pods_add(&t, &pods[i].req, &pods[i].a, pods[i].movable, i, NULL) != 0)
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    int moved[KGPU__MAX_MOVES], nmoved = 0;
+    if (rc == 0)
+        rc = kgpu__consolidate(&t, c, p, req, max_moves, hosts, rng, &out->placed, moved,
+                               &nmoved, err);
+    if (rc == 0) {
+        out->n = nmoved;
+        for (int k = 0; k < nmoved; k++) {
+            out->pod[k] = t.pod[moved[k]].tag;
+            out->to[k] = t.pod[moved[k]].a;
+        }
+    }
+    kgpu__pods_free(&t);
     return rc;
 }

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "kgpu/consolidate.h"
 #include "kgpu/model.h"
 #include "kgpu/policy.h"
 #include "kgpu/queue.h"
@@ -337,7 +338,7 @@ bool kgpu__qns_admits(const kgpu__qns *r, int q, const kgpu_queue_ns *ns);
 
 /* ---- consolidate.c (layer consolidate): making room by moving restartable pods ---- */
 
-#define KGPU__MAX_MOVES 3 /* pods one consolidation may move */
+#define KGPU__MAX_MOVES KGPU_MAX_MOVES /* pods one consolidation may move */
 
 /* A placed pod as the planner tracks it. */
 typedef struct kgpu__pod {
@@ -383,14 +384,15 @@ void kgpu__pods_remove(kgpu__pods *t, const kgpu_cluster *c, int id);
  * Places req, which fits no node as the cluster stands, by moving at most
  * max_moves (<= KGPU__MAX_MOVES) movable pods of one node elsewhere: the
  * fewest moves, then the least GPU compute moved. The policy picks req's
- * GPUs on that node and every moved pod's new place. On 0, req is applied
+ * GPUs on that node and every moved pod's new place; `hosts` (per node,
+ * NULL: any) are the nodes req may take. On 0, req is applied
  * (*placed; the caller records it) and the *nmoved pods moved[] (ids, room
  * for KGPU__MAX_MOVES) are in their new places (t->pod[id].a); KGPU_ENOFIT
  * when no such move exists (the cluster is unchanged); other errors are
  * bugs or out of memory.
  */
 int kgpu__consolidate(kgpu__pods *t, kgpu_cluster *c, kgpu_policy *p, const kgpu_request *req,
-                      int max_moves, kgpu_rng *rng, kgpu_assignment *placed, int *moved,
-                      int *nmoved, kgpu_error *err);
+                      int max_moves, const bool *hosts, kgpu_rng *rng, kgpu_assignment *placed,
+                      int *moved, int *nmoved, kgpu_error *err);
 
 #endif

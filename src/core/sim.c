@@ -451,8 +451,8 @@ int kgpu_sim_run(const kgpu_sim_input *in, const kgpu_sim_config *cfg, kgpu_sim_
             applied = true;
         } else if (rc == KGPU_ENOFIT && cfg->consolidate > 0) {
             int moved[KGPU__MAX_MOVES], nmoved = 0;
-            rc = kgpu__consolidate(&placed, c, p, req, cfg->consolidate, &srng, &a, moved, &nmoved,
-                                   err);
+            rc = kgpu__consolidate(&placed, c, p, req, cfg->consolidate, NULL, &srng, &a, moved,
+                                   &nmoved, err);
             if (rc == 0) {
                 applied = true;
                 out->moves += nmoved;

@@ -109,7 +109,7 @@ static void test_one_move_least_compute(void **state)
     int moved[KGPU__MAX_MOVES], nmoved = -1;
     kgpu_error err;
     assert_int_equal(
-        kgpu__consolidate(&w.t, w.c, w.p, r, 1, &w.rng, &placed, moved, &nmoved, &err), 0);
+        kgpu__consolidate(&w.t, w.c, w.p, r, 1, NULL, &w.rng, &placed, moved, &nmoved, &err), 0);
     assert_int_equal(nmoved, 1);
     assert_int_equal(moved[0], a1); /* 250 moved rather than 300 */
     assert_int_equal(placed.node, 0);
@@ -136,7 +136,7 @@ static void test_only_restartable_move(void **state)
     int moved[KGPU__MAX_MOVES], nmoved = 0;
     kgpu_error err;
     assert_int_equal(
-        kgpu__consolidate(&w.t, w.c, w.p, r, 1, &w.rng, &placed, moved, &nmoved, &err), 0);
+        kgpu__consolidate(&w.t, w.c, w.p, r, 1, NULL, &w.rng, &placed, moved, &nmoved, &err), 0);
     assert_int_equal(nmoved, 1);
     assert_int_equal(moved[0], a2);
     assert_int_equal(w.t.pod[a2].a.node, 1);
@@ -158,7 +158,7 @@ static void test_no_move_changes_nothing(void **state)
     int moved[KGPU__MAX_MOVES], nmoved = 0;
     kgpu_error err;
     assert_int_equal(
-        kgpu__consolidate(&w.t, w.c, w.p, r, 3, &w.rng, &placed, moved, &nmoved, &err),
+        kgpu__consolidate(&w.t, w.c, w.p, r, 3, NULL, &w.rng, &placed, moved, &nmoved, &err),
         KGPU_ENOFIT);
     assert_int_equal(nmoved, 0);
     assert_int_equal(kgpu_cluster_gpu_milli_allocated(w.c), before);
@@ -187,10 +187,10 @@ static void test_two_moves_when_one_is_not_enough(void **state)
     int moved[KGPU__MAX_MOVES], nmoved = 0;
     kgpu_error err;
     assert_int_equal(
-        kgpu__consolidate(&w.t, w.c, w.p, r, 1, &w.rng, &placed, moved, &nmoved, &err),
+        kgpu__consolidate(&w.t, w.c, w.p, r, 1, NULL, &w.rng, &placed, moved, &nmoved, &err),
         KGPU_ENOFIT);
     assert_int_equal(
-        kgpu__consolidate(&w.t, w.c, w.p, r, 2, &w.rng, &placed, moved, &nmoved, &err), 0);
+        kgpu__consolidate(&w.t, w.c, w.p, r, 2, NULL, &w.rng, &placed, moved, &nmoved, &err), 0);
     assert_int_equal(nmoved, 2);
     assert_int_equal(placed.node, 0);
     int n1 = w.t.pod[a1].a.node, n2 = w.t.pod[a2].a.node;
@@ -222,7 +222,7 @@ static void test_competing_victims_undone_exactly(void **state)
     int moved[KGPU__MAX_MOVES], nmoved = 0;
     kgpu_error err;
     assert_int_equal(
-        kgpu__consolidate(&w.t, w.c, w.p, r, 2, &w.rng, &placed, moved, &nmoved, &err),
+        kgpu__consolidate(&w.t, w.c, w.p, r, 2, NULL, &w.rng, &placed, moved, &nmoved, &err),
         KGPU_ENOFIT);
     assert_int_equal(kgpu_cluster_gpu_milli_allocated(w.c), before);
     assert_int_equal(free_milli(&w, 0), 300);
@@ -254,7 +254,7 @@ static void test_removal_reopens_a_failed_shape(void **state)
     int moved[KGPU__MAX_MOVES], nmoved = 0;
     kgpu_error err;
     assert_int_equal(
-        kgpu__consolidate(&w.t, w.c, w.p, r, 1, &w.rng, &placed, moved, &nmoved, &err),
+        kgpu__consolidate(&w.t, w.c, w.p, r, 1, NULL, &w.rng, &placed, moved, &nmoved, &err),
         KGPU_ENOFIT);
     /* Node 1's 800 leaves: node 1 now takes the 700 directly, and a 750 needs a move. */
     assert_int_equal(kgpu_cluster_release(w.c, &w.t.pod[b].a, &err), 0);
@@ -263,8 +263,92 @@ static void test_removal_reopens_a_failed_shape(void **state)
     const kgpu_request *r2 = share(&w, 750);
     assert_false(fits_anywhere(&w, r2));
     assert_int_equal(
-        kgpu__consolidate(&w.t, w.c, w.p, r2, 1, &w.rng, &placed, moved, &nmoved, &err), 0);
+        kgpu__consolidate(&w.t, w.c, w.p, r2, 1, NULL, &w.rng, &placed, moved, &nmoved, &err), 0);
     assert_int_equal(placed.node, 0);
+    world_free(&w);
+}
+
+/*
+ * The public planner (kgpu/consolidate.h), as the extender calls it: the
+ * caller's pods by index, only the movable ones, and the hosts it may use.
+ * Node 0: 250 + 300 (450 free); node 1: 600 (400 free); node 2: 500 (500 free).
+ */
+static void test_plan_moves_by_index_and_hosts(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 3);
+    kgpu_placed_pod pods[4];
+    const int at[4] = {0, 0, 1, 2}, milli[4] = {250, 300, 600, 500};
+    for (int i = 0; i < 4; i++) {
+        const kgpu_request *r = share(&w, milli[i]);
+        int gpus[1] = {0};
+        kgpu_error err;
+        assert_int_equal(kgpu_cluster_apply(w.c, r, at[i], gpus, &pods[i].a, &err), 0);
+        pods[i].req = *r;
+        pods[i].req.shape = -1;
+        pods[i].movable = true;
+    }
+    const kgpu_request *r = share(&w, 700);
+    assert_false(fits_anywhere(&w, r));
+    kgpu_moves mv;
+    kgpu_error err;
+    /* Only node 1 may host it: its 600 would have to go, and fits nowhere else (450 and
+     * 500 free): no plan, nothing changed. */
+    bool hosts[3] = {false, true, false};
+    int64_t before = kgpu_cluster_gpu_milli_allocated(w.c);
+    assert_int_equal(kgpu_plan_moves(w.c, w.p, pods, 4, r, 1, hosts, &w.rng, &mv, &err),
+                     KGPU_ENOFIT);
+    assert_int_equal(kgpu_cluster_gpu_milli_allocated(w.c), before);
+    /* Node 2 too: its 500 would have to go, and fits nowhere else either. */
+    hosts[2] = true;
+    assert_int_equal(kgpu_plan_moves(w.c, w.p, pods, 4, r, 1, hosts, &w.rng, &mv, &err),
+                     KGPU_ENOFIT);
+    /* Node 0: moving its 250 (the least compute) makes 700 free. */
+    hosts[0] = true;
+    assert_int_equal(kgpu_plan_moves(w.c, w.p, pods, 4, r, 1, hosts, &w.rng, &mv, &err), 0);
+    assert_int_equal(mv.n, 1);
+    assert_int_equal(mv.pod[0], 0); /* the caller's index of the 250 */
+    assert_int_equal(mv.placed.node, 0);
+    assert_int_not_equal(mv.to[0].node, 0);
+    assert_int_equal(free_milli(&w, 0), 0);
+    world_free(&w);
+}
+
+/* Pinned pods are not moved, and a pod on a node the cluster lacks is an error. */
+static void test_plan_moves_refuses_bad_input(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 2);
+    kgpu_placed_pod pods[2];
+    const int at[2] = {0, 1}, milli[2] = {400, 600};
+    for (int i = 0; i < 2; i++) {
+        const kgpu_request *r = share(&w, milli[i]);
+        int gpus[1] = {0};
+        kgpu_error err;
+        assert_int_equal(kgpu_cluster_apply(w.c, r, at[i], gpus, &pods[i].a, &err), 0);
+        pods[i].req = *r;
+        pods[i].movable = false;
+    }
+    const kgpu_request *r = share(&w, 700);
+    kgpu_moves mv;
+    kgpu_error err;
+    assert_int_equal(kgpu_plan_moves(w.c, w.p, pods, 2, r, 1, NULL, &w.rng, &mv, &err),
+                     KGPU_ENOFIT);
+    pods[0].movable = true; /* the 400 fits beside the 600 */
+    pods[1].a.node = 7;
+    assert_int_equal(kgpu_plan_moves(w.c, w.p, pods, 2, r, 1, NULL, &w.rng, &mv, &err),
+                     KGPU_EINVAL);
+    assert_non_null(strstr(err.msg, "node 7"));
+    pods[1].a.node = 1;
+    assert_int_equal(kgpu_plan_moves(w.c, w.p, pods, 2, r, KGPU_MAX_MOVES + 1, NULL, &w.rng,
+                                     &mv, &err),
+                     KGPU_EINVAL);
+    assert_int_equal(kgpu_plan_moves(w.c, w.p, pods, 2, r, 1, NULL, &w.rng, &mv, &err), 0);
+    assert_int_equal(mv.n, 1);
+    assert_int_equal(mv.pod[0], 0);
+    assert_int_equal(mv.to[0].node, 1);
     world_free(&w);
 }
 
@@ -331,6 +415,8 @@ int main(void)
         cmocka_unit_test(test_two_moves_when_one_is_not_enough),
         cmocka_unit_test(test_competing_victims_undone_exactly),
         cmocka_unit_test(test_removal_reopens_a_failed_shape),
+        cmocka_unit_test(test_plan_moves_by_index_and_hosts),
+        cmocka_unit_test(test_plan_moves_refuses_bad_input),
         cmocka_unit_test(test_sim_consolidation_counted_and_deterministic),
         cmocka_unit_test(test_sim_consolidation_refused_where_not_simulated),
         cmocka_unit_test(test_churn_consolidation),
