@@ -341,6 +341,10 @@ static int read_annotations(const json_t *metadata, const char *who, kgpu_pod *o
                                              out->exclude, &out->nexclude, err)) != 0)
         return rc;
     out->has_assignment = text[2] != NULL;
+    /* Only the exact "true" opts in: a pod is never moved on a typo. */
+    const json_t *r = member(ann, KGPU_ANN_RESTARTABLE);
+    out->restartable = json_is_string(r) && strcmp(json_string_value(r), "true") == 0 &&
+                       json_string_length(r) == 4;
     return 0;
 }
 
@@ -539,7 +543,8 @@ void kgpu_pod_json_trim(json_t *pod)
      * number of its own, of any size, which would otherwise be kept. */
     static const char *const ann_keep[] = {
         KGPU_ANN_TYPE,      KGPU_ANN_TYPE_EXCL, KGPU_ANN_POLICY,    KGPU_ANN_ASSIGNMENT,
-        KGPU_ANN_NODE,      KGPU_ANN_BIND_TIME, KGPU_ANN_ALLOCATED, NULL};
+        KGPU_ANN_NODE,      KGPU_ANN_BIND_TIME, KGPU_ANN_ALLOCATED, KGPU_ANN_RESTARTABLE,
+        NULL};
     keep_only(json_object_get(meta, "annotations"), ann_keep);
     json_t *spec = json_object_get(pod, "spec");
     keep_only(spec, spec_keep);

@@ -23,6 +23,7 @@
 #define KGPU_ANN_TYPE_EXCL "kgpu.io/gpu-type-exclude" /* comma-separated excluded model globs */
 #define KGPU_ANN_POLICY    "kgpu.io/policy"
 #define KGPU_ANN_CORE_LIMIT "kgpu.io/gpu-core-limit" /* percent: burst ceiling over kgpu.io/gpu-core */
+#define KGPU_ANN_RESTARTABLE "kgpu.io/restartable" /* "true": may be evicted to be placed again */
 /* Annotations kgpu writes. */
 #define KGPU_ANN_ASSIGNMENT "kgpu.io/assignment" /* pod: JSON, see kgpu_assignment_format */
 #define KGPU_ANN_NODE       "kgpu.io/node"       /* pod: node the assignment is for */
@@ -68,6 +69,7 @@ typedef struct kgpu_pod {
     int nallow, nexclude;
     char policy[32];     /* kgpu.io/policy, "" when unset */
     bool has_assignment; /* kgpu.io/assignment present */
+    bool restartable;    /* kgpu.io/restartable is "true" */
     bool terminal;       /* phase Succeeded or Failed, or deletionTimestamp set */
 } kgpu_pod;
 

@@ -569,6 +569,31 @@ static void test_effective_cpu_memory(void **state)
     free(pod);
 }
 
+/* kgpu.io/restartable opts a pod in to being moved: exactly "true", nothing else. */
+static void test_restartable_only_exact_true(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *value;
+        bool restartable;
+    } cases[] = {{"'true'", true}, {"'True'", false}, {"'yes'", false}, {"'1'", false},
+                 {"'true '", false}, {"true", false}, {"'tru'", false}};
+    kgpu_pod *pod = new_pod();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char text[512];
+        snprintf(text, sizeof(text),
+                 "{'metadata':{'name':'x','annotations':{'kgpu.io/restartable':%s}},"
+                 "'spec':{'containers':[]}}",
+                 cases[i].value);
+        kgpu_error err;
+        int rc = pod_q(text, GIB_MIB, pod, &err);
+        if (rc != 0) /* a non-string is no error: the pod simply did not opt in */
+            fail_msg("case %zu (%s): %s", i, cases[i].value, err.msg);
+        assert_int_equal(pod->restartable, cases[i].restartable);
+    }
+    free(pod);
+}
+
 static void test_annotations(void **state)
 {
     kgpu_pod *pod = new_pod();
@@ -588,6 +613,7 @@ static void test_annotations(void **state)
     assert_string_equal(pod->exclude[0], "T4");
     assert_string_equal(pod->policy, "fgd");
     assert_false(pod->has_assignment);
+    assert_false(pod->restartable);
     for (int i = 0; i < pod->nparts; i++) {
         assert_ptr_equal(pod->parts[i].req.allow, pod->allow);
         assert_int_equal(pod->parts[i].req.nallow, 2);
@@ -819,6 +845,7 @@ static void test_trim_keeps_only_what_kgpu_reads(void **state)
     assert_int_equal(json_object_size(ann), 2);
     assert_non_null(json_object_get(ann, "kgpu.io/gpu-type"));
     assert_non_null(json_object_get(ann, "kgpu.io/policy"));
+    assert_null(json_object_get(ann, "kgpu.io/restartable")); /* not set here */
     char *text = json_dumps(pod, JSON_COMPACT);
     assert_non_null(text);
     assert_true(strlen(text) < 1024); /* 2 MiB of a tenant's annotations gone */
@@ -1376,6 +1403,7 @@ int main(void)
         cmocka_unit_test(test_init_containers),
         cmocka_unit_test(test_effective_cpu_memory),
         cmocka_unit_test(test_annotations),
+        cmocka_unit_test(test_restartable_only_exact_true),
         cmocka_unit_test(test_terminal),
         cmocka_unit_test(test_malformed_pods),
         cmocka_unit_test(test_trim_keeps_only_what_kgpu_reads),
