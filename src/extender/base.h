@@ -43,6 +43,12 @@ typedef struct ext_config {
     int lease_duration_s; /* 15 */
     int allocate_wait_s;  /* a bound pod holds back same-size pods on its node this long; 0 off */
     int bind_doubt_s;     /* a Binding without a usable answer keeps its GPUs this long; 60 */
+    /*
+     * Consolidation: for a pod that fits nowhere, the leader may evict up to
+     * this many kgpu.io/restartable pods of one node so that it fits, the
+     * moved pods fitting elsewhere (consolidate.c); 0 (the default) off.
+     */
+    int consolidate_moves;
     /* POST /mutate/pods gives GPU pods this schedulerName (kgpu's own scheduler); "" off. */
     char route_pods_to[64];
     /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
@@ -138,6 +144,8 @@ typedef struct ext_metrics {
     atomic_ullong watch_restarts[2];    /* nodes, pods */
     atomic_ullong assignment_conflicts; /* annotations that would overbook a GPU */
     atomic_ullong assignments_refused;  /* annotations giving more than the pod asks */
+    atomic_ullong consolidations;       /* consolidations started (evictions asked) */
+    atomic_ullong consolidation_moves;  /* their evictions the API server accepted */
     atomic_ullong doubts_ended[3];      /* binds in doubt, by how they ended (enum ext_doubt_end) */
     /* The serving layer (http.c). */
     atomic_ullong http_refused[EXT_HTTP_REFUSED_COUNT]; /* answered before the body was read */

@@ -13,6 +13,7 @@
 
 #include "clock.h"
 #include "base.h"
+#include "kgpu/consolidate.h"
 #include "podspec.h"
 #include "queuefile.h"
 #include "yamljson.h"
@@ -20,6 +21,7 @@
 #define ALLOCATE_WAIT_MAX 86400 /* a day: anything longer is a pod that will never start */
 #define BIND_DOUBT_MAX    3600  /* an hour: far past any API server's request timeout */
 #define MAX_CONNECTIONS   65536 /* descriptors, and libmicrohttpd's buffer each */
+#define OPT_CONSOLIDATE   1101  /* long options without a short one */
 
 void ext_config_defaults(ext_config *cfg)
 {
@@ -229,6 +231,9 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
         } else if (strcmp(key, "bindDoubtSeconds") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 1 && json_integer_value(v) <= BIND_DOUBT_MAX) {
             cfg->bind_doubt_s = (int)json_integer_value(v);
+        } else if (strcmp(key, "consolidateMoves") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 0 && json_integer_value(v) <= KGPU_MAX_MOVES) {
+            cfg->consolidate_moves = (int)json_integer_value(v);
         } else if (strcmp(key, "routePodsTo") == 0 && s) {
             rc = check_scheduler_name(s, err);
             if (rc == 0)
@@ -344,6 +349,9 @@ static void usage(FILE *f)
             "  --bind-doubt S         seconds a Binding that got no usable answer (a timeout,\n"
             "                         a 5xx) keeps its GPUs, unless the API server shows\n"
             "                         the pod first (default 60)\n"
+            "  --consolidate N        for a pod that fits no node, evict up to N (1..3)\n"
+            "                         kgpu.io/restartable pods of one node so that it fits,\n"
+            "                         each able to run elsewhere (default 0: off)\n"
             "  --route-pods-to NAME   answer POST /mutate/pods, the webhook giving GPU pods\n"
             "                         schedulerName NAME (kgpu's own scheduler; default off)\n"
             "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
@@ -375,6 +383,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"allocate-wait", required_argument, NULL, 'W'},
         {"bind-doubt", required_argument, NULL, 'O'},
         {"route-pods-to", required_argument, NULL, 'r'},
+        {"consolidate", required_argument, NULL, OPT_CONSOLIDATE},
         {"max-buffered-bytes", required_argument, NULL, 'B'},
         {"max-connections", required_argument, NULL, 'x'},
         {"max-connections-per-client", required_argument, NULL, 'X'},
@@ -482,6 +491,10 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
                 cfg->allocate_wait_s = (int)wait;
             break;
         }
+        case OPT_CONSOLIDATE:
+            rc = int_flag("--consolidate", optarg, 0, KGPU_MAX_MOVES, &cfg->consolidate_moves,
+                          err);
+            break;
         case 'O':
             rc = int_flag("--bind-doubt", optarg, 1, BIND_DOUBT_MAX, &cfg->bind_doubt_s, err);
             break;

@@ -1,7 +1,8 @@
 /*
  * The filter verb: which of the nodes kube-scheduler sent can take the pod,
  * and in words an operator can act on why not for the others. GPU queues'
- * admission and reclaim for a pod within its guarantee start here too.
+ * admission and reclaim for a pod within its guarantee start here too, and
+ * consolidation (moves.c) for a pod that fits none of the nodes offered.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -11,6 +12,24 @@
 
 #include "clock.h"
 #include "request.h"
+
+/* ext_consolidate with the nodes kube-scheduler offered as the hosts; st->mu held. */
+static int consolidate(ext_ctx *d, const kgpu_pod *pod, int priority, const char **names, int n,
+                       ext_reclaim *rec, char *note, size_t len)
+{
+    int nn = kgpu_cluster_node_count(d->state->cluster);
+    bool *offered = calloc((size_t)nn + 1, sizeof(*offered));
+    if (offered == NULL)
+        return EXT_RECLAIM_NONE;
+    for (int i = 0; i < n; i++) {
+        int idx = kgpu_cluster_find_node(d->state->cluster, names[i]);
+        if (idx >= 0)
+            offered[idx] = true;
+    }
+    int how = ext_consolidate(d->state, pod, priority, offered, d->k8s == NULL, rec, note, len);
+    free(offered);
+    return how;
+}
 
 void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r)
 {
@@ -189,23 +208,34 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
                : wait == EXT_WAIT_RECLAIM ? EXT_WAIT_RECLAIM
                : over                     ? EXT_WAIT_QUOTA
                                           : EXT_WAIT_NONE;
-        if (any || round > 0 || qid < 0 || n == 0 || invalid[0] != '\0')
+        if (any || round > 0 || qid == -2 || n == 0 || invalid[0] != '\0' ||
+            doubt_node[0] != '\0' || pod->nparts == 0 || !ext_ctx_leads(d))
             break;
         /* Fits no node: within its guarantee, borrowers make room (docs/queues.md "Reclaim"). */
-        int qs = ext_queues_check(d->state, qid, pod, -1, NULL, 0);
-        if ((qs != KGPU_QUEUE_WITHIN && qs != KGPU_QUEUE_RECLAIM) || !ext_ctx_leads(d))
-            break;
+        int qs = qid >= 0 ? ext_queues_check(d->state, qid, pod, -1, NULL, 0) : KGPU_QUEUE_WITHIN;
         ext_reclaim rec;
-        int how = ext_queues_reclaim(d->state, pod, qid, d->k8s == NULL, &rec, note, sizeof(note));
-        if (how == EXT_RECLAIM_NONE && strstr(note, "PodDisruptionBudget") == NULL) {
-            note[0] = '\0'; /* nothing borrowed would make room: the capacity reasons say it all */
-            break;
+        int how = EXT_RECLAIM_NONE;
+        bool moved = false;
+        if (qid >= 0 && (qs == KGPU_QUEUE_WITHIN || qs == KGPU_QUEUE_RECLAIM)) {
+            how = ext_queues_reclaim(d->state, pod, qid, d->k8s == NULL, &rec, note, sizeof(note));
+            if (how == EXT_RECLAIM_NONE && strstr(note, "PodDisruptionBudget") == NULL)
+                note[0] = '\0'; /* nothing borrowed would make room */
         }
+        /* Nor anything borrowed: moving restartable pods may (docs/autoscaling.md). */
+        if (how == EXT_RECLAIM_NONE && note[0] == '\0' && !over &&
+            (qs == KGPU_QUEUE_WITHIN || qs == KGPU_QUEUE_BORROWS || qs == KGPU_QUEUE_RECLAIM) &&
+            d->state->cfg->consolidate_moves > 0) {
+            how = consolidate(d, pod, priority, names, n, &rec, note, sizeof(note));
+            moved = true;
+        }
+        if (how == EXT_RECLAIM_NONE && note[0] == '\0')
+            break; /* the capacity reasons say it all */
         if (how == EXT_RECLAIM_APPLIED)
             note[0] = '\0';
         if (how == EXT_RECLAIM_STARTED && (evict = malloc(sizeof(*evict))) != NULL)
             *evict = rec;
-        wait = EXT_WAIT_RECLAIM;
+        if (!moved)
+            wait = EXT_WAIT_RECLAIM;
         /* Again, from a clean answer. */
         free(kgpu_jsonw_finish(&failed));
         free(kgpu_jsonw_finish(&unresolvable));

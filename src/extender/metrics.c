@@ -119,6 +119,16 @@ static void render_requests(buf *b, ext_metrics *m)
            "# TYPE kgpu_extender_assignment_conflicts_total counter\n");
     put(b, "kgpu_extender_assignment_conflicts_total %llu\n",
         atomic_load(&m->assignment_conflicts));
+    put(b, "# HELP kgpu_extender_consolidations_total Pods given room by moving restartable "
+           "pods (--consolidate): plans whose evictions were sent.\n"
+           "# TYPE kgpu_extender_consolidations_total counter\n"
+           "kgpu_extender_consolidations_total %llu\n",
+        atomic_load(&m->consolidations));
+    put(b, "# HELP kgpu_extender_consolidation_moves_total Restartable pods evicted to be placed "
+           "again elsewhere (--consolidate), as the API server accepted.\n"
+           "# TYPE kgpu_extender_consolidation_moves_total counter\n"
+           "kgpu_extender_consolidation_moves_total %llu\n",
+        atomic_load(&m->consolidation_moves));
     put(b, "# HELP kgpu_extender_assignments_refused_total Recorded GPU assignments not counted "
            "because they give more than the pod asks for (forged by whoever wrote the pod).\n"
            "# TYPE kgpu_extender_assignments_refused_total counter\n");

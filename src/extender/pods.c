@@ -556,6 +556,8 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
     ext_await_seen(st, json, &pod);
     ext_unsched_seen(st, json, &pod);
     ext_pod *held = kgpu_strmap_get(&st->pods, pod.uid);
+    if (held != NULL)
+        held->restartable = pod.restartable; /* its owner may change its mind */
     if (pod.terminal) {
         ext_state_pod_gone(st, pod.uid);
         return;
@@ -628,6 +630,9 @@ void ext_state_pod_seen(ext_state *st, const json_t *json)
         ext_pod_queue_fields(json, label, sizeof(label), &priority);
         const char *why = try_adopt(st, pod.uid, pod.ns, pod.name, pod.node, parts, n,
                                     pod.cpu_milli, pod.memory_mib, label, priority, &conflict);
+        ext_pod *adopted = why == NULL ? kgpu_strmap_get(&st->pods, pod.uid) : NULL;
+        if (adopted != NULL)
+            adopted->restartable = pod.restartable;
         if (why != NULL) {
             if (conflict)
                 atomic_fetch_add(&st->metrics->assignment_conflicts, 1);

@@ -75,7 +75,7 @@ static bool victims_gone(ext_state *st, const ext_reclaim *r)
  * them: a pod of its own namespace by name and queue, the others only
  * counted (docs/security.md: tenants learn nothing of each other's pods).
  */
-static void victims_text(const ext_reclaim *r, const char *viewer, char *out, size_t len)
+void ext__victims_text(const ext_reclaim *r, const char *viewer, char *out, size_t len)
 {
     size_t off = 0;
     int others = 0;
@@ -327,8 +327,9 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
     ext_reclaim *inflight = kgpu_strmap_get(&st->reclaims, pod->uid);
     if (inflight != NULL && !inflight->freed) {
         char list[200];
-        victims_text(inflight, pod->ns, list, sizeof(list));
-        snprintf(msg, len, "waits for reclaim: evicting %s", list);
+        ext__victims_text(inflight, pod->ns, list, sizeof(list));
+        snprintf(msg, len, "waits for %s: evicting %s",
+                 inflight->move ? "consolidation" : "reclaim", list);
         return EXT_RECLAIM_INFLIGHT;
     }
     if (inflight != NULL) /* its room was held, yet it fits nowhere: choose again */
@@ -505,7 +506,7 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
         vv->freed_milli = running[res.victims[i]].d.milli;
     }
     char list[200];
-    victims_text(out, pod->ns, list, sizeof(list));
+    ext__victims_text(out, pod->ns, list, sizeof(list));
     if (apply) {
         for (int i = 0; i < out->nvictims; i++)
             ext_queues_evicted(st, out, &out->v[i], EXT_EVICT_APPLIED);
@@ -513,19 +514,7 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
         rc = EXT_RECLAIM_APPLIED;
         goto out;
     }
-    expire(&st->reclaims, now, EXT_RECLAIMS_MAX);
-    ext_reclaim *keep = malloc(sizeof(*keep));
-    if (keep != NULL) {
-        *keep = *out;
-        if (!kgpu_strmap_put(&st->reclaims, pod->uid, keep, NULL))
-            free(keep);
-    }
-    /* Being evicted: no other reclaim counts on them; still charged until they are gone. */
-    for (int i = 0; i < out->nvictims; i++) {
-        ext_pod *p = kgpu_strmap_get(&st->pods, out->v[i].uid);
-        if (p != NULL)
-            p->evicting = true;
-    }
+    ext__reclaim_remember(st, out, now);
     snprintf(msg, len, "waits for reclaim: evicting %s", list);
     rc = EXT_RECLAIM_STARTED;
 out:
@@ -537,6 +526,28 @@ out:
     kgpu_queues_free(qs);
     kgpu_cluster_free(future);
     return rc;
+}
+
+void ext__reclaim_remember(ext_state *st, const ext_reclaim *r, double now)
+{
+    expire(&st->reclaims, now, EXT_RECLAIMS_MAX);
+    ext_reclaim *keep = malloc(sizeof(*keep));
+    if (keep != NULL) {
+        *keep = *r;
+        if (!kgpu_strmap_put(&st->reclaims, r->for_uid, keep, NULL))
+            free(keep);
+    }
+    /* Being evicted: no other reclaim counts on them; still charged until they are gone. */
+    for (int i = 0; i < r->nvictims; i++) {
+        ext_pod *p = kgpu_strmap_get(&st->pods, r->v[i].uid);
+        if (p != NULL)
+            p->evicting = true;
+    }
+}
+
+bool ext__refused_lately(ext_state *st, const char *uid, double now)
+{
+    return refused_lately(st, uid, now) != NULL;
 }
 
 static const char *outcome_name(int outcome)
@@ -551,8 +562,9 @@ void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v
     char freed[32];
     kgpu_queue_gpus_str(v->freed_milli, freed, sizeof(freed));
     ext_log(outcome == EXT_EVICT_FAILED ? EXT_WARN : EXT_INFO,
-            "reclaim: %s/%s (queue %s, %s GPUs on %s) for %s/%s (queue %s): %s", v->ns, v->name,
-            v->queue, freed, v->node, r->for_ns, r->for_name, r->for_queue, outcome_name(outcome));
+            "%s: %s/%s (queue %s, %s GPUs on %s) for %s/%s (queue %s): %s",
+            r->move ? "consolidation" : "reclaim", v->ns, v->name, v->queue, freed, v->node,
+            r->for_ns, r->for_name, r->for_queue, outcome_name(outcome));
     ext_eviction *e = &st->evictions[st->evictions_next];
     st->evictions_next = (st->evictions_next + 1) % EXT_EVICTIONS_KEPT;
     if (st->nevictions < EXT_EVICTIONS_KEPT)
@@ -572,9 +584,11 @@ void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v
     e->freed_milli = v->freed_milli;
     e->outcome = outcome;
     int q = st->queues != NULL ? kgpu_queues_find(st->queues, v->queue) : -1;
-    if ((outcome == EXT_EVICT_APPLIED || outcome == EXT_EVICT_EVICTED) && q >= 0 &&
-        st->queue_evictions != NULL)
-        st->queue_evictions[q]++;
+    bool done = outcome == EXT_EVICT_APPLIED || outcome == EXT_EVICT_EVICTED;
+    if (done && r->move)
+        atomic_fetch_add(&st->metrics->consolidation_moves, 1);
+    else if (done && q >= 0 && st->queue_evictions != NULL)
+        st->queue_evictions[q]++; /* a queue's evictions are its borrowers', reclaimed */
     ext_pod *p = kgpu_strmap_get(&st->pods, v->uid);
     switch (outcome) {
     case EXT_EVICT_APPLIED:
@@ -587,6 +601,8 @@ void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v
         /* Choose again at the pod's next filter, without this one for a while. */
         if (p != NULL)
             p->evicting = false;
+        if (r->move)
+            st->consolidated_at = 0; /* nothing moved: the next try need not wait */
         free(kgpu_strmap_del(&st->reclaims, r->for_uid));
         refusal *no = kgpu_strmap_get(&st->refused, v->uid);
         if (no == NULL && st->refused.len >= EXT_REFUSED_MAX)
@@ -627,8 +643,7 @@ static int cmp_cand(const void *a, const void *b)
     return (x->since > y->since) - (x->since < y->since);
 }
 
-/* Whether the pod's one GPU request fits some node as it is now, room held for others aside. */
-static bool fits_somewhere(ext_state *st, const kgpu_pod *pod)
+bool ext__fits_somewhere(ext_state *st, const kgpu_pod *pod)
 {
     kgpu_request fitreq[KGPU_MAX_PARTS];
     const kgpu_request *reqs[KGPU_MAX_PARTS];
@@ -708,7 +723,7 @@ int ext_unsched_sweep(ext_state *st, ext_sweep_act *acts, int max)
         if (q < 0)
             continue;
         int qs = ext_queues_check(st, q, pod, -1, NULL, 0);
-        if ((qs != KGPU_QUEUE_WITHIN && qs != KGPU_QUEUE_RECLAIM) || fits_somewhere(st, pod))
+        if ((qs != KGPU_QUEUE_WITHIN && qs != KGPU_QUEUE_RECLAIM) || ext__fits_somewhere(st, pod))
             continue; /* above its guarantee, or waiting for something GPUs do not decide */
         ext_sweep_act *a = &acts[nact];
         memset(a, 0, sizeof(*a));

@@ -59,6 +59,7 @@ typedef struct ext_pod {
      */
     bool charged;
     bool evicting; /* an eviction went through; charged until the pod is gone */
+    bool restartable; /* kgpu.io/restartable: "true" (consolidation may move it) */
     bool queue_refused; /* its label names a queue its namespace may not use (said once) */
     int nparts;
     ext_pod_part part[];
@@ -286,6 +287,7 @@ typedef struct ext_state {
     kgpu_strmap refused;  /* victim uid -> its refusal (reclaim_state.c), at most EXT_REFUSED_MAX */
     kgpu_strmap unsched;  /* uid -> ext_unsched*: unschedulable GPU pods, at most EXT_UNSCHED_MAX */
     kgpu_strmap unsched_ns; /* namespace -> (intptr) its entries in unsched, at most EXT_UNSCHED_NS_MAX */
+    double consolidated_at; /* monotonic: when the last consolidation started (moves.c) */
     double sweep_slice_s;   /* EXT_SWEEP_SLICE_MS; tests and benchmarks change it */
     unsigned long sweep_slices; /* holds of the lock the sweeps took, ever (tests) */
     ext_gpuless_snaps gpuless; /* what prioritize-gpuless scores from without st->mu (snapshot.c) */
@@ -530,6 +532,7 @@ typedef struct ext_reclaim {
     int gpus[KGPU_MAX_GPUS_PER_NODE];
     kgpu_request req; /* its GPU request, compiled (no model globs: `models` holds them) */
     kgpu_qdemand demand; /* what it will take from its queue there: counted as in flight */
+    bool move; /* a consolidation (consolidate.c): the victims are restartable, to run elsewhere */
 } ext_reclaim;
 
 enum ext_reclaim_result {
@@ -566,6 +569,26 @@ void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v
  * ext_reclaim_hold_taken.
  */
 void ext_reclaims_refresh(ext_state *st);
+
+/* ---- consolidation (moves.c; docs/autoscaling.md). Caller holds st->mu. ---- */
+
+#define EXT_CONSOLIDATE_GAP_S 10 /* seconds between two consolidations started */
+
+/*
+ * For a pod of one GPU container (priority `priority`) that fits no node:
+ * with --consolidate N, plans to evict at most N kgpu.io/restartable pods
+ * of one node among `offered` (a flag per node of the cluster: those
+ * kube-scheduler offered), of no higher priority, not being evicted nor lately
+ * protected by a PodDisruptionBudget, so that the pod fits there and each
+ * of them fits elsewhere (kgpu_plan_moves, leaving and DRA nodes left
+ * out). One consolidation at a time cluster-wide, none while a reclaim is
+ * under way, and at least EXT_CONSOLIDATE_GAP_S apart. Results as
+ * ext_queues_reclaim's: STARTED remembers it as a reclaim (its room held
+ * for the pod once the victims are gone) with the victims in *out; `apply`
+ * (--cluster-file) releases them now. msg names no pod of another namespace.
+ */
+int ext_consolidate(ext_state *st, const kgpu_pod *pod, int priority, const bool *offered,
+                    bool apply, ext_reclaim *out, char *msg, size_t len);
 /*
  * Whether `reqs` (nreqs GPU requests of pod `uid`; 0 asks whether the
  * holds still fit as things are) would take room node idx holds for

@@ -52,4 +52,19 @@ bool ext__cpu_take(kgpu_cluster *c, ext_cpu_pod *p);
 /* Appends str (owned) to *list of *n. */
 void ext__push_owned(char ***list, size_t *n, char *str);
 
+/* ---- reclaim_state.c ---- */
+
+/*
+ * The victims as the waiting pod's owner (namespace `viewer`) may read
+ * them: a pod of its own namespace by name and queue, the others only
+ * counted (docs/security.md: tenants learn nothing of each other's pods).
+ */
+void ext__victims_text(const ext_reclaim *r, const char *viewer, char *out, size_t len);
+/* Remembers reclaim r for its pod (bounded by EXT_RECLAIMS_MAX); its victims are being evicted. */
+void ext__reclaim_remember(ext_state *st, const ext_reclaim *r, double now);
+/* Whether victim uid's eviction was refused by a PodDisruptionBudget lately (EXT_REFUSED_S). */
+bool ext__refused_lately(ext_state *st, const char *uid, double now);
+/* Whether the pod's one GPU request fits some node as it is now, room held for others aside. */
+bool ext__fits_somewhere(ext_state *st, const kgpu_pod *pod);
+
 #endif
