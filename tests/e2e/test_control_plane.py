@@ -65,6 +65,8 @@ class ControlPlaneSuite(unittest.TestCase):
             # DRA pods run here (the driver apart from the chart): their queue's limits
             # hold before allocation only with filter-gpuless.
             "scheduler.filterDraPods=true",
+            # Consolidation on: only pods annotated kgpu.io/restartable move (test_20).
+            "extender.config.consolidateMoves=1",
         ])
         cls.ext_config = ext_config
         cp.ensure_namespace(E2E_NS)
@@ -1296,6 +1298,47 @@ class ControlPlaneSuite(unittest.TestCase):
         finally:
             for node in leaving + ["gpu-v100-0"]:
                 taint(node, [])
+
+    def test_20_consolidation_moves_a_restartable_share(self):
+        """Every T4 holds something: a whole-GPU T4 pod fits nowhere. The extender evicts
+        the one restartable share, through the Eviction API, so that it fits; the share's
+        replacement goes beside another share; nothing else is evicted."""
+        t4 = {"kgpu.io/gpu-type": "Tesla T4*"}
+        audit = self.cp.audit_size()
+        self.create("big", [("main", {MEM: 10})], annotations=t4)
+        self.wait_bound("big")
+        for i in range(2):
+            self.create("full-%d" % i, [("main", {WHOLE: 1})], annotations=t4)
+            self.wait_bound("full-%d" % i)
+        # spread: the emptiest GPU, the last T4 left (binpack would go beside "big").
+        self.create("mover", [("main", {MEM: 4})], annotations=dict(
+            t4, **{"kgpu.io/restartable": "true", "kgpu.io/policy": "spread"}))
+        mover = self.wait_bound("mover")
+        self.assertEqual(mover["spec"]["nodeName"], "gpu-t4-0")
+        freed = self.assignment(mover)[0]["gpus"][0]["index"]
+        self.create("whole", [("main", {WHOLE: 1})], annotations=t4)
+        nudge = self.nudger(every=10.0)
+
+        def bound():
+            nudge()
+            self.play_kubelet()
+            p = self.cp.get_pod(E2E_NS, "whole")
+            return p if p["spec"].get("nodeName") else None
+        pod = wait_for(bound, 90, "the whole-GPU pod to be bound after the move", interval=0.2)
+        self.assertEqual(pod["spec"]["nodeName"], "gpu-t4-0")
+        self.assertEqual(self.assignment(pod)[0]["gpus"][0]["index"], freed)
+        self.assertIsNone(self.cp.get_pod(E2E_NS, "mover"))
+        sa = "system:serviceaccount:kgpu-system:kgpu-extender"
+        self.assertEqual([e for e in self.evictions(audit) if e[1] in (200, 201)],
+                         [("mover", 201, sa)])
+        # Its controller's new pod: the only room left is beside "big".
+        self.create("mover-2", [("main", {MEM: 4})],
+                    annotations=dict(t4, **{"kgpu.io/restartable": "true"}))
+        big = self.assignment(self.cp.get_pod(E2E_NS, "big"))[0]["gpus"][0]["index"]
+        again = self.wait_bound("mover-2")
+        self.assertEqual(self.assignment(again)[0]["gpus"][0]["index"], big)
+        self.assertGreaterEqual(self.ext.metric("kgpu_extender_consolidation_moves_total"), 1)
+        self.assert_state_matches()
 
     def test_0_only_kube_scheduler_gets_in(self):
         """The extender runs the chart's config (HTTPS, client CA); kube-scheduler runs the
