@@ -7,8 +7,6 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,71 +35,39 @@ typedef struct as_study {
     int nrows;
     int kgpu_row; /* the row whose peaks size the fixed cluster, or -1 */
     bool fixed_phase;
-    atomic_int next, failed;
-    kgpu_error first_err;
 } as_study;
 
-static void *as_worker(void *arg)
+/* Job j: row j / nseeds, seed j % nseeds, when the row belongs to this phase (jobs.h). */
+static int as_job(void *ctx, int j, kgpu_error *err)
 {
-    as_study *s = arg;
-    int jobs = s->nrows * s->o->nseeds;
-    for (;;) {
-        int j = atomic_fetch_add(&s->next, 1);
-        if (j >= jobs || atomic_load(&s->failed))
-            break;
-        as_row *row = &s->rows[j / s->o->nseeds];
-        int k = j % s->o->nseeds;
-        if (row->fixed != s->fixed_phase)
-            continue;
-        kgpu_autoscale_config cfg = s->o->base;
-        cfg.seed = s->o->seeds[k];
-        cfg.prices = s->prices;
-        cfg.expander = row->kind;
-        int fixed[KGPU_AS_MAX_GROUPS] = {0};
-        if (row->fixed) {
-            /* Per shape, the most nodes kgpu's run of this seed held at once, all on-demand. */
-            const kgpu_autoscale_result *kr = &s->rows[s->kgpu_row].runs[k];
-            for (int g = 0; g < s->in->ngroups; g += 2)
-                fixed[g] = kr->peak_shape[g / 2];
-            cfg.mode = KGPU_AS_FIXED;
-            cfg.fixed_nodes = fixed;
-        }
-        kgpu_error err;
-        kgpu_error_clear(&err);
-        double t0 = kgpu_now();
-        int rc = kgpu_autoscale_run(s->in, &cfg, &row->runs[k], &err);
-        row->wall_s[k] = kgpu_now() - t0;
-        int expected = 0;
-        if (rc != 0 && atomic_compare_exchange_strong(&s->failed, &expected, 1))
-            s->first_err = err;
+    as_study *s = ctx;
+    as_row *row = &s->rows[j / s->o->nseeds];
+    int k = j % s->o->nseeds;
+    if (row->fixed != s->fixed_phase)
+        return 0;
+    kgpu_autoscale_config cfg = s->o->base;
+    cfg.seed = s->o->seeds[k];
+    cfg.prices = s->prices;
+    cfg.expander = row->kind;
+    int fixed[KGPU_AS_MAX_GROUPS] = {0};
+    if (row->fixed) {
+        /* Per shape, the most nodes kgpu's run of this seed held at once, all on-demand. */
+        const kgpu_autoscale_result *kr = &s->rows[s->kgpu_row].runs[k];
+        for (int g = 0; g < s->in->ngroups; g += 2)
+            fixed[g] = kr->peak_shape[g / 2];
+        cfg.mode = KGPU_AS_FIXED;
+        cfg.fixed_nodes = fixed;
     }
-    return NULL;
+    double t0 = kgpu_now();
+    int rc = kgpu_autoscale_run(s->in, &cfg, &row->runs[k], err);
+    row->wall_s[k] = kgpu_now() - t0;
+    return rc;
 }
 
 static int as_phase(as_study *s, bool fixed, kgpu_error *err)
 {
-    int threads = s->o->threads;
-    if (threads <= 0) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cpus > 0 ? (int)cpus : 1;
-    }
-    if (threads > 256)
-        threads = 256;
     s->fixed_phase = fixed;
-    atomic_store(&s->next, 0);
-    pthread_t tid[256];
-    int started = 0;
-    for (; started < threads - 1; started++)
-        if (pthread_create(&tid[started], NULL, as_worker, s) != 0)
-            break; /* fewer workers: this thread still runs every job left */
-    as_worker(s);
-    for (int i = 0; i < started; i++)
-        pthread_join(tid[i], NULL);
-    if (atomic_load(&s->failed)) {
-        *err = s->first_err;
-        return err->code ? err->code : KGPU_EINVAL;
-    }
-    return 0;
+    return kgpu_jobs_run(s->nrows * s->o->nseeds, s->o->threads, false, as_job, s, err);
 }
 
 /* The figures of a row, one per seed, by name: what the table and the JSON show. */
@@ -406,8 +372,6 @@ int kgpu_simulate_autoscale(const kgpu_as_opts *o)
     s.in = &in;
     s.o = o;
     s.prices = &prices;
-    atomic_init(&s.next, 0);
-    atomic_init(&s.failed, 0);
     for (int r = 0; r < s.nrows; r++) {
         s.rows[r].runs = calloc((size_t)o->nseeds, sizeof(*s.rows[r].runs));
         s.rows[r].wall_s = calloc((size_t)o->nseeds, sizeof(*s.rows[r].wall_s));

@@ -7,8 +7,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -440,63 +438,35 @@ typedef struct churn_study {
     const kgpu_churn_queues *queues; /* NULL without --queues */
     int consolidate;                 /* see kgpu_churn_config */
     const bool *restartable;         /* see kgpu_churn_config; borrowed */
-    atomic_int next, failed;
-    kgpu_error first_err;
 } churn_study;
 
-static void *churn_worker(void *arg)
+/* Job j: row j / nseeds, seed j % nseeds (jobs.h). */
+static int churn_job(void *ctx, int j, kgpu_error *err)
 {
-    churn_study *s = arg;
-    int jobs = s->nrows * s->nseeds;
-    for (;;) {
-        int j = atomic_fetch_add(&s->next, 1);
-        if (j >= jobs || atomic_load(&s->failed))
-            break;
-        churn_row *row = &s->rows[j / s->nseeds];
-        int k = j % s->nseeds;
-        kgpu_churn_config cfg = {.policy = row->policy,
-                                 .seed = s->seeds[k],
-                                 .random_ties = s->random_ties,
-                                 .online = s->online,
-                                 .speedup = s->speedup,
-                                 .inflate = s->inflate,
-                                 .queues = s->queues,
-                                 .queue_mode = row->mode,
-                                 .consolidate = s->consolidate,
-                                 .restartable = s->restartable};
-        kgpu_error err;
-        kgpu_error_clear(&err);
-        double t0 = kgpu_now();
-        int rc = kgpu_churn_run(s->in, &cfg, &row->runs[k], &err);
-        row->wall_s[k] = kgpu_now() - t0;
-        int expected = 0;
-        if (rc != 0 && atomic_compare_exchange_strong(&s->failed, &expected, 1))
-            s->first_err = err;
-    }
-    return NULL;
+    churn_study *s = ctx;
+    churn_row *row = &s->rows[j / s->nseeds];
+    int k = j % s->nseeds;
+    kgpu_churn_config cfg = {.policy = row->policy,
+                             .seed = s->seeds[k],
+                             .random_ties = s->random_ties,
+                             .online = s->online,
+                             .speedup = s->speedup,
+                             .inflate = s->inflate,
+                             .queues = s->queues,
+                             .queue_mode = row->mode,
+                             .consolidate = s->consolidate,
+                             .restartable = s->restartable};
+    double t0 = kgpu_now();
+    int rc = kgpu_churn_run(s->in, &cfg, &row->runs[k], err);
+    row->wall_s[k] = kgpu_now() - t0;
+    return rc;
 }
 
 static int churn_study_run(churn_study *s, int threads, kgpu_error *err)
 {
-    int jobs = s->nrows * s->nseeds;
-    if (threads <= 0) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cpus > 0 ? (int)cpus : 1;
-    }
-    if (threads > jobs)
-        threads = jobs;
-    pthread_t tid[256];
-    int started = 0;
-    for (; started < threads - 1; started++)
-        if (pthread_create(&tid[started], NULL, churn_worker, s) != 0)
-            break; /* fewer workers: the calling thread still runs every job left */
-    churn_worker(s);
-    for (int i = 0; i < started; i++)
-        pthread_join(tid[i], NULL);
-    if (atomic_load(&s->failed)) {
-        *err = s->first_err;
-        return err->code ? err->code : KGPU_EINVAL;
-    }
+    int rc = kgpu_jobs_run(s->nrows * s->nseeds, threads, false, churn_job, s, err);
+    if (rc != 0)
+        return rc;
     for (int r = 0; r < s->nrows; r++) {
         churn_row *row = &s->rows[r];
         double n = s->nseeds;
@@ -836,8 +806,6 @@ static int run_churn(const churn_opts *o)
     s.inflate = o->inflate;
     s.random_ties = o->random_ties;
     s.online = o->online;
-    atomic_init(&s.next, 0);
-    atomic_init(&s.failed, 0);
     int nmodes = qs != NULL ? o->nmodes : 1;
     s.rows = calloc((size_t)(o->npolicies * nmodes), sizeof(*s.rows));
     if (s.rows == NULL) {
@@ -1089,6 +1057,15 @@ static bool number_arg(const char *flag, const char *text, double max, const cha
     return true;
 }
 
+/* The long option whose getopt value is `val` (for messages). */
+static const char *long_name(const struct option *opts, int val)
+{
+    for (; opts->name != NULL; opts++)
+        if (opts->val == val)
+            return opts->name;
+    return "?";
+}
+
 int kgpu_cmd_simulate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -1273,7 +1250,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
                       (c != 1002 || v > 0) && (c != 1006 || v <= 1);
             if (!ok) {
                 fprintf(stderr, "kgpu simulate: --%s '%s': expected a number %s\n",
-                        opts[c - 1000 + 21].name, optarg,
+                        long_name(opts, c), optarg,
                         c == 1006 ? "in [0, 1]" : c == 1002 ? "in (0, 86400]" : ">= 0");
                 free(policy_text);
                 return 2;

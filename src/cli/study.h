@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "jobs.h" /* kgpu_now */
 #include "kgpu/sim.h"
 
 typedef struct kgpu_study_row {
@@ -55,8 +56,5 @@ int kgpu_study_init(kgpu_study *s, const kgpu_sim_input *in, const char *const *
 int kgpu_study_run(kgpu_study *s, kgpu_error *err);
 
 void kgpu_study_free(kgpu_study *s);
-
-/* Monotonic seconds. */
-double kgpu_now(void);
 
 #endif

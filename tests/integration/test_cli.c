@@ -182,6 +182,21 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(r.err, "--nodes and --pods are required"));
     run_free(&r);
 
+    /* Each autoscaler number names its own flag and range. */
+    r = run("simulate " EXAMPLE " --autoscale --scale-down-utilization-threshold 2");
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--scale-down-utilization-threshold '2': expected a number "
+                                  "in [0, 1]"));
+    run_free(&r);
+    r = run("simulate " EXAMPLE " --autoscale --scan-interval 0");
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--scan-interval '0': expected a number in (0, 86400]"));
+    run_free(&r);
+    r = run("simulate " EXAMPLE " --autoscale --spot-interruptions x");
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--spot-interruptions 'x': expected a number >= 0"));
+    run_free(&r);
+
     r = run("frobnicate");
     assert_int_equal(r.status, 2);
     run_free(&r);
