@@ -42,7 +42,8 @@ typedef struct kgpu_moves {
 
 /*
  * For req, which fits no node of c as it stands: moves at most max_moves
- * (<= KGPU_MAX_MOVES) movable pods of one node elsewhere, the fewest, then
+ * (<= KGPU_MAX_MOVES) movable pods of one node elsewhere (another node, or
+ * other GPUs of the same node beside req), the fewest, then
  * the least GPU compute moved; the policy p (made for c) picks req's GPUs
  * and each moved pod's new place. pods[0..n) are the placed pods the
  * planner may consider (others on c stay where they are); `hosts` (one

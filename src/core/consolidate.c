@@ -10,7 +10,9 @@
  *   2. Victim sets by size, 1 first, over every node: a set is a candidate
  *      when req fits the node with the set gone (kgpu_fit_all with the set
  *      released) and each victim's shape fits some other node as the
- *      cluster stands (first fitting node kept per shape and cluster change).
+ *      cluster stands (first fitting node kept per shape and cluster change)
+ *      or, all such victims together, the same node beside req: a move to
+ *      other GPUs of the node, which frees a whole GPU as well.
  *      Among candidates of one size the one that moves the least GPU
  *      compute wins (the least disruption), then the lowest node index.
  *   3. Commit: the victims leave, req takes the node (the policy picks its
@@ -224,10 +226,16 @@ static void scan_node(kgpu__pods *t, const kgpu_cluster *c, int i, const kgpu_re
         candidate cand = {.node = i, .n = size, .moved_milli = moved_milli(t, ids, size)};
         memcpy(cand.ids, ids, (size_t)size * sizeof(*ids));
         if (!tried && better(&cand, best) && kgpu_fit_all(c, i, rel, size, reqs, 1, NULL, 0)) {
-            bool away = true;
-            for (int k = 0; k < size && away; k++)
-                away = fits_elsewhere(t, c, t->pod[ids[k]].req, i);
-            if (away)
+            /*
+             * Each victim goes to another node, or stays on this one on other
+             * GPUs: those that stay must fit beside req together.
+             */
+            const kgpu_request *stay[1 + KGPU__MAX_MOVES] = {req};
+            int nstay = 1;
+            for (int k = 0; k < size; k++)
+                if (!fits_elsewhere(t, c, t->pod[ids[k]].req, i))
+                    stay[nstay++] = t->pod[ids[k]].req;
+            if (nstay == 1 || kgpu_fit_all(c, i, rel, size, stay, nstay, NULL, 0))
                 *best = cand;
         }
         /* Next combination of `size` out of nm, in lexicographic order. */

@@ -382,7 +382,8 @@ void kgpu__pods_remove(kgpu__pods *t, const kgpu_cluster *c, int id);
 
 /*
  * Places req, which fits no node as the cluster stands, by moving at most
- * max_moves (<= KGPU__MAX_MOVES) movable pods of one node elsewhere: the
+ * max_moves (<= KGPU__MAX_MOVES) movable pods of one node elsewhere (to
+ * another node, or to other GPUs of the same one): the
  * fewest moves, then the least GPU compute moved. The policy picks req's
  * GPUs on that node and every moved pod's new place; `hosts` (per node,
  * NULL: any) are the nodes req may take. On 0, req is applied

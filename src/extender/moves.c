@@ -188,16 +188,9 @@ int ext_consolidate(ext_state *st, const kgpu_pod *pod, int priority, const bool
     out->req.shape = -1;
     kgpu_qdemand_of_placement(c, &out->req, mv.placed.node, mv.placed.gpus, &out->demand);
     for (int i = 0; i < mv.n; i++) {
-        const ext_pod *e = who[mv.pod[i]];
-        ext_victim *vv = &out->v[out->nvictims++];
-        snprintf(vv->uid, sizeof(vv->uid), "%s", e->uid);
-        snprintf(vv->ns, sizeof(vv->ns), "%s", e->ns);
-        snprintf(vv->name, sizeof(vv->name), "%s", e->name);
-        snprintf(vv->node, sizeof(vv->node), "%s", e->node);
-        snprintf(vv->queue, sizeof(vv->queue), "%s", e->queue);
         kgpu_qdemand d;
-        ext__pod_demand(st->cluster, e, &d);
-        vv->freed_milli = d.milli;
+        ext__pod_demand(st->cluster, who[mv.pod[i]], &d);
+        ext__victim_add(out, who[mv.pod[i]], d.milli);
     }
     free(who);
     kgpu_cluster_free(c);

@@ -495,16 +495,8 @@ int ext_queues_reclaim(ext_state *st, const kgpu_pod *pod, int q, bool apply, ex
     out->demand = asked;
     if (res.ngpus == req.gpu_count && res.node >= 0)
         kgpu_qdemand_of_placement(c, &req, res.node, res.gpus, &out->demand);
-    for (size_t i = 0; i < res.nvictims; i++) {
-        const ext_pod *p = who[res.victims[i]];
-        ext_victim *vv = &out->v[out->nvictims++];
-        snprintf(vv->uid, sizeof(vv->uid), "%s", p->uid);
-        snprintf(vv->ns, sizeof(vv->ns), "%s", p->ns);
-        snprintf(vv->name, sizeof(vv->name), "%s", p->name);
-        snprintf(vv->node, sizeof(vv->node), "%s", p->node);
-        snprintf(vv->queue, sizeof(vv->queue), "%s", p->queue);
-        vv->freed_milli = running[res.victims[i]].d.milli;
-    }
+    for (size_t i = 0; i < res.nvictims; i++)
+        ext__victim_add(out, who[res.victims[i]], running[res.victims[i]].d.milli);
     char list[200];
     ext__victims_text(out, pod->ns, list, sizeof(list));
     if (apply) {
@@ -526,6 +518,17 @@ out:
     kgpu_queues_free(qs);
     kgpu_cluster_free(future);
     return rc;
+}
+
+void ext__victim_add(ext_reclaim *r, const ext_pod *p, int64_t freed_milli)
+{
+    ext_victim *vv = &r->v[r->nvictims++];
+    snprintf(vv->uid, sizeof(vv->uid), "%s", p->uid);
+    snprintf(vv->ns, sizeof(vv->ns), "%s", p->ns);
+    snprintf(vv->name, sizeof(vv->name), "%s", p->name);
+    snprintf(vv->node, sizeof(vv->node), "%s", p->node);
+    snprintf(vv->queue, sizeof(vv->queue), "%s", p->queue);
+    vv->freed_milli = freed_milli;
 }
 
 void ext__reclaim_remember(ext_state *st, const ext_reclaim *r, double now)

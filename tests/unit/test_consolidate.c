@@ -269,6 +269,69 @@ static void test_removal_reopens_a_failed_shape(void **state)
 }
 
 /*
+ * One node of two GPUs: 600 on GPU 0, a restartable 300 on GPU 1. A whole
+ * GPU fits after the 300 moves to GPU 0 of the same node: there is no
+ * other node, and the move frees GPU 1 whole.
+ */
+static void test_a_move_within_the_node(void **state)
+{
+    (void)state;
+    kgpu_cluster *c = kgpu_cluster_new();
+    assert_non_null(c);
+    kgpu_error err;
+    kgpu_gpu_spec g[2] = {{.index = 0, .model = "T4", .memory_mib = 16384, .numa = -1,
+                           .healthy = true},
+                          {.index = 1, .model = "T4", .memory_mib = 16384, .numa = -1,
+                           .healthy = true}};
+    kgpu_node_spec n = {.name = "n0", .cpu_milli = 64000, .memory_mib = 262144, .gpus = g,
+                        .ngpus = 2};
+    assert_int_equal(kgpu_cluster_add_node(c, &n, &err), 0);
+    kgpu_policy *p = kgpu_policy_new("bestfit", c, NULL, &err);
+    assert_non_null(p);
+    kgpu_placed_pod pods[2];
+    const int milli[2] = {600, 300};
+    for (int i = 0; i < 2; i++) {
+        pods[i].req = (kgpu_request){.gpu_count = 1, .gpu_milli = milli[i], .shape = -1};
+        assert_int_equal(kgpu_request_compile(c, &pods[i].req, &err), 0);
+        int gpus[1] = {i};
+        assert_int_equal(kgpu_cluster_apply(c, &pods[i].req, 0, gpus, &pods[i].a, &err), 0);
+        pods[i].movable = i == 1;
+    }
+    kgpu_request whole = {.gpu_count = 1, .gpu_milli = 1000, .exclusive = true, .shape = -1};
+    assert_int_equal(kgpu_request_compile(c, &whole, &err), 0);
+    assert_false(kgpu_fit(c, 0, &whole, NULL, 0));
+    kgpu_rng rng;
+    kgpu_rng_seed(&rng, 42, 2);
+    kgpu_moves mv;
+    assert_int_equal(kgpu_plan_moves(c, p, pods, 2, &whole, 1, NULL, &rng, &mv, &err), 0);
+    assert_int_equal(mv.n, 1);
+    assert_int_equal(mv.pod[0], 1);
+    assert_int_equal(mv.placed.gpus[0], 1);
+    assert_int_equal(mv.to[0].node, 0);
+    assert_int_equal(mv.to[0].gpus[0], 0);
+    assert_int_equal(kgpu_cluster_node(c, 0)->gpus[0].free_milli, 100);
+    /* A 500 would not fit beside the 600: no plan, nothing changed. */
+    kgpu_cluster *c2 = kgpu_cluster_new();
+    assert_int_equal(kgpu_cluster_add_node(c2, &n, &err), 0);
+    kgpu_policy *p2 = kgpu_policy_new("bestfit", c2, NULL, &err);
+    const int milli2[2] = {600, 500};
+    for (int i = 0; i < 2; i++) {
+        pods[i].req = (kgpu_request){.gpu_count = 1, .gpu_milli = milli2[i], .shape = -1};
+        assert_int_equal(kgpu_request_compile(c2, &pods[i].req, &err), 0);
+        int gpus[1] = {i};
+        assert_int_equal(kgpu_cluster_apply(c2, &pods[i].req, 0, gpus, &pods[i].a, &err), 0);
+        pods[i].movable = i == 1;
+    }
+    assert_int_equal(kgpu_plan_moves(c2, p2, pods, 2, &whole, 1, NULL, &rng, &mv, &err),
+                     KGPU_ENOFIT);
+    assert_int_equal(kgpu_cluster_gpu_milli_allocated(c2), 1100);
+    kgpu_policy_free(p2);
+    kgpu_cluster_free(c2);
+    kgpu_policy_free(p);
+    kgpu_cluster_free(c);
+}
+
+/*
  * The public planner (kgpu/consolidate.h), as the extender calls it: the
  * caller's pods by index, only the movable ones, and the hosts it may use.
  * Node 0: 250 + 300 (450 free); node 1: 600 (400 free); node 2: 500 (500 free).
@@ -415,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_two_moves_when_one_is_not_enough),
         cmocka_unit_test(test_competing_victims_undone_exactly),
         cmocka_unit_test(test_removal_reopens_a_failed_shape),
+        cmocka_unit_test(test_a_move_within_the_node),
         cmocka_unit_test(test_plan_moves_by_index_and_hosts),
         cmocka_unit_test(test_plan_moves_refuses_bad_input),
         cmocka_unit_test(test_sim_consolidation_counted_and_deterministic),
