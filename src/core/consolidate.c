@@ -232,10 +232,19 @@ static void scan_node(kgpu__pods *t, const kgpu_cluster *c, int i, const kgpu_re
              */
             const kgpu_request *stay[1 + KGPU__MAX_MOVES] = {req};
             int nstay = 1;
-            for (int k = 0; k < size; k++)
-                if (!fits_elsewhere(t, c, t->pod[ids[k]].req, i))
+            int64_t want = kgpu__gpu_demand(req), room = kgpu__node_free_milli(
+                                                           kgpu_cluster_node(c, i));
+            for (int k = 0; k < size; k++) {
+                const kgpu_assignment *a = &t->pod[ids[k]].a;
+                room += (int64_t)a->ngpus * (a->exclusive ? KGPU_MILLI : a->gpu_milli);
+                if (!fits_elsewhere(t, c, t->pod[ids[k]].req, i)) {
                     stay[nstay++] = t->pod[ids[k]].req;
-            if (nstay == 1 || kgpu_fit_all(c, i, rel, size, stay, nstay, NULL, 0))
+                    want += kgpu__gpu_demand(t->pod[ids[k]].req);
+                }
+            }
+            /* The compute summed over the node first: the search only when it can fit. */
+            if (nstay == 1 ||
+                (want <= room && kgpu_fit_all(c, i, rel, size, stay, nstay, NULL, 0)))
                 *best = cand;
         }
         /* Next combination of `size` out of nm, in lexicographic order. */
