@@ -57,6 +57,18 @@ int kgpu_plan_moves(kgpu_cluster *c, kgpu_policy *p, const kgpu_placed_pod *pods
                     const kgpu_request *req, int max_moves, const bool *hosts, kgpu_rng *rng,
                     kgpu_moves *out, kgpu_error *err);
 
+/*
+ * Whether the pods pods[0..n) of node `node` (applied to c) could all run
+ * elsewhere: each placed again by the policy p (made for c) on the other
+ * nodes, largest GPU demand first, none on `node` nor on nodes flagged in
+ * `skip` (per node of c; NULL: none). What removing the node would need.
+ * 0: yes; KGPU_ENOFIT: no, *stuck the index of a pod that found no room
+ * (when stuck is not NULL); another error: out of memory, or pods that
+ * disagree with c. c is left exactly as it was, in every case but a bug.
+ */
+int kgpu_can_drain(kgpu_cluster *c, kgpu_policy *p, const kgpu_placed_pod *pods, size_t n,
+                   int node, const bool *skip, kgpu_rng *rng, size_t *stuck, kgpu_error *err);
+
 #ifdef __cplusplus
 }
 #endif

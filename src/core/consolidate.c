@@ -432,3 +432,79 @@ int kgpu_plan_moves(kgpu_cluster *c, kgpu_policy *p, const kgpu_placed_pod *pods
     kgpu__pods_free(&t);
     return rc;
 }
+
+/* Largest GPU demand first, then the caller's order. */
+typedef struct drain_order {
+    int64_t demand;
+    size_t i;
+} drain_order;
+
+static int by_demand(const void *a, const void *b)
+{
+    const drain_order *x = a, *y = b;
+    if (x->demand != y->demand)
+        return x->demand > y->demand ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+int kgpu_can_drain(kgpu_cluster *c, kgpu_policy *p, const kgpu_placed_pod *pods, size_t n,
+                   int node, const bool *skip, kgpu_rng *rng, size_t *stuck, kgpu_error *err)
+{
+    int nn = kgpu_cluster_node_count(c);
+    if (node < 0 || node >= nn)
+        return kgpu_error_set(err, KGPU_EINVAL, "node %d is not in the cluster", node);
+    drain_order *order = malloc((n + 1) * sizeof(*order));
+    kgpu_assignment *now = malloc((n + 1) * sizeof(*now));
+    int *others = malloc((size_t)nn * sizeof(*others) + 1);
+    if (order == NULL || now == NULL || others == NULL) {
+        free(order);
+        free(now);
+        free(others);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    int nothers = 0;
+    for (int i = 0; i < nn; i++)
+        if (i != node && (skip == NULL || !skip[i]))
+            others[nothers++] = i;
+    int rc = 0;
+    size_t released = 0, placed = 0;
+    while (released < n && rc == 0) {
+        if (pods[released].a.node != node)
+            rc = kgpu_error_set(err, KGPU_EINVAL, "pod %zu is on node %d, not %d", released,
+                                pods[released].a.node, node);
+        else
+            rc = kgpu_cluster_release(c, &pods[released].a, err);
+        if (rc == 0) {
+            order[released] = (drain_order){kgpu__gpu_demand(&pods[released].req), released};
+            released++;
+        }
+    }
+    if (rc == 0)
+        qsort(order, n, sizeof(*order), by_demand);
+    while (placed < n && rc == 0) {
+        const kgpu_request *req = &pods[order[placed].i].req;
+        int at, gpus[KGPU_MAX_GPUS_PER_NODE];
+        rc = nothers > 0 ? kgpu_policy_select(p, c, req, others, nothers, rng, &at, gpus, err)
+                         : KGPU_ENOFIT;
+        if (rc == 0)
+            rc = kgpu_cluster_apply(c, req, at, gpus, &now[placed], err);
+        if (rc == 0)
+            placed++;
+        else if (rc == KGPU_ENOFIT && stuck != NULL)
+            *stuck = order[placed].i;
+    }
+    /* Undo: what was placed leaves, what was released comes back on its own GPUs. */
+    kgpu_error local;
+    int undo = 0;
+    while (placed-- > 0 && undo == 0)
+        undo = kgpu_cluster_release(c, &now[placed], &local);
+    while (released-- > 0 && undo == 0)
+        undo = kgpu_cluster_apply(c, &pods[released].req, node, pods[released].a.gpus, NULL,
+                                  &local);
+    free(order);
+    free(now);
+    free(others);
+    if (undo != 0)
+        return kgpu_error_set(err, KGPU_ESTATE, "undoing a drain check: %s", local.msg);
+    return rc;
+}

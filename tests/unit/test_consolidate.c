@@ -331,6 +331,64 @@ static void test_a_move_within_the_node(void **state)
     kgpu_cluster_free(c);
 }
 
+/* Applies a share of `milli` on one-GPU node `node` as a kgpu_placed_pod. */
+static void placed(world *w, kgpu_placed_pod *pp, int node, int milli)
+{
+    pp->req = *share(w, milli);
+    pp->req.shape = -1;
+    int gpus[1] = {0};
+    kgpu_error err;
+    assert_int_equal(kgpu_cluster_apply(w->c, &pp->req, node, gpus, &pp->a, &err), 0);
+    pp->movable = true;
+}
+
+/*
+ * Whether a node's pods could all run elsewhere (the scale-down guard's
+ * question). n0: 500 + 300; n1: 400 (600 free); n2: 700 (300 free): the 500
+ * goes to n1, the 300 to n2. Without n2, or with n1 fuller, the node must stay.
+ */
+static void test_can_drain(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 3);
+    kgpu_placed_pod on0[2], other[2];
+    placed(&w, &on0[0], 0, 500);
+    placed(&w, &on0[1], 0, 300);
+    placed(&w, &other[0], 1, 400);
+    placed(&w, &other[1], 2, 700);
+    kgpu_error err;
+    size_t stuck = 99;
+    int before[3];
+    for (int i = 0; i < 3; i++)
+        before[i] = free_milli(&w, i);
+    assert_int_equal(kgpu_can_drain(w.c, w.p, on0, 2, 0, NULL, &w.rng, &stuck, &err), 0);
+    assert_int_equal(stuck, 99);
+    for (int i = 0; i < 3; i++) /* left exactly as it was */
+        assert_int_equal(free_milli(&w, i), before[i]);
+    bool skip[3] = {false, false, true};
+    assert_int_equal(kgpu_can_drain(w.c, w.p, on0, 2, 0, skip, &w.rng, &stuck, &err),
+                     KGPU_ENOFIT);
+    assert_int_equal(stuck, 1); /* the 300: the 500 took n1 first */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(free_milli(&w, i), before[i]);
+    /* n1 fuller: the 500 fits nowhere. */
+    kgpu_placed_pod more;
+    placed(&w, &more, 1, 200);
+    assert_int_equal(kgpu_can_drain(w.c, w.p, on0, 2, 0, NULL, &w.rng, &stuck, &err),
+                     KGPU_ENOFIT);
+    assert_int_equal(stuck, 0);
+    assert_int_equal(free_milli(&w, 0), 200);
+    /* A pod that is not on the node is refused, and nothing changes. */
+    assert_int_equal(kgpu_can_drain(w.c, w.p, other, 1, 0, NULL, &w.rng, &stuck, &err),
+                     KGPU_EINVAL);
+    assert_int_equal(free_milli(&w, 0), 200);
+    assert_int_equal(free_milli(&w, 1), 400);
+    /* An empty node can always go. */
+    assert_int_equal(kgpu_can_drain(w.c, w.p, NULL, 0, 2, NULL, &w.rng, &stuck, &err), 0);
+    world_free(&w);
+}
+
 /*
  * The public planner (kgpu/consolidate.h), as the extender calls it: the
  * caller's pods by index, only the movable ones, and the hosts it may use.
@@ -479,6 +537,7 @@ int main(void)
         cmocka_unit_test(test_competing_victims_undone_exactly),
         cmocka_unit_test(test_removal_reopens_a_failed_shape),
         cmocka_unit_test(test_a_move_within_the_node),
+        cmocka_unit_test(test_can_drain),
         cmocka_unit_test(test_plan_moves_by_index_and_hosts),
         cmocka_unit_test(test_plan_moves_refuses_bad_input),
         cmocka_unit_test(test_sim_consolidation_counted_and_deterministic),
