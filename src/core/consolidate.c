@@ -447,6 +447,20 @@ static int by_demand(const void *a, const void *b)
     return (x->i > y->i) - (x->i < y->i);
 }
 
+/* Marks node i's GPUs unhealthy (saving their health in was[]) or gives it back. */
+static int set_off(kgpu_cluster *c, int i, bool off, bool *was, kgpu_error *err)
+{
+    const kgpu_node *n = kgpu_cluster_node(c, i);
+    for (int g = 0; g < n->ngpus; g++) {
+        if (off)
+            was[g] = n->gpus[g].healthy;
+        int rc = kgpu_cluster_set_gpu_health(c, i, g, off ? false : was[g], err);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 int kgpu_can_drain(kgpu_cluster *c, kgpu_policy *p, const kgpu_placed_pod *pods, size_t n,
                    int node, const bool *skip, kgpu_rng *rng, size_t *stuck, kgpu_error *err)
 {
@@ -455,18 +469,16 @@ int kgpu_can_drain(kgpu_cluster *c, kgpu_policy *p, const kgpu_placed_pod *pods,
         return kgpu_error_set(err, KGPU_EINVAL, "node %d is not in the cluster", node);
     drain_order *order = malloc((n + 1) * sizeof(*order));
     kgpu_assignment *now = malloc((n + 1) * sizeof(*now));
-    int *others = malloc((size_t)nn * sizeof(*others) + 1);
-    if (order == NULL || now == NULL || others == NULL) {
+    int *off = malloc(((size_t)nn + 1) * sizeof(*off));
+    bool(*was)[KGPU_MAX_GPUS_PER_NODE] = malloc(((size_t)nn + 1) * sizeof(*was));
+    if (order == NULL || now == NULL || off == NULL || was == NULL) {
         free(order);
         free(now);
-        free(others);
+        free(off);
+        free(was);
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
-    int nothers = 0;
-    for (int i = 0; i < nn; i++)
-        if (i != node && (skip == NULL || !skip[i]))
-            others[nothers++] = i;
-    int rc = 0;
+    int rc = 0, noff = 0;
     size_t released = 0, placed = 0;
     while (released < n && rc == 0) {
         if (pods[released].a.node != node)
@@ -479,13 +491,18 @@ int kgpu_can_drain(kgpu_cluster *c, kgpu_policy *p, const kgpu_placed_pod *pods,
             released++;
         }
     }
+    /* The node and the skipped ones take nothing: their GPUs off while the pods are placed. */
+    for (int i = 0; i < nn && rc == 0; i++)
+        if (i == node || (skip != NULL && skip[i])) {
+            rc = set_off(c, i, true, was[noff], err);
+            off[noff++] = i; /* given back below even when set_off stopped midway */
+        }
     if (rc == 0)
         qsort(order, n, sizeof(*order), by_demand);
     while (placed < n && rc == 0) {
         const kgpu_request *req = &pods[order[placed].i].req;
         int at, gpus[KGPU_MAX_GPUS_PER_NODE];
-        rc = nothers > 0 ? kgpu_policy_select(p, c, req, others, nothers, rng, &at, gpus, err)
-                         : KGPU_ENOFIT;
+        rc = kgpu_policy_select(p, c, req, NULL, 0, rng, &at, gpus, err);
         if (rc == 0)
             rc = kgpu_cluster_apply(c, req, at, gpus, &now[placed], err);
         if (rc == 0)
@@ -493,17 +510,20 @@ int kgpu_can_drain(kgpu_cluster *c, kgpu_policy *p, const kgpu_placed_pod *pods,
         else if (rc == KGPU_ENOFIT && stuck != NULL)
             *stuck = order[placed].i;
     }
-    /* Undo: what was placed leaves, what was released comes back on its own GPUs. */
+    /* Undo: what was placed leaves, the GPUs come back on, what was released returns. */
     kgpu_error local;
     int undo = 0;
     while (placed-- > 0 && undo == 0)
         undo = kgpu_cluster_release(c, &now[placed], &local);
+    while (noff-- > 0 && undo == 0)
+        undo = set_off(c, off[noff], false, was[noff], &local);
     while (released-- > 0 && undo == 0)
         undo = kgpu_cluster_apply(c, &pods[released].req, node, pods[released].a.gpus, NULL,
                                   &local);
     free(order);
     free(now);
-    free(others);
+    free(off);
+    free(was);
     if (undo != 0)
         return kgpu_error_set(err, KGPU_ESTATE, "undoing a drain check: %s", local.msg);
     return rc;
