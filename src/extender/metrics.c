@@ -356,7 +356,7 @@ static void render_usage(buf *b, ext_usage *rows, size_t n, const kgpu_prices *p
     for (size_t i = 0; i < n; i++) {
         const kgpu_price *p = kgpu_prices_gpu(prices, rows[i].model);
         if (p != NULL)
-            put(b, "kgpu_namespace_gpu_cost_total{" USAGE_LABELS ",currency=\"%s\"} %.6f\n",
+            put(b, "kgpu_namespace_gpu_cost_total{" USAGE_LABELS ",currency=\"%s\"} %.9g\n",
                 USAGE_ARGS(&rows[i]), ec,
                 rows[i].gpu_seconds / 3600.0 * (rows[i].spot ? p->spot : p->on_demand));
     }

@@ -25,7 +25,7 @@
  */
 typedef struct ext_usage {
     char ns[64];                         /* namespaces are DNS labels */
-    char queue[KGPU_QUEUE_NAME_MAX + 1]; /* the pod's resolved queue; "" none */
+    char queue[KGPU_QUEUE_NAME_MAX + 1]; /* the pod's resolved queue; "" queues off */
     char model[KGPU_MODEL_NAME_MAX];     /* of the GPUs held */
     bool spot;                           /* its node's capacity type (capacity.h) */
     double gpus;                         /* held now */

@@ -10,7 +10,8 @@
  * it takes off is exactly what it put on, whatever changed meanwhile.
  *
  * Every part of the key comes from what kgpu or the operator decided: the
- * pod's namespace, its resolved queue (never the raw label), the model of
+ * pod's namespace, its resolved queue (never the raw label: "" while queues
+ * are off, when nothing resolves it), the model of
  * the GPUs kgpu gave it, its node's capacity-type labels. The table is
  * bounded all the same (EXT_USAGE_MAX): past it, new keys fold into
  * namespace EXT_USAGE_OVERFLOW_NS, one entry per model and capacity type.
@@ -81,6 +82,16 @@ static double gpu_share(const kgpu_gpu *g, const kgpu_assignment *a)
     return f;
 }
 
+/*
+ * The queue p's GPU time counts in: its resolved queue while queues are on.
+ * With queues off p->queue is its label as written (nothing checks it
+ * against a tree), so a tenant could mint series with it: "" then.
+ */
+static const char *usage_queue(const ext_state *st, const ext_pod *p)
+{
+    return st->queues != NULL ? p->queue : "";
+}
+
 /* Adds `gpus` to p's contribution to entry u (a new slot when u is not among them yet). */
 static void contribute(ext_pod *p, ext_usage *u, double gpus)
 {
@@ -115,7 +126,7 @@ void ext__usage_hold(ext_state *st, ext_pod *p)
             const kgpu_gpu *gpu = &n->gpus[a->gpus[g]];
             double f = gpu_share(gpu, a);
             p->gpus += f;
-            ext_usage *u = entry(st, p->ns, p->queue,
+            ext_usage *u = entry(st, p->ns, usage_queue(st, p),
                                  kgpu_cluster_model_name(st->cluster, gpu->model), spot);
             if (u != NULL)
                 contribute(p, u, f);
@@ -139,7 +150,7 @@ void ext__usage_requeue(ext_state *st, ext_pod *p)
 {
     bool moved = false;
     for (int i = 0; i < p->nusage && !moved; i++)
-        moved = strcmp(p->usage[i]->queue, p->queue) != 0 &&
+        moved = strcmp(p->usage[i]->queue, usage_queue(st, p)) != 0 &&
                 strcmp(p->usage[i]->ns, EXT_USAGE_OVERFLOW_NS) != 0;
     if (!moved)
         return;
@@ -151,7 +162,7 @@ void ext__usage_requeue(ext_state *st, ext_pod *p)
     memcpy(gpus, p->usage_gpus, sizeof(gpus[0]) * (size_t)n);
     ext__usage_unhold(st, p);
     for (int i = 0; i < n; i++) {
-        ext_usage *u = entry(st, p->ns, p->queue, was[i]->model, was[i]->spot);
+        ext_usage *u = entry(st, p->ns, usage_queue(st, p), was[i]->model, was[i]->spot);
         if (u != NULL)
             contribute(p, u, gpus[i]);
     }
