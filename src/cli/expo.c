@@ -162,11 +162,14 @@ static int read_sample(cursor *c, kgpu_expo_sample *s, kgpu_error *err)
     if (rc != 0)
         return rc;
     s->nlabels = 0;
+    const char *before = c->p; /* the value must follow blanks: "m 1", "m{} 1", "m {} 1" */
     skip_blanks(c);
-    if (c->p < c->end && *c->p == '{' && (rc = read_labels(c, s, err)) != 0)
-        return rc;
-    const char *before = c->p;
-    skip_blanks(c);
+    if (c->p < c->end && *c->p == '{') {
+        if ((rc = read_labels(c, s, err)) != 0)
+            return rc;
+        before = c->p;
+        skip_blanks(c);
+    }
     if (c->p == before)
         return fail(err, c, "expected a blank before the value of %s", s->name);
     if ((rc = read_number(c, &s->value, false, "value", err)) != 0)
