@@ -328,7 +328,8 @@ static int load_prometheus(const char *base, const char *range, const tls_opts *
         bl--;
     for (size_t i = 0; i < sizeof(q) / sizeof(q[0]); i++) {
         char query[512], enc[1536], url[2600];
-        snprintf(query, sizeof(query), "sum by (%s) (increase(%s[%s]))", q[i].by, q[i].metric,
+        /* max, not sum: every extender replica counts the same pods (as the recording rules). */
+        snprintf(query, sizeof(query), "max by (%s) (increase(%s[%s]))", q[i].by, q[i].metric,
                  range);
         if (!url_encode(query, enc, sizeof(enc)) || bl > 1000)
             return kgpu_error_set(err, KGPU_EINVAL, "--prometheus URL too long");

@@ -180,11 +180,11 @@ class TestFromPrometheus(ReportTest):
         self.check_numbers(doc)
         self.assertEqual(doc["range"], "7d")
         self.assertEqual(self.queries, [
-            "sum by (namespace, queue, model, capacity_type) "
+            "max by (namespace, queue, model, capacity_type) "
             "(increase(kgpu_namespace_gpu_seconds_total[7d]))",
-            "sum by (namespace, queue, model, capacity_type, currency) "
+            "max by (namespace, queue, model, capacity_type, currency) "
             "(increase(kgpu_namespace_gpu_cost_total[7d]))",
-            "sum by (model, capacity_type) (increase(kgpu_unpriced_gpu_seconds_total[7d]))"])
+            "max by (model, capacity_type) (increase(kgpu_unpriced_gpu_seconds_total[7d]))"])
 
     def test_default_range_is_30d(self):
         self.queries = []
