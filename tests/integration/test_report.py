@@ -144,6 +144,23 @@ class TestFromMetrics(ReportTest):
             self.assertIn(want, out.stderr)
 
 
+class TestDocsExample(ReportTest):
+    """docs/autoscaling.md shows `kgpu report` on examples/cost-metrics.txt: that is its output."""
+
+    def test_docs_show_the_real_output(self):
+        with open(os.path.join(te.SOURCE_DIR, "docs", "autoscaling.md")) as f:
+            text = f.read()
+        cmd = "$ kgpu report --metrics examples/cost-metrics.txt\n"
+        self.assertIn(cmd, text)
+        shown = text.split(cmd, 1)[1].split("```", 1)[0]
+        out = subprocess.run([te.KGPU_BIN, "report", "--metrics", "examples/cost-metrics.txt"],
+                             capture_output=True, text=True, timeout=60, cwd=te.SOURCE_DIR)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(shown, out.stdout)
+        # And the example's costs are its seconds at examples/prices.yaml's prices.
+        self.assertIn("1440.000       172.80 USD", out.stdout)  # T4 spot at 0.12
+
+
 def vector(samples):
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
         {"metric": m, "value": [time.time(), str(v)]} for m, v in samples]}})
