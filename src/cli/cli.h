@@ -17,6 +17,7 @@
 int kgpu_cmd_simulate(int argc, char **argv);
 int kgpu_cmd_example(int argc, char **argv);
 int kgpu_cmd_inspect(int argc, char **argv);
+int kgpu_cmd_report(int argc, char **argv);
 
 /* Reads a whole file; *buf is malloc'd (caller frees). */
 int kgpu_read_file(const char *path, char **buf, size_t *len, kgpu_error *err);

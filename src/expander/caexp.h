@@ -45,11 +45,8 @@ json_t *caexp_node_json(const uint8_t *b, size_t n, kgpu_error *err);
 json_t *caexp_pod_json(const uint8_t *b, size_t n, kgpu_error *err);
 
 /*
- * Whether a node group's template says spot (preemptible) capacity: one of
- * the labels kgpu.io/capacity-type=spot, karpenter.sh/capacity-type=spot,
- * eks.amazonaws.com/capacityType=SPOT, cloud.google.com/gke-spot=true,
- * cloud.google.com/gke-preemptible=true,
- * kubernetes.azure.com/scalesetpriority=spot.
+ * Whether a node group's template says spot (preemptible) capacity: its
+ * labels as kgpu_capacity_spot (src/common/capacity.h) reads them.
  */
 bool caexp_template_spot(const json_t *node);
 

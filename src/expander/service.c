@@ -11,28 +11,13 @@
 #include <string.h>
 
 #include "caexp.h"
+#include "capacity.h"
 #include "kgpu/expander.h"
 #include "podspec.h"
 
 bool caexp_template_spot(const json_t *node)
 {
-    static const struct {
-        const char *key, *value;
-    } spot[] = {
-        {"kgpu.io/capacity-type", "spot"},
-        {"karpenter.sh/capacity-type", "spot"},
-        {"eks.amazonaws.com/capacityType", "SPOT"},
-        {"cloud.google.com/gke-spot", "true"},
-        {"cloud.google.com/gke-preemptible", "true"},
-        {"kubernetes.azure.com/scalesetpriority", "spot"},
-    };
-    const json_t *labels = json_object_get(json_object_get(node, "metadata"), "labels");
-    for (size_t i = 0; i < sizeof(spot) / sizeof(spot[0]); i++) {
-        const char *v = json_string_value(json_object_get(labels, spot[i].key));
-        if (v != NULL && strcmp(v, spot[i].value) == 0)
-            return true;
-    }
-    return false;
+    return kgpu_capacity_spot(json_object_get(json_object_get(node, "metadata"), "labels"));
 }
 
 /* Puts "<where>: " before err's message; returns its code. */

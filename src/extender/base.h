@@ -69,12 +69,19 @@ typedef struct ext_config {
      */
     kgpu_queues *queues;
     json_t *namespace_queues;
+    /*
+     * Prices per GPU-hour by model and capacity type (--prices, `prices:`;
+     * the format of docs/autoscaling.md): read once the flags are parsed
+     * (owned; NULL: no cost series, GPU-seconds only).
+     */
+    char prices_file[EXT_PATH_MAX];
+    struct kgpu_prices *prices;
 } ext_config;
 
 /* Defaults, then the YAML file (if --config), then flags, as the last word. */
 void ext_config_defaults(ext_config *cfg);
 int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err);
-/* Frees what the configuration owns (queues, namespaceQueues). */
+/* Frees what the configuration owns (queues, namespaceQueues, prices). */
 void ext_config_free(ext_config *cfg);
 /* Parses argv; returns 0, or 1 after printing help, or a negative error. */
 int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *err);

@@ -15,6 +15,7 @@
 #include "base.h"
 #include "kgpu/consolidate.h"
 #include "podspec.h"
+#include "pricefile.h"
 #include "queuefile.h"
 #include "yamljson.h"
 
@@ -99,6 +100,8 @@ void ext_config_free(ext_config *cfg)
     cfg->queues = NULL;
     json_decref(cfg->namespace_queues);
     cfg->namespace_queues = NULL;
+    free(cfg->prices);
+    cfg->prices = NULL;
 }
 
 /* namespaceQueues: {namespace: queue}, both DNS labels; kept as given. */
@@ -245,6 +248,8 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                 kgpu_queues_free(cfg->queues);
                 cfg->queues = qs;
             }
+        } else if (strcmp(key, "prices") == 0 && s) {
+            rc = set_path(cfg->prices_file, sizeof(cfg->prices_file), s, key, err);
         } else if (strcmp(key, "namespaceQueues") == 0) {
             rc = parse_namespace_queues(cfg, path, v, err);
         } else if (strcmp(key, "tls") == 0 && json_is_object(v)) {
@@ -291,7 +296,8 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                                           "leaseName",
                                           "leaseDurationSeconds",
                                           "allocateWaitSeconds",
-                                          "routePodsTo"};
+                                          "routePodsTo",
+                                          "prices"};
             bool is_known = false;
             for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
                 is_known = is_known || strcmp(key, known[i]) == 0;
@@ -354,6 +360,8 @@ static void usage(FILE *f)
             "                         each able to run elsewhere (default 0: off)\n"
             "  --route-pods-to NAME   answer POST /mutate/pods, the webhook giving GPU pods\n"
             "                         schedulerName NAME (kgpu's own scheduler; default off)\n"
+            "  --prices FILE          prices per GPU-hour by model and capacity type: adds\n"
+            "                         the cost per namespace and queue to /metrics\n"
             "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
             "  --help                 this text\n"
             "  --port-file FILE       write the port served once listening (for --listen :0)\n"
@@ -392,6 +400,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"probe-listen", required_argument, NULL, 'R'},
         {"serve-threads", required_argument, NULL, 't'},
         {"handler-threads", required_argument, NULL, 'H'},
+        {"prices", required_argument, NULL, 'Q'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -529,6 +538,9 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         case 'H':
             rc = int_flag("--handler-threads", optarg, 1, 1024, &cfg->handler_threads, err);
             break;
+        case 'Q':
+            rc = set_path(cfg->prices_file, sizeof(cfg->prices_file), optarg, "--prices", err);
+            break;
         case 'V':
             printf("kgpu-extender %s\n", KGPU_VERSION);
             return 1;
@@ -572,5 +584,16 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
                             cfg->listen);
     if (rc == 0 && cfg->tls_client_ca[0] && !cfg->tls_cert[0])
         rc = kgpu_error_set(err, KGPU_EINVAL, "--tls-client-ca needs --tls-cert and --tls-key");
+    if (rc == 0 && cfg->prices_file[0]) {
+        /* Read once at start: a bad file stops the extender, naming the file and the field. */
+        free(cfg->prices);
+        cfg->prices = calloc(1, sizeof(*cfg->prices));
+        if (cfg->prices == NULL)
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        else if ((rc = kgpu_prices_load_file(cfg->prices_file, cfg->prices, err)) != 0) {
+            free(cfg->prices);
+            cfg->prices = NULL;
+        }
+    }
     return rc;
 }

@@ -174,7 +174,7 @@ int ext_state_set_nodes(ext_state *st, const kgpu_node_spec *specs, int n, kgpu_
             }
             for (int i = applied - 1; i >= 0; i--)
                 kgpu_cluster_release(c, &p->part[i].a, NULL);
-            ext__usage_add(st, p->ns, -p->gpus);
+            ext__usage_unhold(st, p);
             ext_state_doubt_end(st, p, EXT_DOUBT_RELEASED); /* nothing is held for it now */
             kgpu_strmap_del(&st->pods, p->uid);
             if (parts != NULL)

@@ -1,7 +1,8 @@
 /*
  * Prometheus text exposition (format 0.0.4) of the extender: request counts
  * and latency histograms per verb, bind failures by reason, watch restarts,
- * and from the state, per-GPU allocation and per-namespace GPU-hours.
+ * and from the state, per-GPU allocation and GPU-hours and their cost per
+ * namespace, queue, GPU model and capacity type.
  * Counters are atomics updated lock-free; the state part is read under the
  * state lock and written out after it is released.
  */
@@ -10,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capacity.h"
+#include "kgpu/autoscale.h"
 #include "serve.h"
 
 typedef struct buf {
@@ -310,10 +313,94 @@ static void render_queues(buf *b, const ext_queue_row *q, int n)
     }
 }
 
-typedef struct ns_row {
-    char ns[KGPU_NAME_MAX + 1];
-    double gpus, seconds;
-} ns_row;
+static int cmp_usage(const void *pa, const void *pb)
+{
+    const ext_usage *a = pa, *b = pb;
+    int c = strcmp(a->ns, b->ns);
+    if (c == 0)
+        c = strcmp(a->queue, b->queue);
+    if (c == 0)
+        c = strcmp(a->model, b->model);
+    return c != 0 ? c : (int)a->spot - (int)b->spot;
+}
+
+static const char *capacity(bool spot)
+{
+    return spot ? KGPU_CAPACITY_SPOT : KGPU_CAPACITY_ON_DEMAND;
+}
+
+/*
+ * The usage families (usage.c; docs/install-extender.md "Metrics"): per
+ * namespace, queue, model and capacity type the GPU-seconds and GPUs held,
+ * and with a price table the cost, the prices, and the GPU-seconds of
+ * models it has no price for. rows are sorted here.
+ */
+static void render_usage(buf *b, ext_usage *rows, size_t n, const kgpu_prices *prices)
+{
+    qsort(rows, n, sizeof(*rows), cmp_usage);
+    char ens[200], eq[200], em[200], ec[64];
+#define USAGE_LABELS "namespace=\"%s\",queue=\"%s\",model=\"%s\",capacity_type=\"%s\""
+#define USAGE_ARGS(u)                                                                          \
+    esc((u)->ns, ens, sizeof(ens)), esc((u)->queue, eq, sizeof(eq)),                           \
+        esc((u)->model, em, sizeof(em)), capacity((u)->spot)
+    put(b, "# HELP kgpu_namespace_gpu_seconds_total GPU time allocated to pods of the namespace, "
+           "in GPU-seconds (divide by 3600 for GPU-hours; a share counts as its fraction of the "
+           "GPU, compute or memory whichever is larger), by queue, GPU model and capacity type.\n"
+           "# TYPE kgpu_namespace_gpu_seconds_total counter\n");
+    for (size_t i = 0; i < n; i++)
+        put(b, "kgpu_namespace_gpu_seconds_total{" USAGE_LABELS "} %.6f\n", USAGE_ARGS(&rows[i]),
+            rows[i].gpu_seconds);
+    put(b, "# HELP kgpu_namespace_gpus_allocated GPUs allocated to pods of the namespace now, by "
+           "queue, GPU model and capacity type.\n"
+           "# TYPE kgpu_namespace_gpus_allocated gauge\n");
+    for (size_t i = 0; i < n; i++)
+        put(b, "kgpu_namespace_gpus_allocated{" USAGE_LABELS "} %.6f\n", USAGE_ARGS(&rows[i]),
+            rows[i].gpus);
+    if (prices == NULL)
+        return;
+    esc(prices->currency, ec, sizeof(ec));
+    put(b, "# HELP kgpu_namespace_gpu_cost_total What the namespace's GPU time cost, in the "
+           "currency's units: GPU-seconds / 3600 x the model's price per GPU-hour for the "
+           "capacity type (the extender's prices file).\n"
+           "# TYPE kgpu_namespace_gpu_cost_total counter\n");
+    for (size_t i = 0; i < n; i++) {
+        const kgpu_price *p = kgpu_prices_gpu(prices, rows[i].model);
+        if (p != NULL)
+            put(b, "kgpu_namespace_gpu_cost_total{" USAGE_LABELS ",currency=\"%s\"} %.9g\n",
+                USAGE_ARGS(&rows[i]), ec,
+                rows[i].gpu_seconds / 3600.0 * (rows[i].spot ? p->spot : p->on_demand));
+    }
+    put(b, "# HELP kgpu_gpu_price_per_hour The price of a GPU-hour by model and capacity type "
+           "(the extender's prices file).\n"
+           "# TYPE kgpu_gpu_price_per_hour gauge\n");
+    for (int m = 0; m < prices->nmodels; m++)
+        for (int spot = 0; spot < 2; spot++)
+            put(b, "kgpu_gpu_price_per_hour{model=\"%s\",capacity_type=\"%s\",currency=\"%s\"} "
+                   "%.6f\n",
+                esc(prices->model[m], em, sizeof(em)), capacity(spot), ec,
+                spot ? prices->gpu[m].spot : prices->gpu[m].on_demand);
+    put(b, "# HELP kgpu_unpriced_gpu_seconds_total GPU-seconds of models the prices file has no "
+           "price for: time no cost series counts.\n"
+           "# TYPE kgpu_unpriced_gpu_seconds_total counter\n");
+    /* Sum per model and capacity type: rows are sorted by namespace first, so look back. */
+    for (size_t i = 0; i < n; i++) {
+        if (kgpu_prices_gpu(prices, rows[i].model) != NULL)
+            continue;
+        bool first = true;
+        for (size_t j = 0; j < i && first; j++)
+            first = !(rows[j].spot == rows[i].spot && strcmp(rows[j].model, rows[i].model) == 0);
+        if (!first)
+            continue;
+        double sum = 0;
+        for (size_t j = i; j < n; j++)
+            if (rows[j].spot == rows[i].spot && strcmp(rows[j].model, rows[i].model) == 0)
+                sum += rows[j].gpu_seconds;
+        put(b, "kgpu_unpriced_gpu_seconds_total{model=\"%s\",capacity_type=\"%s\"} %.6f\n",
+            esc(rows[i].model, em, sizeof(em)), capacity(rows[i].spot), sum);
+    }
+#undef USAGE_LABELS
+#undef USAGE_ARGS
+}
 
 /*
  * Every family but the per-GPU ones into b (which has a buffer), taking the
@@ -330,18 +417,10 @@ static bool render_into(ext_metrics *m, ext_state *st, bool ready, buf *b, snaps
     long leaving = (long)st->leaving.len;
     ext_state_integrate_usage(st);
     bool ok = take_snapshot(st->cluster, snap);
-    size_t nns = st->ns_usage.len, k = 0;
-    ns_row *ns = calloc(nns + 1, sizeof(*ns));
-    const char *key;
-    void *v;
-    size_t it = 0;
-    while (ns != NULL && kgpu_strmap_next(&st->ns_usage, &it, &key, &v) && k < nns) {
-        const ext_ns_usage *u = v;
-        snprintf(ns[k].ns, sizeof(ns[k].ns), "%s", key);
-        ns[k].gpus = u->gpus;
-        ns[k].seconds = u->gpu_seconds;
-        k++;
-    }
+    ext_usage *usage = NULL;
+    size_t nusage = 0;
+    if (!ext_usage_rows(st, &usage, &nusage))
+        ok = false;
     long pods = (long)st->pods.len;
     ext_await_expire(st);
     long awaiting = (long)st->awaiting.len;
@@ -356,20 +435,8 @@ static bool render_into(ext_metrics *m, ext_state *st, bool ready, buf *b, snaps
     pthread_mutex_unlock(&st->mu);
     render_queues(b, queues, nqueues);
     free(queues);
-    char e[600];
-    put(b, "# HELP kgpu_namespace_gpu_seconds_total GPU time allocated to pods of the namespace, "
-            "in GPU-seconds (divide by 3600 for GPU-hours; a share counts as its fraction of the "
-            "GPU, compute or memory whichever is larger).\n"
-            "# TYPE kgpu_namespace_gpu_seconds_total counter\n");
-    for (size_t i = 0; ns != NULL && i < k; i++)
-        put(b, "kgpu_namespace_gpu_seconds_total{namespace=\"%s\"} %.6f\n",
-            esc(ns[i].ns, e, sizeof(e)), ns[i].seconds);
-    put(b, "# HELP kgpu_namespace_gpus_allocated GPUs allocated to pods of the namespace now.\n"
-            "# TYPE kgpu_namespace_gpus_allocated gauge\n");
-    for (size_t i = 0; ns != NULL && i < k; i++)
-        put(b, "kgpu_namespace_gpus_allocated{namespace=\"%s\"} %.6f\n",
-            esc(ns[i].ns, e, sizeof(e)), ns[i].gpus);
-    free(ns);
+    render_usage(b, usage, nusage, st->cfg->prices);
+    free(usage);
     put(b,
         "# HELP kgpu_extender_pods Pods holding GPUs.\n# TYPE kgpu_extender_pods gauge\n"
         "kgpu_extender_pods %ld\n",

@@ -2,7 +2,7 @@
  * The pods holding GPUs: reserved by a bind in flight, or bound (as the API
  * server says); pods remembered from filter for their bind; bound pods kgpu
  * cannot honour yet (orphans), kept and retried; pods without kgpu GPUs,
- * for their CPU; and GPU-hours per namespace. Caller holds st->mu.
+ * for their CPU. Caller holds st->mu.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -12,57 +12,6 @@
 #include <time.h>
 
 #include "state_impl.h"
-
-/* ---- GPU-hours per namespace ---- */
-
-void ext_state_integrate_usage(ext_state *st)
-{
-    double now = ext_now(), dt = now - st->usage_at;
-    st->usage_at = now;
-    if (dt <= 0)
-        return;
-    const char *k;
-    void *v;
-    size_t i = 0;
-    while (kgpu_strmap_next(&st->ns_usage, &i, &k, &v)) {
-        ext_ns_usage *u = v;
-        u->gpu_seconds += u->gpus * dt;
-    }
-}
-
-void ext__usage_add(ext_state *st, const char *ns, double gpus)
-{
-    ext_state_integrate_usage(st);
-    ext_ns_usage *u = kgpu_strmap_get(&st->ns_usage, ns);
-    if (u == NULL) {
-        u = calloc(1, sizeof(*u));
-        if (u == NULL || !kgpu_strmap_put(&st->ns_usage, ns, u, NULL)) {
-            free(u);
-            return;
-        }
-    }
-    u->gpus += gpus;
-    if (u->gpus < 1e-9)
-        u->gpus = 0;
-}
-
-/* The GPU fraction an assignment holds: compute or memory, whichever is larger, per GPU. */
-static double held_gpus(const kgpu_node *n, const kgpu_assignment *a)
-{
-    double sum = 0;
-    for (int i = 0; i < a->ngpus; i++) {
-        const kgpu_gpu *g = &n->gpus[a->gpus[i]];
-        double f = a->exclusive ? 1.0 : a->gpu_milli / 1000.0;
-        if (!a->exclusive && g->memory_mib > 0) {
-            double m = (double)a->gpu_memory_mib / (double)g->memory_mib;
-            if (m > f)
-                f = m;
-        }
-        sum += f;
-    }
-    return sum;
-}
-
 
 _Static_assert(KGPU_MAX_PARTS <= KGPU_PLACE_MAX_REQS,
                "a pod's GPU containers must fit in one placement search");
@@ -164,12 +113,7 @@ const ext_filtered *ext_state_recall(ext_state *st, const char *uid)
 static void hold(ext_state *st, ext_pod *p)
 {
     p->since = ext_now();
-    const kgpu_node *n =
-        kgpu_cluster_node(st->cluster, kgpu_cluster_find_node(st->cluster, p->node));
-    p->gpus = 0;
-    for (int i = 0; i < p->nparts && n != NULL; i++)
-        p->gpus += held_gpus(n, &p->part[i].a);
-    ext__usage_add(st, p->ns, p->gpus);
+    ext__usage_hold(st, p);
 }
 
 static void unhold(ext_state *st, ext_pod *p)
@@ -180,7 +124,7 @@ static void unhold(ext_state *st, ext_pod *p)
             ext_log(EXT_ERROR, "release of %s/%s failed: %s", p->ns, p->name, err.msg);
     }
     ext_queues_uncharge(st, p);
-    ext__usage_add(st, p->ns, -p->gpus);
+    ext__usage_unhold(st, p);
 }
 
 static ext_pod *new_pod(int nparts)

@@ -153,6 +153,7 @@ void ext_queues_name_pod(ext_state *st, ext_pod *p)
         ext_log(EXT_WARN, "pod %s/%s: %s; charged to queue %s", p->ns, p->name, why, q);
     p->queue_refused = refused;
     snprintf(p->queue, sizeof(p->queue), "%s", q);
+    ext__usage_requeue(st, p); /* a pod holding GPUs counts in its new queue from now on */
 }
 
 void ext_queues_set(ext_state *st, kgpu_queues *spec)

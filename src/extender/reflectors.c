@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capacity.h"
 #include "sources.h"
 
 #define SLICES    "/apis/resource.k8s.io/v1/resourceslices"
@@ -17,6 +18,12 @@
 #define GPUQUEUES "/apis/kgpu.io/v1alpha1/gpuqueues"
 
 /* ---- nodes ---- */
+
+/* A node's metadata.labels (NULL: none), for its capacity type. */
+static const json_t *node_labels(const json_t *node)
+{
+    return json_object_get(json_object_get(node, "metadata"), "labels");
+}
 
 static void nodes_reset(void *ctx, json_t *items)
 {
@@ -27,10 +34,12 @@ static void nodes_reset(void *ctx, json_t *items)
     void **packed = calloc(n + 1, sizeof(*packed));
     bool *dra = calloc(n + 1, sizeof(*dra)); /* labelled for DRA: GPUs from its slice */
     char(*leaving)[EXT_LEAVING_MAX] = calloc(n + 1, sizeof(*leaving));
+    bool *spot = calloc(n + 1, sizeof(*spot));
     kgpu_node_store *store = malloc(sizeof(*store));
     kgpu_error err;
     kgpu_error_clear(&err);
-    int rc = specs == NULL || packed == NULL || dra == NULL || leaving == NULL || store == NULL
+    int rc = specs == NULL || packed == NULL || dra == NULL || leaving == NULL || spot == NULL ||
+                     store == NULL
                  ? kgpu_error_set(&err, KGPU_ENOMEM, "out of memory")
                  : 0;
     size_t ndra = 0;
@@ -44,14 +53,15 @@ static void nodes_reset(void *ctx, json_t *items)
         if (spec.ngpus == 0 && !dra[m])
             continue;
         ext_node_leaving(item, leaving[m], sizeof(leaving[m]));
+        spot[m] = kgpu_capacity_spot(node_labels(item));
         if ((packed[m] = kgpu_node_spec_pack(&spec, &specs[m])) == NULL)
             rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
         else
             ndra += dra[m++];
     }
     if (rc == 0)
-        rc = s->sink->nodes_listed(s->sink->ctx, specs, dra, (const char(*)[EXT_LEAVING_MAX])leaving,
-                                   m, &err);
+        rc = s->sink->nodes_listed(s->sink->ctx, specs, dra,
+                                   (const char(*)[EXT_LEAVING_MAX])leaving, spot, m, &err);
     if (rc != 0)
         ext_log(EXT_ERROR, "node list not applied: %s", err.msg);
     else
@@ -62,6 +72,7 @@ static void nodes_reset(void *ctx, json_t *items)
     free(specs);
     free(dra);
     free(leaving);
+    free(spot);
     free(store);
     ext_malloc_trim(); /* the list was a large transient tree */
 }
@@ -85,7 +96,8 @@ static void nodes_event(void *ctx, const char *type, json_t *obj)
     ext_node_leaving(obj, leaving, sizeof(leaving));
     if (ext_node_parse(obj, &spec, store, &dra, &err) != 0)
         ext_log(EXT_WARN, "node inventory ignored: %s", err.msg);
-    else if (s->sink->node_seen(s->sink->ctx, &spec, dra, leaving, &err) != 0)
+    else if (s->sink->node_seen(s->sink->ctx, &spec, dra, leaving,
+                                kgpu_capacity_spot(node_labels(obj)), &err) != 0)
         ext_log(EXT_ERROR, "node %s not updated: %s", spec.name, err.msg);
     free(store);
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capacity.h"
 #include "queuefile.h"
 #include "state.h"
 
@@ -52,7 +53,8 @@ static void set_leaving(ext_state *st, const kgpu_strmap *before, const char *na
 }
 
 static int nodes_listed(void *ctx, kgpu_node_spec *specs, const bool *dra,
-                        const char (*leaving)[EXT_LEAVING_MAX], size_t m, kgpu_error *err)
+                        const char (*leaving)[EXT_LEAVING_MAX], const bool *spot, size_t m,
+                        kgpu_error *err)
 {
     ext_state *st = ctx;
     size_t ndra = 0;
@@ -66,9 +68,11 @@ static int nodes_listed(void *ctx, kgpu_node_spec *specs, const bool *dra,
     ext_dra_nodes_clear(st);
     kgpu_strmap before = st->leaving; /* the list replaces it: nodes not in it go */
     kgpu_strmap_init(&st->leaving);
+    kgpu_strmap_clear(&st->spot_nodes); /* its values are markers, not owned */
     size_t k = 0, kept = 0;
     for (size_t i = 0; i < m; i++) {
         set_leaving(st, &before, specs[i].name, leaving[i]);
+        ext_state_node_spot(st, specs[i].name, spot[i]);
         if (dra[i])
             ext_dra_node_seen(st, &specs[i], true, gpus[k++]);
         if (specs[i].ngpus > 0)
@@ -83,12 +87,13 @@ static int nodes_listed(void *ctx, kgpu_node_spec *specs, const bool *dra,
     return rc;
 }
 
-static int node_seen(void *ctx, kgpu_node_spec *spec, bool dra, const char *leaving,
+static int node_seen(void *ctx, kgpu_node_spec *spec, bool dra, const char *leaving, bool spot,
                      kgpu_error *err)
 {
     ext_state *st = ctx;
     kgpu_gpu_spec gpus[KGPU_MAX_GPUS_PER_NODE];
     pthread_mutex_lock(&st->mu);
+    ext_state_node_spot(st, spec->name, spot);
     /* Only GPU nodes count: a node kgpu does not track has nothing to refuse. */
     set_leaving(st, &st->leaving, spec->name, spec->ngpus > 0 || dra ? leaving : "");
     /* A DRA node's GPUs are its slice's; one that is not (any more) keeps its own. */
@@ -104,6 +109,7 @@ static void node_gone(void *ctx, const char *name)
     pthread_mutex_lock(&st->mu);
     ext_dra_node_gone(st, name);
     free(kgpu_strmap_del(&st->leaving, name));
+    ext_state_node_spot(st, name, false);
     ext_state_remove_node(st, name);
     pthread_mutex_unlock(&st->mu);
 }
@@ -121,6 +127,16 @@ static int file_nodes(void *ctx, const kgpu_node_spec *specs, int n, kgpu_error 
 {
     ext_state *st = ctx;
     pthread_mutex_lock(&st->mu);
+    kgpu_strmap_clear(&st->spot_nodes);
+    for (int i = 0; i < n; i++) {
+        /* The file's labels as the API server's would be: the same table decides. */
+        json_t *labels = json_object();
+        for (int l = 0; labels != NULL && l < specs[i].nlabels; l++)
+            json_object_set_new(labels, specs[i].labels[l].key,
+                                json_string(specs[i].labels[l].value));
+        ext_state_node_spot(st, specs[i].name, kgpu_capacity_spot(labels));
+        json_decref(labels);
+    }
     int rc = ext_state_set_nodes(st, specs, n, err);
     st->nodes_synced = st->pods_synced = rc == 0;
     pthread_mutex_unlock(&st->mu);

@@ -202,9 +202,11 @@ typedef struct ext_sink {
     void *ctx;
     /* Nodes: a list (n specs, dra[i]: labelled for DRA), one node seen, one gone. */
     /* leaving[i] / leaving: ext_node_leaving's reason, "" when the node stays. */
+    /* spot[i] / spot: its labels say spot capacity (kgpu_capacity_spot). */
     int (*nodes_listed)(void *ctx, kgpu_node_spec *specs, const bool *dra,
-                        const char (*leaving)[EXT_LEAVING_MAX], size_t n, kgpu_error *err);
-    int (*node_seen)(void *ctx, kgpu_node_spec *spec, bool dra, const char *leaving,
+                        const char (*leaving)[EXT_LEAVING_MAX], const bool *spot, size_t n,
+                        kgpu_error *err);
+    int (*node_seen)(void *ctx, kgpu_node_spec *spec, bool dra, const char *leaving, bool spot,
                      kgpu_error *err);
     void (*node_gone)(void *ctx, const char *name);
     /* Whether the nodes are known (pods name their nodes: the pod source waits for this). */

@@ -26,7 +26,8 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->cpu_pods);
     kgpu_strmap_init(&st->pending);
     kgpu_strmap_init(&st->awaiting);
-    kgpu_strmap_init(&st->ns_usage);
+    kgpu_strmap_init(&st->usage);
+    kgpu_strmap_init(&st->spot_nodes);
     kgpu_strmap_init(&st->observed);
     kgpu_strmap_init(&st->ns_queue);
     kgpu_strmap_init(&st->reclaims);
@@ -64,7 +65,7 @@ void ext_state_destroy(ext_state *st)
     while (kgpu_strmap_next(&st->pending, &i, &k, &v))
         free(v);
     i = 0;
-    while (kgpu_strmap_next(&st->ns_usage, &i, &k, &v))
+    while (kgpu_strmap_next(&st->usage, &i, &k, &v))
         free(v);
     i = 0;
     while (kgpu_strmap_next(&st->orphans, &i, &k, &v))
@@ -92,7 +93,8 @@ void ext_state_destroy(ext_state *st)
     kgpu_strmap_clear(&st->orphans);
     kgpu_strmap_clear(&st->pods);
     kgpu_strmap_clear(&st->pending);
-    kgpu_strmap_clear(&st->ns_usage);
+    kgpu_strmap_clear(&st->usage);
+    kgpu_strmap_clear(&st->spot_nodes);
     kgpu_strmap_clear(&st->shapes);
     kgpu_strmap_clear(&st->observed);
     for (int j = 0; st->observed_order != NULL && j < OBSERVED_MAX; j++)

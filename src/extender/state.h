@@ -19,6 +19,28 @@
 
 #include "sources.h"
 
+/*
+ * GPU time of one namespace, queue, GPU model and capacity type (usage.c):
+ * one series of kgpu_namespace_gpu_seconds_total.
+ */
+typedef struct ext_usage {
+    char ns[64];                         /* namespaces are DNS labels */
+    char queue[KGPU_QUEUE_NAME_MAX + 1]; /* the pod's resolved queue; "" queues off */
+    char model[KGPU_MODEL_NAME_MAX];     /* of the GPUs held */
+    bool spot;                           /* its node's capacity type (capacity.h) */
+    double gpus;                         /* held now */
+    double gpu_seconds;                  /* ever */
+} ext_usage;
+
+/*
+ * Series kept at most: namespaces x queues x models x 2 of a large cluster
+ * fit many times over. Past it, new keys count under namespace
+ * EXT_USAGE_OVERFLOW_NS (queue "", per model and capacity type), logged once.
+ */
+#define EXT_USAGE_MAX         16384
+#define EXT_USAGE_OVERFLOW_NS "_overflow" /* no namespace: names start with a letter or digit */
+#define EXT_POD_USAGE_MAX     4           /* GPU models one pod's GPUs are counted by */
+
 /* ---- state ---- */
 
 enum ext_pod_status { POD_RESERVED, POD_BOUND };
@@ -61,6 +83,14 @@ typedef struct ext_pod {
     bool evicting; /* an eviction went through; charged until the pod is gone */
     bool restartable; /* kgpu.io/restartable: "true" (consolidation may move it) */
     bool queue_refused; /* its label names a queue its namespace may not use (said once) */
+    /*
+     * What it adds to st->usage (usage.c), per entry: set when it starts
+     * holding, taken off when it stops. Entries are borrowed: they live as
+     * long as the state.
+     */
+    int nusage;
+    ext_usage *usage[EXT_POD_USAGE_MAX];
+    double usage_gpus[EXT_POD_USAGE_MAX];
     int nparts;
     ext_pod_part part[];
 } ext_pod;
@@ -92,12 +122,6 @@ typedef struct ext_cpu_pod {
     int64_t cpu_milli, memory_mib; /* the pod's requests */
     kgpu_assignment a;             /* what was taken: clamped to what the node had free */
 } ext_cpu_pod;
-
-/* Per-namespace GPU-hours, integrated over time. */
-typedef struct ext_ns_usage {
-    double gpus; /* held now */
-    double gpu_seconds;
-} ext_ns_usage;
 
 typedef struct ext_shape_info {
     kgpu_shape s;
@@ -272,7 +296,9 @@ typedef struct ext_state {
     kgpu_strmap observed;  /* uids counted by observe(), at most OBSERVED_MAX (state_impl.h) */
     char **observed_order; /* FIFO of observed uids (owned; the map's keys are copies) */
     int observed_head, observed_len;
-    kgpu_strmap ns_usage; /* namespace -> ext_ns_usage* */
+    kgpu_strmap usage;    /* namespace, queue, model, spot -> ext_usage*; at most EXT_USAGE_MAX (+ overflow) */
+    bool usage_full;      /* it reached EXT_USAGE_MAX (said once) */
+    kgpu_strmap spot_nodes; /* node -> a marker (not owned): nodes whose labels say spot capacity */
     double usage_at;      /* monotonic seconds of the last integration */
     kgpu_rng rng;
     bool nodes_synced, pods_synced;
@@ -423,8 +449,17 @@ void ext_doubts_expire(ext_state *st);
 /* Why a pod in doubt on p->node binds nowhere else yet, for filter and bind. */
 void ext_doubt_reason(const ext_state *st, const ext_pod *p, char *out, size_t len);
 
-/* Brings per-namespace GPU-seconds up to now. Caller holds st->mu. */
+/* ---- GPU-seconds per namespace, queue, model and capacity type (usage.c). Caller holds st->mu. ---- */
+
+/* Brings every entry's GPU-seconds up to now. */
 void ext_state_integrate_usage(ext_state *st);
+/* Whether node `node`'s labels say spot capacity (kgpu_capacity_spot): for pods held from now on. */
+void ext_state_node_spot(ext_state *st, const char *node, bool spot);
+/*
+ * Copies every entry, up to now, into *rows (malloc'd, caller frees), *n of
+ * them; false when out of memory.
+ */
+bool ext_usage_rows(ext_state *st, ext_usage **rows, size_t *n);
 
 /*
  * The sink (sources.h) that puts what sources read into st, each call under

@@ -1,7 +1,7 @@
 /*
  * What the files of the state layer share among themselves and with no one
  * else (state.h is what the layers above see). Bottom first, as the files
- * call each other: learn.c, pods.c, inventory.c. Caller holds st->mu.
+ * call each other: usage.c, learn.c, pods.c, inventory.c. Caller holds st->mu.
  */
 #ifndef KGPU_EXT_STATE_IMPL_H
 #define KGPU_EXT_STATE_IMPL_H
@@ -32,10 +32,20 @@ void ext__shapes_forget_models(ext_state *st, uint64_t gone);
 /* Counts the pod's requests as an arrival, once per uid. */
 void ext__observe(ext_state *st, const kgpu_pod *pod);
 
+/* ---- usage.c ---- */
+
+/*
+ * p starts holding its GPUs (p->node's, its parts' assignments): sets
+ * p->gpus and adds them to the usage of its namespace, queue, models and
+ * capacity type. _unhold takes off what _hold added; _requeue moves it to
+ * p->queue when that changed (the seconds so far stay where they were).
+ */
+void ext__usage_hold(ext_state *st, ext_pod *p);
+void ext__usage_unhold(ext_state *st, ext_pod *p);
+void ext__usage_requeue(ext_state *st, ext_pod *p);
+
 /* ---- pods.c ---- */
 
-/* GPUs held by namespace ns change by `gpus` (integrated up to now first). */
-void ext__usage_add(ext_state *st, const char *ns, double gpus);
 /* Applies req with its CPU and memory clamped to what node idx has free (see ext_fit_requests). */
 int ext__apply_clamped(kgpu_cluster *c, const kgpu_request *req, int idx, const int *gpus,
                        kgpu_assignment *out, kgpu_error *err);

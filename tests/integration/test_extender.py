@@ -2676,6 +2676,115 @@ class TestMetrics(ExtenderTest):
 # 7. Cluster file
 # ---------------------------------------------------------------------------
 
+class TestCostMetrics(ExtenderTest):
+    """GPU-seconds and their cost by namespace, queue, GPU model and capacity type (--prices)."""
+
+    # Prices large enough that a second of GPU time is a visible amount of money.
+    PRICES = ("prices:\n  currency: EUR\n  gpu:\n"
+              "    T4: {onDemand: 7200, spot: 3600}\n"
+              "    %s: {onDemand: 36000, spot: 18000}\n" % A100)
+
+    def setUp(self):
+        super().setUp()
+        s = self.standin = self.start_standin()
+        s.add_node("c-spot", gpu_list("c-spot", "T4", 15360, 2),
+                   labels={"karpenter.sh/capacity-type": "spot"})
+        s.add_node("c-od", gpu_list("c-od", A100, 81920, 2))
+        s.add_node("c-unpriced", gpu_list("c-unpriced", V100, 32768, 1))
+        self.prices = os.path.join(self.tmp, "prices.yaml")
+        with open(self.prices, "w") as f:
+            f.write(self.PRICES)
+        self.ext = self.start_extender_for(s, ["--prices", self.prices])
+        # One pod per node; team-a's first pod names a queue no tree defines.
+        a = pod_object("a-whole", [container("main", whole(1))])
+        a["metadata"]["labels"]["kgpu.io/queue"] = "made-up-by-a-tenant"
+        for pod, ns, node in ((a, "team-a", "c-spot"),
+                              (pod_object("b-share", [container("main", share(mem=40))]),
+                               "team-b", "c-od"),
+                              (pod_object("a-v100", [container("main", whole(1))]),
+                               "team-a", "c-unpriced")):
+            self.assertEqual(self.ext.schedule(s.add_pod(pod, ns), [node]), (node, ""))
+
+    def series(self, text, name):
+        """Every sample of name: [(labels dict, value)]."""
+        out = []
+        for line in text.splitlines():
+            m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+)$', line)
+            if m and m.group(1) == name:
+                out.append((dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"',
+                                            m.group(2))), float(m.group(3))))
+        return out
+
+    def test_label_sets(self):
+        time.sleep(0.2)
+        text = self.ext.metrics()
+        secs = {(l["namespace"], l["queue"], l["model"], l["capacity_type"])
+                for l, _ in self.series(text, "kgpu_namespace_gpu_seconds_total")}
+        # The tenant's queue label is no queue: it must not become a series.
+        self.assertEqual(secs, {("team-a", "", "T4", "spot"), ("team-b", "", A100, "on-demand"),
+                                ("team-a", "", V100, "on-demand")})
+        m = self.ext.metric
+        self.assertEqual(m("kgpu_namespace_gpus_allocated",
+                           {"namespace": "team-a", "model": "T4", "capacity_type": "spot"}, text), 1)
+        self.assertEqual(m("kgpu_namespace_gpus_allocated",
+                           {"namespace": "team-b", "model": A100}, text), 0.5)
+        costs = {(l["namespace"], l["model"], l["capacity_type"], l["currency"])
+                 for l, _ in self.series(text, "kgpu_namespace_gpu_cost_total")}
+        self.assertEqual(costs, {("team-a", "T4", "spot", "EUR"),
+                                 ("team-b", A100, "on-demand", "EUR")})
+        self.assertGreater(m("kgpu_unpriced_gpu_seconds_total",
+                             {"model": V100, "capacity_type": "on-demand"}, text), 0)
+        self.assertIsNone(m("kgpu_unpriced_gpu_seconds_total", {"model": "T4"}, text))
+        self.assertEqual(m("kgpu_gpu_price_per_hour", {"model": "T4", "capacity_type": "spot"},
+                           text), 3600)
+
+    def test_cost_follows_seconds_times_price(self):
+        def sample():
+            text = self.ext.metrics()
+            m = self.ext.metric
+            return {k: (m("kgpu_namespace_gpu_seconds_total", lab, text),
+                        m("kgpu_namespace_gpu_cost_total", lab, text))
+                    for k, lab in (("spot", {"namespace": "team-a", "model": "T4"}),
+                                   ("od", {"namespace": "team-b", "model": A100}))}
+        first = sample()
+        time.sleep(0.5)
+        second = sample()
+        for key, price in (("spot", 3600.0), ("od", 36000.0)):
+            (s1, c1), (s2, c2) = first[key], second[key]
+            self.assertGreater(s2, s1, key)
+            self.assertGreater(c2, c1, key)
+            # cost = GPU-seconds / 3600 x the price of the model and capacity type
+            self.assertAlmostEqual(c2, s2 / 3600.0 * price, delta=1e-5 * max(c2, 1), msg=key)
+        # team-b holds half an A100: its seconds grow at half the wall clock's pace.
+        (s1, _), (s2, _) = first["od"], second["od"]
+        self.assertLess(s2 - s1, 0.5 * 0.5 * 3)
+
+    def test_promtool_check_metrics_with_prices(self):
+        promtool = shutil.which("promtool") or "/usr/bin/promtool"
+        if not os.access(promtool, os.X_OK):
+            self.skipTest("promtool not installed (looked on PATH and at /usr/bin/promtool)")
+        out = subprocess.run([promtool, "check", "metrics"], input=self.ext.metrics(),
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, "promtool check metrics:\n" + out.stdout + out.stderr)
+
+    def test_without_prices_no_cost_series(self):
+        e = self.start_extender_for(self.standin, name="no-prices")
+        text = wait_for(lambda: (lambda t: t if "kgpu_namespace_gpu_seconds_total{" in t
+                                 else None)(e.metrics()), 10,
+                        what="GPU-seconds series on the extender without --prices")
+        self.assertNotIn("kgpu_namespace_gpu_cost_total{", text)
+        self.assertNotIn("kgpu_unpriced_gpu_seconds_total", text)
+
+    def test_bad_prices_file_names_file_and_field(self):
+        bad = os.path.join(self.tmp, "bad.yaml")
+        with open(bad, "w") as f:
+            f.write("prices:\n  currency: EUR\n  gpu:\n    T4: {onDemand: -1, spot: 1}\n")
+        out = subprocess.run([EXTENDER_BIN, "--cluster-file", CLUSTER_YAML, "--prices", bad],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn(bad + ": prices.gpu.T4.onDemand", out.stderr)
+
+
 class TestClusterFile(ExtenderTest):
 
     def test_cluster_file_mode(self):

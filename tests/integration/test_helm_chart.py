@@ -451,6 +451,43 @@ class HelmChartTest(unittest.TestCase):
         self.assertNotEqual(ann(base), ann(h), "a config change must roll the extender's pods")
         self.check_invariants(h)
 
+    def test_prices(self):
+        base = helm()
+        self.assertNotIn("prices", extender_config(base))
+        self.assertNotIn("prices.yaml", base[("ConfigMap", EXT_NS, "kgpu-extender")]["data"])
+        h = helm(values_yaml="extender:\n  prices:\n    currency: EUR\n    gpu:\n"
+                             "      \"Tesla T4\": {onDemand: 0.35, spot: 0.12}\n")
+        diff = changed(base, h)
+        self.assertEqual(sorted(diff), [("ConfigMap", EXT_NS, "kgpu-extender")])
+        self.assertEqual([d.split(":")[0] for d in diff[("ConfigMap", EXT_NS, "kgpu-extender")]],
+                         ["data.config.yaml.prices", "data.prices.yaml"])
+        ann = lambda o: o[("Deployment", EXT_NS, "kgpu-extender")]["spec"]["template"][
+            "metadata"]["annotations"]["checksum/config"]
+        self.assertNotEqual(ann(base), ann(h), "new prices must roll the extender's pods")
+        # The extender reads it from the ConfigMap's folder, in the prices format.
+        self.assertEqual(extender_config(h)["prices"], "/etc/kgpu/prices.yaml")
+        mounts = extender_container(h)["volumeMounts"]
+        self.assertIn({"name": "config", "mountPath": "/etc/kgpu"},
+                      [{k: m[k] for k in ("name", "mountPath")} for m in mounts])
+        prices = yaml.safe_load(h[("ConfigMap", EXT_NS, "kgpu-extender")]["data"]["prices.yaml"])
+        self.assertEqual(prices, {"prices": {"currency": "EUR", "gpu": {
+            "Tesla T4": {"onDemand": 0.35, "spot": 0.12}}}})
+        self.check_invariants(h)
+
+    def test_prometheus_rule(self):
+        self.assertNotIn("PrometheusRule", {k[0] for k in helm()})
+        h = helm("monitoring.prometheusRule.enabled=true",
+                 "monitoring.prometheusRule.labels.release=prometheus")
+        self.assertEqual(sorted(changed(helm(), h)), [("PrometheusRule", EXT_NS, "kgpu-cost")])
+        rule = h[("PrometheusRule", EXT_NS, "kgpu-cost")]
+        self.assertEqual(rule["metadata"]["labels"]["release"], "prometheus")
+        # The same groups as the plain rules file Prometheus loads without the operator.
+        with open(os.path.join(ARGS.source, "deploy", "prometheus", "kgpu-rules.yaml")) as f:
+            self.assertEqual(rule["spec"], yaml.safe_load(f))
+        records = [r["record"] for g in rule["spec"]["groups"] for r in g["rules"]]
+        self.assertIn("kgpu:namespace_gpu_cost:increase30d", records)
+        self.check_invariants(h)
+
     def test_port(self):
         h = helm("extender.config.port=8443")
         self.assertEqual(h[("Service", EXT_NS, "kgpu-extender")]["spec"]["ports"][0]["port"], 8443)
