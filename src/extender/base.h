@@ -49,6 +49,11 @@ typedef struct ext_config {
      * moved pods fitting elsewhere (consolidate.c); 0 (the default) off.
      */
     int consolidate_moves;
+    /*
+     * The scale-down guard (guard.c): seconds between two checks of which
+     * GPU nodes must not be removed; 0 off. 30.
+     */
+    int scale_down_guard_s;
     /* POST /mutate/pods gives GPU pods this schedulerName (kgpu's own scheduler); "" off. */
     char route_pods_to[64];
     /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
@@ -153,6 +158,7 @@ typedef struct ext_metrics {
     atomic_ullong assignments_refused;  /* annotations giving more than the pod asks */
     atomic_ullong consolidations;       /* consolidations started (evictions asked) */
     atomic_ullong consolidation_moves;  /* their evictions the API server accepted */
+    atomic_int guard_nodes;             /* nodes the scale-down guard's last round kept */
     atomic_ullong doubts_ended[3];      /* binds in doubt, by how they ended (enum ext_doubt_end) */
     /* The serving layer (http.c). */
     atomic_ullong http_refused[EXT_HTTP_REFUSED_COUNT]; /* answered before the body was read */

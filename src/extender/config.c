@@ -22,7 +22,8 @@
 #define ALLOCATE_WAIT_MAX 86400 /* a day: anything longer is a pod that will never start */
 #define BIND_DOUBT_MAX    3600  /* an hour: far past any API server's request timeout */
 #define MAX_CONNECTIONS   65536 /* descriptors, and libmicrohttpd's buffer each */
-#define OPT_CONSOLIDATE   1101  /* long options without a short one */
+#define OPT_CONSOLIDATE      1101 /* long options without a short one */
+#define OPT_SCALE_DOWN_GUARD 1102
 
 void ext_config_defaults(ext_config *cfg)
 {
@@ -49,6 +50,7 @@ void ext_config_defaults(ext_config *cfg)
     cfg->allocate_wait_s = 120;
     /* kube-apiserver's default --request-timeout: the longest a request it took may run. */
     cfg->bind_doubt_s = 60;
+    cfg->scale_down_guard_s = 30;
 }
 
 static int parse_level(const char *s, int *out, kgpu_error *err)
@@ -234,6 +236,9 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
         } else if (strcmp(key, "bindDoubtSeconds") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 1 && json_integer_value(v) <= BIND_DOUBT_MAX) {
             cfg->bind_doubt_s = (int)json_integer_value(v);
+        } else if (strcmp(key, "scaleDownGuardSeconds") == 0 && json_is_integer(v) &&
+                   json_integer_value(v) >= 0 && json_integer_value(v) <= 3600) {
+            cfg->scale_down_guard_s = (int)json_integer_value(v);
         } else if (strcmp(key, "consolidateMoves") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 0 && json_integer_value(v) <= KGPU_MAX_MOVES) {
             cfg->consolidate_moves = (int)json_integer_value(v);
@@ -355,6 +360,9 @@ static void usage(FILE *f)
             "  --bind-doubt S         seconds a Binding that got no usable answer (a timeout,\n"
             "                         a 5xx) keeps its GPUs, unless the API server shows\n"
             "                         the pod first (default 60)\n"
+            "  --scale-down-guard S   every S seconds, annotate GPU nodes whose GPU pods\n"
+            "                         could not all run elsewhere so that Cluster Autoscaler\n"
+            "                         and Karpenter keep them (default 30; 0: off)\n"
             "  --consolidate N        for a pod that fits no node, evict up to N (1..3)\n"
             "                         kgpu.io/restartable pods of one node so that it fits,\n"
             "                         each able to run elsewhere (default 0: off)\n"
@@ -392,6 +400,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"bind-doubt", required_argument, NULL, 'O'},
         {"route-pods-to", required_argument, NULL, 'r'},
         {"consolidate", required_argument, NULL, OPT_CONSOLIDATE},
+        {"scale-down-guard", required_argument, NULL, OPT_SCALE_DOWN_GUARD},
         {"max-buffered-bytes", required_argument, NULL, 'B'},
         {"max-connections", required_argument, NULL, 'x'},
         {"max-connections-per-client", required_argument, NULL, 'X'},
@@ -500,6 +509,9 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
                 cfg->allocate_wait_s = (int)wait;
             break;
         }
+        case OPT_SCALE_DOWN_GUARD:
+            rc = int_flag("--scale-down-guard", optarg, 0, 3600, &cfg->scale_down_guard_s, err);
+            break;
         case OPT_CONSOLIDATE:
             rc = int_flag("--consolidate", optarg, 0, KGPU_MAX_MOVES, &cfg->consolidate_moves,
                           err);

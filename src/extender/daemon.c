@@ -2,8 +2,8 @@
  * The kgpu-extender process: the layers wired. The state gets its facts
  * from a cluster file or from the API server's reflectors (sources, through
  * the state's sink); the serving layer hands requests to routes.c; the
- * leader writes GPUQueue status and sweeps unschedulable pods for reclaim
- * on two threads of its own here.
+ * leader writes GPUQueue status, sweeps unschedulable pods for reclaim and
+ * guards nodes of shares from scale-down on three threads of its own here.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +57,30 @@ static void *sweep_unschedulable(void *arg)
     return NULL;
 }
 
+/*
+ * The leader's scale-down guard (decisions, guard.c), every
+ * scaleDownGuardSeconds; this thread owns `written`.
+ */
+static void *guard_scale_down(void *arg)
+{
+    ext_daemon *d = arg;
+    kgpu_strmap written;
+    kgpu_strmap_init(&written);
+    while (!atomic_load(&d->stop)) {
+        sleep_ms(d, (long)d->cfg.scale_down_guard_s * 1000);
+        if (!ext_daemon_leads(d)) {
+            kgpu_strmap_clear_free(&written); /* another replica writes meanwhile */
+            continue;
+        }
+        ext_ctx c = ext_daemon_ctx(d);
+        int n = ext_guard_once(&c, &written, &d->stop);
+        atomic_store(&d->metrics.guard_nodes, n);
+    }
+    kgpu_strmap_clear_free(&written);
+    kgpu_strmap_clear(&written);
+    return NULL;
+}
+
 /* Cluster mode: the API client, the reflectors, the leader's threads, the election. */
 static int start_cluster_mode(ext_daemon *d, kgpu_error *err)
 {
@@ -88,8 +112,11 @@ static int start_cluster_mode(ext_daemon *d, kgpu_error *err)
         .k8s = d->k8s, .metrics = &d->metrics, .sink = &d->sink, .stop = &d->stop};
     if ((rc = ext_sources_start(&d->sources, d->watch_threads, &d->nwatch, err)) != 0)
         return rc;
-    void *(*const leader_work[])(void *) = {write_statuses, sweep_unschedulable};
+    void *(*const leader_work[])(void *) = {write_statuses, sweep_unschedulable,
+                                             guard_scale_down};
     for (size_t i = 0; i < sizeof(leader_work) / sizeof(leader_work[0]); i++) {
+        if (leader_work[i] == guard_scale_down && d->cfg.scale_down_guard_s == 0)
+            continue; /* turned off */
         if (pthread_create(&d->watch_threads[d->nwatch], NULL, leader_work[i], d) != 0)
             return kgpu_error_set(err, KGPU_ENOMEM, "cannot start the GPU queue threads");
         d->nwatch++;

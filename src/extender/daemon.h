@@ -18,7 +18,7 @@ typedef struct ext_daemon {
     atomic_bool stop;
     ext_sink sink;       /* into state */
     ext_sources sources; /* the reflectors' view of the above */
-    pthread_t watch_threads[EXT_SOURCES_THREADS + 2]; /* the sources', status writer, sweep */
+    pthread_t watch_threads[EXT_SOURCES_THREADS + 3]; /* the sources', status writer, sweep, guard */
     int nwatch;
     ext_http *http;  /* the serving layer */
     int port;        /* the port actually bound */

@@ -13,6 +13,7 @@
 #ifndef KGPU_EXT_DECIDE_H
 #define KGPU_EXT_DECIDE_H
 
+#include "moves.h"
 #include "state.h"
 
 /* What a verb works with; borrowed from its owner (the daemon) for the call. */
@@ -51,5 +52,17 @@ void ext_evict_victims(ext_ctx *c, const ext_reclaim *r);
  * for EXT_SWEEP_PODS; `stop` cuts the work short). Takes the state lock.
  */
 void ext_sweep_once(ext_ctx *c, ext_sweep_act *acts, const atomic_bool *stop);
+
+/*
+ * The scale-down guard, once (guard.c; docs/autoscaling.md "Scale-down that
+ * shares survive"): a GPU node whose GPU pods could not all run on the
+ * other nodes gets Cluster Autoscaler's and Karpenter's do-not-remove
+ * annotations and kgpu's mark; a marked node that no longer needs them
+ * loses all three. Decided on a copy taken under the state lock, patched
+ * without it. `written` (node -> what was last patched, owned by the
+ * caller's thread) keeps one node from being patched again and again
+ * before the watch shows the change. Returns the nodes that need the guard.
+ */
+int ext_guard_once(ext_ctx *c, kgpu_strmap *written, const atomic_bool *stop);
 
 #endif

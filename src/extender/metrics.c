@@ -132,6 +132,11 @@ static void render_requests(buf *b, ext_metrics *m)
            "# TYPE kgpu_extender_consolidation_moves_total counter\n"
            "kgpu_extender_consolidation_moves_total %llu\n",
         atomic_load(&m->consolidation_moves));
+    put(b, "# HELP kgpu_extender_nodes_scale_down_guarded GPU nodes the scale-down guard's last "
+           "round found must stay: their GPU pods could not all run on the other nodes.\n"
+           "# TYPE kgpu_extender_nodes_scale_down_guarded gauge\n"
+           "kgpu_extender_nodes_scale_down_guarded %d\n",
+        atomic_load(&m->guard_nodes));
     put(b, "# HELP kgpu_extender_assignments_refused_total Recorded GPU assignments not counted "
            "because they give more than the pod asks for (forged by whoever wrote the pod).\n"
            "# TYPE kgpu_extender_assignments_refused_total counter\n");

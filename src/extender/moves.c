@@ -14,11 +14,12 @@
  * opted in, of no higher priority than the waiting pod, may move; nodes
  * that are leaving and DRA nodes neither host nor receive.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kgpu/consolidate.h"
+#include "moves.h"
 #include "state_impl.h"
 
 /* Whether node `name` takes no pod a plan places: leaving, or a DRA node (no device-plugin pods). */
@@ -206,4 +207,114 @@ int ext_consolidate(ext_state *st, const kgpu_pod *pod, int priority, const bool
     ext__reclaim_remember(st, out, now);
     snprintf(msg, len, "waits for consolidation: moving %s off node %s", list, out->node);
     return EXT_RECLAIM_STARTED;
+}
+
+/* ---- the scale-down guard's snapshot ---- */
+
+/* Index of cluster node idx in out->nodes (at[idx], -1: none yet), added when new; -1 when full. */
+static int guard_node(ext_guard_snap *out, int *at, int idx, int *cap)
+{
+    if (at[idx] >= 0)
+        return at[idx];
+    if (out->nnodes >= EXT_GUARD_NODES_MAX)
+        return -1;
+    if (out->nnodes == *cap) {
+        int ncap = *cap ? 2 * *cap : 64;
+        ext_guard_node *n = realloc(out->nodes, (size_t)ncap * sizeof(*n));
+        if (n == NULL)
+            return -1;
+        out->nodes = n;
+        *cap = ncap;
+    }
+    ext_guard_node *g = &out->nodes[out->nnodes];
+    memset(g, 0, sizeof(*g));
+    snprintf(g->name, sizeof(g->name), "%s", kgpu_cluster_node(out->c, idx)->name);
+    g->idx = idx;
+    return at[idx] = out->nnodes++;
+}
+
+static int by_node(const void *a, const void *b)
+{
+    const kgpu_placed_pod *x = a, *y = b;
+    return (x->a.node > y->a.node) - (x->a.node < y->a.node);
+}
+
+bool ext_guard_snapshot(ext_state *st, ext_guard_snap *out)
+{
+    memset(out, 0, sizeof(*out));
+    int nn = kgpu_cluster_node_count(st->cluster), cap = 0;
+    out->c = kgpu_cluster_clone(st->cluster);
+    out->skip = calloc((size_t)nn + 1, sizeof(*out->skip));
+    out->pods = malloc((st->pods.len + 1) * sizeof(*out->pods));
+    bool *unsure = calloc((size_t)nn + 1, sizeof(*unsure));
+    int *at = malloc(((size_t)nn + 1) * sizeof(*at));
+    if (out->c == NULL || out->skip == NULL || out->pods == NULL || unsure == NULL ||
+        at == NULL) {
+        free(unsure);
+        free(at);
+        ext_guard_snap_free(out);
+        return false;
+    }
+    for (int i = 0; i < nn; i++) {
+        out->skip[i] = excluded(st, kgpu_cluster_node(out->c, i)->name);
+        at[i] = -1;
+    }
+    const char *k;
+    void *v;
+    size_t it = 0;
+    while (kgpu_strmap_next(&st->pods, &it, &k, &v)) {
+        const ext_pod *e = v;
+        for (int j = 0; j < e->nparts; j++) {
+            const kgpu_assignment *a = &e->part[j].a;
+            const kgpu_node *node = kgpu_cluster_node(out->c, a->node);
+            if (a->ngpus == 0 || node == NULL || strcmp(node->name, e->node) != 0)
+                continue;
+            if (e->nparts > 1) {
+                unsure[a->node] = true; /* its containers go together: not checked alone */
+                continue;
+            }
+            if (out->npods >= st->pods.len)
+                break;
+            kgpu_placed_pod *pp = &out->pods[out->npods++];
+            pp->a = *a;
+            request_of(out->c, e, &pp->req);
+            pp->movable = true;
+        }
+    }
+    qsort(out->pods, out->npods, sizeof(*out->pods), by_node);
+    for (size_t i = 0; i < out->npods; i++) {
+        int idx = out->pods[i].a.node;
+        int g = guard_node(out, at, idx, &cap);
+        if (g < 0)
+            break;
+        if (out->nodes[g].n++ == 0)
+            out->nodes[g].first = i;
+    }
+    for (int i = 0; i < nn; i++) {
+        const char *name = kgpu_cluster_node(out->c, i)->name;
+        bool marked = kgpu_strmap_get(&st->guard_marked, name) != NULL;
+        if (!unsure[i] && !marked) /* neither kgpu pods of several containers nor annotations */
+            continue;
+        int g = guard_node(out, at, i, &cap);
+        if (g < 0)
+            break;
+        out->nodes[g].unsure |= unsure[i];
+    }
+    for (int i = 0; i < out->nnodes; i++) {
+        intptr_t m = (intptr_t)kgpu_strmap_get(&st->guard_marked, out->nodes[i].name);
+        out->nodes[i].marked = (m & EXT_GUARD_HAS_MARK) != 0;
+        out->nodes[i].foreign = m == EXT_GUARD_HAS_OTHER;
+    }
+    free(unsure);
+    free(at);
+    return true;
+}
+
+void ext_guard_snap_free(ext_guard_snap *s)
+{
+    kgpu_cluster_free(s->c);
+    free(s->skip);
+    free(s->pods);
+    free(s->nodes);
+    memset(s, 0, sizeof(*s));
 }

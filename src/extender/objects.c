@@ -296,6 +296,16 @@ bool ext_node_leaving(const json_t *node, char *why, size_t len)
     return false;
 }
 
+int ext_node_guard_marks(const json_t *node)
+{
+    const json_t *ann = json_object_get(json_object_get(node, "metadata"), "annotations");
+    return (json_object_get(ann, EXT_GUARD_MARK) != NULL ? EXT_GUARD_HAS_MARK : 0) |
+           (json_object_get(ann, EXT_GUARD_CA) != NULL ||
+                    json_object_get(ann, EXT_GUARD_KARPENTER) != NULL
+                ? EXT_GUARD_HAS_OTHER
+                : 0);
+}
+
 /* ---- GPUQueues and namespaces ---- */
 
 const char *ext_obj_name(const json_t *obj)

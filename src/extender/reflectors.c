@@ -35,11 +35,13 @@ static void nodes_reset(void *ctx, json_t *items)
     bool *dra = calloc(n + 1, sizeof(*dra)); /* labelled for DRA: GPUs from its slice */
     char(*leaving)[EXT_LEAVING_MAX] = calloc(n + 1, sizeof(*leaving));
     bool *spot = calloc(n + 1, sizeof(*spot));
+    int *marked = calloc(n + 1, sizeof(*marked)); /* scale-down annotations on it */
+    const char **names = calloc(n + 1, sizeof(*names)); /* nodes_listed reorders specs */
     kgpu_node_store *store = malloc(sizeof(*store));
     kgpu_error err;
     kgpu_error_clear(&err);
     int rc = specs == NULL || packed == NULL || dra == NULL || leaving == NULL || spot == NULL ||
-                     store == NULL
+                     marked == NULL || names == NULL || store == NULL
                  ? kgpu_error_set(&err, KGPU_ENOMEM, "out of memory")
                  : 0;
     size_t ndra = 0;
@@ -54,14 +56,20 @@ static void nodes_reset(void *ctx, json_t *items)
             continue;
         ext_node_leaving(item, leaving[m], sizeof(leaving[m]));
         spot[m] = kgpu_capacity_spot(node_labels(item));
-        if ((packed[m] = kgpu_node_spec_pack(&spec, &specs[m])) == NULL)
+        marked[m] = ext_node_guard_marks(item);
+        if ((packed[m] = kgpu_node_spec_pack(&spec, &specs[m])) == NULL) {
             rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
-        else
+        } else {
+            names[m] = specs[m].name; /* in packed[m] */
             ndra += dra[m++];
+        }
     }
     if (rc == 0)
         rc = s->sink->nodes_listed(s->sink->ctx, specs, dra,
                                    (const char(*)[EXT_LEAVING_MAX])leaving, spot, m, &err);
+    for (size_t i = 0; i < m && rc == 0; i++)
+        if (marked[i])
+            s->sink->node_marked(s->sink->ctx, names[i], marked[i]);
     if (rc != 0)
         ext_log(EXT_ERROR, "node list not applied: %s", err.msg);
     else
@@ -73,6 +81,8 @@ static void nodes_reset(void *ctx, json_t *items)
     free(dra);
     free(leaving);
     free(spot);
+    free(marked);
+    free(names);
     free(store);
     ext_malloc_trim(); /* the list was a large transient tree */
 }
@@ -99,6 +109,8 @@ static void nodes_event(void *ctx, const char *type, json_t *obj)
     else if (s->sink->node_seen(s->sink->ctx, &spec, dra, leaving,
                                 kgpu_capacity_spot(node_labels(obj)), &err) != 0)
         ext_log(EXT_ERROR, "node %s not updated: %s", spec.name, err.msg);
+    else
+        s->sink->node_marked(s->sink->ctx, spec.name, ext_node_guard_marks(obj));
     free(store);
 }
 

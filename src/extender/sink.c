@@ -12,6 +12,7 @@
  * file's reader (kgpu_queues_from_json), so the CRD and the file accept
  * exactly the same things. An invalid set leaves the last valid tree in force.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,8 @@ static int nodes_listed(void *ctx, kgpu_node_spec *specs, const bool *dra,
     kgpu_strmap before = st->leaving; /* the list replaces it: nodes not in it go */
     kgpu_strmap_init(&st->leaving);
     kgpu_strmap_clear(&st->spot_nodes); /* its values are markers, not owned */
+    kgpu_strmap_clear(&st->guard_marked); /* the source marks the list's nodes again */
+    kgpu_strmap_init(&st->guard_marked);
     size_t k = 0, kept = 0;
     for (size_t i = 0; i < m; i++) {
         set_leaving(st, &before, specs[i].name, leaving[i]);
@@ -110,7 +113,20 @@ static void node_gone(void *ctx, const char *name)
     ext_dra_node_gone(st, name);
     free(kgpu_strmap_del(&st->leaving, name));
     ext_state_node_spot(st, name, false);
+    kgpu_strmap_del(&st->guard_marked, name);
     ext_state_remove_node(st, name);
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void node_marked(void *ctx, const char *name, int marks)
+{
+    ext_state *st = ctx;
+    pthread_mutex_lock(&st->mu);
+    if (marks == 0)
+        kgpu_strmap_del(&st->guard_marked, name);
+    else if (kgpu_strmap_get(&st->guard_marked, name) != NULL ||
+             st->guard_marked.len < EXT_GUARD_NODES_MAX)
+        kgpu_strmap_put(&st->guard_marked, name, (void *)(intptr_t)marks, NULL);
     pthread_mutex_unlock(&st->mu);
 }
 
@@ -469,6 +485,7 @@ void ext_state_sink(ext_state *st, ext_sink *out)
         .nodes_listed = nodes_listed,
         .node_seen = node_seen,
         .node_gone = node_gone,
+        .node_marked = node_marked,
         .nodes_known = nodes_known,
         .file_nodes = file_nodes,
         .pods_listed = pods_listed,

@@ -87,6 +87,21 @@ int ext_node_parse(const json_t *item, kgpu_node_spec *spec, kgpu_node_store *st
 bool ext_node_leaving(const json_t *node, char *why, size_t len);
 #define EXT_LEAVING_MAX 160 /* room for ext_node_leaving's reason */
 
+/*
+ * The scale-down guard's annotations (guard.c; docs/autoscaling.md
+ * "Scale-down that shares survive"): kgpu writes all three on a node whose
+ * GPU pods could not all run elsewhere, and removes them only from a node
+ * carrying its own mark, never an operator's.
+ */
+#define EXT_GUARD_MARK "kgpu.io/scale-down-guard"                    /* kgpu's, with why */
+#define EXT_GUARD_CA   "cluster-autoscaler.kubernetes.io/scale-down-disabled" /* "true" */
+#define EXT_GUARD_KARPENTER "karpenter.sh/do-not-disrupt"            /* "true" */
+/* Which of them the node carries: EXT_GUARD_HAS_MARK, EXT_GUARD_HAS_OTHER (CA's or Karpenter's). */
+int ext_node_guard_marks(const json_t *node);
+#define EXT_GUARD_HAS_MARK  1
+#define EXT_GUARD_NODES_MAX 20000 /* GPU nodes the guard follows, marked or checked */
+#define EXT_GUARD_HAS_OTHER 2
+
 /* ---- DRA objects (dra_objects.c; docs/install-dra.md "kgpu's scores on DRA nodes") ---- */
 
 #define EXT_DRA_DRIVER      "gpu.kgpu.io" /* kgpu-dra-plugin's driver name */
@@ -209,6 +224,12 @@ typedef struct ext_sink {
     int (*node_seen)(void *ctx, kgpu_node_spec *spec, bool dra, const char *leaving, bool spot,
                      kgpu_error *err);
     void (*node_gone)(void *ctx, const char *name);
+    /*
+     * Which scale-down annotations a GPU node carries (ext_node_guard_marks):
+     * called for each node of a list after nodes_listed (which forgets the
+     * marks the list replaces) and for each node seen.
+     */
+    void (*node_marked)(void *ctx, const char *name, int marks);
     /* Whether the nodes are known (pods name their nodes: the pod source waits for this). */
     bool (*nodes_known)(void *ctx);
     /* The cluster file's nodes: pods are known with them (there are none). */

@@ -37,6 +37,7 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     st->sweep_slice_s = EXT_SWEEP_SLICE_MS / 1000.0;
     kgpu_strmap_init(&st->dra_nodes);
     kgpu_strmap_init(&st->leaving);
+    kgpu_strmap_init(&st->guard_marked);
     kgpu_strmap_init(&st->dra_slices);
     kgpu_strmap_init(&st->dra_claims);
     kgpu_strmap_init(&st->pod_qlabels);
@@ -88,6 +89,7 @@ void ext_state_destroy(ext_state *st)
     kgpu_queues_free(st->queues_spec);
     json_decref(st->gpuqueues);
     free(st->queue_evictions);
+    kgpu_strmap_clear(&st->guard_marked);
     kgpu_strmap_clear(&st->cpu_pods);
     kgpu_strmap_clear(&st->awaiting);
     kgpu_strmap_clear(&st->orphans);

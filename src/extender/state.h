@@ -328,6 +328,8 @@ typedef struct ext_state {
     kgpu_strmap pod_qlabels; /* pod uid -> its kgpu.io/queue label (char*), pods with one only */
     /* Nodes going away (ext_node_leaving): name -> its reason (char*); no new GPU pod there. */
     kgpu_strmap leaving;
+    /* GPU nodes carrying scale-down annotations, as the API server says (sources.h). */
+    kgpu_strmap guard_marked; /* name -> (void *)(intptr_t) EXT_GUARD_HAS_*, at most EXT_GUARD_NODES_MAX */
     int dra_unapplied;      /* allocation results not charged now (node or GPU unknown, full) */
     bool dra_absent[2];     /* the API server answered 404 for resourceslices, resourceclaims */
 } ext_state;
@@ -605,25 +607,6 @@ void ext_queues_evicted(ext_state *st, const ext_reclaim *r, const ext_victim *v
  */
 void ext_reclaims_refresh(ext_state *st);
 
-/* ---- consolidation (moves.c; docs/autoscaling.md). Caller holds st->mu. ---- */
-
-#define EXT_CONSOLIDATE_GAP_S 10 /* seconds between two consolidations started */
-
-/*
- * For a pod of one GPU container (priority `priority`) that fits no node:
- * with --consolidate N, plans to evict at most N kgpu.io/restartable pods
- * of one node among `offered` (a flag per node of the cluster: those
- * kube-scheduler offered), of no higher priority, not being evicted nor lately
- * protected by a PodDisruptionBudget, so that the pod fits there and each
- * of them fits elsewhere (kgpu_plan_moves, leaving and DRA nodes left
- * out). One consolidation at a time cluster-wide, none while a reclaim is
- * under way, and at least EXT_CONSOLIDATE_GAP_S apart. Results as
- * ext_queues_reclaim's: STARTED remembers it as a reclaim (its room held
- * for the pod once the victims are gone) with the victims in *out; `apply`
- * (--cluster-file) releases them now. msg names no pod of another namespace.
- */
-int ext_consolidate(ext_state *st, const kgpu_pod *pod, int priority, const bool *offered,
-                    bool apply, ext_reclaim *out, char *msg, size_t len);
 /*
  * Whether `reqs` (nreqs GPU requests of pod `uid`; 0 asks whether the
  * holds still fit as things are) would take room node idx holds for

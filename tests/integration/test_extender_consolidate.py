@@ -11,7 +11,11 @@ that fits none of the nodes offered gets room by moving restartable pods
 - the room freed is held for the waiting pod until it is bound;
 - a PodDisruptionBudget's refusal (429) moves nothing, and that pod is
   left alone for a while;
-- what the waiting pod's owner reads names no pod of another namespace.
+- what the waiting pod's owner reads names no pod of another namespace;
+
+and the scale-down guard (--scale-down-guard): a node whose shares could not
+run on the other nodes carries Cluster Autoscaler's and Karpenter's
+do-not-remove annotations until it may go; an operator's own are untouched.
 
     test_extender_consolidate.py --extender PATH --kgpu PATH [unittest arguments...]
 
@@ -176,6 +180,81 @@ class TestConsolidation(ConsolidationTest):
         self.assertIn("waits for consolidation: moving a pod of another namespace", why)
         self.assertNotIn("default", why)
         self.assertNotIn("p1", why)
+
+
+CA = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+KARPENTER = "karpenter.sh/do-not-disrupt"
+MARK = "kgpu.io/scale-down-guard"
+
+
+class TestScaleDownGuard(ConsolidationTest):
+    """--scale-down-guard: a node whose shares could not run on the other nodes carries
+    Cluster Autoscaler's and Karpenter's do-not-remove annotations, with kgpu's mark;
+    they go once it may be removed; an operator's own annotation is never touched."""
+
+    def annotations(self, node):
+        obj = self.s.api("GET", "/api/v1/nodes/" + node, expect=200)[1]
+        return obj["metadata"].get("annotations") or {}
+
+    def guarded(self, node):
+        a = self.annotations(node)
+        return a.get(CA) == "true" and a.get(KARPENTER) == "true" and MARK in a
+
+    def patch_node(self, node, patch):
+        self.s.api("PATCH", "/api/v1/nodes/" + node, patch, "application/merge-patch+json",
+                   expect=200)
+
+    def test_a_node_whose_shares_fit_nowhere_else_stays(self):
+        self.start("--scale-down-guard", "1")
+        a = self.run_on("n0", share(mem=50))
+        self.run_on("n1", share(mem=40))
+        # 50 + 40 GiB fit no one A100: neither node may go.
+        wait_for(lambda: self.guarded("n0") and self.guarded("n1"), 15, what="both guarded")
+        why = self.annotations("n0")[MARK]
+        self.assertIn("fits no GPU of the other nodes", why)
+        self.assertNotIn(a["metadata"]["name"], why)  # counts only, no pod named
+        wait_for(lambda: self.ext.metric("kgpu_extender_nodes_scale_down_guarded") == 2, 15,
+                 what="the gauge")
+        # An empty A100 comes: each share could go there, so both may be removed.
+        self.s.add_node("n2", gpu_list("n2", "A100", 81920, 1))
+        wait_for(lambda: not self.guarded("n0") and not self.guarded("n1"), 15,
+                 what="both released")
+        for n in ("n0", "n1"):
+            ann = self.annotations(n)
+            for key in (CA, KARPENTER, MARK):
+                self.assertNotIn(key, ann)
+        # The empty node is leaving (an autoscaler's taint): it is no room.
+        self.patch_node("n2", {"spec": {"taints": [
+            {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}})
+        wait_for(lambda: self.guarded("n0") and self.guarded("n1"), 15, what="guarded again")
+        # The 50 GiB share goes: n0 is empty (nothing to keep it for), and n1's 40 GiB
+        # share would fit there now, so n1 may go as well.
+        self.s.delete_pod("default", a["metadata"]["name"])
+        wait_for(lambda: not self.guarded("n0") and not self.guarded("n1"), 15,
+                 what="both released")
+        wait_for(lambda: self.ext.metric("kgpu_extender_nodes_scale_down_guarded") == 0, 15,
+                 what="the gauge at 0")
+
+    def test_an_operators_annotation_is_never_touched(self):
+        self.patch_node("n0", {"metadata": {"annotations": {CA: "true"}}})
+        self.start("--scale-down-guard", "1")
+        p = self.run_on("n0", share(mem=50))
+        self.run_on("n1", share(mem=40))
+        wait_for(lambda: self.guarded("n1"), 15, what="n1 guarded")
+        self.assertEqual(self.annotations("n0"), {**self.annotations("n0"), CA: "true"})
+        self.assertNotIn(MARK, self.annotations("n0"))
+        self.assertNotIn(KARPENTER, self.annotations("n0"))
+        self.s.delete_pod("default", p["metadata"]["name"])
+        wait_for(lambda: not self.guarded("n1"), 15, what="n1 released")
+        self.assertEqual(self.annotations("n0").get(CA), "true")  # still the operator's
+
+    def test_off(self):
+        self.start("--scale-down-guard", "0")
+        self.run_on("n0", share(mem=50))
+        self.run_on("n1", share(mem=40))
+        import time
+        time.sleep(2)
+        self.assertFalse(self.guarded("n0") or self.guarded("n1"))
 
 
 def main():
