@@ -67,6 +67,8 @@ class ControlPlaneSuite(unittest.TestCase):
             "scheduler.filterDraPods=true",
             # Consolidation on: only pods annotated kgpu.io/restartable move (test_20).
             "extender.config.consolidateMoves=1",
+            # The scale-down guard every 2 s rather than 30 (test_21).
+            "extender.config.scaleDownGuardSeconds=2",
         ])
         cls.ext_config = ext_config
         cp.ensure_namespace(E2E_NS)
@@ -435,7 +437,15 @@ class ControlPlaneSuite(unittest.TestCase):
             ("GET", "/api/v1/namespaces/kgpu-system/secrets", None),
             ("GET", "/api/v1/namespaces/kube-system/configmaps", None),
             ("POST", "/api/v1/namespaces/e2e/pods", pod_object("sneaky", [("m", {MEM: 1})])),
+            # nodes: patch, for the scale-down guard's three annotations alone
+            # (RBAC grants patch; the admission policy kgpu-extender-node-guard the rest).
             ("PATCH", "/api/v1/nodes/gpu-t4-0", {"metadata": {"labels": {"x": "y"}}}),
+            ("PATCH", "/api/v1/nodes/gpu-t4-0", {"metadata": {"annotations": {"x": "y"}}}),
+            ("PATCH", "/api/v1/nodes/gpu-t4-0", {"spec": {"unschedulable": True}}),
+            ("PATCH", "/api/v1/nodes/gpu-t4-0", {"metadata": {"annotations": {
+                "karpenter.sh/do-not-disrupt": "5m"}}}),
+            ("PATCH", "/api/v1/nodes/gpu-t4-0", {"metadata": {"annotations": {
+                "kgpu.io/gpus": "[]"}}}),
             ("DELETE", "/api/v1/namespaces/e2e/pods/anything", None),
             ("PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler",
              {}),
@@ -444,6 +454,12 @@ class ControlPlaneSuite(unittest.TestCase):
             ctype = "application/merge-patch+json" if method == "PATCH" else "application/json"
             st, text = me.raw(method, path, json.dumps(body) if body is not None else None, ctype)
             self.assertEqual(st, 403, "%s %s answered %d: %s" % (method, path, st, text[:200]))
+        # What the guard writes is let through (and taken back).
+        for value in ("true", None):
+            st, text = me.raw("PATCH", "/api/v1/nodes/gpu-v100-0", json.dumps(
+                {"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": value}}}),
+                "application/merge-patch+json")
+            self.assertEqual(st, 200, text[:300])
         r = self.cp.kubectl("auth", "can-i", "--list", "-n", "kgpu-system",
                             "--as=system:serviceaccount:kgpu-system:kgpu-extender")
         self.assertNotIn("secrets", r.stdout)
@@ -1339,6 +1355,38 @@ class ControlPlaneSuite(unittest.TestCase):
         self.assertEqual(self.assignment(again)[0]["gpus"][0]["index"], big)
         self.assertGreaterEqual(self.ext.metric("kgpu_extender_consolidation_moves_total"), 1)
         self.assert_state_matches()
+
+    def test_21_scale_down_guard_annotates_the_node_of_a_share_that_fits_nowhere_else(self):
+        """gpu-t4-0 is the only T4 node: a T4 share there could run nowhere else, so the
+        leader's guard marks the node for Cluster Autoscaler and Karpenter through the
+        real API server (merge patch, the chart's RBAC), and unmarks it when the share
+        ends. Nodes whose pods could move, or with none, are never marked."""
+        ca, karpenter = ("cluster-autoscaler.kubernetes.io/scale-down-disabled",
+                         "karpenter.sh/do-not-disrupt")
+
+        def ann(node):
+            return self.cp.admin.get("/api/v1/nodes/" + node)["metadata"].get(
+                "annotations") or {}
+
+        def guarded(node):
+            a = ann(node)
+            return a.get(ca) == "true" and a.get(karpenter) == "true" and \
+                "kgpu.io/scale-down-guard" in a
+        for node in NODES:
+            self.assertFalse(guarded(node), node)
+        self.create("t4-share", [("main", {MEM: 4})],
+                    annotations={"kgpu.io/gpu-type": "Tesla T4*"})
+        self.wait_bound("t4-share")
+        wait_for(lambda: guarded("gpu-t4-0"), 30, "gpu-t4-0 kept from scale-down")
+        self.assertIn("fits no GPU of the other nodes", ann("gpu-t4-0")["kgpu.io/scale-down-guard"])
+        for node in ("gpu-a100-0", "gpu-a100-1", "gpu-v100-0"):
+            self.assertFalse(guarded(node), node)
+        self.cp.delete_pod(E2E_NS, "t4-share")
+        wait_for(lambda: self.cp.get_pod(E2E_NS, "t4-share") is None, 30, "t4-share to go")
+        wait_for(lambda: not any(k in ann("gpu-t4-0") for k in
+                                 (ca, karpenter, "kgpu.io/scale-down-guard")),
+                 30, "gpu-t4-0 released")
+        self.assertEqual(self.ext.metric("kgpu_extender_nodes_scale_down_guarded"), 0)
 
     def test_0_only_kube_scheduler_gets_in(self):
         """The extender runs the chart's config (HTTPS, client CA); kube-scheduler runs the
