@@ -780,7 +780,7 @@ class HelmChartTest(unittest.TestCase):
         """On by default (docs/security.md), naming the service accounts the chart renders,
         whatever the namespaces; off and report-only on request."""
         import re
-        policies = ("kgpu-pod-bookkeeping", "kgpu-agents-own-node")
+        policies = ("kgpu-pod-bookkeeping", "kgpu-agents-own-node", "kgpu-extender-node-guard")
         for h in (helm(), helm("dra.enabled=true"),
                   helm("namespaces.extender.name=gpu-sched",
                        "namespaces.devicePlugin.name=gpu-node", "dra.enabled=true",
@@ -800,9 +800,12 @@ class HelmChartTest(unittest.TestCase):
                               {a.split(":")[3] for a in accounts}}
                 self.assertLessEqual(kgpu_named, accounts | {
                     n for n in named if n.endswith(":kgpu-dra-plugin")}, p)
+            extender = next(a for a in accounts if a.endswith(":kgpu-extender"))
             bookkeeping = h[("ValidatingAdmissionPolicy", "", policies[0])]
-            self.assertIn(next(a for a in accounts if a.endswith(":kgpu-extender")),
-                          str(bookkeeping["spec"]["matchConditions"]))
+            self.assertIn(extender, str(bookkeeping["spec"]["matchConditions"]))
+            # The node guard binds the extender's own account, whatever its namespace.
+            guard = h[("ValidatingAdmissionPolicy", "", policies[2])]
+            self.assertIn("'%s'" % extender, str(guard["spec"]["matchConditions"]))
         off = helm("admissionPolicies.enabled=false")
         self.assertEqual(sorted(changed(helm(), off)),
                          sorted((kind, "", p) for p in policies for kind in (
