@@ -54,6 +54,12 @@ typedef struct ext_config {
      * GPU nodes must not be removed; 0 off. 30.
      */
     int scale_down_guard_s;
+    /*
+     * Consolidation to fewer nodes (guard.c): the guard's round may evict
+     * every GPU pod of one node whose pods are all kgpu.io/restartable and
+     * could all run on the other nodes, so that an autoscaler removes it.
+     */
+    bool consolidate_nodes;
     /* POST /mutate/pods gives GPU pods this schedulerName (kgpu's own scheduler); "" off. */
     char route_pods_to[64];
     /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
@@ -159,6 +165,7 @@ typedef struct ext_metrics {
     atomic_ullong consolidations;       /* consolidations started (evictions asked) */
     atomic_ullong consolidation_moves;  /* their evictions the API server accepted */
     atomic_int guard_nodes;             /* nodes the scale-down guard's last round kept */
+    atomic_ullong nodes_emptied;        /* nodes --consolidate-nodes started to empty */
     atomic_ullong doubts_ended[3];      /* binds in doubt, by how they ended (enum ext_doubt_end) */
     /* The serving layer (http.c). */
     atomic_ullong http_refused[EXT_HTTP_REFUSED_COUNT]; /* answered before the body was read */

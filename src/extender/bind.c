@@ -320,7 +320,7 @@ void ext_verb_bind(ext_ctx *d, json_t *args, ext_response *r)
         ext_queues_resolve(d->state, ns, qlabel, qname, sizeof(qname), qwhy, sizeof(qwhy)) == -2)
         rc = kgpu_error_set(&err, KGPU_ENOFIT, "%s", qwhy);
     bool fresh = rc == 0 && retry_of == 0 && kgpu_strmap_get(&d->state->pods, uid) == NULL;
-    const char *leaving = fresh ? kgpu_strmap_get(&d->state->leaving, node) : NULL;
+    const char *leaving = fresh ? ext_node_closed(d->state, node) : NULL;
     if (leaving != NULL) /* it started to leave after filter let the pod through */
         rc = kgpu_error_set(&err, KGPU_ENOFIT,
                             "node %s is leaving (%s): kgpu places no new GPU pod there", node,

@@ -24,6 +24,7 @@
 #define MAX_CONNECTIONS   65536 /* descriptors, and libmicrohttpd's buffer each */
 #define OPT_CONSOLIDATE      1101 /* long options without a short one */
 #define OPT_SCALE_DOWN_GUARD 1102
+#define OPT_CONSOLIDATE_NODES 1103
 
 void ext_config_defaults(ext_config *cfg)
 {
@@ -236,6 +237,8 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
         } else if (strcmp(key, "bindDoubtSeconds") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 1 && json_integer_value(v) <= BIND_DOUBT_MAX) {
             cfg->bind_doubt_s = (int)json_integer_value(v);
+        } else if (strcmp(key, "consolidateNodes") == 0 && json_is_boolean(v)) {
+            cfg->consolidate_nodes = json_is_true(v);
         } else if (strcmp(key, "scaleDownGuardSeconds") == 0 && json_is_integer(v) &&
                    json_integer_value(v) >= 0 && json_integer_value(v) <= 3600) {
             cfg->scale_down_guard_s = (int)json_integer_value(v);
@@ -360,6 +363,9 @@ static void usage(FILE *f)
             "  --bind-doubt S         seconds a Binding that got no usable answer (a timeout,\n"
             "                         a 5xx) keeps its GPUs, unless the API server shows\n"
             "                         the pod first (default 60)\n"
+            "  --consolidate-nodes    with the guard, empty one node at a time whose GPU\n"
+            "                         pods are all kgpu.io/restartable and could all run\n"
+            "                         elsewhere, so that an autoscaler removes it\n"
             "  --scale-down-guard S   every S seconds, annotate GPU nodes whose GPU pods\n"
             "                         could not all run elsewhere so that Cluster Autoscaler\n"
             "                         and Karpenter keep them (default 30; 0: off)\n"
@@ -401,6 +407,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"route-pods-to", required_argument, NULL, 'r'},
         {"consolidate", required_argument, NULL, OPT_CONSOLIDATE},
         {"scale-down-guard", required_argument, NULL, OPT_SCALE_DOWN_GUARD},
+        {"consolidate-nodes", no_argument, NULL, OPT_CONSOLIDATE_NODES},
         {"max-buffered-bytes", required_argument, NULL, 'B'},
         {"max-connections", required_argument, NULL, 'x'},
         {"max-connections-per-client", required_argument, NULL, 'X'},
@@ -509,6 +516,9 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
                 cfg->allocate_wait_s = (int)wait;
             break;
         }
+        case OPT_CONSOLIDATE_NODES:
+            cfg->consolidate_nodes = true;
+            break;
         case OPT_SCALE_DOWN_GUARD:
             rc = int_flag("--scale-down-guard", optarg, 0, 3600, &cfg->scale_down_guard_s, err);
             break;
@@ -577,6 +587,10 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
     if (rc == 0 && cfg->leader_elect && cfg->cluster_file[0])
         rc = kgpu_error_set(err, KGPU_EINVAL,
                             "--leader-elect needs an API server, not --cluster-file");
+    if (rc == 0 && cfg->consolidate_nodes && cfg->scale_down_guard_s == 0)
+        rc = kgpu_error_set(err, KGPU_EINVAL,
+                            "--consolidate-nodes runs in the scale-down guard's rounds: it "
+                            "needs --scale-down-guard above 0");
     /* A limit that cannot hold is refused rather than silently worked around. */
     if (rc == 0 && cfg->max_buffered_bytes < cfg->max_body_bytes)
         rc = kgpu_error_set(err, KGPU_EINVAL,

@@ -134,7 +134,7 @@ void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r
                 ext_add_reason(&unresolvable, names[i], EXT_DRA_NODE_REASON);
                 continue;
             }
-            const char *leaving = kgpu_strmap_get(&d->state->leaving, names[i]);
+            const char *leaving = ext_node_closed(d->state, names[i]);
             if (leaving != NULL) {
                 snprintf(why, sizeof(why),
                          "node is leaving (%s): kgpu places no new GPU pod there", leaving);

@@ -62,6 +62,35 @@ static bool patch(ext_ctx *d, const char *name, const char *why)
     return ok;
 }
 
+/*
+ * --consolidate-nodes: evicts every GPU pod of node g (all restartable, all
+ * able to run on the other nodes) through the Eviction API, the node
+ * closed to new GPU pods meanwhile, so that an autoscaler finds it empty
+ * and removes it. One node at a time (ext_emptying_start).
+ */
+static void empty_node(ext_ctx *d, const ext_guard_snap *snap, const ext_guard_node *g)
+{
+    ext_reclaim *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return;
+    r->move = true;
+    snprintf(r->for_ns, sizeof(r->for_ns), "-");
+    snprintf(r->for_name, sizeof(r->for_name), "emptying node %.200s", g->name);
+    for (size_t k = g->first; k < g->first + g->n; k++)
+        r->v[r->nvictims++] = snap->who[k];
+    pthread_mutex_lock(&d->state->mu);
+    bool go = ext_emptying_start(d->state, g->name, r);
+    pthread_mutex_unlock(&d->state->mu);
+    if (go) {
+        ext_log(EXT_INFO, "consolidation: emptying node %s (%d GPU pod%s, all restartable, all "
+                          "able to run elsewhere) so that it can be scaled down",
+                g->name, r->nvictims, r->nvictims == 1 ? "" : "s");
+        atomic_fetch_add(&d->metrics->nodes_emptied, 1);
+        ext_evict_victims(d, r);
+    }
+    free(r);
+}
+
 int ext_guard_once(ext_ctx *d, kgpu_strmap *written, const atomic_bool *stop)
 {
     if (written->len > EXT_GUARD_NODES_MAX)
@@ -88,12 +117,13 @@ int ext_guard_once(ext_ctx *d, kgpu_strmap *written, const atomic_bool *stop)
     kgpu_rng rng;
     kgpu_rng_seed(&rng, 28, 1);
     double now = ext_now();
-    int need_n = 0;
+    int need_n = 0, empty = -1;
+    int64_t empty_milli = 0;
     for (int i = 0; i < snap.nnodes && (stop == NULL || !atomic_load(stop)); i++) {
         const ext_guard_node *g = &snap.nodes[i];
         if (g->foreign)
             continue; /* the operator's: kgpu neither adds nor removes */
-        bool need = false;
+        bool need = false, drains = false;
         char why[200] = "";
         if (g->unsure) {
             need = true;
@@ -109,6 +139,7 @@ int ext_guard_once(ext_ctx *d, kgpu_strmap *written, const atomic_bool *stop)
                 continue; /* left as it is */
             }
             need = rc == KGPU_ENOFIT;
+            drains = rc == 0;
             if (need) {
                 char freed[32];
                 const kgpu_request *r = &snap.pods[g->first + stuck].req;
@@ -121,6 +152,20 @@ int ext_guard_once(ext_ctx *d, kgpu_strmap *written, const atomic_bool *stop)
             }
         }
         need_n += need;
+        if (drains && d->cfg->consolidate_nodes && !g->marked && !snap.skip[g->idx] &&
+            g->n <= EXT_RECLAIM_VICTIMS_MAX) {
+            /* Every GPU pod here could go, and may be moved: the least GPU to move wins. */
+            int64_t milli = 0;
+            bool movable = true;
+            for (size_t k = g->first; k < g->first + g->n && movable; k++) {
+                movable = snap.pods[k].movable;
+                milli += snap.who[k].freed_milli;
+            }
+            if (movable && (empty < 0 || milli < empty_milli)) {
+                empty = i;
+                empty_milli = milli;
+            }
+        }
         guard_written *w = kgpu_strmap_get(written, g->name);
         if (need == g->marked) {
             free(kgpu_strmap_del(written, g->name)); /* the API server says it: forget */
@@ -140,6 +185,8 @@ int ext_guard_once(ext_ctx *d, kgpu_strmap *written, const atomic_bool *stop)
             w->guarded = need;
         }
     }
+    if (empty >= 0 && (stop == NULL || !atomic_load(stop)))
+        empty_node(d, &snap, &snap.nodes[empty]);
     kgpu_policy_free(p);
     ext_guard_snap_free(&snap);
     return need_n;

@@ -137,6 +137,11 @@ static void render_requests(buf *b, ext_metrics *m)
            "# TYPE kgpu_extender_nodes_scale_down_guarded gauge\n"
            "kgpu_extender_nodes_scale_down_guarded %d\n",
         atomic_load(&m->guard_nodes));
+    put(b, "# HELP kgpu_extender_nodes_emptied_total Nodes --consolidate-nodes started to empty "
+           "(every GPU pod restartable and able to run elsewhere) for an autoscaler to remove.\n"
+           "# TYPE kgpu_extender_nodes_emptied_total counter\n"
+           "kgpu_extender_nodes_emptied_total %llu\n",
+        atomic_load(&m->nodes_emptied));
     put(b, "# HELP kgpu_extender_assignments_refused_total Recorded GPU assignments not counted "
            "because they give more than the pod asks for (forged by whoever wrote the pod).\n"
            "# TYPE kgpu_extender_assignments_refused_total counter\n");

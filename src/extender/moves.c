@@ -22,10 +22,51 @@
 #include "moves.h"
 #include "state_impl.h"
 
-/* Whether node `name` takes no pod a plan places: leaving, or a DRA node (no device-plugin pods). */
+const char *ext_node_closed(ext_state *st, const char *name)
+{
+    const char *why = kgpu_strmap_get(&st->leaving, name);
+    if (why != NULL || st->emptying.len == 0)
+        return why;
+    double *until = kgpu_strmap_get(&st->emptying, name);
+    if (until == NULL)
+        return NULL;
+    if (*until > ext_now())
+        return "kgpu is emptying it so that it can be scaled down";
+    free(kgpu_strmap_del(&st->emptying, name));
+    return NULL;
+}
+
+bool ext_emptying_start(ext_state *st, const char *name, ext_reclaim *r)
+{
+    double now = ext_now();
+    const char *k;
+    void *v;
+    size_t it = 0;
+    while (kgpu_strmap_next(&st->emptying, &it, &k, &v))
+        if (*(double *)v > now)
+            return false; /* one at a time */
+    kgpu_strmap_clear_free(&st->emptying);
+    kgpu_strmap_init(&st->emptying);
+    for (int i = 0; i < r->nvictims; i++) {
+        const ext_pod *p = kgpu_strmap_get(&st->pods, r->v[i].uid);
+        if (p == NULL || p->evicting || strcmp(p->node, name) != 0)
+            return false; /* changed since the copy: next round */
+    }
+    double *until = malloc(sizeof(*until));
+    if (until == NULL || !kgpu_strmap_put(&st->emptying, name, until, NULL)) {
+        free(until);
+        return false;
+    }
+    *until = now + EXT_EMPTYING_S;
+    for (int i = 0; i < r->nvictims; i++)
+        ((ext_pod *)kgpu_strmap_get(&st->pods, r->v[i].uid))->evicting = true;
+    return true;
+}
+
+/* Whether node `name` takes no pod a plan places: closed, or a DRA node (no device-plugin pods). */
 static bool excluded(ext_state *st, const char *name)
 {
-    return kgpu_strmap_get(&st->leaving, name) != NULL || ext_dra_is_node(st, name);
+    return ext_node_closed(st, name) != NULL || ext_dra_is_node(st, name);
 }
 
 /*
@@ -233,10 +274,16 @@ static int guard_node(ext_guard_snap *out, int *at, int idx, int *cap)
     return at[idx] = out->nnodes++;
 }
 
+static __thread const kgpu_placed_pod *sort_pods; /* what by_node's indices point into */
+
+/* Indices into sort_pods, by node, then in order (a stable result). */
 static int by_node(const void *a, const void *b)
 {
-    const kgpu_placed_pod *x = a, *y = b;
-    return (x->a.node > y->a.node) - (x->a.node < y->a.node);
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    int x = sort_pods[i].a.node, y = sort_pods[j].a.node;
+    if (x != y)
+        return (x > y) - (x < y);
+    return (i > j) - (i < j);
 }
 
 bool ext_guard_snapshot(ext_state *st, ext_guard_snap *out)
@@ -246,10 +293,11 @@ bool ext_guard_snapshot(ext_state *st, ext_guard_snap *out)
     out->c = kgpu_cluster_clone(st->cluster);
     out->skip = calloc((size_t)nn + 1, sizeof(*out->skip));
     out->pods = malloc((st->pods.len + 1) * sizeof(*out->pods));
+    out->who = malloc((st->pods.len + 1) * sizeof(*out->who));
     bool *unsure = calloc((size_t)nn + 1, sizeof(*unsure));
     int *at = malloc(((size_t)nn + 1) * sizeof(*at));
-    if (out->c == NULL || out->skip == NULL || out->pods == NULL || unsure == NULL ||
-        at == NULL) {
+    if (out->c == NULL || out->skip == NULL || out->pods == NULL || out->who == NULL ||
+        unsure == NULL || at == NULL) {
         free(unsure);
         free(at);
         ext_guard_snap_free(out);
@@ -275,13 +323,41 @@ bool ext_guard_snapshot(ext_state *st, ext_guard_snap *out)
             }
             if (out->npods >= st->pods.len)
                 break;
-            kgpu_placed_pod *pp = &out->pods[out->npods++];
+            kgpu_placed_pod *pp = &out->pods[out->npods];
             pp->a = *a;
             request_of(out->c, e, &pp->req);
-            pp->movable = true;
+            pp->movable = e->restartable && !e->evicting;
+            kgpu_qdemand d;
+            ext__pod_demand(st->cluster, e, &d);
+            ext__victim_fill(&out->who[out->npods++], e, d.milli);
         }
     }
-    qsort(out->pods, out->npods, sizeof(*out->pods), by_node);
+    /* By node, pods and their victims' records together. */
+    size_t *order = malloc((out->npods + 1) * sizeof(*order));
+    kgpu_placed_pod *pods = malloc((out->npods + 1) * sizeof(*pods));
+    ext_victim *who = malloc((out->npods + 1) * sizeof(*who));
+    if (order == NULL || pods == NULL || who == NULL) {
+        free(order);
+        free(pods);
+        free(who);
+        free(unsure);
+        free(at);
+        ext_guard_snap_free(out);
+        return false;
+    }
+    sort_pods = out->pods;
+    for (size_t i = 0; i < out->npods; i++)
+        order[i] = i;
+    qsort(order, out->npods, sizeof(*order), by_node);
+    for (size_t i = 0; i < out->npods; i++) {
+        pods[i] = out->pods[order[i]];
+        who[i] = out->who[order[i]];
+    }
+    free(out->pods);
+    free(out->who);
+    free(order);
+    out->pods = pods;
+    out->who = who;
     for (size_t i = 0; i < out->npods; i++) {
         int idx = out->pods[i].a.node;
         int g = guard_node(out, at, idx, &cap);
@@ -315,6 +391,7 @@ void ext_guard_snap_free(ext_guard_snap *s)
     kgpu_cluster_free(s->c);
     free(s->skip);
     free(s->pods);
+    free(s->who);
     free(s->nodes);
     memset(s, 0, sizeof(*s));
 }

@@ -11,7 +11,6 @@
 
 /* ---- the scale-down guard (moves.c, guard.c; docs/autoscaling.md). ---- */
 
-
 /* What the guard checks, copied out under st->mu and then owned by the guard's thread. */
 typedef struct ext_guard_node {
     char name[KGPU_NAME_MAX + 1];
@@ -25,7 +24,8 @@ typedef struct ext_guard_node {
 typedef struct ext_guard_snap {
     kgpu_cluster *c;       /* a copy of the cluster */
     bool *skip;            /* per node of c: leaving or DRA, takes nothing */
-    kgpu_placed_pod *pods; /* by node, see ext_guard_node */
+    kgpu_placed_pod *pods; /* by node, see ext_guard_node; movable: kgpu.io/restartable */
+    ext_victim *who;       /* pods[i]'s pod, to evict it when its node is emptied */
     size_t npods;
     ext_guard_node *nodes; /* nodes holding kgpu pods, and marked nodes */
     int nnodes;
@@ -37,6 +37,22 @@ typedef struct ext_guard_snap {
  */
 bool ext_guard_snapshot(ext_state *st, ext_guard_snap *out);
 void ext_guard_snap_free(ext_guard_snap *s);
+
+/*
+ * Emptying a node for scale-down (--consolidate-nodes): while a node is
+ * being emptied no GPU pod is placed there (as if it were leaving), for
+ * EXT_EMPTYING_S at most.
+ */
+#define EXT_EMPTYING_S 600
+
+/* Why node `name` takes no new GPU pod: leaving (st->leaving) or being emptied; NULL: it takes. */
+const char *ext_node_closed(ext_state *st, const char *name);
+/*
+ * Starts emptying node `name`: no other emptying under way (false then),
+ * the node closed for EXT_EMPTYING_S, r's victims (all its GPU pods, still
+ * there and not being evicted) marked as being evicted. Caller holds st->mu.
+ */
+bool ext_emptying_start(ext_state *st, const char *name, ext_reclaim *r);
 
 /* ---- consolidation (moves.c; docs/autoscaling.md). Caller holds st->mu. ---- */
 

@@ -522,7 +522,11 @@ out:
 
 void ext__victim_add(ext_reclaim *r, const ext_pod *p, int64_t freed_milli)
 {
-    ext_victim *vv = &r->v[r->nvictims++];
+    ext__victim_fill(&r->v[r->nvictims++], p, freed_milli);
+}
+
+void ext__victim_fill(ext_victim *vv, const ext_pod *p, int64_t freed_milli)
+{
     snprintf(vv->uid, sizeof(vv->uid), "%s", p->uid);
     snprintf(vv->ns, sizeof(vv->ns), "%s", p->ns);
     snprintf(vv->name, sizeof(vv->name), "%s", p->name);

@@ -330,6 +330,7 @@ typedef struct ext_state {
     kgpu_strmap leaving;
     /* GPU nodes carrying scale-down annotations, as the API server says (sources.h). */
     kgpu_strmap guard_marked; /* name -> (void *)(intptr_t) EXT_GUARD_HAS_*, at most EXT_GUARD_NODES_MAX */
+    kgpu_strmap emptying;     /* node -> double* (monotonic end): being emptied (moves.c) */
     int dra_unapplied;      /* allocation results not charged now (node or GPU unknown, full) */
     bool dra_absent[2];     /* the API server answered 404 for resourceslices, resourceclaims */
 } ext_state;

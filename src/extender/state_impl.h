@@ -72,6 +72,8 @@ void ext__push_owned(char ***list, size_t *n, char *str);
 void ext__victims_text(const ext_reclaim *r, const char *viewer, char *out, size_t len);
 /* Appends pod p to r's victims (room for it checked by the caller), freeing freed_milli. */
 void ext__victim_add(ext_reclaim *r, const ext_pod *p, int64_t freed_milli);
+/* Pod p as a victim record. */
+void ext__victim_fill(ext_victim *vv, const ext_pod *p, int64_t freed_milli);
 /* Remembers reclaim r for its pod (bounded by EXT_RECLAIMS_MAX); its victims are being evicted. */
 void ext__reclaim_remember(ext_state *st, const ext_reclaim *r, double now);
 /* Whether victim uid's eviction was refused by a PodDisruptionBudget lately (EXT_REFUSED_S). */

@@ -257,6 +257,57 @@ class TestScaleDownGuard(ConsolidationTest):
         self.assertFalse(self.guarded("n0") or self.guarded("n1"))
 
 
+class TestEmptyingNodes(ConsolidationTest):
+    """--consolidate-nodes: a node whose GPU pods are all restartable and could all run on
+    the other nodes is emptied through the Eviction API, one at a time, and closed to new
+    GPU pods meanwhile, so that an autoscaler removes it."""
+
+    def test_a_node_of_restartable_pods_that_fit_elsewhere_is_emptied(self):
+        self.start("--scale-down-guard", "1", "--consolidate-nodes")
+        r = self.run_on("n0", share(mem=30), annotations=RESTARTABLE)
+        self.run_on("n1", share(mem=40))  # could move to n0, but is not restartable
+        key = "default/" + r["metadata"]["name"]
+        wait_for(lambda: self.evictions() == [{"pod": key, "status": 201}], 15,
+                 what="n0's pod evicted")
+        self.assertEqual(self.ext.metric("kgpu_extender_nodes_emptied_total"), 1)
+        # n0 takes no new GPU pod while it is being emptied; n1 does.
+        res = self.ext.filter(self.pod(share(mem=10)), ["n0", "n1"])
+        self.assertEqual(res["NodeNames"], ["n1"], res)
+        self.assertIn("kgpu is emptying it", res["FailedAndUnresolvableNodes"]["n0"])
+        # The pod's replacement goes to n1; n1 itself is never emptied (not restartable).
+        again = self.pod(share(mem=30), annotations=RESTARTABLE)
+        self.assertEqual(self.ext.filter(again, ["n0", "n1"])["NodeNames"], ["n1"])
+        import time
+        time.sleep(2.5)
+        self.assertEqual(len(self.evictions()), 1, self.evictions())
+
+    def test_nothing_is_emptied_without_the_flag_or_room(self):
+        self.start("--scale-down-guard", "1")
+        self.run_on("n0", share(mem=30), annotations=RESTARTABLE)
+        self.run_on("n1", share(mem=40))
+        import time
+        time.sleep(2.5)
+        self.assertEqual(self.evictions(), [])
+        self.assertEqual(self.ext.metric("kgpu_extender_nodes_emptied_total"), 0)
+
+    def test_no_room_elsewhere_no_emptying(self):
+        self.start("--scale-down-guard", "1", "--consolidate-nodes")
+        self.run_on("n0", share(mem=50), annotations=RESTARTABLE)
+        self.run_on("n1", share(mem=40), annotations=RESTARTABLE)
+        import time
+        time.sleep(2.5)
+        self.assertEqual(self.evictions(), [])  # neither share fits beside the other
+
+    def test_the_flag_needs_the_guard(self):
+        import subprocess
+        out = subprocess.run([te.EXTENDER_BIN, "--consolidate-nodes", "--scale-down-guard", "0",
+                              "--cluster-file", te.os.path.join(te.SOURCE_DIR, "examples",
+                                                                "cluster.yaml")],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("--consolidate-nodes runs in the scale-down guard's rounds", out.stderr)
+
+
 def main():
     return te.main_with_binaries("test_extender_consolidate", __doc__)
 
