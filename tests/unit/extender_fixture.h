@@ -1,10 +1,21 @@
 /*
- * What the unit tests of the extender's queues and sweep share: two nodes of
- * four GPUs each, and a queue tree loaded from YAML text. Include after
+ * What the unit tests of the extender's state share: a quiet state, two
+ * nodes of four GPUs each, and a queue tree loaded from YAML text. Include after
  * cmocka.h, decide.h and queuefile.h.
  */
 #ifndef KGPU_TEST_EXTENDER_FIXTURE_H
 #define KGPU_TEST_EXTENDER_FIXTURE_H
+
+/* A state on the default configuration, quiet. */
+static inline void ext_fixture_state(ext_config *cfg, ext_state *st, ext_metrics *m)
+{
+    ext_config_defaults(cfg);
+    cfg->log_level = -1;
+    ext_log_set_level(-1);
+    kgpu_error err;
+    if (ext_state_init(st, cfg, m, &err) != 0)
+        fail_msg("state: %s", err.msg);
+}
 
 /* Nodes n0 and n1 (the first n of them), each with four GPUs of models[i] and mib[i]. */
 static inline void ext_fixture_nodes(ext_state *st, kgpu_gpu_spec g[2][4], kgpu_node_spec nodes[2],

@@ -40,11 +40,7 @@ static void set_nodes(fixture *f, int n)
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof(*f));
-    ext_config_defaults(&f->cfg);
-    ext_log_set_level(-1);
-    kgpu_error err;
-    if (ext_state_init(&f->st, &f->cfg, &f->m, &err) != 0)
-        fail_msg("state: %s", err.msg);
+    ext_fixture_state(&f->cfg, &f->st, &f->m);
     set_nodes(f, 2);
     *state = f;
     return 0;

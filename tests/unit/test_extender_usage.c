@@ -35,11 +35,7 @@ typedef struct fixture {
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof(*f));
-    ext_config_defaults(&f->cfg);
-    ext_log_set_level(-1);
-    kgpu_error err;
-    if (ext_state_init(&f->st, &f->cfg, &f->m, &err) != 0)
-        fail_msg("state: %s", err.msg);
+    ext_fixture_state(&f->cfg, &f->st, &f->m);
     static const char *const models[2] = {"A100", "T4"};
     static const int64_t mib[2] = {40960, 16384};
     ext_state_node_spot(&f->st, "n1", true);
