@@ -390,6 +390,42 @@ static void test_can_drain(void **state)
 }
 
 /*
+ * Memory decides too: n0 holds a 12 GiB share (little compute), n1's GPU has
+ * 10 GiB free and n2's 14 GiB, each with most of its compute free. The share
+ * fits n2 alone; without n2 it fits nowhere, though n1's compute would take it.
+ */
+static void test_can_drain_by_memory(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 3); /* one T4 of 16 GiB per node */
+    kgpu_placed_pod pods[3];
+    const int at[3] = {0, 1, 2};
+    const int64_t mib[3] = {12288, 6144, 2048};
+    kgpu_error err;
+    for (int i = 0; i < 3; i++) {
+        kgpu_request *r = &w.req[w.nreq++];
+        *r = (kgpu_request){.gpu_count = 1, .gpu_milli = 100, .gpu_memory_mib = mib[i],
+                            .shape = -1};
+        assert_int_equal(kgpu_request_compile(w.c, r, &err), 0);
+        int gpus[1] = {0};
+        assert_int_equal(kgpu_cluster_apply(w.c, r, at[i], gpus, &pods[i].a, &err), 0);
+        pods[i].req = *r;
+        pods[i].movable = true;
+    }
+    size_t stuck = 99;
+    assert_int_equal(kgpu_can_drain(w.c, w.p, pods, 1, 0, NULL, &w.rng, &stuck, &err), 0);
+    bool skip[3] = {false, false, true};
+    assert_int_equal(kgpu_can_drain(w.c, w.p, pods, 1, 0, skip, &w.rng, &stuck, &err),
+                     KGPU_ENOFIT);
+    assert_int_equal(stuck, 0);
+    /* Left as it was: the share is back on n0's GPU with its memory. */
+    assert_int_equal(kgpu_cluster_node(w.c, 0)->gpus[0].free_memory_mib, 16384 - 12288);
+    assert_int_equal(kgpu_cluster_node(w.c, 2)->gpus[0].healthy, true);
+    world_free(&w);
+}
+
+/*
  * The public planner (kgpu/consolidate.h), as the extender calls it: the
  * caller's pods by index, only the movable ones, and the hosts it may use.
  * Node 0: 250 + 300 (450 free); node 1: 600 (400 free); node 2: 500 (500 free).
@@ -538,6 +574,7 @@ int main(void)
         cmocka_unit_test(test_removal_reopens_a_failed_shape),
         cmocka_unit_test(test_a_move_within_the_node),
         cmocka_unit_test(test_can_drain),
+        cmocka_unit_test(test_can_drain_by_memory),
         cmocka_unit_test(test_plan_moves_by_index_and_hosts),
         cmocka_unit_test(test_plan_moves_refuses_bad_input),
         cmocka_unit_test(test_sim_consolidation_counted_and_deterministic),
