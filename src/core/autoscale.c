@@ -740,61 +740,6 @@ static int scale_down(run *r, double t, kgpu_error *err)
     return 0;
 }
 
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
-static double quantile(const double *v, size_t n, double q)
-{
-    if (n == 0)
-        return 0;
-    size_t i = (size_t)ceil(q * (double)n);
-    return v[i > 0 ? i - 1 : 0];
-}
-
-typedef struct slot_key {
-    double t;
-    size_t req, k;
-} slot_key;
-
-static int slot_cmp(const void *x, const void *y)
-{
-    const slot_key *a = x, *b = y;
-    if (a->t != b->t)
-        return a->t < b->t ? -1 : 1;
-    if (a->req != b->req)
-        return a->req < b->req ? -1 : 1;
-    return a->k < b->k ? -1 : a->k > b->k;
-}
-
-/* The arrivals: the same workload as kgpu_churn_run draws for the seed, in time order. */
-static int build_slots(const kgpu_churn_input *in, double inflate, kgpu_rng *rng, size_t **slots,
-                       size_t *len, kgpu_error *err)
-{
-    const kgpu_sim_input *sim = in->sim;
-    size_t *o, k;
-    int rc = kgpu__workload_draw(sim->requests, sim->nrequests, sim->capacity_milli, inflate, rng,
-                                 &o, &k, err);
-    if (rc != 0)
-        return rc;
-    slot_key *keys = malloc((k ? k : 1) * sizeof(*keys));
-    if (keys == NULL) {
-        free(o);
-        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the workload");
-    }
-    for (size_t i = 0; i < k; i++)
-        keys[i] = (slot_key){in->creation[o[i]], o[i], i};
-    qsort(keys, k, sizeof(*keys), slot_cmp);
-    for (size_t i = 0; i < k; i++)
-        o[i] = keys[i].req;
-    free(keys);
-    *slots = o;
-    *len = k;
-    return 0;
-}
-
 static int check_config(const kgpu_autoscale_input *in, const kgpu_autoscale_config *cfg,
                         kgpu_error *err)
 {
@@ -898,7 +843,7 @@ int kgpu_autoscale_run(const kgpu_autoscale_input *in, const kgpu_autoscale_conf
     kgpu_rng_seed(&r.xrng, cfg->seed, 4);
     kgpu_rng_seed(&r.srng, cfg->seed, 5);
     size_t n = 0;
-    if ((rc = build_slots(in->churn, cfg->inflate, &wrng, &r.slot, &n, err)) != 0)
+    if ((rc = kgpu__arrivals(in->churn, cfg->inflate, &wrng, &r.slot, &n, err)) != 0)
         return rc;
     r.n = n;
     size_t n1 = n ? n : 1;
@@ -1097,10 +1042,10 @@ int kgpu_autoscale_run(const kgpu_autoscale_input *in, const kgpu_autoscale_conf
                 sum += r.waited[j];
             }
         }
-        qsort(r.key, nw, sizeof(*r.key), cmp_double);
+        qsort(r.key, nw, sizeof(*r.key), kgpu__cmp_double);
         out->wait_mean_s = nw ? sum / (double)nw : 0;
-        out->wait_p50_s = quantile(r.key, nw, 0.5);
-        out->wait_p99_s = quantile(r.key, nw, 0.99);
+        out->wait_p50_s = kgpu__quantile(r.key, nw, 0.5);
+        out->wait_p99_s = kgpu__quantile(r.key, nw, 0.99);
     }
 done:
     free_run(&r);

@@ -649,70 +649,6 @@ static int depart_batch(run *r, int *freed, bool *is_freed, kgpu_error *err)
     return rc;
 }
 
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
-/* Nearest-rank quantile of sorted v[0..n). */
-static double quantile(const double *v, size_t n, double q)
-{
-    if (n == 0)
-        return 0;
-    size_t i = (size_t)ceil(q * (double)n);
-    return v[i > 0 ? i - 1 : 0];
-}
-
-/* Arrival k of a run in time order; equal times keep the file's order, copies after their original.
- */
-typedef struct slot_key {
-    double t;
-    size_t req, k;
-} slot_key;
-
-static int slot_cmp(const void *x, const void *y)
-{
-    const slot_key *a = x, *b = y;
-    if (a->t != b->t)
-        return a->t < b->t ? -1 : 1;
-    if (a->req != b->req)
-        return a->req < b->req ? -1 : 1;
-    return a->k < b->k ? -1 : a->k > b->k;
-}
-
-/*
- * The run's arrivals. inflate 0: the file's pods as recorded. Otherwise the
- * study's volume (kgpu_sim_run): pods drawn with replacement (seeded) until
- * the next would push GPU demand past inflate x capacity, or random pods
- * dropped while over it; a drawn pod arrives with its original, at the same
- * time, and lives as long. Caller frees *slots.
- */
-static int build_slots(const kgpu_churn_input *in, double inflate, kgpu_rng *rng, size_t **slots,
-                       size_t *len, kgpu_error *err)
-{
-    const kgpu_sim_input *sim = in->sim;
-    size_t *o, k;
-    int rc = kgpu__workload_draw(sim->requests, sim->nrequests, sim->capacity_milli, inflate, rng,
-                                 &o, &k, err);
-    if (rc != 0)
-        return rc;
-    slot_key *keys = malloc((k ? k : 1) * sizeof(*keys));
-    if (keys == NULL) {
-        free(o);
-        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the workload");
-    }
-    for (size_t i = 0; i < k; i++)
-        keys[i] = (slot_key){in->creation[o[i]], o[i], i};
-    qsort(keys, k, sizeof(*keys), slot_cmp);
-    for (size_t i = 0; i < k; i++)
-        o[i] = keys[i].req;
-    free(keys);
-    *slots = o;
-    *len = k;
-    return 0;
-}
-
 int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgpu_churn_result *out,
                    kgpu_error *err)
 {
@@ -738,7 +674,7 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
     kgpu_rng_seed(&r.rng, cfg->seed, 2);
     kgpu_rng_seed(&trng, cfg->seed, 3);
     kgpu_rng_seed(&wrng, cfg->seed, 1);
-    if ((rc = build_slots(in, cfg->inflate, &wrng, &r.slot, &n, err)) != 0)
+    if ((rc = kgpu__arrivals(in, cfg->inflate, &wrng, &r.slot, &n, err)) != 0)
         return rc;
     r.c = kgpu_cluster_clone(sim->cluster);
     int nn = r.c ? kgpu_cluster_node_count(r.c) : 0;
@@ -911,13 +847,13 @@ int kgpu_churn_run(const kgpu_churn_input *in, const kgpu_churn_config *cfg, kgp
     advance(&r, INFINITY);
     out->alloc_mean_pct = span > 0 ? r.area / span : out->alloc_peak_pct;
     out->never_placed = (long)r.nqueue;
-    qsort(r.waits, r.nwaits, sizeof(*r.waits), cmp_double);
+    qsort(r.waits, r.nwaits, sizeof(*r.waits), kgpu__cmp_double);
     double sum = 0;
     for (size_t i = 0; i < r.nwaits; i++)
         sum += r.waits[i];
     out->wait_mean_s = r.nwaits ? sum / (double)r.nwaits : 0;
-    out->wait_median_s = quantile(r.waits, r.nwaits, 0.5);
-    out->wait_p99_s = quantile(r.waits, r.nwaits, 0.99);
+    out->wait_median_s = kgpu__quantile(r.waits, r.nwaits, 0.5);
+    out->wait_p99_s = kgpu__quantile(r.waits, r.nwaits, 0.99);
     out->jain_borrowers = out->jain_samples > 0 ? r.jain_sum / (double)out->jain_samples : 1.0;
     for (int q = 0; q < r.nq && span > 0; q++) {
         out->queue[q].used_mean_gpus /= span;

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "kgpu/churn.h"
 #include "kgpu/consolidate.h"
 #include "kgpu/model.h"
 #include "kgpu/policy.h"
@@ -301,6 +302,18 @@ void kgpu__zero_to_ten(const int64_t *raw, int n, bool ranked, int *scores);
  */
 int kgpu__workload_draw(const kgpu_request *reqs, size_t n, int64_t capacity_milli, double inflate,
                         kgpu_rng *rng, size_t **order, size_t *len, kgpu_error *err);
+
+/*
+ * The timed simulators' arrivals (kgpu_churn_run, kgpu_autoscale_run): the
+ * volume above for inflate (0: the file's pods as recorded), in time order;
+ * equal times keep the file's order, a drawn copy after its original, at the
+ * same time and as long-lived. Caller frees *slots.
+ */
+int kgpu__arrivals(const kgpu_churn_input *in, double inflate, kgpu_rng *rng, size_t **slots,
+                   size_t *len, kgpu_error *err);
+/* qsort's order of doubles, and the nearest-rank quantile q of sorted v[0..n) (0 when empty). */
+int kgpu__cmp_double(const void *x, const void *y);
+double kgpu__quantile(const double *v, size_t n, double q);
 
 /*
  * A run's policy, shared by kgpu_sim_run and kgpu_churn_run: online when asked

@@ -1,9 +1,11 @@
 /*
- * What both simulators start a run from (sim.c, churn.c): the FGD study's
- * workload volume drawn from the trace's pods, and the run's policy, fixed
- * or learning the workload online. Below both, so that neither calls the
+ * What the simulators start a run from (sim.c, churn.c, autoscale.c): the
+ * FGD study's workload volume drawn from the trace's pods, in arrival order
+ * for the timed ones, the run's policy, fixed or learning the workload
+ * online, and the quantiles they report. Below both, so that neither calls the
  * other.
  */
+#include <math.h>
 #include <stdlib.h>
 
 #include "core.h"
@@ -86,5 +88,60 @@ int kgpu__policy_learn(kgpu_policy *p, kgpu_learner *learner, const kgpu_cluster
             kgpu_policy_invalidate(p);
     }
     kgpu_policy_observe(p, c, req);
+    return 0;
+}
+
+int kgpu__cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+double kgpu__quantile(const double *v, size_t n, double q)
+{
+    if (n == 0)
+        return 0;
+    size_t i = (size_t)ceil(q * (double)n);
+    return v[i > 0 ? i - 1 : 0];
+}
+
+/* Arrival k of a run in time order; equal times keep the file's order, copies after their original. */
+typedef struct slot_key {
+    double t;
+    size_t req, k;
+} slot_key;
+
+static int slot_cmp(const void *x, const void *y)
+{
+    const slot_key *a = x, *b = y;
+    if (a->t != b->t)
+        return a->t < b->t ? -1 : 1;
+    if (a->req != b->req)
+        return a->req < b->req ? -1 : 1;
+    return a->k < b->k ? -1 : a->k > b->k;
+}
+
+int kgpu__arrivals(const kgpu_churn_input *in, double inflate, kgpu_rng *rng, size_t **slots,
+                   size_t *len, kgpu_error *err)
+{
+    const kgpu_sim_input *sim = in->sim;
+    size_t *o, k;
+    int rc = kgpu__workload_draw(sim->requests, sim->nrequests, sim->capacity_milli, inflate, rng,
+                                 &o, &k, err);
+    if (rc != 0)
+        return rc;
+    slot_key *keys = malloc((k ? k : 1) * sizeof(*keys));
+    if (keys == NULL) {
+        free(o);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the workload");
+    }
+    for (size_t i = 0; i < k; i++)
+        keys[i] = (slot_key){in->creation[o[i]], o[i], i};
+    qsort(keys, k, sizeof(*keys), slot_cmp);
+    for (size_t i = 0; i < k; i++)
+        o[i] = keys[i].req;
+    free(keys);
+    *slots = o;
+    *len = k;
     return 0;
 }
