@@ -65,12 +65,14 @@ int kgpu_estimate_shape(kgpu_cluster *c, kgpu_policy *p, const kgpu_workload *w,
                         int max, kgpu_rng *rng, kgpu_estimate *out, kgpu_error *err);
 
 /*
- * Copies of req (compiled against c) that one empty node made from `node`
- * of c would hold, at most max: what one more node of a node group adds.
- * Uses c's node `node` as the template (its GPUs as if all free and
- * healthy); 0 when req cannot run there at all.
+ * Copies of req that one empty node made from `tmpl` would hold, at most
+ * max (1..KGPU_ESTIMATE_MAX): what one more node of a node group adds,
+ * also a group scaled to zero. req need not be compiled (its model globs
+ * are matched against tmpl's GPUs here). Returns the count (0 when req
+ * cannot run there at all) or a negative error.
  */
-int kgpu_estimate_empty_node(const kgpu_cluster *c, int node, const kgpu_request *req, int max);
+int kgpu_estimate_empty_node(const kgpu_node_spec *tmpl, const kgpu_request *req, int max,
+                             kgpu_error *err);
 
 /* A cluster as the dispatcher sees it for one workload. */
 typedef struct kgpu_dispatch_candidate {
