@@ -62,6 +62,8 @@ typedef struct ext_config {
     bool consolidate_nodes;
     /* POST /mutate/pods gives GPU pods this schedulerName (kgpu's own scheduler); "" off. */
     char route_pods_to[64];
+    /* This cluster's name in POST /estimate's answer (the MultiKueueCluster's); "" none. */
+    char cluster_name[64];
     /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
     char probe_listen[256];         /* ADDR:PORT of /healthz and /readyz; "" none; :12347 */
     bool probe_listen_given;        /* set by the file or a flag, not the default */

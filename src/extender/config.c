@@ -25,6 +25,7 @@
 #define OPT_CONSOLIDATE      1101 /* long options without a short one */
 #define OPT_SCALE_DOWN_GUARD 1102
 #define OPT_CONSOLIDATE_NODES 1103
+#define OPT_CLUSTER_NAME      1104
 
 void ext_config_defaults(ext_config *cfg)
 {
@@ -150,6 +151,22 @@ static int check_scheduler_name(const char *name, kgpu_error *err)
     return 0;
 }
 
+/* clusterName: a DNS-1123 label, as a MultiKueueCluster's name is. */
+static int check_cluster_name(const char *name, kgpu_error *err)
+{
+    size_t n = strlen(name);
+    bool ok = n >= 1 && n <= 63 && isalnum((unsigned char)name[0]) &&
+              isalnum((unsigned char)name[n - 1]);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') ||
+             name[i] == '-';
+    if (!ok)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "clusterName: '%.80s' is not a DNS label (1-63 of a-z, 0-9, '-')",
+                              name);
+    return 0;
+}
+
 static int check_policy(const char *name, kgpu_error *err)
 {
     if (kgpu_policy_find(name) == NULL)
@@ -249,6 +266,10 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
             rc = check_scheduler_name(s, err);
             if (rc == 0)
                 snprintf(cfg->route_pods_to, sizeof(cfg->route_pods_to), "%s", s);
+        } else if (strcmp(key, "clusterName") == 0 && s) {
+            rc = check_cluster_name(s, err);
+            if (rc == 0)
+                snprintf(cfg->cluster_name, sizeof(cfg->cluster_name), "%s", s);
         } else if (strcmp(key, "queues") == 0) {
             kgpu_queues *qs = NULL;
             rc = kgpu_queues_from_json(root, path, &qs, err);
@@ -305,6 +326,7 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                                           "leaseDurationSeconds",
                                           "allocateWaitSeconds",
                                           "routePodsTo",
+                                          "clusterName",
                                           "prices"};
             bool is_known = false;
             for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
@@ -375,7 +397,9 @@ static void usage(FILE *f)
             "  --route-pods-to NAME   answer POST /mutate/pods, the webhook giving GPU pods\n"
             "                         schedulerName NAME (kgpu's own scheduler; default off)\n"
             "  --prices FILE          prices per GPU-hour by model and capacity type: adds\n"
-            "                         the cost per namespace and queue to /metrics\n"
+            "                         the cost per namespace and queue to /metrics, and\n"
+            "                         prices to POST /estimate\n"
+            "  --cluster-name NAME    this cluster's name in POST /estimate's answers\n"
             "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
             "  --help                 this text\n"
             "  --port-file FILE       write the port served once listening (for --listen :0)\n"
@@ -417,6 +441,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"serve-threads", required_argument, NULL, 't'},
         {"handler-threads", required_argument, NULL, 'H'},
         {"prices", required_argument, NULL, 'Q'},
+        {"cluster-name", required_argument, NULL, OPT_CLUSTER_NAME},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -501,6 +526,11 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
             if (end == optarg || *end || cfg->lease_duration_s < 2 || cfg->lease_duration_s > 3600)
                 rc = kgpu_error_set(err, KGPU_EINVAL, "--lease-duration '%s': 2..3600 seconds",
                                     optarg);
+            break;
+        case OPT_CLUSTER_NAME:
+            rc = check_cluster_name(optarg, err);
+            if (rc == 0)
+                snprintf(cfg->cluster_name, sizeof(cfg->cluster_name), "%s", optarg);
             break;
         case 'r':
             rc = check_scheduler_name(optarg, err);
