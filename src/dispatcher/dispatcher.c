@@ -314,11 +314,14 @@ static void dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed)
             perf = tp > 0 ? (a.price > 0 ? tp / a.price : tp) : 0;
         }
         cand[n] = (kgpu_dispatch_candidate){.name = name, .reachable = up, .fit = a.fit,
+                                            .grow = a.grow,
                                             .pref = pref, .perf_per_cost = perf,
                                             .frag_added = a.frag_added, .price = a.price};
         idx[n++] = ci;
-        say(d, 2, "workload %s/%s on %s: %s fit %d pref %d perf/cost %.3g frag +%.1f price %.3g",
-            w->ns, w->name, name, up ? "up" : "down", a.fit, pref, perf, a.frag_added, a.price);
+        say(d, 2,
+            "workload %s/%s on %s: %s fit %d grow %d pref %d perf/cost %.3g frag +%.1f price %.3g",
+            w->ns, w->name, name, up ? "up" : "down", a.fit, a.grow, pref, perf, a.frag_added,
+            a.price);
     }
     int order[KGPU_CLUSTERS_MAX];
     int k = kgpu_dispatch_rank(cand, n, w->count, order);

@@ -167,6 +167,10 @@ int dsp_answer_read(const char *body, size_t len, dsp_answer *out, kgpu_error *e
         goto out;
     }
     out->fit = (int)json_integer_value(fit);
+    json_t *grow = json_object_get(pod, "grow");
+    if (json_is_integer(grow) && json_integer_value(grow) > 0 &&
+        json_integer_value(grow) <= 1 << 20)
+        out->grow = (int)json_integer_value(grow);
     json_t *m = json_object_get(pod, "firstModel");
     if (m != NULL && !json_is_null(m) && !copy_str(out->first_model, sizeof(out->first_model), m)) {
         rc = kgpu_error_set(err, KGPU_EPARSE, "the estimate's firstModel is not a short string");

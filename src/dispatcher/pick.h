@@ -55,6 +55,7 @@ int dsp_pref_rank(const dsp_workload *w, const char *model);
 /* What one cluster answered for one pod. */
 typedef struct dsp_answer {
     int fit;
+    int grow;             /* more copies its node groups could add */
     char first_model[64]; /* "" when none fits */
     char models[16][64];  /* models it would land on (byModel), at most 16 */
     int nmodels;

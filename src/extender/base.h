@@ -89,6 +89,13 @@ typedef struct ext_config {
      */
     char prices_file[EXT_PATH_MAX];
     struct kgpu_prices *prices;
+    /*
+     * The node groups an autoscaler can grow here (--node-groups,
+     * `nodeGroups:` a path; nodegroups.h): POST /estimate's `grow`. Read
+     * once the flags are parsed (owned; NULL: none, no growth reported).
+     */
+    char node_groups_file[EXT_PATH_MAX];
+    struct kgpu_node_groups *node_groups;
 } ext_config;
 
 /* Defaults, then the YAML file (if --config), then flags, as the last word. */

@@ -15,6 +15,7 @@
 #include "base.h"
 #include "kgpu/consolidate.h"
 #include "podspec.h"
+#include "nodegroups.h"
 #include "pricefile.h"
 #include "queuefile.h"
 #include "yamljson.h"
@@ -26,6 +27,7 @@
 #define OPT_SCALE_DOWN_GUARD 1102
 #define OPT_CONSOLIDATE_NODES 1103
 #define OPT_CLUSTER_NAME      1104
+#define OPT_NODE_GROUPS       1105
 
 void ext_config_defaults(ext_config *cfg)
 {
@@ -106,6 +108,8 @@ void ext_config_free(ext_config *cfg)
     cfg->namespace_queues = NULL;
     free(cfg->prices);
     cfg->prices = NULL;
+    free(cfg->node_groups);
+    cfg->node_groups = NULL;
 }
 
 /* namespaceQueues: {namespace: queue}, both DNS labels; kept as given. */
@@ -277,6 +281,8 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                 kgpu_queues_free(cfg->queues);
                 cfg->queues = qs;
             }
+        } else if (strcmp(key, "nodeGroups") == 0 && s) {
+            rc = set_path(cfg->node_groups_file, sizeof(cfg->node_groups_file), s, key, err);
         } else if (strcmp(key, "prices") == 0 && s) {
             rc = set_path(cfg->prices_file, sizeof(cfg->prices_file), s, key, err);
         } else if (strcmp(key, "namespaceQueues") == 0) {
@@ -327,6 +333,7 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                                           "allocateWaitSeconds",
                                           "routePodsTo",
                                           "clusterName",
+                                          "nodeGroups",
                                           "prices"};
             bool is_known = false;
             for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
@@ -400,6 +407,8 @@ static void usage(FILE *f)
             "                         the cost per namespace and queue to /metrics, and\n"
             "                         prices to POST /estimate\n"
             "  --cluster-name NAME    this cluster's name in POST /estimate's answers\n"
+            "  --node-groups FILE     the node groups an autoscaler can grow here: POST\n"
+            "                         /estimate says how many more copies they could take\n"
             "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
             "  --help                 this text\n"
             "  --port-file FILE       write the port served once listening (for --listen :0)\n"
@@ -442,6 +451,7 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"handler-threads", required_argument, NULL, 'H'},
         {"prices", required_argument, NULL, 'Q'},
         {"cluster-name", required_argument, NULL, OPT_CLUSTER_NAME},
+        {"node-groups", required_argument, NULL, OPT_NODE_GROUPS},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -593,6 +603,10 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         case 'Q':
             rc = set_path(cfg->prices_file, sizeof(cfg->prices_file), optarg, "--prices", err);
             break;
+        case OPT_NODE_GROUPS:
+            rc = set_path(cfg->node_groups_file, sizeof(cfg->node_groups_file), optarg,
+                          "--node-groups", err);
+            break;
         case 'V':
             printf("kgpu-extender %s\n", KGPU_VERSION);
             return 1;
@@ -649,6 +663,17 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         else if ((rc = kgpu_prices_load_file(cfg->prices_file, cfg->prices, err)) != 0) {
             free(cfg->prices);
             cfg->prices = NULL;
+        }
+    }
+    if (rc == 0 && cfg->node_groups_file[0]) {
+        free(cfg->node_groups);
+        cfg->node_groups = calloc(1, sizeof(*cfg->node_groups));
+        if (cfg->node_groups == NULL)
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        else if ((rc = kgpu_node_groups_load_file(cfg->node_groups_file, cfg->node_groups,
+                                                  err)) != 0) {
+            free(cfg->node_groups);
+            cfg->node_groups = NULL;
         }
     }
     return rc;

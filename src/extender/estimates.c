@@ -24,6 +24,7 @@
 #include "kgpu/autoscale.h"
 #include "kgpu/estimate.h"
 #include "moves.h"
+#include "nodegroups.h"
 
 #define EST_PODS_MAX 32 /* pods asked about in one request */
 
@@ -220,6 +221,42 @@ static json_t *models_json(const kgpu_cluster *c)
     return o;
 }
 
+/*
+ * Copies the node groups could add: per group, the nodes it may still add
+ * (maxNodes less its nodes here, by their labels) times the copies one new
+ * node holds. Fills *by (group -> copies) and returns the sum, at most the
+ * copies asked for.
+ */
+static int grow(const ext_config *cfg, const est_copy *x, const est_item *it, json_t *by)
+{
+    const kgpu_node_groups *gs = cfg->node_groups;
+    long total = 0;
+    for (int i = 0; gs != NULL && i < gs->n && total < it->count; i++) {
+        const kgpu_node_group *g = &gs->v[i];
+        int have = 0;
+        for (int k = 0; k < kgpu_cluster_node_count(x->c); k++)
+            have += kgpu_node_group_member(g, kgpu_cluster_node(x->c, k));
+        if (have >= g->max_nodes)
+            continue;
+        kgpu_gpu_spec gpus[KGPU_MAX_GPUS_PER_NODE];
+        for (int k = 0; k < g->gpu_count; k++)
+            gpus[k] = (kgpu_gpu_spec){.index = k, .model = g->gpu_model,
+                                      .memory_mib = g->gpu_memory_mib, .numa = -1,
+                                      .healthy = true};
+        kgpu_node_spec tmpl = {.name = g->name, .gpus = gpus, .ngpus = g->gpu_count};
+        kgpu_error err;
+        int per = kgpu_estimate_empty_node(&tmpl, &it->pod.parts[0].req, it->count, &err);
+        if (per <= 0)
+            continue;
+        long add = (long)per * (g->max_nodes - have);
+        if (add > it->count - total)
+            add = it->count - total;
+        total += add;
+        json_object_set_new(by, g->name, json_integer(add));
+    }
+    return (int)total;
+}
+
 static json_t *estimate_one(const ext_config *cfg, est_copy *x, const kgpu_shape_count *res,
                             int nres, est_item *it, kgpu_rng *rng)
 {
@@ -238,11 +275,13 @@ static json_t *estimate_one(const ext_config *cfg, est_copy *x, const kgpu_shape
     kgpu_policy_free(p);
     if (rc != 0)
         return json_pack("{s:i,s:s}", "fit", 0, "error", err.msg);
-    json_t *by = json_object();
+    json_t *by = json_object(), *groups = json_object();
     for (int m = 0; by != NULL && m < KGPU_MAX_MODELS; m++)
         if (e.by_model[m] > 0)
             json_object_set_new(by, kgpu_cluster_model_name(x->c, m), json_integer(e.by_model[m]));
-    return json_pack("{s:i,s:o,s:s?,s:f,s:f,s:f,s:f,s:i,s:i}", "fit", e.fit, "byModel", by,
+    int more = groups != NULL ? grow(cfg, x, it, groups) : 0;
+    return json_pack("{s:i,s:o,s:i,s:o,s:s?,s:f,s:f,s:f,s:f,s:i,s:i}", "fit", e.fit, "byModel",
+                     by, "grow", more, "growByGroup", groups,
                      "firstModel",
                      e.first_model >= 0 ? kgpu_cluster_model_name(x->c, e.first_model) : NULL,
                      "fragBefore", e.frag_before, "fragFirst", e.frag_first, "fragAfter",

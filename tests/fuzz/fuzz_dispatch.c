@@ -1,8 +1,9 @@
 /*
- * Fuzz target for kgpu-dispatcher's readers of outside input
- * (src/dispatcher/pick.c, src/common/clusterfile.c): the first byte
- * chooses a Workload (a tenant's), an estimate's answer (another
- * cluster's), benchmark figures, the static table or the clusters file.
+ * Fuzz target for the many-cluster readers of outside input
+ * (src/dispatcher/pick.c, src/common/clusterfile.c, src/common/nodegroups.c):
+ * the first byte chooses a Workload (a tenant's), an estimate's answer
+ * (another cluster's), benchmark figures, the static table, the clusters
+ * file or the extender's node groups file.
  * Whatever comes in: an answer or an error, bounded fields, nothing read
  * past its end.
  */
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "clusterfile.h"
+#include "nodegroups.h"
 #include "pick.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -23,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
     kgpu_error err;
-    switch (data[0] % 5) {
+    switch (data[0] % 6) {
     case 0: {
         json_t *wl = json_loadb(text, len, JSON_REJECT_DUPLICATES, NULL);
         json_t *checks = json_pack("{s:b}", "mk", 1);
@@ -62,6 +64,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (w.nprefs > DSP_PREFS_MAX)
             abort();
         dsp_table_free(t);
+        break;
+    }
+    case 5: {
+        kgpu_node_groups *g = malloc(sizeof(*g));
+        if (g != NULL && kgpu_node_groups_load(text, len, "fuzz", g, &err) == 0)
+            for (int i = 0; i < g->n; i++)
+                if (g->v[i].gpu_count < 1 || g->v[i].gpu_count > KGPU_MAX_GPUS_PER_NODE ||
+                    g->v[i].nlabels < 1 || g->v[i].max_nodes < 0)
+                    abort();
+        free(g);
         break;
     }
     default: {

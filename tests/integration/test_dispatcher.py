@@ -181,12 +181,12 @@ class DispatcherTest(te.ExtenderTest):
         self.kubeconfig = self.mgr.kubeconfig(os.path.join(self.tmp, "manager.kubeconfig"))
         self.n = 0
 
-    def add_worker(self, name, nodes):
+    def add_worker(self, name, nodes, extra=()):
         path = os.path.join(self.tmp, name + ".yaml")
         with open(path, "w") as f:
             json.dump({"nodes": nodes}, f)
-        self.workers[name] = self.start_extender(["--cluster-file", path, "--cluster-name", name],
-                                                 name=name)
+        self.workers[name] = self.start_extender(["--cluster-file", path, "--cluster-name", name]
+                                                 + list(extra), name=name + str(len(extra)))
 
     def clusters_file(self, extra=()):
         path = os.path.join(self.tmp, "clusters.yaml")
@@ -333,6 +333,28 @@ class TestChoice(DispatcherTest):
         self.mgr.add_workload("t3", whole(1), labels=labels)
         self.dispatch("--benchmarks", self.bench(a100=300, t4=100))
         self.assertEqual(self.mgr.nominated("t3"), ["worker-b"])
+
+    def test_growth_counts_only_when_no_cluster_fits_now(self):
+        groups = os.path.join(self.tmp, "groups.yaml")
+        with open(groups, "w") as f:
+            f.write("nodeGroups:\n  - {name: t4-pool, maxNodes: 2, nodeLabels: {pool: t4},\n"
+                    "     gpus: {model: T4, count: 4, memoryMiB: 15360}}\n")
+        self.workers["worker-b"].kill()
+        t4 = node("t4-0", "T4", 15360, 4)
+        t4["labels"] = {"pool": "t4"}
+        self.add_worker("worker-b", [t4], ["--node-groups", groups])
+        # Six GPUs now in all: a 5-pod job fits nowhere now; worker-b can grow a node of 4.
+        self.mgr.add_workload("five", whole(1), count=5)
+        self.mgr.add_workload("two", whole(1), count=2, annotations={"kgpu.io/gpu-type": "*A100*"})
+        log = self.dispatch()
+        self.assertEqual(self.mgr.nominated("five"), ["worker-b"], log)
+        self.assertIn("grow 4", log)
+        # Where room exists now, growth does not count: the A100 pair goes to worker-a.
+        self.assertEqual(self.mgr.nominated("two"), ["worker-a"])
+        # Beyond what the groups can add: nothing.
+        self.mgr.add_workload("nine", whole(1), count=9, annotations={"kgpu.io/gpu-type": "T4"})
+        self.dispatch()
+        self.assertIsNone(self.mgr.nominated("nine"))
 
     def test_preference_then_table(self):
         table = os.path.join(self.tmp, "table.yaml")

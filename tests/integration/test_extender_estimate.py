@@ -43,7 +43,7 @@ class EstimateTest(te.ExtenderTest):
         super().setUp()
         s = self.s = self.start_standin()
         s.add_node("a100-0", gpu_list("a100-0", A100, 81920, 2),
-                   labels={"karpenter.sh/capacity-type": "spot"})
+                   labels={"karpenter.sh/capacity-type": "spot", "pool": "a100"})
         s.add_node("t4-0", gpu_list("t4-0", "T4", 15360, 4))
         self.n = 0
 
@@ -130,6 +130,37 @@ class EstimateTest(te.ExtenderTest):
         self.assertAlmostEqual(two_t4["pricePerHour"], 0.8)     # on-demand node
         self.assertAlmostEqual(one_a100["pricePerHour"], 1.5)   # spot node
         self.assertAlmostEqual(quarter["pricePerHour"], 0.1)    # a quarter of 0.4
+
+    def test_node_groups_grow(self):
+        groups = os.path.join(self.tmp, "groups.yaml")
+        with open(groups, "w") as f:
+            f.write("nodeGroups:\n"
+                    "  - name: a100-more\n    maxNodes: 3\n    nodeLabels: {pool: a100}\n"
+                    "    gpus: {model: %s, count: 2, memoryMiB: 81920}\n"
+                    "  - name: l4-zero\n    maxNodes: 2\n    nodeLabels: {pool: l4}\n"
+                    "    gpus: {model: NVIDIA L4, count: 4, memoryMiB: 23034}\n" % A100)
+        self.start("--node-groups", groups)
+        a100 = {"kgpu.io/gpu-type": "*A100*"}
+        res = self.estimate({"pods": [ask(self.pod(whole(1), a100), 100),
+                                      ask(self.pod(whole(1), a100), 3),
+                                      ask(self.pod(whole(4), a100), 10),
+                                      ask(self.pod(share(mem=20)), 100)]})
+        one, capped, four, share20 = res["pods"]
+        # a100-0 is one of a100-more's three: two more nodes of two GPUs.
+        self.assertEqual((one["fit"], one["grow"], one["growByGroup"]), (2, 4, {"a100-more": 4}))
+        self.assertEqual((capped["fit"], capped["grow"]), (2, 3))  # each capped at count
+        self.assertEqual((four["fit"], four["grow"], four["growByGroup"]), (0, 0, {}))
+        # 20 GiB shares: four per 80 GiB A100, so 2 more nodes x 8; one per 22.5 GiB L4, so
+        # 2 nodes x 4 of a group that has none yet.
+        self.assertEqual(share20["growByGroup"], {"a100-more": 16, "l4-zero": 8})
+        with open(groups, "w") as f:
+            f.write("nodeGroups:\n  - name: g\n    maxNodes: 3\n    nodeLabels: {pool: a}\n")
+        out = subprocess.run([te.EXTENDER_BIN, "--node-groups", groups, "--cluster-file",
+                              os.path.join(te.SOURCE_DIR, "examples", "cluster.yaml")],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("nodeGroups[0]: name, maxNodes, nodeLabels and gpus are all required",
+                      out.stderr)
 
     def test_bad_requests_name_the_field(self):
         self.start()
