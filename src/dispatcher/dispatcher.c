@@ -63,6 +63,17 @@ typedef struct inflight {
     double since_admitted; /* 0 while not admitted */
 } inflight;
 
+/* A workload no cluster could place: asked again after a growing pause. */
+typedef struct backoff {
+    char uid[64];
+    double next, pause;
+    bool seen; /* still waiting in this round */
+} backoff;
+
+#define BACKOFF_MAX 4096
+#define BACKOFF_FIRST_S 5.0
+#define BACKOFF_MAX_S 60.0
+
 typedef struct cluster_rt {
     kgpu_k8s *ext; /* its kgpu-extender */
     bool up;       /* its last estimate was answered */
@@ -78,6 +89,9 @@ typedef struct dispatcher {
     dsp_table *table;
     inflight *fl;
     int nfl;
+    backoff *bo;
+    int nbo;
+    char topology[2048]; /* the usable clusters last round: a change ends every pause */
     long unplaceable, rounds, errors;
     long est_count, est_bucket[BUCKETS];
     double est_sum;
@@ -289,6 +303,53 @@ static int nominate(dispatcher *d, const dsp_workload *w, const char *cluster)
     return status == 200 ? 0 : -1;
 }
 
+static backoff *bo_find(dispatcher *d, const char *uid)
+{
+    for (int i = 0; i < d->nbo; i++)
+        if (strcmp(d->bo[i].uid, uid) == 0)
+            return &d->bo[i];
+    return NULL;
+}
+
+/* No cluster could place it: pause before asking again, longer each time. */
+static void bo_miss(dispatcher *d, const char *uid, double now)
+{
+    backoff *b = bo_find(d, uid);
+    if (b == NULL && d->nbo < BACKOFF_MAX) {
+        b = &d->bo[d->nbo++];
+        memset(b, 0, sizeof(*b));
+        snprintf(b->uid, sizeof(b->uid), "%s", uid);
+    }
+    if (b == NULL)
+        return;
+    b->pause = b->pause == 0 ? BACKOFF_FIRST_S : b->pause * 2;
+    if (b->pause > BACKOFF_MAX_S)
+        b->pause = BACKOFF_MAX_S;
+    b->next = now + b->pause;
+    b->seen = true;
+}
+
+/* Whether the workload waits out a pause now (and marks it still waiting). */
+static bool bo_pausing(dispatcher *d, const char *uid, double now)
+{
+    backoff *b = bo_find(d, uid);
+    if (b == NULL)
+        return false;
+    b->seen = true;
+    return now < b->next;
+}
+
+/* Forgets pauses of workloads no longer waiting. */
+static void bo_prune(dispatcher *d)
+{
+    for (int i = d->nbo - 1; i >= 0; i--) {
+        if (!d->bo[i].seen)
+            d->bo[i] = d->bo[--d->nbo];
+        else
+            d->bo[i].seen = false;
+    }
+}
+
 static void dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed)
 {
     dsp_table_apply(d->table, w);
@@ -327,6 +388,7 @@ static void dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed)
     int k = kgpu_dispatch_rank(cand, n, w->count, order);
     if (k == 0) {
         d->unplaceable++;
+        bo_miss(d, w->uid, now_s());
         say(d, 1, "workload %s/%s: no cluster can place %d pod%s of it now; asked again next "
             "round", w->ns, w->name, w->count, w->count == 1 ? "" : "s");
         return;
@@ -335,6 +397,9 @@ static void dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed)
     const char *best = d->clusters.v[ci].name;
     if (nominate(d, w, best) != 0)
         return;
+    backoff *b = bo_find(d, w->uid);
+    if (b != NULL)
+        b->next = b->pause = 0; /* placed: a later wait starts its pauses afresh */
     if (k == 1)
         d->rt[ci].nominations_only++;
     else
@@ -362,6 +427,39 @@ static bool nomination_holds(const dsp_workload *w, const json_t *allowed)
         if (json_object_get(allowed, w->nominated[i]) != NULL)
             return true;
     return false;
+}
+
+/* Appends text to buf[0..len) at *at, cutting what does not fit. */
+static void append(char *buf, size_t len, size_t *at, const char *text, char sep)
+{
+    size_t n = strlen(text);
+    if (*at + n + 2 > len)
+        return;
+    memcpy(buf + *at, text, n);
+    buf[*at + n] = sep;
+    *at += n + 1;
+    buf[*at] = '\0';
+}
+
+/* "check:cluster,cluster,;..." of the topology, cut to len. */
+static void topology_signature(const json_t *topo, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    const char *check, *cluster;
+    json_t *allowed, *v;
+    json_object_foreach((json_t *)topo, check, allowed) {
+        append(buf, len, &at, check, ':');
+        json_object_foreach(allowed, cluster, v) {
+            append(buf, len, &at, cluster, ',');
+        }
+        append(buf, len, &at, "", ';');
+    }
+}
+
+static int cmp_workloads(const void *a, const void *b)
+{
+    return dsp_workload_cmp(a, b);
 }
 
 static void round_once(dispatcher *d)
@@ -392,8 +490,16 @@ static void round_once(dispatcher *d)
         json_decref(topo);
         return;
     }
+    /* A cluster that became Active, or went: every pause ends. */
+    char sig[sizeof(d->topology)];
+    topology_signature(topo, sig, sizeof(sig));
+    if (strcmp(sig, d->topology) != 0) {
+        d->nbo = 0;
+        snprintf(d->topology, sizeof(d->topology), "%s", sig);
+    }
     json_t *seen = json_object();
-    size_t i;
+    size_t i, nw = json_array_size(wls), nwait = 0;
+    dsp_workload *wait = calloc(nw + 1, sizeof(*wait));
     json_t *o;
     json_array_foreach(wls, i, o) {
         dsp_workload w;
@@ -402,13 +508,23 @@ static void round_once(dispatcher *d)
             continue;
         }
         json_object_set_new(seen, w.uid, json_boolean(w.cluster[0] != '\0'));
-        if (!w.waits)
-            continue;
-        const json_t *allowed = json_object_get(topo, w.check);
-        if (w.nnominated > 0 && nomination_holds(&w, allowed))
-            continue; /* Kueue is trying it there */
-        dispatch_one(d, &w, allowed);
+        if (w.waits && wait != NULL)
+            wait[nwait++] = w;
     }
+    /* Higher priority first, then the older: the order Kueue itself admits them. */
+    qsort(wait, nwait, sizeof(*wait), cmp_workloads);
+    double now = now_s();
+    for (size_t k = 0; k < nwait; k++) {
+        dsp_workload *w = &wait[k];
+        const json_t *allowed = json_object_get(topo, w->check);
+        if (w->nnominated > 0 && nomination_holds(w, allowed))
+            continue; /* Kueue is trying it there */
+        if (bo_pausing(d, w->uid, now))
+            continue;
+        dispatch_one(d, w, allowed);
+    }
+    bo_prune(d);
+    free(wait);
     fl_prune(d, seen, now_s());
     json_decref(seen);
     json_decref(wls);
@@ -632,7 +748,8 @@ int main(int argc, char **argv)
             rc = -1;
     }
     d.fl = rc == 0 ? calloc(INFLIGHT_MAX, sizeof(*d.fl)) : NULL;
-    if (rc == 0 && d.fl == NULL)
+    d.bo = rc == 0 ? calloc(BACKOFF_MAX, sizeof(*d.bo)) : NULL;
+    if (rc == 0 && (d.fl == NULL || d.bo == NULL))
         rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
     struct MHD_Daemon *m = NULL;
     if (rc == 0 && listen != NULL && (m = start_metrics(&d, listen, &err)) == NULL)
@@ -663,6 +780,7 @@ int main(int argc, char **argv)
     while (d.nfl > 0)
         fl_drop(&d, d.nfl - 1);
     free(d.fl);
+    free(d.bo);
     kgpu_k8s_free(d.manager);
     dsp_bench_free(d.bench);
     dsp_table_free(d.table);

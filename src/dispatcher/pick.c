@@ -85,6 +85,9 @@ int dsp_workload_read(const json_t *wl, const json_t *checks, dsp_workload *out,
         !copy_str(out->uid, sizeof(out->uid), json_object_get(meta, "uid")))
         return kgpu_error_set(err, KGPU_EINVAL, "a Workload without namespace, name or uid");
     copy_str(out->rv, sizeof(out->rv), json_object_get(meta, "resourceVersion"));
+    copy_str(out->created, sizeof(out->created), json_object_get(meta, "creationTimestamp"));
+    const json_t *prio = json_object_get(spec, "priority");
+    out->priority = json_is_integer(prio) ? (long long)json_integer_value(prio) : 0;
     const json_t *sets = json_object_get(spec, "podSets");
     if (!json_is_array(sets) || json_array_size(sets) == 0)
         return kgpu_error_set(err, KGPU_EINVAL, "Workload %s/%s: no spec.podSets", out->ns,
@@ -137,6 +140,16 @@ int dsp_workload_read(const json_t *wl, const json_t *checks, dsp_workload *out,
     out->waits = out->check[0] && out->cluster[0] == '\0' &&
                  condition_true(status, "QuotaReserved") && !condition_true(status, "Finished");
     return 0;
+}
+
+int dsp_workload_cmp(const dsp_workload *a, const dsp_workload *b)
+{
+    if (a->priority != b->priority)
+        return a->priority > b->priority ? -1 : 1;
+    int c = strcmp(a->created, b->created);
+    if (c == 0)
+        c = strcmp(a->ns, b->ns);
+    return c != 0 ? c : strcmp(a->name, b->name);
 }
 
 int dsp_pref_rank(const dsp_workload *w, const char *model)

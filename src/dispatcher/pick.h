@@ -38,6 +38,8 @@ typedef struct dsp_workload {
     char nominated[DSP_NOMINATED_MAX][64];
     int nnominated;
     char cluster[64]; /* status.clusterName; "" */
+    long long priority; /* spec.priority; 0 */
+    char created[40];   /* metadata.creationTimestamp (RFC 3339, sorts as text); "" */
     bool waits;       /* quota reserved, a MultiKueue check Pending, no cluster, not finished */
 } dsp_workload;
 
@@ -48,6 +50,9 @@ typedef struct dsp_workload {
  * the first. 0, or KGPU_EINVAL with err saying what is malformed.
  */
 int dsp_workload_read(const json_t *wl, const json_t *checks, dsp_workload *out, kgpu_error *err);
+
+/* Dispatch order: higher priority first, then the older, then by namespace and name. */
+int dsp_workload_cmp(const dsp_workload *a, const dsp_workload *b);
 
 /* Rank (0 best) of `model` in w's preference list; -1 when it has none or none matches. */
 int dsp_pref_rank(const dsp_workload *w, const char *model);

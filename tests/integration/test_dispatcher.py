@@ -31,6 +31,7 @@ import copy
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -382,6 +383,53 @@ class TestChoice(DispatcherTest):
         self.occupy("worker-a", "a100-0", whole(2))
         self.dispatch("--table", table)
         self.assertEqual(self.mgr.nominated("likes-a100-late"), ["worker-b"])
+
+
+class TestOrder(DispatcherTest):
+
+    def test_higher_priority_then_older_first(self):
+        # One A100 left after this: the later, higher-priority workload gets it, then the
+        # older of two equal ones.
+        self.occupy("worker-a", "a100-0", whole(1))
+        a100 = {"kgpu.io/gpu-type": "*A100*"}
+        self.mgr.add_workload("old-low", whole(1), annotations=a100)
+        self.mgr.add_workload("new-high", whole(1), annotations=a100)
+        with self.mgr.lock:
+            for w in self.mgr.objects["workloads"]:
+                name = w["metadata"]["name"]
+                w["spec"]["priority"] = 1000 if name == "new-high" else 10
+                w["metadata"]["creationTimestamp"] = ("2026-11-29T10:00:00Z" if name == "old-low"
+                                                      else "2026-11-29T11:00:00Z")
+        self.dispatch()
+        self.assertEqual(self.mgr.nominated("new-high"), ["worker-a"])
+        self.assertIsNone(self.mgr.nominated("old-low"))
+
+    def test_an_unplaceable_workload_is_asked_again_after_a_pause(self):
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        self.mgr.add_workload("h100", whole(1), annotations={"kgpu.io/gpu-type": "*H100*"})
+        child = subprocess.Popen([DISPATCHER_BIN, "--kubeconfig", self.kubeconfig,
+                                  "--clusters", self.clusters_file(), "--interval", "0.2",
+                                  "--listen", "127.0.0.1:%d" % port],
+                                 stderr=subprocess.DEVNULL)
+        try:
+            def metric(name):
+                try:
+                    text = te.http_request(port, "GET", "/metrics")[2].decode()
+                except OSError:
+                    return -1
+                m = re.search(r"^%s (\d+)$" % name, text, re.M)
+                return int(m.group(1)) if m else -1
+            wait_for(lambda: metric("kgpu_dispatcher_rounds_total") >= 15, 30, what="15 rounds")
+            # Asked once in 15 rounds (3 s): the first pause is 5 s. Two clusters, one each.
+            self.assertEqual(metric("kgpu_dispatcher_unplaceable_total"), 1)
+            self.assertEqual(metric("kgpu_dispatcher_estimate_seconds_count"), 2)
+        finally:
+            child.terminate()
+            self.assertEqual(child.wait(timeout=20), 0)
 
 
 class TestLeftAlone(DispatcherTest):
