@@ -16,12 +16,16 @@
  *      write the best into .status.nominatedClusterNames. Kueue then
  *      creates the Workload and its Job in that worker only.
  *
- * The status is written with a JSON merge patch that carries the
+ * The nomination is written by server-side apply under the name of Kueue's
+ * own admission field manager, carrying exactly the fields that manager
+ * owns as they are (dsp_nomination_apply says why: Kueue clears the
+ * nomination by omitting it, which removes only a field no other manager
+ * owns; a merge patch of our own made Kueue's next write fail on
+ * "clusterName and nominatedClusterNames are mutually exclusive"), plus the
  * resourceVersion read, so a Workload that changed since (admitted,
  * evicted, nominated by someone else) is not overwritten: 409, and it is
- * looked at again next round. Only nominatedClusterNames is written, and
- * only while clusterName is unset; everything else of the status is
- * Kueue's.
+ * looked at again next round. Only nominatedClusterNames changes, and only
+ * while clusterName is unset.
  *
  * Threads: the main thread owns every decision and all state here; the
  * metrics server's thread reads only the rendered text, under `mu`.
@@ -280,19 +284,21 @@ static bool estimate(dispatcher *d, int ci, const dsp_workload *w, dsp_answer *a
 static int nominate(dispatcher *d, const dsp_workload *w, const char *cluster)
 {
     char path[512];
-    snprintf(path, sizeof(path), KUEUE "/namespaces/%s/workloads/%s/status?fieldManager=kgpu-dispatcher",
+    snprintf(path, sizeof(path),
+             KUEUE "/namespaces/%s/workloads/%s/status?fieldManager=" DSP_KUEUE_MANAGER
+                   "&force=true",
              w->ns, w->name);
-    json_t *patch = json_pack("{s:{s:s,s:s},s:{s:[s]}}", "metadata", "uid", w->uid,
-                              "resourceVersion", w->rv, "status", "nominatedClusterNames",
-                              cluster);
-    char *body = patch ? json_dumps(patch, JSON_COMPACT) : NULL;
-    json_decref(patch);
-    if (body == NULL)
-        return -1;
-    kgpu_http_resp resp = {0};
     kgpu_error err;
     kgpu_error_clear(&err);
-    int rc = kgpu_k8s_request(d->manager, "PATCH", path, "application/merge-patch+json", body,
+    json_t *apply = dsp_nomination_apply(w->obj, DSP_KUEUE_MANAGER, cluster, &err);
+    char *body = apply ? json_dumps(apply, JSON_COMPACT) : NULL;
+    json_decref(apply);
+    if (body == NULL) {
+        say(d, 0, "workload %s/%s: %s", w->ns, w->name, err.code ? err.msg : "out of memory");
+        return -1;
+    }
+    kgpu_http_resp resp = {0};
+    int rc = kgpu_k8s_request(d->manager, "PATCH", path, "application/apply-patch+yaml", body,
                               &resp, &err);
     free(body);
     long status = rc == 0 ? resp.status : 0;

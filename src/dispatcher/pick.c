@@ -78,6 +78,7 @@ static bool asks_gpu(const json_t *tmpl)
 int dsp_workload_read(const json_t *wl, const json_t *checks, dsp_workload *out, kgpu_error *err)
 {
     memset(out, 0, sizeof(*out));
+    out->obj = wl;
     const json_t *meta = json_object_get(wl, "metadata"), *spec = json_object_get(wl, "spec"),
                  *status = json_object_get(wl, "status");
     if (!copy_str(out->ns, sizeof(out->ns), json_object_get(meta, "namespace")) ||
@@ -362,6 +363,113 @@ void dsp_table_apply(const dsp_table *t, dsp_workload *w)
             w->nprefs = t->rows[i].nprefs;
             return;
         }
+}
+
+/* ---- the nomination, as Kueue's field manager writes it ---- */
+
+#define PROJECT_DEPTH 32
+
+/* Whether element e of an associative list has every member of key (a "k:" entry). */
+static bool matches_key(const json_t *e, const json_t *key)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)key, k, v) {
+        if (!json_equal(json_object_get(e, k), v))
+            return false;
+    }
+    return json_is_object(key);
+}
+
+/*
+ * The part of `value` that a managedFields fieldsV1 set `fields` names: a
+ * set naming nothing below (a leaf, an atomic list or map) takes the value
+ * whole; "f:NAME" members of objects, "k:{...}", "v:..." and "i:N" elements
+ * of lists. NULL when nothing of it is named, or too deep.
+ */
+static json_t *project(const json_t *value, const json_t *fields, int depth)
+{
+    if (depth > PROJECT_DEPTH)
+        return NULL;
+    bool below = false;
+    const char *k;
+    json_t *sub;
+    json_object_foreach((json_t *)fields, k, sub) {
+        below |= strcmp(k, ".") != 0;
+    }
+    if (!below)
+        return json_deep_copy(value);
+    if (json_is_object(value)) {
+        json_t *out = json_object();
+        json_object_foreach((json_t *)fields, k, sub) {
+            const json_t *v = strncmp(k, "f:", 2) == 0 ? json_object_get(value, k + 2) : NULL;
+            json_t *p = v != NULL ? project(v, sub, depth + 1) : NULL;
+            if (p != NULL)
+                json_object_set_new(out, k + 2, p);
+        }
+        return out;
+    }
+    if (json_is_array(value)) {
+        json_t *out = json_array();
+        json_object_foreach((json_t *)fields, k, sub) {
+            json_t *id = strlen(k) > 2 && k[1] == ':' && k[0] != 'f'
+                             ? json_loads(k + 2, JSON_DECODE_ANY, NULL)
+                             : NULL;
+            size_t i;
+            json_t *e;
+            json_array_foreach((json_t *)value, i, e) {
+                bool take = (k[0] == 'k' && matches_key(e, id)) ||
+                            (k[0] == 'v' && json_equal(e, id)) ||
+                            (k[0] == 'i' && json_is_integer(id) &&
+                             (size_t)json_integer_value(id) == i);
+                json_t *p = take ? project(e, sub, depth + 1) : NULL;
+                if (p != NULL)
+                    json_array_append_new(out, p);
+            }
+            json_decref(id);
+        }
+        return out;
+    }
+    return json_deep_copy(value);
+}
+
+json_t *dsp_nomination_apply(const json_t *wl, const char *manager, const char *cluster,
+                             kgpu_error *err)
+{
+    const json_t *meta = json_object_get(wl, "metadata");
+    const json_t *owned = NULL;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(meta, "managedFields"), i, e) {
+        const char *m = json_string_value(json_object_get(e, "manager"));
+        const char *op = json_string_value(json_object_get(e, "operation"));
+        const char *sub = json_string_value(json_object_get(e, "subresource"));
+        if (m && op && sub && strcmp(m, manager) == 0 && strcmp(op, "Apply") == 0 &&
+            strcmp(sub, "status") == 0)
+            owned = json_object_get(e, "fieldsV1");
+    }
+    json_t *body = owned != NULL ? project(wl, owned, 0) : json_object();
+    if (!json_is_object(body)) {
+        json_decref(body);
+        kgpu_error_set(err, KGPU_EINVAL, "the Workload's managedFields of %s are not a field set",
+                       manager);
+        return NULL;
+    }
+    json_t *m = json_object_get(body, "metadata");
+    if (!json_is_object(m))
+        json_object_set_new(body, "metadata", m = json_object());
+    json_t *status = json_object_get(body, "status");
+    if (!json_is_object(status))
+        json_object_set_new(body, "status", status = json_object());
+    static const char *const ids[] = {"name", "namespace", "uid", "resourceVersion"};
+    for (size_t k = 0; k < sizeof(ids) / sizeof(ids[0]); k++)
+        json_object_set(m, ids[k], json_object_get(meta, ids[k]));
+    json_object_del(m, "managedFields");
+    json_object_set_new(body, "apiVersion", json_string("kueue.x-k8s.io/v1beta2"));
+    json_object_set_new(body, "kind", json_string("Workload"));
+    json_object_set_new(status, "nominatedClusterNames", json_pack("[s]", cluster));
+    json_object_del(status, "clusterName"); /* never set with a nomination */
+    return body;
 }
 
 char *dsp_estimate_body(const dsp_workload *w, const json_t *reserve)

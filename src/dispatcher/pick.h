@@ -24,10 +24,12 @@
 #define DSP_GLOB_MAX      128
 #define DSP_NOMINATED_MAX 10  /* Kueue's limit on nominatedClusterNames */
 #define DSP_MULTIKUEUE    "kueue.x-k8s.io/multikueue"
+#define DSP_KUEUE_MANAGER "kueue-admission" /* the field manager of Kueue's admission status */
 #define DSP_LABEL_WORKLOAD "kgpu.io/workload"               /* benchmark key, on the pod template */
 #define DSP_ANN_PREFERENCE "kgpu.io/gpu-type-preference"    /* "GLOB,GLOB": best first */
 
 typedef struct dsp_workload {
+    const json_t *obj; /* borrowed: the Workload read */
     char ns[64], name[254], uid[64], rv[64];
     const json_t *pod; /* borrowed: the GPU pod set's template */
     int count;         /* its pods */
@@ -95,6 +97,22 @@ dsp_table *dsp_table_parse(const char *buf, size_t len, const char *file, kgpu_e
 void dsp_table_free(dsp_table *t);
 /* Gives w the table's preference for its key when it has none of its own. */
 void dsp_table_apply(const dsp_table *t, dsp_workload *w);
+
+/*
+ * The server-side apply (application/apply-patch+yaml, JSON being YAML)
+ * that nominates `cluster` for Workload `wl`, as field manager `manager`
+ * (Kueue's "kueue-admission") on the status subresource: exactly the
+ * fields that manager's Apply entry of wl's managedFields owns, as they
+ * are in wl now, plus status.nominatedClusterNames, with wl's uid and
+ * resourceVersion as preconditions. Kueue clears the nomination by
+ * omitting it from its own applies, which removes a field only when no
+ * other manager owns it: written under any other manager's name it would
+ * stay, and Kueue could never set clusterName (the two are mutually
+ * exclusive). Projecting the manager's own set keeps every other field it
+ * owns as it is. A new object, or NULL with err.
+ */
+json_t *dsp_nomination_apply(const json_t *wl, const char *manager, const char *cluster,
+                             kgpu_error *err);
 
 /*
  * The estimate request for w (its pod, `count` copies) after the pods in

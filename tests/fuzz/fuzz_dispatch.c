@@ -37,6 +37,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             (void)dsp_pref_rank(&w, "NVIDIA A100-SXM4-80GB");
             char *body = dsp_estimate_body(&w, NULL);
             free(body);
+            json_t *apply = dsp_nomination_apply(wl, DSP_KUEUE_MANAGER, "worker-a", &err);
+            if (apply != NULL &&
+                !json_is_array(json_object_get(json_object_get(apply, "status"),
+                                               "nominatedClusterNames")))
+                abort();
+            json_decref(apply);
         }
         json_decref(checks);
         json_decref(wl);

@@ -97,7 +97,8 @@ class Manager:
                         if body["metadata"].get("resourceVersion") != m["resourceVersion"]:
                             return self.reply(409, {"kind": "Status", "code": 409,
                                                     "reason": "Conflict"})
-                        w["status"].update(body["status"])
+                        w["status"]["nominatedClusterNames"] = \
+                            body["status"]["nominatedClusterNames"]
                         mgr.rv += 1
                         m["resourceVersion"] = str(mgr.rv)
                         return self.reply(200, w)
@@ -228,13 +229,48 @@ class TestPlacement(DispatcherTest):
         self.assertEqual(self.mgr.nominated("wants-t4"), ["worker-b"])
         self.assertIsNone(self.mgr.nominated("wants-h100"), log)
         self.assertIn("no cluster can place", log)
-        # Only the status, by merge patch, with the resourceVersion read and its field manager.
+        # Server-side apply as Kueue's admission field manager, with the resourceVersion read.
         path, ctype, body = self.mgr.patches[0]
-        self.assertEqual(ctype, "application/merge-patch+json")
-        self.assertIn("/status?fieldManager=kgpu-dispatcher", path)
-        self.assertEqual(set(body), {"metadata", "status"})
-        self.assertEqual(set(body["status"]), {"nominatedClusterNames"})
+        self.assertEqual(ctype, "application/apply-patch+yaml")
+        self.assertIn("/status?fieldManager=kueue-admission&force=true", path)
+        self.assertEqual(body["status"], {"nominatedClusterNames": ["worker-a"]})
         self.assertIn("resourceVersion", body["metadata"])
+
+    def test_the_apply_keeps_what_kueues_manager_owns(self):
+        """The fields Kueue's admission manager owns go back as they are; no other field
+        (those are other managers'), so that Kueue's own later apply, which omits the
+        nomination, removes it."""
+        owned = {"f:status": {
+            "f:conditions": {'k:{"type":"QuotaReserved"}': {
+                ".": {}, "f:type": {}, "f:status": {}, "f:reason": {}}},
+            "f:admissionChecks": {'k:{"name":"mk"}': {".": {}, "f:name": {}, "f:state": {}}},
+            "f:admission": {".": {}, "f:clusterQueue": {}},
+            "f:requeueState": {}}}
+        status = {"conditions": [{"type": "QuotaReserved", "status": "True", "reason": "R",
+                                  "message": "another manager's"},
+                                 {"type": "Other", "status": "True"}],
+                  "admissionChecks": [{"name": "mk", "state": "Pending", "message": "x"},
+                                      {"name": "other", "state": "Ready"}],
+                  "admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "main"}]},
+                  "resourceRequests": [{"name": "main"}]}
+        self.mgr.add_workload("w", whole(1), status=status)
+        with self.mgr.lock:
+            self.mgr.objects["workloads"][0]["metadata"]["managedFields"] = [
+                {"manager": "kueue-admission", "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1", "fieldsV1": owned},
+                {"manager": "kueue-admission", "operation": "Update", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:status": {"f:resourceRequests": {}}}}]
+        self.dispatch()
+        body = self.mgr.patches[0][2]
+        self.assertEqual(body["status"], {
+            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "R"}],
+            "admissionChecks": [{"name": "mk", "state": "Pending"}],
+            "admission": {"clusterQueue": "cq"},  # podSetAssignments: not in its set
+            "nominatedClusterNames": ["worker-a"]})
+        self.assertNotIn("managedFields", body["metadata"])
+        self.assertEqual(body["metadata"]["uid"], "uid-w")
+        self.assertEqual((body["apiVersion"], body["kind"]),
+                         ("kueue.x-k8s.io/v1beta2", "Workload"))
 
     def test_a_share_that_fits_only_one_workers_free_gpus(self):
         # 20 GiB per pod: no T4 (15 GiB) holds it; the A100s do, until they are taken.
