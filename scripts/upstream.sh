@@ -13,6 +13,9 @@
 #   scripts/upstream.sh --bin      print the bin dir (builds nothing)
 #   scripts/upstream.sh --containerd-bin
 #                                  print containerd's folder inside it (builds nothing)
+#   scripts/upstream.sh --kueue-dir
+#                                  print Kueue's folder inside it: the kueue binary and
+#                                  crds/, its CustomResourceDefinitions (builds nothing)
 #
 # A version bump is one line: K8S_VERSION (the staging modules k8s.io/* are
 # pinned to the matching v0.x.y by reading k8s.io/kubernetes's own go.mod),
@@ -30,16 +33,19 @@ K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.7.0
 HELM_VERSION=v4.3.1
 CONTAINERD_VERSION=v2.4.2
+KUEUE_VERSION=v0.17.0   # MultiKueue's external dispatcher API (nominatedClusterNames)
 GO_MIN=1.26       # what k8s.io/kubernetes ${K8S_VERSION}'s go.mod asks for
 
 CACHE=${KGPU_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kgpu-upstream}
 BIN="$CACHE/bin-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
 CTRD_BIN="$BIN/containerd-$CONTAINERD_VERSION"
+KUEUE_DIR="$BIN/kueue-$KUEUE_VERSION"
 K8S_CMDS=(kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
 TOOLS=(etcd "${K8S_CMDS[@]}" helm
        "containerd-$CONTAINERD_VERSION/containerd"
        "containerd-$CONTAINERD_VERSION/containerd-shim-runc-v2"
-       "containerd-$CONTAINERD_VERSION/ctr")
+       "containerd-$CONTAINERD_VERSION/ctr"
+       "kueue-$KUEUE_VERSION/kueue")
 
 say() { echo "upstream: $*" >&2; }
 
@@ -65,6 +71,7 @@ if [ "${1:-}" = "--check" ]; then
 fi
 if [ "${1:-}" = "--bin" ]; then echo "$BIN"; exit 0; fi
 if [ "${1:-}" = "--containerd-bin" ]; then echo "$CTRD_BIN"; exit 0; fi
+if [ "${1:-}" = "--kueue-dir" ]; then echo "$KUEUE_DIR"; exit 0; fi
 
 if all_built; then echo "$BIN"; exit 0; fi
 go_ok || exit 2
@@ -169,6 +176,27 @@ for t in containerd containerd-shim-runc-v2 ctr; do
     )
     mv "$CTRD_BIN/$t.tmp" "$CTRD_BIN/$t"
 done
+
+# Kueue: its manager, and its CustomResourceDefinitions as the module ships
+# them (config/components/crd/bases), copied next to it so that the suite
+# needs nothing from the module cache. Its own folder: a bump rebuilds only it.
+if [ ! -x "$KUEUE_DIR/kueue" ]; then
+    kueue_src="$CACHE/src/kueue-$KUEUE_VERSION"
+    mkdir -p "$kueue_src" "$KUEUE_DIR"
+    (
+        cd "$kueue_src"
+        [ -f go.mod ] || go mod init kgpu.invalid/upstream-kueue >/dev/null 2>&1
+        printf 'package upstream\n' > doc.go
+        go get "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION" >&2
+        say "building kueue $KUEUE_VERSION (cold: about 4 minutes)"
+        go build -trimpath -ldflags "-s -w" -o "$KUEUE_DIR/kueue.tmp" sigs.k8s.io/kueue/cmd/kueue
+        moddir=$(go list -m -f '{{.Dir}}' "sigs.k8s.io/kueue")
+        rm -rf "$KUEUE_DIR/crds"; mkdir -p "$KUEUE_DIR/crds"
+        cp "$moddir"/config/components/crd/bases/*.yaml "$KUEUE_DIR/crds/"
+        chmod u+w "$KUEUE_DIR"/crds/*.yaml
+    )
+    mv "$KUEUE_DIR/kueue.tmp" "$KUEUE_DIR/kueue"
+fi
 
 all_built || { say "not every tool was built"; exit 1; }
 echo "$BIN"

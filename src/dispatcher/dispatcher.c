@@ -54,7 +54,7 @@
 
 #define KUEUE "/apis/kueue.x-k8s.io/v1beta2"
 #define INFLIGHT_MAX 4096
-#define INFLIGHT_GRACE_S 20.0 /* after admission, until the worker's extender holds the pods */
+#define INFLIGHT_GRACE_S 10.0 /* after admission, until the worker's extender holds the pods */
 #define BUCKETS 8
 
 static const double bucket_le[BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0};
@@ -219,20 +219,29 @@ static void fl_drop(dispatcher *d, int i)
     d->fl[i] = d->fl[--d->nfl];
 }
 
-/* Forgets dispatches whose Workload is gone, and those admitted a while ago. */
-static void fl_prune(dispatcher *d, json_t *seen, double now)
+/*
+ * Forgets dispatches whose Workload is gone, and those admitted a while ago
+ * (their pods are the worker's to count by then). Returns how many went:
+ * room they held in the estimates is free again.
+ */
+static int fl_prune(dispatcher *d, json_t *seen, double now)
 {
+    int gone = 0;
     for (int i = d->nfl - 1; i >= 0; i--) {
         json_t *state = json_object_get(seen, d->fl[i].uid);
-        if (state == NULL) {
-            fl_drop(d, i);
-        } else if (json_is_true(state)) { /* admitted somewhere */
+        bool drop = state == NULL;
+        if (json_is_true(state)) { /* admitted somewhere */
             if (d->fl[i].since_admitted == 0)
                 d->fl[i].since_admitted = now;
             else if (now - d->fl[i].since_admitted > INFLIGHT_GRACE_S)
-                fl_drop(d, i);
+                drop = true;
+        }
+        if (drop) {
+            fl_drop(d, i);
+            gone++;
         }
     }
+    return gone;
 }
 
 /* What is in flight to `cluster`, as the estimate's reserve. */
@@ -531,7 +540,8 @@ static void round_once(dispatcher *d)
     }
     bo_prune(d);
     free(wait);
-    fl_prune(d, seen, now_s());
+    if (fl_prune(d, seen, now_s()) > 0)
+        d->nbo = 0; /* room the dispatches in flight held is free: every pause ends */
     json_decref(seen);
     json_decref(wls);
     json_decref(topo);
