@@ -390,7 +390,8 @@ static void dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed)
             perf = tp > 0 ? (a.price > 0 ? tp / a.price : tp) : 0;
         }
         cand[n] = (kgpu_dispatch_candidate){.name = name, .reachable = up, .fit = a.fit,
-                                            .grow = a.grow,
+                                            .grow = a.grow, .scored = a.scored,
+                                            .score = a.score,
                                             .pref = pref, .perf_per_cost = perf,
                                             .frag_added = a.frag_added, .price = a.price};
         idx[n++] = ci;

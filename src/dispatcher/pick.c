@@ -196,6 +196,9 @@ int dsp_answer_read(const char *body, size_t len, dsp_answer *out, kgpu_error *e
         if (out->nmodels < 16 && strlen(k) < sizeof(out->models[0]))
             snprintf(out->models[out->nmodels++], sizeof(out->models[0]), "%s", k);
     }
+    json_t *score = json_object_get(pod, "score");
+    out->scored = json_is_integer(score);
+    out->score = out->scored ? (double)json_integer_value(score) : 0;
     double before = json_number_value(json_object_get(pod, "fragBefore"));
     double first = json_number_value(json_object_get(pod, "fragFirst"));
     double price = json_number_value(json_object_get(pod, "pricePerHour"));

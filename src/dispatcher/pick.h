@@ -66,6 +66,8 @@ typedef struct dsp_answer {
     char first_model[64]; /* "" when none fits */
     char models[16][64];  /* models it would land on (byModel), at most 16 */
     int nmodels;
+    bool scored;       /* score is given */
+    double score;      /* the placement policy's score of the first copy's place */
     double frag_added; /* fragFirst - fragBefore */
     double price;      /* pricePerHour; 0 unknown */
 } dsp_answer;
