@@ -17,6 +17,7 @@
 #include "expo.h"
 #include "fileio.h"
 #include "k8s.h"
+#include "pricefile.h"
 #include "strmap.h"
 
 #define REPORT_ROWS_MAX  200000    /* series of one report: far above the extender's 16384 */
@@ -463,6 +464,129 @@ static void print_json(const rep_row *rows, size_t n, const char *source, const 
 
 /* ---- the command ---- */
 
+/* ---- --benchmarks: figures of workloads per GPU model, ranked ---- */
+
+#define BENCH_ROWS_MAX 10000
+
+typedef struct bench_row {
+    char workload[KGPU_EXPO_VALUE_MAX + 1], model[KGPU_EXPO_VALUE_MAX + 1];
+    char cluster[KGPU_EXPO_VALUE_MAX + 1];
+    double throughput, price; /* price: per GPU-hour, on-demand; 0 unknown */
+} bench_row;
+
+typedef struct bench_set {
+    bench_row *rows;
+    size_t n;
+} bench_set;
+
+static int bench_sample(void *ctx, const kgpu_expo_sample *s, kgpu_error *err)
+{
+    bench_set *b = ctx;
+    if (strcmp(s->name, "kgpu_workload_throughput") != 0 &&
+        strcmp(s->name, "kgpu:workload_throughput:max30d") != 0)
+        return 0;
+    const char *w = kgpu_expo_label_value(s, "workload");
+    const char *m = kgpu_expo_label_value(s, "gpu_model");
+    const char *c = kgpu_expo_label_value(s, "cluster");
+    if (w == NULL || m == NULL || !isfinite(s->value) || s->value < 0)
+        return 0; /* not a usable figure */
+    if (b->n == BENCH_ROWS_MAX)
+        return kgpu_error_set(err, KGPU_ERANGE, "more than %d benchmark figures",
+                              BENCH_ROWS_MAX);
+    bench_row *r = &b->rows[b->n++];
+    memset(r, 0, sizeof(*r));
+    snprintf(r->workload, sizeof(r->workload), "%s", w);
+    snprintf(r->model, sizeof(r->model), "%s", m);
+    snprintf(r->cluster, sizeof(r->cluster), "%s", c ? c : "");
+    r->throughput = s->value;
+    return 0;
+}
+
+/* Per workload, throughput per price first (priced before unpriced), then throughput. */
+static int cmp_bench(const void *pa, const void *pb)
+{
+    const bench_row *a = pa, *b = pb;
+    int c = strcmp(a->workload, b->workload);
+    if (c != 0)
+        return c;
+    bool ka = a->price > 0, kb = b->price > 0;
+    if (ka != kb)
+        return ka ? -1 : 1;
+    double va = ka ? a->throughput / a->price : a->throughput;
+    double vb = kb ? b->throughput / b->price : b->throughput;
+    if (va != vb)
+        return va > vb ? -1 : 1;
+    c = strcmp(a->model, b->model);
+    return c != 0 ? c : strcmp(a->cluster, b->cluster);
+}
+
+static int report_benchmarks(const char *where, const char *prices_path, const tls_opts *tls,
+                             bool json)
+{
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    bench_set b = {.rows = malloc(sizeof(bench_row) * BENCH_ROWS_MAX)};
+    kgpu_prices prices;
+    char *body = NULL;
+    size_t len = 0;
+    int rc = b.rows == NULL ? kgpu_error_set(&err, KGPU_ENOMEM, "out of memory") : 0;
+    if (rc == 0 && prices_path != NULL)
+        rc = kgpu_prices_load_file(prices_path, &prices, &err);
+    if (rc == 0)
+        rc = is_url(where) ? http_get(where, tls, &body, &len, &err)
+                           : kgpu_read_file_max(where, REPORT_BODY_MAX, &body, &len, &err);
+    if (rc == 0)
+        rc = kgpu_expo_parse(body, len, where, bench_sample, &b, &err);
+    free(body);
+    if (rc != 0) {
+        fprintf(stderr, "kgpu report: %s\n", err.msg);
+        free(b.rows);
+        return 1;
+    }
+    for (size_t i = 0; prices_path != NULL && i < b.n; i++) {
+        const kgpu_price *p = kgpu_prices_gpu(&prices, b.rows[i].model);
+        b.rows[i].price = p != NULL ? p->on_demand : 0;
+    }
+    qsort(b.rows, b.n, sizeof(*b.rows), cmp_bench);
+    if (json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < b.n; i++) {
+            const bench_row *r = &b.rows[i];
+            json_t *x = json_pack("{s:s,s:s,s:s,s:f}", "workload", r->workload, "gpu_model",
+                                  r->model, "cluster", r->cluster, "throughput", r->throughput);
+            if (r->price > 0) {
+                json_object_set_new(x, "price_per_hour", json_real(r->price));
+                json_object_set_new(x, "throughput_per_price",
+                                    json_real(r->throughput / r->price));
+            }
+            json_array_append_new(arr, x);
+        }
+        json_dumpf(arr, stdout, JSON_INDENT(2));
+        fputc('\n', stdout);
+        json_decref(arr);
+    } else if (b.n == 0) {
+        printf("no kgpu_workload_throughput figures in %s\n", where);
+    } else {
+        printf("%-20s %-26s %-14s %12s %9s %12s\n", "WORKLOAD", "GPU MODEL", "CLUSTER",
+               "THROUGHPUT", "PRICE/h", "PER PRICE");
+        for (size_t i = 0; i < b.n; i++) {
+            const bench_row *r = &b.rows[i];
+            bool first = i == 0 || strcmp(b.rows[i - 1].workload, r->workload) != 0;
+            printf("%-20s %-26s %-14s %12.2f ", first ? r->workload : "", r->model,
+                   r->cluster[0] ? r->cluster : "-", r->throughput);
+            if (r->price > 0)
+                printf("%9.2f %12.2f\n", r->price, r->throughput / r->price);
+            else
+                printf("%9s %12s\n", "-", "-");
+        }
+        printf("(each workload's GPU models, best first: throughput per on-demand price of a "
+               "GPU-hour%s)\n",
+               prices_path ? "" : "; no --prices: by throughput");
+    }
+    free(b.rows);
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -478,6 +602,11 @@ static void usage(FILE *f)
             "                    http://prometheus:9090: the increase over --range\n"
             "  --range RANGE     with --prometheus: how far back, as Prometheus writes it\n"
             "                    (default 30d)\n"
+            "       kgpu report --benchmarks URL|FILE [--prices FILE] [--output table|json]\n"
+            "  --benchmarks URL|FILE  kgpu_workload_throughput figures (a bench-export's\n"
+            "                    /metrics, a Prometheus /federate answer, or a file): each\n"
+            "                    workload's GPU models ranked by throughput per price\n"
+            "  --prices FILE     with --benchmarks: prices per GPU-hour by model\n"
             "  --output FORMAT   table (default) or json\n"
             "  --cacert FILE     CA of the server's certificate (https)\n"
             "  --cert, --key FILE  a client certificate the server accepts (https)\n");
@@ -493,10 +622,13 @@ int kgpu_cmd_report(int argc, char **argv)
         {"cacert", required_argument, NULL, 'a'},
         {"cert", required_argument, NULL, 'c'},
         {"key", required_argument, NULL, 'k'},
+        {"benchmarks", required_argument, NULL, 'b'},
+        {"prices", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *metrics = NULL, *prom = NULL, *range = NULL, *output = "table";
+    const char *benchmarks = NULL, *prices = NULL;
     tls_opts tls = {0};
     optind = 1;
     int c;
@@ -517,6 +649,12 @@ int kgpu_cmd_report(int argc, char **argv)
         case 'a':
             tls.cacert = optarg;
             break;
+        case 'b':
+            benchmarks = optarg;
+            break;
+        case 'P':
+            prices = optarg;
+            break;
         case 'c':
             tls.cert = optarg;
             break;
@@ -534,7 +672,11 @@ int kgpu_cmd_report(int argc, char **argv)
     const char *bad = NULL;
     if (optind < argc)
         bad = "unexpected argument";
-    else if ((metrics != NULL) == (prom != NULL))
+    else if (benchmarks != NULL && (metrics != NULL || prom != NULL || range != NULL))
+        bad = "--benchmarks takes none of --metrics, --prometheus, --range";
+    else if (prices != NULL && benchmarks == NULL)
+        bad = "--prices is for --benchmarks (the extender's own --prices gives the cost)";
+    else if (benchmarks == NULL && (metrics != NULL) == (prom != NULL))
         bad = "give one of --metrics and --prometheus";
     else if (range != NULL && prom == NULL)
         bad = "--range is for --prometheus (/metrics holds counters since the extender started)";
@@ -549,6 +691,8 @@ int kgpu_cmd_report(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (benchmarks != NULL)
+        return report_benchmarks(benchmarks, prices, &tls, strcmp(output, "json") == 0);
     if (prom != NULL && range == NULL)
         range = "30d";
     report r = {0};

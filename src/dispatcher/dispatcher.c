@@ -89,6 +89,8 @@ typedef struct dispatcher {
     kgpu_clusters clusters;
     cluster_rt rt[KGPU_CLUSTERS_MAX];
     char bench_file[1024], table_file[1024];
+    kgpu_k8s *bench_server; /* --benchmarks is a URL: its server (the path is bench_path) */
+    const char *bench_path;
     dsp_bench *bench;
     dsp_table *table;
     inflight *fl;
@@ -484,13 +486,24 @@ static void round_once(dispatcher *d)
     kgpu_error_clear(&err);
     d->rounds++;
     if (d->bench_file[0]) {
-        char *buf;
-        size_t len;
+        char *buf = NULL;
+        size_t len = 0;
         dsp_bench *b = NULL;
-        if (kgpu_read_file_max(d->bench_file, 16u << 20, &buf, &len, &err) == 0) {
-            b = dsp_bench_parse(buf, len, d->bench_file, &err);
-            free(buf);
+        int rc;
+        if (d->bench_server != NULL) {
+            kgpu_http_resp resp = {0};
+            rc = kgpu_k8s_request(d->bench_server, "GET", d->bench_path, NULL, NULL, &resp, &err);
+            if (rc == 0 && resp.status != 200)
+                rc = kgpu_error_set(&err, KGPU_EIO, "%s answered %ld", d->bench_file,
+                                    resp.status);
+            buf = resp.body;
+            len = resp.len;
+        } else {
+            rc = kgpu_read_file_max(d->bench_file, 16u << 20, &buf, &len, &err);
         }
+        if (rc == 0)
+            b = dsp_bench_parse(buf, len, d->bench_file, &err);
+        free(buf);
         if (b != NULL) {
             dsp_bench_free(d->bench);
             d->bench = b;
@@ -646,7 +659,8 @@ static void usage(FILE *f)
             "the manager cluster, the worker cluster whose kgpu places it best.\n"
             "  --clusters FILE        the worker clusters and their kgpu-extenders\n"
             "  --kubeconfig FILE      the manager cluster (default: in-cluster service account)\n"
-            "  --benchmarks FILE      kgpu_workload_throughput figures (exposition text), read\n"
+            "  --benchmarks FILE|URL  kgpu_workload_throughput figures (exposition text: a\n"
+            "                         file, or e.g. a central Prometheus's /federate), read\n"
             "                         each round\n"
             "  --table FILE           static workload/GPU-type table: the preference of\n"
             "                         workloads that state none\n"
@@ -764,6 +778,21 @@ int main(int argc, char **argv)
         if ((d.rt[i].ext = kgpu_k8s_new(&ec, &err)) == NULL)
             rc = -1;
     }
+    if (rc == 0 && (strncmp(d.bench_file, "http://", 7) == 0 ||
+                    strncmp(d.bench_file, "https://", 8) == 0)) {
+        /* A URL, e.g. a central Prometheus's /federate?match[]=...: its server and path. */
+        const char *slash = strchr(strstr(d.bench_file, "://") + 3, '/');
+        kgpu_k8s_config bc = {.timeout_ms = 10000};
+        size_t n = slash ? (size_t)(slash - d.bench_file) : strlen(d.bench_file);
+        if (n >= sizeof(bc.server))
+            rc = kgpu_error_set(&err, KGPU_EINVAL, "--benchmarks: URL too long");
+        else {
+            memcpy(bc.server, d.bench_file, n);
+            d.bench_path = slash ? slash : "/";
+            if ((d.bench_server = kgpu_k8s_new(&bc, &err)) == NULL)
+                rc = -1;
+        }
+    }
     d.fl = rc == 0 ? calloc(INFLIGHT_MAX, sizeof(*d.fl)) : NULL;
     d.bo = rc == 0 ? calloc(BACKOFF_MAX, sizeof(*d.bo)) : NULL;
     if (rc == 0 && (d.fl == NULL || d.bo == NULL))
@@ -799,6 +828,7 @@ int main(int argc, char **argv)
     free(d.fl);
     free(d.bo);
     kgpu_k8s_free(d.manager);
+    kgpu_k8s_free(d.bench_server);
     dsp_bench_free(d.bench);
     dsp_table_free(d.table);
     free(d.metrics_text);

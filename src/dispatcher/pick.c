@@ -225,7 +225,8 @@ static int bench_sample(void *ctx, const kgpu_expo_sample *s, kgpu_error *err)
 {
     (void)err;
     dsp_bench *b = ctx;
-    if (strcmp(s->name, "kgpu_workload_throughput") != 0)
+    if (strcmp(s->name, "kgpu_workload_throughput") != 0 &&
+        strcmp(s->name, "kgpu:workload_throughput:max30d") != 0)
         return 0;
     const char *key = kgpu_expo_label_value(s, "workload");
     const char *model = kgpu_expo_label_value(s, "gpu_model");

@@ -77,7 +77,8 @@ int dsp_answer_read(const char *body, size_t len, dsp_answer *out, kgpu_error *e
 
 /*
  * Benchmark figures: kgpu_workload_throughput{workload,gpu_model,cluster}
- * samples from an exposition text. NULL with err on a malformed text.
+ * samples (or the federated rules' kgpu:workload_throughput:max30d) from an
+ * exposition text. NULL with err on a malformed text.
  */
 typedef struct dsp_bench dsp_bench;
 dsp_bench *dsp_bench_parse(const char *text, size_t len, const char *source, kgpu_error *err);

@@ -1073,6 +1073,47 @@ class HelmChartTest(unittest.TestCase):
         with open(os.path.join(ARGS.source, "deploy", "extender", "scheduler-config.yaml")) as f:
             self.assertIn("#   filterVerb: filter-gpuless", f.read())
 
+    def test_benchmarks(self):
+        """A Job per workload and GPU model when asked: the workload pinned to the model by
+        kgpu.io/gpu-type, the sidecar kgpu bench-export with the labels the chart sets (never
+        the workload), as a native sidecar, no ServiceAccount token; bad values refused."""
+        self.assertFalse([k for k in helm() if k[0] == "Job"])
+        values = ("benchmarks:\n  enabled: true\n  cluster: worker-a\n"
+                  "  gpuModels: [{name: NVIDIA A100-SXM4-80GB, type: '*A100*'},"
+                  " {name: Tesla T4, type: '*T4*'}]\n"
+                  "  workloads:\n    - name: tracksim\n      image: reg.example/tracksim:1\n"
+                  "      args: [--events, '1000']\n"
+                  "      resources: {limits: {nvidia.com/gpu: 1}}\n")
+        h = helm(values_yaml=values)
+        jobs = {name: o for (kind, ns, name), o in h.items() if kind == "Job"}
+        self.assertEqual(sorted(jobs), ["kgpu-bench-tracksim-0", "kgpu-bench-tracksim-1"])
+        pod = jobs["kgpu-bench-tracksim-1"]["spec"]["template"]
+        self.assertEqual(pod["metadata"]["annotations"]["kgpu.io/gpu-type"], "*T4*")
+        self.assertEqual(pod["metadata"]["labels"]["kgpu.io/benchmark-gpu-model"], "Tesla-T4")
+        spec = pod["spec"]
+        self.assertIs(spec["automountServiceAccountToken"], False)
+        side = spec["initContainers"][0]
+        self.assertEqual(side["restartPolicy"], "Always")
+        cmd = side["command"]
+        self.assertEqual(cmd[:2], ["kgpu", "bench-export"])
+        self.assertEqual(cmd[cmd.index("--gpu-model") + 1], "Tesla T4")
+        self.assertEqual(cmd[cmd.index("--cluster") + 1], "worker-a")
+        self.assertEqual(cmd[cmd.index("--workload") + 1], "tracksim")
+        work = spec["containers"][0]
+        self.assertEqual(work["image"], "reg.example/tracksim:1")
+        self.assertEqual(work["resources"]["limits"]["nvidia.com/gpu"], 1)
+        self.assertIn({"name": "KGPU_BENCH_RESULT", "value": "/kgpu-bench/throughput"},
+                      work["env"])
+        self.assertIn("benchmarks.cluster is required", helm_error("benchmarks.enabled=true"))
+        self.assertIn("is not a DNS label",
+                      helm_error("benchmarks.enabled=true", "benchmarks.cluster=A_B"))
+        self.assertIn("not a DNS label of at most 40",
+                      helm_error("benchmarks.enabled=true", "benchmarks.cluster=c",
+                                 "benchmarks.workloads[0].name=Bad", "benchmarks.workloads[0].image=i"))
+        self.assertIn("image is required",
+                      helm_error("benchmarks.enabled=true", "benchmarks.cluster=c",
+                                 "benchmarks.workloads[0].name=w"))
+
     def test_expander(self):
         """kgpu-expander only when asked, TLS from the named Secret, no API token, and a
         NetworkPolicy that lets Cluster Autoscaler's pods alone reach its port (it sends

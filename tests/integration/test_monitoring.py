@@ -165,6 +165,11 @@ tests:
         exp_samples:
           - labels: '{}'
             value: 1
+      - expr: kgpu:workload_throughput:max30d
+        eval_time: 30m
+        exp_samples:
+          - labels: 'kgpu:workload_throughput:max30d{workload="tracksim",gpu_model="T4",cluster="worker-b"}'
+            value: 70
       - expr: kgpu:workload_throughput_per_price:ratio
         eval_time: 5m
         exp_samples:
@@ -237,7 +242,7 @@ class TestFederation(unittest.TestCase):
                               self.path("prometheus", "kgpu-federation.yaml")],
                              capture_output=True, text=True, timeout=60)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
-        self.assertIn("SUCCESS: 10 rules found", out.stdout)
+        self.assertIn("SUCCESS: 11 rules found", out.stdout)
 
     def test_rules_over_two_clusters(self):
         rules = self.path("prometheus", "kgpu-federated-rules.yaml")
