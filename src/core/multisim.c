@@ -340,6 +340,7 @@ static int run_separate(const kgpu_sim_input *in, const kgpu_multisim_split *spl
         int rk[KGPU_MULTISIM_CLUSTERS];
         for (int k = 0; k < ncl && rc == 0; k++) {
             kgpu_estimate e;
+            memset(&e, 0, sizeof(e)); /* read below even when the estimate failed */
             const kgpu_workload *w = s.l[k] ? kgpu_learner_workload(s.l[k]) : &in->target;
             rc = kgpu_estimate_shape(s.c[k], s.p[k], w, NULL, 0, req, 1, &erng, &e, err);
             double price = 0;
