@@ -41,10 +41,17 @@ typedef enum kgpu_dispatcher {
     KGPU_DISPATCH_ALL_AT_ONCE,
     KGPU_DISPATCH_INCREMENTAL,
     KGPU_DISPATCH_STATIC,
+    /*
+     * KGPU with each cluster its own kgpu, as deployed: its own cluster
+     * object, policy and learnt workload (only the pods sent to it), and
+     * the estimate by kgpu_estimate_shape, so the policies' scores are
+     * ranked across clusters as kgpu-dispatcher ranks them.
+     */
+    KGPU_DISPATCH_KGPU_SEPARATE,
     KGPU_DISPATCH_COUNT
 } kgpu_dispatcher;
 
-/* "one", "kgpu", "all-at-once", "incremental", "static". */
+/* "one", "kgpu", "all-at-once", "incremental", "static", "kgpu-separate". */
 const char *kgpu_dispatcher_name(kgpu_dispatcher d);
 /* The dispatcher of that name, or -1. */
 int kgpu_dispatcher_find(const char *name);

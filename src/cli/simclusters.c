@@ -292,12 +292,12 @@ static void mc_table(FILE *f, const mc_study *s)
     for (int r = 0; r < s->nrows; r++)
         if (s->rows[r] == KGPU_DISPATCH_ONE)
             one = r;
-    fprintf(f, "\n%-12s %13s %13s %8s %11s %8s %12s %12s\n", "dispatcher", "alloc% @100%",
+    fprintf(f, "\n%-13s %13s %13s %8s %11s %8s %12s %12s\n", "dispatcher", "alloc% @100%",
             "alloc% final", "vs one", "GPU failed", "stuck", o->prices_path ? "cost/hour" : "",
             o->prices_path ? "per GPU-hour" : "");
     for (int r = 0; r < s->nrows; r++) {
         double fin = median(s, r, get_final);
-        fprintf(f, "%-12s %13.2f %13.2f ", kgpu_dispatcher_name((kgpu_dispatcher)s->rows[r]),
+        fprintf(f, "%-13s %13.2f %13.2f ", kgpu_dispatcher_name((kgpu_dispatcher)s->rows[r]),
                 median(s, r, get_a100), fin);
         if (one >= 0)
             fprintf(f, "%+8.2f", fin - median(s, one, get_final));
@@ -357,7 +357,7 @@ static int parse_rows(mc_study *s, const char *text, kgpu_error *err)
         int d = kgpu_dispatcher_find(t);
         if (d < 0)
             return kgpu_error_set(err, KGPU_EINVAL, "--dispatch: unknown '%s' (one, kgpu, "
-                                  "all-at-once, incremental, static)", t);
+                                  "all-at-once, incremental, static, kgpu-separate)", t);
         for (int r = 0; r < s->nrows; r++)
             if (s->rows[r] == d)
                 return kgpu_error_set(err, KGPU_EINVAL, "--dispatch: '%s' twice", t);

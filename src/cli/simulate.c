@@ -994,7 +994,12 @@ static void simulate_usage(FILE *f)
                "  --scale-down-delay-after-add S  (default 600)\n"
                "  --scale-down-utilization-threshold X  (default 0.5)\n"
                "  --spot-interruptions R    per spot node-hour, Poisson (default 0.05)\n"
-               "  --spot-qos LIST   qos values whose pods tolerate spot nodes (default BE)\n");
+               "  --spot-qos LIST   qos values whose pods tolerate spot nodes (default BE)\n"
+               "  --clusters FILE   the nodes split into clusters (CLUSTER,MODEL[,K/N] lines), the\n"
+               "                    arrivals dispatched among them (docs/multicluster.md);\n"
+               "                    --prices then costs the GPUs held\n"
+               "  --dispatch LIST   with --clusters: one, kgpu, all-at-once, incremental,\n"
+               "                    static (default all five), kgpu-separate\n");
 }
 
 /*

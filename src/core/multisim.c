@@ -12,8 +12,8 @@
 #include "kgpu/estimate.h"
 #include "kgpu/multisim.h"
 
-static const char *const names[KGPU_DISPATCH_COUNT] = {"one", "kgpu", "all-at-once",
-                                                       "incremental", "static"};
+static const char *const names[KGPU_DISPATCH_COUNT] = {
+    "one", "kgpu", "all-at-once", "incremental", "static", "kgpu-separate"};
 
 const char *kgpu_dispatcher_name(kgpu_dispatcher d)
 {
@@ -240,6 +240,166 @@ static void run_free(run *r)
     kgpu_cluster_free(r->c);
 }
 
+/*
+ * KGPU_DISPATCH_KGPU_SEPARATE: every cluster a cluster object of its own
+ * (model ids kept, so the requests' masks stay true), with its own policy
+ * and learner that see only the pods sent to it, as separately deployed
+ * kgpus do; the candidates come from kgpu_estimate_shape, as the extender's
+ * /estimate computes them, and are ranked by kgpu_dispatch_rank.
+ */
+typedef struct sep {
+    kgpu_cluster *c[KGPU_MULTISIM_CLUSTERS];
+    kgpu_policy *p[KGPU_MULTISIM_CLUSTERS];
+    kgpu_learner *l[KGPU_MULTISIM_CLUSTERS];
+    uint32_t *rank[KGPU_MULTISIM_CLUSTERS];
+} sep;
+
+static void sep_free(sep *s, int n)
+{
+    for (int k = 0; k < n; k++) {
+        kgpu_policy_free(s->p[k]);
+        kgpu_learner_free(s->l[k]);
+        kgpu_cluster_free(s->c[k]);
+        free(s->rank[k]);
+    }
+}
+
+/* Cluster k of s: the nodes of `full` in cluster k, ties in rank's order. */
+static int sep_build(sep *s, int k, const kgpu_sim_input *in, const kgpu_multisim_split *split,
+                     const char *policy, const uint32_t *rank, kgpu_error *err)
+{
+    const kgpu_cluster *full = in->cluster;
+    int nn = kgpu_cluster_node_count(full), rc = 0, j = 0;
+    if ((s->c[k] = kgpu_cluster_new()) == NULL ||
+        (s->rank[k] = malloc(sizeof(uint32_t) * (size_t)(nn + 1))) == NULL)
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    for (int m = 0; m < kgpu_cluster_model_count(full); m++) {
+        const char *name = kgpu_cluster_model_name(full, m);
+        if (strcmp(name, "?") != 0 && (rc = kgpu_cluster_model_put(s->c[k], m, name)) != 0)
+            return kgpu_error_set(err, rc, "model table: %s", name);
+    }
+    for (int i = 0; i < nn && rc == 0; i++) {
+        if (split->cluster_of[i] != k)
+            continue;
+        const kgpu_node *n = kgpu_cluster_node(full, i);
+        kgpu_gpu_spec g[KGPU_MAX_GPUS_PER_NODE];
+        for (int q = 0; q < n->ngpus; q++)
+            g[q] = (kgpu_gpu_spec){.index = n->gpus[q].index,
+                                   .uuid = n->gpus[q].uuid,
+                                   .model = kgpu_cluster_model_name(full, n->gpus[q].model),
+                                   .memory_mib = n->gpus[q].memory_mib,
+                                   .numa = n->gpus[q].numa,
+                                   .healthy = n->gpus[q].healthy};
+        kgpu_node_spec spec = {.name = n->name,
+                               .cpu_milli = n->cpu_milli,
+                               .memory_mib = n->memory_mib,
+                               .labels = n->labels,
+                               .nlabels = n->nlabels,
+                               .gpus = g,
+                               .ngpus = n->ngpus};
+        int added = kgpu_cluster_add_node(s->c[k], &spec, err); /* the node's index, or < 0 */
+        rc = added < 0 ? added : 0;
+        s->rank[k][j++] = rank[i];
+    }
+    bool online = false;
+    if (rc == 0 && (rc = kgpu__policy_open(policy, false, s->c[k], &in->target, &s->p[k],
+                                           &s->l[k], &online, err)) == 0)
+        kgpu_policy_set_tie_order(s->p[k], s->rank[k], j);
+    return rc;
+}
+
+static int run_separate(const kgpu_sim_input *in, const kgpu_multisim_split *split,
+                        const kgpu_multisim_config *cfg, kgpu_multisim_result *out,
+                        kgpu_error *err)
+{
+    sep s;
+    memset(&s, 0, sizeof(s));
+    size_t *order = NULL, len = 0;
+    int ncl = split->nclusters, nn = kgpu_cluster_node_count(in->cluster);
+    uint32_t *rank = malloc(sizeof(*rank) * (size_t)(nn + 1));
+    int rc = rank == NULL ? kgpu_error_set(err, KGPU_ENOMEM, "out of memory") : 0;
+    if (rc == 0)
+        rc = kgpu_sim_workload(in, cfg->seed, cfg->inflate, &order, &len, err);
+    if (rc == 0)
+        rc = kgpu_sim_tie_order(in, cfg->seed, cfg->inflate, rank, err);
+    for (int k = 0; k < ncl && rc == 0; k++)
+        rc = sep_build(&s, k, in, split, cfg->policy, rank, err);
+    int64_t capacity = 0, arrived = 0, allocated = 0;
+    for (int k = 0; k < ncl && rc == 0; k++)
+        capacity += (int64_t)kgpu_cluster_gpu_count(s.c[k]) * KGPU_MILLI;
+    kgpu_rng srng, erng;
+    kgpu_rng_seed(&srng, cfg->seed, 2);
+    kgpu_rng_seed(&erng, cfg->seed, 4);
+    bool at100 = false;
+    for (size_t i = 0; i < len && rc == 0; i++) {
+        const kgpu_request *req = &in->requests[order[i]];
+        int64_t demand = kgpu__gpu_demand(req);
+        arrived += demand;
+        out->pods++;
+        kgpu_dispatch_candidate cand[KGPU_MULTISIM_CLUSTERS];
+        int rk[KGPU_MULTISIM_CLUSTERS];
+        for (int k = 0; k < ncl && rc == 0; k++) {
+            kgpu_estimate e;
+            memset(&e, 0, sizeof(e)); /* read below even when the estimate failed */
+            const kgpu_workload *w = s.l[k] ? kgpu_learner_workload(s.l[k]) : &in->target;
+            rc = kgpu_estimate_shape(s.c[k], s.p[k], w, NULL, 0, req, 1, &erng, &e, err);
+            double price = 0;
+            if (rc == 0 && cfg->price != NULL && e.first_model >= 0 && req->gpu_count > 0)
+                price = (double)demand / KGPU_MILLI * cfg->price[e.first_model];
+            cand[k] = (kgpu_dispatch_candidate){.name = split->names[k],
+                                                .reachable = true,
+                                                .fit = rc == 0 ? e.fit : 0,
+                                                .pref = -1,
+                                                .scored = rc == 0 && e.fit > 0,
+                                                .score = rc == 0 ? (double)e.score : 0,
+                                                .frag_added = e.frag_first - e.frag_before,
+                                                .price = price};
+        }
+        if (rc != 0)
+            break;
+        int k = kgpu_dispatch_rank(cand, ncl, 1, rk) > 0 ? rk[0] : -1;
+        int prc = KGPU_ENOFIT;
+        kgpu_assignment a;
+        if (k >= 0 && (rc = kgpu__policy_learn(s.p[k], s.l[k], s.c[k], req, err)) == 0) {
+            int node, gpus[KGPU_MAX_GPUS_PER_NODE];
+            prc = kgpu_policy_select(s.p[k], s.c[k], req, NULL, 0, &srng, &node, gpus, err);
+            if (prc == 0)
+                prc = kgpu_cluster_apply(s.c[k], req, node, gpus, &a, err);
+        }
+        if (rc != 0)
+            break;
+        if (prc == 0) {
+            allocated += demand;
+            out->per_cluster[k]++;
+            if (cfg->price != NULL) {
+                const kgpu_node *n = kgpu_cluster_node(s.c[k], a.node);
+                double per = req->exclusive ? 1.0 : req->gpu_milli / (double)KGPU_MILLI;
+                for (int g = 0; g < a.ngpus; g++)
+                    out->cost_per_hour += per * cfg->price[n->gpus[a.gpus[g]].model];
+            }
+        } else if (prc == KGPU_ENOFIT) {
+            out->pods_failed++;
+            out->gpu_pods_failed += req->gpu_count > 0;
+        } else {
+            rc = prc;
+        }
+        if (!at100 && arrived >= capacity) {
+            out->alloc_pct_100 = capacity > 0 ? 100.0 * (double)allocated / (double)capacity : 0;
+            at100 = true;
+        }
+    }
+    if (rc == 0) {
+        out->alloc_pct_final = capacity > 0 ? 100.0 * (double)allocated / (double)capacity : 0;
+        out->allocated_gpus = (double)allocated / KGPU_MILLI;
+        if (!at100)
+            out->alloc_pct_100 = out->alloc_pct_final;
+    }
+    sep_free(&s, ncl);
+    free(order);
+    free(rank);
+    return rc;
+}
+
 int kgpu_multisim_run(const kgpu_sim_input *in, const kgpu_multisim_split *split,
                       const kgpu_multisim_config *cfg, kgpu_multisim_result *out,
                       kgpu_error *err)
@@ -250,6 +410,8 @@ int kgpu_multisim_run(const kgpu_sim_input *in, const kgpu_multisim_split *split
                               KGPU_MULTISIM_CLUSTERS);
     if (cfg->dispatcher < 0 || cfg->dispatcher >= KGPU_DISPATCH_COUNT)
         return kgpu_error_set(err, KGPU_EINVAL, "dispatcher %d unknown", (int)cfg->dispatcher);
+    if (cfg->dispatcher == KGPU_DISPATCH_KGPU_SEPARATE)
+        return run_separate(in, split, cfg, out, err);
     run r = {.in = in, .split = split, .cfg = cfg};
     size_t *order = NULL, len = 0;
     uint32_t *rank = NULL;

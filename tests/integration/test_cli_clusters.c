@@ -93,6 +93,8 @@ static void test_any_cluster_serves_any_pod(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_array_get(cl, 1), "gpus")), 2);
     assert_float_equal(num(result_of(root, "one"), "alloc_pct_final"), 100.0, 1e-9);
     assert_float_equal(num(result_of(root, "kgpu"), "alloc_pct_final"), 100.0, 1e-9);
+    /* Not a default row: the five dispatchers the study compares. */
+    assert_int_equal(json_array_size(json_object_get(root, "results")), 5);
     assert_float_equal(num(result_of(root, "all-at-once"), "alloc_pct_final"), 100.0, 1e-9);
     /* One class, one pool of two GPUs: half. */
     assert_float_equal(num(result_of(root, "static"), "alloc_pct_final"), 50.0, 1e-9);
@@ -124,10 +126,15 @@ static void test_quota_admits_where_it_does_not_fit(void **state)
     write_file("c2.csv", "small,T4,1/2\nbig,T4,2/2\n", split, sizeof(split));
     snprintf(args, sizeof(args),
              "simulate --nodes '%s' --pods '%s' --clusters '%s' --inflate 1 --seeds 1-9 --json "
-             "--no-timing --dispatch kgpu,all-at-once,incremental",
+             "--no-timing --dispatch kgpu,all-at-once,incremental,kgpu-separate",
              nodes, pods, split);
     json_t *root = run_json(args);
     json_t *k = result_of(root, "kgpu"), *a = result_of(root, "all-at-once");
+    /* Each cluster its own kgpu, asked through kgpu_estimate_shape: the same four. */
+    json_t *sep = result_of(root, "kgpu-separate");
+    assert_float_equal(num(sep, "stuck"), 0, 1e-9);
+    assert_float_equal(num(sep, "alloc_pct_final"), 80.0, 1e-9);
+    assert_float_equal(num(sep, "gpu_pods_failed"), 1, 1e-9);
     /* kgpu never sends a pod where it cannot run: the four that fit run. */
     assert_float_equal(num(k, "stuck"), 0, 1e-9);
     assert_float_equal(num(k, "alloc_pct_final"), 80.0, 1e-9);
@@ -135,7 +142,7 @@ static void test_quota_admits_where_it_does_not_fit(void **state)
     assert_true(num(a, "stuck") >= 1);
     assert_true(num(a, "alloc_pct_final") <= num(k, "alloc_pct_final"));
     assert_true(num(result_of(root, "incremental"), "stuck") >= 1);
-    assert_int_equal(json_array_size(json_object_get(root, "results")), 3);
+    assert_int_equal(json_array_size(json_object_get(root, "results")), 4);
     json_decref(root);
 }
 
