@@ -12,15 +12,12 @@
  * number >= 0 leaves the figure out and counts
  * kgpu_workload_benchmark_errors_total.
  *
- * Threads: libmicrohttpd's one polling thread answers; the main thread
- * waits for SIGTERM. The counter is atomic.
+ * Threads: the text server's thread answers (textserve.h); the main
+ * thread waits for SIGTERM. The counter is atomic.
  */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
-#include <microhttpd.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,6 +28,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "textserve.h"
 
 #define RESULT_MAX 4096
 
@@ -93,67 +91,40 @@ static bool read_value(exporter *x, double *v, double *mtime)
     return ok;
 }
 
-static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *url,
-                              const char *method, const char *version, const char *upload,
-                              size_t *upload_len, void **con_cls)
+/* /metrics for the text server: the figure as the file holds it now. */
+static char *metrics(void *ctx, const char *path)
 {
-    (void)version;
-    (void)upload;
-    (void)con_cls;
-    exporter *x = cls;
-    if (*upload_len != 0)
-        return MHD_NO;
-    char *text = NULL;
-    unsigned status = 200;
-    if (strcmp(method, "GET") != 0) {
-        status = 405;
-        text = strdup("method not allowed\n");
-    } else if (strcmp(url, "/healthz") == 0) {
-        text = strdup("ok\n");
-    } else if (strcmp(url, "/metrics") == 0) {
-        double v = 0, mtime = 0;
-        bool have = read_value(x, &v, &mtime);
-        size_t len = 2048;
-        text = malloc(len);
-        if (text != NULL) {
-            int o = snprintf(text, len,
-                             "# HELP kgpu_workload_throughput The workload's throughput on this "
-                             "GPU model, in its own unit per second (higher is better).\n"
-                             "# TYPE kgpu_workload_throughput gauge\n");
-            if (have)
-                o += snprintf(text + o, len - (size_t)o, "kgpu_workload_throughput{%s} %.17g\n",
-                              x->labels, v);
-            o += snprintf(text + o, len - (size_t)o,
-                          "# HELP kgpu_workload_benchmark_last_write_timestamp_seconds When "
-                          "the workload last wrote its figure.\n"
-                          "# TYPE kgpu_workload_benchmark_last_write_timestamp_seconds gauge\n");
-            if (have)
-                o += snprintf(text + o, len - (size_t)o,
-                              "kgpu_workload_benchmark_last_write_timestamp_seconds{%s} %.0f\n",
-                              x->labels, mtime);
-            snprintf(text + o, len - (size_t)o,
-                     "# HELP kgpu_workload_benchmark_errors_total Reads of the figure that "
-                     "found no finite number >= 0.\n"
-                     "# TYPE kgpu_workload_benchmark_errors_total counter\n"
-                     "kgpu_workload_benchmark_errors_total{%s} %ld\n",
-                     x->labels, atomic_load(&x->errors));
-        }
-    } else {
-        status = 404;
-        text = strdup("not found\n");
-    }
+    exporter *x = ctx;
+    if (strcmp(path, "/metrics") != 0)
+        return NULL;
+    double v = 0, mtime = 0;
+    bool have = read_value(x, &v, &mtime);
+    size_t len = 4096;
+    char *text = malloc(len);
     if (text == NULL)
-        return MHD_NO;
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    if (r == NULL) {
-        free(text);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
+        return NULL;
+    int o = snprintf(text, len,
+                     "# HELP kgpu_workload_throughput The workload's throughput on this GPU "
+                     "model, in its own unit per second (higher is better).\n"
+                     "# TYPE kgpu_workload_throughput gauge\n");
+    if (have)
+        o += snprintf(text + o, len - (size_t)o, "kgpu_workload_throughput{%s} %.17g\n",
+                      x->labels, v);
+    o += snprintf(text + o, len - (size_t)o,
+                  "# HELP kgpu_workload_benchmark_last_write_timestamp_seconds When the "
+                  "workload last wrote its figure.\n"
+                  "# TYPE kgpu_workload_benchmark_last_write_timestamp_seconds gauge\n");
+    if (have)
+        o += snprintf(text + o, len - (size_t)o,
+                      "kgpu_workload_benchmark_last_write_timestamp_seconds{%s} %.0f\n",
+                      x->labels, mtime);
+    snprintf(text + o, len - (size_t)o,
+             "# HELP kgpu_workload_benchmark_errors_total Reads of the figure that found no "
+             "finite number >= 0.\n"
+             "# TYPE kgpu_workload_benchmark_errors_total counter\n"
+             "kgpu_workload_benchmark_errors_total{%s} %ld\n",
+             x->labels, atomic_load(&x->errors));
+    return text;
 }
 
 static void usage(FILE *f)
@@ -202,24 +173,11 @@ int kgpu_cmd_bench_export(int argc, char **argv)
     }
     snprintf(x.labels, sizeof(x.labels), "workload=\"%s\",gpu_model=\"%s\",cluster=\"%s\"", w, m,
              cl);
-    const char *colon = strrchr(listen, ':');
-    char *end;
-    long port = colon ? strtol(colon + 1, &end, 10) : -1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    char host[64];
-    snprintf(host, sizeof(host), "%.*s", colon ? (int)(colon - listen) : 0, listen);
-    if (colon == NULL || port < 0 || port > 65535 || *end ||
-        (host[0] && inet_pton(AF_INET, host, &sa.sin_addr) != 1)) {
-        fprintf(stderr, "kgpu bench-export: --listen '%s': an IPv4 address and a port\n", listen);
-        return 2;
-    }
-    struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, answer,
-        &x, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 32u,
-        MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    kgpu_error err;
+    kgpu_textserver *d = kgpu_textserver_start(listen, metrics, &x, &err);
     if (d == NULL) {
-        fprintf(stderr, "kgpu bench-export: cannot serve on %s\n", listen);
-        return 1;
+        fprintf(stderr, "kgpu bench-export: --listen %s\n", err.msg);
+        return err.code == KGPU_EINVAL ? 2 : 1;
     }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
@@ -227,6 +185,6 @@ int kgpu_cmd_bench_export(int argc, char **argv)
             listen);
     while (!stop)
         usleep(100000);
-    MHD_stop_daemon(d);
+    kgpu_textserver_stop(d);
     return 0;
 }

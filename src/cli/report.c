@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "benchfig.h"
 #include "expo.h"
 #include "fileio.h"
 #include "k8s.h"
@@ -469,9 +470,8 @@ static void print_json(const rep_row *rows, size_t n, const char *source, const 
 #define BENCH_ROWS_MAX 10000
 
 typedef struct bench_row {
-    char workload[KGPU_EXPO_VALUE_MAX + 1], model[KGPU_EXPO_VALUE_MAX + 1];
-    char cluster[KGPU_EXPO_VALUE_MAX + 1];
-    double throughput, price; /* price: per GPU-hour, on-demand; 0 unknown */
+    kgpu_bench_figure f;
+    double price; /* per GPU-hour, on-demand; 0 unknown */
 } bench_row;
 
 typedef struct bench_set {
@@ -479,45 +479,22 @@ typedef struct bench_set {
     size_t n;
 } bench_set;
 
-static int bench_sample(void *ctx, const kgpu_expo_sample *s, kgpu_error *err)
-{
-    bench_set *b = ctx;
-    if (strcmp(s->name, "kgpu_workload_throughput") != 0 &&
-        strcmp(s->name, "kgpu:workload_throughput:max30d") != 0)
-        return 0;
-    const char *w = kgpu_expo_label_value(s, "workload");
-    const char *m = kgpu_expo_label_value(s, "gpu_model");
-    const char *c = kgpu_expo_label_value(s, "cluster");
-    if (w == NULL || m == NULL || !isfinite(s->value) || s->value < 0)
-        return 0; /* not a usable figure */
-    if (b->n == BENCH_ROWS_MAX)
-        return kgpu_error_set(err, KGPU_ERANGE, "more than %d benchmark figures",
-                              BENCH_ROWS_MAX);
-    bench_row *r = &b->rows[b->n++];
-    memset(r, 0, sizeof(*r));
-    snprintf(r->workload, sizeof(r->workload), "%s", w);
-    snprintf(r->model, sizeof(r->model), "%s", m);
-    snprintf(r->cluster, sizeof(r->cluster), "%s", c ? c : "");
-    r->throughput = s->value;
-    return 0;
-}
-
 /* Per workload, throughput per price first (priced before unpriced), then throughput. */
 static int cmp_bench(const void *pa, const void *pb)
 {
     const bench_row *a = pa, *b = pb;
-    int c = strcmp(a->workload, b->workload);
+    int c = strcmp(a->f.workload, b->f.workload);
     if (c != 0)
         return c;
     bool ka = a->price > 0, kb = b->price > 0;
     if (ka != kb)
         return ka ? -1 : 1;
-    double va = ka ? a->throughput / a->price : a->throughput;
-    double vb = kb ? b->throughput / b->price : b->throughput;
+    double va = ka ? a->f.value / a->price : a->f.value;
+    double vb = kb ? b->f.value / b->price : b->f.value;
     if (va != vb)
         return va > vb ? -1 : 1;
-    c = strcmp(a->model, b->model);
-    return c != 0 ? c : strcmp(a->cluster, b->cluster);
+    c = strcmp(a->f.model, b->f.model);
+    return c != 0 ? c : strcmp(a->f.cluster, b->f.cluster);
 }
 
 static int report_benchmarks(const char *where, const char *prices_path, const tls_opts *tls,
@@ -525,39 +502,45 @@ static int report_benchmarks(const char *where, const char *prices_path, const t
 {
     kgpu_error err;
     kgpu_error_clear(&err);
-    bench_set b = {.rows = malloc(sizeof(bench_row) * BENCH_ROWS_MAX)};
     kgpu_prices prices;
     char *body = NULL;
-    size_t len = 0;
-    int rc = b.rows == NULL ? kgpu_error_set(&err, KGPU_ENOMEM, "out of memory") : 0;
-    if (rc == 0 && prices_path != NULL)
+    size_t len = 0, n = 0;
+    kgpu_bench_figure *figs = NULL;
+    int rc = 0;
+    if (prices_path != NULL)
         rc = kgpu_prices_load_file(prices_path, &prices, &err);
     if (rc == 0)
         rc = is_url(where) ? http_get(where, tls, &body, &len, &err)
                            : kgpu_read_file_max(where, REPORT_BODY_MAX, &body, &len, &err);
     if (rc == 0)
-        rc = kgpu_expo_parse(body, len, where, bench_sample, &b, &err);
+        rc = kgpu_bench_figures_read(body, len, where, BENCH_ROWS_MAX, &figs, &n, &err);
     free(body);
+    bench_set b = {.rows = rc == 0 ? calloc(n + 1, sizeof(bench_row)) : NULL, .n = n};
+    if (rc == 0 && b.rows == NULL)
+        rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
     if (rc != 0) {
         fprintf(stderr, "kgpu report: %s\n", err.msg);
-        free(b.rows);
+        free(figs);
         return 1;
     }
-    for (size_t i = 0; prices_path != NULL && i < b.n; i++) {
-        const kgpu_price *p = kgpu_prices_gpu(&prices, b.rows[i].model);
+    for (size_t i = 0; i < n; i++) {
+        b.rows[i].f = figs[i];
+        const kgpu_price *p =
+            prices_path != NULL ? kgpu_prices_gpu(&prices, figs[i].model) : NULL;
         b.rows[i].price = p != NULL ? p->on_demand : 0;
     }
+    free(figs);
     qsort(b.rows, b.n, sizeof(*b.rows), cmp_bench);
     if (json) {
         json_t *arr = json_array();
         for (size_t i = 0; i < b.n; i++) {
             const bench_row *r = &b.rows[i];
-            json_t *x = json_pack("{s:s,s:s,s:s,s:f}", "workload", r->workload, "gpu_model",
-                                  r->model, "cluster", r->cluster, "throughput", r->throughput);
+            json_t *x = json_pack("{s:s,s:s,s:s,s:f}", "workload", r->f.workload, "gpu_model",
+                                  r->f.model, "cluster", r->f.cluster, "throughput", r->f.value);
             if (r->price > 0) {
                 json_object_set_new(x, "price_per_hour", json_real(r->price));
                 json_object_set_new(x, "throughput_per_price",
-                                    json_real(r->throughput / r->price));
+                                    json_real(r->f.value / r->price));
             }
             json_array_append_new(arr, x);
         }
@@ -571,11 +554,11 @@ static int report_benchmarks(const char *where, const char *prices_path, const t
                "THROUGHPUT", "PRICE/h", "PER PRICE");
         for (size_t i = 0; i < b.n; i++) {
             const bench_row *r = &b.rows[i];
-            bool first = i == 0 || strcmp(b.rows[i - 1].workload, r->workload) != 0;
-            printf("%-20s %-26s %-14s %12.2f ", first ? r->workload : "", r->model,
-                   r->cluster[0] ? r->cluster : "-", r->throughput);
+            bool first = i == 0 || strcmp(b.rows[i - 1].f.workload, r->f.workload) != 0;
+            printf("%-20s %-26s %-14s %12.2f ", first ? r->f.workload : "", r->f.model,
+                   r->f.cluster[0] ? r->f.cluster : "-", r->f.value);
             if (r->price > 0)
-                printf("%9.2f %12.2f\n", r->price, r->throughput / r->price);
+                printf("%9.2f %12.2f\n", r->price, r->f.value / r->price);
             else
                 printf("%9s %12s\n", "-", "-");
         }

@@ -15,7 +15,6 @@
 #include "jobs.h"
 #include "pricefile.h"
 #include "simclusters.h"
-#include "kgpu/trace.h"
 
 #define SPLIT_FILE_MAX (1 << 20)
 
@@ -379,48 +378,34 @@ int kgpu_simulate_clusters(const kgpu_mc_opts *o)
         fprintf(stderr, "kgpu simulate: %s\n", err.msg);
         return 2;
     }
-    char *nb = NULL, *pb = NULL, *cb = NULL;
-    size_t nl = 0, pl = 0, cl = 0;
-    kgpu_trace nodes, pods;
-    memset(&nodes, 0, sizeof(nodes));
-    memset(&pods, 0, sizeof(pods));
-    kgpu_sim_input in;
-    memset(&in, 0, sizeof(in));
+    char *cb = NULL;
+    size_t cl = 0;
+    const kgpu_sim_input *inp = o->in;
     kgpu_multisim_split split;
     int *cluster_of = NULL;
     double price[KGPU_MAX_MODELS] = {0};
     int status = 1;
-    int rc = kgpu_read_file_max(o->nodes_path, (size_t)1 << 30, &nb, &nl, &err);
-    if (rc == 0)
-        rc = kgpu_read_file_max(o->pods_path, (size_t)1 << 30, &pb, &pl, &err);
-    if (rc == 0)
-        rc = kgpu_read_file_max(o->clusters_path, SPLIT_FILE_MAX, &cb, &cl, &err);
-    if (rc == 0)
-        rc = kgpu_trace_parse_nodes(nb, nl, o->nodes_path, &nodes, &err);
-    if (rc == 0)
-        rc = kgpu_trace_parse_pods(pb, pl, o->pods_path, &pods, &err);
-    if (rc == 0)
-        rc = kgpu_sim_prepare(&nodes, &pods, &in, &err);
-    if (rc == 0 && (cluster_of = calloc((size_t)kgpu_cluster_node_count(in.cluster) + 1,
+    int rc = kgpu_read_file_max(o->clusters_path, SPLIT_FILE_MAX, &cb, &cl, &err);
+    if (rc == 0 && (cluster_of = calloc((size_t)kgpu_cluster_node_count(inp->cluster) + 1,
                                         sizeof(int))) == NULL)
         rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
     if (rc == 0)
-        rc = kgpu_clusters_split_parse(cb, cl, o->clusters_path, in.cluster, &split, cluster_of,
+        rc = kgpu_clusters_split_parse(cb, cl, o->clusters_path, inp->cluster, &split, cluster_of,
                                        &err);
     if (rc == 0 && o->prices_path != NULL) {
         kgpu_prices prices;
         rc = kgpu_prices_load_file(o->prices_path, &prices, &err);
         uint64_t used = 0; /* the models of the clusters' nodes: those need a price */
-        for (int i = 0; i < kgpu_cluster_node_count(in.cluster); i++)
+        for (int i = 0; i < kgpu_cluster_node_count(inp->cluster); i++)
             if (cluster_of[i] >= 0)
-                used |= kgpu_cluster_node(in.cluster, i)->model_mask;
-        for (int m = 0; rc == 0 && m < kgpu_cluster_model_count(in.cluster); m++) {
+                used |= kgpu_cluster_node(inp->cluster, i)->model_mask;
+        for (int m = 0; rc == 0 && m < kgpu_cluster_model_count(inp->cluster); m++) {
             if (!((used >> m) & 1))
                 continue;
-            const kgpu_price *p = kgpu_prices_gpu(&prices, kgpu_cluster_model_name(in.cluster, m));
+            const kgpu_price *p = kgpu_prices_gpu(&prices, kgpu_cluster_model_name(inp->cluster, m));
             if (p == NULL)
                 rc = kgpu_error_set(&err, KGPU_EINVAL, "%s: no price for GPU model %s",
-                                    o->prices_path, kgpu_cluster_model_name(in.cluster, m));
+                                    o->prices_path, kgpu_cluster_model_name(inp->cluster, m));
             else
                 price[m] = p->on_demand;
         }
@@ -432,7 +417,7 @@ int kgpu_simulate_clusters(const kgpu_mc_opts *o)
         rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
     if (rc != 0)
         goto out;
-    s.in = &in;
+    s.in = inp;
     s.split = &split;
     if (kgpu_jobs_run((int)nruns, o->threads, false, mc_job, &s, &err) != 0)
         goto out;
@@ -455,11 +440,6 @@ out:
     free(s.runs);
     free(s.wall);
     free(cluster_of);
-    kgpu_sim_input_free(&in);
-    kgpu_trace_free(&nodes);
-    kgpu_trace_free(&pods);
-    free(nb);
-    free(pb);
     free(cb);
     return status;
 }

@@ -14,6 +14,7 @@
 #include "kgpu/multisim.h"
 
 typedef struct kgpu_mc_opts {
+    const kgpu_sim_input *in; /* the traces, loaded (kgpu_load_input) */
     const char *nodes_path, *pods_path, *clusters_path;
     const char *prices_path; /* NULL: no cost column */
     const char *dispatch;    /* comma list of dispatcher names */

@@ -1394,7 +1394,10 @@ int kgpu_cmd_simulate(int argc, char **argv)
                                               "kgpu), not %d", npolicies);
             goto out;
         }
-        kgpu_mc_opts mo = {.nodes_path = nodes_path,
+        if (kgpu_load_input(nodes_path, pods_path, &in, &err) != 0)
+            goto out;
+        kgpu_mc_opts mo = {.in = &in,
+                           .nodes_path = nodes_path,
                            .pods_path = pods_path,
                            .clusters_path = clusters_path,
                            .prices_path = prices_set ? ao.prices_path : NULL,
@@ -1408,6 +1411,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
                            .json = json,
                            .timing = timing};
         status = kgpu_simulate_clusters(&mo);
+        kgpu_sim_input_free(&in);
         free(policy_text);
         return status;
     }

@@ -34,9 +34,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
-#include <arpa/inet.h>
-#include <microhttpd.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -51,6 +48,7 @@
 #include "k8s.h"
 #include "kgpu/estimate.h"
 #include "pick.h"
+#include "textserve.h"
 
 #define KUEUE "/apis/kueue.x-k8s.io/v1beta2"
 #define INFLIGHT_MAX 4096
@@ -610,43 +608,16 @@ static void render(dispatcher *d)
     pthread_mutex_unlock(&d->mu);
 }
 
-static enum MHD_Result serve(void *cls, struct MHD_Connection *c, const char *url,
-                             const char *method, const char *version, const char *upload,
-                             size_t *upload_len, void **con_cls)
+/* /metrics for the text server: the last rendering (under mu). */
+static char *serve_metrics(void *ctx, const char *path)
 {
-    (void)version;
-    (void)upload;
-    (void)con_cls;
-    dispatcher *d = cls;
-    if (*upload_len != 0)
-        return MHD_NO;
-    char *text = NULL;
-    unsigned status = 200;
-    if (strcmp(method, "GET") != 0) {
-        status = 405;
-        text = strdup("method not allowed\n");
-    } else if (strcmp(url, "/healthz") == 0) {
-        text = strdup("ok\n");
-    } else if (strcmp(url, "/metrics") == 0) {
-        pthread_mutex_lock(&d->mu);
-        text = strdup(d->metrics_text ? d->metrics_text : "");
-        pthread_mutex_unlock(&d->mu);
-    } else {
-        status = 404;
-        text = strdup("not found\n");
-    }
-    if (text == NULL)
-        return MHD_NO;
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    if (r == NULL) {
-        free(text);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
+    dispatcher *d = ctx;
+    if (strcmp(path, "/metrics") != 0)
+        return NULL;
+    pthread_mutex_lock(&d->mu);
+    char *text = strdup(d->metrics_text ? d->metrics_text : "");
+    pthread_mutex_unlock(&d->mu);
+    return text;
 }
 
 /* ---- start ---- */
@@ -681,31 +652,6 @@ static int load_table(dispatcher *d, kgpu_error *err)
     d->table = dsp_table_parse(buf, len, d->table_file, err);
     free(buf);
     return d->table != NULL ? 0 : -1;
-}
-
-static struct MHD_Daemon *start_metrics(dispatcher *d, const char *listen, kgpu_error *err)
-{
-    const char *colon = strrchr(listen, ':');
-    char *end;
-    long port = colon ? strtol(colon + 1, &end, 10) : -1;
-    if (colon == NULL || port < 0 || port > 65535 || *end) {
-        kgpu_error_set(err, KGPU_EINVAL, "--listen '%s': ADDR:PORT", listen);
-        return NULL;
-    }
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    char host[64];
-    snprintf(host, sizeof(host), "%.*s", (int)(colon - listen), listen);
-    if (host[0] && inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        kgpu_error_set(err, KGPU_EINVAL, "--listen '%s': an IPv4 address and a port", listen);
-        return NULL;
-    }
-    struct MHD_Daemon *m = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, serve, d,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 64u,
-        MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
-    if (m == NULL)
-        kgpu_error_set(err, KGPU_EIO, "--listen %s: cannot serve there", listen);
-    return m;
 }
 
 int main(int argc, char **argv)
@@ -797,8 +743,9 @@ int main(int argc, char **argv)
     d.bo = rc == 0 ? calloc(BACKOFF_MAX, sizeof(*d.bo)) : NULL;
     if (rc == 0 && (d.fl == NULL || d.bo == NULL))
         rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
-    struct MHD_Daemon *m = NULL;
-    if (rc == 0 && listen != NULL && (m = start_metrics(&d, listen, &err)) == NULL)
+    kgpu_textserver *m = NULL;
+    if (rc == 0 && listen != NULL &&
+        (m = kgpu_textserver_start(listen, serve_metrics, &d, &err)) == NULL)
         rc = -1;
     if (rc != 0) {
         fprintf(stderr, "kgpu-dispatcher: %s\n", err.msg);
@@ -819,8 +766,7 @@ int main(int argc, char **argv)
         for (double slept = 0; slept < interval && !stopping; slept += 0.1)
             usleep(100000);
     }
-    if (m != NULL)
-        MHD_stop_daemon(m);
+    kgpu_textserver_stop(m);
     for (int i = 0; i < d.clusters.n; i++)
         kgpu_k8s_free(d.rt[i].ext);
     while (d.nfl > 0)
