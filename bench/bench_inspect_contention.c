@@ -2,9 +2,11 @@
  * Does an observer slow scheduling? kgpu-extender with a 5,000-node,
  * 40,000-GPU cluster holding 10,000 pods; one client sends filter calls
  * (500 node names each, as kube-scheduler does for 5,000 nodes) back to
- * back, first alone, then while other clients render GET /inspect (and then
- * GET /metrics) over and over. Prints filter latency p50/p99/max per phase
- * and how long each render took. Asserts nothing: a figure, not a test.
+ * back, first alone, then while other clients render GET /inspect (then
+ * GET /metrics, then POST /estimate, kgpu-dispatcher's question: 4 pods of
+ * 4 shapes, 16 copies each, 8 dispatches in flight) over and over. Prints
+ * filter latency p50/p99/max per phase and how long each render took.
+ * Asserts nothing: a figure, not a test.
  *
  *   bench_inspect_contention PATH/TO/kgpu-extender [SECONDS] [OBSERVER_THREADS]
  *
@@ -91,12 +93,23 @@ static double call(CURL *h, const char *url, const char *body, long *status, siz
 
 typedef struct observer {
     int port;
-    const char *path; /* "/inspect" or "/metrics" */
+    const char *path; /* "/inspect", "/metrics" or "/estimate" (POSTed ESTIMATE_BODY) */
     atomic_bool *stop;
     long renders, errors;
     double seconds, longest;
     size_t bytes;
 } observer;
+
+/* kgpu-dispatcher's question for one Workload, with the dispatches in flight reserved. */
+#define ESTIMATE_POD(lim)                                                                          \
+    "{\"pod\":{\"spec\":{\"containers\":[{\"name\":\"m\",\"resources\":{\"limits\":{" lim   \
+    "}}}]}},\"count\":"
+static const char ESTIMATE_BODY[] =
+    "{\"pods\":[" ESTIMATE_POD("\"kgpu.io/gpu-mem\":\"8\"") "16},"
+    ESTIMATE_POD("\"kgpu.io/gpu-mem\":\"16\",\"kgpu.io/gpu-core\":\"50\"") "16},"
+    ESTIMATE_POD("\"nvidia.com/gpu\":\"1\"") "16},"
+    ESTIMATE_POD("\"nvidia.com/gpu\":\"4\"") "16}],"
+    "\"reserve\":[" ESTIMATE_POD("\"nvidia.com/gpu\":\"2\"") "8}]}";
 
 static void *observe(void *arg)
 {
@@ -104,10 +117,15 @@ static void *observe(void *arg)
     CURL *h = client();
     char url[128];
     snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", o->port, o->path);
+    bool post = strcmp(o->path, "/estimate") == 0;
+    struct curl_slist *hdr = post ? curl_slist_append(NULL, "Content-Type: application/json")
+                                  : NULL;
+    if (post)
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
     while (!atomic_load(o->stop)) {
         long st;
         size_t bytes;
-        double dt = call(h, url, NULL, &st, &bytes);
+        double dt = call(h, url, post ? ESTIMATE_BODY : NULL, &st, &bytes);
         if (st != 200) {
             o->errors++;
             continue;
@@ -119,6 +137,7 @@ static void *observe(void *arg)
             o->longest = dt;
     }
     curl_easy_cleanup(h);
+    curl_slist_free_all(hdr);
     return NULL;
 }
 
@@ -246,6 +265,7 @@ int main(int argc, char **argv)
     phase(port, seconds, NULL, 0, bodies, BODIES);
     phase(port, seconds, "/inspect", nobs, bodies, BODIES);
     phase(port, seconds, "/metrics", nobs, bodies, BODIES);
+    phase(port, seconds, "/estimate", nobs, bodies, BODIES);
     phase(port, seconds, NULL, 0, bodies, BODIES);
     for (int i = 0; i < BODIES; i++)
         free(bodies[i]);

@@ -8,14 +8,15 @@
  * where W, M and C come from its flags (set by the chart, never by the
  * workload) and V is the number the workload writes into a file of a
  * shared folder (--file), read again at every scrape. The workload is
- * outside input: the file is read up to 4 KiB, and anything but one finite
- * number >= 0 leaves the figure out and counts
+ * outside input: only a regular file, not through a link, up to 4 KiB;
+ * anything but one finite number >= 0 leaves the figure out and counts
  * kgpu_workload_benchmark_errors_total.
  *
  * Threads: the text server's thread answers (textserve.h); the main
  * thread waits for SIGTERM. The counter is atomic.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -65,17 +66,25 @@ static bool esc(const char *s, char *out, size_t len)
     return true;
 }
 
-/* The workload's figure; false when there is none to show (counted unless absent). */
+/*
+ * The workload's figure; false when there is none to show (counted unless
+ * absent). The file is the workload's: a link is not followed, and only a
+ * regular file is read (a FIFO would hold the scrape, a device spill).
+ */
 static bool read_value(exporter *x, double *v, double *mtime)
 {
-    FILE *f = fopen(x->file, "r");
-    if (f == NULL)
+    int fd = open(x->file, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
         return false; /* not written yet: nothing to show, no error */
-    char buf[RESULT_MAX + 1];
-    size_t n = fread(buf, 1, sizeof(buf), f);
     struct stat st;
-    *mtime = fstat(fileno(f), &st) == 0 ? (double)st.st_mtime : 0;
-    fclose(f);
+    char buf[RESULT_MAX + 1];
+    ssize_t n = -1;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        n = read(fd, buf, sizeof(buf));
+        *mtime = (double)st.st_mtime;
+    }
+    if (fd >= 0)
+        close(fd);
     bool ok = n > 0 && n <= RESULT_MAX;
     if (ok) {
         buf[n] = '\0';
@@ -84,7 +93,8 @@ static bool read_value(exporter *x, double *v, double *mtime)
         *v = strtod(buf, &end);
         while (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r')
             end++;
-        ok = end != buf && *end == '\0' && errno == 0 && isfinite(*v) && *v >= 0;
+        ok = end != buf && *end == '\0' && errno == 0 && isfinite(*v) && *v >= 0 &&
+             memchr(buf, '\0', (size_t)n) == NULL;
     }
     if (!ok)
         atomic_fetch_add(&x->errors, 1);

@@ -304,6 +304,17 @@ class TestBenchmarks(ReportTest):
             text = metrics()
             self.assertNotIn("kgpu_workload_throughput{", text, bad)
         self.assertRegex(text, r"kgpu_workload_benchmark_errors_total\{[^}]*\} 6\n")
+        # A link is not followed, a FIFO not waited on: neither is read, both counted.
+        secret = os.path.join(self.tmp, "secret")
+        with open(secret, "w") as f:
+            f.write("42\n")
+        os.unlink(result)
+        os.symlink(secret, result)
+        self.assertNotIn("kgpu_workload_throughput{", metrics())
+        os.unlink(result)
+        os.mkfifo(result)
+        self.assertNotIn("kgpu_workload_throughput{", metrics())
+        self.assertRegex(metrics(), r"kgpu_workload_benchmark_errors_total\{[^}]*\} 9\n")
         self.assertEqual(te.http_request(port, "GET", "/nope")[0], 404)
         child.terminate()
         self.assertEqual(child.wait(timeout=20), 0)
