@@ -57,12 +57,17 @@
 
 static const double bucket_le[BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0};
 
+#define TRIED_MAX 8 /* clusters given up for one workload, remembered */
+
 typedef struct inflight {
     char uid[64];
     char cluster[64];
     json_t *pod; /* owned copy of the template */
     int count;
     double since_admitted; /* 0 while not admitted */
+    double nominated_at;   /* when `cluster` was nominated (or first seen nominated) */
+    char tried[TRIED_MAX][64]; /* clusters that kept it without admitting it */
+    int ntried;
 } inflight;
 
 /* A workload no cluster could place: asked again after a growing pause. */
@@ -96,7 +101,8 @@ typedef struct dispatcher {
     backoff *bo;
     int nbo;
     char topology[2048]; /* the usable clusters last round: a change ends every pause */
-    long unplaceable, rounds, errors;
+    long unplaceable, rounds, errors, renominations;
+    double renominate_after; /* seconds a nomination may go unadmitted; 0: forever */
     long est_count, est_bucket[BUCKETS];
     double est_sum;
     pthread_mutex_t mu; /* guards metrics_text */
@@ -365,15 +371,27 @@ static void bo_prune(dispatcher *d)
     }
 }
 
-static void dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed)
+static bool tried(const inflight *f, const char *cluster)
+{
+    for (int i = 0; f != NULL && i < f->ntried; i++)
+        if (strcmp(f->tried[i], cluster) == 0)
+            return true;
+    return false;
+}
+
+/*
+ * Nominates the best cluster for w among `allowed` but those f (its record,
+ * may be NULL) has given up; true when a nomination was written.
+ */
+static bool dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed, inflight *f)
 {
     dsp_table_apply(d->table, w);
     kgpu_dispatch_candidate cand[KGPU_CLUSTERS_MAX];
     int idx[KGPU_CLUSTERS_MAX], n = 0;
     for (int ci = 0; ci < d->clusters.n; ci++) {
         const char *name = d->clusters.v[ci].name;
-        if (json_object_get(allowed, name) == NULL)
-            continue; /* not in its MultiKueueConfig, or not Active */
+        if (json_object_get(allowed, name) == NULL || tried(f, name))
+            continue; /* not in its MultiKueueConfig, not Active, or given up */
         dsp_answer a;
         memset(&a, 0, sizeof(a));
         bool up = estimate(d, ci, w, &a);
@@ -407,12 +425,12 @@ static void dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed)
         bo_miss(d, w->uid, now_s());
         say(d, 1, "workload %s/%s: no cluster can place %d pod%s of it now; asked again next "
             "round", w->ns, w->name, w->count, w->count == 1 ? "" : "s");
-        return;
+        return false;
     }
     int ci = idx[order[0]];
     const char *best = d->clusters.v[ci].name;
     if (nominate(d, w, best) != 0)
-        return;
+        return false;
     backoff *b = bo_find(d, w->uid);
     if (b != NULL)
         b->next = b->pause = 0; /* placed: a later wait starts its pauses afresh */
@@ -422,18 +440,73 @@ static void dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed)
         d->rt[ci].nominations_best++;
     say(d, 1, "workload %s/%s: nominated %s (%d of %d clusters could place it)", w->ns, w->name,
         best, k, n);
-    inflight *f = fl_find(d, w->uid);
-    if (f == NULL && d->nfl < INFLIGHT_MAX)
+    if (f == NULL && d->nfl < INFLIGHT_MAX) {
         f = &d->fl[d->nfl++];
-    else if (f != NULL)
-        json_decref(f->pod);
-    if (f != NULL) {
         memset(f, 0, sizeof(*f));
+    } else if (f != NULL) {
+        json_decref(f->pod);
+    }
+    if (f != NULL) {
         snprintf(f->uid, sizeof(f->uid), "%s", w->uid);
         snprintf(f->cluster, sizeof(f->cluster), "%s", best);
         f->pod = json_deep_copy(w->pod);
         f->count = w->count;
+        f->since_admitted = 0;
+        f->nominated_at = now_s();
     }
+    return true;
+}
+
+/*
+ * A Workload nominated to `cluster`, still unadmitted: its record (made
+ * when this dispatcher did not nominate it itself: a restart), so that
+ * estimates reserve it and its wait is timed.
+ */
+static inflight *fl_nominated(dispatcher *d, const dsp_workload *w, double now)
+{
+    inflight *f = fl_find(d, w->uid);
+    if (f != NULL || d->nfl == INFLIGHT_MAX)
+        return f;
+    f = &d->fl[d->nfl++];
+    memset(f, 0, sizeof(*f));
+    snprintf(f->uid, sizeof(f->uid), "%s", w->uid);
+    snprintf(f->cluster, sizeof(f->cluster), "%s", w->nominated[0]);
+    f->pod = json_deep_copy(w->pod);
+    f->count = w->count;
+    f->nominated_at = now;
+    return f;
+}
+
+/*
+ * A nomination that went unadmitted for --renominate-after: its worker's
+ * Kueue keeps the copy without admitting it (a held queue, quota taken by
+ * its own jobs), and Kueue never withdraws a nomination. The cluster is
+ * given up for this workload and the next best nominated; with no other,
+ * the nomination stays and is looked at again after another period (and,
+ * every cluster given up, they are all tried again).
+ */
+static void renominate(dispatcher *d, dsp_workload *w, const json_t *allowed, inflight *f,
+                       double now)
+{
+    if (!tried(f, f->cluster) && f->ntried < TRIED_MAX)
+        snprintf(f->tried[f->ntried++], sizeof(f->tried[0]), "%s", f->cluster);
+    char from[64];
+    snprintf(from, sizeof(from), "%s", f->cluster);
+    if (dispatch_one(d, w, allowed, f)) {
+        d->renominations++;
+        say(d, 1, "workload %s/%s: not admitted by %s within %g s: given up for %s", w->ns,
+            w->name, from, d->renominate_after, f->cluster);
+        return;
+    }
+    f->nominated_at = now; /* nowhere else now: wait another period there */
+    bool all = true;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)allowed, k, v) {
+        all &= tried(f, k);
+    }
+    if (all)
+        f->ntried = 0;
 }
 
 /* Whether w's nomination still names a cluster it may use. */
@@ -544,11 +617,17 @@ static void round_once(dispatcher *d)
     for (size_t k = 0; k < nwait; k++) {
         dsp_workload *w = &wait[k];
         const json_t *allowed = json_object_get(topo, w->check);
-        if (w->nnominated > 0 && nomination_holds(w, allowed))
-            continue; /* Kueue is trying it there */
+        if (w->nnominated > 0 && nomination_holds(w, allowed)) {
+            /* Kueue is trying it there; for how long is ours to watch. */
+            inflight *f = fl_nominated(d, w, now);
+            if (f != NULL && d->renominate_after > 0 &&
+                now - f->nominated_at >= d->renominate_after)
+                renominate(d, w, allowed, f, now);
+            continue;
+        }
         if (bo_pausing(d, w->uid, now))
             continue;
-        dispatch_one(d, w, allowed);
+        dispatch_one(d, w, allowed, fl_find(d, w->uid));
     }
     bo_prune(d);
     free(wait);
@@ -585,6 +664,10 @@ static void render(dispatcher *d)
     fprintf(f, "# HELP kgpu_dispatcher_unplaceable_total Decisions that found no cluster able "
                "to place the workload.\n# TYPE kgpu_dispatcher_unplaceable_total counter\n"
                "kgpu_dispatcher_unplaceable_total %ld\n", d->unplaceable);
+    fprintf(f, "# HELP kgpu_dispatcher_renominations_total Nominations given up for another "
+               "cluster after --renominate-after without admission.\n"
+               "# TYPE kgpu_dispatcher_renominations_total counter\n"
+               "kgpu_dispatcher_renominations_total %ld\n", d->renominations);
     fprintf(f, "# HELP kgpu_dispatcher_rounds_total Rounds over the manager's Workloads.\n"
                "# TYPE kgpu_dispatcher_rounds_total counter\nkgpu_dispatcher_rounds_total %ld\n",
             d->rounds);
@@ -636,6 +719,9 @@ static void usage(FILE *f)
             "  --table FILE           static workload/GPU-type table: the preference of\n"
             "                         workloads that state none\n"
             "  --interval SECONDS     between rounds (default 2; 0.1..600)\n"
+            "  --renominate-after S   give a nominated cluster up for the next best when it\n"
+            "                         has not admitted the workload in S seconds (default\n"
+            "                         300; 0: never)\n"
             "  --listen ADDR:PORT     serve /metrics and /healthz (default off)\n"
             "  --once                 one round, then exit (0: the manager was read)\n"
             "  --log-level LEVEL      warn, info (default) or debug\n"
@@ -660,11 +746,13 @@ int main(int argc, char **argv)
         {"clusters", required_argument, NULL, 'c'},  {"kubeconfig", required_argument, NULL, 'k'},
         {"benchmarks", required_argument, NULL, 'b'}, {"table", required_argument, NULL, 't'},
         {"interval", required_argument, NULL, 'i'},  {"listen", required_argument, NULL, 'l'},
+        {"renominate-after", required_argument, NULL, 'r'},
         {"once", no_argument, NULL, 'o'},            {"log-level", required_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     static dispatcher d;
     d.log_level = 1;
+    d.renominate_after = 300;
     pthread_mutex_init(&d.mu, NULL);
     const char *clusters = NULL, *kubeconfig = NULL, *listen = NULL;
     double interval = 2;
@@ -683,6 +771,14 @@ int main(int argc, char **argv)
             interval = strtod(optarg, &end);
             if (end == optarg || *end || !(interval >= 0.1 && interval <= 600)) {
                 fprintf(stderr, "kgpu-dispatcher: --interval '%s': 0.1..600 seconds\n", optarg);
+                return 2;
+            }
+            break;
+        case 'r':
+            d.renominate_after = strtod(optarg, &end);
+            if (end == optarg || *end || !(d.renominate_after >= 0 && d.renominate_after <= 86400)) {
+                fprintf(stderr, "kgpu-dispatcher: --renominate-after '%s': 0..86400 seconds\n",
+                        optarg);
                 return 2;
             }
             break;

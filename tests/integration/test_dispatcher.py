@@ -342,6 +342,48 @@ class TestWorkersThatGoAway(DispatcherTest):
         self.assertEqual(self.mgr.nominated("w"), ["worker-b"])
 
 
+class TestRenomination(DispatcherTest):
+
+    def test_a_nomination_never_admitted_is_given_up(self):
+        """Kueue never withdraws a nomination; a worker that keeps the copy without
+        admitting it (its queue held) is given up after --renominate-after for the next
+        best, which is then kept while it may admit."""
+        port = self.free_port()
+        self.mgr.add_workload("w", whole(1),
+                              annotations={"kgpu.io/gpu-type-preference": "*A100*"})
+        child = subprocess.Popen([DISPATCHER_BIN, "--kubeconfig", self.kubeconfig,
+                                  "--clusters", self.clusters_file(), "--interval", "0.2",
+                                  "--renominate-after", "1", "--listen",
+                                  "127.0.0.1:%d" % port], stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: self.mgr.nominated("w") == ["worker-a"], 20, what="worker-a first")
+            # Never admitted there: worker-b next.
+            wait_for(lambda: self.mgr.nominated("w") == ["worker-b"], 20, what="worker-b next")
+            text = te.http_request(port, "GET", "/metrics")[2].decode()
+            self.assertRegex(text, r"kgpu_dispatcher_renominations_total [1-9]")
+            # Admitted there: left alone from then on.
+            self.mgr.admit("w", "worker-b")
+            n = len(self.mgr.patches)
+            import time
+            time.sleep(2.5)
+            self.assertEqual(len(self.mgr.patches), n)
+        finally:
+            child.terminate()
+            self.assertEqual(child.wait(timeout=20), 0)
+        out = subprocess.run([DISPATCHER_BIN, "--clusters", self.clusters_file(),
+                              "--renominate-after", "-1"], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 2)
+
+    def free_port(self):
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        return port
+
+
 class TestChoice(DispatcherTest):
 
     def bench(self, a100, t4):
@@ -402,6 +444,9 @@ class TestChoice(DispatcherTest):
                               annotations={"kgpu.io/gpu-type-preference": "*A100*"})
         self.dispatch("--table", table)
         self.assertEqual(self.mgr.nominated("fit"), ["worker-a"])
+        # Admitted there (else, nominated and waiting, it would hold an A100 in the
+        # estimates: a fresh dispatcher reserves what it finds nominated).
+        self.mgr.admit("fit", "worker-a")
         self.mgr.add_workload("likes-t4", whole(1),
                               annotations={"kgpu.io/gpu-type-preference": "T4, *A100*"})
         self.mgr.add_workload("likes-a100", whole(1),
