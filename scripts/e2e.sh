@@ -15,6 +15,10 @@
 #   scripts/e2e.sh --suite install          `helm install` of kgpu's own-scheduler mode, every
 #                                           part a real pod (kube-controller-manager and
 #                                           kube-proxy run too): routing, upgrade, uninstall
+#   scripts/e2e.sh --suite multicluster     Kueue's MultiKueue on a manager and two worker
+#                                           control planes (each worker with kgpu-extender,
+#                                           kube-scheduler and kube-controller-manager),
+#                                           kgpu-dispatcher choosing the worker
 #   scripts/e2e.sh --suite control-plane -k preempt    tests whose name has "preempt"
 #
 # Ends with the line `N passed, N failed`; exits non-zero on any failure.
@@ -31,7 +35,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --suite) args+=(--suite "$2"); shift 2 ;;
         -k) args+=(-k "$2"); shift 2 ;;
-        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "e2e.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -58,12 +62,12 @@ done
 BUILD=${E2E_BUILD:-build-test}
 # What the suites run: the node suite adds the device plugin, the limit library and the
 # fake driver (libcuda.so.1, libnvidia-ml.so.1) that its containers get.
-need=(kgpu-extender kgpu kgpu-device-plugin kgpu-dra-plugin libkgpu-limit.so
+need=(kgpu-extender kgpu kgpu-dispatcher kgpu-device-plugin kgpu-dra-plugin libkgpu-limit.so
       fake-cuda/full/libcuda.so.1 tests/fake-nvml-plain/libnvidia-ml.so.1)
 for f in "${need[@]}"; do
     if [ ! -e "$BUILD/$f" ]; then
         cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKGPU_SANITIZE=ON >/dev/null
-        cmake --build "$BUILD" -j"$(nproc)" --target kgpu-extender kgpu kgpu-device-plugin \
+        cmake --build "$BUILD" -j"$(nproc)" --target kgpu-extender kgpu kgpu-dispatcher kgpu-device-plugin \
             kgpu-dra-plugin kgpu-limit fake_cuda_full fake_nvml_plain >/dev/null
         break
     fi

@@ -3,9 +3,7 @@
 # kube-apiserver, kube-scheduler, kubectl, kubelet, kube-controller-manager
 # and kube-proxy (the install suite), helm and containerd
 # (with its runc shim and ctr) -- from their
-# published Go modules at the versions pinned below, and Kueue (the
-# multicluster suite's MultiKueue manager and workers) with its CRDs, into a
-# cache outside
+# published Go modules at the versions pinned below, into a cache outside
 # the source tree keyed by version. A second run with the same versions
 # builds nothing. Nothing of theirs enters this repository.
 #
@@ -15,17 +13,17 @@
 #   scripts/upstream.sh --bin      print the bin dir (builds nothing)
 #   scripts/upstream.sh --containerd-bin
 #                                  print containerd's folder inside it (builds nothing)
-#   scripts/upstream.sh --kueue-bin
-#                                  print Kueue's folder inside it (builds nothing):
-#                                  the kueue binary and crds/*.yaml
+#   scripts/upstream.sh --kueue-dir
+#                                  print Kueue's folder inside it: the kueue binary and
+#                                  crds/, its CustomResourceDefinitions (builds nothing)
 #
 # A version bump is one line: K8S_VERSION (the staging modules k8s.io/* are
 # pinned to the matching v0.x.y by reading k8s.io/kubernetes's own go.mod),
 # ETCD_VERSION (the etcd that release's build/dependencies.yaml names),
-# HELM_VERSION, CONTAINERD_VERSION (a 2.x: CDI injection is always on
-# there; Debian's 1.6 has none) or KUEUE_VERSION. containerd and Kueue each
-# live in a folder of their own inside the bin dir, named by version, so
-# adding or bumping one does not rebuild the rest.
+# HELM_VERSION or CONTAINERD_VERSION (a 2.x: CDI injection is always on
+# there; Debian's 1.6 has none). containerd lives in a folder of its own
+# inside the bin dir, named by its version, so adding or bumping it does not
+# rebuild the rest.
 #
 # Cold cost on the project's 2-core machine (docs/e2e.md): about 21 minutes,
 # Kubernetes' seven commands 14 of them.
@@ -35,13 +33,13 @@ K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.7.0
 HELM_VERSION=v4.3.1
 CONTAINERD_VERSION=v2.4.2
-KUEUE_VERSION=v0.17.0   # its go.mod asks for go 1.25
+KUEUE_VERSION=v0.17.0   # MultiKueue's external dispatcher API (nominatedClusterNames)
 GO_MIN=1.26       # what k8s.io/kubernetes ${K8S_VERSION}'s go.mod asks for
 
 CACHE=${KGPU_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kgpu-upstream}
 BIN="$CACHE/bin-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
 CTRD_BIN="$BIN/containerd-$CONTAINERD_VERSION"
-KUEUE_BIN="$BIN/kueue-$KUEUE_VERSION"
+KUEUE_DIR="$BIN/kueue-$KUEUE_VERSION"
 K8S_CMDS=(kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
 TOOLS=(etcd "${K8S_CMDS[@]}" helm
        "containerd-$CONTAINERD_VERSION/containerd"
@@ -64,8 +62,6 @@ go_ok() {
 all_built() {
     local t
     for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done
-    # Kueue's CRDs come with its binary (copied at build time).
-    [ -f "$KUEUE_BIN/crds/kueue.x-k8s.io_workloads.yaml" ] || return 1
 }
 
 if [ "${1:-}" = "--check" ]; then
@@ -75,7 +71,7 @@ if [ "${1:-}" = "--check" ]; then
 fi
 if [ "${1:-}" = "--bin" ]; then echo "$BIN"; exit 0; fi
 if [ "${1:-}" = "--containerd-bin" ]; then echo "$CTRD_BIN"; exit 0; fi
-if [ "${1:-}" = "--kueue-bin" ]; then echo "$KUEUE_BIN"; exit 0; fi
+if [ "${1:-}" = "--kueue-dir" ]; then echo "$KUEUE_DIR"; exit 0; fi
 
 if all_built; then echo "$BIN"; exit 0; fi
 go_ok || exit 2
@@ -181,29 +177,25 @@ for t in containerd containerd-shim-runc-v2 ctr; do
     mv "$CTRD_BIN/$t.tmp" "$CTRD_BIN/$t"
 done
 
-# Kueue: its controller manager, and its CRDs from the same module version
-# (the suite installs them; they never enter this repository).
-kueue_dir="$CACHE/src/kueue-$KUEUE_VERSION"
-kueue_mod=sigs.k8s.io/kueue
-if [ ! -x "$KUEUE_BIN/kueue" ] || [ ! -f "$KUEUE_BIN/crds/kueue.x-k8s.io_workloads.yaml" ]; then
-    mkdir -p "$kueue_dir" "$KUEUE_BIN"
+# Kueue: its manager, and its CustomResourceDefinitions as the module ships
+# them (config/components/crd/bases), copied next to it so that the suite
+# needs nothing from the module cache. Its own folder: a bump rebuilds only it.
+if [ ! -x "$KUEUE_DIR/kueue" ]; then
+    kueue_src="$CACHE/src/kueue-$KUEUE_VERSION"
+    mkdir -p "$kueue_src" "$KUEUE_DIR"
     (
-        cd "$kueue_dir"
+        cd "$kueue_src"
         [ -f go.mod ] || go mod init kgpu.invalid/upstream-kueue >/dev/null 2>&1
         printf 'package upstream\n' > doc.go
-        go get "$kueue_mod/cmd/kueue@$KUEUE_VERSION" >&2
-        if [ ! -x "$KUEUE_BIN/kueue" ]; then
-            say "building kueue $KUEUE_VERSION (cold: several minutes)"
-            go build -trimpath -ldflags "-s -w -X $kueue_mod/pkg/version.GitVersion=$KUEUE_VERSION" \
-                -o "$KUEUE_BIN/kueue.tmp" "$kueue_mod/cmd/kueue"
-            mv "$KUEUE_BIN/kueue.tmp" "$KUEUE_BIN/kueue"
-        fi
-        moddir=$(go list -m -f '{{.Dir}}' "$kueue_mod")
-        rm -rf "$KUEUE_BIN/crds.tmp"; mkdir -p "$KUEUE_BIN/crds.tmp"
-        cp "$moddir"/config/components/crd/bases/*.yaml "$KUEUE_BIN/crds.tmp/"
-        chmod u+w "$KUEUE_BIN"/crds.tmp/*.yaml
-        rm -rf "$KUEUE_BIN/crds"; mv "$KUEUE_BIN/crds.tmp" "$KUEUE_BIN/crds"
+        go get "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION" >&2
+        say "building kueue $KUEUE_VERSION (cold: about 4 minutes)"
+        go build -trimpath -ldflags "-s -w" -o "$KUEUE_DIR/kueue.tmp" sigs.k8s.io/kueue/cmd/kueue
+        moddir=$(go list -m -f '{{.Dir}}' "sigs.k8s.io/kueue")
+        rm -rf "$KUEUE_DIR/crds"; mkdir -p "$KUEUE_DIR/crds"
+        cp "$moddir"/config/components/crd/bases/*.yaml "$KUEUE_DIR/crds/"
+        chmod u+w "$KUEUE_DIR"/crds/*.yaml
     )
+    mv "$KUEUE_DIR/kueue.tmp" "$KUEUE_DIR/kueue"
 fi
 
 all_built || { say "not every tool was built"; exit 1; }

@@ -62,6 +62,8 @@ typedef struct ext_config {
     bool consolidate_nodes;
     /* POST /mutate/pods gives GPU pods this schedulerName (kgpu's own scheduler); "" off. */
     char route_pods_to[64];
+    /* This cluster's name in POST /estimate's answer (the MultiKueueCluster's); "" none. */
+    char cluster_name[64];
     /* The serving layer (http.c); docs/install-extender.md "Limits" has the memory sums. */
     char probe_listen[256];         /* ADDR:PORT of /healthz and /readyz; "" none; :12347 */
     bool probe_listen_given;        /* set by the file or a flag, not the default */
@@ -87,6 +89,13 @@ typedef struct ext_config {
      */
     char prices_file[EXT_PATH_MAX];
     struct kgpu_prices *prices;
+    /*
+     * The node groups an autoscaler can grow here (--node-groups,
+     * `nodeGroups:` a path; nodegroups.h): POST /estimate's `grow`. Read
+     * once the flags are parsed (owned; NULL: none, no growth reported).
+     */
+    char node_groups_file[EXT_PATH_MAX];
+    struct kgpu_node_groups *node_groups;
 } ext_config;
 
 /* Defaults, then the YAML file (if --config), then flags, as the last word. */

@@ -15,6 +15,7 @@
 #include "base.h"
 #include "kgpu/consolidate.h"
 #include "podspec.h"
+#include "nodegroups.h"
 #include "pricefile.h"
 #include "queuefile.h"
 #include "yamljson.h"
@@ -25,6 +26,8 @@
 #define OPT_CONSOLIDATE      1101 /* long options without a short one */
 #define OPT_SCALE_DOWN_GUARD 1102
 #define OPT_CONSOLIDATE_NODES 1103
+#define OPT_CLUSTER_NAME      1104
+#define OPT_NODE_GROUPS       1105
 
 void ext_config_defaults(ext_config *cfg)
 {
@@ -105,6 +108,8 @@ void ext_config_free(ext_config *cfg)
     cfg->namespace_queues = NULL;
     free(cfg->prices);
     cfg->prices = NULL;
+    free(cfg->node_groups);
+    cfg->node_groups = NULL;
 }
 
 /* namespaceQueues: {namespace: queue}, both DNS labels; kept as given. */
@@ -146,6 +151,22 @@ static int check_scheduler_name(const char *name, kgpu_error *err)
         return kgpu_error_set(err, KGPU_EINVAL,
                               "routePodsTo: '%.80s' is not a scheduler name (1-63 of a-z, 0-9, "
                               "'-', '.')",
+                              name);
+    return 0;
+}
+
+/* clusterName: a DNS-1123 label, as a MultiKueueCluster's name is. */
+static int check_cluster_name(const char *name, kgpu_error *err)
+{
+    size_t n = strlen(name);
+    bool ok = n >= 1 && n <= 63 && isalnum((unsigned char)name[0]) &&
+              isalnum((unsigned char)name[n - 1]);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') ||
+             name[i] == '-';
+    if (!ok)
+        return kgpu_error_set(err, KGPU_EINVAL,
+                              "clusterName: '%.80s' is not a DNS label (1-63 of a-z, 0-9, '-')",
                               name);
     return 0;
 }
@@ -249,6 +270,10 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
             rc = check_scheduler_name(s, err);
             if (rc == 0)
                 snprintf(cfg->route_pods_to, sizeof(cfg->route_pods_to), "%s", s);
+        } else if (strcmp(key, "clusterName") == 0 && s) {
+            rc = check_cluster_name(s, err);
+            if (rc == 0)
+                snprintf(cfg->cluster_name, sizeof(cfg->cluster_name), "%s", s);
         } else if (strcmp(key, "queues") == 0) {
             kgpu_queues *qs = NULL;
             rc = kgpu_queues_from_json(root, path, &qs, err);
@@ -256,6 +281,8 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                 kgpu_queues_free(cfg->queues);
                 cfg->queues = qs;
             }
+        } else if (strcmp(key, "nodeGroups") == 0 && s) {
+            rc = set_path(cfg->node_groups_file, sizeof(cfg->node_groups_file), s, key, err);
         } else if (strcmp(key, "prices") == 0 && s) {
             rc = set_path(cfg->prices_file, sizeof(cfg->prices_file), s, key, err);
         } else if (strcmp(key, "namespaceQueues") == 0) {
@@ -305,6 +332,8 @@ int ext_config_load_file(ext_config *cfg, const char *path, kgpu_error *err)
                                           "leaseDurationSeconds",
                                           "allocateWaitSeconds",
                                           "routePodsTo",
+                                          "clusterName",
+                                          "nodeGroups",
                                           "prices"};
             bool is_known = false;
             for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
@@ -375,7 +404,11 @@ static void usage(FILE *f)
             "  --route-pods-to NAME   answer POST /mutate/pods, the webhook giving GPU pods\n"
             "                         schedulerName NAME (kgpu's own scheduler; default off)\n"
             "  --prices FILE          prices per GPU-hour by model and capacity type: adds\n"
-            "                         the cost per namespace and queue to /metrics\n"
+            "                         the cost per namespace and queue to /metrics, and\n"
+            "                         prices to POST /estimate\n"
+            "  --cluster-name NAME    this cluster's name in POST /estimate's answers\n"
+            "  --node-groups FILE     the node groups an autoscaler can grow here: POST\n"
+            "                         /estimate says how many more copies they could take\n"
             "  --service-account-dir DIR  token and ca.crt of the in-cluster service account\n"
             "  --help                 this text\n"
             "  --port-file FILE       write the port served once listening (for --listen :0)\n"
@@ -417,6 +450,8 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         {"serve-threads", required_argument, NULL, 't'},
         {"handler-threads", required_argument, NULL, 'H'},
         {"prices", required_argument, NULL, 'Q'},
+        {"cluster-name", required_argument, NULL, OPT_CLUSTER_NAME},
+        {"node-groups", required_argument, NULL, OPT_NODE_GROUPS},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -502,6 +537,11 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
                 rc = kgpu_error_set(err, KGPU_EINVAL, "--lease-duration '%s': 2..3600 seconds",
                                     optarg);
             break;
+        case OPT_CLUSTER_NAME:
+            rc = check_cluster_name(optarg, err);
+            if (rc == 0)
+                snprintf(cfg->cluster_name, sizeof(cfg->cluster_name), "%s", optarg);
+            break;
         case 'r':
             rc = check_scheduler_name(optarg, err);
             if (rc == 0)
@@ -563,6 +603,10 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         case 'Q':
             rc = set_path(cfg->prices_file, sizeof(cfg->prices_file), optarg, "--prices", err);
             break;
+        case OPT_NODE_GROUPS:
+            rc = set_path(cfg->node_groups_file, sizeof(cfg->node_groups_file), optarg,
+                          "--node-groups", err);
+            break;
         case 'V':
             printf("kgpu-extender %s\n", KGPU_VERSION);
             return 1;
@@ -619,6 +663,17 @@ int ext_config_parse_args(ext_config *cfg, int argc, char **argv, kgpu_error *er
         else if ((rc = kgpu_prices_load_file(cfg->prices_file, cfg->prices, err)) != 0) {
             free(cfg->prices);
             cfg->prices = NULL;
+        }
+    }
+    if (rc == 0 && cfg->node_groups_file[0]) {
+        free(cfg->node_groups);
+        cfg->node_groups = calloc(1, sizeof(*cfg->node_groups));
+        if (cfg->node_groups == NULL)
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+        else if ((rc = kgpu_node_groups_load_file(cfg->node_groups_file, cfg->node_groups,
+                                                  err)) != 0) {
+            free(cfg->node_groups);
+            cfg->node_groups = NULL;
         }
     }
     return rc;

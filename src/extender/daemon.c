@@ -109,7 +109,8 @@ static int start_cluster_mode(ext_daemon *d, kgpu_error *err)
         return rc;
     }
     d->sources = (ext_sources){
-        .k8s = d->k8s, .metrics = &d->metrics, .sink = &d->sink, .stop = &d->stop};
+        .k8s = d->k8s, .metrics = &d->metrics, .sink = &d->sink, .stop = &d->stop,
+        .groups = d->cfg.node_groups};
     if ((rc = ext_sources_start(&d->sources, d->watch_threads, &d->nwatch, err)) != 0)
         return rc;
     void *(*const leader_work[])(void *) = {write_statuses, sweep_unschedulable,

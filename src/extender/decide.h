@@ -65,4 +65,13 @@ void ext_sweep_once(ext_ctx *c, ext_sweep_act *acts, const atomic_bool *stop);
  */
 int ext_guard_once(ext_ctx *c, kgpu_strmap *written, const atomic_bool *stop);
 
+/*
+ * POST /estimate (estimates.c): how many copies of each pod asked about
+ * this cluster's placement fits now, after the pods in flight to it, on
+ * which GPU models, the fragmentation left and the price of the first
+ * copy's GPUs. Placed on a copy taken under the lock; the state is not
+ * changed. docs/multicluster.md has the format.
+ */
+void ext_estimate(ext_ctx *d, const char *body, size_t len, ext_response *r);
+
 #endif

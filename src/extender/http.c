@@ -347,7 +347,8 @@ void *ext__http_worker_main(void *arg)
 static bool dispatch(ext_http *h, request *rq)
 {
     /* Observers render the whole state: one at a time, never in the scheduler's way. */
-    bool observer = strncmp(rq->url, "/inspect", 8) == 0 || strcmp(rq->url, "/metrics") == 0;
+    bool observer = strncmp(rq->url, "/inspect", 8) == 0 || strcmp(rq->url, "/metrics") == 0 ||
+                    strcmp(rq->url, "/estimate") == 0;
     job_queue *q = rq->len > LARGE_BODY || observer ? &h->large : &h->small;
     pthread_mutex_lock(&h->mu);
     if (h->stopping) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "capacity.h"
+#include "nodegroups.h"
 #include "sources.h"
 
 #define SLICES    "/apis/resource.k8s.io/v1/resourceslices"
@@ -25,6 +26,29 @@ static const json_t *node_labels(const json_t *node)
     return json_object_get(json_object_get(node, "metadata"), "labels");
 }
 
+#define KEPT_LABELS 8
+
+/*
+ * The node's labels that node groups name, into out (room for KEPT_LABELS;
+ * strings borrowed from item); their count.
+ */
+static int kept_labels(const ext_sources *s, const json_t *item, kgpu_label *out)
+{
+    const json_t *labels = node_labels(item);
+    int n = 0;
+    for (int g = 0; s->groups != NULL && g < s->groups->n; g++)
+        for (int k = 0; k < s->groups->v[g].nlabels && n < KEPT_LABELS; k++) {
+            const char *key = s->groups->v[g].label_key[k];
+            const char *v = json_string_value(json_object_get(labels, key));
+            bool dup = false;
+            for (int i = 0; i < n && !dup; i++)
+                dup = strcmp(out[i].key, key) == 0;
+            if (v != NULL && !dup)
+                out[n++] = (kgpu_label){(char *)key, (char *)v};
+        }
+    return n;
+}
+
 static void nodes_reset(void *ctx, json_t *items)
 {
     ext_sources *s = ctx;
@@ -35,12 +59,14 @@ static void nodes_reset(void *ctx, json_t *items)
     bool *dra = calloc(n + 1, sizeof(*dra)); /* labelled for DRA: GPUs from its slice */
     char(*leaving)[EXT_LEAVING_MAX] = calloc(n + 1, sizeof(*leaving));
     bool *spot = calloc(n + 1, sizeof(*spot));
+    kgpu_label(*kept)[KEPT_LABELS] = calloc(n + 1, sizeof(*kept)); /* borrowed by specs */
     int *marked = calloc(n + 1, sizeof(*marked)); /* scale-down annotations on it */
     const char **names = calloc(n + 1, sizeof(*names)); /* nodes_listed reorders specs */
     kgpu_node_store *store = malloc(sizeof(*store));
     kgpu_error err;
     kgpu_error_clear(&err);
     int rc = specs == NULL || packed == NULL || dra == NULL || leaving == NULL || spot == NULL ||
+                     kept == NULL ||
                      marked == NULL || names == NULL || store == NULL
                  ? kgpu_error_set(&err, KGPU_ENOMEM, "out of memory")
                  : 0;
@@ -56,6 +82,8 @@ static void nodes_reset(void *ctx, json_t *items)
             continue;
         ext_node_leaving(item, leaving[m], sizeof(leaving[m]));
         spot[m] = kgpu_capacity_spot(node_labels(item));
+        spec.nlabels = kept_labels(s, item, kept[m]);
+        spec.labels = kept[m];
         marked[m] = ext_node_guard_marks(item);
         if ((packed[m] = kgpu_node_spec_pack(&spec, &specs[m])) == NULL) {
             rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
@@ -81,6 +109,7 @@ static void nodes_reset(void *ctx, json_t *items)
     free(dra);
     free(leaving);
     free(spot);
+    free(kept);
     free(marked);
     free(names);
     free(store);
@@ -104,10 +133,16 @@ static void nodes_event(void *ctx, const char *type, json_t *obj)
     bool dra;
     char leaving[EXT_LEAVING_MAX];
     ext_node_leaving(obj, leaving, sizeof(leaving));
-    if (ext_node_parse(obj, &spec, store, &dra, &err) != 0)
+    kgpu_label kept[KEPT_LABELS];
+    if (ext_node_parse(obj, &spec, store, &dra, &err) != 0) {
         ext_log(EXT_WARN, "node inventory ignored: %s", err.msg);
-    else if (s->sink->node_seen(s->sink->ctx, &spec, dra, leaving,
-                                kgpu_capacity_spot(node_labels(obj)), &err) != 0)
+        free(store);
+        return;
+    }
+    spec.nlabels = kept_labels(s, obj, kept);
+    spec.labels = kept;
+    if (s->sink->node_seen(s->sink->ctx, &spec, dra, leaving,
+                           kgpu_capacity_spot(node_labels(obj)), &err) != 0)
         ext_log(EXT_ERROR, "node %s not updated: %s", spec.name, err.msg);
     else
         s->sink->node_marked(s->sink->ctx, spec.name, ext_node_guard_marks(obj));

@@ -1,6 +1,6 @@
 /*
  * The extender's routes: kube-scheduler's verbs (POST, any urlPrefix) to
- * the decisions layer, and the operator endpoints (inspect, metrics,
+ * the decisions layer, and the operator endpoints (inspect, estimate, metrics,
  * health, readiness, version, and DELETE /pods in --cluster-file mode);
  * plus the serving layer started with this router as its handler.
  */
@@ -107,6 +107,11 @@ void ext_handle(ext_daemon *d, const char *method, const char *url, const char *
     memset(r, 0, sizeof(*r));
     if (strcmp(method, "POST") == 0 && strcmp(url, "/mutate/pods") == 0) {
         handle_mutate(d, body, len, r);
+        return;
+    }
+    if (strcmp(method, "POST") == 0 && strcmp(url, "/estimate") == 0) {
+        ext_ctx c = ext_daemon_ctx(d);
+        ext_estimate(&c, body, len, r); /* estimates.c */
         return;
     }
     if (strcmp(method, "POST") == 0) {

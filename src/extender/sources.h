@@ -270,6 +270,12 @@ typedef struct ext_sources {
     ext_metrics *metrics;    /* watch restarts */
     const ext_sink *sink;
     atomic_bool *stop; /* the threads end once it is true */
+    /*
+     * The node groups (--node-groups; NULL none): the labels they name are
+     * kept on the nodes handed to the sink, so a group's nodes can be
+     * counted; other labels are not kept (memory).
+     */
+    const struct kgpu_node_groups *groups;
 } ext_sources;
 
 /*

@@ -614,10 +614,12 @@ class ControlPlane:
 
     # -- kube-controller-manager and kube-proxy (the install suite) -------------
 
-    def start_controller_manager(self):
+    def start_controller_manager(self, controllers=None):
         """kube-controller-manager with the controllers a cluster runs by default
         (Deployments, DaemonSets, ReplicaSets, EndpointSlices, namespaces, garbage
-        collection, ServiceAccounts, the kube-root-ca.crt publisher, ...), as the admin."""
+        collection, ServiceAccounts, the kube-root-ca.crt publisher, ...), as the admin;
+        or only `controllers` (its --controllers names): where Nodes have no kubelet, the
+        node lifecycle controller would taint them unreachable and evict their pods."""
         port = free_port()
         c = self.spawn("kube-controller-manager", [
             self.tool("kube-controller-manager"), "--kubeconfig", self.admin_kubeconfig,
@@ -627,7 +629,8 @@ class ControlPlane:
             "--service-account-private-key-file", self.pki.sa_key,
             "--use-service-account-credentials=false", "--leader-elect=false",
             "--bind-address", "127.0.0.1", "--secure-port", str(port),
-            "--concurrent-deployment-syncs", "2", "--v", "1"])
+            "--concurrent-deployment-syncs", "2", "--v", "1"]
+            + (["--controllers", ",".join(controllers)] if controllers else []))
         wait_healthz(c, port, "kube-controller-manager")
         return c
 

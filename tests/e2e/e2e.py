@@ -25,15 +25,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 import harness  # noqa: E402
 
 SUITES = {"control-plane": "test_control_plane", "node": "test_node", "dra": "test_dra",
-          "install": "test_install"}
+          "install": "test_install", "multicluster": "test_multicluster"}
 
 
 def undo_node():
     """What the node suite set up outside processes (mounts, cgroups, the pods' bridge,
-    kernel settings), undone even when its tearDownClass never ran."""
-    node = sys.modules.get("node")
-    if node is not None:
-        node.emergency_cleanup()
+    kernel settings), and the multicluster suite's certificate folder for Kueue, undone
+    even when their tearDownClass never ran."""
+    for name in ("node", "multicluster"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            mod.emergency_cleanup()
 
 
 class Result(unittest.TextTestResult):

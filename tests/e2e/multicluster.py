@@ -1,329 +1,331 @@
-"""Kueue MultiKueue on loopback: a manager and worker control planes, for the multicluster suite.
+"""Several clusters on one machine: Kueue's MultiKueue with kgpu as its dispatcher.
 
-Each cluster is a cluster.ControlPlane (etcd + kube-apiserver). Every cluster
-runs the real Kueue (scripts/upstream.sh builds it, its CRDs beside it) as a
-process; each worker also runs kube-scheduler with kgpu's extender (installed
-from the Helm chart as the control-plane suite does), kube-controller-manager
-(its Job controller makes the pods) and Node objects of fake GPU nodes. The
-manager runs MultiKueue with an external dispatcher name, so nothing is sent
-to a worker until something writes the manager Workload's
-status.nominatedClusterNames.
-
-No Kueue webhook is registered with any API server (the webhook server runs,
-on a certificate of its own, but nothing calls it): tests create Jobs already
-suspended, with the queue label and, on the manager, spec.managedBy.
+- Kueue: Kueue's manager (`kueue`, built by scripts/upstream.sh at its pinned
+  version, with its CustomResourceDefinitions) run as a process against one
+  control plane, as its Deployment would run it: its Configuration file,
+  the webhook's serving certificate in a folder of its own (internal
+  certificate management off: no Service routes to it here, and no webhook
+  configuration is registered, so Jobs are created already suspended), the
+  admin's kubeconfig, leader election and the visibility server off.
+- Worker: a control plane with kgpu installed from its chart, the extender
+  as a process (kgpu_deploy.Extender, HTTPS with client certificates, as
+  shipped), kube-scheduler calling it, kube-controller-manager (its Job
+  controller makes the pods; no node lifecycle controller, which would taint
+  Nodes without a kubelet unreachable), Node objects of one GPU mix, and Kueue with a
+  ClusterQueue that covers its GPUs.
+- Manager: a control plane with Kueue configured for MultiKueue with an
+  external dispatcher, a MultiKueueCluster per worker (its kubeconfig in a
+  Secret, every file in it embedded, as Kueue requires), and kgpu-dispatcher.
 """
 
 import base64
 import json
 import os
-import time
-import urllib.request
+import shutil
+import subprocess
 
 import cluster
-import harness
 import kgpu_deploy
-from cluster import wait_for
+from cluster import CORE, MEM, WHOLE, free_port, wait_for
 
 KUEUE_NS = "kueue-system"
-KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
-DISPATCHER = "kgpu.io/dispatcher"
-MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-LOCAL_QUEUE, CLUSTER_QUEUE, FLAVOR = "gpu", "gpu", "default"
-GPU_RESOURCES = (cluster.WHOLE, cluster.CORE, cluster.MEM)
+# Kueue reads its metrics server's certificate from this fixed folder when its internal
+# certificate management is off (cmd/kueue/main.go); the suite writes one there and
+# removes the folder again (also when interrupted: emergency_cleanup), unless it was
+# there before, which is then used as it is.
+METRICS_CERT_ROOT = "/etc/kueue"
+METRICS_CERT_DIR = METRICS_CERT_ROOT + "/metrics/certs"
+OURS = METRICS_CERT_ROOT + "/.kgpu-e2e"
 
 
-def kueue_dir(bindir):
-    """Kueue's folder in the upstream bin dir (scripts/upstream.sh --kueue-bin)."""
-    names = sorted(n for n in os.listdir(bindir) if n.startswith("kueue-"))
-    if not names:
-        raise RuntimeError("no kueue-* folder in %s: run scripts/upstream.sh" % bindir)
-    return os.path.join(bindir, names[-1])
+def provide_metrics_cert(pki):
+    """A serving certificate where Kueue looks for its metrics server's."""
+    if os.path.exists(METRICS_CERT_DIR + "/tls.crt") and not os.path.exists(OURS):
+        return
+    os.makedirs(METRICS_CERT_DIR, exist_ok=True)
+    with open(OURS, "w") as f:
+        f.write("written by kgpu's multicluster e2e suite; removed when it ends\n")
+    crt, key = pki.issue("kueue-metrics", "kueue-metrics", server=True,
+                         sans=["IP:127.0.0.1", "DNS:localhost"])
+    for src, dst in ((crt, "tls.crt"), (key, "tls.key")):
+        with open(src) as a, open(os.path.join(METRICS_CERT_DIR, dst), "w") as b:
+            b.write(a.read())
 
 
-def inline_kubeconfig(path, cp, user):
-    """A kubeconfig with every credential inline, as MultiKueue's Secret must hold (Kueue
-    refuses file paths there): a client certificate of the worker's CA in group
-    system:masters."""
-    crt, key = cp.pki.issue(user, user, orgs=("system:masters",))
+def emergency_cleanup():
+    """Removes the metrics certificate folder if this suite made it."""
+    if os.path.exists(OURS):
+        shutil.rmtree(METRICS_CERT_ROOT, ignore_errors=True)
+TEAM_NS = "team-a"
+DISPATCHER_NAME = "kgpu.io/dispatcher"
+GPU_RESOURCES = ("cpu", "memory", WHOLE, CORE, MEM)
 
-    def b64(p):
-        with open(p, "rb") as f:
+
+def embedded_kubeconfig(cp):
+    """The admin's kubeconfig with every file embedded (MultiKueue refuses file paths)."""
+    def b64(path):
+        with open(path, "rb") as f:
             return base64.b64encode(f.read()).decode()
-    doc = {"apiVersion": "v1", "kind": "Config",
-           "clusters": [{"name": "worker", "cluster": {
-               "server": cp.server, "certificate-authority-data": b64(cp.pki.ca_crt)}}],
-           "users": [{"name": user, "user": {"client-certificate-data": b64(crt),
-                                             "client-key-data": b64(key)}}],
-           "contexts": [{"name": "worker", "context": {"cluster": "worker", "user": user}}],
-           "current-context": "worker"}
-    text = json.dumps(doc, indent=1)
-    with open(path, "w") as f:
-        f.write(text)
-    return text
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {
+            "server": cp.server, "certificate-authority-data": b64(cp.pki.ca_crt)}}],
+        "users": [{"name": "u", "user": {"client-certificate-data": b64(cp.admin_crt),
+                                         "client-key-data": b64(cp.admin_key)}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]})
 
 
 class Kueue:
-    """One Kueue controller manager as a process, on `cp`'s API server as the admin."""
+    """Kueue's manager against control plane `cp`."""
 
-    def __init__(self, cp, kdir, dispatcher=None, feature_gates=None):
-        self.cp, self.kdir = cp, kdir
-        self.dispatcher, self.feature_gates = dispatcher, dict(feature_gates or {})
-        self.child = None
-
-    def install_crds(self):
-        """Kueue's CRDs (created, not applied: the Workload CRD is past the size of
-        client-side apply's annotation), then kueue-system; waits until they serve."""
-        crds = os.path.join(self.kdir, "crds")
-        self.cp.kubectl("create", "-f", crds)
-        self.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", crds)
-        self.cp.ensure_namespace(KUEUE_NS)
-
-    def start(self):
-        cp = self.cp
-        d = cp.p("kueue")
-        certs = os.path.join(d, "certs")
-        os.makedirs(certs, exist_ok=True)
-        # The webhook server's own serving certificate, under the names controller-runtime
-        # reads from certDir (tls.crt, tls.key).
-        pki = cluster.Pki(os.path.join(d, "pki"), cn="kueue-webhook-ca",
-                          service_account_keys=False)
-        crt, key = pki.issue("webhook", "kueue-webhook-service.kueue-system.svc", server=True,
-                             sans=["DNS:kueue-webhook-service.kueue-system.svc",
-                                   "IP:127.0.0.1"])
-        os.replace(crt, os.path.join(certs, "tls.crt"))
-        os.replace(key, os.path.join(certs, "tls.key"))
-        self.health_port = cluster.free_port()
-        gates = dict(self.feature_gates)
-        # Its visibility API server would want a port and delegated authentication.
-        gates.setdefault("VisibilityOnDemand", False)
-        conf = {
-            "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
-            "namespace": KUEUE_NS, "manageJobsWithoutQueueName": False,
-            "internalCertManagement": {"enable": False},
-            "webhook": {"host": "127.0.0.1", "port": cluster.free_port(), "certDir": certs},
-            "metrics": {"bindAddress": "127.0.0.1:%d" % cluster.free_port()},
-            "health": {"healthProbeBindAddress": "127.0.0.1:%d" % self.health_port},
-            "leaderElection": {"leaderElect": False},
-            "integrations": {"frameworks": ["batch/job"]},
-            "featureGates": gates,
-        }
-        if self.dispatcher:
-            conf["multiKueue"] = {"dispatcherName": self.dispatcher,
-                                  # A lost worker's workloads go back to the queue soon.
-                                  "workerLostTimeout": "30s"}
-        path = os.path.join(d, "config.yaml")
-        with open(path, "w") as f:
-            json.dump(conf, f, indent=1)
-        env = dict(os.environ, KUBECONFIG=cp.admin_kubeconfig)
-        # Without internal certificate management Kueue v0.17 reads its metrics serving
-        # certificate from the fixed path /etc/kueue/metrics/certs and exits without one.
-        # It gets one there in a private mount namespace: /etc overlaid, in that
-        # namespace only, by a tmpfs holding kueue/metrics/certs (nothing on this machine's
-        # /etc changes; the namespace ends with the process).
-        crt, key = pki.issue("metrics", "kueue-metrics", server=True, sans=["IP:127.0.0.1"])
-        over = os.path.join(d, "etc-overlay")
-        os.makedirs(over, exist_ok=True)
-        script = ('set -e; mount -t tmpfs tmpfs "$O"; mkdir -p "$O/u/kueue/metrics/certs" "$O/w"; '
-                  'cp "$CRT" "$O/u/kueue/metrics/certs/tls.crt"; '
-                  'cp "$KEY" "$O/u/kueue/metrics/certs/tls.key"; '
-                  'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$O/u,workdir=$O/w" /etc; '
-                  'exec "$@"')
-        env.update(O=over, CRT=crt, KEY=key)
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "kueue",
-                os.path.join(self.kdir, "kueue"), "--config", path, "--zap-log-level", "3"]
-        self.child = harness.Child(argv, cp.p("kueue.log"), env=env)
-        cp.children["kueue"] = self.child
-        url = "http://127.0.0.1:%d/readyz" % self.health_port
-        deadline = time.monotonic() + 90
-        while True:
-            if not self.child.alive():
-                raise RuntimeError("kueue on %s exited:\n%s" % (cp.server,
-                                                                self.child.log()[-3000:]))
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
+    def __init__(self, cp, kueue_dir, dispatcher=None):
+        self.cp = cp
+        crds = os.path.join(kueue_dir, "crds")
+        cp.kubectl("apply", "--server-side", "-f", crds)
+        for f in sorted(os.listdir(crds)):
+            with open(os.path.join(crds, f)) as fh:
+                for line in fh:
+                    if line.startswith("  name: "):
+                        name = line.split()[1]
+                        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                                   "crd/" + name)
                         break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("kueue on %s not ready after 90 s:\n%s" % (
-                    cp.server, self.child.log()[-3000:]))
-            time.sleep(0.3)
-        return self
+        cp.ensure_namespace(KUEUE_NS)
+        provide_metrics_cert(cp.pki)
+        cert_dir = cp.p("kueue-certs")
+        os.makedirs(cert_dir, exist_ok=True)
+        crt, key = cp.pki.issue("kueue-webhook", "kueue-webhook", server=True,
+                                sans=["IP:127.0.0.1", "DNS:localhost"])
+        for src, dst in ((crt, "tls.crt"), (key, "tls.key")):
+            with open(src) as a, open(os.path.join(cert_dir, dst), "w") as b:
+                b.write(a.read())
+        self.health_port = free_port()
+        lines = ["apiVersion: config.kueue.x-k8s.io/v1beta2", "kind: Configuration",
+                 "namespace: %s" % KUEUE_NS,
+                 "health: {healthProbeBindAddress: '127.0.0.1:%d'}" % self.health_port,
+                 "metrics: {bindAddress: '127.0.0.1:%d'}" % free_port(),
+                 "webhook: {port: %d, host: 127.0.0.1, certDir: '%s'}" % (free_port(), cert_dir),
+                 "leaderElection: {leaderElect: false}",
+                 "internalCertManagement: {enable: false}",
+                 "manageJobsWithoutQueueName: false",
+                 "integrations: {frameworks: [batch/job]}"]
+        if dispatcher:
+            lines.append("multiKueue: {dispatcherName: '%s', gcInterval: 5s, "
+                         "origin: kgpu-e2e}" % dispatcher)
+        self.config = cp.p("kueue-config.yaml")
+        with open(self.config, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        env = dict(os.environ, KUBECONFIG=cp.admin_kubeconfig)
+        self.child = cp.spawn("kueue", [
+            os.path.join(kueue_dir, "kueue"), "--config", self.config,
+            "--feature-gates", "VisibilityOnDemand=false", "--zap-log-level", "3"], env=env)
 
-    def log(self):
-        return self.child.log() if self.child else ""
+        def healthy():
+            if not self.child.alive():
+                raise RuntimeError("kueue exited:\n" + self.child.log_tail(40))
+            r = subprocess.run(["curl", "-sf", "http://127.0.0.1:%d/readyz" % self.health_port],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return r.returncode == 0
+        wait_for(healthy, 120, "kueue /readyz", interval=0.3)
 
+    def log_tail(self, n=40):
+        return self.child.log_tail(n)
 
-def queue_objects(quota, admission_check=None):
-    """ResourceFlavor, ClusterQueue (quota: {resource: amount}) and its LocalQueue in
-    cluster.E2E_NS, all named as the manager's and workers' must match."""
-    cq = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-          "metadata": {"name": CLUSTER_QUEUE},
-          "spec": {"namespaceSelector": {},
-                   "resourceGroups": [{
-                       "coveredResources": sorted(quota),
-                       "flavors": [{"name": FLAVOR, "resources": [
-                           {"name": r, "nominalQuota": str(quota[r])}
-                           for r in sorted(quota)]}]}]}}
-    if admission_check:
-        cq["spec"]["admissionChecksStrategy"] = {
-            "admissionChecks": [{"name": admission_check}]}
-    return [
-        ("/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-                              "metadata": {"name": FLAVOR}, "spec": {}}),
-        ("/clusterqueues", cq),
-        ("/namespaces/%s/localqueues" % cluster.E2E_NS,
-         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-          "metadata": {"name": LOCAL_QUEUE, "namespace": cluster.E2E_NS},
-          "spec": {"clusterQueue": CLUSTER_QUEUE}}),
-    ]
-
-
-def create_all(cp, objs):
-    for path, obj in objs:
-        cp.admin.post(KUEUE_API + path, obj)
+    def queues(self, admission_check=None):
+        """ResourceFlavor, a ClusterQueue covering GPUs (with the check, on the manager), and
+        the LocalQueue `lq` of TEAM_NS."""
+        api, k = self.cp.admin, "/apis/kueue.x-k8s.io/v1beta2/"
+        self.cp.ensure_namespace(TEAM_NS)
+        api.post(k + "resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2",
+                                         "kind": "ResourceFlavor",
+                                         "metadata": {"name": "default"}})
+        spec = {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": list(GPU_RESOURCES),
+            "flavors": [{"name": "default", "resources": [
+                {"name": r, "nominalQuota": "100000"} for r in GPU_RESOURCES]}]}]}
+        if admission_check:
+            spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": admission_check}]}
+        api.post(k + "clusterqueues", {"apiVersion": "kueue.x-k8s.io/v1beta2",
+                                       "kind": "ClusterQueue", "metadata": {"name": "cq"},
+                                       "spec": spec})
+        api.post(k + "namespaces/%s/localqueues" % TEAM_NS, {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": "lq", "namespace": TEAM_NS}, "spec": {"clusterQueue": "cq"}})
 
 
 class Worker:
-    """A worker cluster: control plane, kgpu's extender behind kube-scheduler,
-    kube-controller-manager, fake GPU nodes, Kueue with a queue covering its GPUs."""
+    """A worker cluster: kgpu and Kueue on a control plane with GPU nodes."""
 
-    def __init__(self, name, workdir, bindir, build, nodes, log=print):
-        self.name, self.build, self.nodes, self.log = name, build, nodes, log
-        self.cp = cluster.ControlPlane(workdir, bindir, log=log)
-        self.kdir = kueue_dir(bindir)
-        self.ext = None
+    def __init__(self, name, workdir, bindir, build, kueue_dir, nodes, log=print):
+        self.name = name
+        self.cp = cluster.ControlPlane(os.path.join(workdir, name), bindir, log=log).start()
+        try:
+            self._bring_up(build, kueue_dir, nodes)
+        except BaseException:
+            self.stop()
+            raise
 
-    def capacity(self):
-        """{resource: total} of its nodes' GPUs."""
-        tot = {r: 0 for r in GPU_RESOURCES}
-        for node in self.nodes:
-            alloc = node["status"]["allocatable"]
-            for r in GPU_RESOURCES:
-                tot[r] += int(alloc[r])
-        return tot
-
-    def start(self):
-        cp = self.cp.start()
-        sched, ext_config = kgpu_deploy.install(cp, self.build, values=[
-            # No kubelet or device plugin: nothing would mark a pod allocated.
+    def _bring_up(self, build, kueue_dir, nodes):
+        cp = self.cp
+        sched, ext = kgpu_deploy.install(cp, build, values=[
+            # No kubelet and no device plugin: no pod is ever marked kgpu.io/allocated.
             "extender.config.allocateWaitSeconds=0"])
-        cp.ensure_namespace(cluster.E2E_NS)
-        for node in self.nodes:
-            cp.add_node(node)
-        self.ext = kgpu_deploy.Extender(cp, self.build, ext_config,
-                                        name="kgpu-extender-%s" % self.name)
+        self.models = {}
+        for n in nodes:
+            cp.add_node(n)
+            self.models[n["metadata"]["name"]] = json.loads(
+                n["metadata"]["annotations"]["kgpu.io/gpus"])[0]["model"]
+        self.ext = kgpu_deploy.Extender(cp, build, ext, name="kgpu-extender-" + self.name,
+                                        extra=["--cluster-name", self.name])
         self.ext.start()
-        wait_for(self.ext.ready, 60, "%s extender /readyz" % self.name)
-        cp.start_scheduler(sched, extender_url=self.ext.url)
-        cp.start_controller_manager()
-        self.kueue = Kueue(cp, self.kdir)
-        self.kueue.install_crds()
-        self.kueue.start()
-        quota = dict(self.capacity(), cpu="1000", memory="4Ti")
-        create_all(cp, queue_objects(quota))
-        return self
+        wait_for(self.ext.ready, 60, "%s: the extender's /readyz" % self.name)
+        self.vip = kgpu_deploy.ServiceVip(cp, [self.ext], publish_ip=cluster.host_ip())
+        self.vip.wait_ready(self.ext)
+        cp.start_scheduler(sched, extender_url=self.vip.url)
+        # The Job controller makes the pods; no node lifecycle controller (no kubelets).
+        cp.start_controller_manager(controllers=["job-controller",
+                                                 "garbage-collector-controller"])
+        self.kueue = Kueue(cp, kueue_dir)
+        self.kueue.queues()
+
+    def cluster_entry(self):
+        """This worker in kgpu-dispatcher's clusters file."""
+        tls = self.cp.kgpu_tls
+        return ("  - name: %s\n    extender: %s\n    ca: %s\n    cert: %s\n    key: %s\n"
+                % (self.name, self.ext.url, tls.ca, tls.harness_crt, tls.harness_key))
+
+    def pods_of(self, job):
+        q = "labelSelector=" + "batch.kubernetes.io/job-name%3D" + job
+        return self.cp.admin.get("/api/v1/namespaces/%s/pods?%s" % (TEAM_NS, q))["items"]
 
     def stop(self):
+        if getattr(self, "vip", None):
+            self.vip.stop()
         self.cp.stop()
 
 
 class Manager:
-    """The manager cluster: control plane and Kueue with MultiKueue and an external
-    dispatcher name; one ClusterQueue whose admission check sends to `workers`."""
+    """The manager cluster: Kueue with MultiKueue waiting for kgpu-dispatcher."""
 
-    def __init__(self, workdir, bindir, log=print, feature_gates=None):
-        self.cp = cluster.ControlPlane(workdir, bindir, log=log)
-        self.kdir = kueue_dir(bindir)
-        self.feature_gates = feature_gates
+    def __init__(self, workdir, bindir, kueue_dir, workers, log=print):
+        self.cp = cluster.ControlPlane(os.path.join(workdir, "manager"), bindir, log=log).start()
+        try:
+            self.kueue = Kueue(self.cp, kueue_dir, dispatcher=DISPATCHER_NAME)
+            api, k = self.cp.admin, "/apis/kueue.x-k8s.io/v1beta2/"
+            for w in workers:
+                self.add_cluster(w)
+            api.post(k + "multikueueconfigs", {
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueConfig",
+                "metadata": {"name": "mk-config"},
+                "spec": {"clusters": [w.name for w in workers]}})
+            api.post(k + "admissionchecks", {
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+                "metadata": {"name": "mk"},
+                "spec": {"controllerName": "kueue.x-k8s.io/multikueue",
+                         "parameters": {"apiGroup": "kueue.x-k8s.io",
+                                        "kind": "MultiKueueConfig", "name": "mk-config"}}})
+            self.kueue.queues(admission_check="mk")
+            for w in workers:
+                wait_for(lambda w=w: self.cluster_active(w.name), 60,
+                         "MultiKueueCluster %s Active" % w.name)
+        except BaseException:
+            self.cp.stop()
+            raise
+        self.dispatcher = None
 
-    def start(self, workers):
-        cp = self.cp.start()
-        self.kueue = Kueue(cp, self.kdir, dispatcher=DISPATCHER,
-                           feature_gates=self.feature_gates)
-        self.kueue.install_crds()
-        cp.ensure_namespace(cluster.E2E_NS)
-        for w in workers:
-            text = inline_kubeconfig(cp.p("kubeconfig-%s" % w.name), w.cp,
-                                     "multikueue-%s" % w.name)
-            cp.admin.post("/api/v1/namespaces/%s/secrets" % KUEUE_NS, {
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "kubeconfig-%s" % w.name, "namespace": KUEUE_NS},
-                "data": {"kubeconfig": base64.b64encode(text.encode()).decode()}})
-            cp.admin.post(KUEUE_API + "/multikueueclusters", {
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
-                "metadata": {"name": w.name},
-                "spec": {"clusterSource": {"kubeConfig": {
-                    "locationType": "Secret", "location": "kubeconfig-%s" % w.name}}}})
-        cp.admin.post(KUEUE_API + "/multikueueconfigs", {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueConfig",
-            "metadata": {"name": "workers"},
-            "spec": {"clusters": [w.name for w in workers]}})
-        cp.admin.post(KUEUE_API + "/admissionchecks", {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
-            "metadata": {"name": "multikueue"},
-            "spec": {"controllerName": MULTIKUEUE_CONTROLLER,
-                     "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig",
-                                    "name": "workers"}}})
-        quota = {r: 0 for r in GPU_RESOURCES}
-        for w in workers:
-            for r, v in w.capacity().items():
-                quota[r] += v
-        quota.update(cpu="1000", memory="4Ti")
-        self.kueue.start()
-        create_all(cp, queue_objects(quota, admission_check="multikueue"))
-        # Kueue marks the clusters Active once it has connected to them.
-        for w in workers:
-            wait_for(lambda w=w: self.cluster_active(w.name), 90,
-                     "MultiKueueCluster %s Active" % w.name, interval=0.5)
-        return self
+    def add_cluster(self, w):
+        api, k = self.cp.admin, "/apis/kueue.x-k8s.io/v1beta2/"
+        api.post("/api/v1/namespaces/%s/secrets" % KUEUE_NS, {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": w.name + "-kubeconfig", "namespace": KUEUE_NS},
+            "stringData": {"kubeconfig": embedded_kubeconfig(w.cp)}})
+        api.post(k + "multikueueclusters", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "MultiKueueCluster",
+            "metadata": {"name": w.name},
+            "spec": {"clusterSource": {"kubeConfig": {"locationType": "Secret",
+                                                      "location": w.name + "-kubeconfig"}}}})
 
     def cluster_active(self, name):
-        mk = self.cp.admin.get(KUEUE_API + "/multikueueclusters/" + name)
-        for c in (mk.get("status") or {}).get("conditions") or []:
-            if c["type"] == "Active":
-                return c["status"] == "True"
+        mkc = self.cp.admin.try_get("/apis/kueue.x-k8s.io/v1beta2/multikueueclusters/" + name)
+        for c in ((mkc or {}).get("status") or {}).get("conditions") or []:
+            if c.get("type") == "Active":
+                return c.get("status") == "True"
         return False
 
-    # -- workloads ----------------------------------------------------------
+    def start_dispatcher(self, build, workers, extra=()):
+        path = self.cp.p("clusters.yaml")
+        with open(path, "w") as f:
+            f.write("clusters:\n" + "".join(w.cluster_entry() for w in workers))
+        self.metrics_port = free_port()
+        self.dispatcher = self.cp.spawn("kgpu-dispatcher", [
+            os.path.join(build, "kgpu-dispatcher"), "--kubeconfig", self.cp.admin_kubeconfig,
+            "--clusters", path, "--interval", "0.5", "--log-level", "debug",
+            "--listen", "127.0.0.1:%d" % self.metrics_port] + list(extra))
+        return self.dispatcher
 
-    def workload_for(self, job_name, ns=cluster.E2E_NS):
-        """The manager's Workload of Job ns/job_name (owned by it), or None."""
-        for wl in self.cp.admin.get(KUEUE_API + "/namespaces/%s/workloads" % ns)["items"]:
-            for ref in wl["metadata"].get("ownerReferences") or []:
-                if ref.get("kind") == "Job" and ref.get("name") == job_name:
-                    return wl
+    def stop_dispatcher(self):
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+            self.cp.children.pop("kgpu-dispatcher", None)
+            self.dispatcher = None
+
+    def create_job(self, name, limits, pods=1, annotations=None, labels=None):
+        lim = {k: str(v) for k, v in limits.items()}
+        tmpl_meta = {"labels": dict(labels or {}), "annotations": dict(annotations or {})}
+        job = {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": name, "namespace": TEAM_NS,
+                            "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+               "spec": {"managedBy": "kueue.x-k8s.io/multikueue", "suspend": True,
+                        "parallelism": pods, "completions": pods,
+                        "template": {"metadata": tmpl_meta, "spec": {
+                            "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                            "automountServiceAccountToken": False,
+                            "containers": [{"name": "main",
+                                            "image": "registry.invalid/kgpu-e2e:none",
+                                            "resources": {"limits": lim,
+                                                          "requests": dict(lim, cpu="10m")}}]}}}}
+        return self.cp.admin.post("/apis/batch/v1/namespaces/%s/jobs" % TEAM_NS, job)
+
+    def workload_of(self, job):
+        items = self.cp.admin.get("/apis/kueue.x-k8s.io/v1beta2/namespaces/%s/workloads"
+                                  % TEAM_NS)["items"]
+        for w in items:
+            for o in w["metadata"].get("ownerReferences") or []:
+                if o.get("kind") == "Job" and o.get("name") == job:
+                    return w
         return None
 
     def stop(self):
         self.cp.stop()
 
 
-def job_object(name, containers, annotations=None, labels=None, managed_by=True,
-               ns=cluster.E2E_NS, parallelism=1):
-    """A Job already as Kueue's webhook would leave it: suspended, queued in LOCAL_QUEUE,
-    and (managed_by) handed to MultiKueue. containers: [(name, {resource: amount})]."""
-    pod = cluster.pod_object(name, containers, ns=ns, annotations=annotations,
-                             labels=labels)
-    tmpl = {"metadata": {"labels": pod["metadata"]["labels"]}, "spec": pod["spec"]}
-    if annotations:
-        tmpl["metadata"]["annotations"] = dict(annotations)
-    tmpl["spec"]["restartPolicy"] = "Never"
-    spec = {"suspend": True, "parallelism": parallelism, "completions": parallelism,
-            "backoffLimit": 0, "template": tmpl}
-    if managed_by:
-        spec["managedBy"] = MULTIKUEUE_CONTROLLER
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": ns, "labels": {QUEUE_LABEL: LOCAL_QUEUE}},
-            "spec": spec}
+def delete_jobs(cp, namespace=TEAM_NS):
+    """Every Job of the namespace and its pods, at once (no kubelet finishes them)."""
+    api = cp.admin
+    for j in api.get("/apis/batch/v1/namespaces/%s/jobs" % namespace)["items"]:
+        api.req("DELETE", "/apis/batch/v1/namespaces/%s/jobs/%s" % (namespace,
+                                                                   j["metadata"]["name"]),
+                {"propagationPolicy": "Background", "gracePeriodSeconds": 0},
+                ok=(200, 202, 404))
+    for p in api.get("/api/v1/namespaces/%s/pods" % namespace)["items"]:
+        cp.delete_pod(namespace, p["metadata"]["name"])
+    for w in api.get("/apis/kueue.x-k8s.io/v1beta2/namespaces/%s/workloads"
+                     % namespace)["items"]:
+        path = "/apis/kueue.x-k8s.io/v1beta2/namespaces/%s/workloads/%s" % (
+            namespace, w["metadata"]["name"])
+        if w["metadata"].get("finalizers"):
+            api.merge_patch(path, {"metadata": {"finalizers": None}})
+        api.delete(path)
+    wl = "/apis/kueue.x-k8s.io/v1beta2/namespaces/%s/workloads" % namespace
+    wait_for(lambda: not api.get("/api/v1/namespaces/%s/pods" % namespace)["items"] and
+             not api.get("/apis/batch/v1/namespaces/%s/jobs" % namespace)["items"] and
+             not api.get(wl)["items"], 60, "jobs, pods and workloads of %s gone" % namespace)
 
 
-def job_path(ns=cluster.E2E_NS, name=None):
-    return "/apis/batch/v1/namespaces/%s/jobs" % ns + ("/" + name if name else "")
+def kueue_dir(bindir):
+    """Kueue's folder beside the other upstream tools (scripts/upstream.sh --kueue-dir)."""
+    for name in sorted(os.listdir(bindir)):
+        if name.startswith("kueue-") and os.access(os.path.join(bindir, name, "kueue"), os.X_OK):
+            return os.path.join(bindir, name)
+    return None
 
-
-def now_ms():
-    return int(time.time() * 1000)

@@ -1,5 +1,5 @@
 /*
- * Fuzz target for the text exposition reader (src/cli/expo.c) that `kgpu
+ * Fuzz target for the text exposition reader (src/common/expo.c) that `kgpu
  * report` reads /metrics with, from any server the operator names. Whatever
  * it accepts must be a sample it can hold: a metric name, labels within the
  * bounds, NUL-terminated; a refusal names the source and a line.

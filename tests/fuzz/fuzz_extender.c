@@ -1,9 +1,11 @@
 /*
  * Fuzz target for the extender's request parsers: every byte string is fed
- * to filter, prioritize, bind or preempt (first byte chooses) of an
+ * to filter, prioritize, bind or preempt (first byte chooses; 'E' is POST
+ * /estimate, whose answer must also leave every GPU as it was) of an
  * in-process extender with a small cluster and no API server. Whatever comes
  * in, the answer is a status and a body, and the state stays within capacity.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +51,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const char *verbs[] = {"/filter", "/prioritize", "/bind", "/preempt"};
     ext_daemon *d = daemon_for_fuzzing();
     ext_response r;
-    ext_handle(d, "POST", verbs[data[0] & 3], (const char *)data + 1, size - 1, &r);
+    bool estimate = data[0] == 'E';
+    int64_t held = estimate ? kgpu_cluster_gpu_milli_allocated(d->state.cluster) : 0;
+    ext_handle(d, "POST", estimate ? "/estimate" : verbs[data[0] & 3], (const char *)data + 1,
+               size - 1, &r);
+    if (estimate && kgpu_cluster_gpu_milli_allocated(d->state.cluster) != held)
+        abort(); /* an estimate holds nothing */
     if (r.status < 200 || r.status > 599 || r.body == NULL)
         abort();
     free(r.body);

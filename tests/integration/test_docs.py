@@ -11,7 +11,7 @@
   is a pattern, not a path, and is left alone.
 - Every --flag given to one of kgpu's commands in the docs (in backticks or
   in a code block: `kgpu`, `kgpu-extender`, `kgpu-device-plugin`,
-  `kgpu-dra-plugin`, `kgpu-expander`, `scripts/NAME.sh`, `bench/NAME.sh`, a `bench_NAME`
+  `kgpu-dra-plugin`, `kgpu-expander`, `kgpu-dispatcher`, `scripts/NAME.sh`, `bench/NAME.sh`, a `bench_NAME`
   program) is one that command's source still spells, so a renamed or
   removed flag cannot live on in the docs.
 
@@ -67,6 +67,7 @@ PROGRAM_SOURCES = {
     "kgpu-device-plugin": ("src/deviceplugin", "src/nodeagent", "src/common"),
     "kgpu-dra-plugin": ("src/dra", "src/nodeagent", "src/common"),
     "kgpu-expander": ("src/expander", "src/common"),
+    "kgpu-dispatcher": ("src/dispatcher", "src/common"),
 }
 FLAG = re.compile(r"^--([a-z][a-z0-9-]*)(=.*)?$")
 ENDS = {"|", "||", "&&", ";", ">", ">>", "2>&1", "&"}

@@ -146,7 +146,8 @@ class TlsTest(unittest.TestCase):
         return out
 
     def test_no_certificate_is_refused(self):
-        for method, path in (("GET", "/inspect"), ("GET", "/metrics"), ("POST", "/filter")):
+        for method, path in (("GET", "/inspect"), ("GET", "/metrics"), ("POST", "/filter"),
+                             ("POST", "/estimate")):
             status, _ = self.request(method, path, body="{}" if method == "POST" else None)
             self.assertEqual(status, 403, path)
 

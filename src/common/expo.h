@@ -1,6 +1,7 @@
 /*
  * A reader of the Prometheus text exposition format (0.0.4), as
- * kgpu-extender's /metrics writes it, for `kgpu report`. The text comes
+ * kgpu-extender's /metrics writes it, for `kgpu report` and kgpu-dispatcher's
+ * benchmarks. The text comes
  * from a file or a server the operator names, so it is read as outside
  * input: every length is bounded, and an error names the line. Pure: no I/O.
  */
