@@ -60,7 +60,6 @@ class MultiClusterSuite(unittest.TestCase):
         for w in cls.workers:
             w.stop()
         cls.workers = []
-        multicluster.emergency_cleanup()
 
     @classmethod
     def write_bench(cls, figures):
