@@ -1,5 +1,5 @@
 # kgpu's container image: kgpu-extender, kgpu-device-plugin,
-# kgpu-dra-plugin, kgpu-expander and kgpu on PATH, the interception library at
+# kgpu-dra-plugin, kgpu-expander, kgpu-dispatcher and kgpu on PATH, the interception library at
 # /usr/lib/kgpu/libkgpu-limit.so, and a static busybox for the chart's
 # install-shim script (sh, mkdir, cp, chmod, mv). The device plugin's and
 # the DRA driver's fake-GPU modes are in their binaries.
@@ -23,7 +23,7 @@ WORKDIR /src
 COPY . .
 RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DKGPU_BUILD_TESTS=OFF >/dev/null \
  && cmake --build /build -j"$(nproc)" \
-      --target kgpu kgpu-extender kgpu-device-plugin kgpu-dra-plugin kgpu-expander \
+      --target kgpu kgpu-extender kgpu-device-plugin kgpu-dra-plugin kgpu-expander kgpu-dispatcher \
                kgpu-limit >/dev/null \
  && DESTDIR=/stage cmake --install /build --prefix /usr >/dev/null
 

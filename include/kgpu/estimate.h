@@ -11,8 +11,9 @@
  *
  * kgpu_dispatch_rank orders clusters for one workload from their estimates:
  * never one that cannot place it; then the workload's GPU model preference,
- * then measured throughput per cost, then the fragmentation added, then the
- * price, then the most room. One rule, used by kgpu-dispatcher (MultiKueue's
+ * then measured throughput per cost, then the placement policy's own score
+ * of the best place (fragmentation avoided, for kgpu's), then the
+ * fragmentation added, then the price, then the most room. One rule, used by kgpu-dispatcher (MultiKueue's
  * external dispatcher) and by the many-cluster simulation that measures it.
  */
 #ifndef KGPU_ESTIMATE_H
@@ -46,6 +47,7 @@ typedef struct kgpu_estimate {
     double frag_before;               /* cluster fragmentation (milli-GPU) against w, now */
     double frag_first;                /* ... after the first copy (= before when none fits) */
     double frag_after;                /* ... after all `fit` copies */
+    int64_t score;                    /* the policy's score of the first copy's place */
     double idle_milli;                /* GPU compute free now on healthy GPUs (after reserves) */
     int reserved;                     /* reserved copies that found room */
     int reserved_missed;              /* reserved copies that did not */
@@ -84,6 +86,8 @@ typedef struct kgpu_dispatch_candidate {
                              preference list: 0 best; -1 the workload has none or the
                              model is not in it (after every listed one) */
     double perf_per_cost; /* measured throughput per price unit on that model; 0 unknown */
+    bool scored;          /* score is known */
+    double score;         /* the policy's score of the first copy's place (higher better) */
     double frag_added;    /* fragmentation the first copy adds (milli-GPU) */
     double price;         /* price per hour of the GPUs the first copy takes; 0 unknown */
 } kgpu_dispatch_candidate;
@@ -94,8 +98,11 @@ typedef struct kgpu_dispatch_candidate {
  * none can, nominate nothing). A cluster can place it when it is reachable
  * and fit >= need, or (when no cluster has fit >= need) fit + grow >= need.
  * Then, in order: pref (0, 1, ... then -1), perf_per_cost (higher first;
- * unknown after known, and compared only when both are known), frag_added
- * (lower), price (lower; unknown after known), fit (higher), name.
+ * unknown after known, and compared only when both are known), the
+ * placement policy's score of its best place (higher; compared only when
+ * both are scored: what the policy would choose among the clusters' nodes
+ * were they one cluster), frag_added (lower), price (lower; unknown after
+ * known), fit (higher), name.
  */
 int kgpu_dispatch_rank(const kgpu_dispatch_candidate *cand, int n, int need, int *order);
 

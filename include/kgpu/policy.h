@@ -211,6 +211,15 @@ int kgpu_policy_select(kgpu_policy *p, const kgpu_cluster *c, const kgpu_request
                        kgpu_error *err);
 
 /*
+ * The policy's raw score of placing req on `node`, which must fit (higher
+ * is better; kgpu's is in micro-GPU of fragmentation avoided): what
+ * kgpu_policy_select compares, for comparing the best nodes of several
+ * clusters placed by one policy (kgpu_estimate_shape).
+ */
+int64_t kgpu_policy_score(kgpu_policy *p, const kgpu_cluster *c, int node,
+                          const kgpu_request *req);
+
+/*
  * Places a pod's GPU requests (one per container, nreqs <= KGPU_PLACE_MAX_REQS)
  * on `node` together, and applies them to c, in order, into out[0..nreqs)
  * (release them in reverse order). One request: kgpu_policy_select on that

@@ -17,6 +17,14 @@
 int kgpu_cmd_simulate(int argc, char **argv);
 int kgpu_cmd_example(int argc, char **argv);
 int kgpu_cmd_inspect(int argc, char **argv);
+/* `kgpu bench-export` (bench_export.c): a benchmark's figure served to Prometheus. */
+int kgpu_cmd_bench_export(int argc, char **argv);
+/*
+ * `kgpu inspect --clusters FILE` (inspect_clusters.c): each cluster of the
+ * clusters file, per GPU model; 0 when at least one answered, 1 when none
+ * did, 2 for a bad file.
+ */
+int kgpu_inspect_clusters(const char *path, bool json);
 int kgpu_cmd_report(int argc, char **argv);
 
 /* Reads a whole file; *buf is malloc'd (caller frees). */

@@ -27,6 +27,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: kgpu inspect [NODE] [--detail] [--server URL | --kubeconfig FILE]\n"
                "                    [--cacert FILE] [--cert FILE --key FILE] [--namespace NS]\n"
                "                    [--queues] [--json]\n"
+               "       kgpu inspect --clusters FILE [--json]\n"
                "\n"
                "Shows GPU sharing as the extender sees it: memory and compute allocated on each\n"
                "GPU, the pods on it, and cluster totals.\n"
@@ -43,7 +44,9 @@ static void usage(FILE *f)
                "  --queues          the GPU queues instead: the tree, each queue's guarantee,\n"
                "                    limit, use and borrowing in GPUs, pods pending, evictions,\n"
                "                    and the recent evictions for reclaim\n"
-               "  --json            print the extender's JSON as is\n");
+               "  --json            print the extender's JSON as is\n"
+               "  --clusters FILE   every cluster of kgpu-dispatcher's clusters file, per GPU\n"
+               "                    model: GPUs, allocated, wholly free, pods (--json: as JSON)\n");
 }
 
 static int64_t jint(json_t *o, const char *k)
@@ -203,11 +206,12 @@ int kgpu_cmd_inspect(int argc, char **argv)
         {"detail", no_argument, NULL, 'd'},
         {"queues", no_argument, NULL, 'q'},
         {"json", no_argument, NULL, 'j'},
+        {"clusters", required_argument, NULL, 'c'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *server = getenv("KGPU_EXTENDER"), *kubeconfig = NULL, *ns = "kgpu-system";
-    const char *cacert = NULL, *cert = NULL, *key = NULL;
+    const char *cacert = NULL, *cert = NULL, *key = NULL, *clusters = NULL;
     bool detail = false, raw = false, queues = false;
     int c;
     optind = 1;
@@ -240,6 +244,9 @@ int kgpu_cmd_inspect(int argc, char **argv)
         case 'q':
             queues = true;
             break;
+        case 'c':
+            clusters = optarg;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -247,6 +254,14 @@ int kgpu_cmd_inspect(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    if (clusters != NULL) {
+        if (optind < argc || queues || detail || cacert || cert || kubeconfig) {
+            fprintf(stderr, "kgpu inspect: --clusters takes only --json: each cluster's "
+                            "address and certificates are in the file\n");
+            return 2;
+        }
+        return kgpu_inspect_clusters(clusters, raw);
     }
     const char *node = optind < argc ? argv[optind++] : NULL;
     if (optind < argc || (queues && node != NULL)) {

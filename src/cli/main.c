@@ -15,7 +15,9 @@ static void usage(FILE *f)
                "  simulate   replay a GPU trace against placement policies (FGD study method)\n"
                "  example    write the bundled synthetic example cluster and workload\n"
                "  inspect    GPU sharing as kgpu-extender sees it, per node and GPU\n"
-               "  report     GPU-hours and cost per namespace, queue, GPU model and capacity type\n"
+               "  report     GPU-hours and cost per namespace, queue, GPU model and capacity type;\n"
+               "             benchmark figures ranked by throughput per price (--benchmarks)\n"
+               "  bench-export  a benchmark's throughput served to Prometheus (a Job's sidecar)\n"
                "  version    print the version\n"
                "\n"
                "`kgpu <command> --help` describes a command.\n");
@@ -36,6 +38,8 @@ int main(int argc, char **argv)
         return kgpu_cmd_inspect(argc - 1, argv + 1);
     if (strcmp(cmd, "report") == 0)
         return kgpu_cmd_report(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench-export") == 0)
+        return kgpu_cmd_bench_export(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("kgpu %s\n", KGPU_VERSION);
         return 0;

@@ -14,9 +14,11 @@
 #include <string.h>
 
 #include "cli.h"
+#include "benchfig.h"
 #include "expo.h"
 #include "fileio.h"
 #include "k8s.h"
+#include "pricefile.h"
 #include "strmap.h"
 
 #define REPORT_ROWS_MAX  200000    /* series of one report: far above the extender's 16384 */
@@ -463,6 +465,111 @@ static void print_json(const rep_row *rows, size_t n, const char *source, const 
 
 /* ---- the command ---- */
 
+/* ---- --benchmarks: figures of workloads per GPU model, ranked ---- */
+
+#define BENCH_ROWS_MAX 10000
+
+typedef struct bench_row {
+    kgpu_bench_figure f;
+    double price; /* per GPU-hour, on-demand; 0 unknown */
+} bench_row;
+
+typedef struct bench_set {
+    bench_row *rows;
+    size_t n;
+} bench_set;
+
+/* Per workload, throughput per price first (priced before unpriced), then throughput. */
+static int cmp_bench(const void *pa, const void *pb)
+{
+    const bench_row *a = pa, *b = pb;
+    int c = strcmp(a->f.workload, b->f.workload);
+    if (c != 0)
+        return c;
+    bool ka = a->price > 0, kb = b->price > 0;
+    if (ka != kb)
+        return ka ? -1 : 1;
+    double va = ka ? a->f.value / a->price : a->f.value;
+    double vb = kb ? b->f.value / b->price : b->f.value;
+    if (va != vb)
+        return va > vb ? -1 : 1;
+    c = strcmp(a->f.model, b->f.model);
+    return c != 0 ? c : strcmp(a->f.cluster, b->f.cluster);
+}
+
+static int report_benchmarks(const char *where, const char *prices_path, const tls_opts *tls,
+                             bool json)
+{
+    kgpu_error err;
+    kgpu_error_clear(&err);
+    kgpu_prices prices;
+    char *body = NULL;
+    size_t len = 0, n = 0;
+    kgpu_bench_figure *figs = NULL;
+    int rc = 0;
+    if (prices_path != NULL)
+        rc = kgpu_prices_load_file(prices_path, &prices, &err);
+    if (rc == 0)
+        rc = is_url(where) ? http_get(where, tls, &body, &len, &err)
+                           : kgpu_read_file_max(where, REPORT_BODY_MAX, &body, &len, &err);
+    if (rc == 0)
+        rc = kgpu_bench_figures_read(body, len, where, BENCH_ROWS_MAX, &figs, &n, &err);
+    free(body);
+    bench_set b = {.rows = rc == 0 ? calloc(n + 1, sizeof(bench_row)) : NULL, .n = n};
+    if (rc == 0 && b.rows == NULL)
+        rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
+    if (rc != 0) {
+        fprintf(stderr, "kgpu report: %s\n", err.msg);
+        free(figs);
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        b.rows[i].f = figs[i];
+        const kgpu_price *p =
+            prices_path != NULL ? kgpu_prices_gpu(&prices, figs[i].model) : NULL;
+        b.rows[i].price = p != NULL ? p->on_demand : 0;
+    }
+    free(figs);
+    qsort(b.rows, b.n, sizeof(*b.rows), cmp_bench);
+    if (json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < b.n; i++) {
+            const bench_row *r = &b.rows[i];
+            json_t *x = json_pack("{s:s,s:s,s:s,s:f}", "workload", r->f.workload, "gpu_model",
+                                  r->f.model, "cluster", r->f.cluster, "throughput", r->f.value);
+            if (r->price > 0) {
+                json_object_set_new(x, "price_per_hour", json_real(r->price));
+                json_object_set_new(x, "throughput_per_price",
+                                    json_real(r->f.value / r->price));
+            }
+            json_array_append_new(arr, x);
+        }
+        json_dumpf(arr, stdout, JSON_INDENT(2));
+        fputc('\n', stdout);
+        json_decref(arr);
+    } else if (b.n == 0) {
+        printf("no kgpu_workload_throughput figures in %s\n", where);
+    } else {
+        printf("%-20s %-26s %-14s %12s %9s %12s\n", "WORKLOAD", "GPU MODEL", "CLUSTER",
+               "THROUGHPUT", "PRICE/h", "PER PRICE");
+        for (size_t i = 0; i < b.n; i++) {
+            const bench_row *r = &b.rows[i];
+            bool first = i == 0 || strcmp(b.rows[i - 1].f.workload, r->f.workload) != 0;
+            printf("%-20s %-26s %-14s %12.2f ", first ? r->f.workload : "", r->f.model,
+                   r->f.cluster[0] ? r->f.cluster : "-", r->f.value);
+            if (r->price > 0)
+                printf("%9.2f %12.2f\n", r->price, r->f.value / r->price);
+            else
+                printf("%9s %12s\n", "-", "-");
+        }
+        printf("(each workload's GPU models, best first: throughput per on-demand price of a "
+               "GPU-hour%s)\n",
+               prices_path ? "" : "; no --prices: by throughput");
+    }
+    free(b.rows);
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -478,6 +585,11 @@ static void usage(FILE *f)
             "                    http://prometheus:9090: the increase over --range\n"
             "  --range RANGE     with --prometheus: how far back, as Prometheus writes it\n"
             "                    (default 30d)\n"
+            "       kgpu report --benchmarks URL|FILE [--prices FILE] [--output table|json]\n"
+            "  --benchmarks URL|FILE  kgpu_workload_throughput figures (a bench-export's\n"
+            "                    /metrics, a Prometheus /federate answer, or a file): each\n"
+            "                    workload's GPU models ranked by throughput per price\n"
+            "  --prices FILE     with --benchmarks: prices per GPU-hour by model\n"
             "  --output FORMAT   table (default) or json\n"
             "  --cacert FILE     CA of the server's certificate (https)\n"
             "  --cert, --key FILE  a client certificate the server accepts (https)\n");
@@ -493,10 +605,13 @@ int kgpu_cmd_report(int argc, char **argv)
         {"cacert", required_argument, NULL, 'a'},
         {"cert", required_argument, NULL, 'c'},
         {"key", required_argument, NULL, 'k'},
+        {"benchmarks", required_argument, NULL, 'b'},
+        {"prices", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *metrics = NULL, *prom = NULL, *range = NULL, *output = "table";
+    const char *benchmarks = NULL, *prices = NULL;
     tls_opts tls = {0};
     optind = 1;
     int c;
@@ -517,6 +632,12 @@ int kgpu_cmd_report(int argc, char **argv)
         case 'a':
             tls.cacert = optarg;
             break;
+        case 'b':
+            benchmarks = optarg;
+            break;
+        case 'P':
+            prices = optarg;
+            break;
         case 'c':
             tls.cert = optarg;
             break;
@@ -534,7 +655,11 @@ int kgpu_cmd_report(int argc, char **argv)
     const char *bad = NULL;
     if (optind < argc)
         bad = "unexpected argument";
-    else if ((metrics != NULL) == (prom != NULL))
+    else if (benchmarks != NULL && (metrics != NULL || prom != NULL || range != NULL))
+        bad = "--benchmarks takes none of --metrics, --prometheus, --range";
+    else if (prices != NULL && benchmarks == NULL)
+        bad = "--prices is for --benchmarks (the extender's own --prices gives the cost)";
+    else if (benchmarks == NULL && (metrics != NULL) == (prom != NULL))
         bad = "give one of --metrics and --prometheus";
     else if (range != NULL && prom == NULL)
         bad = "--range is for --prometheus (/metrics holds counters since the extender started)";
@@ -549,6 +674,8 @@ int kgpu_cmd_report(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (benchmarks != NULL)
+        return report_benchmarks(benchmarks, prices, &tls, strcmp(output, "json") == 0);
     if (prom != NULL && range == NULL)
         range = "30d";
     report r = {0};

@@ -18,6 +18,7 @@
 #include "plot.h"
 #include "queuefile.h"
 #include "simautoscale.h"
+#include "simclusters.h"
 #include "simqueues.h"
 #include "study.h"
 
@@ -993,7 +994,12 @@ static void simulate_usage(FILE *f)
                "  --scale-down-delay-after-add S  (default 600)\n"
                "  --scale-down-utilization-threshold X  (default 0.5)\n"
                "  --spot-interruptions R    per spot node-hour, Poisson (default 0.05)\n"
-               "  --spot-qos LIST   qos values whose pods tolerate spot nodes (default BE)\n");
+               "  --spot-qos LIST   qos values whose pods tolerate spot nodes (default BE)\n"
+               "  --clusters FILE   the nodes split into clusters (CLUSTER,MODEL[,K/N] lines), the\n"
+               "                    arrivals dispatched among them (docs/multicluster.md);\n"
+               "                    --prices then costs the GPUs held\n"
+               "  --dispatch LIST   with --clusters: one, kgpu, all-at-once, incremental,\n"
+               "                    static (default all five), kgpu-separate\n");
 }
 
 /*
@@ -1101,6 +1107,8 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"spot-qos", required_argument, NULL, 1008},
         {"consolidate", required_argument, NULL, 'X'},
         {"restartable", required_argument, NULL, 'r'},
+        {"clusters", required_argument, NULL, 1010},
+        {"dispatch", required_argument, NULL, 1011},
         {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL, *queues_path = NULL;
@@ -1117,7 +1125,8 @@ int kgpu_cmd_simulate(int argc, char **argv)
     int consolidate = 0;
     bool restartable_be = false, restartable_set = false;
     bool *best_effort = NULL;
-    bool autoscale = false, autoscale_flag = false;
+    bool autoscale = false, autoscale_flag = false, prices_set = false;
+    const char *clusters_path = NULL, *dispatch = NULL;
     kgpu_as_opts ao = {.prices_path = "examples/prices.yaml",
                        .expanders = "kgpu,least-waste,price,random,fixed",
                        .spot_qos = "BE",
@@ -1228,7 +1237,13 @@ int kgpu_cmd_simulate(int argc, char **argv)
             break;
         case 1000:
             ao.prices_path = optarg;
-            autoscale_flag = true;
+            prices_set = true;
+            break;
+        case 1010:
+            clusters_path = optarg;
+            break;
+        case 1011:
+            dispatch = optarg;
             break;
         case 1001:
             ao.expanders = optarg;
@@ -1289,8 +1304,27 @@ int kgpu_cmd_simulate(int argc, char **argv)
         free(policy_text);
         return 2;
     }
+    if (dispatch != NULL && clusters_path == NULL) {
+        fprintf(stderr, "kgpu simulate: --dispatch needs --clusters\n");
+        free(policy_text);
+        return 2;
+    }
+    if (clusters_path != NULL &&
+        (autoscale || churn || queues_path != NULL || plot_path != NULL || extender_scores ||
+         allocator != KGPU_SIM_ALLOC_POLICY || workload || consolidate > 0 || autoscale_flag)) {
+        fprintf(stderr, "kgpu simulate: --clusters takes none of --autoscale, --churn, "
+                        "--queues, --plot, --extender-scores, --kube-scheduler, --allocator, "
+                        "--workload, --consolidate, --expanders, --scan-interval, ...\n");
+        free(policy_text);
+        return 2;
+    }
+    if (prices_set && !autoscale && clusters_path == NULL) {
+        fprintf(stderr, "kgpu simulate: --prices needs --autoscale or --clusters\n");
+        free(policy_text);
+        return 2;
+    }
     if (autoscale_flag && !autoscale) {
-        fprintf(stderr, "kgpu simulate: --prices, --expanders, --scan-interval, "
+        fprintf(stderr, "kgpu simulate: --expanders, --scan-interval, "
                         "--provision-delay, --scale-down-*, --spot-* need --autoscale\n");
         free(policy_text);
         return 2;
@@ -1318,7 +1352,9 @@ int kgpu_cmd_simulate(int argc, char **argv)
     }
     const char *policies[MAX_POLICIES];
     int npolicies = 0;
-    if (policy_text == NULL) {
+    if (policy_text == NULL && clusters_path != NULL) {
+        policies[npolicies++] = "kgpu"; /* the placement within each cluster */
+    } else if (policy_text == NULL) {
         for (const kgpu_policy_ops *const *p = kgpu_policy_list(); *p && npolicies < MAX_POLICIES;
              p++)
             policies[npolicies++] = (*p)->name;
@@ -1352,6 +1388,33 @@ int kgpu_cmd_simulate(int argc, char **argv)
     }
     if (kgpu_parse_seeds(seeds_text, seeds, MAX_SEEDS, &nseeds, &err) != 0)
         goto out;
+    if (clusters_path != NULL) {
+        if (npolicies != 1) {
+            kgpu_error_set(&err, KGPU_EINVAL, "--clusters places with one --policy (default "
+                                              "kgpu), not %d", npolicies);
+            goto out;
+        }
+        if (kgpu_load_input(nodes_path, pods_path, &in, &err) != 0)
+            goto out;
+        kgpu_mc_opts mo = {.in = &in,
+                           .nodes_path = nodes_path,
+                           .pods_path = pods_path,
+                           .clusters_path = clusters_path,
+                           .prices_path = prices_set ? ao.prices_path : NULL,
+                           .dispatch = dispatch ? dispatch : "one,kgpu,all-at-once,incremental,"
+                                                             "static",
+                           .policy = policies[0],
+                           .seeds = seeds,
+                           .nseeds = nseeds,
+                           .threads = threads,
+                           .inflate = inflate,
+                           .json = json,
+                           .timing = timing};
+        status = kgpu_simulate_clusters(&mo);
+        kgpu_sim_input_free(&in);
+        free(policy_text);
+        return status;
+    }
     if (autoscale) {
         ao.nodes_path = nodes_path;
         ao.pods_path = pods_path;

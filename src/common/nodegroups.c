@@ -39,7 +39,7 @@ static int read_gpus(json_t *o, const char *file, int i, kgpu_node_group *g, kgp
                               "{model, count, memoryMiB}", file, i);
     const char *k;
     json_t *v;
-    long x;
+    long x = 0; /* set by int_field on success; 0 keeps -O2's maybe-uninitialized quiet */
     int rc = 0;
     json_object_foreach(o, k, v) {
         if (rc != 0)
@@ -70,7 +70,7 @@ static int read_group(json_t *e, const char *file, int i, kgpu_node_group *g, kg
     g->max_nodes = -1;
     const char *k;
     json_t *v;
-    long x;
+    long x = 0; /* set by int_field on success; 0 keeps -O2's maybe-uninitialized quiet */
     int rc = 0;
     json_object_foreach(e, k, v) {
         if (rc != 0)

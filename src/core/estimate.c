@@ -21,15 +21,20 @@ static double node_frag(const kgpu_cluster *c, const kgpu_workload *w, int node)
     return w != NULL ? kgpu_node_frag(kgpu_cluster_node(c, node), w, NULL, -1) : 0.0;
 }
 
-/* Selects and applies one copy of req; KGPU_ENOFIT when none fits. *delta: frag change. */
+/*
+ * Selects and applies one copy of req; KGPU_ENOFIT when none fits. *delta:
+ * frag change; *score (may be NULL): the policy's score of the place.
+ */
 static int place_one(kgpu_cluster *c, kgpu_policy *p, const kgpu_workload *w,
                      const kgpu_request *req, kgpu_rng *rng, kgpu_assignment *a, double *delta,
-                     kgpu_error *err)
+                     int64_t *score, kgpu_error *err)
 {
     int node, gpus[KGPU_MAX_GPUS_PER_NODE];
     int rc = kgpu_policy_select(p, c, req, NULL, 0, rng, &node, gpus, err);
     if (rc != 0)
         return rc;
+    if (score != NULL)
+        *score = kgpu_policy_score(p, c, node, req);
     double before = node_frag(c, w, node);
     if ((rc = kgpu_cluster_apply(c, req, node, gpus, a, err)) != 0)
         return rc;
@@ -66,7 +71,7 @@ int kgpu_estimate_shape(kgpu_cluster *c, kgpu_policy *p, const kgpu_workload *w,
     double delta;
     for (int i = 0; i < nreserve && rc == 0; i++) {
         for (int k = 0; k < reserve[i].count && rc == 0; k++) {
-            rc = place_one(c, p, w, reserve[i].req, rng, &placed[n], &delta, err);
+            rc = place_one(c, p, w, reserve[i].req, rng, &placed[n], &delta, NULL, err);
             if (rc == 0) {
                 n++;
                 out->reserved++;
@@ -88,7 +93,8 @@ int kgpu_estimate_shape(kgpu_cluster *c, kgpu_policy *p, const kgpu_workload *w,
         double frag = out->frag_before;
         out->frag_first = frag;
         while (out->fit < max && rc == 0) {
-            rc = place_one(c, p, w, req, rng, &placed[n], &delta, err);
+            int64_t score = 0;
+            rc = place_one(c, p, w, req, rng, &placed[n], &delta, &score, err);
             if (rc != 0)
                 break;
             const kgpu_assignment *a = &placed[n++];
@@ -98,6 +104,7 @@ int kgpu_estimate_shape(kgpu_cluster *c, kgpu_policy *p, const kgpu_workload *w,
                 out->first_node = a->node;
                 out->first_model = model;
                 out->frag_first = frag;
+                out->score = score;
             }
             if (model >= 0 && model < KGPU_MAX_MODELS)
                 out->by_model[model]++;
@@ -185,6 +192,8 @@ static int cmp_cand(const kgpu_dispatch_candidate *a, const kgpu_dispatch_candid
         return ka ? -1 : 1;
     if (ka && a->perf_per_cost != b->perf_per_cost)
         return a->perf_per_cost > b->perf_per_cost ? -1 : 1;
+    if (a->scored && b->scored && a->score != b->score)
+        return a->score > b->score ? -1 : 1;
     if (a->frag_added != b->frag_added)
         return a->frag_added < b->frag_added ? -1 : 1;
     ka = a->price > 0;

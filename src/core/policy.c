@@ -388,3 +388,9 @@ int kgpu_policy_node_scores(kgpu_policy *p, const kgpu_cluster *c, const kgpu_re
     free(raw);
     return 0;
 }
+
+int64_t kgpu_policy_score(kgpu_policy *p, const kgpu_cluster *c, int node,
+                          const kgpu_request *req)
+{
+    return p->ops->score(p->state, c, node, req);
+}

@@ -34,9 +34,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
-#include <arpa/inet.h>
-#include <microhttpd.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -51,6 +48,7 @@
 #include "k8s.h"
 #include "kgpu/estimate.h"
 #include "pick.h"
+#include "textserve.h"
 
 #define KUEUE "/apis/kueue.x-k8s.io/v1beta2"
 #define INFLIGHT_MAX 4096
@@ -89,6 +87,8 @@ typedef struct dispatcher {
     kgpu_clusters clusters;
     cluster_rt rt[KGPU_CLUSTERS_MAX];
     char bench_file[1024], table_file[1024];
+    kgpu_k8s *bench_server; /* --benchmarks is a URL: its server (the path is bench_path) */
+    const char *bench_path;
     dsp_bench *bench;
     dsp_table *table;
     inflight *fl;
@@ -390,7 +390,8 @@ static void dispatch_one(dispatcher *d, dsp_workload *w, const json_t *allowed)
             perf = tp > 0 ? (a.price > 0 ? tp / a.price : tp) : 0;
         }
         cand[n] = (kgpu_dispatch_candidate){.name = name, .reachable = up, .fit = a.fit,
-                                            .grow = a.grow,
+                                            .grow = a.grow, .scored = a.scored,
+                                            .score = a.score,
                                             .pref = pref, .perf_per_cost = perf,
                                             .frag_added = a.frag_added, .price = a.price};
         idx[n++] = ci;
@@ -483,13 +484,24 @@ static void round_once(dispatcher *d)
     kgpu_error_clear(&err);
     d->rounds++;
     if (d->bench_file[0]) {
-        char *buf;
-        size_t len;
+        char *buf = NULL;
+        size_t len = 0;
         dsp_bench *b = NULL;
-        if (kgpu_read_file_max(d->bench_file, 16u << 20, &buf, &len, &err) == 0) {
-            b = dsp_bench_parse(buf, len, d->bench_file, &err);
-            free(buf);
+        int rc;
+        if (d->bench_server != NULL) {
+            kgpu_http_resp resp = {0};
+            rc = kgpu_k8s_request(d->bench_server, "GET", d->bench_path, NULL, NULL, &resp, &err);
+            if (rc == 0 && resp.status != 200)
+                rc = kgpu_error_set(&err, KGPU_EIO, "%s answered %ld", d->bench_file,
+                                    resp.status);
+            buf = resp.body;
+            len = resp.len;
+        } else {
+            rc = kgpu_read_file_max(d->bench_file, 16u << 20, &buf, &len, &err);
         }
+        if (rc == 0)
+            b = dsp_bench_parse(buf, len, d->bench_file, &err);
+        free(buf);
         if (b != NULL) {
             dsp_bench_free(d->bench);
             d->bench = b;
@@ -596,43 +608,16 @@ static void render(dispatcher *d)
     pthread_mutex_unlock(&d->mu);
 }
 
-static enum MHD_Result serve(void *cls, struct MHD_Connection *c, const char *url,
-                             const char *method, const char *version, const char *upload,
-                             size_t *upload_len, void **con_cls)
+/* /metrics for the text server: the last rendering (under mu). */
+static char *serve_metrics(void *ctx, const char *path)
 {
-    (void)version;
-    (void)upload;
-    (void)con_cls;
-    dispatcher *d = cls;
-    if (*upload_len != 0)
-        return MHD_NO;
-    char *text = NULL;
-    unsigned status = 200;
-    if (strcmp(method, "GET") != 0) {
-        status = 405;
-        text = strdup("method not allowed\n");
-    } else if (strcmp(url, "/healthz") == 0) {
-        text = strdup("ok\n");
-    } else if (strcmp(url, "/metrics") == 0) {
-        pthread_mutex_lock(&d->mu);
-        text = strdup(d->metrics_text ? d->metrics_text : "");
-        pthread_mutex_unlock(&d->mu);
-    } else {
-        status = 404;
-        text = strdup("not found\n");
-    }
-    if (text == NULL)
-        return MHD_NO;
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    if (r == NULL) {
-        free(text);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
+    dispatcher *d = ctx;
+    if (strcmp(path, "/metrics") != 0)
+        return NULL;
+    pthread_mutex_lock(&d->mu);
+    char *text = strdup(d->metrics_text ? d->metrics_text : "");
+    pthread_mutex_unlock(&d->mu);
+    return text;
 }
 
 /* ---- start ---- */
@@ -645,7 +630,8 @@ static void usage(FILE *f)
             "the manager cluster, the worker cluster whose kgpu places it best.\n"
             "  --clusters FILE        the worker clusters and their kgpu-extenders\n"
             "  --kubeconfig FILE      the manager cluster (default: in-cluster service account)\n"
-            "  --benchmarks FILE      kgpu_workload_throughput figures (exposition text), read\n"
+            "  --benchmarks FILE|URL  kgpu_workload_throughput figures (exposition text: a\n"
+            "                         file, or e.g. a central Prometheus's /federate), read\n"
             "                         each round\n"
             "  --table FILE           static workload/GPU-type table: the preference of\n"
             "                         workloads that state none\n"
@@ -666,31 +652,6 @@ static int load_table(dispatcher *d, kgpu_error *err)
     d->table = dsp_table_parse(buf, len, d->table_file, err);
     free(buf);
     return d->table != NULL ? 0 : -1;
-}
-
-static struct MHD_Daemon *start_metrics(dispatcher *d, const char *listen, kgpu_error *err)
-{
-    const char *colon = strrchr(listen, ':');
-    char *end;
-    long port = colon ? strtol(colon + 1, &end, 10) : -1;
-    if (colon == NULL || port < 0 || port > 65535 || *end) {
-        kgpu_error_set(err, KGPU_EINVAL, "--listen '%s': ADDR:PORT", listen);
-        return NULL;
-    }
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    char host[64];
-    snprintf(host, sizeof(host), "%.*s", (int)(colon - listen), listen);
-    if (host[0] && inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        kgpu_error_set(err, KGPU_EINVAL, "--listen '%s': an IPv4 address and a port", listen);
-        return NULL;
-    }
-    struct MHD_Daemon *m = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, serve, d,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 64u,
-        MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
-    if (m == NULL)
-        kgpu_error_set(err, KGPU_EIO, "--listen %s: cannot serve there", listen);
-    return m;
 }
 
 int main(int argc, char **argv)
@@ -763,12 +724,28 @@ int main(int argc, char **argv)
         if ((d.rt[i].ext = kgpu_k8s_new(&ec, &err)) == NULL)
             rc = -1;
     }
+    if (rc == 0 && (strncmp(d.bench_file, "http://", 7) == 0 ||
+                    strncmp(d.bench_file, "https://", 8) == 0)) {
+        /* A URL, e.g. a central Prometheus's /federate?match[]=...: its server and path. */
+        const char *slash = strchr(strstr(d.bench_file, "://") + 3, '/');
+        kgpu_k8s_config bc = {.timeout_ms = 10000};
+        size_t n = slash ? (size_t)(slash - d.bench_file) : strlen(d.bench_file);
+        if (n >= sizeof(bc.server))
+            rc = kgpu_error_set(&err, KGPU_EINVAL, "--benchmarks: URL too long");
+        else {
+            memcpy(bc.server, d.bench_file, n);
+            d.bench_path = slash ? slash : "/";
+            if ((d.bench_server = kgpu_k8s_new(&bc, &err)) == NULL)
+                rc = -1;
+        }
+    }
     d.fl = rc == 0 ? calloc(INFLIGHT_MAX, sizeof(*d.fl)) : NULL;
     d.bo = rc == 0 ? calloc(BACKOFF_MAX, sizeof(*d.bo)) : NULL;
     if (rc == 0 && (d.fl == NULL || d.bo == NULL))
         rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
-    struct MHD_Daemon *m = NULL;
-    if (rc == 0 && listen != NULL && (m = start_metrics(&d, listen, &err)) == NULL)
+    kgpu_textserver *m = NULL;
+    if (rc == 0 && listen != NULL &&
+        (m = kgpu_textserver_start(listen, serve_metrics, &d, &err)) == NULL)
         rc = -1;
     if (rc != 0) {
         fprintf(stderr, "kgpu-dispatcher: %s\n", err.msg);
@@ -789,8 +766,7 @@ int main(int argc, char **argv)
         for (double slept = 0; slept < interval && !stopping; slept += 0.1)
             usleep(100000);
     }
-    if (m != NULL)
-        MHD_stop_daemon(m);
+    kgpu_textserver_stop(m);
     for (int i = 0; i < d.clusters.n; i++)
         kgpu_k8s_free(d.rt[i].ext);
     while (d.nfl > 0)
@@ -798,6 +774,7 @@ int main(int argc, char **argv)
     free(d.fl);
     free(d.bo);
     kgpu_k8s_free(d.manager);
+    kgpu_k8s_free(d.bench_server);
     dsp_bench_free(d.bench);
     dsp_table_free(d.table);
     free(d.metrics_text);

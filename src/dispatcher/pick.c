@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "expo.h"
+#include "benchfig.h"
 #include "pick.h"
 #include "podspec.h"
 #include "yamljson.h"
@@ -196,6 +196,9 @@ int dsp_answer_read(const char *body, size_t len, dsp_answer *out, kgpu_error *e
         if (out->nmodels < 16 && strlen(k) < sizeof(out->models[0]))
             snprintf(out->models[out->nmodels++], sizeof(out->models[0]), "%s", k);
     }
+    json_t *score = json_object_get(pod, "score");
+    out->scored = json_is_integer(score);
+    out->score = out->scored ? (double)json_integer_value(score) : 0;
     double before = json_number_value(json_object_get(pod, "fragBefore"));
     double first = json_number_value(json_object_get(pod, "fragFirst"));
     double price = json_number_value(json_object_get(pod, "pricePerHour"));
@@ -208,46 +211,20 @@ out:
 
 /* ---- benchmark figures ---- */
 
-typedef struct bench_row {
-    char key[64], model[64], cluster[64];
-    double value;
-} bench_row;
-
 struct dsp_bench {
-    bench_row *rows;
-    int n;
+    kgpu_bench_figure *rows;
+    size_t n;
 };
-
-static int bench_sample(void *ctx, const kgpu_expo_sample *s, kgpu_error *err)
-{
-    (void)err;
-    dsp_bench *b = ctx;
-    if (strcmp(s->name, "kgpu_workload_throughput") != 0)
-        return 0;
-    const char *key = kgpu_expo_label_value(s, "workload");
-    const char *model = kgpu_expo_label_value(s, "gpu_model");
-    const char *cluster = kgpu_expo_label_value(s, "cluster");
-    if (key == NULL || model == NULL || !isfinite(s->value) || s->value <= 0 || b->n == BENCH_MAX ||
-        strlen(key) >= 64 || strlen(model) >= 64 || (cluster && strlen(cluster) >= 64))
-        return 0; /* not a usable figure: as if not measured */
-    bench_row *r = &b->rows[b->n++];
-    snprintf(r->key, sizeof(r->key), "%s", key);
-    snprintf(r->model, sizeof(r->model), "%s", model);
-    snprintf(r->cluster, sizeof(r->cluster), "%s", cluster ? cluster : "");
-    r->value = s->value;
-    return 0;
-}
 
 dsp_bench *dsp_bench_parse(const char *text, size_t len, const char *source, kgpu_error *err)
 {
     dsp_bench *b = calloc(1, sizeof(*b));
-    if (b == NULL || (b->rows = calloc(BENCH_MAX, sizeof(*b->rows))) == NULL) {
-        free(b);
+    if (b == NULL) {
         kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         return NULL;
     }
-    if (kgpu_expo_parse(text, len, source, bench_sample, b, err) != 0) {
-        dsp_bench_free(b);
+    if (kgpu_bench_figures_read(text, len, source, BENCH_MAX, &b->rows, &b->n, err) != 0) {
+        free(b);
         return NULL;
     }
     return b;
@@ -262,15 +239,15 @@ void dsp_bench_free(dsp_bench *b)
 
 int dsp_bench_count(const dsp_bench *b)
 {
-    return b != NULL ? b->n : 0;
+    return b != NULL ? (int)b->n : 0;
 }
 
 double dsp_bench_get(const dsp_bench *b, const char *key, const char *model, const char *cluster)
 {
     double here = 0, any = 0;
-    for (int i = 0; b != NULL && key[0] && model != NULL && i < b->n; i++) {
-        const bench_row *r = &b->rows[i];
-        if (strcmp(r->key, key) != 0 || strcmp(r->model, model) != 0)
+    for (size_t i = 0; b != NULL && key[0] && model != NULL && i < b->n; i++) {
+        const kgpu_bench_figure *r = &b->rows[i];
+        if (strcmp(r->workload, key) != 0 || strcmp(r->model, model) != 0)
             continue;
         if (cluster != NULL && strcmp(r->cluster, cluster) == 0 && r->value > here)
             here = r->value;

@@ -66,6 +66,8 @@ typedef struct dsp_answer {
     char first_model[64]; /* "" when none fits */
     char models[16][64];  /* models it would land on (byModel), at most 16 */
     int nmodels;
+    bool scored;       /* score is given */
+    double score;      /* the placement policy's score of the first copy's place */
     double frag_added; /* fragFirst - fragBefore */
     double price;      /* pricePerHour; 0 unknown */
 } dsp_answer;
@@ -75,7 +77,8 @@ int dsp_answer_read(const char *body, size_t len, dsp_answer *out, kgpu_error *e
 
 /*
  * Benchmark figures: kgpu_workload_throughput{workload,gpu_model,cluster}
- * samples from an exposition text. NULL with err on a malformed text.
+ * samples (or the federated rules' kgpu:workload_throughput:max30d) from an
+ * exposition text. NULL with err on a malformed text.
  */
 typedef struct dsp_bench dsp_bench;
 dsp_bench *dsp_bench_parse(const char *text, size_t len, const char *source, kgpu_error *err);

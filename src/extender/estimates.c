@@ -280,14 +280,17 @@ static json_t *estimate_one(const ext_config *cfg, est_copy *x, const kgpu_shape
         if (e.by_model[m] > 0)
             json_object_set_new(by, kgpu_cluster_model_name(x->c, m), json_integer(e.by_model[m]));
     int more = groups != NULL ? grow(cfg, x, it, groups) : 0;
-    return json_pack("{s:i,s:o,s:i,s:o,s:s?,s:f,s:f,s:f,s:f,s:i,s:i}", "fit", e.fit, "byModel",
-                     by, "grow", more, "growByGroup", groups,
+    json_t *doc = json_pack("{s:i,s:o,s:i,s:o,s:s?,s:f,s:f,s:f,s:f,s:i,s:i}", "fit", e.fit,
+                     "byModel", by, "grow", more, "growByGroup", groups,
                      "firstModel",
                      e.first_model >= 0 ? kgpu_cluster_model_name(x->c, e.first_model) : NULL,
                      "fragBefore", e.frag_before, "fragFirst", e.frag_first, "fragAfter",
                      e.frag_after, "pricePerHour",
                      first_price(cfg, x, &it->req, e.first_node, e.first_model), "reserved",
                      e.reserved, "reservedMissed", e.reserved_missed);
+    if (doc != NULL && e.fit > 0)
+        json_object_set_new(doc, "score", json_integer((json_int_t)e.score));
+    return doc;
 }
 
 void ext_estimate(ext_ctx *d, const char *body, size_t len, ext_response *r)

@@ -15,7 +15,8 @@
   ClusterQueue that covers its GPUs.
 - Manager: a control plane with Kueue configured for MultiKueue with an
   external dispatcher, a MultiKueueCluster per worker (its kubeconfig in a
-  Secret, every file in it embedded, as Kueue requires), and kgpu-dispatcher.
+  Secret, every file in it embedded, as Kueue requires), and kgpu-dispatcher
+  as its ServiceAccount with deploy/dispatcher's RBAC.
 """
 
 import base64
@@ -252,13 +253,23 @@ class Manager:
                 return c.get("status") == "True"
         return False
 
+    def dispatcher_kubeconfig(self):
+        """kgpu-dispatcher's identity: its ServiceAccount with deploy/dispatcher's RBAC, as
+        its Deployment runs it (so the suite fails if the RBAC misses a right)."""
+        self.cp.ensure_namespace("kgpu-system")
+        self.cp.kubectl("apply", "-k", os.path.join(cluster.REPO, "deploy", "dispatcher"))
+        token = self.cp.service_account_token("kgpu-system", "kgpu-dispatcher")
+        return cluster.kubeconfig(self.cp.p("dispatcher.kubeconfig"), self.cp.server,
+                                  self.cp.pki.ca_crt, token=token, user="kgpu-dispatcher")
+
     def start_dispatcher(self, build, workers, extra=()):
+        kc = self.dispatcher_kubeconfig()
         path = self.cp.p("clusters.yaml")
         with open(path, "w") as f:
             f.write("clusters:\n" + "".join(w.cluster_entry() for w in workers))
         self.metrics_port = free_port()
         self.dispatcher = self.cp.spawn("kgpu-dispatcher", [
-            os.path.join(build, "kgpu-dispatcher"), "--kubeconfig", self.cp.admin_kubeconfig,
+            os.path.join(build, "kgpu-dispatcher"), "--kubeconfig", kc,
             "--clusters", path, "--interval", "0.5", "--log-level", "debug",
             "--listen", "127.0.0.1:%d" % self.metrics_port] + list(extra))
         return self.dispatcher

@@ -537,6 +537,47 @@ class TestLeftAlone(DispatcherTest):
         self.dispatch(expect=1)
 
 
+class TestInspectClusters(DispatcherTest):
+    """`kgpu inspect --clusters FILE`: the same clusters file, each worker per GPU model."""
+
+    def inspect(self, *extra, clusters=None, expect=0):
+        out = subprocess.run([te.KGPU_BIN, "inspect", "--clusters",
+                              clusters or self.clusters_file()] + list(extra),
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, expect, out.stderr)
+        return out.stdout
+
+    def test_per_cluster_and_model(self):
+        self.occupy("worker-a", "a100-0", whole(1))
+        self.occupy("worker-b", "t4-0", share(mem=4))
+        doc = json.loads(self.inspect("--json"))
+        rows = {c["cluster"]: c for c in doc}
+        self.assertEqual(rows["worker-a"]["models"],
+                         [{"model": A100, "gpus": 2, "allocated_gpus": 1.0, "whole_free": 1,
+                           "pods": 1}])
+        t4 = rows["worker-b"]["models"][0]
+        self.assertEqual((t4["gpus"], t4["whole_free"], t4["pods"]), (4, 3, 1))
+        self.assertTrue(rows["worker-b"]["reachable"])
+        text = self.inspect()
+        self.assertRegex(text, r"worker-a\s+NVIDIA A100-SXM4-80GB\s+2\s+1.00 \(50%\)\s+1\s+1")
+        # A cluster that does not answer: its row says so, the others are shown.
+        dead = self.clusters_file(extra=[("worker-z", "http://127.0.0.1:1")])
+        text = self.inspect(clusters=dead)
+        self.assertRegex(text, r"worker-z\s+unreachable: ")
+        self.assertIn("worker-a", text)
+        doc = json.loads(self.inspect("--json", clusters=dead))
+        self.assertFalse([c for c in doc if c["cluster"] == "worker-z"][0]["reachable"])
+        # None answers: exit 1. A bad file, or flags for one extender: 2.
+        for w in self.workers.values():
+            w.kill()
+        self.inspect(expect=1)
+        bad = os.path.join(self.tmp, "bad.yaml")
+        with open(bad, "w") as f:
+            f.write("clusters: []\n")
+        self.inspect(clusters=bad, expect=2)
+        self.inspect("--detail", expect=2)
+
+
 class TestMetrics(DispatcherTest):
 
     def test_metrics_count_nominations(self):

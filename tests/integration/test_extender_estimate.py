@@ -81,6 +81,10 @@ class EstimateTest(te.ExtenderTest):
         self.assertEqual(res["models"][A100]["gpus"], 2)
         self.assertEqual(res["models"]["T4"]["wholeFree"], 4)
         self.assertEqual(res["freeMilli"], 6000)
+        # The policy's score of the first copy's place, where one fits.
+        self.assertIsInstance(one["score"], int)
+        no = self.estimate({"pods": [ask(self.pod(whole(8)))]})["pods"][0]
+        self.assertNotIn("score", no)
 
     def test_model_annotations(self):
         self.start()

@@ -282,7 +282,7 @@ class HelmChartTest(unittest.TestCase):
     def check_rbac(self, objs):
         """Every Role/ClusterRole has kustomize's rules; no other RBAC object;
         bindings name the rendered service accounts."""
-        k = kustomize("extender", "device-plugin", "dra")
+        k = kustomize("extender", "device-plugin", "dra", "dispatcher")
         k_rbac = {(kind, name): o for (kind, _, name), o in k.items() if kind in RBAC_KINDS}
         accounts = {(ns, name) for (kind, ns, name) in objs if kind == "ServiceAccount"}
         for (kind, ns, name), o in objs.items():
@@ -472,6 +472,26 @@ class HelmChartTest(unittest.TestCase):
         prices = yaml.safe_load(h[("ConfigMap", EXT_NS, "kgpu-extender")]["data"]["prices.yaml"])
         self.assertEqual(prices, {"prices": {"currency": "EUR", "gpu": {
             "Tesla T4": {"onDemand": 0.35, "spot": 0.12}}}})
+        self.check_invariants(h)
+
+    def test_cluster_name_and_node_groups(self):
+        """For kgpu-dispatcher (docs/multicluster.md): the cluster's name and its node groups
+        reach the extender's configuration, the groups as node-groups.yaml beside it."""
+        base = helm()
+        self.assertNotIn("clusterName", extender_config(base))
+        self.assertNotIn("node-groups.yaml", base[("ConfigMap", EXT_NS, "kgpu-extender")]["data"])
+        h = helm(values_yaml="extender:\n  clusterName: worker-a\n  nodeGroups:\n"
+                             "    - name: a100-spot\n      maxNodes: 8\n"
+                             "      nodeLabels: {pool: a100}\n"
+                             "      gpus: {model: NVIDIA A100-SXM4-80GB, count: 8,"
+                             " memoryMiB: 81920}\n")
+        cfg = extender_config(h)
+        self.assertEqual(cfg["clusterName"], "worker-a")
+        self.assertEqual(cfg["nodeGroups"], "/etc/kgpu/node-groups.yaml")
+        groups = yaml.safe_load(h[("ConfigMap", EXT_NS, "kgpu-extender")]["data"]
+                                ["node-groups.yaml"])
+        self.assertEqual(groups["nodeGroups"][0]["gpus"]["count"], 8)
+        self.assertEqual(sorted(changed(base, h)), [("ConfigMap", EXT_NS, "kgpu-extender")])
         self.check_invariants(h)
 
     def test_prometheus_rule(self):
@@ -1072,6 +1092,98 @@ class HelmChartTest(unittest.TestCase):
         # The shipped file has the line commented, for the operator who adds deploy/dra.
         with open(os.path.join(ARGS.source, "deploy", "extender", "scheduler-config.yaml")) as f:
             self.assertIn("#   filterVerb: filter-gpuless", f.read())
+
+    def test_benchmarks(self):
+        """A Job per workload and GPU model when asked: the workload pinned to the model by
+        kgpu.io/gpu-type, the sidecar kgpu bench-export with the labels the chart sets (never
+        the workload), as a native sidecar, no ServiceAccount token; bad values refused."""
+        self.assertFalse([k for k in helm() if k[0] == "Job"])
+        values = ("benchmarks:\n  enabled: true\n  cluster: worker-a\n"
+                  "  gpuModels: [{name: NVIDIA A100-SXM4-80GB, type: '*A100*'},"
+                  " {name: Tesla T4, type: '*T4*'}]\n"
+                  "  workloads:\n    - name: tracksim\n      image: reg.example/tracksim:1\n"
+                  "      args: [--events, '1000']\n"
+                  "      resources: {limits: {nvidia.com/gpu: 1}}\n")
+        h = helm(values_yaml=values)
+        jobs = {name: o for (kind, ns, name), o in h.items() if kind == "Job"}
+        self.assertEqual(sorted(jobs), ["kgpu-bench-tracksim-0", "kgpu-bench-tracksim-1"])
+        pod = jobs["kgpu-bench-tracksim-1"]["spec"]["template"]
+        self.assertEqual(pod["metadata"]["annotations"]["kgpu.io/gpu-type"], "*T4*")
+        self.assertEqual(pod["metadata"]["labels"]["kgpu.io/benchmark-gpu-model"], "Tesla-T4")
+        spec = pod["spec"]
+        self.assertIs(spec["automountServiceAccountToken"], False)
+        side = spec["initContainers"][0]
+        self.assertEqual(side["restartPolicy"], "Always")
+        cmd = side["command"]
+        self.assertEqual(cmd[:2], ["kgpu", "bench-export"])
+        self.assertEqual(cmd[cmd.index("--gpu-model") + 1], "Tesla T4")
+        self.assertEqual(cmd[cmd.index("--cluster") + 1], "worker-a")
+        self.assertEqual(cmd[cmd.index("--workload") + 1], "tracksim")
+        work = spec["containers"][0]
+        self.assertEqual(work["image"], "reg.example/tracksim:1")
+        self.assertEqual(work["resources"]["limits"]["nvidia.com/gpu"], 1)
+        self.assertIn({"name": "KGPU_BENCH_RESULT", "value": "/kgpu-bench/throughput"},
+                      work["env"])
+        self.assertIn("benchmarks.cluster is required", helm_error("benchmarks.enabled=true"))
+        self.assertIn("is not a DNS label",
+                      helm_error("benchmarks.enabled=true", "benchmarks.cluster=A_B"))
+        self.assertIn("not a DNS label of at most 40",
+                      helm_error("benchmarks.enabled=true", "benchmarks.cluster=c",
+                                 "benchmarks.workloads[0].name=Bad", "benchmarks.workloads[0].image=i"))
+        self.assertIn("image is required",
+                      helm_error("benchmarks.enabled=true", "benchmarks.cluster=c",
+                                 "benchmarks.workloads[0].name=w"))
+
+    def test_dispatcher(self):
+        """kgpu-dispatcher only when asked: RBAC as deploy/dispatcher (list Kueue's objects,
+        patch workloads/status, nothing else), the clusters file from values with each
+        worker's certificates from its Secret, the static table; bad values refused."""
+        self.assertFalse([k for k in helm() if k[2] == "kgpu-dispatcher"])
+        h = helm(values_yaml="dispatcher:\n  enabled: true\n  clusters:\n"
+                             "    - {name: worker-a, extender: 'https://10.0.0.5:12346',"
+                             " tlsSecret: disp-a}\n"
+                             "    - {name: worker-b, extender: 'http://10.0.0.6:12346'}\n"
+                             "  benchmarks: 'http://prometheus:9090/federate?match[]=x'\n"
+                             "  table: {tracksim: ['NVIDIA A100*']}\n")
+        role = h[("ClusterRole", "", "kgpu-dispatcher")]
+        self.assertEqual(role["rules"], [
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "admissionchecks",
+                                                            "multikueueconfigs",
+                                                            "multikueueclusters"],
+             "verbs": ["list"]},
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"],
+             "verbs": ["patch"]}])
+        data = h[("ConfigMap", EXT_NS, "kgpu-dispatcher")]["data"]
+        clusters = yaml.safe_load(data["clusters.yaml"])["clusters"]
+        self.assertEqual(clusters[0], {"name": "worker-a", "extender": "https://10.0.0.5:12346",
+                                       "ca": "/etc/kgpu/clusters/worker-a/ca.crt",
+                                       "cert": "/etc/kgpu/clusters/worker-a/tls.crt",
+                                       "key": "/etc/kgpu/clusters/worker-a/tls.key"})
+        self.assertEqual(clusters[1], {"name": "worker-b", "extender": "http://10.0.0.6:12346"})
+        self.assertEqual(yaml.safe_load(data["table.yaml"]),
+                         {"workloads": {"tracksim": ["NVIDIA A100*"]}})
+        pod = h[("Deployment", EXT_NS, "kgpu-dispatcher")]["spec"]["template"]["spec"]
+        self.assertEqual(pod["serviceAccountName"], "kgpu-dispatcher")
+        c = pod["containers"][0]
+        cmd = c["command"]
+        self.assertEqual(cmd[0], "kgpu-dispatcher")
+        self.assertEqual(cmd[cmd.index("--benchmarks") + 1],
+                         "http://prometheus:9090/federate?match[]=x")
+        self.assertEqual(cmd[cmd.index("--table") + 1], "/etc/kgpu/dispatcher/table.yaml")
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        self.assertIn("/etc/kgpu/clusters/worker-a", mounts)
+        vols = {v["name"]: v for v in pod["volumes"]}
+        self.assertEqual(vols[mounts["/etc/kgpu/clusters/worker-a"]]["secret"]["secretName"],
+                         "disp-a")
+        self.assertTrue(c["securityContext"]["readOnlyRootFilesystem"])
+        self.check_invariants(h)
+        self.assertIn("dispatcher.clusters is required", helm_error("dispatcher.enabled=true"))
+        self.assertIn("not a DNS label",
+                      helm_error("dispatcher.enabled=true", "dispatcher.clusters[0].name=A",
+                                 "dispatcher.clusters[0].extender=http://x"))
+        self.assertIn("must be an http:// or https:// URL",
+                      helm_error("dispatcher.enabled=true", "dispatcher.clusters[0].name=a",
+                                 "dispatcher.clusters[0].extender=ftp://x"))
 
     def test_expander(self):
         """kgpu-expander only when asked, TLS from the named Secret, no API token, and a

@@ -255,6 +255,101 @@ class TestAgainstTheExtender(ReportTest):
         self.assertEqual(doc["unpriced"], [])
 
 
+class TestBenchmarks(ReportTest):
+    """`kgpu bench-export` (a benchmark Job's sidecar) and `kgpu report --benchmarks`."""
+
+    def free_port(self):
+        import socket
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        return port
+
+    def exporter(self, result, workload="tracksim", model="Tesla T4", cluster="worker-b"):
+        port = self.free_port()
+        child = subprocess.Popen([te.KGPU_BIN, "bench-export", "--file", result, "--workload",
+                                  workload, "--gpu-model", model, "--cluster", cluster,
+                                  "--listen", "127.0.0.1:%d" % port],
+                                 stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: (child.terminate(), child.wait(timeout=20)))
+
+        def metrics():
+            try:
+                return te.http_request(port, "GET", "/metrics")[2].decode()
+            except OSError:
+                return None
+        te.wait_for(lambda: metrics() is not None, 20, what="bench-export serving")
+        return port, metrics, child
+
+    def test_bench_export_serves_the_workloads_figure(self):
+        result = os.path.join(self.tmp, "throughput")
+        port, metrics, child = self.exporter(result, model='Tesla "T4"\nx')
+        # Nothing written yet: no figure, no error.
+        text = metrics()
+        self.assertNotIn("kgpu_workload_throughput{", text)
+        self.assertIn("kgpu_workload_benchmark_errors_total{", text)
+        self.assertIn(" 0\n", text.split("kgpu_workload_benchmark_errors_total{")[1])
+        with open(result, "w") as f:
+            f.write("123.5\n")
+        text = metrics()
+        # The labels are the flags', escaped; the value the file's.
+        self.assertIn('kgpu_workload_throughput{workload="tracksim",gpu_model="Tesla \\"T4\\"\\nx",'
+                      'cluster="worker-b"} 123.5\n', text)
+        # What the workload writes is outside input: anything but one finite number >= 0
+        # leaves the figure out and is counted.
+        for bad in ("-1", "nan", "inf", "12 13", "", "x" * 5000):
+            with open(result, "w") as f:
+                f.write(bad)
+            text = metrics()
+            self.assertNotIn("kgpu_workload_throughput{", text, bad)
+        self.assertRegex(text, r"kgpu_workload_benchmark_errors_total\{[^}]*\} 6\n")
+        self.assertEqual(te.http_request(port, "GET", "/nope")[0], 404)
+        child.terminate()
+        self.assertEqual(child.wait(timeout=20), 0)
+        out = subprocess.run([te.KGPU_BIN, "bench-export", "--file", result], capture_output=True,
+                             text=True, timeout=30)
+        self.assertEqual(out.returncode, 2)
+
+    def test_report_ranks_models_by_throughput_per_price(self):
+        expo = os.path.join(self.tmp, "bench.prom")
+        with open(expo, "w") as f:
+            f.write('kgpu_workload_throughput{workload="tracksim",gpu_model="T4",cluster="b"} 80\n'
+                    'kgpu_workload_throughput{workload="tracksim",gpu_model="%s",cluster="a"} 400\n'
+                    'kgpu:workload_throughput:max30d{workload="gan",gpu_model="T4",cluster="b"} 5\n'
+                    'kgpu_workload_throughput{workload="gan",gpu_model="H100",cluster="c"} 90\n'
+                    'kgpu_workload_throughput{workload="gan",gpu_model="T4",cluster="x"} NaN\n'
+                    'kgpu_extender_ready 1\n' % A100)
+        prices = os.path.join(self.tmp, "prices.yaml")
+        with open(prices, "w") as f:
+            f.write("prices:\n  currency: EUR\n  gpu:\n    T4: {onDemand: 0.4, spot: 0.1}\n"
+                    "    %s: {onDemand: 4.0, spot: 1.5}\n" % A100)
+        doc = self.report_json("--benchmarks", expo, "--prices", prices)
+        got = [(r["workload"], r["gpu_model"], r.get("throughput_per_price")) for r in doc]
+        # tracksim: the T4 (80/0.4 = 200) before the A100 (400/4 = 100); gan: priced first.
+        self.assertEqual(got, [("gan", "T4", 12.5), ("gan", "H100", None),
+                               ("tracksim", "T4", 200.0), ("tracksim", A100, 100.0)])
+        # Without prices: by throughput; served over HTTP like a Prometheus /federate.
+        with open(expo) as f:
+            text = f.read()
+        srv = self.serve(lambda path: (200, text))
+        doc = self.report_json("--benchmarks", srv.url + "/federate?match[]=x")
+        self.assertEqual([(r["workload"], r["gpu_model"]) for r in doc],
+                         [("gan", "H100"), ("gan", "T4"), ("tracksim", A100), ("tracksim", "T4")])
+        self.assertTrue(srv.paths[0].startswith("/federate"))
+        table = kgpu("--benchmarks", expo, "--prices", prices)
+        self.assertEqual(table.returncode, 0, table.stderr)
+        self.assertRegex(table.stdout, r"tracksim\s+T4\s+b\s+80.00\s+0.40\s+200.00")
+        for args in (["--benchmarks", expo, "--metrics", expo], ["--prices", prices, "--metrics",
+                                                                 expo]):
+            self.assertEqual(kgpu(*args).returncode, 2, args)
+        with open(expo, "w") as f:
+            f.write("kgpu_workload_throughput{workload=\"a\" 1\n")
+        bad = kgpu("--benchmarks", expo)
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("bench.prom:1:", bad.stderr)
+
+
 def main():
     return te.main_with_binaries("test_report", __doc__)
 

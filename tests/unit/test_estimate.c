@@ -255,6 +255,9 @@ static void test_rank_rules(void **state)
     assert_int_equal(kgpu_dispatch_rank(c, 4, 1, order), 2);
     assert_int_equal(order[0], 1);
     /* Same preference: measured throughput per cost beats fragmentation; unknown last. */
+    c[0].scored = c[1].scored = true;
+    c[0].score = -1;
+    c[1].score = -1000000; /* and beats the policy's score */
     c[0].pref = c[1].pref = 0;
     c[0].perf_per_cost = 2.0;
     assert_int_equal(kgpu_dispatch_rank(c, 4, 1, order), 2);
@@ -262,6 +265,19 @@ static void test_rank_rules(void **state)
     c[1].perf_per_cost = 3.0;
     kgpu_dispatch_rank(c, 4, 1, order);
     assert_int_equal(order[0], 1);
+    /* The policy's score, when both clusters have one, before fragmentation added. */
+    c[0].perf_per_cost = c[1].perf_per_cost = 0;
+    c[0].frag_added = 5;
+    c[1].frag_added = 50;
+    c[0].scored = c[1].scored = true;
+    c[0].score = -900;
+    c[1].score = -100;
+    kgpu_dispatch_rank(c, 4, 1, order);
+    assert_int_equal(order[0], 1);
+    c[1].scored = false; /* one unscored: fragmentation decides */
+    kgpu_dispatch_rank(c, 4, 1, order);
+    assert_int_equal(order[0], 0);
+    c[0].scored = false;
     /* All equal but price: the cheaper, unknown after known. */
     c[0].perf_per_cost = c[1].perf_per_cost = 0;
     c[0].frag_added = c[1].frag_added = 0;
