@@ -30,12 +30,10 @@ SUITES = {"control-plane": "test_control_plane", "node": "test_node", "dra": "te
 
 def undo_node():
     """What the node suite set up outside processes (mounts, cgroups, the pods' bridge,
-    kernel settings), and the multicluster suite's certificate folder for Kueue, undone
-    even when their tearDownClass never ran."""
-    for name in ("node", "multicluster"):
-        mod = sys.modules.get(name)
-        if mod is not None:
-            mod.emergency_cleanup()
+    kernel settings), undone even when its tearDownClass never ran."""
+    node = sys.modules.get("node")
+    if node is not None:
+        node.emergency_cleanup()
 
 
 class Result(unittest.TextTestResult):

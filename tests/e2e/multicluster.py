@@ -22,7 +22,6 @@
 import base64
 import json
 import os
-import shutil
 import subprocess
 
 import cluster
@@ -31,32 +30,34 @@ from cluster import CORE, MEM, WHOLE, free_port, wait_for
 
 KUEUE_NS = "kueue-system"
 # Kueue reads its metrics server's certificate from this fixed folder when its internal
-# certificate management is off (cmd/kueue/main.go); the suite writes one there and
-# removes the folder again (also when interrupted: emergency_cleanup), unless it was
-# there before, which is then used as it is.
-METRICS_CERT_ROOT = "/etc/kueue"
-METRICS_CERT_DIR = METRICS_CERT_ROOT + "/metrics/certs"
-OURS = METRICS_CERT_ROOT + "/.kgpu-e2e"
+# certificate management is off (cmd/kueue/main.go), and exits without one. Each Kueue
+# gets one there in a mount namespace of its own (metrics_cert_argv): nothing on this
+# machine's /etc changes, whoever runs the suite, and nothing is left behind however the
+# process ends.
+METRICS_CERT_DIR = "/etc/kueue/metrics/certs"
+# In its namespace: a tmpfs on the scratch folder $O holding kueue/metrics/certs, laid over
+# /etc (overlayfs, /etc itself the lower layer), then Kueue in place of the shell.
+_OVERLAY_ETC = ('set -e; mount -t tmpfs tmpfs "$O"; mkdir -p "$O/u/kueue/metrics/certs" "$O/w"; '
+                'cp "$CRT" "$O/u/kueue/metrics/certs/tls.crt"; '
+                'cp "$KEY" "$O/u/kueue/metrics/certs/tls.key"; '
+                'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$O/u,workdir=$O/w" /etc; '
+                'exec "$@"')
 
 
-def provide_metrics_cert(pki):
-    """A serving certificate where Kueue looks for its metrics server's."""
-    if os.path.exists(METRICS_CERT_DIR + "/tls.crt") and not os.path.exists(OURS):
-        return
-    os.makedirs(METRICS_CERT_DIR, exist_ok=True)
-    with open(OURS, "w") as f:
-        f.write("written by kgpu's multicluster e2e suite; removed when it ends\n")
-    crt, key = pki.issue("kueue-metrics", "kueue-metrics", server=True,
-                         sans=["IP:127.0.0.1", "DNS:localhost"])
-    for src, dst in ((crt, "tls.crt"), (key, "tls.key")):
-        with open(src) as a, open(os.path.join(METRICS_CERT_DIR, dst), "w") as b:
-            b.write(a.read())
+def metrics_cert_argv(cp, argv, env):
+    """argv run in a private mount namespace where METRICS_CERT_DIR holds a serving
+    certificate of cp's CA; as root a mount namespace, otherwise a user namespace with one
+    (unprivileged overlayfs: Linux 5.11 and later). Sets what the shell reads in env."""
+    crt, key = cp.pki.issue("kueue-metrics", "kueue-metrics", server=True,
+                            sans=["IP:127.0.0.1", "DNS:localhost"])
+    over = cp.p("kueue-etc-overlay")
+    os.makedirs(over, exist_ok=True)
+    env.update(O=over, CRT=crt, KEY=key)
+    ns = ["--mount"] if os.geteuid() == 0 else ["--user", "--map-root-user", "--mount"]
+    return (["unshare"] + ns + ["--propagation", "private", "sh", "-c", _OVERLAY_ETC, "kueue"]
+            + list(argv))
 
 
-def emergency_cleanup():
-    """Removes the metrics certificate folder if this suite made it."""
-    if os.path.exists(OURS):
-        shutil.rmtree(METRICS_CERT_ROOT, ignore_errors=True)
 TEAM_NS = "team-a"
 DISPATCHER_NAME = "kgpu.io/dispatcher"
 GPU_RESOURCES = ("cpu", "memory", WHOLE, CORE, MEM)
@@ -92,7 +93,6 @@ class Kueue:
                                    "crd/" + name)
                         break
         cp.ensure_namespace(KUEUE_NS)
-        provide_metrics_cert(cp.pki)
         cert_dir = cp.p("kueue-certs")
         os.makedirs(cert_dir, exist_ok=True)
         crt, key = cp.pki.issue("kueue-webhook", "kueue-webhook", server=True,
@@ -117,9 +117,9 @@ class Kueue:
         with open(self.config, "w") as f:
             f.write("\n".join(lines) + "\n")
         env = dict(os.environ, KUBECONFIG=cp.admin_kubeconfig)
-        self.child = cp.spawn("kueue", [
+        self.child = cp.spawn("kueue", metrics_cert_argv(cp, [
             os.path.join(kueue_dir, "kueue"), "--config", self.config,
-            "--feature-gates", "VisibilityOnDemand=false", "--zap-log-level", "3"], env=env)
+            "--feature-gates", "VisibilityOnDemand=false", "--zap-log-level", "3"], env), env=env)
 
         def healthy():
             if not self.child.alive():
