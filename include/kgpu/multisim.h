@@ -11,9 +11,9 @@
  *   ALL_AT_ONCE  MultiKueue's default: a copy to every cluster; the first
  *                whose Kueue has quota left admits it (a uniform draw among
  *                them: which answers first is a race). Quota is a cluster's
- *                GPU capacity, admission is blind to fit: a pod admitted
- *                where it does not fit waits there for good (stuck), holding
- *                the quota.
+ *                GPU capacity (or each model's, quota_per_model), admission
+ *                is blind to fit: a pod admitted where it does not fit
+ *                waits there for good (stuck), holding the quota.
  *   INCREMENTAL  MultiKueue's incremental dispatcher: the same among the
  *                first three clusters by name, then the next three, ...
  *   STATIC       the users' static table: each pod class (its GPU model
@@ -69,6 +69,15 @@ typedef struct kgpu_multisim_config {
     double inflate;
     /* Price per GPU-hour per model id of the input's cluster (on-demand); NULL: no cost. */
     const double *price;
+    /*
+     * MultiKueue's Kueues (ALL_AT_ONCE, INCREMENTAL): false, one flavor per
+     * cluster covering every GPU model (what a pod pinned by kgpu's
+     * kgpu.io/gpu-type annotation, which Kueue does not read, meets); true,
+     * a flavor per GPU model (ResourceFlavors with node labels, for pods
+     * pinned by node affinity): a pod is admitted only against the quota of
+     * a model it allows, the first with room, and then runs on that model.
+     */
+    bool quota_per_model;
 } kgpu_multisim_config;
 
 typedef struct kgpu_multisim_result {

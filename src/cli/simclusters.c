@@ -204,7 +204,8 @@ static int mc_job(void *ctx, int j, kgpu_error *err)
                                 .policy = s->o->policy,
                                 .seed = s->o->seeds[k],
                                 .inflate = s->o->inflate,
-                                .price = s->price};
+                                .price = s->price,
+                                .quota_per_model = s->o->quota_per_model};
     double t0 = kgpu_now();
     int rc = kgpu_multisim_run(s->in, s->split, &cfg, &s->runs[j], err);
     s->wall[j] = kgpu_now() - t0;
@@ -281,9 +282,11 @@ static void describe_clusters(FILE *f, const mc_study *s, json_t *arr)
 static void mc_table(FILE *f, const mc_study *s)
 {
     const kgpu_mc_opts *o = s->o;
-    fprintf(f, "clusters: %s (%d), placement %s within each; workload %s, inflated to %.2fx; "
-               "seeds %llu..%llu (%d)\n",
-            o->clusters_path, s->split->nclusters, o->policy, o->pods_path, o->inflate,
+    fprintf(f, "clusters: %s (%d), placement %s within each; Kueue: %s; workload %s, inflated "
+               "to %.2fx; seeds %llu..%llu (%d)\n",
+            o->clusters_path, s->split->nclusters, o->policy,
+            o->quota_per_model ? "a flavor per GPU model" : "one flavor per cluster",
+            o->pods_path, o->inflate,
             (unsigned long long)o->seeds[0], (unsigned long long)o->seeds[o->nseeds - 1],
             o->nseeds);
     describe_clusters(f, s, NULL);
@@ -321,6 +324,8 @@ static json_t *mc_json(const mc_study *s)
     json_object_set_new(root, "clusters_file", json_string(o->clusters_path));
     json_object_set_new(root, "policy", json_string(o->policy));
     json_object_set_new(root, "inflate", json_real(o->inflate));
+    json_object_set_new(root, "kueue_flavors",
+                        json_string(o->quota_per_model ? "per-model" : "one"));
     describe_clusters(NULL, s, clusters);
     json_object_set_new(root, "clusters", clusters);
     for (int r = 0; r < s->nrows; r++) {

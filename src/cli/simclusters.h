@@ -22,6 +22,7 @@ typedef struct kgpu_mc_opts {
     const uint64_t *seeds;
     int nseeds, threads;
     double inflate;
+    bool quota_per_model; /* --kueue-flavors per-model */
     bool json, timing;
 } kgpu_mc_opts;
 

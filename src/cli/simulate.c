@@ -999,7 +999,10 @@ static void simulate_usage(FILE *f)
                "                    arrivals dispatched among them (docs/multicluster.md);\n"
                "                    --prices then costs the GPUs held\n"
                "  --dispatch LIST   with --clusters: one, kgpu, all-at-once, incremental,\n"
-               "                    static (default all five), kgpu-separate\n");
+               "                    static (default all five), kgpu-separate\n"
+               "  --kueue-flavors F with --clusters: MultiKueue's Kueues with one flavor per\n"
+               "                    cluster (one, the default) or a flavor per GPU model\n"
+               "                    (per-model)\n");
 }
 
 /*
@@ -1109,6 +1112,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"restartable", required_argument, NULL, 'r'},
         {"clusters", required_argument, NULL, 1010},
         {"dispatch", required_argument, NULL, 1011},
+        {"kueue-flavors", required_argument, NULL, 1012},
         {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL, *queues_path = NULL;
@@ -1126,7 +1130,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
     bool restartable_be = false, restartable_set = false;
     bool *best_effort = NULL;
     bool autoscale = false, autoscale_flag = false, prices_set = false;
-    const char *clusters_path = NULL, *dispatch = NULL;
+    const char *clusters_path = NULL, *dispatch = NULL, *flavors = NULL;
     kgpu_as_opts ao = {.prices_path = "examples/prices.yaml",
                        .expanders = "kgpu,least-waste,price,random,fixed",
                        .spot_qos = "BE",
@@ -1245,6 +1249,15 @@ int kgpu_cmd_simulate(int argc, char **argv)
         case 1011:
             dispatch = optarg;
             break;
+        case 1012:
+            if (strcmp(optarg, "one") != 0 && strcmp(optarg, "per-model") != 0) {
+                fprintf(stderr, "kgpu simulate: --kueue-flavors '%s': one or per-model\n",
+                        optarg);
+                free(policy_text);
+                return 2;
+            }
+            flavors = optarg;
+            break;
         case 1001:
             ao.expanders = optarg;
             autoscale_flag = true;
@@ -1304,8 +1317,8 @@ int kgpu_cmd_simulate(int argc, char **argv)
         free(policy_text);
         return 2;
     }
-    if (dispatch != NULL && clusters_path == NULL) {
-        fprintf(stderr, "kgpu simulate: --dispatch needs --clusters\n");
+    if ((dispatch != NULL || flavors != NULL) && clusters_path == NULL) {
+        fprintf(stderr, "kgpu simulate: --dispatch and --kueue-flavors need --clusters\n");
         free(policy_text);
         return 2;
     }
@@ -1408,6 +1421,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
                            .nseeds = nseeds,
                            .threads = threads,
                            .inflate = inflate,
+                           .quota_per_model = flavors != NULL && strcmp(flavors, "per-model") == 0,
                            .json = json,
                            .timing = timing};
         status = kgpu_simulate_clusters(&mo);

@@ -43,6 +43,9 @@ typedef struct run {
     int *all; /* every node of some cluster */
     int nall;
     int64_t quota[KGPU_MULTISIM_CLUSTERS], used[KGPU_MULTISIM_CLUSTERS];
+    /* With quota_per_model: each cluster's quota and use per GPU model (a flavor each). */
+    int64_t mquota[KGPU_MULTISIM_CLUSTERS][KGPU_MAX_MODELS];
+    int64_t mused[KGPU_MULTISIM_CLUSTERS][KGPU_MAX_MODELS];
     /* The static table: per request class (table_class), the model and the cluster. */
     int table_model[TABLE_CLASSES], table_cluster[TABLE_CLASSES];
     int64_t model_gpus[KGPU_MAX_MODELS]; /* GPUs of each model over every cluster */
@@ -211,20 +214,45 @@ static int dispatch_kgpu(run *r, const kgpu_request *req, int *k_out, kgpu_error
 }
 
 /*
- * MultiKueue's choice into *k: a uniform draw among the clusters of the
- * first window (of `window` clusters by name) that has one with quota left.
+ * The flavor cluster k's Kueue would admit req against: one flavor for every
+ * model (-1, when the quota has room), or with a flavor per model the first
+ * model req allows that has room (its id). -2: no room.
  */
-static int dispatch_quota(run *r, const kgpu_request *req, int window, int *k_out)
+static int admitting_flavor(const run *r, int k, const kgpu_request *req, int64_t need)
+{
+    if (r->nnodes[k] == 0)
+        return -2;
+    if (!r->cfg->quota_per_model || req->gpu_count <= 0)
+        return r->used[k] + need <= r->quota[k] ? -1 : -2;
+    for (int m = 0; m < KGPU_MAX_MODELS; m++)
+        if (((req->models >> m) & 1) && r->mquota[k][m] > 0 &&
+            r->mused[k][m] + need <= r->mquota[k][m])
+            return m;
+    return -2;
+}
+
+/*
+ * MultiKueue's choice into *k (and the flavor admitting it into *m): a
+ * uniform draw among the clusters of the first window (of `window`
+ * clusters by name) that has one whose Kueue admits it.
+ */
+static int dispatch_quota(run *r, const kgpu_request *req, int window, int *k_out, int *m_out)
 {
     int64_t need = kgpu__gpu_demand(req);
     int ncl = r->split->nclusters;
     for (int from = 0; from < ncl; from += window) {
-        int ok[KGPU_MULTISIM_CLUSTERS], n = 0;
-        for (int k = from; k < ncl && k < from + window; k++)
-            if (r->used[k] + need <= r->quota[k] && r->nnodes[k] > 0)
+        int ok[KGPU_MULTISIM_CLUSTERS], fl[KGPU_MULTISIM_CLUSTERS], n = 0;
+        for (int k = from; k < ncl && k < from + window; k++) {
+            int m = admitting_flavor(r, k, req, need);
+            if (m >= -1) {
+                fl[n] = m;
                 ok[n++] = k;
+            }
+        }
         if (n > 0) {
-            *k_out = ok[kgpu_rng_below(&r->drng, (uint64_t)n)];
+            int pick = (int)kgpu_rng_below(&r->drng, (uint64_t)n);
+            *k_out = ok[pick];
+            *m_out = fl[pick];
             return 0;
         }
     }
@@ -447,6 +475,8 @@ int kgpu_multisim_run(const kgpu_sim_input *in, const kgpu_multisim_split *split
         r.nodes[k][r.nnodes[k]++] = i;
         r.all[r.nall++] = i;
         r.quota[k] += (int64_t)node->ngpus * KGPU_MILLI;
+        for (int g = 0; g < node->ngpus; g++)
+            r.mquota[k][node->gpus[g].model] += KGPU_MILLI;
         capacity += (int64_t)node->ngpus * KGPU_MILLI;
         present |= node->model_mask;
     }
@@ -481,15 +511,22 @@ int kgpu_multisim_run(const kgpu_sim_input *in, const kgpu_multisim_split *split
             drc = dispatch_kgpu(&r, req, &k, err);
             break;
         case KGPU_DISPATCH_ALL_AT_ONCE:
-        case KGPU_DISPATCH_INCREMENTAL:
+        case KGPU_DISPATCH_INCREMENTAL: {
+            int fm = -1;
             drc = dispatch_quota(&r, req,
                                  cfg->dispatcher == KGPU_DISPATCH_INCREMENTAL ? INCREMENTAL_ROUND
                                                                               : split->nclusters,
-                                 &k);
-            if (drc == 0)
+                                 &k, &fm);
+            if (drc == 0 && fm >= 0) {
+                r.mused[k][fm] += demand; /* its flavor's nodes: that model alone */
+                narrowed.models = req->models & (UINT64_C(1) << fm);
+                use = &narrowed;
+            } else if (drc == 0) {
                 r.used[k] += demand; /* admitted by quota, whether it fits or not */
+            }
             by_quota = drc == 0;
             break;
+        }
         default: { /* static */
             int cl = table_class(req, present);
             int m = cl > 0 ? r.table_model[cl] : cl < 0 ? most_gpus_model(req->models,

@@ -146,6 +146,49 @@ static void test_quota_admits_where_it_does_not_fit(void **state)
     json_decref(root);
 }
 
+/* Pods pinned to P100s: with one Kueue flavor per cluster they are admitted by the T4 cluster's
+ * quota too and wait there; with a flavor per model, only where P100s are. */
+static void test_kueue_flavors(void **state)
+{
+    (void)state;
+    char nodes[300], pods[300], split[300], args[1200];
+    write_file("n3.csv",
+               "sn,cpu_milli,memory_mib,gpu,model\nt0,64000,262144,2,T4\np0,64000,262144,2,P100\n",
+               nodes, sizeof(nodes));
+    write_file("p3.csv",
+               "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+               "deletion_time,scheduled_time\n"
+               "p0,1000,1024,1,1000,P100,LS,Running,1,2,1\np1,1000,1024,1,1000,P100,LS,Running,1,2,1\n",
+               pods, sizeof(pods));
+    write_file("c3.csv", "t4s,T4\np100s,P100\n", split, sizeof(split));
+    const char *modes[] = {"one", "per-model"};
+    double stuck[2], alloc[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof(args),
+                 "simulate --nodes '%s' --pods '%s' --clusters '%s' --inflate 0.5 --seeds 1-9 "
+                 "--json --no-timing --dispatch kgpu,all-at-once --kueue-flavors %s",
+                 nodes, pods, split, modes[i]);
+        json_t *root = run_json(args);
+        assert_string_equal(json_string_value(json_object_get(root, "kueue_flavors")), modes[i]);
+        json_t *a = result_of(root, "all-at-once");
+        stuck[i] = num(a, "stuck");
+        alloc[i] = num(a, "alloc_pct_final");
+        /* kgpu's dispatcher reads the pods' models whatever Kueue's flavors. */
+        assert_float_equal(num(result_of(root, "kgpu"), "alloc_pct_final"), 50.0, 1e-9);
+        json_decref(root);
+    }
+    assert_true(stuck[0] >= 1);
+    assert_float_equal(stuck[1], 0, 1e-9);
+    assert_float_equal(alloc[1], 50.0, 1e-9);
+    assert_true(alloc[0] < alloc[1]);
+    run_result r = run("simulate " EXAMPLE " --kueue-flavors per-model");
+    assert_int_equal(r.status, 2);
+    run_free(&r);
+    r = run("simulate " EXAMPLE " --clusters examples/clusters-alibaba.csv --kueue-flavors x");
+    assert_int_equal(r.status, 2);
+    run_free(&r);
+}
+
 static void test_bad_clusters_files(void **state)
 {
     (void)state;
@@ -228,6 +271,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_any_cluster_serves_any_pod),
         cmocka_unit_test(test_quota_admits_where_it_does_not_fit),
+        cmocka_unit_test(test_kueue_flavors),
         cmocka_unit_test(test_bad_clusters_files),
         cmocka_unit_test(test_table_with_prices),
     };
