@@ -1,4 +1,5 @@
 /* The studies' thread pool (jobs.h). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -101,5 +102,19 @@ int kgpu_jobs_run(int n, int threads, bool progress, kgpu_job_fn fn, void *ctx, 
             *err = p.first_err;
         return p.first_err.code;
     }
+    return 0;
+}
+
+void kgpu_study_print_json(json_t *root)
+{
+    json_dumpf(root, stdout, JSON_PRESERVE_ORDER | JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+    fputc('\n', stdout);
+    json_decref(root);
+}
+
+int kgpu_study_flush(kgpu_error *err)
+{
+    if (fflush(stdout) != 0)
+        return kgpu_error_set(err, KGPU_EIO, "cannot write the results: %s", strerror(errno));
     return 0;
 }

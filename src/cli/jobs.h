@@ -8,6 +8,7 @@
 #ifndef KGPU_CLI_JOBS_H
 #define KGPU_CLI_JOBS_H
 
+#include <jansson.h>
 #include <stdbool.h>
 
 #include "kgpu/error.h"
@@ -27,5 +28,11 @@ typedef int (*kgpu_job_fn)(void *ctx, int j, kgpu_error *err);
  */
 int kgpu_jobs_run(int n, int threads, bool progress, kgpu_job_fn fn, void *ctx,
                   kgpu_error *err);
+
+/* A study's --json document on stdout, as every simulator writes it (consumes root). */
+void kgpu_study_print_json(json_t *root);
+
+/* Flushes stdout: 0, or KGPU_EIO with "cannot write the results" in err. */
+int kgpu_study_flush(kgpu_error *err);
 
 #endif

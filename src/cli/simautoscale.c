@@ -4,7 +4,6 @@
  * does, then the fixed cluster sized by kgpu's runs, and prints medians
  * over seeds. All I/O of the autoscaled replay lives here.
  */
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -383,17 +382,12 @@ int kgpu_simulate_autoscale(const kgpu_as_opts *o)
     if (as_phase(&s, false, &err) != 0 || as_phase(&s, true, &err) != 0)
         goto out;
     if (o->json) {
-        json_t *root = as_json(&s);
-        json_dumpf(root, stdout, JSON_PRESERVE_ORDER | JSON_INDENT(2) | JSON_REAL_PRECISION(10));
-        fputc('\n', stdout);
-        json_decref(root);
+        kgpu_study_print_json(as_json(&s));
     } else {
         as_table(stdout, &s);
     }
-    if (fflush(stdout) != 0) {
-        kgpu_error_set(&err, KGPU_EIO, "cannot write the results: %s", strerror(errno));
+    if (kgpu_study_flush(&err) != 0)
         goto out;
-    }
     status = 0;
 out:
     if (status != 0)

@@ -3,7 +3,6 @@
  * seed) on the shared thread pool, medians per dispatcher.
  */
 #include <ctype.h>
-#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -427,17 +426,12 @@ int kgpu_simulate_clusters(const kgpu_mc_opts *o)
     if (kgpu_jobs_run((int)nruns, o->threads, false, mc_job, &s, &err) != 0)
         goto out;
     if (o->json) {
-        json_t *root = mc_json(&s);
-        json_dumpf(root, stdout, JSON_PRESERVE_ORDER | JSON_INDENT(2) | JSON_REAL_PRECISION(10));
-        fputc('\n', stdout);
-        json_decref(root);
+        kgpu_study_print_json(mc_json(&s));
     } else {
         mc_table(stdout, &s);
     }
-    if (fflush(stdout) != 0) {
-        kgpu_error_set(&err, KGPU_EIO, "cannot write the results: %s", strerror(errno));
+    if (kgpu_study_flush(&err) != 0)
         goto out;
-    }
     status = 0;
 out:
     if (status != 0)

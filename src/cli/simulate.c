@@ -832,19 +832,14 @@ static int run_churn(const churn_opts *o)
     if (churn_study_run(&s, o->threads, &err) != 0)
         goto out;
     if (o->json) {
-        json_t *root = churn_json(&s, o->timing);
-        json_dumpf(root, stdout, JSON_PRESERVE_ORDER | JSON_INDENT(2) | JSON_REAL_PRECISION(10));
-        fputc('\n', stdout);
-        json_decref(root);
+        kgpu_study_print_json(churn_json(&s, o->timing));
     } else {
         churn_table(stdout, &s, o->pods_path);
     }
     if (o->plot_path != NULL && churn_plot(o->plot_path, &s, &err) != 0)
         goto out;
-    if (fflush(stdout) != 0) {
-        kgpu_error_set(&err, KGPU_EIO, "cannot write the results: %s", strerror(errno));
+    if (kgpu_study_flush(&err) != 0)
         goto out;
-    }
     status = 0;
 out:
     if (status != 0)
@@ -1518,19 +1513,14 @@ int kgpu_cmd_simulate(int argc, char **argv)
     if (kgpu_study_run(&study, &err) != 0)
         goto out;
     if (json) {
-        json_t *root = kgpu_study_json(&study, timing);
-        json_dumpf(root, stdout, JSON_PRESERVE_ORDER | JSON_INDENT(2) | JSON_REAL_PRECISION(10));
-        fputc('\n', stdout);
-        json_decref(root);
+        kgpu_study_print_json(kgpu_study_json(&study, timing));
     } else {
         print_table(stdout, &study, pods_path);
     }
     if (plot_path != NULL && write_plot(plot_path, &study, &err) != 0)
         goto out;
-    if (fflush(stdout) != 0) {
-        kgpu_error_set(&err, KGPU_EIO, "cannot write the results: %s", strerror(errno));
+    if (kgpu_study_flush(&err) != 0)
         goto out;
-    }
     status = 0;
 out:
     if (status != 0)
