@@ -159,17 +159,53 @@ static int place_in(run *r, const kgpu_request *req, int k, kgpu_assignment *a, 
     return rc == 0 ? kgpu_cluster_apply(r->c, req, node, gpus, a, err) : rc;
 }
 
-/* Price per hour of what a takes: its GPUs (shares by their fraction) at their model's price. */
-static double price_of(const run *r, const kgpu_request *req, const kgpu_assignment *a)
+/* Price per hour of what a (on c) takes: its GPUs, shares by their fraction, at their model's. */
+static double placement_price(const kgpu_cluster *c, const double *price,
+                              const kgpu_request *req, const kgpu_assignment *a)
 {
-    if (r->cfg->price == NULL || a->ngpus == 0)
+    if (price == NULL || a->ngpus == 0)
         return 0;
-    const kgpu_node *n = kgpu_cluster_node(r->c, a->node);
+    const kgpu_node *n = kgpu_cluster_node(c, a->node);
     double per = req->exclusive ? 1.0 : req->gpu_milli / (double)KGPU_MILLI;
     double sum = 0;
     for (int i = 0; i < a->ngpus; i++)
-        sum += per * r->cfg->price[n->gpus[a->gpus[i]].model];
+        sum += per * price[n->gpus[a->gpus[i]].model];
     return sum;
+}
+
+/* What a run counts of its arrivals, whichever way they were dispatched. */
+typedef struct tally {
+    int64_t capacity, arrived, allocated; /* GPU milli */
+    bool at100;                           /* arrivals have reached the capacity */
+} tally;
+
+/* One arrival, placed or failed: counted, and the allocation when 100 % had arrived. */
+static void tally_arrival(tally *t, kgpu_multisim_result *out, const kgpu_request *req,
+                          bool placed)
+{
+    int64_t demand = kgpu__gpu_demand(req);
+    out->pods++;
+    t->arrived += demand;
+    if (placed) {
+        t->allocated += demand;
+    } else {
+        out->pods_failed++;
+        out->gpu_pods_failed += req->gpu_count > 0;
+    }
+    if (!t->at100 && t->arrived >= t->capacity) {
+        out->alloc_pct_100 =
+            t->capacity > 0 ? 100.0 * (double)t->allocated / (double)t->capacity : 0;
+        t->at100 = true;
+    }
+}
+
+/* After the last arrival. */
+static void tally_finish(const tally *t, kgpu_multisim_result *out)
+{
+    out->alloc_pct_final = t->capacity > 0 ? 100.0 * (double)t->allocated / (double)t->capacity : 0;
+    out->allocated_gpus = (double)t->allocated / KGPU_MILLI;
+    if (!t->at100)
+        out->alloc_pct_100 = out->alloc_pct_final;
 }
 
 /*
@@ -201,7 +237,7 @@ static int dispatch_kgpu(run *r, const kgpu_request *req, int *k_out, kgpu_error
         if ((rc = kgpu_cluster_apply(r->c, req, node, gpus, &a, err)) != 0)
             return rc;
         cand[k].frag_added = kgpu_node_frag(n, &r->in->target, NULL, -1) - before;
-        cand[k].price = price_of(r, req, &a);
+        cand[k].price = placement_price(r->c, r->cfg->price, req, &a);
         if ((rc = kgpu_cluster_release(r->c, &a, err)) != 0)
             return rc;
         cand[k].fit = 1;
@@ -352,18 +388,15 @@ static int run_separate(const kgpu_sim_input *in, const kgpu_multisim_split *spl
         rc = kgpu_sim_tie_order(in, cfg->seed, cfg->inflate, rank, err);
     for (int k = 0; k < ncl && rc == 0; k++)
         rc = sep_build(&s, k, in, split, cfg->policy, rank, err);
-    int64_t capacity = 0, arrived = 0, allocated = 0;
+    tally t = {0};
     for (int k = 0; k < ncl && rc == 0; k++)
-        capacity += (int64_t)kgpu_cluster_gpu_count(s.c[k]) * KGPU_MILLI;
+        t.capacity += (int64_t)kgpu_cluster_gpu_count(s.c[k]) * KGPU_MILLI;
     kgpu_rng srng, erng;
     kgpu_rng_seed(&srng, cfg->seed, 2);
     kgpu_rng_seed(&erng, cfg->seed, 4);
-    bool at100 = false;
     for (size_t i = 0; i < len && rc == 0; i++) {
         const kgpu_request *req = &in->requests[order[i]];
         int64_t demand = kgpu__gpu_demand(req);
-        arrived += demand;
-        out->pods++;
         kgpu_dispatch_candidate cand[KGPU_MULTISIM_CLUSTERS];
         int rk[KGPU_MULTISIM_CLUSTERS];
         for (int k = 0; k < ncl && rc == 0; k++) {
@@ -396,32 +429,18 @@ static int run_separate(const kgpu_sim_input *in, const kgpu_multisim_split *spl
         }
         if (rc != 0)
             break;
-        if (prc == 0) {
-            allocated += demand;
-            out->per_cluster[k]++;
-            if (cfg->price != NULL) {
-                const kgpu_node *n = kgpu_cluster_node(s.c[k], a.node);
-                double per = req->exclusive ? 1.0 : req->gpu_milli / (double)KGPU_MILLI;
-                for (int g = 0; g < a.ngpus; g++)
-                    out->cost_per_hour += per * cfg->price[n->gpus[a.gpus[g]].model];
-            }
-        } else if (prc == KGPU_ENOFIT) {
-            out->pods_failed++;
-            out->gpu_pods_failed += req->gpu_count > 0;
-        } else {
+        if (prc != 0 && prc != KGPU_ENOFIT) {
             rc = prc;
+            break;
         }
-        if (!at100 && arrived >= capacity) {
-            out->alloc_pct_100 = capacity > 0 ? 100.0 * (double)allocated / (double)capacity : 0;
-            at100 = true;
+        if (prc == 0) {
+            out->per_cluster[k]++;
+            out->cost_per_hour += placement_price(s.c[k], cfg->price, req, &a);
         }
+        tally_arrival(&t, out, req, prc == 0);
     }
-    if (rc == 0) {
-        out->alloc_pct_final = capacity > 0 ? 100.0 * (double)allocated / (double)capacity : 0;
-        out->allocated_gpus = (double)allocated / KGPU_MILLI;
-        if (!at100)
-            out->alloc_pct_100 = out->alloc_pct_final;
-    }
+    if (rc == 0)
+        tally_finish(&t, out);
     sep_free(&s, ncl);
     free(order);
     free(rank);
@@ -460,7 +479,7 @@ int kgpu_multisim_run(const kgpu_sim_input *in, const kgpu_multisim_split *split
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
         goto done;
     }
-    int64_t capacity = 0;
+    tally t = {0};
     uint64_t present = 0;
     for (int i = 0; i < nn; i++) {
         int k = split->cluster_of[i];
@@ -477,7 +496,7 @@ int kgpu_multisim_run(const kgpu_sim_input *in, const kgpu_multisim_split *split
         r.quota[k] += (int64_t)node->ngpus * KGPU_MILLI;
         for (int g = 0; g < node->ngpus; g++)
             r.mquota[k][node->gpus[g].model] += KGPU_MILLI;
-        capacity += (int64_t)node->ngpus * KGPU_MILLI;
+        t.capacity += (int64_t)node->ngpus * KGPU_MILLI;
         present |= node->model_mask;
     }
     bool online = false;
@@ -491,13 +510,9 @@ int kgpu_multisim_run(const kgpu_sim_input *in, const kgpu_multisim_split *split
     count_models(&r);
     if (cfg->dispatcher == KGPU_DISPATCH_STATIC)
         build_table(&r, present);
-    int64_t arrived = 0, allocated = 0;
-    bool at100 = false;
     for (size_t i = 0; i < len && rc == 0; i++) {
         const kgpu_request *req = &in->requests[order[i]];
         int64_t demand = kgpu__gpu_demand(req);
-        arrived += demand;
-        out->pods++;
         if ((rc = kgpu__policy_learn(r.p, learner, r.c, req, err)) != 0)
             break;
         kgpu_request narrowed = *req;
@@ -546,29 +561,20 @@ int kgpu_multisim_run(const kgpu_sim_input *in, const kgpu_multisim_split *split
         }
         kgpu_assignment a;
         int prc = drc == KGPU_ENOFIT ? KGPU_ENOFIT : place_in(&r, use, k, &a, err);
-        if (prc == 0) {
-            allocated += demand;
-            out->cost_per_hour += price_of(&r, req, &a);
-            out->per_cluster[split->cluster_of[a.node]]++;
-        } else if (prc == KGPU_ENOFIT) {
-            out->pods_failed++;
-            out->gpu_pods_failed += req->gpu_count > 0;
-            out->stuck += by_quota;
-        } else {
+        if (prc != 0 && prc != KGPU_ENOFIT) {
             rc = prc;
             break;
         }
-        if (!at100 && arrived >= capacity) {
-            out->alloc_pct_100 = capacity > 0 ? 100.0 * (double)allocated / (double)capacity : 0;
-            at100 = true;
+        if (prc == 0) {
+            out->cost_per_hour += placement_price(r.c, cfg->price, req, &a);
+            out->per_cluster[split->cluster_of[a.node]]++;
+        } else {
+            out->stuck += by_quota;
         }
+        tally_arrival(&t, out, req, prc == 0);
     }
-    if (rc == 0) {
-        out->alloc_pct_final = capacity > 0 ? 100.0 * (double)allocated / (double)capacity : 0;
-        out->allocated_gpus = (double)allocated / KGPU_MILLI;
-        if (!at100)
-            out->alloc_pct_100 = out->alloc_pct_final;
-    }
+    if (rc == 0)
+        tally_finish(&t, out);
 done:
     kgpu_learner_free(learner);
     run_free(&r);
