@@ -552,3 +552,26 @@ void kgpu_pod_json_trim(json_t *pod)
     trim_containers(json_object_get(spec, "initContainers"));
     keep_only(json_object_get(pod, "status"), status_keep);
 }
+
+int kgpu_pod_from_template(const json_t *tmpl, int64_t memory_unit_mib, kgpu_pod *out,
+                           kgpu_error *err)
+{
+    const json_t *meta = json_object_get(tmpl, "metadata");
+    if (!json_is_object(tmpl) || json_is_string(json_object_get(meta, "name")))
+        return kgpu_pod_from_json(tmpl, memory_unit_mib, out, err);
+    /* Shallow copies: only the name is added, at the top of metadata. */
+    json_t *pod = json_copy((json_t *)tmpl);
+    json_t *named = json_is_object(meta) ? json_copy((json_t *)meta) : json_object();
+    int rc;
+    if (pod == NULL || named == NULL ||
+        json_object_set_new(named, "name", json_string("template")) != 0 ||
+        json_object_set(pod, "metadata", named) != 0) {
+        memset(out, 0, sizeof(*out));
+        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    } else {
+        rc = kgpu_pod_from_json(pod, memory_unit_mib, out, err);
+    }
+    json_decref(named);
+    json_decref(pod);
+    return rc;
+}

@@ -84,6 +84,14 @@ typedef struct kgpu_pod {
 int kgpu_pod_from_json(const json_t *pod, int64_t memory_unit_mib, kgpu_pod *out, kgpu_error *err);
 
 /*
+ * The same for a Pod or a pod template (a Job's, a Kueue Workload's pod
+ * set's), which has no name: one without metadata.name is read as named
+ * "template". tmpl is not changed.
+ */
+int kgpu_pod_from_template(const json_t *tmpl, int64_t memory_unit_mib, kgpu_pod *out,
+                           kgpu_error *err);
+
+/*
  * Cuts a v1 Pod down, in place, to what kgpu reads of it: metadata name,
  * namespace, uid, deletionTimestamp and the kgpu.io/ annotations kgpu reads
  * (not others of that prefix, which any tenant may add); spec

@@ -64,15 +64,7 @@ static bool asks_gpu(const json_t *tmpl)
 {
     kgpu_pod pod;
     kgpu_error err;
-    json_t *named = json_deep_copy(tmpl); /* a template has no name; the parser wants one */
-    json_t *meta = named != NULL ? json_object_get(named, "metadata") : NULL;
-    if (named != NULL && !json_is_object(meta))
-        json_object_set_new(named, "metadata", meta = json_object());
-    if (meta != NULL && !json_is_string(json_object_get(meta, "name")))
-        json_object_set_new(meta, "name", json_string("template"));
-    bool gpu = named != NULL && kgpu_pod_from_json(named, 1024, &pod, &err) == 0 && pod.nparts > 0;
-    json_decref(named);
-    return gpu;
+    return kgpu_pod_from_template(tmpl, 1024, &pod, &err) == 0 && pod.nparts > 0;
 }
 
 int dsp_workload_read(const json_t *wl, const json_t *checks, dsp_workload *out, kgpu_error *err)
@@ -96,8 +88,9 @@ int dsp_workload_read(const json_t *wl, const json_t *checks, dsp_workload *out,
     const json_t *set = NULL;
     size_t i;
     json_t *s;
+    /* Several pod sets: the first asking for a GPU (the template is parsed only then). */
     json_array_foreach(sets, i, s) {
-        if (set == NULL && asks_gpu(json_object_get(s, "template")))
+        if (set == NULL && json_array_size(sets) > 1 && asks_gpu(json_object_get(s, "template")))
             set = s;
     }
     if (set == NULL)

@@ -106,16 +106,7 @@ static bool read_item(const ext_config *cfg, json_t *e, const char *where, int m
     kgpu_error err;
     kgpu_error_clear(&err);
     it->invalid[0] = '\0';
-    /* A pod template (a Workload's, a Job's) has no name: the parser wants one. */
-    json_t *named = json_deep_copy(pod);
-    json_t *meta = named != NULL ? json_object_get(named, "metadata") : NULL;
-    if (named != NULL && !json_is_object(meta))
-        json_object_set_new(named, "metadata", meta = json_object());
-    if (meta != NULL && !json_is_string(json_object_get(meta, "name")))
-        json_object_set_new(meta, "name", json_string("estimate"));
-    if (named == NULL)
-        snprintf(it->invalid, sizeof(it->invalid), "out of memory");
-    else if (kgpu_pod_from_json(named, cfg->memory_unit_mib, &it->pod, &err) != 0)
+    if (kgpu_pod_from_template(pod, cfg->memory_unit_mib, &it->pod, &err) != 0)
         snprintf(it->invalid, sizeof(it->invalid), "%s", err.msg);
     else if (it->pod.nparts == 0)
         snprintf(it->invalid, sizeof(it->invalid), "the pod asks for no GPU");
@@ -125,7 +116,6 @@ static bool read_item(const ext_config *cfg, json_t *e, const char *where, int m
                  it->pod.nparts);
     else if (it->pod.policy[0] && kgpu_policy_find(it->pod.policy) == NULL)
         snprintf(it->invalid, sizeof(it->invalid), "unknown policy %s", it->pod.policy);
-    json_decref(named);
     return true;
 }
 

@@ -200,6 +200,43 @@ static void test_quantity_long_inputs(void **state)
 
 /* ---- containers and resources ---- */
 
+/* A pod template (a Job's, a Workload's pod set's) has no name: read as "template", unchanged. */
+static void test_pod_from_template(void **state)
+{
+    (void)state;
+    kgpu_pod pod;
+    kgpu_error err;
+    json_t *t = json_loads(
+        "{\"metadata\":{\"annotations\":{\"kgpu.io/gpu-type\":\"*A100*\"}},"
+        "\"spec\":{\"containers\":[{\"name\":\"m\",\"resources\":{\"limits\":"
+        "{\"nvidia.com/gpu\":\"2\"}}}]}}",
+        0, NULL);
+    assert_non_null(t);
+    char *before = json_dumps(t, JSON_SORT_KEYS);
+    assert_int_equal(kgpu_pod_from_json(t, 1024, &pod, &err), KGPU_EPARSE); /* needs a name */
+    assert_int_equal(kgpu_pod_from_template(t, 1024, &pod, &err), 0);
+    assert_string_equal(pod.name, "template");
+    assert_int_equal(pod.nparts, 1);
+    assert_int_equal(pod.parts[0].req.gpu_count, 2);
+    assert_int_equal(pod.nallow, 1);
+    assert_string_equal(pod.allow[0], "*A100*");
+    char *after = json_dumps(t, JSON_SORT_KEYS);
+    assert_string_equal(before, after); /* the caller's object is not changed */
+    free(before);
+    free(after);
+    /* No metadata at all; and a named Pod keeps its name. */
+    json_object_del(t, "metadata");
+    assert_int_equal(kgpu_pod_from_template(t, 1024, &pod, &err), 0);
+    assert_string_equal(pod.name, "template");
+    json_object_set_new(t, "metadata", json_pack("{s:s}", "name", "p1"));
+    assert_int_equal(kgpu_pod_from_template(t, 1024, &pod, &err), 0);
+    assert_string_equal(pod.name, "p1");
+    json_t *not_obj = json_integer(3);
+    assert_int_equal(kgpu_pod_from_template(not_obj, 1024, &pod, &err), KGPU_EPARSE);
+    json_decref(not_obj);
+    json_decref(t);
+}
+
 static void test_pod_without_gpus(void **state)
 {
     kgpu_pod *pod = new_pod();
@@ -1414,6 +1451,7 @@ int main(void)
         cmocka_unit_test(test_node_annotation_mode),
         cmocka_unit_test(test_node_label_mode),
         cmocka_unit_test(test_node_errors),
+        cmocka_unit_test(test_pod_from_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
