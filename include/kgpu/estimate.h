@@ -13,8 +13,9 @@
  * never one that cannot place it; then the workload's GPU model preference,
  * then measured throughput per cost, then the placement policy's own score
  * of the best place (fragmentation avoided, for kgpu's), then the
- * fragmentation added, then the price, then the most room. One rule, used by kgpu-dispatcher (MultiKueue's
- * external dispatcher) and by the many-cluster simulation that measures it.
+ * fragmentation added, then the price, then the most room. One rule, used
+ * by kgpu-dispatcher (MultiKueue's external dispatcher) and by the
+ * many-cluster simulation that measures it.
  */
 #ifndef KGPU_ESTIMATE_H
 #define KGPU_ESTIMATE_H

@@ -84,7 +84,7 @@ typedef struct kgpu_multisim_result {
     double alloc_pct_100;   /* allocation % of every cluster's GPUs when arrival reached 100 % */
     double alloc_pct_final; /* ... after the last arrival */
     long pods, pods_failed, gpu_pods_failed;
-    long stuck;             /* admitted by quota where they did not fit (all-at-once, incremental) */
+    long stuck;             /* admitted by quota where they did not fit (MultiKueue's) */
     double cost_per_hour;   /* GPUs held at the end x their model's price */
     double allocated_gpus;  /* GPU compute held at the end, in GPUs */
     long per_cluster[KGPU_MULTISIM_CLUSTERS]; /* pods placed in each */

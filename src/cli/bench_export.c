@@ -176,7 +176,8 @@ int kgpu_cmd_bench_export(int argc, char **argv)
     static exporter x;
     x.file = file;
     char w[256], m[256], cl[256];
-    if (!esc(workload, w, sizeof(w)) || !esc(model, m, sizeof(m)) || !esc(cluster, cl, sizeof(cl))) {
+    if (!esc(workload, w, sizeof(w)) || !esc(model, m, sizeof(m)) ||
+        !esc(cluster, cl, sizeof(cl))) {
         fprintf(stderr, "kgpu bench-export: --workload, --gpu-model and --cluster: at most 120 "
                         "characters each\n");
         return 2;

@@ -406,10 +406,11 @@ int kgpu_simulate_clusters(const kgpu_mc_opts *o)
         for (int m = 0; rc == 0 && m < kgpu_cluster_model_count(inp->cluster); m++) {
             if (!((used >> m) & 1))
                 continue;
-            const kgpu_price *p = kgpu_prices_gpu(&prices, kgpu_cluster_model_name(inp->cluster, m));
+            const char *model = kgpu_cluster_model_name(inp->cluster, m);
+            const kgpu_price *p = kgpu_prices_gpu(&prices, model);
             if (p == NULL)
                 rc = kgpu_error_set(&err, KGPU_EINVAL, "%s: no price for GPU model %s",
-                                    o->prices_path, kgpu_cluster_model_name(inp->cluster, m));
+                                    o->prices_path, model);
             else
                 price[m] = p->on_demand;
         }

@@ -38,7 +38,8 @@ typedef struct est_item {
 typedef struct est_copy {
     kgpu_cluster *c;
     kgpu_workload target;
-    bool *spot; /* per node */
+    bool *spot;       /* per node */
+    int *group_nodes; /* per node group of --node-groups: its nodes here, by their labels */
 } est_copy;
 
 static void copy_free(est_copy *x)
@@ -46,10 +47,14 @@ static void copy_free(est_copy *x)
     kgpu_cluster_free(x->c);
     free(x->target.shapes);
     free(x->spot);
+    free(x->group_nodes);
 }
 
-/* Takes the copy under the lock; false when out of memory. */
-static bool take_copy(ext_state *st, est_copy *x)
+/*
+ * Takes the copy under the lock, then counts each node group's nodes on it
+ * (once a request, whatever its pods); false when out of memory.
+ */
+static bool take_copy(ext_state *st, const kgpu_node_groups *groups, est_copy *x)
 {
     memset(x, 0, sizeof(*x));
     pthread_mutex_lock(&st->mu);
@@ -71,6 +76,11 @@ static bool take_copy(ext_state *st, est_copy *x)
         }
     }
     pthread_mutex_unlock(&st->mu);
+    if (ok && groups != NULL)
+        ok = (x->group_nodes = calloc((size_t)groups->n + 1, sizeof(int))) != NULL;
+    for (int g = 0; ok && groups != NULL && g < groups->n; g++)
+        for (int i = 0; i < kgpu_cluster_node_count(x->c); i++)
+            x->group_nodes[g] += kgpu_node_group_member(&groups->v[g], kgpu_cluster_node(x->c, i));
     if (!ok)
         copy_free(x);
     return ok;
@@ -223,9 +233,7 @@ static int grow(const ext_config *cfg, const est_copy *x, const est_item *it, js
     long total = 0;
     for (int i = 0; gs != NULL && i < gs->n && total < it->count; i++) {
         const kgpu_node_group *g = &gs->v[i];
-        int have = 0;
-        for (int k = 0; k < kgpu_cluster_node_count(x->c); k++)
-            have += kgpu_node_group_member(g, kgpu_cluster_node(x->c, k));
+        int have = x->group_nodes[i];
         if (have >= g->max_nodes)
             continue;
         kgpu_gpu_spec gpus[KGPU_MAX_GPUS_PER_NODE];
@@ -327,7 +335,7 @@ void ext_estimate(ext_ctx *d, const char *body, size_t len, ext_response *r)
         return;
     }
     est_copy x;
-    if (!take_copy(d->state, &x)) {
+    if (!take_copy(d->state, d->cfg->node_groups, &x)) {
         free(pods);
         free(res);
         ext_reply_json(r, 503, json_pack("{s:s}", "Error", "out of memory; retry"));
