@@ -189,35 +189,36 @@ static double first_price(const ext_config *cfg, const est_copy *x, const kgpu_r
     return gpus * (x->spot[node] ? p->spot : p->on_demand);
 }
 
-/* Per model: GPUs, those healthy, and their free compute. */
-static json_t *models_json(const kgpu_cluster *c)
+/*
+ * Per model: GPUs, those healthy, their free compute and those wholly free;
+ * *free_milli gets the free compute of every healthy GPU.
+ */
+static json_t *models_json(const kgpu_cluster *c, double *free_milli)
 {
-    json_t *o = json_object();
-    for (int i = 0; o != NULL && i < kgpu_cluster_node_count(c); i++) {
+    long gpus[KGPU_MAX_MODELS] = {0}, usable[KGPU_MAX_MODELS] = {0};
+    long freem[KGPU_MAX_MODELS] = {0}, whole[KGPU_MAX_MODELS] = {0};
+    *free_milli = 0;
+    for (int i = 0; i < kgpu_cluster_node_count(c); i++) {
         const kgpu_node *n = kgpu_cluster_node(c, i);
         for (int g = 0; g < n->ngpus; g++) {
-            const char *m = kgpu_cluster_model_name(c, n->gpus[g].model);
-            json_t *e = json_object_get(o, m);
-            if (e == NULL) {
-                e = json_pack("{s:i,s:i,s:i,s:i}", "gpus", 0, "usable", 0, "freeMilli", 0,
-                              "wholeFree", 0);
-                json_object_set_new(o, m, e);
-            }
-            if (e == NULL)
+            const kgpu_gpu *x = &n->gpus[g];
+            gpus[x->model]++;
+            if (!x->healthy)
                 continue;
-            json_object_set_new(e, "gpus",
-                                json_integer(json_integer_value(json_object_get(e, "gpus")) + 1));
-            if (!n->gpus[g].healthy)
-                continue;
-            json_t *u = json_object_get(e, "usable"), *f = json_object_get(e, "freeMilli"),
-                   *w = json_object_get(e, "wholeFree");
-            json_object_set_new(e, "usable", json_integer(json_integer_value(u) + 1));
-            json_object_set_new(e, "freeMilli",
-                                json_integer(json_integer_value(f) + n->gpus[g].free_milli));
-            if (n->gpus[g].placements == 0 && n->gpus[g].free_milli == KGPU_MILLI)
-                json_object_set_new(e, "wholeFree", json_integer(json_integer_value(w) + 1));
+            usable[x->model]++;
+            freem[x->model] += x->free_milli;
+            whole[x->model] += x->placements == 0 && x->free_milli == KGPU_MILLI;
+            *free_milli += x->free_milli;
         }
     }
+    json_t *o = json_object();
+    for (int m = 0; o != NULL && m < KGPU_MAX_MODELS; m++)
+        if (gpus[m] > 0)
+            json_object_set_new(o, kgpu_cluster_model_name(c, m),
+                                json_pack("{s:I,s:I,s:I,s:I}", "gpus", (json_int_t)gpus[m],
+                                          "usable", (json_int_t)usable[m], "freeMilli",
+                                          (json_int_t)freem[m], "wholeFree",
+                                          (json_int_t)whole[m]));
     return o;
 }
 
@@ -356,19 +357,17 @@ void ext_estimate(ext_ctx *d, const char *body, size_t len, ext_response *r)
         json_array_append_new(out, estimate_one(d->cfg, &x, sc, nsc, &pods[i], &rng));
     }
     double idle = 0;
-    for (int i = 0; i < kgpu_cluster_node_count(x.c); i++) {
-        const kgpu_node *n = kgpu_cluster_node(x.c, i);
-        for (int g = 0; g < n->ngpus; g++)
-            idle += n->gpus[g].healthy ? n->gpus[g].free_milli : 0;
-    }
+    json_t *models = models_json(x.c, &idle);
     json_t *doc = out != NULL && sc != NULL
                       ? json_pack("{s:s,s:s,s:s?,s:o,s:f,s:o}", "component", "kgpu-extender",
                                   "policy", d->cfg->policy, "cluster",
                                   d->cfg->cluster_name[0] ? d->cfg->cluster_name : NULL,
-                                  "models", models_json(x.c), "freeMilli", idle, "pods", out)
+                                  "models", models, "freeMilli", idle, "pods", out)
                       : NULL;
-    if (doc == NULL)
+    if (doc == NULL && (out == NULL || sc == NULL)) { /* json_pack never took them */
         json_decref(out);
+        json_decref(models);
+    }
     copy_free(&x);
     free(sc);
     free(pods);
