@@ -33,6 +33,7 @@ typedef struct kgpu_gpu_info {
     bool healthy;
     char pci_bus_id[KGPU_GPU_BUSID_MAX]; /* "0000:3b:00.0"; "" when unknown */
     char compute_capability[KGPU_GPU_CC_MAX]; /* CUDA's "8.0"; "" when unknown */
+    int mig_mode; /* current MIG mode: 1 enabled, 0 disabled, -1 not MIG-capable or unknown */
 } kgpu_gpu_info;
 
 /* ---- NVML ---- */
@@ -96,6 +97,57 @@ typedef struct kgpu_gpu_proc {
  */
 int kgpu_nvml_processes(kgpu_nvml *nv, int index, kgpu_gpu_proc *out, int cap, int *n,
                         bool *no_util, kgpu_error *err);
+
+/* ---- MIG through NVML ---- */
+
+/*
+ * One MIG device: a GPU instance and the compute instance that spans it
+ * (kgpu creates one CI per GI, of the GI's full size).
+ */
+typedef struct kgpu_nvml_mig {
+    int gpu;                      /* the parent's NVML index */
+    unsigned gi_id, ci_id;        /* NVML's instance IDs on that GPU */
+    int nvml_profile;             /* the GI's NVML_GPU_INSTANCE_PROFILE_* */
+    int start, size;              /* its placement in memory slices */
+    int64_t memory_mib;           /* the GI profile's memorySizeMB */
+    char uuid[KGPU_GPU_UUID_MAX]; /* the MIG device's UUID ("MIG-..."); "" without a CI */
+} kgpu_nvml_mig;
+
+#define KGPU_NVML_MIG_MAX 16 /* GPU instances listed per GPU at most (7 fit) */
+
+/*
+ * The GPU instances on GPU `index` (after kgpu_nvml_discover), each with its
+ * first compute instance; *n <= cap. KGPU_ESTATE when MIG is off or not
+ * supported there.
+ */
+int kgpu_nvml_mig_list(kgpu_nvml *nv, int index, kgpu_nvml_mig *out, int cap, int *n,
+                       kgpu_error *err);
+
+/*
+ * Creates a GPU instance of `nvml_profile` at memory slice `start`
+ * (nvmlDeviceCreateGpuInstanceWithPlacement), then one compute instance of
+ * the GI's full size, and fills *out with both and the MIG device's UUID.
+ * When the CI fails the GI is destroyed again. Errors name the GPU, the
+ * profile and the placement: KGPU_ENOFIT when NVML says the slices are taken
+ * (INSUFFICIENT_RESOURCES / IN_USE), KGPU_ESTATE when MIG is off.
+ */
+int kgpu_nvml_mig_create(kgpu_nvml *nv, int index, int nvml_profile, int start,
+                         kgpu_nvml_mig *out, kgpu_error *err);
+
+/* Destroys GI `gi_id` on GPU `index` with its compute instances; an absent GI is success. */
+int kgpu_nvml_mig_destroy(kgpu_nvml *nv, int index, unsigned gi_id, kgpu_error *err);
+
+/* One GI profile as NVML reports it on a GPU (for checking kgpu's tables). */
+typedef struct kgpu_nvml_mig_profile {
+    int nvml_profile, id, slices, instances, multiprocessors;
+    int64_t memory_mib;
+    int nplacements;
+    int starts[8], sizes[8];
+} kgpu_nvml_mig_profile;
+
+/* The GI profiles NVML supports on GPU `index` with their placements; *n <= cap. */
+int kgpu_nvml_mig_profiles(kgpu_nvml *nv, int index, kgpu_nvml_mig_profile *out, int cap, int *n,
+                           kgpu_error *err);
 
 /* ---- fake inventory ---- */
 
