@@ -85,26 +85,22 @@ static int poll_nvml(driver *d, kgpu_error *err)
     return rc;
 }
 
-/* ---- MIG instances through NVML (dra_mig_ops) ---- */
+/* ---- MIG instances through NVML (dra_mig_ops; ctx: the kgpu_nvml handle) ---- */
 
 static int mig_list(void *ctx, int index, kgpu_nvml_mig *out, int cap, int *n, kgpu_error *err)
 {
-    (void)ctx, (void)index, (void)out, (void)cap;
-    *n = 0;
-    return kgpu_error_set(err, KGPU_ESTATE, "MIG through NVML is not built yet");
+    return kgpu_nvml_mig_list(ctx, index, out, cap, n, err);
 }
 
 static int mig_create(void *ctx, int index, int nvml_profile, int start, kgpu_nvml_mig *out,
                       kgpu_error *err)
 {
-    (void)ctx, (void)index, (void)nvml_profile, (void)start, (void)out;
-    return kgpu_error_set(err, KGPU_ESTATE, "MIG through NVML is not built yet");
+    return kgpu_nvml_mig_create(ctx, index, nvml_profile, start, out, err);
 }
 
 static int mig_destroy(void *ctx, int index, unsigned gi_id, kgpu_error *err)
 {
-    (void)ctx, (void)index, (void)gi_id;
-    return kgpu_error_set(err, KGPU_ESTATE, "MIG through NVML is not built yet");
+    return kgpu_nvml_mig_destroy(ctx, index, gi_id, err);
 }
 
 /* ---- life cycle ---- */
