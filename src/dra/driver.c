@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "driver.h"
 #include "log.h"
@@ -172,9 +173,16 @@ static void restore_claims(driver *d)
         dra_claim *c = &d->ck.claims[i];
         kgpu_error e = {0};
         bool changed = false;
-        if (dra_instances_ensure(&d->mig, &d->ck, c, &changed, &e) != 0)
+        if (dra_instances_ensure(&d->mig, &d->ck, c, &changed, &e) != 0) {
+            /* No spec naming the parent GPU in the instance's place: none at all. */
             kgpu_log(KGPU_LOG_WARN, "restoring claim %s: %s", c->uid, e.msg);
-        else if (changed)
+            char path[1200];
+            dra_cdi_path(d->cfg->cdi_dir, c->uid, path, sizeof(path));
+            (void)unlink(path);
+            save |= changed;
+            continue;
+        }
+        if (changed)
             kgpu_log(KGPU_LOG_INFO, "claim %s/%s (%s): MIG instances made again", c->ns,
                      c->name, c->uid);
         save |= changed;

@@ -739,6 +739,22 @@ class DraMigTest(DraHarness):
         got = self.kubelet.prepare(self.dra_sock, service, [part])
         self.assertEqual(got[part[1]].error, "")
         self.assertEqual([(p, st) for _, _, p, st in self.instances()], [(1, 2)])
+        # A reboot after which the instance cannot be made again: no spec is left
+        # naming the parent GPU in its place, and kubelet's Prepare gets the error.
+        spec = os.path.join(self.cdi, "kgpu.io-gpu_%s.json" % part[1])
+        self.stop(signal.SIGKILL)
+        os.unlink(self.mig_state)
+        self.start(env=dict(self.env, FAKE_NVML_MIG_CI_FAIL="2"))
+        self.assertFalse(os.path.exists(spec))
+        _, service = self.register()
+        got = self.kubelet.prepare(self.dra_sock, service, [part])
+        self.assertIn("making MIG instance gpu-0-mig-2g-10gb-2", got[part[1]].error)
+        self.assertEqual(self.instances(), [])
+        # Once it can be made, the retry has it again.
+        self.stop()
+        self.start(env=self.env)
+        self.assertEqual([(p, st) for _, _, p, st in self.instances()], [(1, 2)])
+        self.assertTrue(self.visible(part[1])[0].startswith("MIG-"))
 
 
 def build_cdi_check(out_dir):
