@@ -11,6 +11,7 @@
  */
 #include <dlfcn.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,9 @@ typedef struct {
 _Static_assert(sizeof(nvml_gi_profile_info) == 48, "nvmlGpuInstanceProfileInfo_t");
 _Static_assert(sizeof(nvml_gi_profile_info_v2) == 152, "nvmlGpuInstanceProfileInfo_v2_t");
 _Static_assert(sizeof(nvml_ci_profile_info) == 36, "nvmlComputeInstanceProfileInfo_t");
+_Static_assert(offsetof(nvml_gi_info, placement) == sizeof(void *) + 8, "nvmlGpuInstanceInfo_t");
+_Static_assert(offsetof(nvml_ci_info, placement) == 2 * sizeof(void *) + 8,
+               "nvmlComputeInstanceInfo_t");
 
 enum {
     NVML_MIG_ENABLED = 1,
