@@ -37,24 +37,32 @@ extern "C" {
  *             allocator over a slice that lists placements in NVML's order.
  * KGPU_ORDER  the same node and GPU order, the start by kgpu's slice order
  *             (kgpu_mig_slice_order): kgpu's slice without the extender.
- * KGPU        kgpu's slice and the extender's node scores: on each node the
+ * KGPU_ROOM   kgpu's slice and node scores by room: on each node the
  *             allocator would take the first GPU and start in slice order;
- *             the node where that placement costs the least room
- *             (kgpu_mig_room) wins, ties to the node with the least room
- *             (keeping empty GPUs and nodes for big requests).
- * BEST_FIT    no slice order: any GPU and start of any node, the least room
- *             lost (kgpu_mig_choose), ties to the fullest GPU, then the
- *             fullest node. What kgpu would do could it pick the device too.
+ *             the node where that costs the least room (kgpu_mig_room)
+ *             wins, ties to the node with the least room (keeping empty
+ *             GPUs and nodes for big requests).
+ * KGPU        the same, the cost being the growth of fragmentation against
+ *             the profiles asked for so far (migsim.c: FGD's measure for
+ *             MIG), then room: what kgpu's extender scores.
+ * BEST_FIT    no slice order: any GPU and start of any node at kgpu's cost,
+ *             ties to the fullest GPU, then the fullest node. What kgpu
+ *             would do could it pick the device too.
+ * MOST_ROOM   kgpu's slice order, the node left with the most room after
+ *             the allocator's placement (ties to the first): node scores
+ *             that spread, measured to show why the others pack.
  */
 typedef enum kgpu_migsim_strategy {
     KGPU_MIGSIM_FIRST_FIT = 0,
     KGPU_MIGSIM_KGPU_ORDER,
+    KGPU_MIGSIM_KGPU_ROOM,
     KGPU_MIGSIM_KGPU,
     KGPU_MIGSIM_BEST_FIT,
+    KGPU_MIGSIM_MOST_ROOM,
     KGPU_MIGSIM_STRATEGIES
 } kgpu_migsim_strategy;
 
-/* "first-fit", "kgpu-order", "kgpu", "best-fit". */
+/* "first-fit", "kgpu-order", "kgpu-room", "kgpu", "best-fit", "most-room". */
 const char *kgpu_migsim_strategy_name(kgpu_migsim_strategy s);
 /* The strategy called `name`, or -1. */
 int kgpu_migsim_strategy_find(const char *name);
@@ -113,6 +121,16 @@ typedef struct kgpu_migsim_result {
     long instances; /* MIG instances placed */
     long slices;    /* compute slices of those instances */
     long gpus_used; /* GPUs holding an instance at the end */
+    /*
+     * Up to the arrival at which the compute slices asked for (count x the
+     * profile's, requests that fit no profile left out) reach the GPUs'
+     * total (7 each): requests failed, where a perfect packing could fail
+     * none. first_fail_pct: the slices asked for, % of the total, when the
+     * first request failed (-1: none failed).
+     */
+    long failed_by_full;
+    long slices_at_full; /* compute slices placed at that arrival */
+    double first_fail_pct;
 } kgpu_migsim_result;
 
 /*
@@ -121,6 +139,18 @@ typedef struct kgpu_migsim_result {
  */
 int kgpu_migsim_run(const kgpu_migsim_input *in, kgpu_migsim_strategy s, const size_t *order,
                     size_t n, kgpu_migsim_result *out, kgpu_error *err);
+
+/*
+ * The same with time: arrival a at arrive[a] (ascending), a request placed
+ * then holds its instances for life[a], one that fits nowhere is lost (no
+ * queue: the share lost is what fragmentation costs). Departures at an
+ * arrival's instant go first. slices is then the mean in use over
+ * arrive[0]..arrive[n-1]; first_fail_pct the slices in use, % of the
+ * total, at the first loss; failed_by_full is 0.
+ */
+int kgpu_migsim_run_times(const kgpu_migsim_input *in, kgpu_migsim_strategy s,
+                          const size_t *order, const double *arrive, const double *life, size_t n,
+                          kgpu_migsim_result *out, kgpu_error *err);
 
 typedef struct kgpu_migsim_bound {
     long requests; /* GPU requests that arrived */

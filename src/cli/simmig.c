@@ -87,6 +87,22 @@ static double get_gpus(const kgpu_migsim_input *in, const mig_run *r, int k)
     (void)in;
     return (double)r->r[k].gpus_used;
 }
+static double get_failed_full(const kgpu_migsim_input *in, const mig_run *r, int k)
+{
+    (void)in;
+    return (double)r->r[k].failed_by_full;
+}
+/* Slices asked for when the first request failed, % of capacity; never: 999. */
+static double get_first_fail(const kgpu_migsim_input *in, const mig_run *r, int k)
+{
+    (void)in;
+    return r->r[k].first_fail_pct < 0 ? 999 : r->r[k].first_fail_pct;
+}
+/* Compute slices placed when those asked for reached the GPUs' 7 each, % of them. */
+static double get_slices_full(const kgpu_migsim_input *in, const mig_run *r, int k)
+{
+    return pct(r->r[k].slices_at_full, (long)in->gpus * KGPU_MIG_COMPUTE_SLICES);
+}
 /* Compute slices placed, as a share of every GPU's 7. */
 static double get_slices_pct(const kgpu_migsim_input *in, const mig_run *r, int k)
 {
@@ -196,24 +212,34 @@ static void mig_table(FILE *f, const mig_study *s)
         if (mix[m->nprofiles] > 0)
             fprintf(f, " none %.1f%%", pct(mix[m->nprofiles], total));
         fprintf(f, "; on 2+ GPUs %.1f%%\n\n", pct(multi, total));
-        fprintf(f, "%-16s %8s %9s %10s %9s %13s\n", "strategy", "placed", "placed %",
-                "GPUs used", "slices %", "behind bound");
-        for (int k = 0; k < KGPU_MIGSIM_STRATEGIES; k++)
-            fprintf(f, "%-16s %8.0f %8.2f%% %10.0f %8.2f%% %13.2f\n",
+        fprintf(f, "%-16s %8s %9s %7s %11s %12s %10s %9s %9s\n", "strategy", "placed",
+                "placed %", "behind", "failed@100%", "slices@100%", "1st fail@", "slices %",
+                "GPUs used");
+        for (int k = 0; k < KGPU_MIGSIM_STRATEGIES; k++) {
+            char first[16] = "never";
+            double ff = median(s, mi, get_first_fail, k);
+            if (ff < 999)
+                snprintf(first, sizeof(first), "%.1f%%", ff);
+            fprintf(f, "%-16s %8.0f %8.2f%% %7.2f %11.0f %11.2f%% %10s %8.2f%% %9.0f\n",
                     kgpu_migsim_strategy_name((kgpu_migsim_strategy)k),
                     median(s, mi, get_placed, k), median(s, mi, get_placed_pct, k),
-                    median(s, mi, get_gpus, k), median(s, mi, get_slices_pct, k),
-                    median(s, mi, get_behind, k));
-        fprintf(f, "%-16s %8.0f %8.2f%% %10s %9s %13.2f\n", "offline packing",
-                median(s, mi, get_packed, 0), median(s, mi, get_packed_pct, 0), "", "",
+                    median(s, mi, get_behind, k), median(s, mi, get_failed_full, k),
+                    median(s, mi, get_slices_full, k), first, median(s, mi, get_slices_pct, k),
+                    median(s, mi, get_gpus, k));
+        }
+        fprintf(f, "%-16s %8.0f %8.2f%% %7.2f\n", "offline packing",
+                median(s, mi, get_packed, 0), median(s, mi, get_packed_pct, 0),
                 median(s, mi, get_packed_behind, 0));
         fprintf(f, "%-16s %8.0f %8.2f%%%s\n", "bound (LP)", median(s, mi, get_upper, 0),
                 median(s, mi, get_upper_pct, 0),
                 optimal(s, mi) ? "   = the optimum: the packing reaches it in every seed" : "");
     }
-    fprintf(f, "\n(medians over seeds. placed %%: of the GPU requests; slices %%: compute slices "
-               "placed of the GPUs' 7 each;\nbehind bound: points of the requests between it and "
-               "the most any placement could place)\n");
+    fprintf(f, "\n(medians over seeds. placed %%: of the GPU requests; behind: points of the "
+               "requests between it and\nthe most any placement could place (bound); the slices "
+               "asked for: count x the profile's\ncompute slices; failed@100%% and slices@100%%: "
+               "requests failed and slices placed, %% of the\nGPUs' 7 each, when those asked for "
+               "reached that total; 1st fail@: the slices asked for, %%\nof it, at the first "
+               "failure; slices %%: placed at the end)\n");
 }
 
 static json_t *int_array_of(const mig_study *s, int mi, mig_get get, int k)
@@ -261,6 +287,11 @@ static json_t *mig_json(const mig_study *s)
             json_object_set_new(r, "gpus_used", json_real(median(s, mi, get_gpus, k)));
             json_object_set_new(r, "slices_pct", json_real(median(s, mi, get_slices_pct, k)));
             json_object_set_new(r, "behind_bound_pts", json_real(median(s, mi, get_behind, k)));
+            json_object_set_new(r, "failed_by_full", json_real(median(s, mi, get_failed_full, k)));
+            json_object_set_new(r, "slices_pct_at_full",
+                                json_real(median(s, mi, get_slices_full, k)));
+            double ff = median(s, mi, get_first_fail, k);
+            json_object_set_new(r, "first_fail_pct", ff < 999 ? json_real(ff) : json_null());
             json_object_set_new(r, "placed_by_seed", int_array_of(s, mi, get_placed, k));
             json_array_append_new(results, r);
         }

@@ -21,10 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core.h"
 #include "kgpu/migsim.h"
 
-static const char *const NAMES[KGPU_MIGSIM_STRATEGIES] = {"first-fit", "kgpu-order", "kgpu",
-                                                          "best-fit"};
+static const char *const NAMES[KGPU_MIGSIM_STRATEGIES] = {
+    "first-fit", "kgpu-order", "kgpu-room", "kgpu", "best-fit", "most-room"};
 
 const char *kgpu_migsim_strategy_name(kgpu_migsim_strategy s)
 {
@@ -170,12 +171,33 @@ void kgpu_migsim_input_free(kgpu_migsim_input *in)
 
 /* ---- the online strategies ---- */
 
+/*
+ * kgpu's cost of a placement (KGPU, BEST_FIT): the growth of the GPU's
+ * fragmentation against the profiles asked for so far, FGD's measure made
+ * for MIG: frag(g) = free compute slices x requests so far whose profile
+ * fits nowhere on g. A 3g next to a 4g leaves nothing free (0); next to a
+ * 3g it strands a slice no profile can use; on an empty GPU at start 4 it
+ * keeps the 4g's only start. Ties go to the least room lost; the scale
+ * keeps the two apart (room lost on 32 GPUs stays below it).
+ */
+#define COST_SCALE 4096
+
+typedef struct memo {
+    long fstamp[KGPU_MIGSIM_KEYS], bstamp[KGPU_MIGSIM_KEYS];
+    int64_t frag[KGPU_MIGSIM_KEYS], bcost[KGPU_MIGSIM_KEYS];
+    int8_t bstart[KGPU_MIGSIM_KEYS];
+} memo;
+
 typedef struct run {
     const kgpu_migsim_input *in;
-    kgpu_mig_gpu *g;   /* every GPU, node by node */
-    int *first;        /* first[i]: node i's first GPU in g */
+    kgpu_migsim_strategy s;
+    kgpu_mig_gpu *g;    /* every GPU, node by node */
+    int *first;         /* first[i]: node i's first GPU in g */
     int64_t *cpu, *mem; /* free per node */
-    int *room;         /* per node: the sum of its GPUs' room */
+    int *room;          /* per node: the sum of its GPUs' room */
+    long w[KGPU_MIG_MAX_PROFILES]; /* GPU requests arrived so far, by profile */
+    long stamp;         /* which arrival the memo's entries hold for */
+    memo *m;            /* per GPU key, for this arrival */
 } run;
 
 static void run_free(run *r)
@@ -185,22 +207,28 @@ static void run_free(run *r)
     free(r->cpu);
     free(r->mem);
     free(r->room);
+    free(r->m);
 }
 
-static int run_init(run *r, const kgpu_migsim_input *in, kgpu_error *err)
+static int run_init(run *r, const kgpu_migsim_input *in, kgpu_migsim_strategy s, kgpu_error *err)
 {
     memset(r, 0, sizeof(*r));
     r->in = in;
+    r->s = s;
     size_t nn = (size_t)in->nnodes + 1;
     r->g = calloc((size_t)in->gpus + 1, sizeof(*r->g));
     r->first = calloc(nn, sizeof(*r->first));
     r->cpu = calloc(nn, sizeof(*r->cpu));
     r->mem = calloc(nn, sizeof(*r->mem));
     r->room = calloc(nn, sizeof(*r->room));
-    if (r->g == NULL || r->first == NULL || r->cpu == NULL || r->mem == NULL || r->room == NULL) {
+    r->m = calloc(1, sizeof(*r->m));
+    if (r->g == NULL || r->first == NULL || r->cpu == NULL || r->mem == NULL || r->room == NULL ||
+        r->m == NULL) {
         run_free(r);
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
+    for (int k = 0; k < KGPU_MIGSIM_KEYS; k++)
+        r->m->fstamp[k] = r->m->bstamp[k] = -1;
     for (int i = 0, at = 0; i < in->nnodes; i++) {
         r->first[i] = at;
         at += in->nodes[i].gpus;
@@ -215,7 +243,7 @@ static int run_init(run *r, const kgpu_migsim_input *in, kgpu_error *err)
 typedef struct pick {
     int node, n;
     int gpu[KGPU_MAX_GPUS_PER_NODE], start[KGPU_MAX_GPUS_PER_NODE];
-    int lost; /* room lost */
+    int64_t cost; /* summed over the instances */
 } pick;
 
 static bool node_fits(const run *r, int i, const kgpu_migsim_request *q)
@@ -224,85 +252,137 @@ static bool node_fits(const run *r, int i, const kgpu_migsim_request *q)
            r->mem[i] >= q->memory_mib;
 }
 
-static int lost_by(const kgpu_migsim_input *in, int k, int pi, int start)
+static bool uses_frag(kgpu_migsim_strategy s)
 {
-    return in->room[k] - in->room[key_after(in->model, k, pi, start)];
+    return s == KGPU_MIGSIM_KGPU || s == KGPU_MIGSIM_BEST_FIT;
+}
+
+static int64_t frag_of(run *r, int k)
+{
+    if (r->m->fstamp[k] != r->stamp) {
+        long lost = 0;
+        for (int pi = 0; pi < r->in->model->nprofiles; pi++)
+            if (r->in->first_fit[k][pi] < 0)
+                lost += r->w[pi]; /* "+me" profiles: never asked for, w 0 */
+        r->m->frag[k] = (int64_t)(KGPU_MIG_COMPUTE_SLICES - k / 256) * lost;
+        r->m->fstamp[k] = r->stamp;
+    }
+    return r->m->frag[k];
+}
+
+/* The cost of profile pi at start on a GPU of key k: room lost, or kgpu's (above). */
+static int64_t cost_at(run *r, int k, int pi, int start)
+{
+    int ka = key_after(r->in->model, k, pi, start);
+    int64_t loss = r->in->room[k] - r->in->room[ka];
+    if (!uses_frag(r->s))
+        return loss;
+    return (frag_of(r, ka) - frag_of(r, k)) * COST_SCALE + loss;
+}
+
+/* The start of profile pi costing least on a GPU of key k (ties: the higher), or -1. */
+static int best_start(run *r, int k, int pi, int64_t *cost)
+{
+    if (r->m->bstamp[k] != r->stamp) {
+        const kgpu_mig_profile *p = &r->in->model->profiles[pi];
+        kgpu_mig_gpu g;
+        memset(&g, 0, sizeof(g));
+        g.mem = (uint8_t)(k % 256);
+        g.compute = k / 256;
+        r->m->bstart[k] = -1;
+        for (int si = p->nstarts - 1; si >= 0; si--) {
+            if (!kgpu_mig_fits(r->in->model, &g, pi, p->starts[si]))
+                continue;
+            int64_t c = cost_at(r, k, pi, p->starts[si]);
+            if (r->m->bstart[k] < 0 || c < r->m->bcost[k]) {
+                r->m->bstart[k] = (int8_t)p->starts[si];
+                r->m->bcost[k] = c;
+            }
+        }
+        r->m->bstamp[k] = r->stamp;
+    }
+    *cost = r->m->bcost[k];
+    return r->m->bstart[k];
 }
 
 /*
  * The allocator on one node: the first `count` GPUs, by index, where the
  * table gives a start (NVML's first fit or kgpu's slice order).
  */
-static bool node_in_order(const run *r, int i, const kgpu_migsim_request *q,
+static bool node_in_order(run *r, int i, const kgpu_migsim_request *q,
                           const int8_t (*tbl)[KGPU_MIG_MAX_PROFILES], pick *out)
 {
     const kgpu_migsim_input *in = r->in;
     out->node = i;
     out->n = 0;
-    out->lost = 0;
+    out->cost = 0;
     for (int j = 0; j < in->nodes[i].gpus && out->n < q->count; j++) {
         int gi = r->first[i] + j, k = key_of(&r->g[gi]), s = tbl[k][q->profile];
         if (s < 0)
             continue;
         out->gpu[out->n] = gi;
         out->start[out->n++] = s;
-        out->lost += lost_by(in, k, q->profile, s);
+        out->cost += cost_at(r, k, q->profile, s);
     }
     return out->n == q->count;
 }
 
 /*
- * Best fit on one node: each instance on the GPU where kgpu_mig_choose's
- * start loses the least room, ties to the GPU with the least room (the
- * fullest), then the lower index.
+ * Best fit on one node: each instance on the GPU where its best start costs
+ * least, ties to the GPU with the least room (the fullest), then the lower
+ * index. *room: the room of the GPUs taken.
  */
-static bool node_best(const run *r, int i, const kgpu_migsim_request *q, pick *out, int *room)
+static bool node_best(run *r, int i, const kgpu_migsim_request *q, pick *out, int *room)
 {
     const kgpu_migsim_input *in = r->in;
-    int lost[KGPU_MAX_GPUS_PER_NODE], rb[KGPU_MAX_GPUS_PER_NODE], idx[KGPU_MAX_GPUS_PER_NODE];
+    int64_t cost[KGPU_MAX_GPUS_PER_NODE];
+    int rb[KGPU_MAX_GPUS_PER_NODE], idx[KGPU_MAX_GPUS_PER_NODE], st[KGPU_MAX_GPUS_PER_NODE];
     int c = 0;
     for (int j = 0; j < in->nodes[i].gpus; j++) {
-        int gi = r->first[i] + j, k = key_of(&r->g[gi]), s = in->choose[k][q->profile];
+        int gi = r->first[i] + j, k = key_of(&r->g[gi]);
+        int64_t l;
+        int s = best_start(r, k, q->profile, &l);
         if (s < 0)
             continue;
-        /* Insertion by (lost, room before): a node has at most 32 GPUs. */
-        int l = lost_by(in, k, q->profile, s), b = in->room[k], at = c++;
-        for (; at > 0 && (lost[at - 1] > l || (lost[at - 1] == l && rb[at - 1] > b)); at--) {
-            lost[at] = lost[at - 1];
+        /* Insertion by (cost, room before): a node has at most 32 GPUs. */
+        int b = in->room[k], at = c++;
+        for (; at > 0 && (cost[at - 1] > l || (cost[at - 1] == l && rb[at - 1] > b)); at--) {
+            cost[at] = cost[at - 1];
             rb[at] = rb[at - 1];
             idx[at] = idx[at - 1];
+            st[at] = st[at - 1];
         }
-        lost[at] = l;
+        cost[at] = l;
         rb[at] = b;
         idx[at] = gi;
+        st[at] = s;
     }
     if (c < q->count)
         return false;
     out->node = i;
     out->n = q->count;
-    out->lost = 0;
+    out->cost = 0;
     *room = 0;
     for (int t = 0; t < q->count; t++) {
         out->gpu[t] = idx[t];
-        out->start[t] = in->choose[key_of(&r->g[idx[t]])][q->profile];
-        out->lost += lost[t];
+        out->start[t] = st[t];
+        out->cost += cost[t];
         *room += rb[t];
     }
     return true;
 }
 
-/* Whether (lost, gpu room, node room) a is better than b: lower first. */
-static bool better(int la, int ga, int na, int lb, int gb, int nb)
+/* Whether (cost, gpu room, node room) a is better than b: lower first. */
+static bool better(int64_t ca, int ga, int na, int64_t cb, int gb, int nb)
 {
-    if (la != lb)
-        return la < lb;
+    if (ca != cb)
+        return ca < cb;
     if (ga != gb)
         return ga < gb;
     return na < nb;
 }
 
-static bool choose_pick(const run *r, kgpu_migsim_strategy s, const kgpu_migsim_request *q,
-                        pick *best)
+static bool choose_pick(run *r, const kgpu_migsim_request *q, pick *best)
 {
     const kgpu_migsim_input *in = r->in;
     bool found = false;
@@ -311,17 +391,18 @@ static bool choose_pick(const run *r, kgpu_migsim_strategy s, const kgpu_migsim_
     for (int i = 0; i < in->nnodes; i++) {
         if (!node_fits(r, i, q))
             continue;
-        switch (s) {
+        switch (r->s) {
         case KGPU_MIGSIM_FIRST_FIT:
         case KGPU_MIGSIM_KGPU_ORDER:
-            if (node_in_order(r, i, q, s == KGPU_MIGSIM_FIRST_FIT ? in->first_fit : in->slice,
-                              best))
+            if (node_in_order(r, i, q,
+                              r->s == KGPU_MIGSIM_FIRST_FIT ? in->first_fit : in->slice, best))
                 return true;
             break;
+        case KGPU_MIGSIM_KGPU_ROOM:
         case KGPU_MIGSIM_KGPU:
             /* The extender predicts the allocator's pick on each node and scores its cost. */
             if (node_in_order(r, i, q, in->slice, &p) &&
-                (!found || better(p.lost, 0, r->room[i], best->lost, 0, r->room[best->node]))) {
+                (!found || better(p.cost, 0, r->room[i], best->cost, 0, r->room[best->node]))) {
                 *best = p;
                 found = true;
             }
@@ -330,13 +411,20 @@ static bool choose_pick(const run *r, kgpu_migsim_strategy s, const kgpu_migsim_
             int gr;
             if (node_best(r, i, q, &p, &gr) &&
                 (!found ||
-                 better(p.lost, gr, r->room[i], best->lost, best_g, r->room[best->node]))) {
+                 better(p.cost, gr, r->room[i], best->cost, best_g, r->room[best->node]))) {
                 *best = p;
                 best_g = gr;
                 found = true;
             }
             break;
         }
+        case KGPU_MIGSIM_MOST_ROOM:
+            if (node_in_order(r, i, q, in->slice, &p) &&
+                (!found || r->room[i] - p.cost > r->room[best->node] - best->cost)) {
+                *best = p;
+                found = true;
+            }
+            break;
         default:
             return false;
         }
@@ -357,6 +445,40 @@ static void apply_pick(run *r, const kgpu_migsim_request *q, const pick *p)
     }
 }
 
+static void release_pick(run *r, const kgpu_migsim_request *q, const pick *p)
+{
+    const kgpu_mig_model *m = r->in->model;
+    r->cpu[p->node] += q->cpu_milli;
+    r->mem[p->node] += q->memory_mib;
+    for (int t = 0; t < p->n; t++) {
+        kgpu_mig_gpu *g = &r->g[p->gpu[t]];
+        r->room[p->node] -= r->in->room[key_of(g)];
+        kgpu_mig_give(m, g, q->profile, p->start[t]);
+        r->room[p->node] += r->in->room[key_of(g)];
+    }
+}
+
+/*
+ * One GPU request arrives: counted into the learnt workload (kgpu sees a
+ * pod when it is asked about it), then placed if the strategy finds room.
+ */
+static bool arrive(run *r, const kgpu_migsim_request *q, pick *p)
+{
+    if (q->profile < 0)
+        return false;
+    r->w[q->profile]++;
+    r->stamp++;
+    if (!choose_pick(r, q, p))
+        return false;
+    apply_pick(r, q, p);
+    return true;
+}
+
+static long slices_of(const kgpu_migsim_input *in, const kgpu_migsim_request *q)
+{
+    return q->profile >= 0 ? (long)q->count * in->model->profiles[q->profile].compute : 0;
+}
+
 int kgpu_migsim_run(const kgpu_migsim_input *in, kgpu_migsim_strategy s, const size_t *order,
                     size_t n, kgpu_migsim_result *out, kgpu_error *err)
 {
@@ -364,9 +486,11 @@ int kgpu_migsim_run(const kgpu_migsim_input *in, kgpu_migsim_strategy s, const s
     if (s < 0 || s >= KGPU_MIGSIM_STRATEGIES)
         return kgpu_error_set(err, KGPU_EINVAL, "unknown MIG strategy %d", (int)s);
     run r;
-    int rc = run_init(&r, in, err);
+    int rc = run_init(&r, in, s, err);
     if (rc != 0)
         return rc;
+    long asked = 0, total = (long)in->gpus * KGPU_MIG_COMPUTE_SLICES;
+    out->first_fail_pct = -1;
     for (size_t a = 0; a < n; a++) {
         if (order[a] >= in->nrequests) {
             rc = kgpu_error_set(err, KGPU_EINVAL, "arrival %zu: no request %zu", a, order[a]);
@@ -376,16 +500,84 @@ int kgpu_migsim_run(const kgpu_migsim_input *in, kgpu_migsim_strategy s, const s
         if (q->count == 0)
             continue;
         out->requests++;
+        asked += slices_of(in, q);
         pick p;
-        if (q->profile < 0 || !choose_pick(&r, s, q, &p))
-            continue;
-        apply_pick(&r, q, &p);
-        out->placed++;
-        out->instances += q->count;
-        out->slices += (long)q->count * in->model->profiles[q->profile].compute;
+        if (arrive(&r, q, &p)) {
+            out->placed++;
+            out->instances += q->count;
+            out->slices += slices_of(in, q);
+        } else if (q->profile >= 0) {
+            out->failed_by_full += asked <= total;
+            if (out->first_fail_pct < 0)
+                out->first_fail_pct = total > 0 ? (double)asked * 100.0 / (double)total : 0;
+        }
+        if (asked <= total)
+            out->slices_at_full = out->slices;
     }
     for (int i = 0; i < in->gpus; i++)
         out->gpus_used += r.g[i].mem != 0;
+    run_free(&r);
+    return rc;
+}
+
+int kgpu_migsim_run_times(const kgpu_migsim_input *in, kgpu_migsim_strategy s,
+                          const size_t *order, const double *arrive_t, const double *life,
+                          size_t n, kgpu_migsim_result *out, kgpu_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    out->first_fail_pct = -1;
+    if (s < 0 || s >= KGPU_MIGSIM_STRATEGIES)
+        return kgpu_error_set(err, KGPU_EINVAL, "unknown MIG strategy %d", (int)s);
+    run r;
+    int rc = run_init(&r, in, s, err);
+    if (rc != 0)
+        return rc;
+    pick *held = malloc(sizeof(*held) * (n > 0 ? n : 1));
+    kgpu__dep_heap h = {0};
+    long slices = 0, total = (long)in->gpus * KGPU_MIG_COMPUTE_SLICES;
+    double area = 0, t_prev = n > 0 ? arrive_t[0] : 0;
+    if (held == NULL)
+        rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    for (size_t a = 0; rc == 0 && a < n; a++) {
+        if (order[a] >= in->nrequests || (a > 0 && arrive_t[a] < arrive_t[a - 1]) ||
+            !(life[a] >= 0)) {
+            rc = kgpu_error_set(err, KGPU_EINVAL, "arrival %zu: bad request, time or lifetime",
+                                a);
+            break;
+        }
+        /* Departures up to this instant first. */
+        while (h.n > 0 && h.v[0].t <= arrive_t[a]) {
+            kgpu__departure d = kgpu__dep_pop(&h);
+            const kgpu_migsim_request *q = &in->requests[order[d.pod]];
+            area += (double)slices * (d.t - t_prev);
+            t_prev = d.t;
+            release_pick(&r, q, &held[d.pod]);
+            slices -= slices_of(in, q);
+        }
+        area += (double)slices * (arrive_t[a] - t_prev);
+        t_prev = arrive_t[a];
+        const kgpu_migsim_request *q = &in->requests[order[a]];
+        if (q->count == 0)
+            continue;
+        out->requests++;
+        if (!arrive(&r, q, &held[a])) {
+            if (q->profile >= 0 && out->first_fail_pct < 0)
+                out->first_fail_pct = total > 0 ? (double)slices * 100.0 / (double)total : 0;
+            continue;
+        }
+        out->placed++;
+        out->instances += q->count;
+        slices += slices_of(in, q);
+        if (!kgpu__dep_push(&h, (kgpu__departure){arrive_t[a] + life[a], a, 0}))
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
+    /* slices: the mean in use over the arrivals' span. */
+    double span = n > 0 ? arrive_t[n - 1] - arrive_t[0] : 0;
+    out->slices = span > 0 ? (long)(area / span + 0.5) : slices;
+    for (int i = 0; i < in->gpus; i++)
+        out->gpus_used += r.g[i].mem != 0;
+    free(h.v);
+    free(held);
     run_free(&r);
     return rc;
 }
@@ -604,7 +796,7 @@ static int pack_prefix(const offline *o, long k, kgpu_error *err)
 {
     const kgpu_migsim_input *in = o->in;
     run r;
-    int rc = run_init(&r, in, err);
+    int rc = run_init(&r, in, KGPU_MIGSIM_FIRST_FIT, err);
     if (rc != 0)
         return rc;
     int *node_of = malloc(sizeof(int) * (size_t)(in->gpus + 1));
