@@ -120,6 +120,7 @@ typedef struct kgpu_migsim_result {
     long placed;    /* of them, placed */
     long instances; /* MIG instances placed */
     long slices;    /* compute slices of those instances */
+    long asked;     /* compute slices of the requests that arrived (those with a profile) */
     long gpus_used; /* GPUs holding an instance at the end */
     /*
      * Up to the arrival at which the compute slices asked for (count x the
@@ -131,6 +132,7 @@ typedef struct kgpu_migsim_result {
     long failed_by_full;
     long slices_at_full; /* compute slices placed at that arrival */
     double first_fail_pct;
+    double mean_in_use; /* kgpu_migsim_run_times: compute slices in use, time-weighted mean */
 } kgpu_migsim_result;
 
 /*
@@ -144,9 +146,9 @@ int kgpu_migsim_run(const kgpu_migsim_input *in, kgpu_migsim_strategy s, const s
  * The same with time: arrival a at arrive[a] (ascending), a request placed
  * then holds its instances for life[a], one that fits nowhere is lost (no
  * queue: the share lost is what fragmentation costs). Departures at an
- * arrival's instant go first. slices is then the mean in use over
- * arrive[0]..arrive[n-1]; first_fail_pct the slices in use, % of the
- * total, at the first loss; failed_by_full is 0.
+ * arrival's instant go first. mean_in_use is over arrive[0]..arrive[n-1];
+ * first_fail_pct: the slices in use, % of the total, at the first loss;
+ * failed_by_full and slices_at_full are 0.
  */
 int kgpu_migsim_run_times(const kgpu_migsim_input *in, kgpu_migsim_strategy s,
                           const size_t *order, const double *arrive, const double *life, size_t n,

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "jobs.h"
+#include "kgpu/churn.h"
 #include "kgpu/migsim.h"
 #include "simmig.h"
 
@@ -30,17 +31,43 @@ typedef struct mig_study {
     const kgpu_mig_opts *o;
     kgpu_migsim_input in[MAX_MODELS];
     int nmodels;
+    int nseeds; /* runs per model: the seeds, or 1 with time (no draws) */
     mig_run *runs; /* model * nseeds + seed */
+    double *arrive, *life; /* with time: per arrival of o->ch->order */
 } mig_study;
+
+/* With time: the file's pods at their times, each strategy once (nothing is drawn). */
+static int mig_time_job(mig_study *s, int j, kgpu_error *err)
+{
+    const kgpu_migsim_input *in = &s->in[j];
+    const kgpu_churn_input *ch = s->o->ch;
+    mig_run *run = &s->runs[j];
+    double t0 = kgpu_now();
+    int rc = 0;
+    for (size_t a = 0; a < in->nrequests; a++) {
+        const kgpu_migsim_request *q = &in->requests[ch->order[a]];
+        run->profiles[q->profile >= 0 ? q->profile : 0] += q->count > 0 && q->profile >= 0;
+        run->none += q->count > 0 && q->profile < 0;
+        run->multi += q->count > 1;
+    }
+    for (int k = 0; rc == 0 && k < KGPU_MIGSIM_STRATEGIES; k++)
+        rc = kgpu_migsim_run_times(in, (kgpu_migsim_strategy)k, ch->order, s->arrive, s->life,
+                                   in->nrequests, &run->r[k], err);
+    run->b.requests = run->r[0].requests;
+    run->wall = kgpu_now() - t0;
+    return rc;
+}
 
 static int mig_job(void *ctx, int j, kgpu_error *err)
 {
     mig_study *s = ctx;
-    const kgpu_migsim_input *in = &s->in[j / s->o->nseeds];
+    if (s->o->ch != NULL)
+        return mig_time_job(s, j, err);
+    const kgpu_migsim_input *in = &s->in[j / s->nseeds];
     mig_run *run = &s->runs[j];
     double t0 = kgpu_now();
     size_t *order = NULL, n = 0;
-    int rc = kgpu_sim_workload(s->o->in, s->o->seeds[j % s->o->nseeds], s->o->inflate, &order, &n,
+    int rc = kgpu_sim_workload(s->o->in, s->o->seeds[j % s->nseeds], s->o->inflate, &order, &n,
                                err);
     for (size_t a = 0; rc == 0 && a < n; a++) {
         const kgpu_migsim_request *q = &in->requests[order[a]];
@@ -150,10 +177,16 @@ static double get_packed_behind(const kgpu_migsim_input *in, const mig_run *r, i
     return pct(r->b.upper - r->b.packed, r->b.requests);
 }
 
+static double get_mean_use(const kgpu_migsim_input *in, const mig_run *r, int k)
+{
+    long total = (long)in->gpus * KGPU_MIG_COMPUTE_SLICES;
+    return total > 0 ? r->r[k].mean_in_use * 100.0 / (double)total : 0;
+}
+
 /* The median over seeds of model mi's get(run, k). */
 static double median(const mig_study *s, int mi, mig_get get, int k)
 {
-    int n = s->o->nseeds;
+    int n = s->nseeds;
     double *v = malloc(sizeof(double) * (size_t)n);
     if (v == NULL)
         return 0;
@@ -168,8 +201,8 @@ static double median(const mig_study *s, int mi, mig_get get, int k)
 /* Whether the packing reached the bound in every seed of model mi. */
 static bool optimal(const mig_study *s, int mi)
 {
-    for (int k = 0; k < s->o->nseeds; k++)
-        if (s->runs[mi * s->o->nseeds + k].b.packed != s->runs[mi * s->o->nseeds + k].b.upper)
+    for (int k = 0; k < s->nseeds; k++)
+        if (s->runs[mi * s->nseeds + k].b.packed != s->runs[mi * s->nseeds + k].b.upper)
             return false;
     return true;
 }
@@ -181,8 +214,8 @@ static long profile_mix(const mig_study *s, int mi, long *v, long *multi)
     const kgpu_mig_model *m = s->in[mi].model;
     memset(v, 0, sizeof(long) * (KGPU_MIG_MAX_PROFILES + 1));
     *multi = 0;
-    for (int k = 0; k < s->o->nseeds; k++) {
-        const mig_run *r = &s->runs[mi * s->o->nseeds + k];
+    for (int k = 0; k < s->nseeds; k++) {
+        const mig_run *r = &s->runs[mi * s->nseeds + k];
         for (int pi = 0; pi < m->nprofiles; pi++)
             v[pi] += r->profiles[pi];
         v[m->nprofiles] += r->none;
@@ -190,6 +223,50 @@ static long profile_mix(const mig_study *s, int mi, long *v, long *multi)
         total += r->b.requests;
     }
     return total;
+}
+
+static void mix_line(FILE *f, const mig_study *s, int mi)
+{
+    const kgpu_mig_model *m = s->in[mi].model;
+    long mix[KGPU_MIG_MAX_PROFILES + 1], multi;
+    long total = profile_mix(s, mi, mix, &multi);
+    fprintf(f, "as profiles:");
+    for (int pi = 0; pi < m->nprofiles; pi++)
+        if (mix[pi] > 0)
+            fprintf(f, " %s %.1f%%", m->profiles[pi].name, pct(mix[pi], total));
+    if (mix[m->nprofiles] > 0)
+        fprintf(f, " none %.1f%%", pct(mix[m->nprofiles], total));
+    fprintf(f, "; on 2+ GPUs %.1f%%\n\n", pct(multi, total));
+}
+
+static void mig_time_table(FILE *f, const mig_study *s)
+{
+    const kgpu_mig_opts *o = s->o;
+    for (int mi = 0; mi < s->nmodels; mi++) {
+        const kgpu_migsim_input *in = &s->in[mi];
+        fprintf(f, "%sMIG %s with time: %d nodes, %d GPUs; workload %s (%zu pods) at its times, "
+                   "arrivals x%g; a request that fits nowhere is lost\n",
+                mi > 0 ? "\n" : "", in->model->name, in->nnodes, in->gpus, o->pods_path,
+                o->in->nrequests, o->speedup);
+        fprintf(f, "GPU requests %ld; ", s->runs[mi].b.requests);
+        mix_line(f, s, mi);
+        fprintf(f, "%-16s %8s %9s %16s %12s %12s\n", "strategy", "placed", "placed %",
+                "slices placed %", "1st loss at", "mean in use");
+        for (int k = 0; k < KGPU_MIGSIM_STRATEGIES; k++) {
+            const kgpu_migsim_result *r = &s->runs[mi].r[k];
+            char first[16] = "never";
+            if (r->first_fail_pct >= 0)
+                snprintf(first, sizeof(first), "%.1f%%", r->first_fail_pct);
+            fprintf(f, "%-16s %8ld %8.2f%% %15.2f%% %12s %11.2f%%\n",
+                    kgpu_migsim_strategy_name((kgpu_migsim_strategy)k), r->placed,
+                    pct(r->placed, r->requests), pct(r->slices, r->asked), first,
+                    get_mean_use(in, &s->runs[mi], k));
+        }
+    }
+    fprintf(f, "\n(slices placed %%: compute slices of the requests placed, %% of those asked "
+               "for; 1st loss at:\ncompute slices in use, %% of the GPUs' 7 each, when the "
+               "first request was lost; mean in use:\nthe same, time-weighted from the first "
+               "arrival to the last)\n");
 }
 
 static void mig_table(FILE *f, const mig_study *s)
@@ -201,17 +278,10 @@ static void mig_table(FILE *f, const mig_study *s)
         fprintf(f, "%sMIG %s: %d nodes, %d GPUs; workload %s (%zu pods), inflated to %.2fx; "
                    "seeds %" PRIu64 "..%" PRIu64 " (%d)\n",
                 mi > 0 ? "\n" : "", m->name, in->nnodes, in->gpus, o->pods_path, o->in->nrequests,
-                o->inflate, o->seeds[0], o->seeds[o->nseeds - 1], o->nseeds);
-        long mix[KGPU_MIG_MAX_PROFILES + 1], multi;
-        long total = profile_mix(s, mi, mix, &multi);
-        fprintf(f, "GPU requests %.0f (an empty node could take %.0f); as profiles:",
+                o->inflate, o->seeds[0], o->seeds[s->nseeds - 1], s->nseeds);
+        fprintf(f, "GPU requests %.0f (an empty node could take %.0f); ",
                 median(s, mi, get_requests, 0), median(s, mi, get_possible, 0));
-        for (int pi = 0; pi < m->nprofiles; pi++)
-            if (mix[pi] > 0)
-                fprintf(f, " %s %.1f%%", m->profiles[pi].name, pct(mix[pi], total));
-        if (mix[m->nprofiles] > 0)
-            fprintf(f, " none %.1f%%", pct(mix[m->nprofiles], total));
-        fprintf(f, "; on 2+ GPUs %.1f%%\n\n", pct(multi, total));
+        mix_line(f, s, mi);
         fprintf(f, "%-16s %8s %9s %7s %11s %12s %10s %9s %9s\n", "strategy", "placed",
                 "placed %", "behind", "failed@100%", "slices@100%", "1st fail@", "slices %",
                 "GPUs used");
@@ -245,10 +315,63 @@ static void mig_table(FILE *f, const mig_study *s)
 static json_t *int_array_of(const mig_study *s, int mi, mig_get get, int k)
 {
     json_t *a = json_array();
-    for (int i = 0; i < s->o->nseeds; i++)
+    for (int i = 0; i < s->nseeds; i++)
         json_array_append_new(
-            a, json_integer((json_int_t)get(&s->in[mi], &s->runs[mi * s->o->nseeds + i], k)));
+            a, json_integer((json_int_t)get(&s->in[mi], &s->runs[mi * s->nseeds + i], k)));
     return a;
+}
+
+static json_t *mix_json(const mig_study *s, int mi, long *multi)
+{
+    const kgpu_mig_model *m = s->in[mi].model;
+    json_t *mix = json_object();
+    long v[KGPU_MIG_MAX_PROFILES + 1];
+    profile_mix(s, mi, v, multi);
+    for (int pi = 0; pi < m->nprofiles; pi++)
+        if (v[pi] > 0)
+            json_object_set_new(mix, m->profiles[pi].name, json_integer(v[pi]));
+    if (v[m->nprofiles] > 0)
+        json_object_set_new(mix, "none", json_integer(v[m->nprofiles]));
+    return mix;
+}
+
+static json_t *mig_time_json(const mig_study *s)
+{
+    const kgpu_mig_opts *o = s->o;
+    json_t *root = json_object(), *models = json_array();
+    json_object_set_new(root, "mode", json_string("mig-churn"));
+    json_object_set_new(root, "nodes", json_integer(s->in[0].nnodes));
+    json_object_set_new(root, "gpus", json_integer(s->in[0].gpus));
+    json_object_set_new(root, "pods_in_file", json_integer((json_int_t)o->in->nrequests));
+    json_object_set_new(root, "speedup", json_real(o->speedup));
+    for (int mi = 0; mi < s->nmodels; mi++) {
+        const mig_run *run = &s->runs[mi];
+        json_t *x = json_object(), *results = json_array();
+        long multi;
+        json_object_set_new(x, "model", json_string(s->in[mi].model->name));
+        json_object_set_new(x, "requests", json_integer(run->b.requests));
+        json_object_set_new(x, "profiles", mix_json(s, mi, &multi));
+        json_object_set_new(x, "multi_gpu", json_integer(multi));
+        for (int k = 0; k < KGPU_MIGSIM_STRATEGIES; k++) {
+            const kgpu_migsim_result *r = &run->r[k];
+            json_t *y = json_object();
+            json_object_set_new(y, "strategy",
+                                json_string(kgpu_migsim_strategy_name((kgpu_migsim_strategy)k)));
+            json_object_set_new(y, "placed", json_integer(r->placed));
+            json_object_set_new(y, "placed_pct", json_real(pct(r->placed, r->requests)));
+            json_object_set_new(y, "slices_placed_pct", json_real(pct(r->slices, r->asked)));
+            json_object_set_new(y, "first_loss_pct", r->first_fail_pct >= 0
+                                                         ? json_real(r->first_fail_pct)
+                                                         : json_null());
+            json_object_set_new(y, "mean_in_use_pct", json_real(get_mean_use(&s->in[mi], run, k)));
+            json_array_append_new(results, y);
+        }
+        json_object_set_new(x, "results", results);
+        json_object_set_new(x, "wall_s", json_real(o->timing ? run->wall : 0.0));
+        json_array_append_new(models, x);
+    }
+    json_object_set_new(root, "models", models);
+    return root;
 }
 
 static json_t *mig_json(const mig_study *s)
@@ -260,19 +383,14 @@ static json_t *mig_json(const mig_study *s)
     json_object_set_new(root, "gpus", json_integer(s->in[0].gpus));
     json_object_set_new(root, "pods_in_file", json_integer((json_int_t)o->in->nrequests));
     json_object_set_new(root, "inflate", json_real(o->inflate));
-    for (int k = 0; k < o->nseeds; k++)
+    for (int k = 0; k < s->nseeds; k++)
         json_array_append_new(seeds, json_integer((json_int_t)o->seeds[k]));
     json_object_set_new(root, "seeds", seeds);
     for (int mi = 0; mi < s->nmodels; mi++) {
         const kgpu_mig_model *m = s->in[mi].model;
-        json_t *x = json_object(), *mix = json_object(), *results = json_array();
-        long v[KGPU_MIG_MAX_PROFILES + 1], multi;
-        profile_mix(s, mi, v, &multi);
-        for (int pi = 0; pi < m->nprofiles; pi++)
-            if (v[pi] > 0)
-                json_object_set_new(mix, m->profiles[pi].name, json_integer(v[pi]));
-        if (v[m->nprofiles] > 0)
-            json_object_set_new(mix, "none", json_integer(v[m->nprofiles]));
+        json_t *x = json_object(), *results = json_array();
+        long multi;
+        json_t *mix = mix_json(s, mi, &multi);
         json_object_set_new(x, "model", json_string(m->name));
         json_object_set_new(x, "requests", json_real(median(s, mi, get_requests, 0)));
         json_object_set_new(x, "possible", json_real(median(s, mi, get_possible, 0)));
@@ -306,8 +424,8 @@ static json_t *mig_json(const mig_study *s)
         json_object_set_new(off, "packed_by_seed", int_array_of(s, mi, get_packed, 0));
         json_object_set_new(x, "offline", off);
         double wall = 0;
-        for (int i = 0; i < o->nseeds; i++)
-            wall += s->runs[mi * o->nseeds + i].wall;
+        for (int i = 0; i < s->nseeds; i++)
+            wall += s->runs[mi * s->nseeds + i].wall;
         json_object_set_new(x, "wall_s", json_real(o->timing ? wall : 0.0));
         json_array_append_new(models, x);
     }
@@ -359,13 +477,27 @@ int kgpu_simulate_mig(const kgpu_mig_opts *o)
     }
     if (rc != 0)
         ready--; /* the one that failed holds nothing */
-    size_t nruns = (size_t)s.nmodels * (size_t)o->nseeds;
+    s.nseeds = o->ch != NULL ? 1 : o->nseeds;
+    size_t nruns = (size_t)s.nmodels * (size_t)s.nseeds;
+    if (rc == 0 && o->ch != NULL) {
+        size_t n = o->in->nrequests;
+        s.arrive = malloc(sizeof(double) * (n > 0 ? n : 1));
+        s.life = malloc(sizeof(double) * (n > 0 ? n : 1));
+        if (s.arrive == NULL || s.life == NULL)
+            rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
+        for (size_t a = 0; rc == 0 && a < n; a++) {
+            s.arrive[a] = o->ch->creation[o->ch->order[a]] / o->speedup;
+            s.life[a] = o->ch->lifetime[o->ch->order[a]];
+        }
+    }
     if (rc == 0 && (s.runs = calloc(nruns, sizeof(*s.runs))) == NULL)
         rc = kgpu_error_set(&err, KGPU_ENOMEM, "out of memory");
     if (rc != 0 || kgpu_jobs_run((int)nruns, o->threads, false, mig_job, &s, &err) != 0)
         goto out;
     if (o->json)
-        kgpu_study_print_json(mig_json(&s));
+        kgpu_study_print_json(o->ch != NULL ? mig_time_json(&s) : mig_json(&s));
+    else if (o->ch != NULL)
+        mig_time_table(stdout, &s);
     else
         mig_table(stdout, &s);
     if (kgpu_study_flush(&err) != 0)
@@ -377,5 +509,7 @@ out:
     for (int i = 0; i < ready; i++)
         kgpu_migsim_input_free(&s.in[i]);
     free(s.runs);
+    free(s.arrive);
+    free(s.life);
     return status;
 }

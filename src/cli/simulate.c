@@ -1003,7 +1003,9 @@ static void simulate_usage(FILE *f)
                "                    A100-40GB, A100-80GB, H100-80GB, H200-141GB), requests as\n"
                "                    MIG profiles: requests placed by first fit in NVML's\n"
                "                    order, kgpu's slice order, kgpu with node scores, free\n"
-               "                    best fit, against an offline packing and its LP bound\n");
+               "                    best fit, against an offline packing and its LP bound;\n"
+               "                    with --churn [--speedup X]: the file's pods at their\n"
+               "                    times, a request that fits nowhere lost\n");
 }
 
 /*
@@ -1336,11 +1338,17 @@ int kgpu_cmd_simulate(int argc, char **argv)
         free(policy_text);
         return 2;
     }
+    if (mig != NULL && churn && inflate_set) {
+        fprintf(stderr, "kgpu simulate: --mig with --churn replays the file as recorded: no "
+                        "--inflate\n");
+        free(policy_text);
+        return 2;
+    }
     if (mig != NULL &&
-        (clusters_path != NULL || autoscale || churn || queues_path != NULL || plot_path != NULL ||
+        (clusters_path != NULL || autoscale || queues_path != NULL || plot_path != NULL ||
          extender_scores || allocator != KGPU_SIM_ALLOC_POLICY || workload || consolidate > 0 ||
          autoscale_flag || policy_text != NULL || random_ties || online || prices_set)) {
-        fprintf(stderr, "kgpu simulate: --mig takes none of --clusters, --autoscale, --churn, "
+        fprintf(stderr, "kgpu simulate: --mig takes none of --clusters, --autoscale, "
                         "--queues, --plot, --extender-scores, --kube-scheduler, --allocator, "
                         "--workload, --consolidate, --policy, --random-ties, --online, "
                         "--prices, ...\n");
@@ -1446,9 +1454,14 @@ int kgpu_cmd_simulate(int argc, char **argv)
         return status;
     }
     if (mig != NULL) {
-        if (kgpu_load_input(nodes_path, pods_path, &in, &err) != 0)
+        kgpu_churn_input ch;
+        memset(&ch, 0, sizeof(ch));
+        if (load_traces(nodes_path, pods_path, &in, churn ? &ch : NULL, NULL, NULL, NULL, NULL,
+                        &err) != 0)
             goto out;
         kgpu_mig_opts mo = {.in = &in,
+                            .ch = churn ? &ch : NULL,
+                            .speedup = speedup,
                             .pods_path = pods_path,
                             .models = mig,
                             .seeds = seeds,
@@ -1458,6 +1471,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
                             .json = json,
                             .timing = timing};
         status = kgpu_simulate_mig(&mo);
+        kgpu_churn_input_free(&ch);
         kgpu_sim_input_free(&in);
         free(policy_text);
         return status;

@@ -501,6 +501,7 @@ int kgpu_migsim_run(const kgpu_migsim_input *in, kgpu_migsim_strategy s, const s
             continue;
         out->requests++;
         asked += slices_of(in, q);
+        out->asked = asked;
         pick p;
         if (arrive(&r, q, &p)) {
             out->placed++;
@@ -560,6 +561,7 @@ int kgpu_migsim_run_times(const kgpu_migsim_input *in, kgpu_migsim_strategy s,
         if (q->count == 0)
             continue;
         out->requests++;
+        out->asked += slices_of(in, q);
         if (!arrive(&r, q, &held[a])) {
             if (q->profile >= 0 && out->first_fail_pct < 0)
                 out->first_fail_pct = total > 0 ? (double)slices * 100.0 / (double)total : 0;
@@ -567,13 +569,13 @@ int kgpu_migsim_run_times(const kgpu_migsim_input *in, kgpu_migsim_strategy s,
         }
         out->placed++;
         out->instances += q->count;
+        out->slices += slices_of(in, q);
         slices += slices_of(in, q);
         if (!kgpu__dep_push(&h, (kgpu__departure){arrive_t[a] + life[a], a, 0}))
             rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
-    /* slices: the mean in use over the arrivals' span. */
     double span = n > 0 ? arrive_t[n - 1] - arrive_t[0] : 0;
-    out->slices = span > 0 ? (long)(area / span + 0.5) : slices;
+    out->mean_in_use = span > 0 ? area / span : (double)slices;
     for (int i = 0; i < in->gpus; i++)
         out->gpus_used += r.g[i].mem != 0;
     free(h.v);
