@@ -37,14 +37,13 @@ extern "C" {
  *             allocator over a slice that lists placements in NVML's order.
  * KGPU_ORDER  the same node and GPU order, the start by kgpu's slice order
  *             (kgpu_mig_slice_order): kgpu's slice without the extender.
- * KGPU_ROOM   kgpu's slice and node scores by room: on each node the
- *             allocator would take the first GPU and start in slice order;
- *             the node where that costs the least room (kgpu_mig_room)
- *             wins, ties to the node with the least room (keeping empty
- *             GPUs and nodes for big requests).
- * KGPU        the same, the cost being the growth of fragmentation against
- *             the profiles asked for so far (migsim.c: FGD's measure for
- *             MIG), then room: what kgpu's extender scores.
+ * KGPU        kgpu's slice and the extender's node scores: on each node
+ *             the allocator would take the first GPU and start in slice
+ *             order; the node where that costs the least room
+ *             (kgpu_mig_room), then strands the fewest compute slices
+ *             (free on a GPU where nothing fits any more), wins; ties to
+ *             the node with the least room (keeping empty GPUs and nodes
+ *             for big requests).
  * BEST_FIT    no slice order: any GPU and start of any node at kgpu's cost,
  *             ties to the fullest GPU, then the fullest node. What kgpu
  *             would do could it pick the device too.
@@ -55,14 +54,13 @@ extern "C" {
 typedef enum kgpu_migsim_strategy {
     KGPU_MIGSIM_FIRST_FIT = 0,
     KGPU_MIGSIM_KGPU_ORDER,
-    KGPU_MIGSIM_KGPU_ROOM,
     KGPU_MIGSIM_KGPU,
     KGPU_MIGSIM_BEST_FIT,
     KGPU_MIGSIM_MOST_ROOM,
     KGPU_MIGSIM_STRATEGIES
 } kgpu_migsim_strategy;
 
-/* "first-fit", "kgpu-order", "kgpu-room", "kgpu", "best-fit", "most-room". */
+/* "first-fit", "kgpu-order", "kgpu", "best-fit", "most-room". */
 const char *kgpu_migsim_strategy_name(kgpu_migsim_strategy s);
 /* The strategy called `name`, or -1. */
 int kgpu_migsim_strategy_find(const char *name);

@@ -24,8 +24,8 @@
 #include "core.h"
 #include "kgpu/migsim.h"
 
-static const char *const NAMES[KGPU_MIGSIM_STRATEGIES] = {
-    "first-fit", "kgpu-order", "kgpu-room", "kgpu", "best-fit", "most-room"};
+static const char *const NAMES[KGPU_MIGSIM_STRATEGIES] = {"first-fit", "kgpu-order", "kgpu",
+                                                          "best-fit", "most-room"};
 
 const char *kgpu_migsim_strategy_name(kgpu_migsim_strategy s)
 {
@@ -172,19 +172,19 @@ void kgpu_migsim_input_free(kgpu_migsim_input *in)
 /* ---- the online strategies ---- */
 
 /*
- * kgpu's cost of a placement (KGPU, BEST_FIT): the growth of the GPU's
- * fragmentation against the profiles asked for so far, FGD's measure made
- * for MIG: frag(g) = free compute slices x requests so far whose profile
- * fits nowhere on g. A 3g next to a 4g leaves nothing free (0); next to a
- * 3g it strands a slice no profile can use; on an empty GPU at start 4 it
- * keeps the 4g's only start. Ties go to the least room lost; the scale
- * keeps the two apart (room lost on 32 GPUs stays below it).
+ * kgpu's cost of a placement (KGPU, BEST_FIT): the room it takes away
+ * (kgpu_mig_room before less after), then the compute slices it strands:
+ * free compute on a GPU where no profile fits any more. Room alone ties a
+ * 3g next to a 4g (the GPU full) with a 3g next to a 3g (one slice left
+ * that nothing can use); the second key tells them apart. Room lost on
+ * one GPU is at most 34, stranded slices at most 7: the scale keeps them
+ * lexicographic.
  */
-#define COST_SCALE 4096
+#define STRANDED_SCALE 8
 
 typedef struct memo {
-    long fstamp[KGPU_MIGSIM_KEYS], bstamp[KGPU_MIGSIM_KEYS];
-    int64_t frag[KGPU_MIGSIM_KEYS], bcost[KGPU_MIGSIM_KEYS];
+    long bstamp[KGPU_MIGSIM_KEYS];
+    int64_t bcost[KGPU_MIGSIM_KEYS];
     int8_t bstart[KGPU_MIGSIM_KEYS];
 } memo;
 
@@ -195,9 +195,8 @@ typedef struct run {
     int *first;         /* first[i]: node i's first GPU in g */
     int64_t *cpu, *mem; /* free per node */
     int *room;          /* per node: the sum of its GPUs' room */
-    long w[KGPU_MIG_MAX_PROFILES]; /* GPU requests arrived so far, by profile */
     long stamp;         /* which arrival the memo's entries hold for */
-    memo *m;            /* per GPU key, for this arrival */
+    memo *m;            /* per GPU key: the best start for this arrival's profile */
 } run;
 
 static void run_free(run *r)
@@ -228,7 +227,7 @@ static int run_init(run *r, const kgpu_migsim_input *in, kgpu_migsim_strategy s,
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     }
     for (int k = 0; k < KGPU_MIGSIM_KEYS; k++)
-        r->m->fstamp[k] = r->m->bstamp[k] = -1;
+        r->m->bstamp[k] = -1;
     for (int i = 0, at = 0; i < in->nnodes; i++) {
         r->first[i] = at;
         at += in->nodes[i].gpus;
@@ -252,32 +251,28 @@ static bool node_fits(const run *r, int i, const kgpu_migsim_request *q)
            r->mem[i] >= q->memory_mib;
 }
 
-static bool uses_frag(kgpu_migsim_strategy s)
+static bool uses_stranded(kgpu_migsim_strategy s)
 {
     return s == KGPU_MIGSIM_KGPU || s == KGPU_MIGSIM_BEST_FIT;
 }
 
-static int64_t frag_of(run *r, int k)
+/* Free compute slices on a GPU of key k where no profile fits any more. */
+static int stranded(const kgpu_migsim_input *in, int k)
 {
-    if (r->m->fstamp[k] != r->stamp) {
-        long lost = 0;
-        for (int pi = 0; pi < r->in->model->nprofiles; pi++)
-            if (r->in->first_fit[k][pi] < 0)
-                lost += r->w[pi]; /* "+me" profiles: never asked for, w 0 */
-        r->m->frag[k] = (int64_t)(KGPU_MIG_COMPUTE_SLICES - k / 256) * lost;
-        r->m->fstamp[k] = r->stamp;
-    }
-    return r->m->frag[k];
+    for (int pi = 0; pi < in->model->nprofiles; pi++)
+        if (in->first_fit[k][pi] >= 0)
+            return 0;
+    return KGPU_MIG_COMPUTE_SLICES - k / 256;
 }
 
 /* The cost of profile pi at start on a GPU of key k: room lost, or kgpu's (above). */
-static int64_t cost_at(run *r, int k, int pi, int start)
+static int64_t cost_at(const run *r, int k, int pi, int start)
 {
     int ka = key_after(r->in->model, k, pi, start);
     int64_t loss = r->in->room[k] - r->in->room[ka];
-    if (!uses_frag(r->s))
+    if (!uses_stranded(r->s))
         return loss;
-    return (frag_of(r, ka) - frag_of(r, k)) * COST_SCALE + loss;
+    return loss * STRANDED_SCALE + stranded(r->in, ka);
 }
 
 /* The start of profile pi costing least on a GPU of key k (ties: the higher), or -1. */
@@ -398,7 +393,6 @@ static bool choose_pick(run *r, const kgpu_migsim_request *q, pick *best)
                               r->s == KGPU_MIGSIM_FIRST_FIT ? in->first_fit : in->slice, best))
                 return true;
             break;
-        case KGPU_MIGSIM_KGPU_ROOM:
         case KGPU_MIGSIM_KGPU:
             /* The extender predicts the allocator's pick on each node and scores its cost. */
             if (node_in_order(r, i, q, in->slice, &p) &&
@@ -458,15 +452,11 @@ static void release_pick(run *r, const kgpu_migsim_request *q, const pick *p)
     }
 }
 
-/*
- * One GPU request arrives: counted into the learnt workload (kgpu sees a
- * pod when it is asked about it), then placed if the strategy finds room.
- */
+/* One GPU request arrives: placed if the strategy finds room. */
 static bool arrive(run *r, const kgpu_migsim_request *q, pick *p)
 {
     if (q->profile < 0)
         return false;
-    r->w[q->profile]++;
     r->stamp++;
     if (!choose_pick(r, q, p))
         return false;
