@@ -871,7 +871,8 @@ int kgpu_migsim_offline(const kgpu_migsim_input *in, const size_t *order, size_t
         long mid = lo + (hi - lo + 1) / 2;
         double v = lp_of_prefix(&o, mid);
         if (v < 0)
-            rc = kgpu_error_set(err, KGPU_ENOMEM, "the MIG bound's LP failed");
+            rc = kgpu_error_set(err, KGPU_ESTATE, "the MIG bound's LP found no optimum (out of "
+                                "memory, or no pivot left after 10,000)");
         else if (v <= in->gpus + 1e-6)
             lo = mid;
         else
