@@ -21,7 +21,7 @@
 typedef struct mig_run {
     kgpu_migsim_result r[KGPU_MIGSIM_STRATEGIES];
     kgpu_migsim_bound b;
-    long profiles[KGPU_MIG_MAX_PROFILES]; /* GPU requests by profile; [model's count]: none */
+    long profiles[KGPU_MIG_MAX_PROFILES]; /* GPU requests by profile index */
     long none;                            /* GPU requests no profile holds */
     long multi;                           /* GPU requests for more than one GPU */
     double wall;
@@ -36,6 +36,16 @@ typedef struct mig_study {
     double *arrive, *life; /* with time: per arrival of o->ch->order */
 } mig_study;
 
+/* Counts arrival q into the run's profile mix. */
+static void count_mix(mig_run *run, const kgpu_migsim_request *q)
+{
+    if (q->count > 0 && q->profile >= 0)
+        run->profiles[q->profile]++;
+    else if (q->count > 0)
+        run->none++;
+    run->multi += q->count > 1;
+}
+
 /* With time: the file's pods at their times, each strategy once (nothing is drawn). */
 static int mig_time_job(mig_study *s, int j, kgpu_error *err)
 {
@@ -44,12 +54,8 @@ static int mig_time_job(mig_study *s, int j, kgpu_error *err)
     mig_run *run = &s->runs[j];
     double t0 = kgpu_now();
     int rc = 0;
-    for (size_t a = 0; a < in->nrequests; a++) {
-        const kgpu_migsim_request *q = &in->requests[ch->order[a]];
-        run->profiles[q->profile >= 0 ? q->profile : 0] += q->count > 0 && q->profile >= 0;
-        run->none += q->count > 0 && q->profile < 0;
-        run->multi += q->count > 1;
-    }
+    for (size_t a = 0; a < in->nrequests; a++)
+        count_mix(run, &in->requests[ch->order[a]]);
     for (int k = 0; rc == 0 && k < KGPU_MIGSIM_STRATEGIES; k++)
         rc = kgpu_migsim_run_times(in, (kgpu_migsim_strategy)k, ch->order, s->arrive, s->life,
                                    in->nrequests, &run->r[k], err);
@@ -69,14 +75,8 @@ static int mig_job(void *ctx, int j, kgpu_error *err)
     size_t *order = NULL, n = 0;
     int rc = kgpu_sim_workload(s->o->in, s->o->seeds[j % s->nseeds], s->o->inflate, &order, &n,
                                err);
-    for (size_t a = 0; rc == 0 && a < n; a++) {
-        const kgpu_migsim_request *q = &in->requests[order[a]];
-        if (q->count > 0 && q->profile >= 0)
-            run->profiles[q->profile]++;
-        else if (q->count > 0)
-            run->none++;
-        run->multi += q->count > 1;
-    }
+    for (size_t a = 0; rc == 0 && a < n; a++)
+        count_mix(run, &in->requests[order[a]]);
     for (int k = 0; rc == 0 && k < KGPU_MIGSIM_STRATEGIES; k++)
         rc = kgpu_migsim_run(in, (kgpu_migsim_strategy)k, order, n, &run->r[k], err);
     if (rc == 0)

@@ -1,6 +1,6 @@
 /*
  * MIG placement in the trace simulator (include/kgpu/migsim.h): the trace
- * mapped to MIG instances, four online strategies, and the offline bound.
+ * mapped to MIG instances, five online strategies, and the offline bound.
  *
  * Every decision asks mig.c (fits, first fit, slice order, choose, room);
  * the answers depend on a GPU's memory slices and compute only, so they are
@@ -17,7 +17,6 @@
  * has one variable per size and one constraint per layout, with the slack
  * basis feasible, so a plain simplex with Bland's rule solves it.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -176,9 +175,9 @@ void kgpu_migsim_input_free(kgpu_migsim_input *in)
  * (kgpu_mig_room before less after), then the compute slices it strands:
  * free compute on a GPU where no profile fits any more. Room alone ties a
  * 3g next to a 4g (the GPU full) with a 3g next to a 3g (one slice left
- * that nothing can use); the second key tells them apart. Room lost on
- * one GPU is at most 34, stranded slices at most 7: the scale keeps them
- * lexicographic.
+ * that nothing can use); the second key tells them apart. An instance
+ * loses at most 34 of room (an empty GPU's) and strands at most 7 slices:
+ * the scale keeps the two keys apart.
  */
 #define STRANDED_SCALE 8
 
