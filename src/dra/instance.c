@@ -116,7 +116,7 @@ int dra_instances_ensure(const dra_mig_ops *ops, const dra_ckpt *ck, dra_claim *
         dra_alloc *a = &c->allocs[i];
         if (a->profile[0] == '\0')
             continue;
-        gpu_list *l;
+        gpu_list *l = NULL; /* set by list_of; -O2 cannot see it */
         if ((rc = list_of(ops, lists, &nlists, a->index, &l, err)) != 0)
             break;
         const kgpu_nvml_mig *m = a->mig_uuid[0] != '\0' ? live(l, a) : NULL;
@@ -180,7 +180,7 @@ int dra_instances_release(const dra_mig_ops *ops, const dra_ckpt *ck, const dra_
         const dra_alloc *a = &c->allocs[i];
         if (a->profile[0] == '\0' || a->mig_uuid[0] == '\0')
             continue;
-        gpu_list *l;
+        gpu_list *l = NULL; /* set by list_of; -O2 cannot see it */
         int rc = list_of(ops, lists, &nlists, a->index, &l, err);
         if (rc != 0)
             return rc;
