@@ -67,21 +67,82 @@ static int poll_fake(driver *d, bool first, kgpu_error *err)
     return node_fake_poll(d->cfg->node.fake_gpus, &d->fake_st, first, take_fake, d, err);
 }
 
+/*
+ * Health on the NVML path, as the device plugin judges it: a GPU that
+ * reported a critical XID stays unhealthy until the driver restarts, and a
+ * GPU that stops answering (lost, fallen off the bus) is kept in the
+ * inventory as unhealthy instead of vanishing from it. Either way its
+ * devices stay published with the unhealthy taint (slice.c), so the
+ * scheduler allocates them to no new claim while the claims prepared on it
+ * still name devices the slice has.
+ */
+static void judge_health(driver *d, kgpu_gpu_info *gpus, int *n)
+{
+    for (int i = 0; i < *n; i++) {
+        int x = gpus[i].index;
+        gpus[i].healthy = gpus[i].healthy && kgpu_nvml_alive(d->nvml, x) &&
+                          !(x >= 0 && x < KGPU_MAX_GPUS_PER_NODE && d->xid_bad[x]);
+    }
+    pthread_mutex_lock(&d->inv_mu);
+    for (int k = 0; k < d->inv.ngpus && *n < KGPU_MAX_GPUS_PER_NODE; k++) {
+        const kgpu_gpu_info *old = &d->inv.gpus[k];
+        bool here = false;
+        for (int i = 0; i < *n && !here; i++)
+            here = strcmp(gpus[i].uuid, old->uuid) == 0 || gpus[i].index == old->index;
+        if (!here) {
+            if (old->healthy)
+                kgpu_log(KGPU_LOG_WARN, "GPU %d (%s) stopped answering NVML: tainting its "
+                         "devices", old->index, old->uuid);
+            gpus[*n] = *old;
+            gpus[(*n)++].healthy = false;
+        }
+    }
+    pthread_mutex_unlock(&d->inv_mu);
+}
+
+/* Takes the XIDs NVML has for us without waiting; true when one marked a GPU unhealthy. */
+static bool drain_xids(driver *d)
+{
+    bool marked = false;
+    for (int i = 0; i < 64; i++) {
+        int idx;
+        unsigned long long xid;
+        kgpu_error e = {0};
+        int rc = kgpu_nvml_wait_xid(d->nvml, 0, &idx, &xid, &e);
+        if (rc <= 0) {
+            if (rc < 0)
+                kgpu_log(KGPU_LOG_WARN, "%s", e.msg);
+            break;
+        }
+        if (idx >= 0 && idx < KGPU_MAX_GPUS_PER_NODE && !d->xid_bad[idx]) {
+            kgpu_log(KGPU_LOG_WARN, "GPU %d: XID %llu: tainting its devices until the driver "
+                     "restarts", idx, xid);
+            d->xid_bad[idx] = marked = true;
+        }
+    }
+    return marked;
+}
+
 static int poll_nvml(driver *d, kgpu_error *err)
 {
     kgpu_gpu_info *gpus = NULL;
     int n = 0;
     kgpu_error e = {0};
     int rc = kgpu_nvml_discover(d->nvml, &gpus, &n, &e);
+    kgpu_gpu_info *all = rc == 0 ? calloc(KGPU_MAX_GPUS_PER_NODE, sizeof(*all)) : NULL;
+    if (rc == 0 && all == NULL)
+        rc = kgpu_error_set(&e, KGPU_ENOMEM, "out of memory");
     if (rc == 0) {
-        for (int i = 0; i < n; i++)
-            gpus[i].healthy = gpus[i].healthy && kgpu_nvml_alive(d->nvml, gpus[i].index);
-        set_inventory(d, gpus, n);
+        /* discover answers at most KGPU_MAX_GPUS_PER_NODE; room for the lost ones. */
+        memcpy(all, gpus, (size_t)n * sizeof(*all));
+        judge_health(d, all, &n);
+        set_inventory(d, all, n);
     } else if (err != NULL) {
         *err = e;
     } else {
         kgpu_log(KGPU_LOG_ERROR, "%s (keeping the previous inventory)", e.msg);
     }
+    free(all);
     free(gpus);
     return rc;
 }
@@ -263,7 +324,7 @@ int dra_run(const dra_config *cfg, atomic_bool *stop, kgpu_error *err)
     while (rc == 0 && !atomic_load(stop)) {
         if (cfg->node.fake_gpus[0] != '\0') {
             (void)poll_fake(d, false, NULL);
-        } else if (dra_now_s() >= d->rediscover_at) {
+        } else if (drain_xids(d) || dra_now_s() >= d->rediscover_at) {
             (void)poll_nvml(d, NULL);
             d->rediscover_at = dra_now_s() + DISCOVER_S;
         }

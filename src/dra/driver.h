@@ -35,6 +35,8 @@ typedef struct driver {
     uint64_t inv_gen;
     struct stat fake_st;
     time_t rediscover_at;
+    /* Main thread only: GPUs (by NVML index) a critical XID marked unhealthy until restart. */
+    bool xid_bad[KGPU_MAX_GPUS_PER_NODE];
     /* Prepared claims and their files. */
     pthread_mutex_t claim_mu;
     dra_ckpt ck;

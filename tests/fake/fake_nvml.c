@@ -10,6 +10,8 @@
  *   FAKE_NVML_INIT   a return code for nvmlInit_v2 (default 0)
  *   FAKE_NVML_XID    "index:xid" delivered by the first wait
  *   FAKE_NVML_LOST   index of a GPU that reports GPU_IS_LOST
+ *   FAKE_NVML_LOST_FILE a file holding such an index, read at every call (no
+ *                    file: none lost), so a test makes a GPU fall off mid-run
  *   FAKE_NVML_PROCS  a file of GPU processes, read again at every call so a
  *                    test scripts them as it goes; one per line:
  *                    "<gpu index> <pid> <used MiB, or - for not available>
@@ -258,7 +260,18 @@ static unsigned dev_index(const fake_dev *d)
 static int lost(const fake_dev *d)
 {
     const char *l = getenv("FAKE_NVML_LOST");
-    return l != NULL && d == &devs[atoi(l)];
+    if (l != NULL && d == &devs[atoi(l)])
+        return 1;
+    /* FAKE_NVML_LOST_FILE: the index in a file read at every call, so a GPU falls off later. */
+    const char *path = getenv("FAKE_NVML_LOST_FILE");
+    FILE *f = path != NULL ? fopen(path, "r") : NULL;
+    int idx = -1;
+    if (f != NULL) {
+        if (fscanf(f, "%d", &idx) != 1)
+            idx = -1;
+        fclose(f);
+    }
+    return idx >= 0 && idx < 16 && d == &devs[idx];
 }
 
 int nvmlDeviceGetHandleByIndex_v2(unsigned int i, fake_dev **d)

@@ -611,6 +611,34 @@ class DraMigTest(DraHarness):
         c = self.api.put_claim(claim(name, list(results)))
         return ("team-a", c["metadata"]["uid"], name)
 
+    def test_xid_and_lost_gpu_taint_their_devices(self):
+        """A critical XID on GPU 1 (the fake NVML delivers 79 at the first wait): its device
+        stays published, tainted NoSchedule; GPU 0 and its partitions untainted. Restarted
+        without the XID the taint is gone: it lasts until the driver restarts. Then GPU 1
+        stops answering NVML (GPU_IS_LOST): it stays published, tainted, not dropped."""
+        self.start(env=dict(self.env, FAKE_NVML_XID="1:79"))
+
+        def tainted():
+            devs = [d for s in self.slices() for d in s["spec"].get("devices") or []]
+            t = {d["name"]: d.get("taints") for d in devs}
+            return t if t.get("gpu-1") else None
+        t = wait_for(tainted, 20, what="gpu-1 tainted")
+        self.assertEqual(t["gpu-1"], [{"key": "gpu.kgpu.io/unhealthy", "effect": "NoSchedule"}])
+        self.assertEqual([n for n, x in t.items() if x and n != "gpu-1"], [])
+        self.assertIn("GPU 1: XID 79", self.child.log())
+        self.stop()
+        lost = os.path.join(self.tmp, "lost")
+        self.start(env=dict(self.env, FAKE_NVML_LOST_FILE=lost))
+        wait_for(lambda: not any(d.get("taints") for s in self.slices()
+                                 for d in s["spec"].get("devices") or []), 20,
+                 what="the taint gone after a restart")
+        # GPU 1 falls off the bus: still published, tainted, rather than gone.
+        with open(lost, "w") as f:
+            f.write("1\n")
+        t = wait_for(tainted, 30, what="the lost gpu-1 tainted")
+        self.assertIn("gpu-0", t)
+        self.assertIn("GPU 1 (", self.child.log())
+
     def test_mig_slices_published_and_valid(self):
         self.start(env=self.env)
         got = wait_for(lambda: len(self.slices()) == 2 and self.slices(), 20,
