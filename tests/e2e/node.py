@@ -174,7 +174,7 @@ class Node:
     """kubelet + containerd on this machine as node `name` of the control plane `cp`."""
 
     def __init__(self, cp, workdir, build_dir, name="kgpu-e2e-node", gpus=(), labels=None,
-                 containerd_bin=None, cdi_dirs=None, gateway=False):
+                 containerd_bin=None, cdi_dirs=None, gateway=False, mig_gpus=()):
         self.cp, self.dir, self.build, self.name = cp, workdir, build_dir, name
         # gateway: the bridge is the pods' gateway (POD_GATEWAY), so that pods reach this
         # machine and, through kube-proxy, cluster IPs; this machine's FORWARD chain gets
@@ -185,6 +185,10 @@ class Node:
         # instead of the PATH's; cdi_dirs: CDI spec folders (containerd 1.7+ only).
         self.containerd_bin, self.cdi_dirs = containerd_bin, list(cdi_dirs or [])
         self.gpus = list(gpus)  # [{uuid, model, memory_mib}] the fake driver shows
+        # mig_gpus: indexes of self.gpus in MIG mode; the fake NVML keeps their instances in
+        # mig_state, which deleting is a reboot of the node's GPUs.
+        self.mig_gpus = list(mig_gpus)
+        self.mig_state = os.path.join(workdir, "fake-mig", "state")
         self.labels = dict(labels or {})
         os.makedirs(workdir, exist_ok=True)
         self.ip = cluster.host_ip()
@@ -297,6 +301,9 @@ class Node:
             libs[os.path.join(FAKE_DRIVER_DIR, lib)] = path
         runtime_conf = {"runc": shutil.which("runc") or "/usr/sbin/runc", "mounts": libs,
                         "gpus": self.gpus, "log": os.path.join(d, "fake-nvidia-runtime.log")}
+        if self.mig_gpus:
+            os.makedirs(os.path.dirname(self.mig_state), exist_ok=True)
+            runtime_conf["mig"] = {"gpus": self.mig_gpus, "state": self.mig_state}
         with open(os.path.join(d, "runtime.json"), "w") as f:
             json.dump(runtime_conf, f, indent=1)
         cni = {"cniVersion": "0.4.0", "name": "kgpu-e2e", "plugins": [

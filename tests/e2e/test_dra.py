@@ -50,6 +50,11 @@ V100 = {"index": 0, "uuid": "GPU-6b670000-0000-4000-8000-0000000000d0",
 T4 = {"index": 1, "uuid": "GPU-6b670000-0000-4000-8000-0000000000d1", "model": "Tesla T4",
       "memory_mib": 15360}
 GPUS = [V100, T4]
+# In MIG mode (the fake NVML's FAKE_NVML_MIG): published as partitions of class
+# mig.gpu.kgpu.io beside its whole device, never given to the whole-GPU tests' claims.
+A100 = {"index": 2, "uuid": "GPU-6b670000-0000-4000-8000-0000000000d2",
+        "model": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}
+MIG_CLASS = "mig." + DRIVER
 
 
 def containerd_bin(bindir):
@@ -89,6 +94,7 @@ class DraDriverPod:
                            "/var/lib/kubelet/plugins_registry": node.dra_registry_dir,
                            "/var/lib/kgpu/dra": self.state_dir, "/var/run/cdi": self.cdi_dir}
         self.name = "kgpu-dra-plugin-" + node.name
+        self.extra_env = {}  # more environment for the driver's container (recreate())
         self.kills = 0
         self.saved = []  # logs of containers that are gone
 
@@ -114,7 +120,8 @@ class DraDriverPod:
             c["command"] = cmd
             c["env"] = list(c.get("env") or []) + [
                 {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-                {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.cp.api_port)}]
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.cp.api_port)}] + [
+                {"name": k, "value": v} for k, v in sorted(self.extra_env.items())]
         return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
                 "metadata": dict(tmpl["metadata"], name=self.name, namespace=DRA_NS)}
 
@@ -191,6 +198,14 @@ class DraDriverPod:
         with open(os.path.join(self.dir, "kgpu-dra-plugin.log"), "w") as f:
             f.write(self.log())
 
+    def recreate(self, **env):
+        """The pod deleted and made again with `env` added to the container's environment
+        (a pod's environment cannot change in place), as a DaemonSet rollout does."""
+        self.stop()
+        self.extra_env = dict(env)
+        self.kills = 0
+        return self.start()
+
     def stop(self):
         if self.pod() is None:
             return
@@ -239,9 +254,9 @@ class DraSuite(unittest.TestCase):
         cp.ensure_namespace(NS)
         work = cp.p("dra")
         cdi = os.path.join(work, "cdi")
-        cls.node = nodemod.Node(cp, cp.p("node"), build, gpus=GPUS,
+        cls.node = nodemod.Node(cp, cp.p("node"), build, gpus=GPUS + [A100],
                                 labels={"kgpu.io/gpu-allocator": "dra"},
-                                containerd_bin=ctrd, cdi_dirs=[cdi])
+                                containerd_bin=ctrd, cdi_dirs=[cdi], mig_gpus=[A100["index"]])
         cls.node.start(preloaded=[os.path.join(build, "libkgpu-limit.so"),
                                   cls.node.fake_cuda, cls.node.fake_nvml], dra_image=True)
         cls.driver = DraDriverPod(cp, cls.node, work)
@@ -251,9 +266,29 @@ class DraSuite(unittest.TestCase):
         cls.slice = wait_for(cls.published, 60, "the driver's ResourceSlice", interval=0.5)
 
     @classmethod
+    def node_slices(cls):
+        """The node's slices of the driver, all of one generation of its pool, or []."""
+        q = "fieldSelector=spec.nodeName%%3D%s%%2Cspec.driver%%3D%s" % (cls.node.name, DRIVER)
+        items = cls.cp.admin.get(RESOURCE + "/resourceslices?" + q).get("items") or []
+        gens = {s["spec"]["pool"]["generation"] for s in items}
+        if not items or len(gens) != 1 or any(
+                s["spec"]["pool"]["resourceSliceCount"] != len(items) for s in items):
+            return []
+        return sorted(items, key=lambda s: s["metadata"]["name"])
+
+    @classmethod
     def published(cls):
-        s = cls.cp.admin.try_get(RESOURCE + "/resourceslices/%s-%s" % (cls.node.name, DRIVER))
-        return s if s and len(s["spec"].get("devices") or []) == len(GPUS) else None
+        """The node's first slice, its devices those of every slice that are whole GPUs,
+        once every GPU has one (the MIG GPU's partitions left out: they carry `mig`)."""
+        slices = cls.node_slices()
+        whole = [d for s in slices for d in s["spec"].get("devices") or []
+                 if "mig" not in d["attributes"]]
+        if len(whole) != len(GPUS) + 1:
+            return None
+        first = json.loads(json.dumps(slices[0]))
+        first["spec"]["devices"] = [d for d in whole
+                                    if d["attributes"]["uuid"]["string"] != A100["uuid"]]
+        return first
 
     @classmethod
     def tearDownClass(cls):
@@ -290,6 +325,47 @@ class DraSuite(unittest.TestCase):
 
     def claim_path(self, name=None):
         return RESOURCE + "/namespaces/%s/resourceclaims" % NS + ("/" + name if name else "")
+
+    def create_mig_claim(self, name, profile):
+        """A claim for one MIG partition of `profile` ("3g.20gb") of class mig.gpu.kgpu.io."""
+        self.cp.admin.post(self.claim_path(), {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": MIG_CLASS,
+                "selectors": [{"cel": {"expression": 'device.attributes["%s"].profile == "%s"'
+                                       % (DRIVER, profile)}}]}}]}}})
+        self.claims.append(name)
+
+    def mig_instances(self):
+        """The fake NVML's GPU instances on the A100 now: sorted [(start, NVML GI profile)]."""
+        try:
+            with open(self.node.mig_state) as f:
+                lines = [l.split() for l in f]
+        except FileNotFoundError:
+            return []
+        return sorted((int(l[4]), int(l[3])) for l in lines
+                      if len(l) >= 5 and l[0] == "gi" and l[1] == A100["uuid"])
+
+    def cdi_env(self, uid):
+        """The env of the claim's CDI device, as the runtime injects it."""
+        with open(os.path.join(self.driver.cdi_dir, self.cdi_spec_of(uid))) as f:
+            spec = json.load(f)
+        return [e for d in spec["devices"] for e in d["containerEdits"].get("env") or []]
+
+    def mig_uuid(self, uid):
+        vis = [e.split("=", 1)[1] for e in self.cdi_env(uid)
+               if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+        self.assertEqual(len(vis), 1, self.cdi_env(uid))
+        self.assertTrue(vis[0].startswith("MIG-"), vis)
+        return vis[0]
+
+    def wait_unschedulable(self, name):
+        def unschedulable():
+            p = self.cp.get_pod(NS, name)
+            conds = p.get("status", {}).get("conditions") or []
+            return any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conds)
+        wait_for(unschedulable, 60, "%s to be unschedulable" % name, interval=0.5)
 
     def create_claim(self, name, memory, model="Tesla V100", cores=None):
         req = {"memory": memory}
@@ -365,7 +441,10 @@ class DraSuite(unittest.TestCase):
         self.assertRegex(out["limits"][1], r"^device 0 uuid=%s memory_mib=%d\b"
                          % (gpu["uuid"], mib))
         self.assertEqual(out["shim"], ["loaded"], "libkgpu-limit.so is not in the process")
-        self.assertEqual(out["uuid"], [gpu["uuid"]], "the container sees another GPU")
+        # CUDA's UUID is the device's 16 bytes, which gpu_job prints after "GPU-"; a MIG
+        # device's are its MIG UUID's.
+        self.assertEqual([u.split("-", 1)[1] for u in out["uuid"]],
+                         [gpu["uuid"].split("-", 1)[1]], "the container sees another GPU")
         self.assertEqual(first_int(out["total_mib"]), mib)
         self.assertEqual(first_int(out["nvml_total_mib"]), mib)
         self.assertEqual(out["alloc_within"], ["0 mib %d" % (mib - CTX_MIB)])
@@ -573,6 +652,162 @@ class DraSuite(unittest.TestCase):
         self.assertEqual(self.driver.log().count(prepare_call), calls)
         self.delete_pod("kubelet")
         self.wait_unprepared(uid)
+
+    # -- 7. MIG: partitions published, allocated without overlap, made on demand ------
+
+    def test_07_mig_partitions_published(self):
+        """The A100 in MIG mode: the real API server accepted its partitions (devices that
+        consume counters) and its counter set, in slices of one pool generation; the
+        whole A100 consumes every counter; the other GPUs consume none."""
+        slices = wait_for(self.node_slices, 30, "the node's slices", interval=0.5)
+        sets = [c for s in slices for c in s["spec"].get("sharedCounters") or []]
+        self.assertEqual(len(sets), 1, sets)
+        counters = sets[0]["counters"]
+        self.assertEqual(sorted(counters), sorted(["compute-slices"] +
+                                                  ["memory-slice-%d" % i for i in range(8)]))
+        devs = [d for s in slices for d in s["spec"].get("devices") or []]
+        for s in slices:  # a slice holds devices or counters, never both (validation)
+            self.assertFalse(s["spec"].get("devices") and s["spec"].get("sharedCounters"))
+        by_name = {d["name"]: d for d in devs}
+        whole = by_name["gpu-%d" % A100["index"]]
+        used = whole["consumesCounters"][0]["counters"]
+        self.assertEqual(sorted(used), sorted(counters))
+        for g in GPUS:
+            self.assertNotIn("consumesCounters", by_name["gpu-%d" % g["index"]])
+        mig = [d for d in devs if "mig" in d["attributes"]]
+        ones = [d["attributes"]["migStart"]["int"] for d in mig
+                if d["attributes"]["profile"]["string"] == "1g.5gb"]
+        # kgpu's order: kube-scheduler takes the first free one, from the high slots down.
+        self.assertEqual(ones, [6, 5, 4, 3, 2, 1, 0])
+        profiles = {d["attributes"]["profile"]["string"] for d in mig}
+        self.assertEqual(profiles, {"1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb",
+                                    "7g.40gb"})
+
+    def test_08_mig_profiles_share_a_gpu_never_overlapping(self):
+        """Claims for 4g.20gb and 3g.20gb: the real kube-scheduler gives them partitions of
+        the A100 whose memory slices do not overlap; kubelet prepares each, the driver
+        makes the instance, and each container sees only its instance, as big as the
+        profile. A claim for the whole A100 waits while they exist, and a 1g (no compute
+        slice left) too; gone, the whole A100 is allocated and made one full instance."""
+        self.assertEqual(self.mig_instances(), [])
+        self.create_mig_claim("mig-4g", "4g.20gb")
+        self.create_mig_claim("mig-3g", "3g.20gb")
+        self.job("mig-4g", "mig-4g", ["run", "max", 120])
+        self.job("mig-3g", "mig-3g", ["run", "max", 120])
+        self.wait_holding("mig-4g")
+        self.wait_holding("mig-3g")
+        slices = {}
+        for n in ("mig-4g", "mig-3g"):
+            rs = self.claim(n)["status"]["allocation"]["devices"]["results"]
+            self.assertEqual(len(rs), 1, rs)
+            slices[n] = rs[0]["device"]
+        self.assertEqual(slices, {"mig-4g": "gpu-2-mig-4g-20gb-0",
+                                  "mig-3g": "gpu-2-mig-3g-20gb-4"})
+        # NVML_GPU_INSTANCE_PROFILE_4_SLICE (3) and _3_SLICE (2), at memory slices 0 and 4.
+        self.assertEqual(self.mig_instances(), [(0, 3), (4, 2)])
+        uids = {n: self.claim(n)["metadata"]["uid"] for n in ("mig-4g", "mig-3g")}
+        for n, mib in (("mig-4g", 19968), ("mig-3g", 19968)):
+            mig = self.mig_uuid(uids[n])
+            out = self.check_share(n, {"uuid": mig}, mib)
+            self.assertEqual(out["env"][0], "NVIDIA_VISIBLE_DEVICES=" + mig)
+        self.assertNotEqual(self.mig_uuid(uids["mig-4g"]), self.mig_uuid(uids["mig-3g"]))
+        # No compute slice left for a 1g; the whole A100 is taken by its partitions.
+        self.create_mig_claim("mig-1g", "1g.5gb")
+        self.job("mig-1g", "mig-1g", ["show"])
+        self.cp.admin.post(self.claim_path(), {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "whole-a100", "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER, "selectors": [{"cel": {"expression":
+                    'device.attributes["%s"].uuid == "%s"' % (DRIVER, A100["uuid"])}}]}}]}}})
+        self.claims.append("whole-a100")
+        self.job("whole-a100", "whole-a100", ["run", "max"])
+        self.wait_unschedulable("mig-1g")
+        self.wait_unschedulable("whole-a100")
+        self.assertFalse(self.claim("whole-a100").get("status", {}).get("allocation"))
+        self.assertFalse(self.claim("mig-1g").get("status", {}).get("allocation"))
+        # The partitions' pods and claims gone: their instances are destroyed, and the
+        # whole A100 goes to its claim, as one instance of the full profile (7g.40gb).
+        for n in ("mig-4g", "mig-3g", "mig-1g"):
+            self.delete_pod(n)
+            self.pods.remove(n)
+        for n in ("mig-4g", "mig-3g"):
+            self.wait_unprepared(uids[n])
+        for n in ("mig-4g", "mig-3g", "mig-1g"):
+            self.delete_claim(n)
+            self.claims.remove(n)
+        self.assertEqual(self.mig_instances(), [])
+        self.wait_phase("whole-a100")
+        rs = self.claim("whole-a100")["status"]["allocation"]["devices"]["results"]
+        self.assertEqual([r["device"] for r in rs], ["gpu-2"])
+        uid = self.claim("whole-a100")["metadata"]["uid"]
+        self.wait_unprepared(uid)
+        self.assertEqual(self.mig_instances(), [])
+
+    def test_09_mig_instance_survives_driver_restart_and_reboot(self):
+        """A 2g.10gb partition prepared, then the driver killed: restarted, it finds its
+        instance (same UUID, same placement). Then the GPU's instances lost, as a node
+        reboot loses them, and the driver restarted: it makes the instance again where
+        the claim's allocation says. The pod's deletion destroys it."""
+        self.create_mig_claim("mig-2g", "2g.10gb")
+        self.job("mig-2g", "mig-2g", ["run", "max", 600])
+        self.wait_holding("mig-2g")
+        uid = self.claim("mig-2g")["metadata"]["uid"]
+        dev = self.claim("mig-2g")["status"]["allocation"]["devices"]["results"][0]["device"]
+        self.assertEqual(dev, "gpu-2-mig-2g-10gb-4")  # kgpu's order: the high slots first
+        before = self.mig_instances()
+        self.assertEqual(before, [(4, 1)])  # NVML_GPU_INSTANCE_PROFILE_2_SLICE
+        mig = self.mig_uuid(uid)
+        self.driver.kill()
+        self.driver.start()
+        self.assertEqual(self.mig_instances(), before)
+        self.assertEqual(self.mig_uuid(uid), mig)
+        self.assertEqual(self.driver.checkpoint_uids(), [uid])
+        # A reboot: the fake NVML's instances gone; the driver restarted makes it again.
+        os.unlink(self.node.mig_state)
+        self.assertEqual(self.mig_instances(), [])
+        self.driver.kill()
+        self.driver.start()
+        wait_for(lambda: self.mig_instances() == before, 30,
+                 "the instance made again after the reboot", interval=0.3)
+        self.assertIn(self.cdi_spec_of(uid), self.driver.cdi_specs())
+        self.mig_uuid(uid)
+        self.delete_pod("mig-2g")
+        self.wait_unprepared(uid)
+        self.assertEqual(self.mig_instances(), [])
+
+    # -- 10. an unhealthy GPU: its devices tainted -------------------------------------
+
+    def test_10_unhealthy_gpu_is_tainted(self):
+        """An XID the driver counts as critical on the T4 (the fake NVML delivers 79, fallen
+        off the bus): the driver keeps publishing the T4 but taints its device
+        (DRADeviceTaints, GA in 1.37), and the real kube-scheduler allocates a new claim
+        for the T4 nothing; the driver recreated without the XID, the taint is gone and
+        the waiting claim is allocated."""
+        try:
+            self.driver.recreate(FAKE_NVML_XID="%d:79" % T4["index"])
+
+            def tainted():
+                s = self.published()
+                t4 = [d for d in (s or {}).get("spec", {}).get("devices", [])
+                      if d["attributes"]["uuid"]["string"] == T4["uuid"]]
+                return t4[0] if t4 and t4[0].get("taints") else None
+            dev = wait_for(tainted, 60, "the T4's device to be tainted", interval=0.5)
+            self.assertEqual([t["effect"] for t in dev["taints"]], ["NoSchedule"], dev)
+            self.assertFalse(any(d.get("taints") for d in self.published()["spec"]["devices"]
+                                 if d["attributes"]["uuid"]["string"] != T4["uuid"]))
+            self.create_claim("on-sick", "1Gi", model="Tesla T4")
+            self.job("on-sick", "on-sick", ["show"])
+            self.wait_unschedulable("on-sick")
+            self.assertFalse(self.claim("on-sick").get("status", {}).get("allocation"))
+        finally:
+            self.driver.recreate()
+        wait_for(lambda: not any(d.get("taints") for d in
+                                 (self.published() or {"spec": {"devices": [{"taints": 1}]}})
+                                 ["spec"]["devices"]), 60, "the taint to go", interval=0.5)
+        self.wait_phase("on-sick")
+        self.assertEqual([r["device"] for r in self.claim("on-sick")["status"]["allocation"]
+                          ["devices"]["results"]], ["gpu-%d" % T4["index"]])
 
 
 if __name__ == "__main__":
