@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "kubeletckpt.h"
 #include "log.h"
 #include "plugin.h"
 #include "watcher.h"
@@ -373,10 +374,13 @@ static int start_watcher(plugin *p, kgpu_error *err)
     int rc = dp_watch_config_load(p->cfg->watch_config, &wc, err);
     if (rc != 0)
         return rc;
+    char ckpt[1200];
+    snprintf(ckpt, sizeof(ckpt), "%s/%s", p->cfg->plugin_dir, DP_KUBELET_CKPT_NAME);
     dp_watch_sources src = {.k8s = p->k8s,
                             .node_name = p->cfg->node.node_name,
                             .state_dir = p->cfg->node.state_dir,
-                            .nvml_lib = p->cfg->node.nvml_lib};
+                            .nvml_lib = p->cfg->node.nvml_lib,
+                            .kubelet_ckpt = ckpt};
     p->watcher = dp_watcher_new(&wc, &src, err);
     if (p->watcher == NULL)
         return err->code ? err->code : KGPU_ENOMEM;
