@@ -973,7 +973,7 @@ class TestStaticMig(PluginCase):
             f.write("\n".join(lines) + "\n")
         os.replace(tmp, self.state_file)
 
-    def mig_up(self, strategy, gpus, mig="0", lines=(), resources=(), extra=()):
+    def mig_up(self, strategy, gpus, mig="0", lines=(), resources=(), extra=(), api=False):
         lib = os.path.join(FAKE_NVML_DIR, "full", "libnvidia-ml.so.1")
         if not os.path.exists(lib):
             self.skipTest("fake NVML not built (%s)" % lib)
@@ -983,11 +983,14 @@ class TestStaticMig(PluginCase):
                         for i, (u, name, mib) in enumerate(gpus))
         env = {"FAKE_NVML_GPUS": spec, "FAKE_NVML_MIG": mig,
                "FAKE_NVML_MIG_STATE": self.state_file}
-        self.start_kubelet()
-        p = self.start_plugin(["--no-api-server", "--nvml-lib", lib, "--mig-strategy", strategy]
-                              + list(extra), env=env)
+        if self.kubelet is None:
+            self.start_kubelet()
+        t0 = time.monotonic()
+        p = self.start_plugin(([] if api else ["--no-api-server"]) +
+                              ["--nvml-lib", lib, "--mig-strategy", strategy] + list(extra),
+                              env=env, api=api)
         try:
-            self.kubelet.wait_registered((MEM, CORE) + tuple(resources), timeout=10)
+            self.kubelet.wait_registered((MEM, CORE) + tuple(resources), since=t0, timeout=10)
             for r in resources:
                 self.kubelet.wait_list(r, timeout=10)
         except AssertionError as e:
@@ -1111,6 +1114,21 @@ class TestStaticMig(PluginCase):
         self.assertEqual(len(mem), 15)
         self.assertIn("--mig-strategy none", p.child.log())
         self.assertEqual(set(self.kubelet.registered()), {MEM, CORE})
+
+    def test_mig_folders_stay_while_their_device_does(self):
+        lines = self.gi_lines(self.A100, [("1g.5gb", 0)])
+        p = self.mig_up("mixed", self.a100_t4(), lines=lines, resources=(self.MIG1,))
+        _, ones = self.kubelet.wait_list(self.MIG1)
+        mig = list(ones)[0]
+        p.stop()
+        gone = "MIG-00000000-0000-4000-8000-000000000000"
+        for name in (mig, gone):
+            os.makedirs(os.path.join(self.state_dir, "pods", name, "shared"))
+        # With an API server the clean-up runs at start: a listed device's folder stays.
+        self.mig_up("mixed", self.a100_t4(), lines=lines, resources=(self.MIG1,), api=True)
+        wait_for(lambda: not os.path.exists(os.path.join(self.state_dir, "pods", gone)), 5,
+                 what="the gone MIG device's folder to go")
+        self.assertTrue(os.path.isdir(os.path.join(self.state_dir, "pods", mig, "shared")))
 
     def test_bad_strategy_is_refused(self):
         p = self.start_plugin(["--no-api-server", "--mig-strategy", "both"], gpus=make_gpus(1))
