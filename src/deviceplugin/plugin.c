@@ -138,9 +138,11 @@ static void add_profile_slots(plugin *p, dp_mig_set *mig)
         if (k < p->nmig_res)
             continue;
         if (k >= DP_MIG_RES_MAX || !dp_mig_resource(prof, res, sizeof(res))) {
-            kgpu_log(KGPU_LOG_WARN, "MIG profile %s: no resource for it (at most %d profiles "
-                                    "per node); its devices are not advertised",
-                     prof, DP_MIG_RES_MAX);
+            if (!p->mig_full_said)
+                kgpu_log(KGPU_LOG_WARN, "MIG profile %s: no resource for it (at most %d "
+                                        "profiles per node); its devices are not advertised",
+                         prof, DP_MIG_RES_MAX);
+            p->mig_full_said = true;
             mig->dev[i--] = mig->dev[--mig->n];
             continue;
         }

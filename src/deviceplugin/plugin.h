@@ -61,6 +61,7 @@ struct plugin {
     char mig_err[512];            /* the last listing error (logged when it changes) */
     bool mig_said[KGPU_MAX_GPUS_PER_NODE]; /* "GPU i is in MIG mode" logged */
     bool serving;                          /* the servers were started */
+    bool mig_full_said;                    /* "no resource for profile" logged */
     ino_t kubelet_ino;
     double next_register;
     kgpu_k8s *k8s;            /* NULL: no API server */
