@@ -138,7 +138,8 @@ int kgpu_nvml_mig_create(kgpu_nvml *nv, int index, int nvml_profile, int start,
 
 /*
  * Destroys GI `gi_id` on GPU `index` with its compute instances; an absent
- * GI is success. KGPU_ESTATE when a process still runs in it (NVML's IN_USE).
+ * GI is success, on a GPU whose MIG mode is off too. KGPU_ESTATE when a
+ * process still runs in it (NVML's IN_USE) or the GPU has no MIG.
  */
 int kgpu_nvml_mig_destroy(kgpu_nvml *nv, int index, unsigned gi_id, kgpu_error *err);
 

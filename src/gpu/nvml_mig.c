@@ -11,6 +11,7 @@
  */
 #include <dlfcn.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,9 @@ typedef struct {
 _Static_assert(sizeof(nvml_gi_profile_info) == 48, "nvmlGpuInstanceProfileInfo_t");
 _Static_assert(sizeof(nvml_gi_profile_info_v2) == 152, "nvmlGpuInstanceProfileInfo_v2_t");
 _Static_assert(sizeof(nvml_ci_profile_info) == 36, "nvmlComputeInstanceProfileInfo_t");
+_Static_assert(offsetof(nvml_gi_info, placement) == sizeof(void *) + 8, "nvmlGpuInstanceInfo_t");
+_Static_assert(offsetof(nvml_ci_info, placement) == 2 * sizeof(void *) + 8,
+               "nvmlComputeInstanceInfo_t");
 
 enum {
     NVML_MIG_ENABLED = 1,
@@ -156,9 +160,12 @@ static int fns(kgpu_nvml *nv, const mig_fns **out, kgpu_error *err)
     return KGPU_OK;
 }
 
-/* A GPU by NVML index, with the MIG functions; KGPU_ESTATE when MIG is off there. */
-static int mig_gpu(kgpu_nvml *nv, int index, bool need_on, const mig_fns **f, nvml_device *dev,
-                   kgpu_error *err)
+/*
+ * A GPU by NVML index, with the MIG functions; with need_on, KGPU_ESTATE
+ * when MIG is off there, unless `off` (may be NULL) is given to learn it.
+ */
+static int mig_gpu(kgpu_nvml *nv, int index, bool need_on, bool *off, const mig_fns **f,
+                   nvml_device *dev, kgpu_error *err)
 {
     if (index < 0 || index >= nv->ndevices)
         return kgpu_error_set(err, KGPU_EINVAL, "GPU %d: no such NVML index", index);
@@ -175,7 +182,9 @@ static int mig_gpu(kgpu_nvml *nv, int index, bool need_on, const mig_fns **f, nv
     if (r != NVML_OK)
         return kgpu_error_set(err, KGPU_EIO, "GPU %d: nvmlDeviceGetMigMode: %s", index,
                               nvml_strerror(nv, r));
-    if (now != NVML_MIG_ENABLED)
+    if (off != NULL)
+        *off = now != NVML_MIG_ENABLED;
+    if (now != NVML_MIG_ENABLED && off == NULL)
         return kgpu_error_set(err, KGPU_ESTATE,
                               "GPU %d: MIG mode is off (kgpu does not change it; an "
                               "administrator enables it with nvidia-smi -mig 1)",
@@ -312,7 +321,7 @@ int kgpu_nvml_mig_list(kgpu_nvml *nv, int index, kgpu_nvml_mig *out, int cap, in
     *n = 0;
     const mig_fns *f;
     nvml_device dev;
-    int rc = mig_gpu(nv, index, true, &f, &dev, err);
+    int rc = mig_gpu(nv, index, true, NULL, &f, &dev, err);
     if (rc != KGPU_OK)
         return rc;
     list_ctx c = {nv, f, dev, index, out, cap, n, err};
@@ -359,7 +368,7 @@ int kgpu_nvml_mig_create(kgpu_nvml *nv, int index, int nvml_profile, int start,
     memset(out, 0, sizeof(*out));
     const mig_fns *f;
     nvml_device dev;
-    int rc = mig_gpu(nv, index, true, &f, &dev, err);
+    int rc = mig_gpu(nv, index, true, NULL, &f, &dev, err);
     if (rc != KGPU_OK)
         return rc;
     if (nvml_profile < 0 || nvml_profile >= GI_PROFILES)
@@ -472,9 +481,12 @@ int kgpu_nvml_mig_destroy(kgpu_nvml *nv, int index, unsigned gi_id, kgpu_error *
 {
     const mig_fns *f;
     nvml_device dev;
-    int rc = mig_gpu(nv, index, true, &f, &dev, err);
+    bool off = false;
+    int rc = mig_gpu(nv, index, true, &off, &f, &dev, err);
     if (rc != KGPU_OK)
         return rc;
+    if (off)
+        return KGPU_OK; /* MIG off: no instance can exist, so this one is gone */
     find_ctx c = {gi_id, NULL, false};
     if ((rc = each_gi(nv, f, dev, index, find_one, &c, err)) != KGPU_OK)
         return rc;
@@ -497,7 +509,7 @@ int kgpu_nvml_mig_profiles(kgpu_nvml *nv, int index, kgpu_nvml_mig_profile *out,
     *n = 0;
     const mig_fns *f;
     nvml_device dev;
-    int rc = mig_gpu(nv, index, false, &f, &dev, err);
+    int rc = mig_gpu(nv, index, false, NULL, &f, &dev, err);
     if (rc != KGPU_OK)
         return rc;
     nvml_ret refused = NVML_OK;

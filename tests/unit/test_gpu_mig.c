@@ -233,7 +233,9 @@ static void test_mig_refusals(void **state)
     assert_int_equal(kgpu_nvml_mig_list(nv, 0, list, KGPU_NVML_MIG_MAX, &n, &err), KGPU_ESTATE);
     assert_non_null(strstr(err.msg, "MIG mode is off"));
     assert_int_equal(kgpu_nvml_mig_create(nv, 0, 0, 0, &m, &err), KGPU_ESTATE);
-    assert_int_equal(kgpu_nvml_mig_destroy(nv, 0, 1, &err), KGPU_ESTATE);
+    /* Destroying is idempotent: with MIG off no instance exists, so it is gone. */
+    assert_int_equal(kgpu_nvml_mig_destroy(nv, 0, 1, &err), KGPU_OK);
+    assert_int_equal(kgpu_nvml_mig_destroy(nv, 2, 1, &err), KGPU_ESTATE); /* a T4 */
     kgpu_nvml_mig_profile prof[KGPU_MIG_MAX_PROFILES * 2];
     assert_int_equal(kgpu_nvml_mig_profiles(nv, 0, prof, 16, &n, &err), KGPU_ESTATE);
     assert_non_null(strstr(err.msg, "profiles readable only in MIG mode"));
@@ -374,6 +376,48 @@ static void test_fake_gi_destroy_in_use(void **state)
     assert_int_equal(by_id(dev, m.gi_id, &gi), 0);
     assert_int_equal(destroy(gi), 19); /* IN_USE: its compute instance is still there */
     assert_int_equal(by_id(dev, 12, &gi), 6); /* NOT_FOUND */
+
+    /* Its MIG device: the UUID kgpu reported, its IDs, and only its own processes. */
+    int (*mig_by_index)(void *, unsigned, void **) =
+        (int (*)(void *, unsigned, void **))dlsym(lib, "nvmlDeviceGetMigDeviceHandleByIndex");
+    int (*uuid)(void *, char *, unsigned) =
+        (int (*)(void *, char *, unsigned))dlsym(lib, "nvmlDeviceGetUUID");
+    int (*gi_id)(void *, unsigned *) =
+        (int (*)(void *, unsigned *))dlsym(lib, "nvmlDeviceGetGpuInstanceId");
+    int (*procs)(void *, unsigned *, void *) = (int (*)(void *, unsigned *, void *))dlsym(
+        lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+    void *mig = NULL;
+    char buf[96];
+    unsigned id = 99;
+    assert_int_equal(mig_by_index(dev, 0, &mig), 0);
+    void *none = NULL;
+    assert_int_equal(mig_by_index(dev, 1, &none), 6); /* one MIG device only */
+    assert_int_equal(uuid(mig, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, m.uuid);
+    assert_int_equal(gi_id(mig, &id), 0);
+    assert_int_equal(id, m.gi_id);
+    assert_int_equal(gi_id(dev, &id), 3); /* a whole GPU has no instance ID */
+    char line[128];
+    snprintf(line, sizeof(line), "0 77 10 0\n0:%u:%u 4242 100 30\n", m.gi_id, m.ci_id);
+    write_text(procs_path, line);
+    setenv("FAKE_NVML_PROCS", procs_path, 1);
+    struct {
+        unsigned pid;
+        unsigned long long used;
+        unsigned gi, ci;
+    } info[4];
+    unsigned count = 4;
+    assert_int_equal(procs(mig, &count, info), 0);
+    assert_int_equal(count, 1);
+    assert_int_equal(info[0].pid, 4242);
+    assert_int_equal(info[0].gi, m.gi_id);
+    assert_int_equal(info[0].ci, m.ci_id);
+    count = 4;
+    assert_int_equal(procs(dev, &count, info), 0);
+    assert_int_equal(count, 2);
+    assert_int_equal(info[0].gi, UINT_MAX); /* outside MIG */
+    assert_int_equal(kgpu_nvml_mig_destroy(nv, 0, m.gi_id, &err), KGPU_ESTATE);
+    unsetenv("FAKE_NVML_PROCS");
     dlclose(lib);
     assert_int_equal(kgpu_nvml_mig_destroy(nv, 0, m.gi_id, &err), KGPU_OK);
     kgpu_nvml_close(nv);
