@@ -169,14 +169,11 @@ static bool shim_present(const plugin *p, node_status *st)
 
 /* ---- MIG devices (--mig-strategy) ---- */
 
-/* The resource of a slot, as the plugin registered it. */
+/* The name of a slot's resource ("kgpu.io/gpu-mem", "nvidia.com/mig-1g.5gb") into buf. */
 static const char *slot_resource(const plugin *p, int slot, char *buf, size_t cap)
 {
-    if (slot < DP_NRES)
-        snprintf(buf, cap, "%s", dp_res_name((dp_res)slot));
-    else if (!dp_mig_resource(p->mig_profile[slot - DP_NRES], buf, cap))
-        snprintf(buf, cap, "?");
-    return buf;
+    return dp_slot_resource(slot, slot >= DP_NRES ? p->mig_profile[slot - DP_NRES] : NULL, buf,
+                            cap);
 }
 
 /*

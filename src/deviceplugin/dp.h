@@ -211,6 +211,12 @@ int dp_mig_find(const dp_mig_set *s, const char *uuid);
 bool dp_mig_resource(const char *profile, char *buf, size_t cap);
 
 /*
+ * The name of the plugin's resource `slot` into buf: dp_res_name below
+ * DP_NRES, else the mixed strategy's resource of `profile` ("?" if none).
+ */
+const char *dp_slot_resource(int slot, const char *profile, char *buf, size_t cap);
+
+/*
  * The contract's target for a container kubelet gave MIG devices `ids`
  * (positions in s): the devices as its GPUs, each with the instance's whole
  * memory and no compute share (the hardware isolates both). kubelet's

@@ -156,6 +156,15 @@ bool dp_mig_resource(const char *profile, char *buf, size_t cap)
     return (size_t)snprintf(buf, cap, "%s%s", DP_MIG_RES_PREFIX, profile) < cap;
 }
 
+const char *dp_slot_resource(int slot, const char *profile, char *buf, size_t cap)
+{
+    if (slot < DP_NRES)
+        snprintf(buf, cap, "%s", dp_res_name((dp_res)slot));
+    else if (profile == NULL || !dp_mig_resource(profile, buf, cap))
+        snprintf(buf, cap, "?");
+    return buf;
+}
+
 void dp_mig_target(const dp_mig_set *s, const int *ids, int n, contract_target *t)
 {
     memset(t, 0, sizeof(*t));

@@ -33,11 +33,8 @@ static void sock_path(const plugin *p, const char *name, char *buf, size_t cap)
 /* The name of a slot's resource ("kgpu.io/gpu-mem", "nvidia.com/mig-1g.5gb") into buf. */
 static const char *slot_name(const plugin *p, int slot, char *buf, size_t cap)
 {
-    if (slot < DP_NRES)
-        snprintf(buf, cap, "%s", dp_res_name((dp_res)slot));
-    else if (!dp_mig_resource(p->mig_profile[slot - DP_NRES], buf, cap))
-        snprintf(buf, cap, "?");
-    return buf;
+    return dp_slot_resource(slot, slot >= DP_NRES ? p->mig_profile[slot - DP_NRES] : NULL, buf,
+                            cap);
 }
 
 /* The socket file of a slot ("kgpu-mig-1g.5gb.sock") into buf. */

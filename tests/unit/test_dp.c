@@ -969,6 +969,11 @@ static void test_mig_names(void **state)
     assert_true(dp_mig_resource("1g.5gb", res, sizeof(res)));
     assert_string_equal(res, "nvidia.com/mig-1g.5gb");
     assert_false(dp_mig_resource("", res, sizeof(res)));
+    assert_string_equal(dp_slot_resource(DP_RES_CORE, NULL, res, sizeof(res)),
+                        "kgpu.io/gpu-core");
+    assert_string_equal(dp_slot_resource(DP_NRES + 1, "3g.20gb", res, sizeof(res)),
+                        "nvidia.com/mig-3g.20gb");
+    assert_string_equal(dp_slot_resource(DP_NRES, NULL, res, sizeof(res)), "?");
     assert_false(dp_mig_resource("a-profile-name-far-too-long-for-a-kubernetes-resource-name-x",
                                  res, sizeof(res)));
 }
