@@ -23,8 +23,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dp_ckpt_holder held[8];
     int nheld = -1;
     kgpu_error herr = {0};
-    int hrc = dp_kubelet_ckpt_holders((const char *)data, size, "fuzz", "MIG-", held, 8, &nheld, &herr);
-    if (nheld < 0 || nheld > 8 || (hrc != 0 && (nheld != 0 || herr.msg[0] == '\0')) || (rc != 0 && hrc == 0))
+    int hrc =
+        dp_kubelet_ckpt_holders((const char *)data, size, "fuzz", "MIG-", held, 8, &nheld, &herr);
+    if (nheld < 0 || nheld > 8 || (hrc != 0 && (nheld != 0 || herr.msg[0] == '\0')) ||
+        (rc != 0 && hrc == 0))
         abort();
     for (int i = 0; i < nheld; i++)
         if (strncmp(held[i].device, "MIG-", 4) != 0 || held[i].pod_uid[0] == '\0' ||
