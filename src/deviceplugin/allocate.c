@@ -154,12 +154,145 @@ static const char no_api_msg[] =
     "--kubeconfig), so it cannot tell which pod this allocation is for; it hands out no GPU "
     "without knowing";
 
-static void allocate(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t **out,
+/* The shim's host file must exist, or the container's mount of it fails to start it. */
+static bool shim_present(const plugin *p, node_status *st)
+{
+    if (p->paths.shim_lib == NULL || access(p->paths.shim_lib, R_OK) == 0)
+        return true;
+    set_status(st, ST_FAILED_PRECONDITION,
+               "the interception library %s is missing on this node, so the container's "
+               "memory limit could not be enforced; install it or run the plugin with "
+               "--shim-lib none",
+               p->paths.shim_lib);
+    return false;
+}
+
+/* ---- MIG devices (--mig-strategy) ---- */
+
+/* The name of a slot's resource ("kgpu.io/gpu-mem", "nvidia.com/mig-1g.5gb") into buf. */
+static const char *slot_resource(const plugin *p, int slot, char *buf, size_t cap)
+{
+    return dp_slot_resource(slot, slot >= DP_NRES ? p->mig_profile[slot - DP_NRES] : NULL, buf,
+                            cap);
+}
+
+/*
+ * The target of one container kubelet gave MIG devices `ids`: each must be
+ * an advertised MIG device of this slot's resource (any under single's
+ * nvidia.com/gpu, its profile's under mixed), named once, on a healthy GPU.
+ */
+static int mig_container(plugin *p, int slot, char **ids, size_t n, contract_target *t,
+                         kgpu_error *err)
+{
+    char res[80];
+    slot_resource(p, slot, res, sizeof(res));
+    if (n == 0 || n > KGPU_MAX_GPUS_PER_NODE)
+        return kgpu_error_set(err, KGPU_EINVAL, "%zu %s devices in one container request", n,
+                              res);
+    int pos[KGPU_MAX_GPUS_PER_NODE];
+    int rc = 0;
+    pthread_mutex_lock(&p->inv_mu);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int k = dp_mig_find(&p->mig, ids[i]);
+        const dp_mig_dev *d = k >= 0 ? &p->mig.dev[k] : NULL;
+        if (d == NULL || (slot >= DP_NRES && strcmp(d->profile, p->mig_profile[slot - DP_NRES])))
+            rc = kgpu_error_set(err, KGPU_EINVAL,
+                                "unknown %s device ID '%.200s' (not a MIG device this plugin "
+                                "lists; was the instance destroyed?)",
+                                res, ids[i]);
+        else if (!d->healthy)
+            rc = kgpu_error_set(err, KGPU_EINVAL, "MIG device %s is on GPU %d (%s), which is "
+                                                  "unhealthy",
+                                d->uuid, d->gpu_index, d->gpu_uuid);
+        for (size_t j = 0; j < i && rc == 0; j++)
+            if (strcmp(ids[i], ids[j]) == 0)
+                rc = kgpu_error_set(err, KGPU_EINVAL, "%s device ID '%.200s' requested twice",
+                                    res, ids[i]);
+        pos[i] = k;
+    }
+    if (rc == 0)
+        dp_mig_target(&p->mig, pos, (int)n, t);
+    pthread_mutex_unlock(&p->inv_mu);
+    return rc;
+}
+
+/*
+ * Allocate of MIG devices: kubelet's device IDs are the whole answer, as
+ * with NVIDIA's plugin. kubelet accounts MIG devices exclusively and the
+ * extender assigns none, so no pod is looked up and no API server is
+ * needed; the container gets exactly its instances (NVIDIA_VISIBLE_DEVICES,
+ * CDI devices by UUID: an index names the parent GPU) and the contract's
+ * files with each instance's whole memory. Never MPS: the instance is
+ * already the hardware's partition.
+ */
+static void allocate_mig(plugin *p, int slot, V1beta1__AllocateRequest *req, uint8_t **out,
+                         size_t *outlen, node_status *st)
+{
+    size_t n = req->n_container_requests;
+    contract_response *resp = calloc(n + 1, sizeof(*resp));
+    contract_inventory *none = calloc(1, sizeof(*none));
+    contract_paths paths = p->paths;
+    paths.mps_pipe_dir = NULL;
+    dp_cdi cdi = {p->cdi.kind, false};
+    char res[80];
+    slot_resource(p, slot, res, sizeof(res));
+    if (resp == NULL || none == NULL) {
+        set_status(st, ST_INTERNAL, "out of memory");
+        goto out;
+    }
+    none->unit_mib = p->cfg->node.unit_mib;
+    if (!shim_present(p, st))
+        goto out;
+    pthread_mutex_lock(&p->alloc_mu);
+    for (size_t i = 0; i < n && st->code == 0; i++) {
+        V1beta1__ContainerAllocateRequest *c = req->container_requests[i];
+        kgpu_error e = {0};
+        dp_match m = {.primary = true};
+        int rc = mig_container(p, slot, c->devices_ids, c->n_devices_ids, &m.t, &e);
+        if (rc == 0)
+            rc = contract_write_files(&m.t, &paths, &e);
+        if (rc != 0) {
+            set_status(st, status_of(rc), "Allocate %zu %s: %s", c->n_devices_ids, res, e.msg);
+            break;
+        }
+        dp_response_of(&m, none, &paths, cdi.kind != NULL ? &cdi : NULL, &resp[i]);
+        kgpu_log(KGPU_LOG_INFO, "Allocate %zu %s: MIG device %s%s (GPU %d)", c->n_devices_ids,
+                 res, m.t.gpus[0].uuid, c->n_devices_ids > 1 ? " and more" : "",
+                 m.t.gpus[0].index);
+    }
+    pthread_mutex_unlock(&p->alloc_mu);
+    if (st->code == 0 && dp_allocate_encode(resp, (int)n, out, outlen) != 0)
+        set_status(st, ST_INTERNAL, "out of memory encoding the response");
+out:
+    if (st->code != 0)
+        kgpu_log(KGPU_LOG_WARN, "%s", st->message);
+    free(resp);
+    free(none);
+}
+
+/* Whether an Allocate on nvidia.com/gpu names MIG devices (single strategy). */
+static bool names_mig(plugin *p, const V1beta1__AllocateRequest *req)
+{
+    if (p->cfg->mig_strategy != DP_MIG_SINGLE || req->n_container_requests == 0 ||
+        req->container_requests[0]->n_devices_ids == 0)
+        return false;
+    pthread_mutex_lock(&p->inv_mu);
+    bool mig = dp_mig_find(&p->mig, req->container_requests[0]->devices_ids[0]) >= 0;
+    pthread_mutex_unlock(&p->inv_mu);
+    return mig;
+}
+
+static void allocate(plugin *p, dp_res r, int slot, const uint8_t *in, size_t len, uint8_t **out,
                      size_t *outlen, node_status *st)
 {
     V1beta1__AllocateRequest *req = v1beta1__allocate_request__unpack(NULL, len, in);
     if (req == NULL) {
         set_status(st, ST_INVALID, "Allocate: request is not a valid AllocateRequest");
+        return;
+    }
+    if (slot >= DP_NRES || (r == DP_RES_WHOLE && names_mig(p, req))) {
+        allocate_mig(p, slot, req, out, outlen, st);
+        v1beta1__allocate_request__free_unpacked(req, NULL);
         return;
     }
     size_t n = req->n_container_requests;
@@ -176,14 +309,8 @@ static void allocate(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t
         set_status(st, ST_FAILED_PRECONDITION, "%s", no_api_msg);
         goto out;
     }
-    if (p->paths.shim_lib != NULL && access(p->paths.shim_lib, R_OK) != 0) {
-        set_status(st, ST_FAILED_PRECONDITION,
-                   "the interception library %s is missing on this node, so the container's "
-                   "memory limit could not be enforced; install it or run the plugin with "
-                   "--shim-lib none",
-                   p->paths.shim_lib);
+    if (!shim_present(p, st))
         goto out;
-    }
     pthread_mutex_lock(&p->alloc_mu);
     for (size_t i = 0; i < n && st->code == 0; i++) {
         kgpu_error e = {0};
@@ -238,8 +365,8 @@ static void want_of(const dp_match *m, const contract_inventory *inv, dp_want *w
     }
 }
 
-static void preferred(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_t **out,
-                      size_t *outlen, node_status *st)
+static void preferred(plugin *p, dp_res r, int slot, const uint8_t *in, size_t len,
+                      uint8_t **out, size_t *outlen, node_status *st)
 {
     V1beta1__PreferredAllocationRequest *req =
         v1beta1__preferred_allocation_request__unpack(NULL, len, in);
@@ -269,7 +396,8 @@ static void preferred(plugin *p, dp_res r, const uint8_t *in, size_t len, uint8_
             goto out;
         }
         dp_want want = {0};
-        if (p->k8s != NULL) {
+        /* MIG devices are not assigned by the extender: packed in kubelet's order. */
+        if (p->k8s != NULL && slot < DP_NRES) {
             /* Steer to the extender's GPUs when the pod can be told; else just pack. */
             kgpu_error e = {0};
             dp_match m;
@@ -326,6 +454,7 @@ void dp_plugin_unary(void *ctx, const char *method, const uint8_t *in, size_t le
 {
     plugin *p = ((res_ctx *)ctx)->p;
     dp_res r = ((res_ctx *)ctx)->r;
+    int slot = ((res_ctx *)ctx)->slot;
     const char *prefix = "/v1beta1.DevicePlugin/";
     const char *m = strncmp(method, prefix, strlen(prefix)) == 0 ? method + strlen(prefix) : "";
     if (strcmp(m, "GetDevicePluginOptions") == 0) {
@@ -339,9 +468,9 @@ void dp_plugin_unary(void *ctx, const char *method, const uint8_t *in, size_t le
         *out = malloc(1); /* PreStartContainerResponse is empty */
         *outlen = 0;
     } else if (strcmp(m, "GetPreferredAllocation") == 0) {
-        preferred(p, r, in, len, out, outlen, st);
+        preferred(p, r, slot, in, len, out, outlen, st);
     } else if (strcmp(m, "Allocate") == 0) {
-        allocate(p, r, in, len, out, outlen, st);
+        allocate(p, r, slot, in, len, out, outlen, st);
     } else {
         set_status(st, ST_UNIMPLEMENTED, "method %.200s is not served", method);
     }

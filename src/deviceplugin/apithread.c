@@ -62,6 +62,20 @@ static bool listed(const json_t *items, const char *uid)
 }
 
 /*
+ * A MIG device's folder (allocate.c: named by its UUID, not a pod's) stays
+ * while the device is advertised: the next container given it reuses it.
+ */
+static bool mig_kept(plugin *p, const char *name)
+{
+    if (strncmp(name, "MIG-", 4) != 0)
+        return false;
+    pthread_mutex_lock(&p->inv_mu);
+    bool kept = dp_mig_find(&p->mig, name) >= 0;
+    pthread_mutex_unlock(&p->inv_mu);
+    return kept;
+}
+
+/*
  * A pod's folder goes once the pod is gone from the API server AND kubelet
  * no longer lists it: a pod deleted with --grace-period=0 --force leaves
  * the API server at once while its containers still run (and write into
@@ -85,7 +99,7 @@ static void gc_pods(plugin *p)
     char cmd_dir[1400];
     DIR *d = running != NULL ? opendir(dir) : NULL;
     for (struct dirent *de; d != NULL && (de = readdir(d)) != NULL;) {
-        if (de->d_name[0] == '.' || listed(list, de->d_name))
+        if (de->d_name[0] == '.' || listed(list, de->d_name) || mig_kept(p, de->d_name))
             continue;
         snprintf(cmd_dir, sizeof(cmd_dir), "%s/%s", dir, de->d_name);
         if (json_object_get(running, de->d_name) != NULL) {

@@ -110,25 +110,41 @@ int dp_ids_uncovered(const contract_inventory *inv, dp_res r, const char *const 
 int dp_list_encode(const contract_inventory *inv, dp_res r, uint8_t **out, size_t *len,
                    kgpu_error *err)
 {
+    return dp_list_encode_mig(inv, r, NULL, NULL, out, len, err);
+}
+
+/* Whether MIG device d is listed: every one under single's nvidia.com/gpu, else its profile's. */
+static bool mig_listed(const dp_mig_dev *d, dp_res r, const char *profile)
+{
+    return profile != NULL ? strcmp(d->profile, profile) == 0 : r == DP_RES_WHOLE;
+}
+
+int dp_list_encode_mig(const contract_inventory *inv, dp_res r, const dp_mig_set *mig,
+                       const char *profile, uint8_t **out, size_t *len, kgpu_error *err)
+{
     *out = NULL;
     *len = 0;
     size_t total = 0;
-    for (int g = 0; g < inv->ngpus; g++)
+    int ngpus = profile != NULL ? 0 : inv->ngpus; /* a profile's resource lists no GPU */
+    for (int g = 0; g < ngpus; g++)
         total += (size_t)dp_devices_per_gpu(inv, g, r);
+    int nmig = mig != NULL ? mig->n : 0;
+    total += (size_t)nmig;
     /* One Device per ID: pointers, messages and ID text in three arrays. */
     V1beta1__Device **ptrs = calloc(total + 1, sizeof(*ptrs));
     V1beta1__Device *devs = calloc(total + 1, sizeof(*devs));
     char(*ids)[KGPU_GPU_UUID_MAX + 24] = calloc(total + 1, sizeof(*ids));
-    V1beta1__TopologyInfo topo[KGPU_MAX_GPUS_PER_NODE];
-    V1beta1__NUMANode numa[KGPU_MAX_GPUS_PER_NODE];
-    V1beta1__NUMANode *numa_ptr[KGPU_MAX_GPUS_PER_NODE];
+    /* One topology per GPU, then one per MIG device (its parent's NUMA node). */
+    V1beta1__TopologyInfo topo[KGPU_MAX_GPUS_PER_NODE + DP_MIG_DEVS_MAX];
+    V1beta1__NUMANode numa[KGPU_MAX_GPUS_PER_NODE + DP_MIG_DEVS_MAX];
+    V1beta1__NUMANode *numa_ptr[KGPU_MAX_GPUS_PER_NODE + DP_MIG_DEVS_MAX];
     int rc = 0;
     if (ptrs == NULL || devs == NULL || ids == NULL) {
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory listing %zu devices", total);
         goto out;
     }
     size_t n = 0;
-    for (int g = 0; g < inv->ngpus; g++) {
+    for (int g = 0; g < ngpus; g++) {
         const kgpu_gpu_info *gi = &inv->gpus[g];
         v1beta1__topology_info__init(&topo[g]);
         v1beta1__numanode__init(&numa[g]);
@@ -145,6 +161,25 @@ int dp_list_encode(const contract_inventory *inv, dp_res r, uint8_t **out, size_
             devs[n].topology = gi->numa >= 0 ? &topo[g] : NULL;
             ptrs[n] = &devs[n];
         }
+    }
+    for (int i = 0; i < nmig; i++) {
+        const dp_mig_dev *d = &mig->dev[i];
+        int t = KGPU_MAX_GPUS_PER_NODE + i;
+        if (!mig_listed(d, r, profile))
+            continue;
+        v1beta1__topology_info__init(&topo[t]);
+        v1beta1__numanode__init(&numa[t]);
+        numa[t].id = d->numa;
+        numa_ptr[t] = &numa[t];
+        topo[t].n_nodes = 1;
+        topo[t].nodes = &numa_ptr[t];
+        v1beta1__device__init(&devs[n]);
+        snprintf(ids[n], sizeof(ids[n]), "%s", d->uuid);
+        devs[n].id = ids[n];
+        devs[n].health = d->healthy ? "Healthy" : "Unhealthy";
+        devs[n].topology = d->numa >= 0 ? &topo[t] : NULL;
+        ptrs[n] = &devs[n];
+        n++;
     }
     V1beta1__ListAndWatchResponse msg = V1BETA1__LIST_AND_WATCH_RESPONSE__INIT;
     msg.n_devices = n;

@@ -7,6 +7,8 @@
  * Modules, bottom first:
  *   devices.c   device IDs per resource, the ListAndWatch message, preferred
  *               allocations (pure)
+ *   migdev.c    static MIG (--mig-strategy): which existing instances are
+ *               advertised, under which resource, and what Allocate answers (pure)
  *   match.c     which pod and container an Allocate belongs to, from a fresh
  *               list of the node's pods (pure)
  *   respond.c   the AllocateResponse carrying the contract to kubelet (pure)
@@ -52,6 +54,7 @@
 #include "contract.h"
 #include "gpu.h"
 #include "kgpu/error.h"
+#include "kgpu/mig.h"
 #include "kgpu/model.h"
 #include "nodeagent.h"
 
@@ -110,6 +113,16 @@ int dp_ids_uncovered(const contract_inventory *inv, dp_res r, const char *const 
 int dp_list_encode(const contract_inventory *inv, dp_res r, uint8_t **out, size_t *len,
                    kgpu_error *err);
 
+struct dp_mig_set;
+/*
+ * The same with MIG devices (migdev.c): with `profile` NULL, r's devices
+ * and, for DP_RES_WHOLE, every device of `mig` (the single strategy); with
+ * a profile, only mig's devices of that profile (a mixed-strategy resource,
+ * r unused). `mig` may be NULL (no MIG).
+ */
+int dp_list_encode_mig(const contract_inventory *inv, dp_res r, const struct dp_mig_set *mig,
+                       const char *profile, uint8_t **out, size_t *len, kgpu_error *err);
+
 /* What a matched container should get on each GPU, for steering. */
 typedef struct dp_want {
     int n;                                 /* GPUs; 0 = no target, pack */
@@ -125,6 +138,94 @@ typedef struct dp_want {
  */
 int dp_prefer(const contract_inventory *inv, dp_res r, const char *const *avail, int navail,
               const char *const *must, int nmust, int size, const dp_want *want, int *chosen);
+
+/* ---- migdev.c ---- */
+
+/*
+ * Static MIG (--mig-strategy, as NVIDIA's device plugin names them): GPUs
+ * already partitioned by the operator are advertised per MIG device; kgpu
+ * never creates or destroys instances on this path (the DRA driver does).
+ *   none    MIG devices are not advertised
+ *   single  every MIG device is one nvidia.com/gpu, when all of the node's
+ *           MIG devices have one profile and no whole GPU is listed beside
+ *           them; otherwise none is (logged)
+ *   mixed   one resource per profile, nvidia.com/mig-<profile>
+ * A MIG-enabled GPU is never offered whole or as kgpu.io shares: CUDA cannot
+ * use it without an instance, and its instances are the hardware's shares.
+ */
+typedef enum dp_mig_strategy { DP_MIG_NONE = 0, DP_MIG_SINGLE, DP_MIG_MIXED } dp_mig_strategy;
+
+/* "none", "single" or "mixed" -> *out; -1 for anything else. */
+int dp_mig_strategy_parse(const char *s, dp_mig_strategy *out);
+
+#define DP_MIG_DEVS_MAX   (KGPU_MAX_GPUS_PER_NODE * 7) /* 7 instances per GPU at most */
+#define DP_MIG_RES_MAX    16 /* profile resources per node (mixed) */
+#define DP_MIG_RES_PREFIX "nvidia.com/mig-"
+#define DP_MIG_WHY_MAX    320
+
+/* One MIG device (a GPU instance and its compute instance) that exists now. */
+typedef struct dp_mig_dev {
+    int gpu_index;                    /* the parent's NVML index */
+    char gpu_uuid[KGPU_GPU_UUID_MAX]; /* the parent's UUID */
+    char uuid[KGPU_GPU_UUID_MAX];     /* "MIG-...": the device ID and what the runtime is told */
+    char profile[KGPU_MIG_NAME_MAX];  /* "1g.5gb"; "" when kgpu's tables lack the GPU */
+    int64_t memory_mib;
+    unsigned gi_id, ci_id;
+    int numa; /* the parent's */
+    bool healthy; /* the parent's */
+} dp_mig_dev;
+
+typedef struct dp_mig_set {
+    int n;
+    dp_mig_dev dev[DP_MIG_DEVS_MAX];
+} dp_mig_set;
+
+/*
+ * The profile name ("1g.5gb") of NVML GI profile `nvml_profile` on GPU g,
+ * from kgpu's tables (kgpu_mig_model_find by g's model and memory); false
+ * with out "" when the model or the profile is unknown.
+ */
+bool dp_mig_profile_name(const kgpu_gpu_info *g, int nvml_profile, char *out, size_t cap);
+
+/*
+ * A MIG device record from NVML's view of one instance on GPU g (the name
+ * from dp_mig_profile_name, health and NUMA node from g).
+ */
+void dp_mig_dev_of(const kgpu_gpu_info *g, const kgpu_nvml_mig *m, dp_mig_dev *out);
+
+/*
+ * What strategy s advertises of the instances `found` (n of them) on a node
+ * that also lists `nwhole` GPUs whole on nvidia.com/gpu: *out gets the
+ * advertised devices (every device with a profile name and a UUID; under
+ * single all or none). Returns 0, or -1 with `why` saying what was left out
+ * and why (a mismatched single layout, devices of unknown GPUs, instances
+ * without a compute instance); *out then holds what is still advertised.
+ */
+int dp_mig_plan(dp_mig_strategy s, const dp_mig_dev *found, int n, int nwhole, dp_mig_set *out,
+                char *why, size_t cap);
+
+/* The position in s of the device with this UUID, or -1. */
+int dp_mig_find(const dp_mig_set *s, const char *uuid);
+
+/* "nvidia.com/mig-<profile>" into buf; false when it does not fit a resource name. */
+bool dp_mig_resource(const char *profile, char *buf, size_t cap);
+
+/*
+ * The name of the plugin's resource `slot` into buf: dp_res_name below
+ * DP_NRES, else the mixed strategy's resource of `profile` ("?" if none).
+ */
+const char *dp_slot_resource(int slot, const char *profile, char *buf, size_t cap);
+
+/*
+ * The contract's target for a container kubelet gave MIG devices `ids`
+ * (positions in s): the devices as its GPUs, each with the instance's whole
+ * memory and no compute share (the hardware isolates both). kubelet's
+ * accounting of MIG devices is exclusive and the extender assigns none, so
+ * the target is the first device rather than a pod: uid is its UUID (host
+ * files in <state>/pods/<MIG-uuid>/, reused by the next container given it)
+ * and the container "mig".
+ */
+void dp_mig_target(const dp_mig_set *s, const int *ids, int n, contract_target *t);
 
 /* ---- match.c ---- */
 
@@ -179,9 +280,9 @@ int dp_allocate_encode(const contract_response *resp, int n, uint8_t **out, size
 
 /* ---- register.c ---- */
 
-/* Calls kubelet's Registration/Register on `kubelet_sock`. */
-int dp_register(const char *kubelet_sock, const char *endpoint, dp_res r, bool preferred,
-                unsigned timeout_ms, kgpu_error *err);
+/* Calls kubelet's Registration/Register of `resource` ("kgpu.io/gpu-mem") on `kubelet_sock`. */
+int dp_register(const char *kubelet_sock, const char *endpoint, const char *resource,
+                bool preferred, unsigned timeout_ms, kgpu_error *err);
 
 /* ---- plugin.c ---- */
 
@@ -203,6 +304,7 @@ typedef struct dp_config {
     bool gpushare_alias;
     bool no_api; /* never talk to an API server (tests) */
     char watch_config[1024]; /* the watcher's config file (watcher.h); "" = no watcher */
+    dp_mig_strategy mig_strategy; /* --mig-strategy; single also registers nvidia.com/gpu */
 } dp_config;
 
 /* Runs the daemon until *stop; 0 on a clean stop. */

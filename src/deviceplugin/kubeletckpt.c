@@ -5,6 +5,7 @@
  * active pods), so an entry means "a container may still run". Pure: the
  * caller reads the file.
  */
+#include <stdbool.h>
 #include <string.h>
 
 #include "kubeletckpt.h"
@@ -50,4 +51,83 @@ int dp_kubelet_ckpt_parse(const char *buf, size_t len, const char *name, json_t 
     }
     *pods = out;
     return 0;
+}
+
+/* Copies a JSON string into out when it fits whole (and holds no NUL); false otherwise. */
+static bool copy_str(const json_t *v, char *out, size_t cap)
+{
+    const char *s = json_string_value(v);
+    if (s == NULL || json_string_length(v) >= cap || strlen(s) != json_string_length(v))
+        return false;
+    memcpy(out, s, json_string_length(v) + 1);
+    return true;
+}
+
+/* Adds the IDs of `ids` (an array) with the prefix as held by (uid, container). */
+static int add_ids(const json_t *ids, const char *prefix, const dp_ckpt_holder *who,
+                   dp_ckpt_holder *out, int cap, int *n)
+{
+    for (size_t k = 0; k < json_array_size(ids); k++) {
+        const char *id = json_string_value(json_array_get(ids, k));
+        if (id == NULL || strncmp(id, prefix, strlen(prefix)) != 0)
+            continue;
+        if (*n >= cap)
+            return KGPU_ERANGE;
+        out[*n] = *who;
+        if (!copy_str(json_array_get(ids, k), out[*n].device, sizeof(out[*n].device)))
+            continue; /* too long to be a device kgpu lists */
+        (*n)++;
+    }
+    return 0;
+}
+
+int dp_kubelet_ckpt_holders(const char *buf, size_t len, const char *name, const char *prefix,
+                            dp_ckpt_holder *out, int cap, int *n, kgpu_error *err)
+{
+    *n = 0;
+    json_t *pods = NULL;
+    int rc = dp_kubelet_ckpt_parse(buf, len, name, &pods, err);
+    json_decref(pods);
+    if (rc != 0)
+        return rc;
+    json_t *doc = json_loadb(buf, len, JSON_REJECT_DUPLICATES, NULL);
+    const json_t *entries = json_object_get(json_object_get(doc, "Data"), "PodDeviceEntries");
+    for (size_t i = 0; rc == 0 && i < json_array_size(entries); i++) {
+        const json_t *e = json_array_get(entries, i);
+        const json_t *ids = json_object_get(e, "DeviceIDs");
+        dp_ckpt_holder who = {0};
+        if (!json_is_object(e) || !copy_str(json_object_get(e, "PodUID"), who.pod_uid,
+                                            sizeof(who.pod_uid)) ||
+            !copy_str(json_object_get(e, "ContainerName"), who.container, sizeof(who.container)) ||
+            !(json_is_object(ids) || json_is_array(ids))) {
+            rc = kgpu_error_set(err, KGPU_EPARSE,
+                                "%s: Data.PodDeviceEntries[%zu]: expected PodUID, ContainerName "
+                                "and DeviceIDs",
+                                name, i);
+            break;
+        }
+        if (json_is_array(ids)) {
+            rc = add_ids(ids, prefix, &who, out, cap, n);
+        } else {
+            const char *numa;
+            const json_t *list;
+            json_object_foreach((json_t *)ids, numa, list)
+            {
+                if (rc == 0 && !json_is_array(list))
+                    rc = kgpu_error_set(err, KGPU_EPARSE,
+                                        "%s: Data.PodDeviceEntries[%zu].DeviceIDs[%.16s]: "
+                                        "expected a list",
+                                        name, i, numa);
+                else if (rc == 0)
+                    rc = add_ids(list, prefix, &who, out, cap, n);
+            }
+        }
+        if (rc == KGPU_ERANGE)
+            rc = kgpu_error_set(err, KGPU_ERANGE, "%s: more than %d %s devices held", name, cap,
+                                prefix);
+    }
+    json_decref(doc);
+    if (rc != 0)
+        *n = 0;
+    return rc;
 }

@@ -45,6 +45,11 @@ static const char usage[] =
     "  --whole-gpus         also register nvidia.com/gpu (leave off while NVIDIA's plugin owns "
     "it)\n"
     "  --gpushare-alias     also register aliyun.com/gpu-mem for gpushare manifests\n"
+    "  --mig-strategy S     GPUs in MIG mode, partitioned beforehand: 'none' (default: their\n"
+    "                       instances are not advertised), 'single' (each MIG device is one\n"
+    "                       nvidia.com/gpu, when all have one profile) or 'mixed' (one\n"
+    "                       nvidia.com/mig-<profile> resource per profile). A GPU in MIG mode is\n"
+    "                       never offered whole or as shares (docs/install-device-plugin.md)\n"
     "  --watch-config FILE  run the watcher: compare each container's real GPU use (NVML)\n"
     "                       with its share, serve /metrics, post Events, optionally kill\n"
     "                       (docs/install-device-plugin.md, \"The watcher\")\n"
@@ -54,7 +59,7 @@ static const char usage[] =
     "  --log-level LEVEL    debug, info, warn or error (default info)\n"
     "  --version, --help\n";
 
-enum { O_PLUGIN = NODE_OPT_OWN, O_WHOLE, O_ALIAS, O_NOAPI, O_WATCH, O_LIST, O_IDS, O_KIND };
+enum { O_PLUGIN = NODE_OPT_OWN, O_WHOLE, O_ALIAS, O_NOAPI, O_WATCH, O_LIST, O_IDS, O_KIND, O_MIG };
 
 static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_error *err)
 {
@@ -86,6 +91,12 @@ static int own_flag(void *ctx, int key, const char *arg, const char *flag, kgpu_
         int rc = node_flag_copy(flag, arg, cfg->cdi_kind, sizeof(cfg->cdi_kind), 0, false, err);
         return rc != 0 ? rc : contract_cdi_kind_check(cfg->cdi_kind, err);
     }
+    case O_MIG:
+        if (dp_mig_strategy_parse(arg, &cfg->mig_strategy) != 0)
+            return kgpu_error_set(err, KGPU_EINVAL,
+                                  "--mig-strategy: expected none, single or mixed, not '%.64s'",
+                                  arg);
+        return 0;
     case O_WHOLE:
         cfg->whole_gpus = true;
         return 0;
@@ -113,6 +124,7 @@ static int parse(int argc, char **argv, dp_config *cfg, kgpu_error *err)
         {"device-list-strategy", required_argument, NULL, O_LIST},
         {"device-id-strategy", required_argument, NULL, O_IDS},
         {"cdi-kind", required_argument, NULL, O_KIND},
+        {"mig-strategy", required_argument, NULL, O_MIG},
         {NULL, 0, NULL, 0},
     };
     memset(cfg, 0, sizeof(*cfg));

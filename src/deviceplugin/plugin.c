@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "kubeletckpt.h"
 #include "log.h"
 #include "plugin.h"
 #include "watcher.h"
@@ -29,57 +30,212 @@ static void sock_path(const plugin *p, const char *name, char *buf, size_t cap)
 
 /* ---- inventory and health ---- */
 
-/* Encodes every registered resource's list; on failure nothing changes. */
-static int publish_lists(plugin *p, const contract_inventory *inv, kgpu_error *err)
+/* The name of a slot's resource ("kgpu.io/gpu-mem", "nvidia.com/mig-1g.5gb") into buf. */
+static const char *slot_name(const plugin *p, int slot, char *buf, size_t cap)
 {
-    uint8_t *buf[DP_NRES] = {0};
-    size_t len[DP_NRES] = {0};
+    return dp_slot_resource(slot, slot >= DP_NRES ? p->mig_profile[slot - DP_NRES] : NULL, buf,
+                            cap);
+}
+
+/* The socket file of a slot ("kgpu-mig-1g.5gb.sock") into buf. */
+static const char *slot_socket(const plugin *p, int slot, char *buf, size_t cap)
+{
+    if (slot < DP_NRES)
+        snprintf(buf, cap, "%s", dp_res_socket((dp_res)slot));
+    else
+        snprintf(buf, cap, "kgpu-mig-%s.sock", p->mig_profile[slot - DP_NRES]);
+    return buf;
+}
+
+/* Encodes every registered resource's list; on failure nothing changes. */
+static int publish_lists(plugin *p, const contract_inventory *inv, const dp_mig_set *mig,
+                         kgpu_error *err)
+{
+    uint8_t *buf[DP_SLOTS] = {0};
+    size_t len[DP_SLOTS] = {0};
     int rc = 0;
-    for (int r = 0; r < DP_NRES && rc == 0; r++)
-        if (p->registered & (1u << r))
-            rc = dp_list_encode(inv, (dp_res)r, &buf[r], &len[r], err);
+    bool single = p->cfg->mig_strategy == DP_MIG_SINGLE;
+    for (int s = 0; s < DP_SLOTS && rc == 0; s++) {
+        if (!(p->registered & (1u << s)))
+            continue;
+        if (s < DP_NRES)
+            rc = dp_list_encode_mig(inv, (dp_res)s, single ? mig : NULL, NULL, &buf[s], &len[s],
+                                    err);
+        else
+            rc = dp_list_encode_mig(inv, DP_RES_WHOLE, mig, p->mig_profile[s - DP_NRES], &buf[s],
+                                    &len[s], err);
+    }
     if (rc != 0) {
-        for (int r = 0; r < DP_NRES; r++)
-            free(buf[r]);
+        for (int s = 0; s < DP_SLOTS; s++)
+            free(buf[s]);
         return rc;
     }
     pthread_mutex_lock(&p->inv_mu);
     p->inv = *inv;
+    p->mig = *mig;
     p->inv_gen++;
     pthread_cond_signal(&p->api_cv);
     pthread_mutex_unlock(&p->inv_mu);
-    for (int r = 0; r < DP_NRES; r++) {
-        if (!(p->registered & (1u << r)))
+    for (int s = 0; s < DP_SLOTS; s++) {
+        if (!(p->registered & (1u << s)))
             continue;
-        node_snapshot *s = &p->snap[r];
-        pthread_mutex_lock(&s->mu);
-        free(s->buf);
-        s->buf = buf[r];
-        s->len = len[r];
-        s->gen++;
-        pthread_mutex_unlock(&s->mu);
+        node_snapshot *sn = &p->snap[s];
+        pthread_mutex_lock(&sn->mu);
+        free(sn->buf);
+        sn->buf = buf[s];
+        sn->len = len[s];
+        sn->gen++;
+        pthread_mutex_unlock(&sn->mu);
     }
     return 0;
 }
 
-/* Takes a new set of GPUs (and health) when it differs from the current one. */
+static int start_server(plugin *p, int slot, kgpu_error *err);
+
+/*
+ * The instances on the MIG-enabled GPUs among gpus, listed through NVML at
+ * most once a second (the fake inventory has no MIG); errors are logged
+ * when they change and leave that GPU's instances out.
+ */
+static void list_mig(plugin *p, const kgpu_gpu_info *gpus, int n)
+{
+    if (p->cfg->mig_strategy == DP_MIG_NONE || p->nvml == NULL || dp_now_s() < p->next_mig_list)
+        return;
+    p->next_mig_list = dp_now_s() + 1;
+    int nf = 0;
+    char err_now[sizeof(p->mig_err)] = "";
+    for (int i = 0; i < n; i++) {
+        if (gpus[i].mig_mode != 1)
+            continue;
+        kgpu_nvml_mig ms[KGPU_NVML_MIG_MAX];
+        int k = 0;
+        kgpu_error e = {0};
+        if (kgpu_nvml_mig_list(p->nvml, gpus[i].index, ms, KGPU_NVML_MIG_MAX, &k, &e) != 0) {
+            snprintf(err_now, sizeof(err_now), "%s", e.msg);
+            continue;
+        }
+        for (int j = 0; j < k && nf < DP_MIG_DEVS_MAX; j++)
+            dp_mig_dev_of(&gpus[i], &ms[j], &p->mig_found[nf++]);
+    }
+    p->nmig_found = nf;
+    if (strcmp(err_now, p->mig_err) != 0 && err_now[0] != '\0')
+        kgpu_log(KGPU_LOG_WARN, "listing MIG instances: %s", err_now);
+    snprintf(p->mig_err, sizeof(p->mig_err), "%s", err_now);
+}
+
+/* Gives each profile of mig a slot (mixed); devices of profiles past DP_MIG_RES_MAX go. */
+static void add_profile_slots(plugin *p, dp_mig_set *mig)
+{
+    for (int i = 0; i < mig->n; i++) {
+        const char *prof = mig->dev[i].profile;
+        int k = 0;
+        while (k < p->nmig_res && strcmp(p->mig_profile[k], prof) != 0)
+            k++;
+        char res[80];
+        if (k < p->nmig_res)
+            continue;
+        if (k >= DP_MIG_RES_MAX || !dp_mig_resource(prof, res, sizeof(res))) {
+            if (!p->mig_full_said)
+                kgpu_log(KGPU_LOG_WARN, "MIG profile %s: no resource for it (at most %d "
+                                        "profiles per node); its devices are not advertised",
+                         prof, DP_MIG_RES_MAX);
+            p->mig_full_said = true;
+            mig->dev[i--] = mig->dev[--mig->n];
+            continue;
+        }
+        size_t len = strnlen(prof, sizeof(p->mig_profile[k]) - 1);
+        memcpy(p->mig_profile[k], prof, len); /* prof lies in p->mig_next: not snprintf */
+        p->mig_profile[k][len] = '\0';
+        p->nmig_res = k + 1;
+        p->registered |= 1u << (DP_NRES + k);
+        kgpu_log(KGPU_LOG_INFO, "MIG profile %s: registering %s", prof, res);
+    }
+}
+
+/* Logs the MIG devices that came and went between two advertised sets. */
+static void log_mig_changes(const dp_mig_set *was, const dp_mig_set *now, dp_mig_strategy s)
+{
+    for (int i = 0; i < now->n; i++) {
+        const dp_mig_dev *d = &now->dev[i];
+        char res[80];
+        if (dp_mig_find(was, d->uuid) < 0)
+            kgpu_log(KGPU_LOG_INFO, "MIG device %s (%s, %" PRId64 " MiB, GPU %d %s): advertised "
+                                    "as %s",
+                     d->uuid, d->profile, d->memory_mib, d->gpu_index, d->gpu_uuid,
+                     s == DP_MIG_SINGLE ? dp_res_name(DP_RES_WHOLE)
+                     : dp_mig_resource(d->profile, res, sizeof(res)) ? res
+                                                                     : "?");
+    }
+    for (int i = 0; i < was->n; i++)
+        if (dp_mig_find(now, was->dev[i].uuid) < 0)
+            kgpu_log(KGPU_LOG_INFO, "MIG device %s (%s, GPU %d): gone, no longer advertised",
+                     was->dev[i].uuid, was->dev[i].profile, was->dev[i].gpu_index);
+}
+
+/*
+ * Takes a new set of GPUs (and health) and of MIG instances when either
+ * differs from the current one. GPUs in MIG mode are left out of the
+ * inventory (no whole GPU, no shares: CUDA cannot use them without an
+ * instance); their instances are advertised as --mig-strategy says.
+ */
 static int update_inventory(plugin *p, const kgpu_gpu_info *gpus, int n, kgpu_error *err)
 {
     if (n > KGPU_MAX_GPUS_PER_NODE)
         return kgpu_error_set(err, KGPU_ERANGE, "%d GPUs: at most %d per node", n,
                               KGPU_MAX_GPUS_PER_NODE);
-    if (node_same_gpus(&p->inv, gpus, n))
+    memcpy(p->all, gpus, (size_t)n * sizeof(*gpus));
+    p->nall = n;
+    contract_inventory next = {.ngpus = 0, .unit_mib = p->cfg->node.unit_mib};
+    for (int i = 0; i < n; i++) {
+        if (gpus[i].mig_mode != 1) {
+            next.gpus[next.ngpus++] = gpus[i];
+            continue;
+        }
+        if (!p->mig_said[i])
+            kgpu_log(KGPU_LOG_INFO,
+                     "GPU %d %s is in MIG mode: not offered whole or as kgpu.io shares (CUDA "
+                     "cannot use it without an instance); %s",
+                     gpus[i].index, gpus[i].uuid,
+                     p->cfg->mig_strategy == DP_MIG_NONE
+                         ? "its instances are not advertised (--mig-strategy none)"
+                         : "its existing instances are advertised (--mig-strategy)");
+        p->mig_said[i] = true;
+    }
+    /* Health comes from the parent, which the listing does not reread. */
+    for (int i = 0; i < p->nmig_found; i++)
+        for (int g = 0; g < n; g++)
+            if (p->mig_found[i].gpu_index == gpus[g].index)
+                p->mig_found[i].healthy = gpus[g].healthy;
+    list_mig(p, gpus, n);
+    dp_mig_set *mig = &p->mig_next;
+    char why[DP_MIG_WHY_MAX];
+    int nwhole = p->cfg->mig_strategy == DP_MIG_SINGLE ? next.ngpus : 0;
+    if (dp_mig_plan(p->cfg->mig_strategy, p->mig_found, p->nmig_found, nwhole, mig, why,
+                    sizeof(why)) != 0 &&
+        strcmp(why, p->mig_why) != 0)
+        kgpu_log(KGPU_LOG_WARN, "MIG: %s", why);
+    snprintf(p->mig_why, sizeof(p->mig_why), "%s", why);
+    if (p->cfg->mig_strategy == DP_MIG_MIXED)
+        add_profile_slots(p, mig);
+    bool same_mig = mig->n == p->mig.n &&
+                    memcmp(mig->dev, p->mig.dev, (size_t)mig->n * sizeof(mig->dev[0])) == 0;
+    if (node_same_gpus(&p->inv, next.gpus, next.ngpus) && same_mig)
         return 0;
-    contract_inventory next = {.ngpus = n, .unit_mib = p->cfg->node.unit_mib};
-    memcpy(next.gpus, gpus, (size_t)n * sizeof(*gpus));
-    for (int i = 0; i < n; i++)
-        if (i >= p->inv.ngpus || p->inv.gpus[i].healthy != gpus[i].healthy ||
-            strcmp(p->inv.gpus[i].uuid, gpus[i].uuid) != 0)
-            kgpu_log(gpus[i].healthy ? KGPU_LOG_INFO : KGPU_LOG_WARN,
-                     "GPU %d %s %s, %" PRId64 " MiB, NUMA %d: %s", gpus[i].index, gpus[i].uuid,
-                     gpus[i].model, gpus[i].memory_mib, gpus[i].numa,
-                     gpus[i].healthy ? "healthy" : "UNHEALTHY");
-    return publish_lists(p, &next, err);
+    for (int i = 0; i < next.ngpus; i++) {
+        const kgpu_gpu_info *g = &next.gpus[i];
+        int was = contract_inventory_find(&p->inv, g->uuid);
+        if (was < 0 || p->inv.gpus[was].healthy != g->healthy)
+            kgpu_log(g->healthy ? KGPU_LOG_INFO : KGPU_LOG_WARN,
+                     "GPU %d %s %s, %" PRId64 " MiB, NUMA %d: %s", g->index, g->uuid, g->model,
+                     g->memory_mib, g->numa, g->healthy ? "healthy" : "UNHEALTHY");
+    }
+    log_mig_changes(&p->mig, mig, p->cfg->mig_strategy);
+    int rc = publish_lists(p, &next, mig, err);
+    /* A profile that appeared after the servers started gets its own now. */
+    for (int s = DP_NRES; rc == 0 && p->serving && s < DP_NRES + p->nmig_res; s++)
+        if (p->srv[s] == NULL && (rc = start_server(p, s, err)) != 0)
+            break;
+    return rc;
 }
 
 static int take_fake(void *p, const kgpu_gpu_info *gpus, int n, kgpu_error *err)
@@ -113,8 +269,8 @@ static void poll_nvml(plugin *p)
         }
     }
     kgpu_gpu_info gpus[KGPU_MAX_GPUS_PER_NODE];
-    int n = p->inv.ngpus;
-    memcpy(gpus, p->inv.gpus, (size_t)n * sizeof(gpus[0]));
+    int n = p->nall;
+    memcpy(gpus, p->all, (size_t)n * sizeof(gpus[0]));
     for (int i = 0; i < n; i++)
         gpus[i].healthy = !p->xid_bad[gpus[i].index] && kgpu_nvml_alive(p->nvml, gpus[i].index);
     if (update_inventory(p, gpus, n, &e) != 0)
@@ -123,39 +279,40 @@ static void poll_nvml(plugin *p)
 
 /* ---- sockets and registration ---- */
 
-static int start_server(plugin *p, dp_res r, kgpu_error *err)
+static int start_server(plugin *p, int slot, kgpu_error *err)
 {
-    char path[1100];
-    sock_path(p, dp_res_socket(r), path, sizeof(path));
-    p->srv_ctx[r] = (res_ctx){p, r};
-    p->srv[r] = node_server_start(path, dp_res_name(r), DP_LIST_AND_WATCH, &p->snap[r],
-                                  dp_plugin_unary, &p->srv_ctx[r], err);
-    if (p->srv[r] == NULL)
+    char path[1200], name[80], sock[80];
+    slot_name(p, slot, name, sizeof(name));
+    sock_path(p, slot_socket(p, slot, sock, sizeof(sock)), path, sizeof(path));
+    p->srv_ctx[slot] = (res_ctx){p, slot < DP_NRES ? (dp_res)slot : DP_RES_WHOLE, slot};
+    p->srv[slot] = node_server_start(path, name, DP_LIST_AND_WATCH, &p->snap[slot],
+                                     dp_plugin_unary, &p->srv_ctx[slot], err);
+    if (p->srv[slot] == NULL)
         return err->code ? err->code : KGPU_EIO;
     struct stat st;
-    p->sock_ino[r] = stat(path, &st) == 0 ? st.st_ino : 0;
-    p->need_register[r] = true;
-    kgpu_log(KGPU_LOG_INFO, "serving %s on %s", dp_res_name(r), path);
+    p->sock_ino[slot] = stat(path, &st) == 0 ? st.st_ino : 0;
+    p->need_register[slot] = true;
+    kgpu_log(KGPU_LOG_INFO, "serving %s on %s", name, path);
     return 0;
 }
 
 /* Restarts servers whose socket vanished (kubelet removes them when it restarts). */
 static void watch_sockets(plugin *p)
 {
-    char path[1100];
+    char path[1200], name[80], sock[80];
     struct stat st;
-    for (int r = 0; r < DP_NRES; r++) {
-        if (!(p->registered & (1u << r)))
+    for (int s = 0; s < DP_SLOTS; s++) {
+        if (!(p->registered & (1u << s)))
             continue;
-        sock_path(p, dp_res_socket((dp_res)r), path, sizeof(path));
-        if (p->srv[r] != NULL && stat(path, &st) == 0 && st.st_ino == p->sock_ino[r])
+        sock_path(p, slot_socket(p, s, sock, sizeof(sock)), path, sizeof(path));
+        if (p->srv[s] != NULL && stat(path, &st) == 0 && st.st_ino == p->sock_ino[s])
             continue;
         kgpu_log(KGPU_LOG_WARN, "%s: socket %s is gone (kubelet restarted?); serving it again",
-                 dp_res_name((dp_res)r), path);
-        node_server_stop(p->srv[r]);
-        p->srv[r] = NULL;
+                 slot_name(p, s, name, sizeof(name)), path);
+        node_server_stop(p->srv[s]);
+        p->srv[s] = NULL;
         kgpu_error e = {0};
-        if (start_server(p, (dp_res)r, &e) != 0)
+        if (start_server(p, s, &e) != 0)
             kgpu_log(KGPU_LOG_ERROR, "%s", e.msg);
     }
     sock_path(p, "kubelet.sock", path, sizeof(path));
@@ -164,19 +321,21 @@ static void watch_sockets(plugin *p)
         if (ino != 0)
             kgpu_log(KGPU_LOG_INFO, "kubelet socket %s appeared; registering", path);
         p->kubelet_ino = ino;
-        for (int r = 0; r < DP_NRES; r++)
-            p->need_register[r] = (p->registered & (1u << r)) != 0;
+        for (int s = 0; s < DP_SLOTS; s++)
+            p->need_register[s] = (p->registered & (1u << s)) != 0;
         p->next_register = 0;
     }
     if (ino == 0 || dp_now_s() < p->next_register)
         return;
-    for (int r = 0; r < DP_NRES; r++) {
-        if (!p->need_register[r] || p->srv[r] == NULL)
+    for (int s = 0; s < DP_SLOTS; s++) {
+        if (!p->need_register[s] || p->srv[s] == NULL)
             continue;
         kgpu_error e = {0};
-        if (dp_register(path, dp_res_socket((dp_res)r), (dp_res)r, true, REGISTER_MS, &e) == 0) {
-            p->need_register[r] = false;
-            kgpu_log(KGPU_LOG_INFO, "registered %s with kubelet", dp_res_name((dp_res)r));
+        slot_name(p, s, name, sizeof(name));
+        if (dp_register(path, slot_socket(p, s, sock, sizeof(sock)), name, true, REGISTER_MS,
+                        &e) == 0) {
+            p->need_register[s] = false;
+            kgpu_log(KGPU_LOG_INFO, "registered %s with kubelet", name);
         } else {
             kgpu_log(KGPU_LOG_WARN, "%s; retrying", e.msg);
             p->next_register = dp_now_s() + 1;
@@ -214,10 +373,13 @@ static int start_watcher(plugin *p, kgpu_error *err)
     int rc = dp_watch_config_load(p->cfg->watch_config, &wc, err);
     if (rc != 0)
         return rc;
+    char ckpt[1200];
+    snprintf(ckpt, sizeof(ckpt), "%s/%s", p->cfg->plugin_dir, DP_KUBELET_CKPT_NAME);
     dp_watch_sources src = {.k8s = p->k8s,
                             .node_name = p->cfg->node.node_name,
                             .state_dir = p->cfg->node.state_dir,
-                            .nvml_lib = p->cfg->node.nvml_lib};
+                            .nvml_lib = p->cfg->node.nvml_lib,
+                            .kubelet_ckpt = ckpt};
     p->watcher = dp_watcher_new(&wc, &src, err);
     if (p->watcher == NULL)
         return err->code ? err->code : KGPU_ENOMEM;
@@ -245,11 +407,12 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* api_wait_until's deadlines are dp_now_s() */
     pthread_cond_init(&p->api_cv, &ca);
     pthread_condattr_destroy(&ca);
-    for (int r = 0; r < DP_NRES; r++)
-        pthread_mutex_init(&p->snap[r].mu, NULL);
+    for (int s = 0; s < DP_SLOTS; s++)
+        pthread_mutex_init(&p->snap[s].mu, NULL);
     p->inv.unit_mib = cfg->node.unit_mib;
     p->registered = 1u << DP_RES_MEM | 1u << DP_RES_CORE;
-    if (cfg->whole_gpus)
+    /* NVIDIA's single strategy: every MIG device is an nvidia.com/gpu. */
+    if (cfg->whole_gpus || cfg->mig_strategy == DP_MIG_SINGLE)
         p->registered |= 1u << DP_RES_WHOLE;
     if (cfg->gpushare_alias)
         p->registered |= 1u << DP_RES_ALIAS;
@@ -292,20 +455,22 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     if (rc == 0 && p->snap[DP_RES_MEM].buf == NULL) {
         /* No GPUs: still publish (empty) lists so kubelet sees zero capacity. */
         contract_inventory empty = {.ngpus = 0, .unit_mib = cfg->node.unit_mib};
-        rc = publish_lists(p, &empty, err);
+        rc = publish_lists(p, &empty, &p->mig, err);
     }
-    for (int r = 0; r < DP_NRES && rc == 0; r++)
-        if (p->registered & (1u << r))
-            rc = start_server(p, (dp_res)r, err);
+    for (int s = 0; s < DP_SLOTS && rc == 0; s++)
+        if (p->registered & (1u << s))
+            rc = start_server(p, s, err);
+    p->serving = rc == 0;
     if (rc == 0)
         rc = dp_api_start(p, err);
     if (rc == 0)
         rc = start_watcher(p, err);
     if (rc == 0)
         kgpu_log(KGPU_LOG_INFO,
-                 "kgpu-device-plugin %s on node %s: %d GPUs, memory unit %" PRId64 " MiB, %s",
+                 "kgpu-device-plugin %s on node %s: %d GPUs, %d MIG devices, memory unit "
+                 "%" PRId64 " MiB, %s",
                  KGPU_VERSION, cfg->node.node_name[0] ? cfg->node.node_name : "(unnamed)",
-                 p->inv.ngpus, cfg->node.unit_mib,
+                 p->inv.ngpus, p->mig.n, cfg->node.unit_mib,
                  p->k8s != NULL ? "API server connected" : "no API server");
     while (rc == 0 && !atomic_load(stop)) {
         if (cfg->node.fake_gpus[0] != '\0')
@@ -319,11 +484,11 @@ int dp_run(const dp_config *cfg, atomic_bool *stop, kgpu_error *err)
     dp_metrics_server_stop(p->metrics);
     dp_watcher_free(p->watcher);
     dp_api_stop(p);
-    for (int r = 0; r < DP_NRES; r++)
-        node_server_stop(p->srv[r]);
-    for (int r = 0; r < DP_NRES; r++) {
-        free(p->snap[r].buf);
-        pthread_mutex_destroy(&p->snap[r].mu);
+    for (int s = 0; s < DP_SLOTS; s++)
+        node_server_stop(p->srv[s]);
+    for (int s = 0; s < DP_SLOTS; s++) {
+        free(p->snap[s].buf);
+        pthread_mutex_destroy(&p->snap[s].mu);
     }
     if (p->nvml != NULL)
         kgpu_nvml_close(p->nvml);

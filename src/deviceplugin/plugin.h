@@ -21,23 +21,47 @@
 
 typedef struct plugin plugin;
 
+/*
+ * The resources the plugin may serve, each with its socket: slots below
+ * DP_NRES are dp_res's, the rest the mixed MIG strategy's profiles
+ * (mig_profile[slot - DP_NRES]), added as profiles appear and kept, with
+ * an empty list, when their instances go (kubelet has no unregistering).
+ */
+#define DP_SLOTS (DP_NRES + DP_MIG_RES_MAX)
+
 /* What one resource's server hands its unary calls: the plugin and the resource. */
 typedef struct res_ctx {
     plugin *p;
-    dp_res r;
+    dp_res r; /* DP_RES_WHOLE for a MIG profile's slot */
+    int slot;
 } res_ctx;
 
 struct plugin {
     const dp_config *cfg;
     /* The inventory: written by the main thread under inv_mu, read by workers. */
     pthread_mutex_t inv_mu;
-    contract_inventory inv;
-    node_snapshot snap[DP_NRES];
-    unsigned registered;
-    node_server *srv[DP_NRES];
-    res_ctx srv_ctx[DP_NRES];
-    bool need_register[DP_NRES];
-    ino_t sock_ino[DP_NRES];
+    contract_inventory inv; /* the GPUs offered whole or as shares: none in MIG mode */
+    dp_mig_set mig;         /* under inv_mu: the MIG devices advertised (--mig-strategy) */
+    node_snapshot snap[DP_SLOTS];
+    unsigned registered; /* bit per slot */
+    node_server *srv[DP_SLOTS];
+    res_ctx srv_ctx[DP_SLOTS];
+    bool need_register[DP_SLOTS];
+    ino_t sock_ino[DP_SLOTS];
+    /* The main thread's: every GPU discovered (MIG-enabled ones too), with health. */
+    kgpu_gpu_info all[KGPU_MAX_GPUS_PER_NODE];
+    int nall;
+    int nmig_res; /* mixed: profile slots in use */
+    char mig_profile[DP_MIG_RES_MAX][KGPU_MIG_NAME_MAX];
+    dp_mig_dev mig_found[DP_MIG_DEVS_MAX]; /* the last NVML listing of instances */
+    dp_mig_set mig_next;                   /* scratch: the set being planned */
+    int nmig_found;
+    double next_mig_list;
+    char mig_why[DP_MIG_WHY_MAX]; /* what the last plan left out (logged when it changes) */
+    char mig_err[512];            /* the last listing error (logged when it changes) */
+    bool mig_said[KGPU_MAX_GPUS_PER_NODE]; /* "GPU i is in MIG mode" logged */
+    bool serving;                          /* the servers were started */
+    bool mig_full_said;                    /* "no resource for profile" logged */
     ino_t kubelet_ino;
     double next_register;
     kgpu_k8s *k8s;            /* NULL: no API server */

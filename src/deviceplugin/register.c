@@ -14,8 +14,8 @@
 #include "deviceplugin.pb-c.h"
 #include "dp.h"
 
-int dp_register(const char *kubelet_sock, const char *endpoint, dp_res r, bool preferred,
-                unsigned timeout_ms, kgpu_error *err)
+int dp_register(const char *kubelet_sock, const char *endpoint, const char *resource,
+                bool preferred, unsigned timeout_ms, kgpu_error *err)
 {
     V1beta1__DevicePluginOptions opts = V1BETA1__DEVICE_PLUGIN_OPTIONS__INIT;
     opts.pre_start_required = 0;
@@ -23,7 +23,7 @@ int dp_register(const char *kubelet_sock, const char *endpoint, dp_res r, bool p
     V1beta1__RegisterRequest req = V1BETA1__REGISTER_REQUEST__INIT;
     req.version = "v1beta1";
     req.endpoint = (char *)endpoint;
-    req.resource_name = (char *)dp_res_name(r);
+    req.resource_name = (char *)resource;
     req.options = &opts;
     uint8_t buf[2048];
     if (v1beta1__register_request__get_packed_size(&req) > sizeof(buf))
@@ -76,7 +76,7 @@ int dp_register(const char *kubelet_sock, const char *endpoint, dp_res r, bool p
         } else if (status != GRPC_STATUS_OK) {
             char *d = grpc_slice_to_c_string(details);
             rc = kgpu_error_set(err, KGPU_EIO, "Register %s with %s: gRPC status %d: %s",
-                                dp_res_name(r), kubelet_sock, (int)status, d);
+                                resource, kubelet_sock, (int)status, d);
             gpr_free(d);
         }
     }

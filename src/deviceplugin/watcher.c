@@ -16,7 +16,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "fileio.h"
 #include "log.h"
+#include "migprocs.h"
 #include "watcher.h"
 #include "watchstate.h"
 
@@ -38,6 +40,8 @@ dp_watcher *dp_watcher_new(const dp_watch_config *cfg, const dp_watch_sources *s
     snprintf(w->node, sizeof(w->node), "%s", src->node_name ? src->node_name : "");
     snprintf(w->state_dir, sizeof(w->state_dir), "%s", src->state_dir ? src->state_dir : "");
     snprintf(w->nvml_lib, sizeof(w->nvml_lib), "%s", src->nvml_lib ? src->nvml_lib : "");
+    snprintf(w->ckpt_path, sizeof(w->ckpt_path), "%s",
+             src->kubelet_ckpt ? src->kubelet_ckpt : "");
     pthread_mutex_init(&w->pub_mu, NULL);
     pthread_mutex_init(&w->stop_mu, NULL);
     pthread_condattr_t ca;
@@ -68,12 +72,91 @@ static int ensure_nvml(dp_watcher *w, kgpu_error *err)
     }
     if (n > KGPU_MAX_GPUS_PER_NODE)
         n = KGPU_MAX_GPUS_PER_NODE;
+    /* Room for the MIG devices after the GPUs. */
+    kgpu_gpu_info *units = realloc(gpus, WATCH_UNITS_MAX * sizeof(*units));
+    if (units == NULL) {
+        free(gpus);
+        kgpu_nvml_close(nv);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    }
     w->nv = nv;
     free(w->gpus);
-    w->gpus = gpus;
-    w->ngpus = n;
+    w->gpus = units;
+    w->ngpus = w->nphys = n;
     return KGPU_OK;
 }
+
+/* ---- MIG devices ---- */
+
+/*
+ * Lists the MIG devices of the GPUs in MIG mode again (they come and go
+ * with the operator's layout) and moves each entry to its device's new
+ * place; an entry whose device is gone is left unseen, so the scan drops it.
+ */
+static void list_mig_units(dp_watcher *w)
+{
+    char was[WATCH_UNITS_MAX][KGPU_GPU_UUID_MAX];
+    for (int u = w->nphys; u < w->ngpus; u++)
+        snprintf(was[u], sizeof(was[u]), "%s", w->gpus[u].uuid);
+    int n = w->nphys;
+    for (int g = 0; g < w->nphys; g++) {
+        if (w->gpus[g].mig_mode != 1)
+            continue;
+        kgpu_nvml_mig ms[KGPU_NVML_MIG_MAX];
+        int k = 0;
+        kgpu_error e = {0};
+        if (kgpu_nvml_mig_list(w->nv, w->gpus[g].index, ms, KGPU_NVML_MIG_MAX, &k, &e) != 0) {
+            kgpu_log(KGPU_LOG_DEBUG, "watcher: %s", e.msg);
+            continue;
+        }
+        for (int j = 0; j < k && n < WATCH_UNITS_MAX; j++) {
+            if (ms[j].uuid[0] == '\0')
+                continue; /* a GPU instance without a compute instance runs nothing */
+            kgpu_gpu_info *d = &w->gpus[n];
+            *d = w->gpus[g];
+            snprintf(d->uuid, sizeof(d->uuid), "%s", ms[j].uuid);
+            d->memory_mib = ms[j].memory_mib;
+            d->mig_mode = -1;
+            w->mig[n - w->nphys].parent = g;
+            w->mig[n - w->nphys].gi = ms[j].gi_id;
+            w->mig[n - w->nphys].ci = ms[j].ci_id;
+            n++;
+        }
+    }
+    for (int i = 0; i < w->nentries; i++) {
+        wentry *e = &w->entries[i];
+        if (e->gpu < w->nphys)
+            continue;
+        int to = -1;
+        for (int u = w->nphys; u < n && to < 0; u++)
+            if (strcmp(w->gpus[u].uuid, was[e->gpu]) == 0)
+                to = u;
+        e->gpu = to; /* -1: matches no process, so it goes at the end of the scan */
+    }
+    w->ngpus = n;
+}
+
+/* Reads who holds each MIG device from kubelet's checkpoint (held_known false when unknown). */
+static void read_holders(dp_watcher *w)
+{
+    w->nheld = 0;
+    w->held_known = false;
+    if (w->ckpt_path[0] == '\0' || w->ngpus == w->nphys)
+        return;
+    char *buf = NULL;
+    size_t len = 0;
+    kgpu_error e = {0};
+    int rc = kgpu_read_file_max(w->ckpt_path, DP_KUBELET_CKPT_MAX, &buf, &len, &e);
+    if (rc == KGPU_OK)
+        rc = dp_kubelet_ckpt_holders(buf, len, w->ckpt_path, "MIG-", w->held, WATCH_MIG_MAX,
+                                     &w->nheld, &e);
+    free(buf);
+    w->held_known = rc == KGPU_OK;
+    if (rc != KGPU_OK && strcmp(e.msg, w->held_error) != 0)
+        kgpu_log(KGPU_LOG_WARN, "watcher: %s: MIG devices' shares unknown until it reads", e.msg);
+    snprintf(w->held_error, sizeof(w->held_error), "%s", rc == KGPU_OK ? "" : e.msg);
+}
+
 
 char *dp_watcher_metrics(dp_watcher *w, size_t *len)
 {
@@ -92,6 +175,42 @@ char *dp_watcher_metrics(dp_watcher *w, size_t *len)
 
 /* ---- the scan ---- */
 
+/* Adds one process of unit g (a GPU or a MIG device) to its container's entry. */
+static void add_proc(dp_watcher *w, int g, const dp_cgroup_id *id, int kind, unsigned pid,
+                     int64_t used, int sm)
+{
+    wentry *e = dp_watch_entry_for(w, id, g);
+    if (e == NULL) {
+        w->dropped++;
+        return;
+    }
+    if (!e->seen) {
+        e->seen = true;
+        e->used = 0;
+        e->sm = 0;
+        e->npids = 0;
+        e->nprocs = 0;
+    }
+    e->unallocated = kind == K_OTHER_POD;
+    if (used < 0 || e->used < 0)
+        e->used = -1;
+    else
+        e->used += used;
+    e->sm = e->sm + sm > 100 ? 100 : e->sm + sm;
+    e->nprocs++;
+    if (e->npids < ENTRY_PIDS_MAX)
+        e->pids[e->npids++] = pid;
+}
+
+/* The kind of a process from its cgroup record: a kgpu pod's container, another pod's, ... */
+static int kind_of(const dp_watcher *w, unsigned pid, dp_cgroup_id *id)
+{
+    int pc = dp_watch_process_container(w, pid, id);
+    return pc == KGPU_OK ? (dp_watch_is_kgpu_pod(w, id->pod_uid) ? K_CONTAINER : K_OTHER_POD)
+           : pc == KGPU_ENOENT ? K_HOST
+                               : K_UNREADABLE;
+}
+
 /* Adds GPU g's processes to the entries; KGPU_OK or NVML's error. */
 static int scan_gpu(dp_watcher *w, int g, kgpu_gpu_proc *procs, kgpu_error *err)
 {
@@ -101,35 +220,43 @@ static int scan_gpu(dp_watcher *w, int g, kgpu_gpu_proc *procs, kgpu_error *err)
         return rc;
     for (int i = 0; i < n; i++) {
         dp_cgroup_id id;
-        int pc = dp_watch_process_container(w, procs[i].pid, &id);
-        int kind = pc == KGPU_OK ? (dp_watch_is_kgpu_pod(w, id.pod_uid) ? K_CONTAINER : K_OTHER_POD)
-                   : pc == KGPU_ENOENT ? K_HOST
-                                       : K_UNREADABLE;
+        int kind = kind_of(w, procs[i].pid, &id);
         w->kinds[g][kind]++;
         /* Another pod's process on a GPU: kgpu gave it no share, so it is judged as over one. */
         if (kind != K_CONTAINER && kind != K_OTHER_POD)
             continue;
-        wentry *e = dp_watch_entry_for(w, &id, g);
-        if (e == NULL) {
-            w->dropped++;
-            continue;
+        add_proc(w, g, &id, kind, procs[i].pid, procs[i].used_bytes, procs[i].sm_pct);
+    }
+    return KGPU_OK;
+}
+
+/*
+ * Adds the processes of GPU g, in MIG mode, to the entries of their MIG
+ * devices: a process in the pod kubelet gave the device is a container's,
+ * any other pod's is over a share of zero there (dp_watch_read_share).
+ */
+static int scan_mig_gpu(dp_watcher *w, int g, kgpu_gpu_mig_proc *procs, kgpu_error *err)
+{
+    int n = 0;
+    int rc = kgpu_nvml_mig_processes(w->nv, w->gpus[g].index, procs, KGPU_GPU_PROCS_MAX, &n, err);
+    if (rc != KGPU_OK)
+        return rc;
+    for (int i = 0; i < n; i++) {
+        int u = -1;
+        for (int k = w->nphys; k < w->ngpus && u < 0; k++)
+            if (w->mig[k - w->nphys].parent == g && w->mig[k - w->nphys].gi == procs[i].gi_id &&
+                w->mig[k - w->nphys].ci == procs[i].ci_id)
+                u = k;
+        dp_cgroup_id id;
+        int kind = kind_of(w, procs[i].pid, &id);
+        if (kind == K_CONTAINER || kind == K_OTHER_POD) {
+            const dp_ckpt_holder *h = u >= 0 ? dp_watch_holder(w, w->gpus[u].uuid) : NULL;
+            kind = h != NULL && strcmp(h->pod_uid, id.pod_uid) == 0 ? K_CONTAINER : K_OTHER_POD;
         }
-        if (!e->seen) {
-            e->seen = true;
-            e->used = 0;
-            e->sm = 0;
-            e->npids = 0;
-            e->nprocs = 0;
-        }
-        e->unallocated = kind == K_OTHER_POD;
-        if (procs[i].used_bytes < 0 || e->used < 0)
-            e->used = -1;
-        else
-            e->used += procs[i].used_bytes;
-        e->sm = e->sm + procs[i].sm_pct > 100 ? 100 : e->sm + procs[i].sm_pct;
-        e->nprocs++;
-        if (e->npids < ENTRY_PIDS_MAX)
-            e->pids[e->npids++] = procs[i].pid;
+        /* An instance made since the listing: counted on its GPU, judged next scan. */
+        w->kinds[u >= 0 ? u : g][u >= 0 ? kind : K_UNREADABLE]++;
+        if (u >= 0 && (kind == K_CONTAINER || kind == K_OTHER_POD))
+            add_proc(w, u, &id, kind, procs[i].pid, procs[i].used_bytes, 0);
     }
     return KGPU_OK;
 }
@@ -143,11 +270,19 @@ int dp_watcher_scan(dp_watcher *w, kgpu_error *err)
         w->entries[i].seen = false;
     int rc = ensure_nvml(w, err);
     kgpu_gpu_proc *procs = rc == KGPU_OK ? calloc(KGPU_GPU_PROCS_MAX, sizeof(*procs)) : NULL;
-    if (rc == KGPU_OK && procs == NULL)
+    kgpu_gpu_mig_proc *mprocs =
+        rc == KGPU_OK ? calloc(KGPU_GPU_PROCS_MAX, sizeof(*mprocs)) : NULL;
+    if (rc == KGPU_OK && (procs == NULL || mprocs == NULL))
         rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
-    for (int g = 0; g < w->ngpus && rc == KGPU_OK; g++)
-        rc = scan_gpu(w, g, procs, err);
+    if (rc == KGPU_OK) {
+        list_mig_units(w);
+        read_holders(w);
+    }
+    for (int g = 0; g < w->nphys && rc == KGPU_OK; g++)
+        rc = w->gpus[g].mig_mode == 1 ? scan_mig_gpu(w, g, mprocs, err)
+                                      : scan_gpu(w, g, procs, err);
     free(procs);
+    free(mprocs);
     if (rc != KGPU_OK) {
         /* A GPU that stopped answering, a driver going away: start afresh next time. */
         w->scan_errors++;

@@ -15,6 +15,12 @@
  *                 (the four share watchstate.h, internal)
  *   metricsrv.c   /metrics over HTTP (libmicrohttpd)
  *
+ * On a GPU in MIG mode the unit is the MIG device: NVML lists each process
+ * with its GPU and compute instance, and the container kubelet gave that
+ * device (its checkpoint, which kubelet alone writes) has the instance's
+ * whole memory as its share; any other pod's process there is over a share
+ * of zero, as on a GPU kgpu did not give it.
+ *
  * Mapping a GPU process to its container: the kernel's record of the
  * process's cgroup names the pod UID and the container runtime's container
  * ID (a container cannot move itself out of its cgroup, and the file is the
@@ -118,6 +124,12 @@ typedef struct dp_watch_sources {
     const char *node_name; /* this node ("" without an API server) */
     const char *state_dir; /* the plugin's state directory: pods/<uid>/<container>.limits */
     const char *nvml_lib;  /* NULL or "": libnvidia-ml.so.1 */
+    /*
+     * kubelet's device manager checkpoint (kubeletckpt.h): which container
+     * kubelet gave each MIG device. NULL or "": MIG devices' processes are
+     * not judged (no share known).
+     */
+    const char *kubelet_ckpt;
 } dp_watch_sources;
 
 /*

@@ -179,10 +179,44 @@ static bool exempt(const dp_watcher *w, const wentry *e)
     return false;
 }
 
+const dp_ckpt_holder *dp_watch_holder(const dp_watcher *w, const char *device)
+{
+    for (int i = 0; i < w->nheld; i++)
+        if (strcmp(w->held[i].device, device) == 0)
+            return &w->held[i];
+    return NULL;
+}
+
+/*
+ * A MIG device's share: the whole instance for the container kubelet gave
+ * it (by pod, and by name once the API server has named the entry), zero
+ * for any other pod's; unknown while kubelet's checkpoint cannot be read.
+ */
+static void read_mig_share(const dp_watcher *w, wentry *e)
+{
+    e->unallocated = false;
+    if (!w->held_known)
+        return;
+    const dp_ckpt_holder *h = dp_watch_holder(w, w->gpus[e->gpu].uuid);
+    if (h != NULL && strcmp(h->pod_uid, e->id.pod_uid) == 0 &&
+        (e->name[0] == '\0' || strcmp(h->container, e->name) == 0)) {
+        e->share = w->gpus[e->gpu].memory_mib * MIB;
+        e->core_share = 100;
+        return;
+    }
+    e->share = exempt(w, e) ? -1 : 0;
+    e->core_share = e->share;
+    e->unallocated = e->share == 0;
+}
+
 void dp_watch_read_share(const dp_watcher *w, wentry *e)
 {
     e->share = -1;
     e->core_share = -1;
+    if (e->gpu >= w->nphys) {
+        read_mig_share(w, e);
+        return;
+    }
     if (e->unallocated && !dp_watch_is_kgpu_pod(w, e->id.pod_uid)) {
         /* A pod kgpu never allocated a GPU: none of any GPU is its. */
         e->share = exempt(w, e) ? -1 : 0;

@@ -18,6 +18,7 @@
 
 #include "gpu.h"
 #include "k8s.h"
+#include "kubeletckpt.h"
 #include "kgpu/model.h"
 #include "watcher.h"
 
@@ -28,13 +29,17 @@
 #define LIST_EVERY_S       10   /* at most one pod list per this, when a container is unknown */
 #define CGROUP_FILE_MAX    65536
 
+/* MIG devices watched at most (7 per GPU), and units: GPUs, then MIG devices. */
+#define WATCH_MIG_MAX   (KGPU_MAX_GPUS_PER_NODE * 7)
+#define WATCH_UNITS_MAX (KGPU_MAX_GPUS_PER_NODE + WATCH_MIG_MAX)
+
 /* Process kinds counted per GPU (the kgpu_watcher_gpu_processes metric). */
 enum { K_CONTAINER, K_OTHER_POD, K_HOST, K_UNREADABLE, K_NKINDS };
 
 /* One container's use of one GPU; kept from scan to scan while it lasts. */
 typedef struct wentry {
     dp_cgroup_id id;
-    int gpu; /* position in w->gpus */
+    int gpu; /* position in w->gpus: a GPU, or (from w->nphys) a MIG device */
     char ns[KGPU_NAME_MAX + 1], pod[KGPU_NAME_MAX + 1], name[64]; /* "" until known */
     int64_t used;       /* bytes this scan; -1 when NVML could not tell for a process */
     int sm;             /* SM % summed over its processes, capped at 100 */
@@ -76,10 +81,27 @@ struct dp_watcher {
     char state_dir[1024];
     char nvml_lib[1024];
 
+    char ckpt_path[1024]; /* kubelet's checkpoint; "" = none */
+
     /* The owner thread's. */
     kgpu_nvml *nv;
+    /*
+     * The units watched (WATCH_UNITS_MAX of room): the GPUs NVML discovered
+     * (nphys), then the MIG devices on those in MIG mode, listed again at
+     * every scan; a MIG device's record has its parent's index, its own
+     * UUID and memory. mig[u - nphys] says which instance unit u is.
+     */
     kgpu_gpu_info *gpus;
-    int ngpus;
+    int ngpus, nphys;
+    struct {
+        int parent; /* position in gpus */
+        unsigned gi, ci;
+    } mig[WATCH_MIG_MAX];
+    /* Who holds each MIG device, from kubelet's checkpoint at the last scan. */
+    dp_ckpt_holder held[WATCH_MIG_MAX];
+    int nheld;
+    bool held_known;       /* false: unreadable, so MIG shares are unknown */
+    char held_error[512];  /* logged when it changes */
     wentry *entries;
     int nentries;
     wpod *pods;
@@ -89,7 +111,7 @@ struct dp_watcher {
     char last_error[512];
     uint64_t scans, scan_errors, events_posted, events_failed, kills, kill_failures;
     uint64_t dropped; /* (container, GPU) pairs over ENTRIES_MAX, summed over scans */
-    int kinds[KGPU_MAX_GPUS_PER_NODE][K_NKINDS];
+    int kinds[WATCH_UNITS_MAX][K_NKINDS];
     double last_scan_unix, last_scan_s;
 
     /* Published text: pub_mu guards pub and pub_len, nothing else. */
@@ -133,6 +155,8 @@ void dp_watch_list_pods(dp_watcher *w);
 bool dp_watch_resolve_from_cache(const dp_watcher *w, wentry *e);
 /* Names the entry from the pod directory when the pod has a single limits file. */
 void dp_watch_resolve_single(const dp_watcher *w, wentry *e);
+/* The holder of MIG device `device` in kubelet's checkpoint at the last scan, or NULL. */
+const dp_ckpt_holder *dp_watch_holder(const dp_watcher *w, const char *device);
 /* Reads the entry's share from its container's limits file (-1 when none says). */
 void dp_watch_read_share(const dp_watcher *w, wentry *e);
 

@@ -41,6 +41,24 @@ static int uuid_of(CUdevice dev, int fn, char *out, size_t size)
 }
 
 /*
+ * A limit is never more than the device has: inside a MIG instance CUDA's
+ * device is the instance, whose memory (what cuDeviceTotalMem and
+ * cuMemGetInfo report) can be below the profile's size the limits file
+ * names. Capped here, once, before any limit is read (readers reach a
+ * limits index only through the mapping, published after this).
+ */
+static void cap_to_device(CUdevice d, int li)
+{
+    kgpu__pfn_cuDeviceTotalMem_v2 total = KGPU_REAL(cuDeviceTotalMem_v2);
+    size_t bytes = 0;
+    if (li < 0 || li >= KGPU_SHIM_MAX_DEVICES || total == NULL ||
+        total(&bytes, d) != CUDA_SUCCESS || bytes == 0)
+        return;
+    if ((uint64_t)bytes < kgpu__shim.limit_bytes[li])
+        kgpu__shim.limit_bytes[li] = (uint64_t)bytes;
+}
+
+/*
  * Matches each CUDA device to its line of the limits file by UUID (the MIG
  * or the GPU one); a device whose UUID cannot be read falls back to its
  * ordinal. A device on no line gets no memory at all.
@@ -69,6 +87,7 @@ void kgpu__map_devices(void)
         if (!have1 && !have2)
             li = d < kgpu__shim.limits.ndevices ? d : -1;
         kgpu__shim.devmap[d] = (int16_t)li;
+        cap_to_device(d, li);
         if (li < 0 && atomic_exchange(&kgpu__shim.warned, 1) == 0) {
             char line[200];
             snprintf(line, sizeof(line),

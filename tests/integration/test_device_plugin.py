@@ -943,6 +943,201 @@ class TestFakeNvml(PluginCase):
         self.assertIn("no event functions", p.child.log())
 
 
+class TestStaticMig(PluginCase):
+    """--mig-strategy: instances an operator made, advertised as NVIDIA's plugin does."""
+    A100 = "GPU-a100a100-2222-4333-8444-555555555555"
+    A100B = "GPU-a100a100-2222-4333-8444-666666666666"
+    T4 = "GPU-11111111-2222-4333-8444-555555555555"
+    MIG1 = "nvidia.com/mig-1g.5gb"
+    MIG3 = "nvidia.com/mig-3g.20gb"
+    MIG2 = "nvidia.com/mig-2g.10gb"
+
+    @staticmethod
+    def gi_lines(gpu, layout):
+        """State lines for (profile, start) pairs: GI IDs follow the placement as the driver's."""
+        lines = []
+        # NVML profile (GI and CI: the full-size CI's profile), GI ID of the first start
+        shapes = {"1g.5gb": (0, 0, 7), "2g.10gb": (1, 1, 3), "3g.20gb": (2, 2, 1),
+                  "7g.40gb": (4, 4, 0)}
+        for prof, start in layout:
+            nvml, ci_prof, first = shapes[prof]
+            step = {0: 1, 1: 2, 2: 4, 4: 8}[nvml]
+            gi = first + start // step
+            lines.append("gi %s %d %d %d" % (gpu, gi, nvml, start))
+            lines.append("ci %s %d 0 %d 0" % (gpu, gi, ci_prof))
+        return lines
+
+    def write_state(self, lines):
+        tmp = self.state_file + ".new"
+        with open(tmp, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, self.state_file)
+
+    def mig_up(self, strategy, gpus, mig="0", lines=(), resources=(), extra=(), api=False):
+        lib = os.path.join(FAKE_NVML_DIR, "full", "libnvidia-ml.so.1")
+        if not os.path.exists(lib):
+            self.skipTest("fake NVML not built (%s)" % lib)
+        self.state_file = os.path.join(self.tmp, "mig-state")
+        self.write_state(lines)
+        spec = ";".join("%s,%s,%d,0000000%d:3B:00.0" % (u, name, mib, i)
+                        for i, (u, name, mib) in enumerate(gpus))
+        env = {"FAKE_NVML_GPUS": spec, "FAKE_NVML_MIG": mig,
+               "FAKE_NVML_MIG_STATE": self.state_file}
+        if self.kubelet is None:
+            self.start_kubelet()
+        t0 = time.monotonic()
+        p = self.start_plugin(([] if api else ["--no-api-server"]) +
+                              ["--nvml-lib", lib, "--mig-strategy", strategy] + list(extra),
+                              env=env, api=api)
+        try:
+            self.kubelet.wait_registered((MEM, CORE) + tuple(resources), since=t0, timeout=10)
+            for r in resources:
+                self.kubelet.wait_list(r, timeout=10)
+        except AssertionError as e:
+            raise AssertionError("%s\nplugin log:\n%s" % (e, p.child.log_tail()))
+        return p
+
+    def a100_t4(self):
+        return [(self.A100, "NVIDIA A100-SXM4-40GB", 40960), (self.T4, "Tesla T4", 15360)]
+
+    def assert_mig_ids(self, devices, n):
+        self.assertEqual(len(devices), n, devices)
+        for i, d in devices.items():
+            self.assertRegex(i, r"^MIG-[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$")
+            self.assertEqual(d.health, "Healthy")
+
+    def test_mixed_lists_each_profile_and_no_share_of_a_mig_gpu(self):
+        layout = [("3g.20gb", 0), ("1g.5gb", 4), ("1g.5gb", 5), ("1g.5gb", 6)]
+        p = self.mig_up("mixed", self.a100_t4(), lines=self.gi_lines(self.A100, layout),
+                        resources=(self.MIG1, self.MIG3))
+        _, ones = self.kubelet.wait_list(self.MIG1)
+        _, threes = self.kubelet.wait_list(self.MIG3)
+        self.assert_mig_ids(ones, 3)
+        self.assert_mig_ids(threes, 1)
+        self.assertFalse(set(ones) & set(threes))
+        # The GPU in MIG mode is offered neither as shares nor whole: only the T4's units.
+        _, mem = self.kubelet.wait_list(MEM)
+        self.assertEqual(set(mem), {"%s::%d" % (self.T4, k) for k in range(15)})
+        _, core = self.kubelet.wait_list(CORE)
+        self.assertEqual(len(core), 100)
+        self.assertNotIn(WHOLE, self.kubelet.registered())
+        self.assertIn("is in MIG mode: not offered whole or as kgpu.io shares", p.child.log())
+        self.assertTrue(socket_alive(os.path.join(self.plugin_dir, "kgpu-mig-1g.5gb.sock")))
+
+    def test_mixed_allocate_answers_the_instance_and_its_files(self):
+        layout = [("3g.20gb", 0), ("1g.5gb", 4)]
+        self.mig_up("mixed", self.a100_t4(), lines=self.gi_lines(self.A100, layout),
+                    resources=(self.MIG1, self.MIG3))
+        ids, r = self.admit(self.MIG3, 1)
+        mig = ids[0]
+        envs = dict(r.envs)
+        self.assertEqual(envs["NVIDIA_VISIBLE_DEVICES"], mig)
+        self.assertEqual(envs["KGPU_MEMORY_LIMIT_MIB"], "19968")
+        self.assertEqual(envs["KGPU_CORE_LIMIT_PCT"], "100")
+        self.assertEqual([c.name for c in r.cdi_devices], ["nvidia.com/gpu=" + mig])
+        limits = os.path.join(self.state_dir, "pods", mig, "mig.limits")
+        got = {(m.container_path, m.host_path, m.read_only) for m in r.mounts}
+        self.assertEqual(got, {
+            ("/etc/kgpu/limits", limits, True),
+            ("/var/run/kgpu", os.path.join(self.state_dir, "pods", mig, "shared"), False),
+            (SHIM_IN_CONTAINER, self.shim, True),
+            ("/etc/ld.so.preload", os.path.join(self.state_dir, "ld.so.preload"), True)})
+        with open(limits) as f:
+            self.assertEqual(f.read(), "# kgpu limits v1\n"
+                             "device 0 uuid=%s memory_mib=19968 core_pct=100\n" % mig)
+        # An ID of another profile, or none the plugin lists, is refused by name.
+        _, ones = self.kubelet.wait_list(self.MIG1)
+        one = list(ones)[0]
+        self.assert_rpc_error(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.allocate,
+                              self.MIG3, [one], contains=(one, "not a MIG device"))
+        self.assert_rpc_error(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.allocate,
+                              self.MIG1, ["MIG-made-up"], contains=("MIG-made-up",))
+        self.assert_rpc_error(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.allocate,
+                              self.MIG1, [one, one], contains=("twice",))
+
+    def test_instances_coming_and_going_update_the_lists(self):
+        self.mig_up("mixed", self.a100_t4(), lines=self.gi_lines(self.A100, [("1g.5gb", 6)]),
+                    resources=(self.MIG1,))
+        _, ones = self.kubelet.wait_list(self.MIG1)
+        self.assert_mig_ids(ones, 1)
+        self.write_state(self.gi_lines(self.A100, [("1g.5gb", 6), ("1g.5gb", 5),
+                                                   ("2g.10gb", 0)]))
+        _, ones = self.kubelet.wait_list(self.MIG1, lambda d: len(d) == 2, timeout=10)
+        # A profile that appears gets its resource registered then.
+        self.kubelet.wait_registered((self.MIG2,), timeout=10)
+        _, twos = self.kubelet.wait_list(self.MIG2, lambda d: len(d) == 1, timeout=10)
+        self.write_state(self.gi_lines(self.A100, [("1g.5gb", 5)]))
+        self.kubelet.wait_list(self.MIG1, lambda d: len(d) == 1 and set(d) < set(ones),
+                               timeout=10)
+        # A profile whose instances all went stays registered, with nothing in it.
+        self.kubelet.wait_list(self.MIG2, lambda d: len(d) == 0, timeout=10)
+
+    def test_single_lists_every_instance_as_a_gpu(self):
+        gpus = [(self.A100, "NVIDIA A100-SXM4-40GB", 40960),
+                (self.A100B, "NVIDIA A100-SXM4-40GB", 40960)]
+        lines = self.gi_lines(self.A100, [("1g.5gb", s) for s in range(7)]) + \
+            self.gi_lines(self.A100B, [("1g.5gb", 0), ("1g.5gb", 3)])
+        self.mig_up("single", gpus, mig="0,1", lines=lines, resources=(WHOLE,))
+        _, whole = self.kubelet.wait_list(WHOLE, lambda d: len(d) == 9, timeout=10)
+        self.assert_mig_ids(whole, 9)
+        self.assertEqual(self.kubelet.lists[MEM], {})
+        ids, r = self.admit(WHOLE, 2)
+        self.assertEqual(dict(r.envs)["NVIDIA_VISIBLE_DEVICES"], ",".join(ids))
+        self.assertEqual(dict(r.envs)["KGPU_MEMORY_LIMIT_MIB"], "4864")
+        self.assertEqual(len(r.cdi_devices), 2)
+
+    def test_single_with_mismatched_profiles_advertises_no_mig(self):
+        gpus = [(self.A100, "NVIDIA A100-SXM4-40GB", 40960)]
+        lines = self.gi_lines(self.A100, [("3g.20gb", 0), ("1g.5gb", 4)])
+        p = self.mig_up("single", gpus, lines=lines, resources=(WHOLE,))
+        _, whole = self.kubelet.wait_list(WHOLE)
+        self.assertEqual(whole, {})
+        wait_for(lambda: "1g.5gb and 3g.20gb" in p.child.log() or
+                 "3g.20gb and 1g.5gb" in p.child.log(), 10, what="the reason in the log")
+        self.assertIn("--mig-strategy mixed", p.child.log())
+        # Made alike, the node's instances are listed.
+        self.write_state(self.gi_lines(self.A100, [("3g.20gb", 0), ("3g.20gb", 4)]))
+        _, whole = self.kubelet.wait_list(WHOLE, lambda d: len(d) == 2, timeout=10)
+        self.assert_mig_ids(whole, 2)
+
+    def test_single_beside_a_whole_gpu_advertises_no_mig(self):
+        p = self.mig_up("single", self.a100_t4(),
+                        lines=self.gi_lines(self.A100, [("1g.5gb", 0)]), resources=(WHOLE,))
+        _, whole = self.kubelet.wait_list(WHOLE)
+        self.assertEqual(set(whole), {self.T4})
+        wait_for(lambda: "listed whole" in p.child.log(), 10, what="the reason in the log")
+
+    def test_none_advertises_no_mig_and_no_share_of_it(self):
+        p = self.mig_up("none", self.a100_t4(),
+                        lines=self.gi_lines(self.A100, [("1g.5gb", 0)]))
+        _, mem = self.kubelet.wait_list(MEM)
+        self.assertEqual(len(mem), 15)
+        self.assertIn("--mig-strategy none", p.child.log())
+        self.assertEqual(set(self.kubelet.registered()), {MEM, CORE})
+
+    def test_mig_folders_stay_while_their_device_does(self):
+        lines = self.gi_lines(self.A100, [("1g.5gb", 0)])
+        p = self.mig_up("mixed", self.a100_t4(), lines=lines, resources=(self.MIG1,))
+        _, ones = self.kubelet.wait_list(self.MIG1)
+        mig = list(ones)[0]
+        p.stop()
+        gone = "MIG-00000000-0000-4000-8000-000000000000"
+        for name in (mig, gone):
+            os.makedirs(os.path.join(self.state_dir, "pods", name, "shared"))
+        # With an API server the clean-up runs at start: a listed device's folder stays.
+        self.mig_up("mixed", self.a100_t4(), lines=lines, resources=(self.MIG1,), api=True)
+        wait_for(lambda: not os.path.exists(os.path.join(self.state_dir, "pods", gone)), 5,
+                 what="the gone MIG device's folder to go")
+        self.assertTrue(os.path.isdir(os.path.join(self.state_dir, "pods", mig, "shared")))
+
+    def test_bad_strategy_is_refused(self):
+        p = self.start_plugin(["--no-api-server", "--mig-strategy", "both"], gpus=make_gpus(1))
+        rc = p.child.wait_exit(20)
+        p.stopped = True
+        self.assertNotEqual(rc, 0)
+        self.assertIn("--mig-strategy: expected none, single or mixed", p.child.log())
+
+
 # ---------------------------------------------------------------------------
 # 6. Allocate: which pod gets which GPU
 # ---------------------------------------------------------------------------

@@ -865,6 +865,20 @@ class HelmChartTest(unittest.TestCase):
         self.assertNotIn("initContainers", pod)
         self.check_invariants(h)
 
+    def test_device_plugin_mig_strategy(self):
+        # The default passes no flag; single and mixed pass theirs; anything else fails.
+        self.assertFalse([a for a in plugin_pod(helm())["containers"][0]["command"]
+                          if a.startswith("--mig-strategy")])
+        for strategy in ("single", "mixed"):
+            h = helm("devicePlugin.args.migStrategy=" + strategy)
+            self.assertEqual(sorted(changed(helm(), h)),
+                             [("DaemonSet", DP_NS, "kgpu-device-plugin")])
+            self.assertIn("--mig-strategy=" + strategy,
+                          plugin_pod(h)["containers"][0]["command"])
+            self.check_invariants(h)
+        self.assertIn("expected none, single or mixed",
+                      helm_error("devicePlugin.args.migStrategy=both"))
+
     def test_device_plugin_mps(self):
         h = helm("devicePlugin.args.sharing=mps", "devicePlugin.args.mpsPipeDir=/run/nvidia-mps")
         self.assertEqual(sorted(changed(helm(), h)), [("DaemonSet", DP_NS, "kgpu-device-plugin")])

@@ -511,6 +511,39 @@ static void uuids_pick_the_line(void **state)
                     "file");
 }
 
+/*
+ * Inside a MIG instance CUDA sees one device: the MIG device's UUID, and the
+ * instance's memory as the device's total. The device plugin's limits file
+ * for a MIG device names that UUID with the instance's profile memory, which
+ * may be above what the instance reports usable: the library's figures are
+ * the file's, capped by the driver's, and the driver's own OOM holds at the
+ * instance's end.
+ */
+static void a_mig_instance_is_its_own_device(void **state)
+{
+    const char *mig = "MIG-5e1f0c2a-7d3b-5c44-9a0e-2b7c1d9e8f60";
+    char text[256];
+    /* A share of an instance (a limit below its memory): the file's figure. */
+    snprintf(text, sizeof(text), "# kgpu limits v1\ndevice 0 uuid=%s memory_mib=2048 "
+             "core_pct=100\n", mig);
+    write_file(limits, text);
+    env_container(KGPU_SHIM_LIB, "full", 2048);
+    env_add("FAKE_CUDA_UUIDS=%s", mig);
+    env_drop("FAKE_CUDA_MEM_MIB");
+    env_add("FAKE_CUDA_MEM_MIB=4864");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+    /* The whole instance, as the profile's size: capped by what the instance reports. */
+    snprintf(text, sizeof(text), "# kgpu limits v1\ndevice 0 uuid=%s memory_mib=4864 "
+             "core_pct=100\n", mig);
+    write_file(limits, text);
+    env_container(KGPU_SHIM_LIB, "full", 4800);
+    env_add("FAKE_CUDA_UUIDS=%s", mig);
+    env_drop("FAKE_CUDA_MEM_MIB");
+    env_add("FAKE_CUDA_MEM_MIB=4800");
+    expect_run(KGPU_SHIM_PROBE, "enforce", 0);
+    assert_null(strstr(err, "not in the limits file"));
+}
+
 static void before_cuinit_the_driver_answers(void **state)
 {
     /* Devices are matched at cuInit: before it, the driver's own error, not an invented OOM. */
@@ -1267,6 +1300,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(nvml_shows_the_share, setup, teardown),
         cmocka_unit_test_setup_teardown(the_region_is_private, setup, teardown),
         cmocka_unit_test_setup_teardown(uuids_pick_the_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_mig_instance_is_its_own_device, setup, teardown),
         cmocka_unit_test_setup_teardown(before_cuinit_the_driver_answers, setup, teardown),
         cmocka_unit_test_setup_teardown(without_limits_nothing_changes, setup, teardown),
         cmocka_unit_test_setup_teardown(unparsable_limits_fail_closed, setup, teardown),

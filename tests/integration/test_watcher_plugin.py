@@ -111,17 +111,19 @@ class WatcherPlugin(unittest.TestCase):
                           "intervalSeconds: 0.2\nmetricsListen: \"127.0.0.1:%d\"\n"
                           "procRoot: %s\n%s" % (self.port, os.path.join(self.tmp, "proc"), extra))
 
-    def start(self, config):
+    def start(self, config, extra_env=None, extra_args=()):
         env = dict(os.environ,
                    FAKE_NVML_GPUS="GPU-aaaa,NVIDIA A100-SXM4-40GB,40960,00000000:3B:00.0",
                    FAKE_NVML_PROCS=os.path.join(self.tmp, "procs"))
+        env.update(extra_env or {})
         lib = os.path.join(ARGS.fake_nvml_dir, "full", "libnvidia-ml.so.1")
         self.log = open(os.path.join(self.tmp, "plugin.log"), "w+")
         self.plugin = subprocess.Popen(
             [ARGS.plugin, "--no-api-server", "--nvml-lib", lib,
              "--plugin-dir", os.path.join(self.tmp, "plugins"),
              "--state-dir", os.path.join(self.tmp, "state"), "--shim-lib", "none",
-             "--watch-config", config], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+             "--watch-config", config] + list(extra_args), env=env, stdout=self.log,
+            stderr=subprocess.STDOUT)
 
     def plugin_log(self):
         self.log.seek(0)
@@ -197,6 +199,49 @@ class WatcherPlugin(unittest.TestCase):
                       used_a not in s)
         self.assertIn("killed 1 GPU process", self.plugin_log())
         self.assertIsNone(neighbour.poll())
+        self.stop()
+
+    def test_mig_devices_judged_by_kubelets_checkpoint(self):
+        # A 1g.5gb (GI 7, slice 0) and a 3g.20gb (GI 2, slice 4) made beforehand.
+        state = self.write("mig-state", "gi GPU-aaaa 7 0 0\nci GPU-aaaa 7 0 0 0\n"
+                                        "gi GPU-aaaa 2 2 4\nci GPU-aaaa 2 0 2 0\n")
+        mine = self.child_in(UID_A, CID_1)
+        intruder = self.child_in(UID_B, CID_2)
+        self.start(self.config("enforce: kill\n"),
+                   {"FAKE_NVML_MIG": "0", "FAKE_NVML_MIG_STATE": state},
+                   ["--mig-strategy", "mixed"])
+        uuids = {}
+        deadline = time.time() + 10
+        while len(uuids) < 2 and time.time() < deadline:
+            for line in self.plugin_log().splitlines():
+                if "MIG device MIG-" in line and "advertised as" in line:
+                    uuid = line.split("MIG device ")[1].split(" ")[0]
+                    uuids[line.split("(")[1].split(",")[0]] = uuid
+            time.sleep(0.1)
+        self.assertEqual(sorted(uuids), ["1g.5gb", "3g.20gb"], self.plugin_log())
+        one, three = uuids["1g.5gb"], uuids["3g.20gb"]
+        # kubelet gave the 1g device to A's container "train", the 3g one to nobody.
+        self.write("plugins/kubelet_internal_checkpoint",
+                   '{"Data":{"PodDeviceEntries":[{"PodUID":"%s","ContainerName":"train",'
+                   '"ResourceName":"nvidia.com/mig-1g.5gb","DeviceIDs":{"-1":["%s"]},'
+                   '"AllocResp":"Cg=="}],"RegisteredDevices":{}},"Checksum":1}' % (UID_A, one))
+        self.procs(["0:7:0 %d 1000 0" % mine.pid, "0:2:0 %d 500 0" % intruder.pid])
+        a = labels("", UID_A, CID_1, uuid=one)
+        share_a = "kgpu_container_gpu_memory_share_bytes" + a + "}"
+        body, _ = self.wait_for("A's MIG figures", lambda s: share_a in s)
+        s = samples(body)
+        self.assertEqual(s[share_a], 4864 * MIB)
+        self.assertEqual(s["kgpu_container_gpu_memory_used_bytes" + a + "}"], 1000 * MIB)
+        self.assertEqual(s["kgpu_container_gpu_unallocated" + a + "}"], 0)
+        # B's process in a MIG device kubelet gave it not: over a share of zero, killed.
+        try:
+            rc = intruder.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.fail("the intruder was not killed; log:\n" + self.plugin_log())
+        self.assertEqual(rc, -signal.SIGKILL)
+        self.assertIsNone(mine.poll(), "the holder was killed")
+        self.assertIn(three, self.plugin_log())
+        self.procs(["0:7:0 %d 1000 0" % mine.pid])
         self.stop()
 
     def test_misspelt_setting_refuses_to_start(self):

@@ -905,6 +905,230 @@ static void test_pod_files(void **state)
     assert_int_equal(system(path), 0);
 }
 
+
+/* ---- static MIG (migdev.c) ---- */
+
+#define M0 "MIG-11111111-0000-4000-8000-000000000000"
+#define M1 "MIG-11111111-0000-4000-8000-000000000001"
+#define M2 "MIG-11111111-0000-4000-8000-000000000002"
+
+/* An A100-40GB in MIG mode as NVML names it. */
+static void a100(kgpu_gpu_info *g, int index)
+{
+    memset(g, 0, sizeof(*g));
+    g->index = index;
+    snprintf(g->uuid, sizeof(g->uuid), "GPU-a100a100-0000-4000-8000-00000000000%d", index);
+    snprintf(g->model, sizeof(g->model), "NVIDIA A100-SXM4-40GB");
+    g->memory_mib = 40960;
+    g->numa = 1;
+    g->healthy = true;
+    g->mig_mode = 1;
+}
+
+static void mig_dev(const kgpu_gpu_info *g, int nvml_profile, const char *uuid, unsigned gi,
+                    dp_mig_dev *out)
+{
+    kgpu_nvml_mig m = {.gpu = g->index, .gi_id = gi, .ci_id = 0, .nvml_profile = nvml_profile};
+    m.memory_mib = nvml_profile == 0 ? 4864 : 19968;
+    snprintf(m.uuid, sizeof(m.uuid), "%s", uuid);
+    dp_mig_dev_of(g, &m, out);
+}
+
+static void test_mig_names(void **state)
+{
+    (void)state;
+    dp_mig_strategy s = DP_MIG_NONE;
+    assert_int_equal(dp_mig_strategy_parse("single", &s), 0);
+    assert_int_equal(s, DP_MIG_SINGLE);
+    assert_int_equal(dp_mig_strategy_parse("mixed", &s), 0);
+    assert_int_equal(s, DP_MIG_MIXED);
+    assert_int_equal(dp_mig_strategy_parse("none", &s), 0);
+    assert_int_equal(s, DP_MIG_NONE);
+    assert_int_equal(dp_mig_strategy_parse("Mixed", &s), -1);
+    assert_int_equal(dp_mig_strategy_parse("", &s), -1);
+    kgpu_gpu_info g;
+    a100(&g, 0);
+    char name[KGPU_MIG_NAME_MAX];
+    /* NVML's GI profile IDs: 0 the 1-slice, 2 the 3-slice, 9 the 1-slice of two memory slices. */
+    assert_true(dp_mig_profile_name(&g, 0, name, sizeof(name)));
+    assert_string_equal(name, "1g.5gb");
+    assert_true(dp_mig_profile_name(&g, 2, name, sizeof(name)));
+    assert_string_equal(name, "3g.20gb");
+    assert_true(dp_mig_profile_name(&g, 9, name, sizeof(name)));
+    assert_string_equal(name, "1g.10gb");
+    assert_false(dp_mig_profile_name(&g, 42, name, sizeof(name)));
+    assert_string_equal(name, "");
+    /* The 80 GB card's 1-slice is another profile; a T4 has none. */
+    g.memory_mib = 81920;
+    assert_true(dp_mig_profile_name(&g, 0, name, sizeof(name)));
+    assert_string_equal(name, "1g.10gb");
+    snprintf(g.model, sizeof(g.model), "Tesla T4");
+    g.memory_mib = 15360;
+    assert_false(dp_mig_profile_name(&g, 0, name, sizeof(name)));
+    char res[80];
+    assert_true(dp_mig_resource("1g.5gb", res, sizeof(res)));
+    assert_string_equal(res, "nvidia.com/mig-1g.5gb");
+    assert_false(dp_mig_resource("", res, sizeof(res)));
+    assert_string_equal(dp_slot_resource(DP_RES_CORE, NULL, res, sizeof(res)),
+                        "kgpu.io/gpu-core");
+    assert_string_equal(dp_slot_resource(DP_NRES + 1, "3g.20gb", res, sizeof(res)),
+                        "nvidia.com/mig-3g.20gb");
+    assert_string_equal(dp_slot_resource(DP_NRES, NULL, res, sizeof(res)), "?");
+    assert_false(dp_mig_resource("a-profile-name-far-too-long-for-a-kubernetes-resource-name-x",
+                                 res, sizeof(res)));
+}
+
+static void test_mig_plan(void **state)
+{
+    (void)state;
+    kgpu_gpu_info g0, g1;
+    a100(&g0, 0);
+    a100(&g1, 1);
+    dp_mig_dev found[4];
+    mig_dev(&g0, 0, M0, 13, &found[0]);
+    mig_dev(&g1, 0, M1, 14, &found[1]);
+    mig_dev(&g1, 2, M2, 2, &found[2]);
+    assert_string_equal(found[0].profile, "1g.5gb");
+    assert_string_equal(found[0].gpu_uuid, g0.uuid);
+    assert_int_equal(found[0].numa, 1);
+    static dp_mig_set set;
+    char why[DP_MIG_WHY_MAX];
+    /* single, one profile: every device. */
+    assert_int_equal(dp_mig_plan(DP_MIG_SINGLE, found, 2, 0, &set, why, sizeof(why)), 0);
+    assert_int_equal(set.n, 2);
+    assert_string_equal(why, "");
+    assert_int_equal(dp_mig_find(&set, M1), 1);
+    assert_int_equal(dp_mig_find(&set, "MIG-other"), -1);
+    /* single, mismatched profiles: none, and the reason names both. */
+    assert_int_equal(dp_mig_plan(DP_MIG_SINGLE, found, 3, 0, &set, why, sizeof(why)), -1);
+    assert_int_equal(set.n, 0);
+    assert_non_null(strstr(why, "1g.5gb and 3g.20gb"));
+    assert_non_null(strstr(why, "--mig-strategy mixed"));
+    /* single beside a whole GPU: units would differ, so none. */
+    assert_int_equal(dp_mig_plan(DP_MIG_SINGLE, found, 2, 1, &set, why, sizeof(why)), -1);
+    assert_int_equal(set.n, 0);
+    assert_non_null(strstr(why, "listed whole"));
+    /* mixed: every profile. */
+    assert_int_equal(dp_mig_plan(DP_MIG_MIXED, found, 3, 1, &set, why, sizeof(why)), 0);
+    assert_int_equal(set.n, 3);
+    /* none: nothing, without a reason. */
+    assert_int_equal(dp_mig_plan(DP_MIG_NONE, found, 3, 0, &set, why, sizeof(why)), 0);
+    assert_int_equal(set.n, 0);
+    /* A GI without a CI, an old-style UUID with slashes, an unknown profile: left out, said. */
+    found[3] = found[0];
+    found[3].uuid[0] = '\0';
+    assert_int_equal(dp_mig_plan(DP_MIG_MIXED, found, 4, 0, &set, why, sizeof(why)), -1);
+    assert_int_equal(set.n, 3);
+    assert_non_null(strstr(why, "without a compute instance"));
+    snprintf(found[3].uuid, sizeof(found[3].uuid), "MIG-GPU-abc/1/0");
+    assert_int_equal(dp_mig_plan(DP_MIG_MIXED, found, 4, 0, &set, why, sizeof(why)), -1);
+    assert_int_equal(set.n, 3);
+    snprintf(found[3].uuid, sizeof(found[3].uuid), "MIG-unknown");
+    found[3].profile[0] = '\0';
+    assert_int_equal(dp_mig_plan(DP_MIG_MIXED, found, 4, 0, &set, why, sizeof(why)), -1);
+    assert_int_equal(set.n, 3);
+    assert_non_null(strstr(why, "does not know"));
+    /* single takes all or none. */
+    found[2] = found[0];
+    snprintf(found[2].uuid, sizeof(found[2].uuid), "%s", M2);
+    assert_int_equal(dp_mig_plan(DP_MIG_SINGLE, found, 4, 0, &set, why, sizeof(why)), -1);
+    assert_int_equal(set.n, 0);
+}
+
+static void test_mig_list(void **state)
+{
+    (void)state;
+    kgpu_gpu_info g0;
+    a100(&g0, 0);
+    dp_mig_dev found[3];
+    mig_dev(&g0, 0, M0, 13, &found[0]);
+    mig_dev(&g0, 0, M1, 14, &found[1]);
+    mig_dev(&g0, 2, M2, 2, &found[2]);
+    found[1].healthy = false;
+    static dp_mig_set set;
+    char why[DP_MIG_WHY_MAX];
+    assert_int_equal(dp_mig_plan(DP_MIG_MIXED, found, 3, 0, &set, why, sizeof(why)), 0);
+    contract_inventory inv;
+    inventory(&inv, 1024);
+    uint8_t *buf;
+    size_t len;
+    kgpu_error err = {0};
+    /* A profile's resource: its devices, by UUID, with the parent's health and NUMA node. */
+    assert_int_equal(dp_list_encode_mig(&inv, DP_RES_WHOLE, &set, "1g.5gb", &buf, &len, &err), 0);
+    V1beta1__ListAndWatchResponse *m = v1beta1__list_and_watch_response__unpack(NULL, len, buf);
+    assert_non_null(m);
+    assert_int_equal(m->n_devices, 2);
+    assert_string_equal(m->devices[0]->id, M0);
+    assert_string_equal(m->devices[0]->health, "Healthy");
+    assert_int_equal(m->devices[0]->topology->nodes[0]->id, 1);
+    assert_string_equal(m->devices[1]->id, M1);
+    assert_string_equal(m->devices[1]->health, "Unhealthy");
+    v1beta1__list_and_watch_response__free_unpacked(m, NULL);
+    free(buf);
+    assert_int_equal(dp_list_encode_mig(&inv, DP_RES_WHOLE, &set, "3g.20gb", &buf, &len, &err), 0);
+    m = v1beta1__list_and_watch_response__unpack(NULL, len, buf);
+    assert_int_equal(m->n_devices, 1);
+    assert_string_equal(m->devices[0]->id, M2);
+    v1beta1__list_and_watch_response__free_unpacked(m, NULL);
+    free(buf);
+    /* A profile with no device left: an empty list (kubelet sees zero). */
+    assert_int_equal(dp_list_encode_mig(&inv, DP_RES_WHOLE, &set, "7g.40gb", &buf, &len, &err), 0);
+    m = v1beta1__list_and_watch_response__unpack(NULL, len, buf);
+    assert_int_equal(m->n_devices, 0);
+    v1beta1__list_and_watch_response__free_unpacked(m, NULL);
+    free(buf);
+    /* single: nvidia.com/gpu lists the whole GPUs and the MIG devices; shares list no MIG. */
+    assert_int_equal(dp_list_encode_mig(&inv, DP_RES_WHOLE, &set, NULL, &buf, &len, &err), 0);
+    m = v1beta1__list_and_watch_response__unpack(NULL, len, buf);
+    assert_int_equal(m->n_devices, 5);
+    assert_string_equal(m->devices[0]->id, U0);
+    assert_string_equal(m->devices[2]->id, M0);
+    v1beta1__list_and_watch_response__free_unpacked(m, NULL);
+    free(buf);
+    assert_int_equal(dp_list_encode_mig(&inv, DP_RES_CORE, &set, NULL, &buf, &len, &err), 0);
+    m = v1beta1__list_and_watch_response__unpack(NULL, len, buf);
+    assert_int_equal(m->n_devices, 200);
+    v1beta1__list_and_watch_response__free_unpacked(m, NULL);
+    free(buf);
+}
+
+static void test_mig_response(void **state)
+{
+    (void)state;
+    kgpu_gpu_info g0;
+    a100(&g0, 3);
+    dp_mig_dev found[2];
+    mig_dev(&g0, 0, M0, 13, &found[0]);
+    mig_dev(&g0, 2, M2, 2, &found[1]);
+    static dp_mig_set set;
+    char why[DP_MIG_WHY_MAX];
+    assert_int_equal(dp_mig_plan(DP_MIG_MIXED, found, 2, 0, &set, why, sizeof(why)), 0);
+    dp_match m = {.primary = true};
+    int ids[1] = {1};
+    dp_mig_target(&set, ids, 1, &m.t);
+    assert_int_equal(m.t.ngpus, 1);
+    assert_string_equal(m.t.uid, M2);
+    assert_string_equal(m.t.container, "mig");
+    char *text = contract_limits_text(&m.t);
+    assert_string_equal(text, "# kgpu limits v1\n"
+                              "device 0 uuid=" M2 " memory_mib=19968 core_pct=100\n");
+    free(text);
+    contract_inventory none = {.unit_mib = 1024};
+    contract_paths paths = {"/var/lib/kgpu", "/var/lib/kgpu/lib/libkgpu-limit.so", NULL};
+    dp_cdi cdi = {"nvidia.com/gpu", false};
+    contract_response r;
+    dp_response_of(&m, &none, &paths, &cdi, &r);
+    assert_string_equal(env_of(&r, "NVIDIA_VISIBLE_DEVICES"), M2);
+    assert_string_equal(env_of(&r, "KGPU_MEMORY_LIMIT_MIB"), "19968");
+    assert_string_equal(env_of(&r, "KGPU_CORE_LIMIT_PCT"), "100");
+    assert_int_equal(r.ncdi, 1);
+    assert_string_equal(r.cdi[0], "nvidia.com/gpu=" M2);
+    assert_string_equal(r.mounts[0].host_path, "/var/lib/kgpu/pods/" M2 "/mig.limits");
+    /* The whole instance: no schedule to take turns through. */
+    for (int i = 0; i < r.nmounts; i++)
+        assert_null(strstr(r.mounts[i].container_path, "kgpu-gpu"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -925,6 +1149,10 @@ int main(void)
         cmocka_unit_test(test_response_mps),
         cmocka_unit_test(test_mps_mode_needs_the_daemon),
         cmocka_unit_test(test_pod_files),
+        cmocka_unit_test(test_mig_names),
+        cmocka_unit_test(test_mig_plan),
+        cmocka_unit_test(test_mig_list),
+        cmocka_unit_test(test_mig_response),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -129,6 +129,8 @@ static int setup(void **state)
     snprintf(path, sizeof(path), "%s/procs", root);
     setenv("FAKE_NVML_PROCS", path, 1);
     unsetenv("FAKE_NVML_NO_UTIL");
+    unsetenv("FAKE_NVML_MIG");
+    unsetenv("FAKE_NVML_MIG_STATE");
     procs("");
     return 0;
 }
@@ -1367,6 +1369,119 @@ static void test_dashboard_queries_exported_metrics(void **state)
     json_decref(dash);
 }
 
+
+/* ---- MIG devices (--mig-strategy) ---- */
+
+/* kubelet's checkpoint holding two MIG devices: one per (pod, container). */
+static void checkpoint(const char *path, const char *one_uid, const char *one,
+                       const char *three_uid, const char *three)
+{
+    char text[2048];
+    snprintf(text, sizeof(text),
+             "{\"Data\":{\"PodDeviceEntries\":["
+             "{\"PodUID\":\"%s\",\"ContainerName\":\"train\",\"ResourceName\":"
+             "\"nvidia.com/mig-1g.5gb\",\"DeviceIDs\":{\"-1\":[\"%s\"]},\"AllocResp\":\"Cg==\"},"
+             "{\"PodUID\":\"%s\",\"ContainerName\":\"serve\",\"ResourceName\":"
+             "\"nvidia.com/mig-3g.20gb\",\"DeviceIDs\":{\"-1\":[\"%s\"]},\"AllocResp\":\"Cg==\"}"
+             "],\"RegisteredDevices\":{}},\"Checksum\":1}",
+             one_uid, one, three_uid, three);
+    write_file(path, text);
+}
+
+static void test_mig_devices_are_watched_per_instance(void **state)
+{
+    char mig_state[600], ckpt[600];
+    snprintf(mig_state, sizeof(mig_state), "%s/mig-state", root);
+    snprintf(ckpt, sizeof(ckpt), "%s/kubelet_internal_checkpoint", root);
+    /* A 1g.5gb at slice 0 (GI 7) and a 3g.20gb at slice 4 (GI 2) on the A100, index 0. */
+    write_file(mig_state, "gi GPU-aaaa 7 0 0\nci GPU-aaaa 7 0 0 0\n"
+                          "gi GPU-aaaa 2 2 4\nci GPU-aaaa 2 0 2 0\n");
+    setenv("FAKE_NVML_MIG", "0", 1);
+    setenv("FAKE_NVML_MIG_STATE", mig_state, 1);
+    kgpu_nvml *nv = NULL;
+    kgpu_error err = {0};
+    assert_int_equal(kgpu_nvml_open(fake_lib(), NULL, &nv, &err), 0);
+    kgpu_gpu_info *gpus = NULL;
+    int ngpus = 0;
+    assert_int_equal(kgpu_nvml_discover(nv, &gpus, &ngpus, &err), 0);
+    assert_int_equal(gpus[0].mig_mode, 1);
+    kgpu_nvml_mig ms[8];
+    int nm = 0;
+    assert_int_equal(kgpu_nvml_mig_list(nv, 0, ms, 8, &nm, &err), 0);
+    assert_int_equal(nm, 2);
+    char one[96], three[96];
+    snprintf(one, sizeof(one), "%s", ms[0].start == 0 ? ms[0].uuid : ms[1].uuid);
+    snprintf(three, sizeof(three), "%s", ms[0].start == 0 ? ms[1].uuid : ms[0].uuid);
+    free(gpus);
+    kgpu_nvml_close(nv);
+
+    checkpoint(ckpt, UID_A, one, UID_B, three);
+    cgroup_of(201, UID_A, CID_1);
+    cgroup_of(203, UID_B, CID_2);
+    pid_t intruder = child_in(UID_X, CID_3); /* in the 3g device kubelet gave B */
+    char script[256];
+    snprintf(script, sizeof(script), "0:7:0 201 3000 0\n0:2:0 203 1000 0\n0:2:0 %d 500 0\n",
+             (int)intruder);
+    procs(script);
+    dp_watch_config c = config(DP_ENFORCE_KILL);
+    char sdir[600];
+    snprintf(sdir, sizeof(sdir), "%s/state", root);
+    dp_watch_sources src = {.node_name = "node-1", .state_dir = sdir, .nvml_lib = fake_lib(),
+                            .kubelet_ckpt = ckpt};
+    dp_watcher *w = dp_watcher_new(&c, &src, &err);
+    assert_non_null(w);
+    char *t = scan_text(w);
+    assert_exposition(t);
+    char a[300], b[300], x[300], k[400];
+    snprintf(a, sizeof(a), LBL("", "", "", UID_A, CID_1, "0", "%s") "}", one);
+    snprintf(b, sizeof(b), LBL("", "", "", UID_B, CID_2, "0", "%s") "}", three);
+    snprintf(x, sizeof(x), LBL("", "", "", UID_X, CID_3, "0", "%s") "}", three);
+    /* Each process is its MIG device's, against that instance's whole memory. */
+    snprintf(k, sizeof(k), "kgpu_container_gpu_memory_used_bytes%s", a);
+    assert_true(sample(t, k) == 3000.0 * MIB);
+    snprintf(k, sizeof(k), "kgpu_container_gpu_memory_share_bytes%s", a);
+    assert_true(sample(t, k) == 4864.0 * MIB);
+    snprintf(k, sizeof(k), "kgpu_container_gpu_memory_share_bytes%s", b);
+    assert_true(sample(t, k) == 19968.0 * MIB);
+    snprintf(k, sizeof(k), "kgpu_container_gpu_unallocated%s", b);
+    assert_true(sample(t, k) == 0);
+    /* Another pod's process in B's device: over a share of zero, and killed. */
+    snprintf(k, sizeof(k), "kgpu_container_gpu_memory_share_bytes%s", x);
+    assert_true(sample(t, k) == 0);
+    snprintf(k, sizeof(k), "kgpu_container_gpu_unallocated%s", x);
+    assert_true(sample(t, k) == 1);
+    assert_true(killed(intruder));
+    snprintf(k, sizeof(k),
+             "kgpu_watcher_gpu_processes{gpu=\"0\",gpu_uuid=\"%s\",kind=\"other_pod\"}", three);
+    assert_true(sample(t, k) == 1);
+    snprintf(k, sizeof(k),
+             "kgpu_watcher_gpu_processes{gpu=\"0\",gpu_uuid=\"%s\",kind=\"kgpu_container\"}",
+             three);
+    assert_true(sample(t, k) == 1);
+    free(t);
+
+    /* kubelet's record unreadable: no MIG share is known, so nothing is judged over. */
+    write_file(ckpt, "{not json");
+    procs("0:7:0 201 3000 0\n");
+    t = scan_text(w);
+    snprintf(k, sizeof(k), "kgpu_container_gpu_memory_share_bytes%s", a);
+    assert_true(sample(t, k) < 0 || strstr(t, k) == NULL);
+    snprintf(k, sizeof(k), "kgpu_container_gpu_unallocated%s", a);
+    assert_true(sample(t, k) == 0);
+    free(t);
+
+    /* The 1g device is destroyed and its process gone: its series go with it. */
+    checkpoint(ckpt, UID_A, one, UID_B, three);
+    write_file(mig_state, "gi GPU-aaaa 2 2 4\nci GPU-aaaa 2 0 2 0\n");
+    procs("0:2:0 203 1000 0\n");
+    t = scan_text(w);
+    assert_null(strstr(t, one));
+    snprintf(k, sizeof(k), "kgpu_container_gpu_memory_share_bytes%s", b);
+    assert_true(sample(t, k) == 19968.0 * MIB);
+    free(t);
+    dp_watcher_free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1391,6 +1506,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_metrics_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dashboard_queries_exported_metrics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mig_devices_are_watched_per_instance, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
