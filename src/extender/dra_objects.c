@@ -9,9 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kgpu/mig.h"
 #include "sources.h"
 
 #define MIB (1024 * 1024)
+#define STR_(x) #x
+#define STR(x)  STR_(x) /* a number macro as text */
 
 /* ---- parsers of outside input ---- */
 
@@ -41,6 +44,118 @@ static const json_t *attr(const json_t *dev, const char *name, const char *type)
     return json_object_get(json_object_get(json_object_get(dev, "attributes"), name), type);
 }
 
+uint64_t ext_dra_name_hash(const char *name)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (const unsigned char *p = (const unsigned char *)name; *p != '\0'; p++)
+        h = (h ^ *p) * 1099511628211ULL;
+    return h;
+}
+
+/* A whole GPU's device into d; 0, or an error naming slice and device. */
+static int read_gpu(const char *name, size_t i, const json_t *dev, ext_dra_device *d,
+                    kgpu_error *err)
+{
+    const char *dname = str_at(dev, "name");
+    const json_t *index = attr(dev, "index", "int"), *numa = attr(dev, "numaNode", "int");
+    const char *uuid = json_string_value(attr(dev, "uuid", "string"));
+    const char *model = json_string_value(attr(dev, "productName", "string"));
+    if (model == NULL)
+        model = json_string_value(attr(dev, "model", "string"));
+    if (dname == NULL || strlen(dname) >= sizeof(d->name))
+        return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: devices[%zu] has no name", name,
+                              i);
+    if (!json_is_integer(index) || json_integer_value(index) < 0 ||
+        json_integer_value(index) > 1023)
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "ResourceSlice %s: device %s: attribute index is not 0..1023", name,
+                              dname);
+    if (model == NULL || model[0] == '\0' || strlen(model) >= sizeof(d->model))
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "ResourceSlice %s: device %s: no productName or model", name, dname);
+    int64_t bytes = 0;
+    int q = quantity_at(json_object_get(json_object_get(dev, "capacity"), "memory"), "value",
+                        &bytes);
+    const json_t *mib = attr(dev, "memoryMiB", "int");
+    if (q < 0)
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "ResourceSlice %s: device %s: capacity memory is not a quantity",
+                              name, dname);
+    d->memory_mib = q == 0 ? bytes / MIB : json_is_integer(mib) ? json_integer_value(mib) : 0;
+    if (d->memory_mib <= 0 || d->memory_mib > ((int64_t)1 << 40))
+        return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: device %s: no memory capacity",
+                              name, dname);
+    snprintf(d->name, sizeof(d->name), "%s", dname);
+    d->index = (int)json_integer_value(index);
+    snprintf(d->uuid, sizeof(d->uuid), "%s", uuid ? uuid : "");
+    snprintf(d->model, sizeof(d->model), "%s", model);
+    d->numa = json_is_integer(numa) && json_integer_value(numa) >= 0 &&
+                      json_integer_value(numa) <= 1023
+                  ? (int)json_integer_value(numa)
+                  : -1;
+    return 0;
+}
+
+/*
+ * A MIG device (attribute mig true) into out->migs, when it is a placement
+ * kgpu's tables know on one of the slice's GPUs; else counted in
+ * mig_skipped with the first reason: a driver newer than the extender may
+ * offer what kgpu does not know, and the node's GPUs stay usable.
+ */
+static void read_mig(ext_dra_slice *out, const json_t *dev)
+{
+    const char *dname = str_at(dev, "name");
+    const json_t *index = attr(dev, "index", "int"), *start = attr(dev, "migStart", "int");
+    const json_t *size = attr(dev, "migSize", "int");
+    const char *profile = json_string_value(attr(dev, "profile", "string"));
+    char why[sizeof(out->mig_why)] = "";
+    int gpu = -1;
+    for (int k = 0; k < out->ndevices && json_is_integer(index); k++)
+        if (out->devices[k].index == json_integer_value(index))
+            gpu = k;
+    const kgpu_mig_model *m = NULL;
+    if (gpu >= 0) {
+        ext_dra_device *g = &out->devices[gpu];
+        m = kgpu_mig_model_find(g->model, g->memory_mib);
+        for (int k = 0; m != NULL && k < kgpu_mig_model_count(); k++)
+            if (kgpu_mig_model_at(k) == m)
+                g->mig_model = k + 1;
+    }
+    const kgpu_mig_profile *p = kgpu_mig_profile_find(m, profile);
+    int st = json_is_integer(start) ? (int)json_integer_value(start) : -1;
+    bool allowed = false;
+    for (int k = 0; p != NULL && k < p->nstarts; k++)
+        allowed = allowed || p->starts[k] == st;
+    if (dname == NULL || strlen(dname) >= EXT_DRA_DEVICE_MAX)
+        snprintf(why, sizeof(why), "a MIG device without a name");
+    else if (gpu < 0)
+        snprintf(why, sizeof(why), "%.40s: attribute index names no GPU of the slice", dname);
+    else if (m == NULL)
+        snprintf(why, sizeof(why), "%.40s: its GPU is of no MIG model kgpu knows", dname);
+    else if (p == NULL)
+        snprintf(why, sizeof(why), "%.40s: profile %.24s is not %.16s's", dname,
+                 profile ? profile : "(none)", m->name);
+    else if (!allowed || (size != NULL && json_integer_value(size) != p->size))
+        snprintf(why, sizeof(why), "%.40s: migStart/migSize is no placement of %s", dname,
+                 p->name);
+    else if (out->nmig == EXT_DRA_MIG_MAX)
+        snprintf(why, sizeof(why), "more than %d MIG devices", EXT_DRA_MIG_MAX);
+    if (why[0] != '\0') {
+        if (out->mig_skipped++ == 0)
+            snprintf(out->mig_why, sizeof(out->mig_why), "%s", why);
+        return;
+    }
+    out->migs[out->nmig++] = (ext_dra_mig){.name_hash = ext_dra_name_hash(dname),
+                                           .gpu = (uint8_t)gpu,
+                                           .profile = (uint8_t)(p - m->profiles),
+                                           .start = (uint8_t)st};
+}
+
+static bool is_mig(const json_t *dev)
+{
+    return json_is_true(attr(dev, "mig", "bool"));
+}
+
 int ext_dra_slice_parse(const json_t *obj, ext_dra_slice *out, kgpu_error *err)
 {
     memset(out, 0, sizeof(*out));
@@ -68,58 +183,44 @@ int ext_dra_slice_parse(const json_t *obj, ext_dra_slice *out, kgpu_error *err)
     if (devs != NULL && !json_is_array(devs))
         return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: spec.devices is not a list",
                               name);
-    if (json_array_size(devs) > KGPU_MAX_GPUS_PER_NODE)
+    if (json_array_size(devs) > KGPU_MAX_GPUS_PER_NODE + EXT_DRA_MIG_MAX)
         return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: %zu devices, at most %d", name,
-                              json_array_size(devs), KGPU_MAX_GPUS_PER_NODE);
+                              json_array_size(devs), KGPU_MAX_GPUS_PER_NODE + EXT_DRA_MIG_MAX);
     size_t i;
     const json_t *dev;
     json_array_foreach(devs, i, dev)
     {
+        if (is_mig(dev))
+            continue; /* once their GPUs are read */
+        if (out->ndevices == KGPU_MAX_GPUS_PER_NODE)
+            return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: more than %d GPUs", name,
+                                  KGPU_MAX_GPUS_PER_NODE);
         ext_dra_device *d = &out->devices[out->ndevices];
-        const char *dname = str_at(dev, "name");
-        const json_t *index = attr(dev, "index", "int"), *numa = attr(dev, "numaNode", "int");
-        const char *uuid = json_string_value(attr(dev, "uuid", "string"));
-        const char *model = json_string_value(attr(dev, "productName", "string"));
-        if (model == NULL)
-            model = json_string_value(attr(dev, "model", "string"));
-        if (dname == NULL || strlen(dname) >= sizeof(d->name))
-            return kgpu_error_set(err, KGPU_EPARSE, "ResourceSlice %s: devices[%zu] has no name",
-                                  name, i);
-        if (!json_is_integer(index) || json_integer_value(index) < 0 ||
-            json_integer_value(index) > 1023)
-            return kgpu_error_set(err, KGPU_EPARSE,
-                                  "ResourceSlice %s: device %s: attribute index is not 0..1023",
-                                  name, dname);
-        if (model == NULL || model[0] == '\0' || strlen(model) >= sizeof(d->model))
-            return kgpu_error_set(err, KGPU_EPARSE,
-                                  "ResourceSlice %s: device %s: no productName or model", name,
-                                  dname);
-        int64_t bytes = 0;
-        int q = quantity_at(json_object_get(json_object_get(dev, "capacity"), "memory"), "value",
-                            &bytes);
-        const json_t *mib = attr(dev, "memoryMiB", "int");
-        if (q < 0)
-            return kgpu_error_set(err, KGPU_EPARSE,
-                                  "ResourceSlice %s: device %s: capacity memory is not a quantity",
-                                  name, dname);
-        d->memory_mib = q == 0 ? bytes / MIB : json_is_integer(mib) ? json_integer_value(mib) : 0;
-        if (d->memory_mib <= 0 || d->memory_mib > ((int64_t)1 << 40))
-            return kgpu_error_set(err, KGPU_EPARSE,
-                                  "ResourceSlice %s: device %s: no memory capacity", name, dname);
-        snprintf(d->name, sizeof(d->name), "%s", dname);
-        d->index = (int)json_integer_value(index);
-        snprintf(d->uuid, sizeof(d->uuid), "%s", uuid ? uuid : "");
-        snprintf(d->model, sizeof(d->model), "%s", model);
-        d->numa = json_is_integer(numa) && json_integer_value(numa) >= 0 &&
-                          json_integer_value(numa) <= 1023
-                      ? (int)json_integer_value(numa)
-                      : -1;
+        int rc = read_gpu(name, i, dev, d, err);
+        if (rc != 0)
+            return rc;
         for (int k = 0; k < out->ndevices; k++)
             if (out->devices[k].index == d->index || strcmp(out->devices[k].name, d->name) == 0)
                 return kgpu_error_set(err, KGPU_EPARSE,
                                       "ResourceSlice %s: devices %s and %s have one index or name",
                                       name, out->devices[k].name, d->name);
         out->ndevices++;
+    }
+    json_array_foreach(devs, i, dev)
+    {
+        if (is_mig(dev))
+            read_mig(out, dev);
+    }
+    for (int a = 0; a < out->nmig; a++) {
+        uint64_t h = out->migs[a].name_hash;
+        bool dup = false;
+        for (int k = 0; k < out->ndevices; k++)
+            dup = dup || ext_dra_name_hash(out->devices[k].name) == h;
+        for (int b = 0; b < a; b++)
+            dup = dup || out->migs[b].name_hash == h;
+        if (dup)
+            return kgpu_error_set(err, KGPU_EPARSE,
+                                  "ResourceSlice %s: two devices have one name (or hash)", name);
     }
     return 0;
 }
@@ -147,14 +248,75 @@ static bool ours_result(const json_t *res)
     return driver != NULL && strcmp(driver, EXT_DRA_DRIVER) == 0;
 }
 
+/* The bytes a request's selectors take in a claim's text, joined: (e1) && (e2). */
+static size_t selectors_bytes(const json_t *sels)
+{
+    size_t n = 0, i;
+    const json_t *v;
+    json_array_foreach(sels, i, v)
+    {
+        const char *e = str_at(json_object_get(v, "cel"), "expression");
+        n += (e != NULL ? strlen(e) : 0) + 6;
+    }
+    return n + 1;
+}
+
+/*
+ * A request's CEL selectors into the claim's text (cap bytes in all), as
+ * one expression; q->cel says where, or that they were not kept and why
+ * (dra_cel.c reads them when the pod is scored; a tenant writes them).
+ */
+static void read_selectors(ext_dra_claim *c, const json_t *sels, ext_dra_request *q,
+                           size_t *used, size_t cap)
+{
+    q->cel = EXT_DRA_CEL_NONE;
+    if (json_array_size(sels) == 0)
+        return;
+    size_t i;
+    const json_t *v;
+    const char *why = NULL;
+    size_t n = 0;
+    json_array_foreach(sels, i, v)
+    {
+        const char *e = str_at(json_object_get(v, "cel"), "expression");
+        if (e == NULL)
+            why = "a selector other than cel.expression";
+        else if (strnlen(e, EXT_CEL_LEN_MAX + 1) > EXT_CEL_LEN_MAX)
+            why = "a selector longer than " STR(EXT_CEL_LEN_MAX) " bytes";
+        else
+            n += strlen(e) + 6;
+    }
+    if (why == NULL && n > EXT_CEL_LEN_MAX)
+        why = "selectors longer than " STR(EXT_CEL_LEN_MAX) " bytes together";
+    if (why == NULL && *used + n + 1 > cap)
+        why = "the claim's selectors pass " STR(EXT_DRA_CEL_MAX) " bytes";
+    if (why != NULL) {
+        q->cel = EXT_DRA_CEL_UNREAD;
+        snprintf(q->cel_why, sizeof(q->cel_why), "%s", why);
+        return;
+    }
+    q->cel = (int)*used;
+    char *out = c->cel + *used;
+    out[0] = '\0';
+    json_array_foreach(sels, i, v)
+    {
+        size_t at = strlen(out);
+        snprintf(out + at, n + 1 - at, "%s(%s)", i > 0 ? " && " : "",
+                 str_at(json_object_get(v, "cel"), "expression"));
+    }
+    *used += strlen(out) + 1;
+}
+
 /* Reads one request under `exactly`; false with c->error set. */
-static bool read_request(ext_dra_claim *c, const json_t *r, ext_dra_request *q)
+static bool read_request(ext_dra_claim *c, const json_t *r, ext_dra_request *q, size_t *used,
+                         size_t cap)
 {
     const json_t *ex = json_object_get(r, "exactly");
     const char *rname = str_at(r, "name");
     rname = rname ? rname : "?";
     memset(q, 0, sizeof(*q));
     q->count = 1;
+    q->cel = EXT_DRA_CEL_NONE;
     const char *mode = str_at(ex, "allocationMode");
     const json_t *count = json_object_get(ex, "count");
     if (mode != NULL && strcmp(mode, "All") == 0) {
@@ -182,6 +344,7 @@ static bool read_request(ext_dra_claim *c, const json_t *r, ext_dra_request *q)
     }
     q->memory_mib = qm == 0 ? (mem + MIB - 1) / MIB : 0;
     q->cores = qc == 0 ? (int)cores : 0;
+    read_selectors(c, json_object_get(ex, "selectors"), q, used, cap);
     return true;
 }
 
@@ -276,9 +439,14 @@ int ext_dra_claim_parse(const json_t *obj, ext_dra_claim **out, kgpu_error *err)
     bool too_many = nres > EXT_DRA_RESULTS;
     if (too_many)
         nres = 0;
-    ext_dra_claim *c = calloc(1, sizeof(*c) + nres * sizeof(ext_dra_result));
+    size_t cap = 0, used = 0;
+    json_array_foreach(reqs, i, v) cap += selectors_bytes(
+        json_object_get(json_object_get(v, "exactly"), "selectors"));
+    cap = cap < EXT_DRA_CEL_MAX ? cap : EXT_DRA_CEL_MAX;
+    ext_dra_claim *c = calloc(1, sizeof(*c) + nres * sizeof(ext_dra_result) + cap + 1);
     if (c == NULL)
         return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
+    c->cel = (char *)&c->res[nres];
     snprintf(c->ns, sizeof(c->ns), "%s", ns);
     snprintf(c->name, sizeof(c->name), "%s", name);
     snprintf(c->uid, sizeof(c->uid), "%.63s", uid ? uid : "");
@@ -303,7 +471,7 @@ int ext_dra_claim_parse(const json_t *obj, ext_dra_claim **out, kgpu_error *err)
             ok = false;
             break;
         }
-        ok = read_request(c, v, &c->req[c->nreq]);
+        ok = read_request(c, v, &c->req[c->nreq], &used, cap);
         c->nreq += ok;
     }
     json_array_foreach(results, i, v)

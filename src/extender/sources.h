@@ -117,7 +117,10 @@ int ext_node_guard_marks(const json_t *node);
 #define EXT_DRA_RESULTS     32     /* allocation results of one claim (the driver's own bound) */
 #define EXT_DRA_CLAIMS_MAX  200000 /* claims held at once; more are ignored, logged */
 
-/* One device of a slice of gpu.kgpu.io. */
+#define EXT_DRA_MIG_MAX     256    /* MIG devices of one slice kept (more are skipped, said) */
+#define EXT_DRA_CEL_MAX     2048   /* bytes of selectors kept of one claim (EXT_CEL_LEN_MAX each) */
+
+/* One device of a slice of gpu.kgpu.io: a whole GPU. */
 typedef struct ext_dra_device {
     char name[EXT_DRA_DEVICE_MAX]; /* gpu-<index> */
     int index;                     /* attribute index */
@@ -125,7 +128,20 @@ typedef struct ext_dra_device {
     char model[KGPU_MODEL_NAME_MAX]; /* productName (else model) */
     int64_t memory_mib;              /* capacity memory (else attribute memoryMiB) */
     int numa;                        /* attribute numaNode, -1 without */
+    int mig_model; /* 1 + kgpu_mig_model_at index of its model when MIG devices name it; 0 */
 } ext_dra_device;
+
+/*
+ * A MIG device of a slice (attribute mig true): a placement of a profile on
+ * one of the slice's GPUs (attribute index names the GPU). Kept small, as
+ * a node offers hundreds: its name as a hash, unique within the slice.
+ */
+typedef struct ext_dra_mig {
+    uint64_t name_hash; /* ext_dra_name_hash of the device's name */
+    uint8_t gpu;        /* position in the slice's devices of its GPU */
+    uint8_t profile;    /* index of attribute profile in the GPU's MIG model */
+    uint8_t start;      /* attribute migStart (migSize is the profile's) */
+} ext_dra_mig;
 
 /* A ResourceSlice of gpu.kgpu.io: one node's pool. */
 typedef struct ext_dra_slice {
@@ -134,7 +150,14 @@ typedef struct ext_dra_slice {
     int64_t generation;           /* spec.pool.generation: the newest of two slices wins */
     int ndevices;
     ext_dra_device devices[KGPU_MAX_GPUS_PER_NODE];
+    int nmig;
+    int mig_skipped;   /* MIG devices not kept: not on a GPU of a known MIG model, ... */
+    char mig_why[120]; /* why the first of them was not; "" */
+    ext_dra_mig migs[EXT_DRA_MIG_MAX];
 } ext_dra_slice;
+
+/* FNV-1a of a device name: how a MIG device is named in kgpu's records. */
+uint64_t ext_dra_name_hash(const char *name);
 
 /* A request of a claim of class gpu.kgpu.io (spec.devices.requests[].exactly). */
 typedef struct ext_dra_request {
@@ -142,7 +165,12 @@ typedef struct ext_dra_request {
     bool all;           /* allocationMode All */
     int64_t memory_mib; /* capacity.requests.memory, rounded up; 0: none (the whole GPU's) */
     int cores;          /* capacity.requests.cores, percent; 0 by default */
+    /* Its selectors: offset in the claim's `cel` of their expressions joined by &&, or: */
+    int cel; /* EXT_DRA_CEL_NONE, or _UNREAD (cel_why says why) */
+    char cel_why[48];
 } ext_dra_request;
+#define EXT_DRA_CEL_NONE   (-1) /* no selector */
+#define EXT_DRA_CEL_UNREAD (-2) /* selectors kgpu did not keep */
 
 /* A device of gpu.kgpu.io allocated to a claim (status.allocation.devices.results[]). */
 typedef struct ext_dra_result {
@@ -151,6 +179,8 @@ typedef struct ext_dra_result {
     int64_t memory_mib; /* consumedCapacity.memory, rounded up; -1: none given (the whole GPU) */
     int cores;          /* consumedCapacity.cores, percent; 0 without */
     bool applied;       /* charged to the cluster now, as `a` */
+    bool mig;           /* a MIG device, charged in its node's MIG records (`a`: its share) */
+    uint8_t mig_profile, mig_start;
     kgpu_assignment a;
 } ext_dra_result;
 
@@ -167,6 +197,7 @@ typedef struct ext_dra_claim {
     char queue[KGPU_QUEUE_NAME_MAX + 1];
     kgpu_qdemand qd;
     ext_dra_request req[EXT_DRA_REQUESTS];
+    char *cel;            /* the requests' selectors, NUL-ended, in this block after res */
     ext_dra_result res[]; /* nres */
 } ext_dra_claim;
 
