@@ -63,6 +63,14 @@ out:
     free(gpus);
 }
 
+/* Says which MIG devices of a slice kgpu does not read (a newer driver's profiles, ...). */
+static void said_skipped(const ext_dra_slice *s)
+{
+    if (s->mig_skipped > 0)
+        ext_log(EXT_WARN, "ResourceSlice %s: %d MIG devices not read (the first: %s)", s->name,
+                s->mig_skipped, s->mig_why);
+}
+
 void ext_dra_slice_put(ext_state *st, const ext_dra_slice *s)
 {
     ext_dra_slice *old = kgpu_strmap_get(&st->dra_slices, s->node);
@@ -82,7 +90,9 @@ void ext_dra_slice_put(ext_state *st, const ext_dra_slice *s)
         }
     }
     *old = *s;
+    said_skipped(s);
     refresh_node(st, s->node);
+    ext_dra_retry(st); /* results naming devices the slice did not have before */
 }
 
 void ext_dra_slice_gone(ext_state *st, const char *name, const char *node)
@@ -98,6 +108,7 @@ void ext_dra_slices_reset(ext_state *st, const ext_dra_slice *s, int n)
 {
     kgpu_strmap_clear_free(&st->dra_slices);
     for (int i = 0; i < n; i++) {
+        said_skipped(&s[i]);
         ext_dra_slice *old = kgpu_strmap_get(&st->dra_slices, s[i].node), *copy;
         if (old != NULL && old->generation >= s[i].generation)
             continue;

@@ -21,10 +21,13 @@
  * MIG scores: per node, each MIG request goes to the matching free
  * placement that costs the node the least room (kgpu_mig_room: what
  * profiles could still be placed), the first in slice order on ties (the
- * driver lists placements in kgpu_mig_slice_order); the node's value is the
- * room it keeps, so the node where a big profile still fits afterwards
- * wins, and packing a partly used GPU beats opening an empty one. A pod
- * with both kinds is scored by the policy, on the nodes where both fit.
+ * driver lists placements in kgpu_mig_slice_order). Nodes rank by the room
+ * the placement costs, least first: the cluster keeps the most room, so a
+ * 3g that completes a GPU holding a 4g beats opening an empty GPU; of
+ * nodes that lose as much, the one keeping the most room ranks first, so
+ * the node where a 4g still fits afterwards wins. Scores are ranks, 10 the
+ * best, as the kgpu policy's, at least 1 where the pod fits. A pod with
+ * both kinds is scored by the policy, on the nodes where both fit.
  *
  * Cost: the selectors are evaluated once per scored node and device; the
  * placements are applied to the state's cluster and released before the
@@ -38,6 +41,7 @@
 #include "request.h"
 
 #define ASKS_MAX KGPU_PLACE_MAX_REQS
+#define ROOM_MAX (1 << 20) /* more than a node's kgpu_mig_room over its GPUs */
 
 /* A device of a slice as a selector sees it: a whole GPU, or a MIG device (p set) on one. */
 typedef struct view {
@@ -172,7 +176,9 @@ static int read_selectors(scoring *sc, const int *idx, int n, char *note, size_t
             continue;
         }
         bool mig = false;
+        int nodes = 0;
         for (int i = 0; i < n; i++) {
+            nodes += idx[i] >= 0;
             const kgpu_node *node = idx[i] >= 0 ? kgpu_cluster_node(st->cluster, idx[i]) : NULL;
             const ext_dra_slice *s =
                 node != NULL ? kgpu_strmap_get(&st->dra_slices, node->name) : NULL;
@@ -189,8 +195,8 @@ static int read_selectors(scoring *sc, const int *idx, int n, char *note, size_t
         }
         q->mig = q->models == 0 && mig;
         if (q->models == 0 && !mig) {
-            snprintf(why, len, "%s: no device of the %d nodes scored matches its selectors",
-                     ask_name(q, name, sizeof(name)), n);
+            snprintf(why, len, "%s: no device of the %d DRA nodes scored matches its selectors",
+                     ask_name(q, name, sizeof(name)), nodes);
             return -1;
         }
     }
@@ -258,7 +264,7 @@ static bool place_mig(scoring *sc, int ci, const ext_dra_slice *s, int64_t *valu
                        node->gpus[g].free_memory_mib == node->gpus[g].memory_mib;
         }
     }
-    *value = 0;
+    int64_t lost = 0;
     char name[REASON_MAX];
     for (int k = 0; k < sc->nasks; k++) {
         const ask *q = &sc->asks[k];
@@ -294,11 +300,17 @@ static bool place_mig(scoring *sc, int ci, const ext_dra_slice *s, int64_t *valu
             int g = pos_of[md->gpu];
             const kgpu_mig_model *m = kgpu_mig_model_at(s->devices[md->gpu].mig_model - 1);
             kgpu_mig_take(m, &mg[g], md->profile, md->start);
-            *value -= best_loss;
+            lost += best_loss;
             if (dn->mig_users[g] == 0)
                 *opened |= 1u << g;
         }
     }
+    /* The least room lost first; of those, the node keeping the most room. */
+    int64_t kept = 0;
+    for (int j = 0; j < s->ndevices; j++)
+        if (pos_of[j] >= 0 && avail[pos_of[j]])
+            kept += kgpu_mig_room(kgpu_mig_model_at(s->devices[j].mig_model - 1), &mg[pos_of[j]]);
+    *value = kept - lost * ROOM_MAX;
     return true;
 }
 
@@ -376,17 +388,47 @@ static int score_node(scoring *sc, kgpu_policy *p, int ci, int64_t *value, kgpu_
     return 1;
 }
 
-/* 1..10 by value, the best 10 (all 10 when equal). */
-static void scale_values(const int64_t *values, const int *fit, int n, int *scores)
+/*
+ * 1..10 by rank of value, as the kgpu policy ranks: 10 less the number of
+ * distinct better values, at least 1 (it fits). O(n log n).
+ */
+static int cmp_desc(const void *a, const void *b)
 {
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x > y ? -1 : x < y;
+}
+
+static int rank_values(const int64_t *values, const int *fit, int n, int *scores)
+{
+    int64_t *sorted = calloc((size_t)n + 1, sizeof(*sorted));
+    if (sorted == NULL)
+        return KGPU_ENOMEM;
+    int m = 0;
     for (int i = 0; i < n; i++)
-        if (fit[i]) {
-            lo = values[i] < lo ? values[i] : lo;
-            hi = values[i] > hi ? values[i] : hi;
+        if (fit[i])
+            sorted[m++] = values[i];
+    qsort(sorted, (size_t)m, sizeof(*sorted), cmp_desc);
+    int distinct = 0; /* sorted[0..distinct): the distinct values, best first */
+    for (int i = 0; i < m; i++)
+        if (distinct == 0 || sorted[distinct - 1] != sorted[i])
+            sorted[distinct++] = sorted[i];
+    for (int i = 0; i < n; i++) {
+        if (!fit[i]) {
+            scores[i] = 0;
+            continue;
         }
-    for (int i = 0; i < n; i++)
-        scores[i] = !fit[i] ? 0 : hi == lo ? 10 : (int)(1 + 9 * (values[i] - lo) / (hi - lo));
+        int lo = 0, hi = distinct; /* the first not better than values[i] */
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (sorted[mid] > values[i])
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        scores[i] = 10 - lo > 1 ? 10 - lo : 1;
+    }
+    free(sorted);
+    return 0;
 }
 
 int ext_dra_score(ext_state *st, const kgpu_pod *pod, const json_t *pj, const int *idx, int n,
@@ -447,7 +489,8 @@ int ext_dra_score(ext_state *st, const kgpu_pod *pod, const json_t *pj, const in
                  "nodes scored; %s", pod->ns, pod->name, na, EXT_DRA_CLASS, nodes,
                  sc->fail[0] ? sc->fail : "no DRA node among them");
     } else if (sc->nwhole == 0) {
-        scale_values(values, fit, n, scores);
+        if (rank_values(values, fit, n, scores) != 0)
+            rc = kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
     } else {
         rc = kgpu_policy_node_scores(p, st->cluster, sc->reqs[sc->nwhole - 1], known, m, ks, err);
         for (int i = 0, j = 0; i < n && rc == 0; i++)
