@@ -241,13 +241,23 @@ const char *ext_pod_for_viewer(const char *ns, const char *name, const char *vie
 #define EXT_CEL_DEPTH_MAX 12   /* nesting of parentheses and negations */
 #define EXT_CEL_NODES_MAX 96   /* operators, operands and list items of one expression */
 
-enum ext_cel_type { EXT_CEL_BOOL = 1, EXT_CEL_INT, EXT_CEL_STR, EXT_CEL_QTY, EXT_CEL_LIST };
+enum ext_cel_type {
+    EXT_CEL_BOOL = 1,
+    EXT_CEL_INT,
+    EXT_CEL_STR,
+    EXT_CEL_QTY,
+    EXT_CEL_VER, /* a semantic version (semver) */
+    EXT_CEL_LIST,
+};
+/* A semantic version as an EXT_CEL_VER's i: major, minor, patch of 0..1023 each. */
+#define EXT_CEL_SEMVER(maj, min, patch)                                                            \
+    (((int64_t)(maj) << 20) | ((int64_t)(min) << 10) | (int64_t)(patch))
 
 /* A value a selector reads or computes. */
 typedef struct ext_cel_value {
     int type;      /* enum ext_cel_type */
     bool b;        /* BOOL */
-    int64_t i;     /* INT; QTY in whole units (memory: bytes) */
+    int64_t i;     /* INT; QTY in whole units (memory: bytes); VER as EXT_CEL_SEMVER */
     const char *s; /* STR, borrowed */
 } ext_cel_value;
 

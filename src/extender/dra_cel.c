@@ -11,9 +11,10 @@
  *     attributes kgpu-dra-plugin publishes and kgpu keeps (NAMES below);
  *   device.capacity["gpu.kgpu.io"].memory / .cores (quantities);
  *   device.driver; has(device.attributes[...].NAME);
- *   string, int, true/false literals, quantity("40Gi"), [literal, ...];
- *   == != on like types; < <= > >= on ints and on strings; x in [..];
- *   q.compareTo(quantity("..")) (an int), q.isGreaterThan(..), q.isLessThan(..);
+ *   string, int, true/false literals, quantity("40Gi"), semver("8.0.0"),
+ *   [literal, ...]; == != on like types; < <= > >= on ints and on strings;
+ *   x in [..]; q.compareTo(q2) (an int), q.isGreaterThan(q2), q.isLessThan(q2)
+ *   of two quantities or two versions (computeCapability);
  *   ! && || and parentheses.
  * Types are checked when compiling, as the API server's CEL checks them, so
  * evaluating fails only where CEL's would: an attribute the device has not.
@@ -45,6 +46,7 @@ static const struct {
     {"numaNode", false, EXT_CEL_INT},    {"memoryMiB", false, EXT_CEL_INT},
     {"mig", false, EXT_CEL_BOOL},        {"profile", false, EXT_CEL_STR},
     {"migStart", false, EXT_CEL_INT},    {"migSize", false, EXT_CEL_INT},
+    {"computeCapability", false, EXT_CEL_VER},
     {"memory", true, EXT_CEL_QTY},       {"cores", true, EXT_CEL_QTY},
 };
 #define NNAMES ((int)(sizeof(NAMES) / sizeof(NAMES[0])))
@@ -224,6 +226,20 @@ static int literal(parser *ps)
             ps->e->nodes[i].v = (ext_cel_value){.type = EXT_CEL_BOOL, .b = t};
         return i;
     }
+    if (take(ps, "semver")) {
+        unsigned maj, min, patch;
+        int used = 0;
+        const char *vs;
+        if (!take(ps, "(") || (vs = string_lit(ps)) == NULL ||
+            sscanf(vs, "%4u.%4u.%4u%n", &maj, &min, &patch, &used) != 3 || vs[used] != '\0' ||
+            maj > 1023 || min > 1023 || patch > 1023 || !take(ps, ")"))
+            return fail(ps, "semver() of no version MAJOR.MINOR.PATCH kgpu reads");
+        int i = add(ps, OP_LIT, EXT_CEL_VER, -1, -1);
+        if (i >= 0)
+            ps->e->nodes[i].v =
+                (ext_cel_value){.type = EXT_CEL_VER, .i = EXT_CEL_SEMVER(maj, min, patch)};
+        return i;
+    }
     if (take(ps, "quantity")) {
         int64_t q = 0;
         if (!take(ps, "("))
@@ -348,8 +364,9 @@ static int primary(parser *ps)
         ps->depth--;
         if (arg < 0 || !take(ps, ")"))
             return fail(ps, "%s( without )", m);
-        if (ps->e->nodes[i].type != EXT_CEL_QTY || ps->e->nodes[arg].type != EXT_CEL_QTY)
-            return fail(ps, "%s of something else than quantities", m);
+        int t = ps->e->nodes[i].type;
+        if ((t != EXT_CEL_QTY && t != EXT_CEL_VER) || ps->e->nodes[arg].type != t)
+            return fail(ps, "%s of something else than two quantities or versions", m);
         i = add(ps, op, op == OP_CMPTO ? EXT_CEL_INT : EXT_CEL_BOOL, i, arg);
     }
     return i;

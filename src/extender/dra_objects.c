@@ -89,6 +89,12 @@ static int read_gpu(const char *name, size_t i, const json_t *dev, ext_dra_devic
     d->index = (int)json_integer_value(index);
     snprintf(d->uuid, sizeof(d->uuid), "%s", uuid ? uuid : "");
     snprintf(d->model, sizeof(d->model), "%s", model);
+    const char *cc = json_string_value(attr(dev, "computeCapability", "version"));
+    unsigned maj, min, patch;
+    d->cc = cc != NULL && sscanf(cc, "%4u.%4u.%4u", &maj, &min, &patch) == 3 && maj <= 1023 &&
+                    min <= 1023 && patch <= 1023
+                ? EXT_CEL_SEMVER(maj, min, patch)
+                : -1;
     d->numa = json_is_integer(numa) && json_integer_value(numa) >= 0 &&
                       json_integer_value(numa) <= 1023
                   ? (int)json_integer_value(numa)

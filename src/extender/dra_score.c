@@ -79,6 +79,8 @@ static bool view_get(const void *ctx, bool cap, const char *name, ext_cel_value 
         s = v->p->name;
     if (s != NULL)
         *out = (ext_cel_value){.type = EXT_CEL_STR, .s = s};
+    if (strcmp(name, "computeCapability") == 0 && v->g->cc >= 0)
+        *out = (ext_cel_value){.type = EXT_CEL_VER, .i = v->g->cc};
     if (strcmp(name, "mig") == 0) /* a whole GPU is not one: false, as the driver says */
         *out = (ext_cel_value){.type = EXT_CEL_BOOL, .b = v->p != NULL};
     return out->type != 0;

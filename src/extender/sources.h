@@ -129,6 +129,7 @@ typedef struct ext_dra_device {
     int64_t memory_mib;              /* capacity memory (else attribute memoryMiB) */
     int numa;                        /* attribute numaNode, -1 without */
     int mig_model; /* 1 + kgpu_mig_model_at index of its model when MIG devices name it; 0 */
+    int64_t cc;    /* attribute computeCapability as EXT_CEL_SEMVER; -1 without */
 } ext_dra_device;
 
 /*

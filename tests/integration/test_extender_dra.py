@@ -44,15 +44,16 @@ DRA_LABEL = {"kgpu.io/gpu-allocator": "dra"}
 GIB = 1024
 
 
-def dra_slice(node, gpus, generation=1, driver="gpu.kgpu.io"):
-    """The slice kgpu-dra-plugin publishes: gpus is [(model, memory MiB)]."""
+def dra_slice(node, gpus, generation=1, driver="gpu.kgpu.io", cc="8.0.0"):
+    """The slice kgpu-dra-plugin publishes: gpus is [(model, memory MiB)]; cc their
+    computeCapability."""
     devices = []
     for i, (model, mib) in enumerate(gpus):
         devices.append({
             "name": "gpu-%d" % i, "allowMultipleAllocations": True,
             "attributes": {"index": {"int": i}, "uuid": {"string": "GPU-%s-%d" % (node, i)},
                            "model": {"string": model}, "productName": {"string": model},
-                           "memoryMiB": {"int": mib}},
+                           "memoryMiB": {"int": mib}, "computeCapability": {"version": cc}},
             "capacity": {
                 "memory": {"value": "%dMi" % mib,
                            "requestPolicy": {"default": "%dMi" % mib,
@@ -437,7 +438,7 @@ class TestDRASelectors(DRATest):
     def setUp(self):
         super().setUp()
         self.s.api("POST", "/api/v1/nodes", node_object("dT", labels=DRA_LABEL), expect=201)
-        self.add_slice("dT", [("Tesla T4", 15 * GIB)])
+        self.add_slice("dT", [("Tesla T4", 15 * GIB)], cc="7.5.0")
 
     def wait_inventory(self):
         super().wait_inventory()
@@ -456,6 +457,8 @@ class TestDRASelectors(DRATest):
                     {"dA", "dB"}),
             "small": ('device.attributes["gpu.kgpu.io"].memoryMiB < 20000 || '
                       + attr + ' == "nothing"', {"dT"}),
+            "ampere": ('device.attributes["gpu.kgpu.io"].computeCapability'
+                       '.compareTo(semver("8.0.0")) >= 0', {"dA", "dB"}),
         }
         for name, (cel, _) in cases.items():
             self.add_claim(name, memory="4Gi", cores=10, cel=cel)

@@ -44,6 +44,10 @@ static bool get(const void *ctx, bool cap, const char *name, ext_cel_value *out)
         *out = (ext_cel_value){.type = EXT_CEL_INT, .i = d->index};
         return true;
     }
+    if (strcmp(name, "computeCapability") == 0 && d->mig < 0) {
+        *out = (ext_cel_value){.type = EXT_CEL_VER, .i = EXT_CEL_SEMVER(8, 0, 0)};
+        return true;
+    }
     if (strcmp(name, "mig") == 0 && d->mig >= 0) {
         *out = (ext_cel_value){.type = EXT_CEL_BOOL, .b = d->mig};
         return true;
@@ -109,6 +113,29 @@ static void test_quantities(void **state)
         eval("device.capacity['gpu.kgpu.io'].memory.isGreaterThan(quantity('40Gi'))", &A100), 0);
     assert_int_equal(
         eval("device.capacity['gpu.kgpu.io'].memory == quantity('40960Mi')", &A100), 1);
+}
+
+static void test_versions(void **state)
+{
+    (void)state;
+    const char *cc = ATTR("computeCapability");
+    char buf[300];
+    snprintf(buf, sizeof(buf), "%s.compareTo(semver(\"8.0.0\")) >= 0", cc);
+    assert_int_equal(eval(buf, &A100), 1);
+    snprintf(buf, sizeof(buf), "%s.isLessThan(semver('9.0.0'))", cc);
+    assert_int_equal(eval(buf, &A100), 1);
+    snprintf(buf, sizeof(buf), "%s.isGreaterThan(semver('8.0.1'))", cc);
+    assert_int_equal(eval(buf, &A100), 0);
+    snprintf(buf, sizeof(buf), "%s == semver('8.0.0')", cc);
+    assert_int_equal(eval(buf, &A100), 1);
+    snprintf(buf, sizeof(buf), "%s.compareTo(semver('7.5.0')) > 0", cc);
+    assert_int_equal(eval(buf, &MIG3G), -1); /* the device has none */
+    snprintf(buf, sizeof(buf), "%s < semver('9.0.0')", cc);
+    refused(buf, "ordering");
+    snprintf(buf, sizeof(buf), "%s.compareTo(quantity('8')) > 0", cc);
+    refused(buf, "two quantities or versions");
+    refused("semver('8.0') == semver('8.0.0')", "no version");
+    refused("semver('8.0.0-rc1') == semver('8.0.0')", "no version");
 }
 
 static void test_logic_and_missing_attributes(void **state)
@@ -180,6 +207,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_strings_and_ints),
         cmocka_unit_test(test_quantities),
+        cmocka_unit_test(test_versions),
         cmocka_unit_test(test_logic_and_missing_attributes),
         cmocka_unit_test(test_outside_the_subset_is_refused),
     };
