@@ -360,6 +360,13 @@ static int score_node(scoring *sc, kgpu_policy *p, int ci, int64_t *value, kgpu_
         return 0;
     if (sc->nwhole == 0)
         return 1;
+    if (sc->nwhole == 1 && opened == 0) { /* one request: the policy scores it as it is */
+        char fwhy[REASON_MAX];
+        if (kgpu_fit_all(st->cluster, ci, NULL, 0, sc->reqs, 1, fwhy, sizeof(fwhy)))
+            return 1;
+        node_fails(sc, node->name, fwhy);
+        return 0;
+    }
     int mark = sc->nheld, rc = hold_opened(sc, ci, opened, err);
     if (rc != 0)
         return rc;
