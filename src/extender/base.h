@@ -284,6 +284,8 @@ typedef struct ext_cel ext_cel;
  */
 ext_cel *ext_cel_compile(const char *expr, char *why, size_t len);
 void ext_cel_free(ext_cel *e);
+/* Its terms: what one evaluation costs at most, in steps. */
+int ext_cel_terms(const ext_cel *e);
 /* 1 the device matches, 0 not, -1 CEL would fail (an attribute the device has not). */
 int ext_cel_eval(const ext_cel *e, const ext_cel_device *d);
 

@@ -474,6 +474,11 @@ void ext_cel_free(ext_cel *e)
     free(e);
 }
 
+int ext_cel_terms(const ext_cel *e)
+{
+    return e->n;
+}
+
 /* ---- evaluation ---- */
 
 /* Node i's value into *v: 0, or -1 where CEL fails (the device has not the attribute). */

@@ -42,6 +42,12 @@
 
 #define ASKS_MAX KGPU_PLACE_MAX_REQS
 #define ROOM_MAX (1 << 20) /* more than a node's kgpu_mig_room over its GPUs */
+/*
+ * Selector terms evaluated in one call, at most: selectors are evaluated on
+ * every device of every node scored, under the state's lock, and a tenant
+ * writes them. Past it, the costliest are not read (the note says so).
+ */
+#define EVAL_BUDGET 2000000
 
 /* A device of a slice as a selector sees it: a whole GPU, or a MIG device (p set) on one. */
 typedef struct view {
@@ -117,6 +123,7 @@ typedef struct scoring {
     const kgpu_request *reqs[ASKS_MAX]; /* the whole/share ones, in order */
     kgpu_assignment *held;              /* applied for scoring; released at the end */
     int nheld, held_cap;
+    int64_t spent;         /* selector terms budgeted so far (EVAL_BUDGET) */
     char fail[REASON_MAX]; /* the first node's reason for 0 */
     int failed;
 } scoring;
@@ -158,6 +165,12 @@ static int read_selectors(scoring *sc, const int *idx, int n, char *note, size_t
                           size_t len)
 {
     ext_state *st = sc->st;
+    int devices = 0; /* on the nodes scored, whole and MIG */
+    for (int i = 0; i < n; i++) {
+        const kgpu_node *node = idx[i] >= 0 ? kgpu_cluster_node(st->cluster, idx[i]) : NULL;
+        const ext_dra_slice *s = node != NULL ? kgpu_strmap_get(&st->dra_slices, node->name) : NULL;
+        devices += s != NULL ? s->ndevices + s->nmig : 0;
+    }
     for (int k = 0; k < sc->nasks; k++) {
         ask *q = &sc->asks[k];
         const ext_dra_request *r = q->a->req;
@@ -173,26 +186,46 @@ static int read_selectors(scoring *sc, const int *idx, int n, char *note, size_t
                      "%s: selector not read (%s): scored as any GPU of class " EXT_DRA_CLASS
                      "; kube-scheduler's CEL decides what fits",
                      ask_name(q, name, sizeof(name)), cwhy);
+        if (q->cel != NULL) {
+            /* Twice over the devices at most: to tell its kind, then to place it. */
+            int64_t cost = 2 * (int64_t)ext_cel_terms(q->cel) * devices;
+            if (sc->spent + cost > EVAL_BUDGET) {
+                ext_cel_free(q->cel);
+                q->cel = NULL;
+                if (note[0] == '\0')
+                    snprintf(note, nlen,
+                             "%s: selector not read (%" PRId64 " terms on %d devices pass the "
+                             "%d evaluated a call): scored as any GPU of class " EXT_DRA_CLASS,
+                             ask_name(q, name, sizeof(name)), cost / 2 / (devices ? devices : 1),
+                             devices, EVAL_BUDGET);
+            } else {
+                sc->spent += cost;
+            }
+        }
         if (q->cel == NULL) {
             q->models = ~0ULL;
             continue;
         }
         bool mig = false;
         int nodes = 0;
-        for (int i = 0; i < n; i++) {
-            nodes += idx[i] >= 0;
-            const kgpu_node *node = idx[i] >= 0 ? kgpu_cluster_node(st->cluster, idx[i]) : NULL;
-            const ext_dra_slice *s =
-                node != NULL ? kgpu_strmap_get(&st->dra_slices, node->name) : NULL;
-            for (int j = 0; s != NULL && j < s->ndevices; j++) {
-                view v = {.g = &s->devices[j]};
-                for (int g = 0; g < node->ngpus; g++)
-                    if (node->gpus[g].index == s->devices[j].index && matches(q->cel, &v))
-                        q->models |= 1ULL << node->gpus[g].model;
-            }
-            for (int j = 0; s != NULL && j < s->nmig && !mig; j++) {
-                view v = mig_view(s, &s->migs[j]);
-                mig = v.p != NULL && matches(q->cel, &v);
+        /* Whole GPUs first: a request matching any is not a MIG request, wherever it is. */
+        for (int pass = 0; pass < 2 && q->models == 0 && !mig; pass++) {
+            for (int i = 0; i < n; i++) {
+                nodes += pass == 0 && idx[i] >= 0;
+                const kgpu_node *node =
+                    idx[i] >= 0 ? kgpu_cluster_node(st->cluster, idx[i]) : NULL;
+                const ext_dra_slice *s =
+                    node != NULL ? kgpu_strmap_get(&st->dra_slices, node->name) : NULL;
+                for (int j = 0; pass == 0 && s != NULL && j < s->ndevices; j++) {
+                    view v = {.g = &s->devices[j]};
+                    for (int g = 0; g < node->ngpus; g++)
+                        if (node->gpus[g].index == s->devices[j].index && matches(q->cel, &v))
+                            q->models |= 1ULL << node->gpus[g].model;
+                }
+                for (int j = 0; pass == 1 && s != NULL && j < s->nmig && !mig; j++) {
+                    view v = mig_view(s, &s->migs[j]);
+                    mig = v.p != NULL && matches(q->cel, &v);
+                }
             }
         }
         q->mig = q->models == 0 && mig;
@@ -270,13 +303,17 @@ static bool place_mig(scoring *sc, int ci, const ext_dra_slice *s, int64_t *valu
     char name[REASON_MAX];
     for (int k = 0; k < sc->nasks; k++) {
         const ask *q = &sc->asks[k];
+        bool match[EXT_DRA_MIG_MAX]; /* once per device, whatever its count */
+        for (int j = 0; q->mig && j < s->nmig; j++) {
+            view v = mig_view(s, &s->migs[j]);
+            match[j] = v.p != NULL && matches(q->cel, &v);
+        }
         for (int c = 0; q->mig && c < q->a->req->count; c++) {
             int best = -1;
             int64_t best_loss = INT64_MAX;
             for (int j = 0; j < s->nmig; j++) {
-                view v = mig_view(s, &s->migs[j]);
                 int g = pos_of[s->migs[j].gpu];
-                if (v.p == NULL || g < 0 || !avail[g] || !matches(q->cel, &v))
+                if (!match[j] || g < 0 || !avail[g])
                     continue;
                 const kgpu_mig_model *m =
                     kgpu_mig_model_at(s->devices[s->migs[j].gpu].mig_model - 1);
