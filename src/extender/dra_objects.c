@@ -5,6 +5,7 @@
  * their list pages arrive. Pure: no state, no lock (fuzz_extdra).
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,11 +103,33 @@ static int read_gpu(const char *name, size_t i, const json_t *dev, ext_dra_devic
     return 0;
 }
 
+int ext_dra_profile_id(const char *name)
+{
+    for (int m = 0; name != NULL && m < kgpu_mig_model_count(); m++) {
+        const kgpu_mig_profile *p = kgpu_mig_profile_find(kgpu_mig_model_at(m), name);
+        if (p != NULL)
+            return m * KGPU_MIG_MAX_PROFILES + (int)(p - kgpu_mig_model_at(m)->profiles);
+    }
+    return -1;
+}
+
+static const char *profile_name(int id)
+{
+    return kgpu_mig_model_at(id / KGPU_MIG_MAX_PROFILES)->profiles[id % KGPU_MIG_MAX_PROFILES].name;
+}
+
+/* Counts a device not kept, with the first reason. */
+static void skip(ext_dra_slice *s, const char *why)
+{
+    if (s->skipped++ == 0)
+        snprintf(s->skip_why, sizeof(s->skip_why), "%s", why);
+}
+
 /*
- * A MIG device (attribute mig true) into out->migs, when it is a placement
- * kgpu's tables know on one of the slice's GPUs; else counted in
- * mig_skipped with the first reason: a driver newer than the extender may
- * offer what kgpu does not know, and the node's GPUs stay usable.
+ * A MIG device (attribute mig true) into out->migs as its attributes say,
+ * when it names a profile kgpu's tables know; else counted in skipped: a
+ * driver newer than the extender may offer what kgpu does not know, and
+ * the node's GPUs stay usable. Its GPU is found in the pool.
  */
 static void read_mig(ext_dra_slice *out, const json_t *dev)
 {
@@ -114,47 +137,140 @@ static void read_mig(ext_dra_slice *out, const json_t *dev)
     const json_t *index = attr(dev, "index", "int"), *start = attr(dev, "migStart", "int");
     const json_t *size = attr(dev, "migSize", "int");
     const char *profile = json_string_value(attr(dev, "profile", "string"));
-    char why[sizeof(out->mig_why)] = "";
-    int gpu = -1;
-    for (int k = 0; k < out->ndevices && json_is_integer(index); k++)
-        if (out->devices[k].index == json_integer_value(index))
-            gpu = k;
-    const kgpu_mig_model *m = NULL;
-    if (gpu >= 0) {
-        ext_dra_device *g = &out->devices[gpu];
-        m = kgpu_mig_model_find(g->model, g->memory_mib);
-        for (int k = 0; m != NULL && k < kgpu_mig_model_count(); k++)
-            if (kgpu_mig_model_at(k) == m)
-                g->mig_model = k + 1;
-    }
-    const kgpu_mig_profile *p = kgpu_mig_profile_find(m, profile);
-    int st = json_is_integer(start) ? (int)json_integer_value(start) : -1;
-    bool allowed = false;
-    for (int k = 0; p != NULL && k < p->nstarts; k++)
-        allowed = allowed || p->starts[k] == st;
+    char why[sizeof(out->skip_why)] = "";
+    int id = ext_dra_profile_id(profile);
     if (dname == NULL || strlen(dname) >= EXT_DRA_DEVICE_MAX)
         snprintf(why, sizeof(why), "a MIG device without a name");
-    else if (gpu < 0)
-        snprintf(why, sizeof(why), "%.40s: attribute index names no GPU of the slice", dname);
-    else if (m == NULL)
-        snprintf(why, sizeof(why), "%.40s: its GPU is of no MIG model kgpu knows", dname);
-    else if (p == NULL)
-        snprintf(why, sizeof(why), "%.40s: profile %.24s is not %.16s's", dname,
-                 profile ? profile : "(none)", m->name);
-    else if (!allowed || (size != NULL && json_integer_value(size) != p->size))
-        snprintf(why, sizeof(why), "%.40s: migStart/migSize is no placement of %s", dname,
-                 p->name);
+    else if (!json_is_integer(index) || json_integer_value(index) < 0 ||
+             json_integer_value(index) > 1023)
+        snprintf(why, sizeof(why), "%.40s: attribute index is not 0..1023", dname);
+    else if (id < 0)
+        snprintf(why, sizeof(why), "%.40s: profile %.24s is of no MIG model kgpu knows", dname,
+                 profile ? profile : "(none)");
+    else if (!json_is_integer(start) || json_integer_value(start) < 0 ||
+             json_integer_value(start) >= KGPU_MIG_MEM_SLICES ||
+             (size != NULL && (!json_is_integer(size) || json_integer_value(size) < 1 ||
+                               json_integer_value(size) > KGPU_MIG_MEM_SLICES)))
+        snprintf(why, sizeof(why), "%.40s: migStart or migSize out of range", dname);
     else if (out->nmig == EXT_DRA_MIG_MAX)
         snprintf(why, sizeof(why), "more than %d MIG devices", EXT_DRA_MIG_MAX);
     if (why[0] != '\0') {
-        if (out->mig_skipped++ == 0)
-            snprintf(out->mig_why, sizeof(out->mig_why), "%s", why);
+        skip(out, why);
         return;
     }
-    out->migs[out->nmig++] = (ext_dra_mig){.name_hash = ext_dra_name_hash(dname),
-                                           .gpu = (uint8_t)gpu,
-                                           .profile = (uint8_t)(p - m->profiles),
-                                           .start = (uint8_t)st};
+    out->migs[out->nmig++] =
+        (ext_dra_mig){.name_hash = ext_dra_name_hash(dname),
+                      .index = (uint16_t)json_integer_value(index),
+                      .pname = (uint8_t)id,
+                      .start = (uint8_t)json_integer_value(start),
+                      .size = (uint8_t)(size != NULL ? json_integer_value(size) : 0)};
+}
+
+size_t ext_dra_slice_size(const ext_dra_slice *s)
+{
+    return offsetof(ext_dra_slice, migs) + (size_t)s->nmig * sizeof(ext_dra_mig);
+}
+
+void ext_dra_pool_init(ext_dra_slice *pool, const char *node, int64_t generation)
+{
+    memset(pool, 0, offsetof(ext_dra_slice, migs));
+    snprintf(pool->name, sizeof(pool->name), "%s", node);
+    snprintf(pool->node, sizeof(pool->node), "%s", node);
+    pool->generation = generation;
+}
+
+void ext_dra_pool_add(ext_dra_slice *pool, const ext_dra_slice *part)
+{
+    char why[sizeof(pool->skip_why)];
+    for (int i = 0; i < part->ndevices; i++) {
+        const ext_dra_device *d = &part->devices[i];
+        bool dup = false;
+        for (int k = 0; k < pool->ndevices; k++)
+            dup = dup || pool->devices[k].index == d->index ||
+                  strcmp(pool->devices[k].name, d->name) == 0;
+        if (dup || pool->ndevices == KGPU_MAX_GPUS_PER_NODE) {
+            snprintf(why, sizeof(why), "%.40s of %.30s: %s", d->name, part->name,
+                     dup ? "another slice has its index or name" : "more than 32 GPUs");
+            skip(pool, why);
+            continue;
+        }
+        pool->devices[pool->ndevices++] = *d;
+    }
+    pool->skipped += part->skipped;
+    if (pool->skip_why[0] == '\0')
+        snprintf(pool->skip_why, sizeof(pool->skip_why), "%s", part->skip_why);
+    for (int i = 0; i < part->nmig; i++) {
+        if (pool->nmig == EXT_DRA_MIG_MAX) {
+            skip(pool, "more than " STR(EXT_DRA_MIG_MAX) " MIG devices");
+            continue;
+        }
+        pool->migs[pool->nmig++] = part->migs[i];
+    }
+}
+
+/* Whether MIG device i's name is a GPU's or an earlier MIG device's of the pool. */
+static bool name_taken(const ext_dra_slice *pool, int i)
+{
+    uint64_t h = pool->migs[i].name_hash;
+    for (int k = 0; k < pool->ndevices; k++)
+        if (ext_dra_name_hash(pool->devices[k].name) == h)
+            return true;
+    for (int k = 0; k < i; k++)
+        if (pool->migs[k].name_hash == h)
+            return true;
+    return false;
+}
+
+void ext_dra_pool_resolve(ext_dra_slice *pool)
+{
+    int kept = 0;
+    char why[sizeof(pool->skip_why)];
+    for (int k = 0; k < pool->ndevices; k++) {
+        ext_dra_device *g = &pool->devices[k];
+        const kgpu_mig_model *m = kgpu_mig_model_find(g->model, g->memory_mib);
+        g->mig_model = 0;
+        for (int i = 0; m != NULL && i < kgpu_mig_model_count(); i++)
+            if (kgpu_mig_model_at(i) == m)
+                g->mig_model = i + 1;
+    }
+    for (int i = 0; i < pool->nmig; i++) {
+        ext_dra_mig md = pool->migs[i];
+        const char *pname = profile_name(md.pname);
+        int gpu = -1;
+        for (int k = 0; k < pool->ndevices; k++)
+            if (pool->devices[k].index == md.index)
+                gpu = k;
+        const kgpu_mig_model *m =
+            gpu >= 0 && pool->devices[gpu].mig_model > 0
+                ? kgpu_mig_model_at(pool->devices[gpu].mig_model - 1)
+                : NULL;
+        const kgpu_mig_profile *p = kgpu_mig_profile_find(m, pname);
+        bool allowed = false;
+        for (int k = 0; p != NULL && k < p->nstarts; k++)
+            allowed = allowed || p->starts[k] == md.start;
+        why[0] = '\0';
+        if (gpu < 0)
+            snprintf(why, sizeof(why), "a MIG device of GPU index %d, which the pool has not",
+                     md.index);
+        else if (m == NULL)
+            snprintf(why, sizeof(why), "a MIG device of %.40s, of no MIG model kgpu knows",
+                     pool->devices[gpu].name);
+        else if (p == NULL)
+            snprintf(why, sizeof(why), "profile %s is not %s's", pname, m->name);
+        else if (!allowed || (md.size != 0 && md.size != p->size))
+            snprintf(why, sizeof(why), "%s at %d is no placement of %s", pname, md.start,
+                     m->name);
+        else if (name_taken(pool, i))
+            snprintf(why, sizeof(why), "two devices of one name (or hash)");
+        if (why[0] != '\0') {
+            skip(pool, why);
+            continue;
+        }
+        md.gpu = (uint8_t)gpu;
+        md.profile = (uint8_t)(p - m->profiles);
+        pool->migs[kept++] = md;
+    }
+    pool->nmig = kept;
 }
 
 static bool is_mig(const json_t *dev)
@@ -216,17 +332,6 @@ int ext_dra_slice_parse(const json_t *obj, ext_dra_slice *out, kgpu_error *err)
     {
         if (is_mig(dev))
             read_mig(out, dev);
-    }
-    for (int a = 0; a < out->nmig; a++) {
-        uint64_t h = out->migs[a].name_hash;
-        bool dup = false;
-        for (int k = 0; k < out->ndevices; k++)
-            dup = dup || ext_dra_name_hash(out->devices[k].name) == h;
-        for (int b = 0; b < a; b++)
-            dup = dup || out->migs[b].name_hash == h;
-        if (dup)
-            return kgpu_error_set(err, KGPU_EPARSE,
-                                  "ResourceSlice %s: two devices have one name (or hash)", name);
     }
     return 0;
 }

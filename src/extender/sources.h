@@ -133,29 +133,53 @@ typedef struct ext_dra_device {
 } ext_dra_device;
 
 /*
- * A MIG device of a slice (attribute mig true): a placement of a profile on
- * one of the slice's GPUs (attribute index names the GPU). Kept small, as
- * a node offers hundreds: its name as a hash, unique within the slice.
+ * A MIG device (attribute mig true): a placement of a profile on one of the
+ * pool's GPUs (attribute index names the GPU, which may be in another slice
+ * of the pool). Kept small, as a node offers hundreds: its name as a hash.
+ * A slice as parsed has the attributes; a pool (ext_dra_pool_resolve) has
+ * only the devices kgpu knows, each with its GPU and profile.
  */
 typedef struct ext_dra_mig {
     uint64_t name_hash; /* ext_dra_name_hash of the device's name */
-    uint8_t gpu;        /* position in the slice's devices of its GPU */
-    uint8_t profile;    /* index of attribute profile in the GPU's MIG model */
-    uint8_t start;      /* attribute migStart (migSize is the profile's) */
+    uint16_t index;     /* attribute index: its GPU's */
+    uint8_t pname;      /* attribute profile, as ext_dra_profile_id numbers profile names */
+    uint8_t start;      /* attribute migStart */
+    uint8_t size;       /* attribute migSize; 0 without */
+    uint8_t gpu;        /* in a pool: position in its devices of the GPU */
+    uint8_t profile;    /* in a pool: index of the profile in the GPU's MIG model */
 } ext_dra_mig;
 
-/* A ResourceSlice of gpu.kgpu.io: one node's pool. */
+/*
+ * A ResourceSlice of gpu.kgpu.io as parsed, or a node's pool: the devices of
+ * all the slices of the newest generation of the pool named after it
+ * (dra_nodes.c; a pool spans slices: counter sets apart from devices, at
+ * most 64 devices with counters a slice). Only the first nmig entries of
+ * migs are allocated in a copy kept by the state (ext_dra_slice_size).
+ */
 typedef struct ext_dra_slice {
-    char name[KGPU_NAME_MAX + 1]; /* the object's */
+    char name[KGPU_NAME_MAX + 1]; /* the object's (a pool: its node's) */
     char node[KGPU_NAME_MAX + 1]; /* spec.nodeName, which is the pool's name too */
-    int64_t generation;           /* spec.pool.generation: the newest of two slices wins */
+    int64_t generation;           /* spec.pool.generation: the newest slices of a pool count */
     int ndevices;
     ext_dra_device devices[KGPU_MAX_GPUS_PER_NODE];
+    int skipped;        /* devices not kept: MIG devices of profiles kgpu does not know, ... */
+    char skip_why[120]; /* why the first of them was not; "" */
     int nmig;
-    int mig_skipped;   /* MIG devices not kept: not on a GPU of a known MIG model, ... */
-    char mig_why[120]; /* why the first of them was not; "" */
-    ext_dra_mig migs[EXT_DRA_MIG_MAX];
+    ext_dra_mig migs[EXT_DRA_MIG_MAX]; /* last: see above */
 } ext_dra_slice;
+
+/* A MIG profile name's id: its first model's index x KGPU_MIG_MAX_PROFILES + its own; -1. */
+int ext_dra_profile_id(const char *name);
+/* The bytes of s up to its last MIG device: what a copy of it takes. */
+size_t ext_dra_slice_size(const ext_dra_slice *s);
+/*
+ * A pool: `pool` empties for node, each slice of it is added, then the MIG
+ * devices are resolved to their GPUs; what cannot be is counted in skipped.
+ * Pure (fuzz_extdra).
+ */
+void ext_dra_pool_init(ext_dra_slice *pool, const char *node, int64_t generation);
+void ext_dra_pool_add(ext_dra_slice *pool, const ext_dra_slice *part);
+void ext_dra_pool_resolve(ext_dra_slice *pool);
 
 /* FNV-1a of a device name: how a MIG device is named in kgpu's records. */
 uint64_t ext_dra_name_hash(const char *name);

@@ -324,7 +324,8 @@ typedef struct ext_state {
     bool gpuqueue_crd_absent; /* the API server answered 404 for GPUQueues */
     /* DRA (dra_claims.c, dra_nodes.c): nodes served by kgpu-dra-plugin, their slices, and the claims on them. */
     kgpu_strmap dra_nodes;  /* node -> ext_dra_node*: labelled kgpu.io/gpu-allocator=dra */
-    kgpu_strmap dra_slices; /* node (the pool) -> ext_dra_slice* of driver gpu.kgpu.io */
+    kgpu_strmap dra_slices; /* node -> its pool of driver gpu.kgpu.io (ext_dra_slice*) */
+    kgpu_strmap dra_parts;  /* slice name -> ext_dra_slice* as parsed: the pools' slices */
     kgpu_strmap dra_claims; /* "ns/name" -> ext_dra_claim*: claims of gpu.kgpu.io only */
     kgpu_strmap pod_qlabels; /* pod uid -> its kgpu.io/queue label (char*), pods with one only */
     /* Nodes going away (ext_node_leaving): name -> its reason (char*); no new GPU pod there. */
@@ -728,11 +729,8 @@ void ext_await_relisted(ext_state *st, const kgpu_strmap *present);
 
 /* ---- DRA nodes and claims (dra_claims.c, dra_nodes.c) ---- */
 
-/*
- * A node labelled for DRA: its CPU and memory, which the slice has not, and
- * by GPU position the MIG instances its claims hold (dra_mig.c) and the
- * cluster's hold that keeps whole and share requests off a GPU with any.
- */
+/* A DRA node: its CPU and memory, which the slice has not, and by GPU position the MIG
+ * instances its claims hold (dra_mig.c) and the hold keeping whole and shares off. */
 typedef struct ext_dra_node {
     int64_t cpu_milli, memory_mib;
     kgpu_mig_gpu mig[KGPU_MAX_GPUS_PER_NODE];

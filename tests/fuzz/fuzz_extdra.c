@@ -37,10 +37,10 @@ static void base_slice(ext_dra_slice *s)
             char name[64];
             snprintf(name, sizeof(name), "gpu-0-mig-%s-%d", m->profiles[p].name,
                      m->profiles[p].starts[k]);
-            s->migs[s->nmig++] = (ext_dra_mig){.name_hash = ext_dra_name_hash(name),
-                                               .gpu = 0,
-                                               .profile = (uint8_t)p,
-                                               .start = (uint8_t)m->profiles[p].starts[k]};
+            s->migs[s->nmig++] = (ext_dra_mig){
+                .name_hash = ext_dra_name_hash(name),
+                .pname = (uint8_t)ext_dra_profile_id(m->profiles[p].name),
+                .start = (uint8_t)m->profiles[p].starts[k]};
         }
 }
 

@@ -32,6 +32,7 @@ its claim's request with the configured policy:
 Exit status: unittest's; 77 when the binaries are missing.
 """
 
+import json
 import sys
 import time
 
@@ -127,6 +128,28 @@ def mig_slice(node, ngpus=1, generation=1):
                         "memory-slice-%d" % k: {"value": "1"}
                         for k in range(start, start + size)}}]})
     return s
+
+
+def pool_slices(node, ngpus, generation=1):
+    """The same devices as a pool of three slices, as the API requires once devices consume
+    counters: the counter sets alone, the whole GPUs, then the MIG devices."""
+    whole = mig_slice(node, ngpus, generation)
+    devices = whole["spec"]["devices"]
+    out = []
+    for suffix, spec in (
+            ("counters", {"sharedCounters": [
+                {"name": "gpu-%d" % g, "counters": {"memory-slice-%d" % k: {"value": "1"}
+                                                     for k in range(8)}}
+                for g in range(ngpus)]}),
+            ("gpus", {"devices": [d for d in devices if "mig" not in d["attributes"]]}),
+            ("mig", {"devices": [d for d in devices if "mig" in d["attributes"]]})):
+        sl = json.loads(json.dumps(whole))
+        sl["metadata"]["name"] = "%s-%s" % (node, suffix)
+        sl["spec"].pop("devices")
+        sl["spec"].update(spec)
+        sl["spec"]["pool"]["resourceSliceCount"] = 3
+        out.append(sl)
+    return out
 
 
 def profile_is(name):
@@ -576,6 +599,30 @@ class TestDRAMIG(DRATest):
         sc = self.scores(dra_pod("pw2", "want-whole", policy="bestfit"))
         self.assertGreater(sc["mC"], 0, sc)
 
+    def test_a_pool_of_several_slices(self):
+        self.s.api("POST", "/api/v1/nodes", node_object("mP", labels=DRA_LABEL), expect=201)
+        for sl in pool_slices("mP", 2):
+            self.s.api("POST", RES + "/resourceslices", sl, expect=201)
+        self.start()
+        wait_for(lambda: self.ext.gpu("mP", 1) is not None, 15, what="mP's two GPUs")
+        # A MIG device of the third slice names a GPU of the second: charged there.
+        self.mig_claim("on-1", "3g.20gb")
+        self.allocate("on-1", "mP", mig_name(1, "3g.20gb", 4))
+        self.wait_held({("mP", 1): (40 * GIB, 1000)}, "an instance on mP's second GPU")
+        self.mig_claim("want", "4g.20gb")
+        time.sleep(0.3)
+        self.assertGreater(self.scores(dra_pod("p", "want"), ["mP"])["mP"], 0)
+        # The MIG slice gone: no instance is offered on mP, its GPUs stay.
+        self.s.api("DELETE", RES + "/resourceslices/mP-mig", expect=200)
+        wait_for(lambda: self.scores(dra_pod("p2", "want"), ["mP"])["mP"] == 0, 15,
+                 what="no MIG device on mP")
+        self.assertIsNotNone(self.ext.gpu("mP", 1))
+        # A new generation of one GPU: the slices of the old one no longer count.
+        for sl in pool_slices("mP", 1, generation=2)[:2]:
+            self.s.api("PUT", RES + "/resourceslices/" + sl["metadata"]["name"], sl, expect=200)
+        wait_for(lambda: self.ext.gpu("mP", 1) is None and self.ext.gpu("mP", 0) is not None,
+                 15, what="mP with one GPU")
+
     def test_mig_devices_of_unknown_profiles_are_skipped(self):
         s = mig_slice("mX")
         s["spec"]["devices"].append({"name": "gpu-0-mig-9g", "attributes": {
@@ -585,8 +632,8 @@ class TestDRAMIG(DRATest):
         self.s.api("POST", RES + "/resourceslices", s, expect=201)
         self.start()
         wait_for(lambda: self.ext.gpu("mX", 0) is not None, 15, what="mX kept, its GPU read")
-        self.wait_log("ResourceSlice mX-gpu.kgpu.io: 1 MIG devices not read (the first: "
-                      "gpu-0-mig-9g: profile 9g.99gb is not A100-40GB's)", "the skipped device")
+        self.wait_log("DRA pool mX: 1 devices not read (the first: gpu-0-mig-9g: profile "
+                      "9g.99gb is of no MIG model kgpu knows)", "the skipped device")
         self.mig_claim("x", "3g.20gb", "mX", 4)
         self.wait_held({("mX", 0): (40 * GIB, 1000)}, "a known profile charged on mX")
 

@@ -20,6 +20,7 @@ typedef struct world {
     ext_config cfg;
     ext_metrics metrics;
     ext_state st;
+    ext_dra_slice *slice; /* n1's, as the state was given it */
 } world;
 
 /* Node n1 (DRA) with one A100-SXM4-40GB offering every MIG placement as gpu-0-PROFILE-START. */
@@ -51,12 +52,13 @@ static world *world_new(void)
             char name[64];
             snprintf(name, sizeof(name), "gpu-0-%s-%d", m->profiles[p].name,
                      m->profiles[p].starts[k]);
-            s->migs[s->nmig++] = (ext_dra_mig){.name_hash = ext_dra_name_hash(name),
-                                               .profile = (uint8_t)p,
-                                               .start = (uint8_t)m->profiles[p].starts[k]};
+            s->migs[s->nmig++] = (ext_dra_mig){
+                .name_hash = ext_dra_name_hash(name),
+                .pname = (uint8_t)ext_dra_profile_id(m->profiles[p].name),
+                .start = (uint8_t)m->profiles[p].starts[k]};
         }
     ext_dra_slice_put(&w->st, s);
-    free(s);
+    w->slice = s;
     assert_int_equal(kgpu_cluster_gpu_count(w->st.cluster), 1);
     return w;
 }
@@ -65,6 +67,7 @@ static void world_free(world *w)
 {
     ext_state_destroy(&w->st);
     ext_config_free(&w->cfg);
+    free(w->slice);
     free(w);
 }
 
@@ -132,11 +135,7 @@ static void test_one_kind_of_use(void **state)
     allocate(w, "whole", "gpu-0", -1);
     assert_int_equal(w->st.dra_unapplied, 1); /* and no whole GPU beside the instance */
     /* A rebuilt cluster charges everything again, once: one of the two holds the GPU. */
-    ext_dra_slice *copy = malloc(sizeof(*copy));
-    assert_non_null(copy);
-    *copy = *(const ext_dra_slice *)kgpu_strmap_get(&w->st.dra_slices, "n1");
-    ext_dra_slices_reset(&w->st, copy, 1); /* a relist: the inventory rebuilt */
-    free(copy);
+    ext_dra_slices_reset(&w->st, w->slice, 1); /* a relist: the inventory rebuilt */
     assert_int_equal(w->st.dra_unapplied, 1);
     assert_int_equal(gpu0(w)->free_milli, 0);
     assert_true(node1(w)->mig_users[0] <= 1);
