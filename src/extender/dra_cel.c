@@ -10,7 +10,8 @@
  *   device.attributes["gpu.kgpu.io"].NAME  (or ["NAME"]), NAME one of the
  *     attributes kgpu-dra-plugin publishes and kgpu keeps (NAMES below);
  *   device.capacity["gpu.kgpu.io"].memory / .cores (quantities);
- *   device.driver; has(device.attributes[...].NAME);
+ *   device.driver; has(device.attributes[...].NAME) and its equal
+ *   "NAME" in device.attributes["gpu.kgpu.io"];
  *   string, int, true/false literals, quantity("40Gi"), semver("8.0.0"),
  *   [literal, ...]; == != on like types; < <= > >= on ints and on strings;
  *   x in [..]; q.compareTo(q2) (an int), q.isGreaterThan(q2), q.isLessThan(q2)
@@ -46,12 +47,16 @@ static const struct {
     {"numaNode", false, EXT_CEL_INT},    {"memoryMiB", false, EXT_CEL_INT},
     {"mig", false, EXT_CEL_BOOL},        {"profile", false, EXT_CEL_STR},
     {"migStart", false, EXT_CEL_INT},    {"migSize", false, EXT_CEL_INT},
-    {"computeCapability", false, EXT_CEL_VER},
+    {"computeCapability", false, EXT_CEL_VER}, {"parentIndex", false, EXT_CEL_INT},
+    {"parentUUID", false, EXT_CEL_STR},
     {"memory", true, EXT_CEL_QTY},       {"cores", true, EXT_CEL_QTY},
 };
 #define NNAMES ((int)(sizeof(NAMES) / sizeof(NAMES[0])))
 
+#define TYPE_MAP 100 /* device.attributes["gpu.kgpu.io"] itself: only after in */
+
 enum op {
+    OP_MAP,    /* TYPE_MAP; a: whether capacities */
     OP_LIT,    /* v */
     OP_LIST,   /* items a .. a+b-1 of e->nodes, literals */
     OP_GET,    /* attribute or capacity NAMES[name] */
@@ -258,6 +263,15 @@ static int literal(parser *ps)
     return -1;
 }
 
+/* NAMES' index of `name` (a capacity when cap), or -1. */
+static int name_index(bool cap, const char *name)
+{
+    for (int k = 0; k < NNAMES; k++)
+        if (NAMES[k].cap == cap && strcmp(NAMES[k].name, name) == 0)
+            return k;
+    return -1;
+}
+
 /* After "device": .driver, or .attributes/.capacity["gpu.kgpu.io"].NAME; `has`: for has(). */
 static int device_ref(parser *ps, bool has)
 {
@@ -281,18 +295,18 @@ static int device_ref(parser *ps, bool has)
             return fail(ps, "a %s without a name", word);
     } else if (take(ps, "[") && (q = string_lit(ps)) != NULL && take(ps, "]")) {
         snprintf(name, sizeof(name), "%.31s", q);
+    } else if (!has && !ps->failed) {
+        return add(ps, OP_MAP, TYPE_MAP, cap, -1); /* "NAME" in device.attributes[...] */
     } else {
         return fail(ps, "a %s without a name", word);
     }
-    for (int k = 0; k < NNAMES; k++) {
-        if (NAMES[k].cap == cap && strcmp(NAMES[k].name, name) == 0) {
-            int i = add(ps, has ? OP_HAS : OP_GET, has ? EXT_CEL_BOOL : NAMES[k].type, -1, -1);
-            if (i >= 0)
-                ps->e->nodes[i].name = k;
-            return i;
-        }
-    }
-    return fail(ps, "%s %.31s is not one kgpu reads", cap ? "capacity" : "attribute", name);
+    int k = name_index(cap, name);
+    if (k < 0)
+        return fail(ps, "%s %.31s is not one kgpu reads", cap ? "capacity" : "attribute", name);
+    int i = add(ps, has ? OP_HAS : OP_GET, has ? EXT_CEL_BOOL : NAMES[k].type, -1, -1);
+    if (i >= 0)
+        ps->e->nodes[i].name = k;
+    return i;
 }
 
 static int parse_or(parser *ps);
@@ -390,6 +404,17 @@ static int comparison(parser *ps)
             return -1;
         const cel_node *a = &ps->e->nodes[l], *b = &ps->e->nodes[r];
         int op = OPS[k].op;
+        if (op == OP_IN && b->op == OP_MAP) {
+            /* "NAME" in device.attributes["gpu.kgpu.io"]: has(...NAME). */
+            int nm = a->op == OP_LIT && a->type == EXT_CEL_STR ? name_index(b->a, a->v.s) : -1;
+            if (nm < 0)
+                return fail(ps, "in of something else than a name kgpu reads in a map");
+            cel_node *h = &ps->e->nodes[r];
+            *h = (cel_node){.op = OP_HAS, .type = EXT_CEL_BOOL, .a = -1, .b = -1, .name = nm};
+            return r;
+        }
+        if (a->type == TYPE_MAP || b->type == TYPE_MAP)
+            return fail(ps, "a map compared");
         if (op == OP_IN) {
             if (b->type != EXT_CEL_LIST || (b->b > 0 && b->v.type != a->type))
                 return fail(ps, "in of something else than a list of its type");
@@ -549,6 +574,7 @@ static int value(const ext_cel *e, int i, const ext_cel_device *d, ext_cel_value
         return 0;
     }
     case OP_LIST:
+    case OP_MAP:
         return -1; /* only under in */
     default:
         break;

@@ -134,16 +134,18 @@ static void skip(ext_dra_slice *s, const char *why)
 static void read_mig(ext_dra_slice *out, const json_t *dev)
 {
     const char *dname = str_at(dev, "name");
-    const json_t *index = attr(dev, "index", "int"), *start = attr(dev, "migStart", "int");
+    const json_t *index = attr(dev, "parentIndex", "int"), *start = attr(dev, "migStart", "int");
     const json_t *size = attr(dev, "migSize", "int");
     const char *profile = json_string_value(attr(dev, "profile", "string"));
+    if (index == NULL)
+        index = attr(dev, "index", "int"); /* the GPU's own, which a partition carries too */
     char why[sizeof(out->skip_why)] = "";
     int id = ext_dra_profile_id(profile);
     if (dname == NULL || strlen(dname) >= EXT_DRA_DEVICE_MAX)
         snprintf(why, sizeof(why), "a MIG device without a name");
     else if (!json_is_integer(index) || json_integer_value(index) < 0 ||
              json_integer_value(index) > 1023)
-        snprintf(why, sizeof(why), "%.40s: attribute index is not 0..1023", dname);
+        snprintf(why, sizeof(why), "%.40s: attribute parentIndex is not 0..1023", dname);
     else if (id < 0)
         snprintf(why, sizeof(why), "%.40s: profile %.24s is of no MIG model kgpu knows", dname,
                  profile ? profile : "(none)");
@@ -336,18 +338,22 @@ int ext_dra_slice_parse(const json_t *obj, ext_dra_slice *out, kgpu_error *err)
     return 0;
 }
 
-/* Whether a request (or one of its firstAvailable subrequests) names class gpu.kgpu.io. */
+/* Whether cls is one of kgpu's classes: gpu.kgpu.io, mig.gpu.kgpu.io. */
+static bool our_class(const char *cls)
+{
+    return cls != NULL && (strcmp(cls, EXT_DRA_CLASS) == 0 || strcmp(cls, EXT_DRA_MIG_CLASS) == 0);
+}
+
+/* Whether a request (or one of its firstAvailable subrequests) names one of kgpu's classes. */
 static bool names_class(const json_t *r)
 {
-    const char *cls = str_at(json_object_get(r, "exactly"), "deviceClassName");
-    if (cls != NULL && strcmp(cls, EXT_DRA_CLASS) == 0)
+    if (our_class(str_at(json_object_get(r, "exactly"), "deviceClassName")))
         return true;
     size_t i;
     const json_t *sub;
     json_array_foreach(json_object_get(r, "firstAvailable"), i, sub)
     {
-        cls = str_at(sub, "deviceClassName");
-        if (cls != NULL && strcmp(cls, EXT_DRA_CLASS) == 0)
+        if (our_class(str_at(sub, "deviceClassName")))
             return true;
     }
     return false;
@@ -574,15 +580,16 @@ int ext_dra_claim_parse(const json_t *obj, ext_dra_claim **out, kgpu_error *err)
     json_array_foreach(reqs, i, v)
     {
         const char *cls = str_at(json_object_get(v, "exactly"), "deviceClassName");
-        if (!ok || cls == NULL || strcmp(cls, EXT_DRA_CLASS) != 0)
+        if (!ok || !our_class(cls))
             continue; /* firstAvailable: the DRA plugin's Score ranks those */
         if (c->nreq == EXT_DRA_REQUESTS) {
-            snprintf(c->error, sizeof(c->error), "more than %d requests of class %s",
-                     EXT_DRA_REQUESTS, EXT_DRA_CLASS);
+            snprintf(c->error, sizeof(c->error), "more than %d requests of kgpu's classes",
+                     EXT_DRA_REQUESTS);
             ok = false;
             break;
         }
         ok = read_request(c, v, &c->req[c->nreq], &used, cap);
+        c->req[c->nreq].mig = strcmp(cls, EXT_DRA_MIG_CLASS) == 0;
         c->nreq += ok;
     }
     json_array_foreach(results, i, v)

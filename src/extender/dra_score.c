@@ -9,14 +9,15 @@
  * as the policy places the containers of a multi-GPU pod, and among those
  * the policy (or, for MIG, the room the placement keeps) ranks them.
  *
- * Terms: a request's CEL selectors (dra_cel.c) pick the devices it may get.
- * Evaluated on the scored nodes' devices, they make it a whole-GPU or share
- * request restricted to the models of the whole GPUs they match, or, when
- * they match only MIG devices, a MIG request: it takes one of the MIG
- * devices it matches, on a GPU whose instances leave room (no whole or
- * share use there). A selector kgpu does not read is not guessed: the
- * request is scored as any GPU of the class, and the note says so;
- * kube-scheduler's own CEL decides what fits.
+ * Terms: a request's class picks the kind of devices it may get: class
+ * gpu.kgpu.io whole GPUs (a whole-GPU or share request), mig.gpu.kgpu.io
+ * MIG partitions (a MIG request), as their DeviceClasses select. Its CEL
+ * selectors (dra_cel.c), evaluated on the scored nodes' devices, narrow a
+ * whole-GPU or share request to the models of the GPUs they match, and a
+ * MIG request to the partitions they match; it takes one on a GPU whose
+ * instances leave room (no whole or share use there). A selector kgpu does
+ * not read is not guessed: the request is scored as any device of its
+ * class, and the note says so; kube-scheduler's own CEL decides what fits.
  *
  * MIG scores: per node, each MIG request goes to the matching free
  * placement that costs the node the least room (kgpu_mig_room: what
@@ -87,8 +88,12 @@ static bool view_get(const void *ctx, bool cap, const char *name, ext_cel_value 
         *out = (ext_cel_value){.type = EXT_CEL_STR, .s = s};
     if (strcmp(name, "computeCapability") == 0 && v->g->cc >= 0)
         *out = (ext_cel_value){.type = EXT_CEL_VER, .i = v->g->cc};
-    if (strcmp(name, "mig") == 0) /* a whole GPU is not one: false, as the driver says */
-        *out = (ext_cel_value){.type = EXT_CEL_BOOL, .b = v->p != NULL};
+    if (strcmp(name, "parentUUID") == 0 && v->p != NULL && v->g->uuid[0] != '\0')
+        *out = (ext_cel_value){.type = EXT_CEL_STR, .s = v->g->uuid};
+    if (strcmp(name, "parentIndex") == 0 && v->p != NULL)
+        *out = (ext_cel_value){.type = EXT_CEL_INT, .i = v->g->index};
+    if (strcmp(name, "mig") == 0 && v->p != NULL) /* a partition's alone */
+        *out = (ext_cel_value){.type = EXT_CEL_BOOL, .b = true};
     return out->type != 0;
 }
 
@@ -183,8 +188,8 @@ static int read_selectors(scoring *sc, const int *idx, int n, char *note, size_t
             return KGPU_ENOMEM;
         if (cwhy[0] != '\0' && note[0] == '\0')
             snprintf(note, nlen,
-                     "%s: selector not read (%s): scored as any GPU of class " EXT_DRA_CLASS
-                     "; kube-scheduler's CEL decides what fits",
+                     "%s: selector not read (%s): scored as any device of its class; "
+                     "kube-scheduler's CEL decides what fits",
                      ask_name(q, name, sizeof(name)), cwhy);
         if (q->cel != NULL) {
             /* Twice over the devices at most: to tell its kind, then to place it. */
@@ -195,40 +200,37 @@ static int read_selectors(scoring *sc, const int *idx, int n, char *note, size_t
                 if (note[0] == '\0')
                     snprintf(note, nlen,
                              "%s: selector not read (%" PRId64 " terms on %d devices pass the "
-                             "%d evaluated a call): scored as any GPU of class " EXT_DRA_CLASS,
+                             "%d evaluated a call): scored as any device of its class",
                              ask_name(q, name, sizeof(name)), cost / 2 / (devices ? devices : 1),
                              devices, EVAL_BUDGET);
             } else {
                 sc->spent += cost;
             }
         }
+        q->mig = r->mig;
         if (q->cel == NULL) {
-            q->models = ~0ULL;
+            q->models = q->mig ? 0 : ~0ULL;
             continue;
         }
+        /* Its class's devices: MIG partitions (mig.gpu.kgpu.io) or the rest (gpu.kgpu.io). */
         bool mig = false;
         int nodes = 0;
-        /* Whole GPUs first: a request matching any is not a MIG request, wherever it is. */
-        for (int pass = 0; pass < 2 && q->models == 0 && !mig; pass++) {
-            for (int i = 0; i < n; i++) {
-                nodes += pass == 0 && idx[i] >= 0;
-                const kgpu_node *node =
-                    idx[i] >= 0 ? kgpu_cluster_node(st->cluster, idx[i]) : NULL;
-                const ext_dra_slice *s =
-                    node != NULL ? kgpu_strmap_get(&st->dra_slices, node->name) : NULL;
-                for (int j = 0; pass == 0 && s != NULL && j < s->ndevices; j++) {
-                    view v = {.g = &s->devices[j]};
-                    for (int g = 0; g < node->ngpus; g++)
-                        if (node->gpus[g].index == s->devices[j].index && matches(q->cel, &v))
-                            q->models |= 1ULL << node->gpus[g].model;
-                }
-                for (int j = 0; pass == 1 && s != NULL && j < s->nmig && !mig; j++) {
-                    view v = mig_view(s, &s->migs[j]);
-                    mig = v.p != NULL && matches(q->cel, &v);
-                }
+        for (int i = 0; i < n; i++) {
+            nodes += idx[i] >= 0;
+            const kgpu_node *node = idx[i] >= 0 ? kgpu_cluster_node(st->cluster, idx[i]) : NULL;
+            const ext_dra_slice *s =
+                node != NULL ? kgpu_strmap_get(&st->dra_slices, node->name) : NULL;
+            for (int j = 0; !q->mig && s != NULL && j < s->ndevices; j++) {
+                view v = {.g = &s->devices[j]};
+                for (int g = 0; g < node->ngpus; g++)
+                    if (node->gpus[g].index == s->devices[j].index && matches(q->cel, &v))
+                        q->models |= 1ULL << node->gpus[g].model;
+            }
+            for (int j = 0; q->mig && s != NULL && j < s->nmig && !mig; j++) {
+                view v = mig_view(s, &s->migs[j]);
+                mig = v.p != NULL && matches(q->cel, &v);
             }
         }
-        q->mig = q->models == 0 && mig;
         if (q->models == 0 && !mig) {
             snprintf(why, len, "%s: no device of the %d DRA nodes scored matches its selectors",
                      ask_name(q, name, sizeof(name)), nodes);

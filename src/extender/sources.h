@@ -106,6 +106,7 @@ int ext_node_guard_marks(const json_t *node);
 
 #define EXT_DRA_DRIVER      "gpu.kgpu.io" /* kgpu-dra-plugin's driver name */
 #define EXT_DRA_CLASS       "gpu.kgpu.io" /* the DeviceClass kgpu's claims name */
+#define EXT_DRA_MIG_CLASS   "mig.gpu.kgpu.io" /* the DeviceClass of MIG partitions */
 #define EXT_DRA_LABEL       "kgpu.io/gpu-allocator"
 #define EXT_DRA_LABEL_VALUE "dra"
 /* Why a DRA node serves no device-plugin pod (filter's reason, bind's error). */
@@ -190,6 +191,7 @@ typedef struct ext_dra_request {
     bool all;           /* allocationMode All */
     int64_t memory_mib; /* capacity.requests.memory, rounded up; 0: none (the whole GPU's) */
     int cores;          /* capacity.requests.cores, percent; 0 by default */
+    bool mig;           /* of class mig.gpu.kgpu.io (MIG devices), else gpu.kgpu.io (the rest) */
     /* Its selectors: offset in the claim's `cel` of their expressions joined by &&, or: */
     int cel; /* EXT_DRA_CEL_NONE, or _UNREAD (cel_why says why) */
     char cel_why[48];

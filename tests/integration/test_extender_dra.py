@@ -41,6 +41,7 @@ from harness import wait_for
 from test_extender import ExtenderTest, container, gpu_list, node_object, pod_object, share
 
 RES = "/apis/resource.k8s.io/v1"
+MIG_CLASS = "mig.gpu.kgpu.io"  # the DeviceClass of MIG partitions
 DRA_LABEL = {"kgpu.io/gpu-allocator": "dra"}
 GIB = 1024
 
@@ -113,7 +114,7 @@ def mig_name(gpu, profile, start):
 def mig_slice(node, ngpus=1, generation=1):
     """A slice as kgpu-dra-plugin publishes it with MIG on (issue 30): each A100-40GB whole
     as gpu-N, and every placement of every profile as a device with attributes mig, profile,
-    migStart, migSize, index (the GPU's) and memoryMiB (the profile's)."""
+    migStart, migSize, parentIndex and index (the GPU's) and memoryMiB (the profile's)."""
     s = dra_slice(node, [("A100-SXM4-40GB", 40 * GIB)] * ngpus, generation)
     for g in range(ngpus):
         for profile, size, mib, starts in A100_40GB_MIG:
@@ -122,7 +123,8 @@ def mig_slice(node, ngpus=1, generation=1):
                     "name": mig_name(g, profile, start),
                     "attributes": {"mig": {"bool": True}, "profile": {"string": profile},
                                    "migStart": {"int": start}, "migSize": {"int": size},
-                                   "index": {"int": g}, "memoryMiB": {"int": mib},
+                                   "parentIndex": {"int": g}, "index": {"int": g},
+                                   "memoryMiB": {"int": mib},
                                    "productName": {"string": "A100-SXM4-40GB"}},
                     "consumesCounters": [{"counterSet": "gpu-%d" % g, "counters": {
                         "memory-slice-%d" % k: {"value": "1"}
@@ -514,7 +516,7 @@ class TestDRASelectors(DRATest):
                 # Any GPU of the class: every DRA node scores, the plugin node does not.
                 self.assertEqual({n for n, v in sc.items() if v > 0}, {"dA", "dB", "dT"}, sc)
                 self.wait_log("ResourceClaim default/%s request #1: selector not read (%s): "
-                              "scored as any GPU of class gpu.kgpu.io" % (name, said), name)
+                              "scored as any device of its class" % (name, said), name)
         self.assertEqual(self.ext.get("/healthz")[0], 200)
 
 
@@ -535,7 +537,7 @@ class TestDRAMIG(DRATest):
 
     def mig_claim(self, name, profile, node=None, start=None):
         """A claim of one `profile` instance; allocated at `start` on `node` when given."""
-        self.add_claim(name, cel=profile_is(profile))
+        self.add_claim(name, cls=MIG_CLASS, cel=profile_is(profile))
         if node is not None:
             self.allocate(name, node, mig_name(0, profile, start))
 
@@ -554,8 +556,8 @@ class TestDRAMIG(DRATest):
         # as much, mB keeps a 4g possible after the 3g, mA none.
         self.assertEqual((sc["mC"], sc["mB"], sc["mA"]), (10, 9, 8), sc)
         # Two instances of one claim: a 3g and a 4g fit only the empty GPU.
-        both = [request_object("a", cel=profile_is("3g.20gb")),
-                request_object("b", cel=profile_is("4g.20gb"))]
+        both = [request_object("a", cls=MIG_CLASS, cel=profile_is("3g.20gb")),
+                request_object("b", cls=MIG_CLASS, cel=profile_is("4g.20gb"))]
         self.add_claim("3g4g", requests=both)
         time.sleep(0.3)
         sc = self.scores(dra_pod("p34", "3g4g"))
@@ -587,6 +589,18 @@ class TestDRAMIG(DRATest):
         sc = self.scores(dra_pod("p1g-a", "want-1g"), ["mA"])
         self.wait_log("node mA: ResourceClaim default/want-1g request #1: no MIG device it "
                       "selects is free there", "MIG refused beside a whole GPU")
+        # A profile asked of class gpu.kgpu.io matches nothing: that class has no partition.
+        self.add_claim("wrong-class", cel=profile_is("1g.5gb"))
+        time.sleep(0.3)
+        self.assertEqual(set(self.scores(dra_pod("pwc", "wrong-class")).values()), {0})
+        self.wait_log("ResourceClaim default/wrong-class request #1: no device of the 3 DRA "
+                      "nodes scored matches its selectors", "no partition of gpu.kgpu.io")
+        # Any partition of mig.gpu.kgpu.io (no selector) fits only beside the instance.
+        self.add_claim("any-mig", cls=MIG_CLASS)
+        time.sleep(0.3)
+        sc = self.scores(dra_pod("pany", "any-mig"))
+        self.assertEqual((sc["mA"], sc["mB"]), (0, 0), sc)
+        self.assertGreater(sc["mC"], 0, sc)
         # And the reverse: no whole GPU or share where a MIG instance is.
         sc = self.scores(dra_pod("pw", "want-whole", policy="bestfit"))
         self.assertEqual(set(sc.values()), {0}, sc)

@@ -155,6 +155,13 @@ static void test_logic_and_missing_attributes(void **state)
     assert_int_equal(eval(buf, &A100), -1);
     assert_int_equal(eval("!(" ATTR("mig") " == true) || false", &MIG3G), 0);
     assert_int_equal(eval("!has(" ATTR("mig") ")", &A100), 1);
+    /* The DeviceClasses' form of has(). */
+    assert_int_equal(eval("\"mig\" in device.attributes[\"gpu.kgpu.io\"]", &MIG3G), 1);
+    assert_int_equal(eval("!(\"mig\" in device.attributes[\"gpu.kgpu.io\"])", &A100), 1);
+    refused("\"pciBusID\" in device.attributes[\"gpu.kgpu.io\"]", "name kgpu reads");
+    refused("device.attributes[\"gpu.kgpu.io\"] == device.attributes[\"gpu.kgpu.io\"]",
+            "map compared");
+    refused("device.attributes[\"gpu.kgpu.io\"]", "not a bool");
     assert_int_equal(eval("((" ATTR("index") " == 0))", &A100), 1);
 }
 
