@@ -19,6 +19,7 @@
 #include "queuefile.h"
 #include "simautoscale.h"
 #include "simclusters.h"
+#include "simmig.h"
 #include "simqueues.h"
 #include "study.h"
 
@@ -997,7 +998,14 @@ static void simulate_usage(FILE *f)
                "                    static (default all five), kgpu-separate\n"
                "  --kueue-flavors F with --clusters: MultiKueue's Kueues with one flavor per\n"
                "                    cluster (one, the default) or a flavor per GPU model\n"
-               "                    (per-model)\n");
+               "                    (per-model)\n"
+               "  --mig MODELS      every GPU as a MIG GPU of each model (comma list of\n"
+               "                    A100-40GB, A100-80GB, H100-80GB, H200-141GB), requests as\n"
+               "                    MIG profiles: requests placed by first fit in NVML's\n"
+               "                    order, kgpu's slice order, kgpu with node scores, free\n"
+               "                    best fit, against an offline packing and its LP bound;\n"
+               "                    with --churn [--speedup X]: the file's pods at their\n"
+               "                    times, a request that fits nowhere lost\n");
 }
 
 /*
@@ -1108,6 +1116,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
         {"clusters", required_argument, NULL, 1010},
         {"dispatch", required_argument, NULL, 1011},
         {"kueue-flavors", required_argument, NULL, 1012},
+        {"mig", required_argument, NULL, 1013},
         {NULL, 0, NULL, 0},
     };
     const char *nodes_path = NULL, *pods_path = NULL, *plot_path = NULL, *queues_path = NULL;
@@ -1125,7 +1134,7 @@ int kgpu_cmd_simulate(int argc, char **argv)
     bool restartable_be = false, restartable_set = false;
     bool *best_effort = NULL;
     bool autoscale = false, autoscale_flag = false, prices_set = false;
-    const char *clusters_path = NULL, *dispatch = NULL, *flavors = NULL;
+    const char *clusters_path = NULL, *dispatch = NULL, *flavors = NULL, *mig = NULL;
     kgpu_as_opts ao = {.prices_path = "examples/prices.yaml",
                        .expanders = "kgpu,least-waste,price,random,fixed",
                        .spot_qos = "BE",
@@ -1253,6 +1262,9 @@ int kgpu_cmd_simulate(int argc, char **argv)
             }
             flavors = optarg;
             break;
+        case 1013:
+            mig = optarg;
+            break;
         case 1001:
             ao.expanders = optarg;
             autoscale_flag = true;
@@ -1323,6 +1335,23 @@ int kgpu_cmd_simulate(int argc, char **argv)
         fprintf(stderr, "kgpu simulate: --clusters takes none of --autoscale, --churn, "
                         "--queues, --plot, --extender-scores, --kube-scheduler, --allocator, "
                         "--workload, --consolidate, --expanders, --scan-interval, ...\n");
+        free(policy_text);
+        return 2;
+    }
+    if (mig != NULL && churn && inflate_set) {
+        fprintf(stderr, "kgpu simulate: --mig with --churn replays the file as recorded: no "
+                        "--inflate\n");
+        free(policy_text);
+        return 2;
+    }
+    if (mig != NULL &&
+        (clusters_path != NULL || autoscale || queues_path != NULL || plot_path != NULL ||
+         extender_scores || allocator != KGPU_SIM_ALLOC_POLICY || workload || consolidate > 0 ||
+         autoscale_flag || policy_text != NULL || random_ties || online || prices_set)) {
+        fprintf(stderr, "kgpu simulate: --mig takes none of --clusters, --autoscale, "
+                        "--queues, --plot, --extender-scores, --kube-scheduler, --allocator, "
+                        "--workload, --consolidate, --policy, --random-ties, --online, "
+                        "--prices, ...\n");
         free(policy_text);
         return 2;
     }
@@ -1420,6 +1449,29 @@ int kgpu_cmd_simulate(int argc, char **argv)
                            .json = json,
                            .timing = timing};
         status = kgpu_simulate_clusters(&mo);
+        kgpu_sim_input_free(&in);
+        free(policy_text);
+        return status;
+    }
+    if (mig != NULL) {
+        kgpu_churn_input ch;
+        memset(&ch, 0, sizeof(ch));
+        if (load_traces(nodes_path, pods_path, &in, churn ? &ch : NULL, NULL, NULL, NULL, NULL,
+                        &err) != 0)
+            goto out;
+        kgpu_mig_opts mo = {.in = &in,
+                            .ch = churn ? &ch : NULL,
+                            .speedup = speedup,
+                            .pods_path = pods_path,
+                            .models = mig,
+                            .seeds = seeds,
+                            .nseeds = nseeds,
+                            .threads = threads,
+                            .inflate = inflate,
+                            .json = json,
+                            .timing = timing};
+        status = kgpu_simulate_mig(&mo);
+        kgpu_churn_input_free(&ch);
         kgpu_sim_input_free(&in);
         free(policy_text);
         return status;

@@ -42,6 +42,11 @@ void dra_cdi_path(const char *cdi_dir, const char *uid, char *buf, size_t cap)
     snprintf(buf, cap, "%s/kgpu.io-gpu_%s.json", cdi_dir, uid);
 }
 
+const char *dra_alloc_visible_uuid(const dra_alloc *a)
+{
+    return a->profile[0] != '\0' && a->mig_uuid[0] != '\0' ? a->mig_uuid : a->uuid;
+}
+
 void dra_claim_target(const dra_claim *c, int r, int64_t unit_mib, contract_target *out)
 {
     memset(out, 0, sizeof(*out));
@@ -54,17 +59,22 @@ void dra_claim_target(const dra_claim *c, int r, int64_t unit_mib, contract_targ
         const dra_alloc *a = &c->allocs[i];
         if (a->req != r)
             continue;
-        /* Two shares of one GPU (two shareIDs) are one GPU with both shares. */
+        /*
+         * Two shares of one GPU (two shareIDs) are one GPU with both shares.
+         * A MIG instance is what the container sees: its UUID stands for the
+         * GPU (NVIDIA_VISIBLE_DEVICES=MIG-..., its schedule, its limits).
+         */
+        const char *uuid = dra_alloc_visible_uuid(a);
         contract_share *g = NULL;
         for (int k = 0; k < out->ngpus && g == NULL; k++)
-            if (strcmp(out->gpus[k].uuid, a->uuid) == 0)
+            if (strcmp(out->gpus[k].uuid, uuid) == 0)
                 g = &out->gpus[k];
         if (g == NULL) {
             if (out->ngpus >= KGPU_MAX_GPUS_PER_NODE)
                 continue;
             g = &out->gpus[out->ngpus++];
             g->index = a->index;
-            snprintf(g->uuid, sizeof(g->uuid), "%s", a->uuid);
+            snprintf(g->uuid, sizeof(g->uuid), "%s", uuid);
         }
         g->milli = g->milli + a->milli > 1000 ? 1000 : g->milli + a->milli;
         g->limit_pct = a->limit_pct > g->limit_pct ? a->limit_pct : g->limit_pct;

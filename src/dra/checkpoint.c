@@ -8,7 +8,14 @@
  *
  *   {"version": 1, "claims": [{"uid", "namespace", "name",
  *     "devices": [{"request", "device", "uuid", "index", "memoryMiB",
- *                  "milli", "shareID"}]}]}
+ *                  "milli", "shareID", "coreLimit"?}]}]}
+ *
+ * A device holding a MIG instance adds "mig": {"profile", "nvmlProfile",
+ * "start", "size", "shared", "gi", "ci", "uuid"}, and the file is then
+ * version 2: an older driver, which would take it for a whole GPU and never
+ * destroy the instance, refuses to start on it instead. A file without MIG
+ * stays version 1, so downgrading on a node that never used MIG still works;
+ * both versions are read.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -71,6 +78,7 @@ bool dra_ckpt_drop(dra_ckpt *ck, const char *uid)
 
 char *dra_ckpt_encode(const dra_ckpt *ck)
 {
+    int version = 1;
     json_t *claims = json_array();
     for (int i = 0; i < ck->n; i++) {
         const dra_claim *c = &ck->claims[i];
@@ -83,16 +91,67 @@ char *dra_ckpt_encode(const dra_ckpt *ck)
                           (json_int_t)a->memory_mib, "milli", a->milli, "shareID", a->share_id);
             if (a->limit_pct > 0) /* absent in checkpoints written before it existed */
                 json_object_set_new(dev, "coreLimit", json_integer(a->limit_pct));
+            if (a->profile[0] != '\0') {
+                json_object_set_new(
+                    dev, "mig",
+                    json_pack("{s:s, s:i, s:i, s:i, s:b, s:I, s:I, s:s}", "profile", a->profile,
+                              "nvmlProfile", a->nvml_profile, "start", a->mig_start, "size",
+                              a->mig_size, "shared", a->mig_shared, "gi", (json_int_t)a->gi_id,
+                              "ci", (json_int_t)a->ci_id, "uuid", a->mig_uuid));
+                version = 2;
+            }
             json_array_append_new(devs, dev);
         }
         json_array_append_new(claims, json_pack("{s:s, s:s, s:s, s:o}", "uid", c->uid,
                                                 "namespace", c->ns, "name", c->name, "devices",
                                                 devs));
     }
-    json_t *doc = json_pack("{s:i, s:o}", "version", 1, "claims", claims);
+    json_t *doc = json_pack("{s:i, s:o}", "version", version, "claims", claims);
     char *text = doc != NULL ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(doc);
     return text;
+}
+
+/* A profile name as kgpu's tables spell them: "3g.20gb", "1g.5gb+me". */
+static bool profile_name(const char *s)
+{
+    if (s == NULL || *s == '\0' || strlen(s) >= KGPU_MIG_NAME_MAX)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '.' || *s == '+'))
+            return false;
+    return true;
+}
+
+static bool int_in(const json_t *v, json_int_t lo, json_int_t hi)
+{
+    return json_is_integer(v) && json_integer_value(v) >= lo && json_integer_value(v) <= hi;
+}
+
+/* A device's "mig" object into a (0), or -1 when malformed. */
+static int read_mig(const json_t *m, dra_alloc *a)
+{
+    const char *prof = json_string_value(json_object_get(m, "profile"));
+    const char *uuid = json_string_value(json_object_get(m, "uuid"));
+    const json_t *np = json_object_get(m, "nvmlProfile"), *start = json_object_get(m, "start"),
+                 *size = json_object_get(m, "size"), *shared = json_object_get(m, "shared"),
+                 *gi = json_object_get(m, "gi"), *ci = json_object_get(m, "ci");
+    if (!json_is_object(m) || !profile_name(prof) || uuid == NULL ||
+        (uuid[0] != '\0' && (!dra_safe_name(uuid) || strlen(uuid) >= KGPU_GPU_UUID_MAX)) ||
+        !int_in(np, 0, 63) || !int_in(start, 0, KGPU_MIG_MEM_SLICES - 1) ||
+        !int_in(size, 1, KGPU_MIG_MEM_SLICES) ||
+        json_integer_value(start) + json_integer_value(size) > KGPU_MIG_MEM_SLICES ||
+        !json_is_boolean(shared) || !int_in(gi, 0, 1000000) || !int_in(ci, 0, 1000000))
+        return -1;
+    snprintf(a->profile, sizeof(a->profile), "%s", prof);
+    snprintf(a->mig_uuid, sizeof(a->mig_uuid), "%s", uuid);
+    a->nvml_profile = (int)json_integer_value(np);
+    a->mig_start = (int)json_integer_value(start);
+    a->mig_size = (int)json_integer_value(size);
+    a->mig_shared = json_is_true(shared);
+    a->gi_id = (unsigned)json_integer_value(gi);
+    a->ci_id = (unsigned)json_integer_value(ci);
+    return 0;
 }
 
 static int read_claim(const json_t *o, size_t i, const char *file, dra_claim *c, kgpu_error *err)
@@ -153,6 +212,10 @@ static int read_claim(const json_t *o, size_t i, const char *file, dra_claim *c,
         a->memory_mib = json_integer_value(mem);
         a->milli = (int)json_integer_value(milli);
         a->limit_pct = lim != NULL ? (int)json_integer_value(lim) : 0;
+        const json_t *mig = json_object_get(d, "mig");
+        if (mig != NULL && read_mig(mig, a) != 0)
+            return kgpu_error_set(err, KGPU_EPARSE, "%s: claim %s: device %zu: mig malformed",
+                                  file, uid, k);
     }
     return 0;
 }
@@ -169,8 +232,8 @@ int dra_ckpt_parse(const char *buf, size_t len, const char *file, dra_ckpt *out,
         return kgpu_error_set(err, KGPU_EPARSE, "%s:%d:%d: %s", file, je.line, je.column, je.text);
     int rc = 0;
     json_t *ver = json_object_get(doc, "version"), *claims = json_object_get(doc, "claims");
-    if (!json_is_integer(ver) || json_integer_value(ver) != 1 || !json_is_array(claims)) {
-        rc = kgpu_error_set(err, KGPU_EPARSE, "%s: not a version 1 checkpoint", file);
+    if (!int_in(ver, 1, 2) || !json_is_array(claims)) {
+        rc = kgpu_error_set(err, KGPU_EPARSE, "%s: not a version 1 or 2 checkpoint", file);
     } else if (json_array_size(claims) > DRA_MAX_CLAIMS) {
         rc = kgpu_error_set(err, KGPU_ERANGE, "%s: %zu claims, more than %d", file,
                             json_array_size(claims), DRA_MAX_CLAIMS);
@@ -247,4 +310,58 @@ int dra_ckpt_load(const char *path, dra_ckpt *out, kgpu_error *err)
         rc = dra_ckpt_parse(buf, len, path, out, err);
     free(buf);
     return rc;
+}
+
+/* ---- overlaps on MIG GPUs ---- */
+
+static void describe(const dra_alloc *a, char *buf, size_t cap)
+{
+    if (a->mig_shared)
+        snprintf(buf, cap, "%s (the whole GPU)", a->device);
+    else
+        snprintf(buf, cap, "%s (%s on memory slices %d-%d)", a->device, a->profile, a->mig_start,
+                 a->mig_start + a->mig_size - 1);
+}
+
+/* Whether two MIG allocations on one GPU cannot both be prepared. */
+static bool clash(const dra_alloc *a, const dra_alloc *b)
+{
+    if (a->profile[0] == '\0' || b->profile[0] == '\0' || strcmp(a->uuid, b->uuid) != 0)
+        return false;
+    if (a->mig_shared || b->mig_shared)
+        return a->mig_shared != b->mig_shared; /* shares of the whole instance go together */
+    return (kgpu_mig_mask(a->mig_start, a->mig_size) & kgpu_mig_mask(b->mig_start, b->mig_size)) !=
+           0;
+}
+
+int dra_ckpt_conflict(const dra_ckpt *ck, const dra_claim *c, kgpu_error *err)
+{
+    char da[128], db[128];
+    for (int i = 0; i < c->nallocs; i++) {
+        const dra_alloc *a = &c->allocs[i];
+        for (int j = i + 1; j < c->nallocs; j++)
+            if (clash(a, &c->allocs[j])) {
+                describe(a, da, sizeof(da));
+                describe(&c->allocs[j], db, sizeof(db));
+                return kgpu_error_set(err, KGPU_ESTATE,
+                                      "ResourceClaim %s/%s: devices %s and %s overlap on GPU %s",
+                                      c->ns, c->name, da, db, a->uuid);
+            }
+        for (int k = 0; k < ck->n; k++) {
+            const dra_claim *o = &ck->claims[k];
+            if (strcmp(o->uid, c->uid) == 0)
+                continue;
+            for (int j = 0; j < o->nallocs; j++)
+                if (clash(a, &o->allocs[j])) {
+                    describe(a, da, sizeof(da));
+                    describe(&o->allocs[j], db, sizeof(db));
+                    return kgpu_error_set(err, KGPU_ESTATE,
+                                          "ResourceClaim %s/%s: device %s overlaps %s of the "
+                                          "prepared claim %s/%s (%s) on GPU %s; refused",
+                                          c->ns, c->name, da, db, o->ns, o->name, o->uid,
+                                          a->uuid);
+                }
+        }
+    }
+    return 0;
 }

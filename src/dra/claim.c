@@ -29,18 +29,6 @@ static const char *str(const json_t *o, const char *k)
     return json_string_value(json_object_get(o, k));
 }
 
-/* The position in the node's view of the device named `dev`, or -1. */
-static int find_gpu(const dra_node_view *node, const char *dev)
-{
-    char name[DRA_DEVICE_MAX];
-    for (int i = 0; i < node->ngpus; i++) {
-        dra_device_name(node->gpus[i].index, name, sizeof(name));
-        if (strcmp(name, dev) == 0)
-            return i;
-    }
-    return -1;
-}
-
 /* Index of the request called `base` in out->reqs, added when new; -1 when full. */
 static int request_slot(dra_claim *out, const char *base, size_t len)
 {
@@ -68,13 +56,19 @@ static int read_result(const json_t *res, const dra_node_view *node, const char 
                               "%s: request %.64s was allocated device %.64s of pool %.253s, not "
                               "of this node's pool %s",
                               who, request, dev, pool, node->pool);
-    int g = find_gpu(node, dev);
-    if (g < 0)
+    dra_device_ref ref;
+    if (!dra_device_find(node->gpus, node->ngpus, node->mig, dev, &ref))
         return kgpu_error_set(err, KGPU_ENOENT,
                               "%s: request %.64s was allocated device %.64s, which node %s does "
                               "not have",
                               who, request, dev, node->pool);
-    const kgpu_gpu_info *gpu = &node->gpus[g];
+    const kgpu_gpu_info *gpu = &node->gpus[ref.gpu];
+    /* What the device is: a partition, a MIG GPU's whole instance, or a GPU. */
+    const kgpu_mig_profile *prof =
+        ref.model == NULL ? NULL
+        : ref.profile >= 0 ? &ref.model->profiles[ref.profile]
+                            : kgpu_mig_profile_whole(ref.model);
+    int64_t dev_mib = prof != NULL ? prof->memory_mib : gpu->memory_mib;
     if (!gpu->healthy)
         return kgpu_error_set(err, KGPU_ESTATE,
                               "%s: request %.64s was allocated %s (%s), which turned unhealthy",
@@ -94,6 +88,11 @@ static int read_result(const json_t *res, const dra_node_view *node, const char 
     const json_t *share = json_object_get(res, "shareID");
     if (share != NULL && (!json_is_string(share) || !dra_safe_name(json_string_value(share))))
         return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: shareID is not a UID", who, dev);
+    if (share != NULL && ref.profile >= 0)
+        return kgpu_error_set(err, KGPU_EPARSE,
+                              "%s: device %s is a MIG instance, which allows no shares, yet has "
+                              "a shareID",
+                              who, dev);
     /*
      * A device that allows multiple allocations may serve one request twice,
      * as two shares (two shareIDs): the container gets the GPU once, with both
@@ -117,8 +116,15 @@ static int read_result(const json_t *res, const dra_node_view *node, const char 
     snprintf(a->device, sizeof(a->device), "%s", dev);
     snprintf(a->uuid, sizeof(a->uuid), "%s", gpu->uuid);
     a->index = gpu->index;
-    a->memory_mib = gpu->memory_mib;
+    a->memory_mib = dev_mib;
     a->milli = 0;
+    if (prof != NULL) {
+        snprintf(a->profile, sizeof(a->profile), "%s", prof->name);
+        a->nvml_profile = prof->nvml_profile;
+        a->mig_start = ref.profile >= 0 ? ref.start : 0;
+        a->mig_size = prof->size;
+        a->mig_shared = ref.profile < 0;
+    }
     if (share != NULL)
         snprintf(a->share_id, sizeof(a->share_id), "%s", json_string_value(share));
     const json_t *cc = json_object_get(res, "consumedCapacity");
@@ -140,12 +146,14 @@ static int read_result(const json_t *res, const dra_node_view *node, const char 
                 return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: memory: %s", who, dev,
                                       qe.msg);
             int64_t mib = v / (1024 * 1024); /* never more than was allocated */
-            if (mib < 1 || mib > gpu->memory_mib)
+            if (mib < 1 || mib > dev_mib)
                 return kgpu_error_set(err, KGPU_ERANGE,
                                       "%s: device %s: consumed memory %.32s is outside 1 MiB .. "
-                                      "the GPU's %" PRId64 " MiB",
-                                      who, dev, json_string_value(q), gpu->memory_mib);
-            a->memory_mib = mib;
+                                      "the %s %" PRId64 " MiB",
+                                      who, dev, json_string_value(q),
+                                      prof != NULL ? "instance's" : "GPU's", dev_mib);
+            if (ref.profile < 0) /* an instance is all of its memory */
+                a->memory_mib = mib;
         } else if (strcmp(key, DRA_CAP_CORES) == 0) {
             if (kgpu_quantity_milli(json_string_value(q), &v, &qe) != 0)
                 return kgpu_error_set(err, KGPU_EPARSE, "%s: device %s: cores: %s", who, dev,
@@ -154,7 +162,8 @@ static int read_result(const json_t *res, const dra_node_view *node, const char 
                 return kgpu_error_set(err, KGPU_ERANGE,
                                       "%s: device %s: consumed cores %.32s exceed the GPU's 100",
                                       who, dev, json_string_value(q));
-            a->milli = (int)(v / 100); /* percent in milli-units → thousandths of the GPU */
+            if (ref.profile < 0) /* percent in milli-units → thousandths of the GPU */
+                a->milli = (int)(v / 100);
         }
         /* Other capacities are not kgpu's: a newer slice may carry more. */
     }

@@ -4,14 +4,19 @@
  * (resource.k8s.io/v1).
  *
  * Modules:
- *   slice.c       the node's ResourceSlice: one device per GPU with attributes
- *                 and consumable capacity (pure)
+ *   slice.c       the node's ResourceSlices: one device per GPU with attributes
+ *                 and consumable capacity, and on a GPU in MIG mode one device
+ *                 per profile and placement, consuming the GPU's shared
+ *                 counters (pure)
  *   claim.c       a ResourceClaim's allocation for this driver, read into the
  *                 GPUs and shares it gives (pure)
  *   cdi.c         a prepared claim's CDI spec: the container contract
  *                 (src/contract: env, mounts and limits file) as CDI
  *                 container edits; and the files on the host
- *   checkpoint.c  the prepared claims, saved by write-and-rename
+ *   checkpoint.c  the prepared claims, saved by write-and-rename; which of
+ *                 them overlap on a MIG GPU
+ *   instance.c    the MIG instances prepared claims hold: made, found again
+ *                 after a restart or reboot, destroyed (through dra_mig_ops)
  *   publish.c     the ResourceSlice publisher thread (driver.h)
  *   service.c     the DRA node service and plugin registration: kubelet's
  *                 calls (driver.h)
@@ -40,6 +45,7 @@
 #include "contract.h"
 #include "gpu.h"
 #include "kgpu/error.h"
+#include "kgpu/mig.h"
 #include "kgpu/model.h"
 #include "nodeagent.h"
 
@@ -63,6 +69,11 @@
 #define DRA_MAX_CLAIMS     1024 /* prepared at once on one node (kubelet's max-pods is 110) */
 #define DRA_MAX_CALL       256  /* claims in one Prepare or Unprepare call */
 #define DRA_CLAIM_MAX_JSON (1u << 20)
+/* One slice holds at most 64 devices once any uses taints or counters (v1.37 validation). */
+#define DRA_SLICE_MAX_DEVICES 64
+#define DRA_SLICE_MAX_SETS    8 /* counter sets per slice */
+/* The taint every device of an unhealthy GPU carries (effect NoSchedule). */
+#define DRA_TAINT_UNHEALTHY "gpu.kgpu.io/unhealthy"
 #define DRA_CKPT_MAX_BYTES (16u << 20)
 
 /* One GPU (or share of one) a claim was allocated. */
@@ -75,6 +86,19 @@ typedef struct dra_alloc {
     int milli;          /* the share's compute in thousandths; 0 = not limited */
     int limit_pct;      /* burst ceiling (opaque config coreLimit), percent; 0 = none */
     char share_id[DRA_UID_MAX]; /* consumable capacity's share, "" for none */
+    /*
+     * MIG: the GPU instance the device stands for, "" profile for none (a GPU
+     * not in MIG mode). A MIG device ("gpu-0-mig-3g-20gb-4") is its profile at
+     * mig_start; the whole-GPU device of a GPU in MIG mode is the full-size
+     * profile at 0, shared (mig_shared) by every claim holding it. uuid stays
+     * the parent GPU's; mig_uuid is the instance's once made.
+     */
+    char profile[KGPU_MIG_NAME_MAX];
+    int nvml_profile; /* NVML_GPU_INSTANCE_PROFILE_* */
+    int mig_start, mig_size;
+    bool mig_shared;
+    unsigned gi_id, ci_id;
+    char mig_uuid[KGPU_GPU_UUID_MAX]; /* "MIG-..."; "" until made */
 } dra_alloc;
 
 /* A claim as this driver prepares it: its devices of gpu.kgpu.io, by request. */
@@ -93,7 +117,34 @@ typedef struct dra_claim {
 /* The slice's device name of a GPU: "gpu-<index>". */
 void dra_device_name(int index, char *buf, size_t cap);
 
-/* The name of the node's one slice: "<node>-gpu.kgpu.io" (within 253 characters). */
+/* A MIG device's name, a DNS label: "gpu-<index>-mig-<profile, '.' as '-'>-<start>". */
+void dra_mig_device_name(int index, const char *profile, int start, char *buf, size_t cap);
+
+/*
+ * The MIG table the driver offers GPU g by: its model's, when `mig` (MIG is
+ * offered at all: NVML mode), g is in MIG mode and kgpu knows the model;
+ * else NULL (the GPU is one device, as without MIG).
+ */
+const kgpu_mig_model *dra_mig_model(const kgpu_gpu_info *g, bool mig);
+
+/* What a device name of the node's slices stands for. */
+typedef struct dra_device_ref {
+    int gpu;                     /* position in the node's GPUs */
+    const kgpu_mig_model *model; /* the GPU's MIG table, NULL when not offered as MIG */
+    int profile;                 /* index into model->profiles; -1: the whole-GPU device */
+    int start;                   /* the MIG placement's first memory slice */
+} dra_device_ref;
+
+/*
+ * Finds the device the slices publish under `name`: true only for a name
+ * they would publish (gpus as the slice input's; `mig` likewise).
+ */
+bool dra_device_find(const kgpu_gpu_info *gpus, int ngpus, bool mig, const char *name,
+                     dra_device_ref *out);
+
+/* The name of the node's k-th slice: "<node>-gpu.kgpu.io", then "...-01" (within 253). */
+void dra_slice_name_at(const char *node, int k, char *buf, size_t cap);
+/* The first: dra_slice_name_at(node, 0, ...). */
 void dra_slice_name(const char *node, char *buf, size_t cap);
 
 /* What the slice is built from. */
@@ -105,21 +156,37 @@ typedef struct dra_slice_input {
     /* "8.0" per GPU position, or NULL / "" where unknown; may be NULL. */
     const char *const *compute_capability;
     int64_t generation; /* the pool's generation */
+    bool mig;           /* offer GPUs in MIG mode by profile (NVML mode only) */
 } dra_slice_input;
 
 /*
- * A resource.k8s.io/v1 ResourceSlice for the node's healthy GPUs (an
- * unhealthy GPU is left out, so no new claim is allocated it). Each device
- * allows multiple allocations and offers `memory` (bytes: default the whole
- * GPU, steps of 1 MiB) and `cores` (percent: default 0, not limited, up to
- * 100). New reference; NULL only when out of memory.
+ * The node's pool as resource.k8s.io/v1 ResourceSlices, a JSON array in
+ * name order (new reference; NULL only when out of memory).
+ *
+ * Each GPU is a device gpu-<index> that allows multiple allocations and
+ * offers `memory` (bytes: default the whole GPU, steps of 1 MiB) and `cores`
+ * (percent: default 0, not limited, up to 100). A GPU in MIG mode with a
+ * known table (dra_mig_model) adds one device per profile ("+me" ones left
+ * out) and allowed start, and a counter set gpu-<index>-slices in a slice of
+ * its own (a slice holds counters or devices, never both): memory-slice-0..7
+ * of 1 and compute-slices of 7. Each MIG device consumes its memory slices
+ * and compute slices; gpu-<index> consumes all of them, which kube-scheduler
+ * charges once however many shares it gives, so a GPU used whole or by
+ * shares offers no partition and a partitioned one no share. Devices go GPU
+ * by GPU, gpu-<index> first, then each profile's starts in
+ * kgpu_mig_slice_order: kube-scheduler takes the first free device in slice
+ * order, so that order is the placement. A GPU's devices stay in one slice;
+ * slices hold at most DRA_SLICE_MAX_DEVICES devices and DRA_SLICE_MAX_SETS
+ * counter sets. An unhealthy GPU's devices carry the taint
+ * DRA_TAINT_UNHEALTHY (NoSchedule). A node without MIG GPUs is one slice.
  */
-json_t *dra_slice_build(const dra_slice_input *in);
+json_t *dra_slices_build(const dra_slice_input *in);
 
 /*
  * Whether an existing slice (as the API server returns it) already says what
- * `want` says: driver, node, pool name, devices and owner. Fields the server
- * adds (metadata, defaults) are ignored.
+ * `want` says: driver, node, pool name and slice count, devices, counters
+ * and owner. Fields the server adds (metadata, defaults, a taint's
+ * timeAdded) are ignored; so is the generation (the publisher's to compare).
  */
 bool dra_slice_same(const json_t *have, const json_t *want);
 
@@ -140,6 +207,7 @@ typedef struct dra_node_view {
     const char *pool; /* the node's name */
     const kgpu_gpu_info *gpus;
     int ngpus;
+    bool mig; /* as the slice input's: MIG devices are published */
 } dra_node_view;
 
 /*
@@ -151,7 +219,10 @@ typedef struct dra_node_view {
  * be NULL) must be the claim's metadata.uid. Errors name the claim and what
  * is wrong: not allocated, a result for another node's pool, an unknown or
  * unhealthy device, a share beyond the device, no result for this driver
- * (KGPU_EPARSE, KGPU_ENOENT, KGPU_ERANGE, KGPU_ESTATE).
+ * (KGPU_EPARSE, KGPU_ENOENT, KGPU_ERANGE, KGPU_ESTATE). A device name is
+ * mapped back through dra_device_find: a MIG device's alloc records its
+ * profile and placement (memory: the profile's), and one named as no slice
+ * of this node would name it is refused.
  */
 int dra_claim_read(const json_t *claim, const char *want_uid, const dra_node_view *node,
                    dra_claim *out, kgpu_error *err);
@@ -173,6 +244,9 @@ void dra_cdi_id(const dra_claim *c, int r, char *buf, size_t cap);
 
 /* Path of a claim's CDI spec file: <cdi_dir>/kgpu.io-gpu_<uid>.json. */
 void dra_cdi_path(const char *cdi_dir, const char *uid, char *buf, size_t cap);
+
+/* The UUID the container is given for a: the MIG instance's once made, else the GPU's. */
+const char *dra_alloc_visible_uuid(const dra_alloc *a);
 
 /*
  * The contract's target for request r of a claim, as the device plugin's
@@ -232,6 +306,52 @@ int dra_ckpt_parse(const char *buf, size_t len, const char *file, dra_ckpt *out,
 int dra_ckpt_save(const char *path, const dra_ckpt *ck, kgpu_error *err);
 /* Loads; a missing file is an empty checkpoint. */
 int dra_ckpt_load(const char *path, dra_ckpt *out, kgpu_error *err);
+
+/*
+ * Defense in depth behind kube-scheduler's counters: KGPU_ESTATE naming both
+ * when a MIG device of claim c overlaps (memory slices) another of its own
+ * or of a prepared claim in ck (other than c itself), or when c holds a
+ * partition of a GPU whose whole device a prepared claim holds, or the other
+ * way round. Shares of one GPU's whole device never conflict with each other.
+ */
+int dra_ckpt_conflict(const dra_ckpt *ck, const dra_claim *c, kgpu_error *err);
+
+/* ---- instance.c ---- */
+
+/*
+ * The MIG calls the driver makes, behind a table so that a test can stand
+ * in for NVML (driver.c: kgpu_nvml_mig_*; ctx: the kgpu_nvml handle).
+ */
+typedef struct dra_mig_ops {
+    void *ctx;
+    int (*list)(void *ctx, int index, kgpu_nvml_mig *out, int cap, int *n, kgpu_error *err);
+    int (*create)(void *ctx, int index, int nvml_profile, int start, kgpu_nvml_mig *out,
+                  kgpu_error *err);
+    int (*destroy)(void *ctx, int index, unsigned gi_id, kgpu_error *err);
+} dra_mig_ops;
+
+/* Whether claim c holds a MIG instance (a MIG device, or a MIG GPU's whole device). */
+bool dra_claim_has_mig(const dra_claim *c);
+
+/*
+ * Makes sure every MIG instance claim c needs exists, and records it in c
+ * (gi_id, ci_id, mig_uuid): an instance c records that NVML still lists at
+ * its placement is kept; a MIG GPU's whole instance another claim in ck
+ * holds is shared; anything else is made at the allocated placement (after
+ * a reboot: with a new UUID). *changed (may be NULL) is set when c changed.
+ * On failure every instance this call made is destroyed again and the error
+ * names the device. ck may hold c itself (it is told apart by UID).
+ */
+int dra_instances_ensure(const dra_mig_ops *ops, const dra_ckpt *ck, dra_claim *c,
+                         bool *changed, kgpu_error *err);
+
+/*
+ * Destroys the instances claim c holds, but a shared whole-GPU instance that
+ * another claim in ck still holds; one NVML no longer lists at c's placement
+ * is gone already. Idempotent.
+ */
+int dra_instances_release(const dra_mig_ops *ops, const dra_ckpt *ck, const dra_claim *c,
+                          kgpu_error *err);
 
 /* ---- driver.c ---- */
 

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "driver.h"
 #include "log.h"
@@ -85,6 +86,24 @@ static int poll_nvml(driver *d, kgpu_error *err)
     return rc;
 }
 
+/* ---- MIG instances through NVML (dra_mig_ops; ctx: the kgpu_nvml handle) ---- */
+
+static int mig_list(void *ctx, int index, kgpu_nvml_mig *out, int cap, int *n, kgpu_error *err)
+{
+    return kgpu_nvml_mig_list(ctx, index, out, cap, n, err);
+}
+
+static int mig_create(void *ctx, int index, int nvml_profile, int start, kgpu_nvml_mig *out,
+                      kgpu_error *err)
+{
+    return kgpu_nvml_mig_create(ctx, index, nvml_profile, start, out, err);
+}
+
+static int mig_destroy(void *ctx, int index, unsigned gi_id, kgpu_error *err)
+{
+    return kgpu_nvml_mig_destroy(ctx, index, gi_id, err);
+}
+
 /* ---- life cycle ---- */
 
 /* The driver needs the API server (claims are read from it): no account is an error. */
@@ -139,15 +158,40 @@ static void watch_socket(driver *d)
         kgpu_log(KGPU_LOG_ERROR, "%s", e.msg);
 }
 
-/* Rewrites the files of every checkpointed claim: /var/run/cdi is lost on a reboot. */
+/*
+ * Rewrites the files of every checkpointed claim: /var/run/cdi is lost on a
+ * reboot, and so are MIG instances. An instance NVML still lists is kept; one
+ * that is gone is made again at the same placement, and the CDI spec then
+ * names its new UUID. One that cannot be made is logged: kubelet's Prepare
+ * of that claim tries again and answers the error.
+ */
 static void restore_claims(driver *d)
 {
     pthread_mutex_lock(&d->claim_mu);
+    bool save = false;
     for (int i = 0; i < d->ck.n; i++) {
+        dra_claim *c = &d->ck.claims[i];
         kgpu_error e = {0};
-        if (dra_claim_files_write(&d->ck.claims[i], &d->inv, &d->paths, d->cfg->cdi_dir, &e) != 0)
-            kgpu_log(KGPU_LOG_WARN, "restoring claim %s: %s", d->ck.claims[i].uid, e.msg);
+        bool changed = false;
+        if (dra_instances_ensure(&d->mig, &d->ck, c, &changed, &e) != 0) {
+            /* No spec naming the parent GPU in the instance's place: none at all. */
+            kgpu_log(KGPU_LOG_WARN, "restoring claim %s: %s", c->uid, e.msg);
+            char path[1200];
+            dra_cdi_path(d->cfg->cdi_dir, c->uid, path, sizeof(path));
+            (void)unlink(path);
+            save |= changed;
+            continue;
+        }
+        if (changed)
+            kgpu_log(KGPU_LOG_INFO, "claim %s/%s (%s): MIG instances made again", c->ns,
+                     c->name, c->uid);
+        save |= changed;
+        if (dra_claim_files_write(c, &d->inv, &d->paths, d->cfg->cdi_dir, &e) != 0)
+            kgpu_log(KGPU_LOG_WARN, "restoring claim %s: %s", c->uid, e.msg);
     }
+    kgpu_error e = {0};
+    if (save && dra_ckpt_save(d->ckpt_path, &d->ck, &e) != 0)
+        kgpu_log(KGPU_LOG_ERROR, "%s", e.msg);
     pthread_mutex_unlock(&d->claim_mu);
 }
 
@@ -183,6 +227,10 @@ static int start(driver *d, kgpu_error *err)
                             cfg->node.sysfs[0] ? cfg->node.sysfs : NULL, &d->nvml, err);
         if (rc == 0)
             rc = poll_nvml(d, err);
+        d->mig = (dra_mig_ops){.ctx = d->nvml,
+                               .list = mig_list,
+                               .create = mig_create,
+                               .destroy = mig_destroy};
         d->rediscover_at = dra_now_s() + DISCOVER_S;
     }
     if (rc != 0)

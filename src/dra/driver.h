@@ -28,6 +28,7 @@ typedef struct driver {
     const dra_config *cfg;
     kgpu_k8s *k8s;
     kgpu_nvml *nvml;
+    dra_mig_ops mig; /* MIG instances through nvml; all NULL with --fake-gpus */
     /* The inventory: written by the main thread under inv_mu, read by the others. */
     pthread_mutex_t inv_mu;
     contract_inventory inv;
@@ -48,7 +49,6 @@ typedef struct driver {
     bool pub_started;
     atomic_bool *stop;
     char node_uid[DRA_UID_MAX]; /* publisher thread only */
-    bool strays_checked;        /* publisher thread only */
     /*
      * When kubelet last said it registered the driver (0: never). kubelet
      * deletes the node's ResourceSlices when it starts, before or after

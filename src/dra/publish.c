@@ -77,37 +77,58 @@ static int send_json(driver *d, const char *method, const char *path, json_t *bo
     return rc;
 }
 
-/* Deletes this node's slices of the driver under other names (an older layout, a renamed node). */
-static void delete_strays(driver *d, const char *keep)
+/* The slice in `items` named `name`, or NULL. */
+static json_t *named(json_t *items, const char *name)
 {
-    char query[600];
-    snprintf(query, sizeof(query), "fieldSelector=spec.nodeName%%3D%s%%2Cspec.driver%%3D%s",
-             d->cfg->node.node_name, DRA_DRIVER);
-    json_t *items = NULL;
-    char rv[KGPU_K8S_RV_MAX];
-    kgpu_error e = {0};
-    if (kgpu_k8s_list(d->k8s, SLICES, query, NULL, &items, rv, sizeof(rv), NULL, &e) != 0) {
-        kgpu_log(KGPU_LOG_WARN, "listing this node's ResourceSlices: %s", e.msg);
-        return;
-    }
     size_t i;
     json_t *s;
     json_array_foreach(items, i, s)
     {
-        const char *name = json_string_value(json_object_get(json_object_get(s, "metadata"), "name"));
-        if (name == NULL || strcmp(name, keep) == 0)
-            continue;
-        char path[600];
-        snprintf(path, sizeof(path), "%s/%s", SLICES, name);
-        kgpu_http_resp resp = {0};
-        if (kgpu_k8s_request(d->k8s, "DELETE", path, NULL, NULL, &resp, &e) == 0)
-            kgpu_log(KGPU_LOG_INFO, "deleted stray ResourceSlice %s: HTTP %ld", name, resp.status);
-        free(resp.body);
+        const char *n = json_string_value(json_object_get(json_object_get(s, "metadata"), "name"));
+        if (n != NULL && strcmp(n, name) == 0)
+            return s;
     }
-    json_decref(items);
+    return NULL;
 }
 
-/* Makes the API server's slice say what the inventory says. 0 when it does. */
+static const char *slice_name(const json_t *s)
+{
+    return json_string_value(json_object_get(json_object_get(s, "metadata"), "name"));
+}
+
+static json_int_t slice_generation(const json_t *s)
+{
+    return json_integer_value(
+        json_object_get(json_object_get(json_object_get(s, "spec"), "pool"), "generation"));
+}
+
+/*
+ * Whether the server's slices (`have`, this node's of this driver) are `want`:
+ * the same names, each the same (dra_slice_same), all of one generation (the
+ * scheduler takes a pool only whole, from its newest generation).
+ */
+static bool all_same(json_t *have, const json_t *want)
+{
+    if (json_array_size(have) != json_array_size(want))
+        return false;
+    size_t i;
+    json_t *w;
+    json_array_foreach(want, i, w)
+    {
+        json_t *h = named(have, slice_name(w));
+        if (h == NULL || !dra_slice_same(h, w) ||
+            slice_generation(h) != slice_generation(json_array_get(have, 0)))
+            return false;
+    }
+    return true;
+}
+
+/*
+ * Makes the API server's slices of this node say what the inventory says. 0
+ * when they do. A change rewrites every slice with the next generation, and
+ * deletes this node's slices of the driver that are no longer wanted (fewer
+ * GPUs in MIG mode, an older name or layout).
+ */
 static int publish(driver *d, uint64_t *gen_done, kgpu_error *err)
 {
     int rc = read_node(d, err);
@@ -122,55 +143,76 @@ static int publish(driver *d, uint64_t *gen_done, kgpu_error *err)
     pthread_mutex_unlock(&d->inv_mu);
     for (int i = 0; i < KGPU_MAX_GPUS_PER_NODE; i++)
         ccp[i] = gpus[i].compute_capability;
-    char name[300], path[700];
-    dra_slice_name(d->cfg->node.node_name, name, sizeof(name));
-    snprintf(path, sizeof(path), "%s/%s", SLICES, name);
-    long status = 0;
-    kgpu_error ge = {0};
-    json_t *have = kgpu_k8s_get_json(d->k8s, path, &status, &ge);
-    if (have == NULL && status != 404)
-        return status ? kgpu_error_set(err, KGPU_EIO, "GET %s: HTTP %ld", path, status)
-                      : kgpu_error_set(err, KGPU_EIO, "%s", ge.msg);
+    char query[600];
+    snprintf(query, sizeof(query), "fieldSelector=spec.nodeName%%3D%s%%2Cspec.driver%%3D%s",
+             d->cfg->node.node_name, DRA_DRIVER);
+    json_t *have = NULL;
+    char rv[KGPU_K8S_RV_MAX];
+    if ((rc = kgpu_k8s_list(d->k8s, SLICES, query, NULL, &have, rv, sizeof(rv), NULL, err)) != 0)
+        return rc;
     dra_slice_input in = {.node = d->cfg->node.node_name,
                           .node_uid = d->node_uid,
                           .gpus = gpus,
                           .ngpus = d->conflicts[0] != '\0' ? 0 : n,
                           .compute_capability = ccp,
-                          .generation = 1};
-    if (have != NULL) {
-        json_int_t g = json_integer_value(
-            json_object_get(json_object_get(json_object_get(have, "spec"), "pool"), "generation"));
-        in.generation = g > 0 ? g : 1;
+                          .generation = 1,
+                          .mig = d->nvml != NULL};
+    size_t i;
+    json_t *s;
+    json_array_foreach(have, i, s)
+    {
+        if (slice_generation(s) > in.generation)
+            in.generation = slice_generation(s);
     }
-    json_t *want = dra_slice_build(&in);
-    if (have != NULL && dra_slice_same(have, want)) {
-        rc = 0;
-    } else if (have != NULL) {
+    json_t *want = dra_slices_build(&in);
+    if (want == NULL) {
+        json_decref(have);
+        return kgpu_error_set(err, KGPU_ENOMEM, "out of memory building the ResourceSlices");
+    }
+    if (!all_same(have, want)) {
         /* A changed pool is a new generation: the scheduler ignores older ones. */
-        in.generation++;
-        json_decref(want);
-        want = dra_slice_build(&in);
-        const char *rv =
-            json_string_value(json_object_get(json_object_get(have, "metadata"), "resourceVersion"));
-        if (rv != NULL)
-            json_object_set_new(json_object_get(want, "metadata"), "resourceVersion",
-                                json_string(rv));
-        rc = send_json(d, "PUT", path, want, &status, err);
+        if (json_array_size(have) > 0) {
+            in.generation++;
+            json_decref(want);
+            want = dra_slices_build(&in);
+        }
+        long status = 0;
+        json_array_foreach(want, i, s)
+        {
+            char path[700];
+            json_t *h = named(have, slice_name(s));
+            const char *hrv = json_string_value(
+                json_object_get(json_object_get(h, "metadata"), "resourceVersion"));
+            snprintf(path, sizeof(path), "%s/%s", SLICES, slice_name(s));
+            if (hrv != NULL)
+                json_object_set_new(json_object_get(s, "metadata"), "resourceVersion",
+                                    json_string(hrv));
+            rc = h != NULL ? send_json(d, "PUT", path, s, &status, err)
+                           : send_json(d, "POST", SLICES, s, &status, err);
+            if (rc != 0)
+                break;
+        }
+        json_array_foreach(have, i, s)
+        {
+            if (rc != 0 || named(want, slice_name(s)) != NULL)
+                continue;
+            char path[700];
+            snprintf(path, sizeof(path), "%s/%s", SLICES, slice_name(s));
+            kgpu_http_resp resp = {0};
+            kgpu_error e = {0};
+            if (kgpu_k8s_request(d->k8s, "DELETE", path, NULL, NULL, &resp, &e) == 0)
+                kgpu_log(KGPU_LOG_INFO, "deleted ResourceSlice %s: HTTP %ld", slice_name(s),
+                         resp.status);
+            free(resp.body);
+        }
         if (rc == 0)
-            kgpu_log(KGPU_LOG_INFO, "updated ResourceSlice %s: %d GPUs, generation %" PRId64,
-                     name, n, in.generation);
-    } else {
-        rc = send_json(d, "POST", SLICES, want, &status, err);
-        if (rc == 0)
-            kgpu_log(KGPU_LOG_INFO, "created ResourceSlice %s: %d GPUs", name, n);
+            kgpu_log(KGPU_LOG_INFO,
+                     "wrote the ResourceSlices of node %s: %zu slices, %d GPUs, generation "
+                     "%" PRId64,
+                     d->cfg->node.node_name, json_array_size(want), in.ngpus, in.generation);
     }
     json_decref(want);
     json_decref(have);
-    if (rc == 0 && !d->strays_checked) {
-        /* Strays come from an older name or layout: once per start is enough. */
-        delete_strays(d, name);
-        d->strays_checked = true;
-    }
     if (rc == 0)
         *gen_done = gen;
     return rc;

@@ -57,9 +57,20 @@ static int prepare_one(driver *d, const claim_ref *ref, dra_claim *out, kgpu_err
     pthread_mutex_unlock(&d->inv_mu);
     dra_claim *have = dra_ckpt_find(&d->ck, ref->uid);
     if (have != NULL) {
-        /* Prepared before (a retry, or kubelet after a reboot emptied /var/run/cdi). */
+        /*
+         * Prepared before (a retry, or kubelet after a reboot emptied
+         * /var/run/cdi): its MIG instances are made again if they are gone.
+         */
         *out = *have;
-        return dra_claim_files_write(out, &inv, &d->paths, d->cfg->cdi_dir, err);
+        bool changed = false;
+        int rc = dra_instances_ensure(&d->mig, &d->ck, out, &changed, err);
+        if (rc == 0 && changed) {
+            dra_claim keep = *have;
+            *have = *out;
+            if ((rc = dra_ckpt_save(d->ckpt_path, &d->ck, err)) != 0)
+                *have = keep;
+        }
+        return rc != 0 ? rc : dra_claim_files_write(out, &inv, &d->paths, d->cfg->cdi_dir, err);
     }
     if (d->k8s == NULL)
         return kgpu_error_set(err, KGPU_ESTATE, "no API server to read ResourceClaim %s/%s from",
@@ -81,16 +92,30 @@ static int prepare_one(driver *d, const claim_ref *ref, dra_claim *out, kgpu_err
         return kgpu_error_set(err, KGPU_EIO, "GET ResourceClaim %s/%s: %s", ref->namespace_,
                               ref->name, ge.msg);
     }
-    dra_node_view view = {.pool = d->cfg->node.node_name, .gpus = inv.gpus, .ngpus = inv.ngpus};
+    dra_node_view view = {.pool = d->cfg->node.node_name,
+                          .gpus = inv.gpus,
+                          .ngpus = inv.ngpus,
+                          .mig = d->nvml != NULL};
     int rc = dra_claim_read(claim, ref->uid, &view, out, err);
     json_decref(claim);
+    /* kube-scheduler's counters keep partitions apart; this is the check behind them. */
+    if (rc == 0)
+        rc = dra_ckpt_conflict(&d->ck, out, err);
+    bool made = false;
+    if (rc == 0 && (rc = dra_instances_ensure(&d->mig, &d->ck, out, NULL, err)) == 0)
+        made = dra_claim_has_mig(out);
     if (rc == 0)
         rc = dra_claim_files_write(out, &inv, &d->paths, d->cfg->cdi_dir, err);
     if (rc == 0 && (rc = dra_ckpt_put(&d->ck, out, err)) == 0 &&
         (rc = dra_ckpt_save(d->ckpt_path, &d->ck, err)) != 0)
         dra_ckpt_drop(&d->ck, out->uid);
-    if (rc != 0)
+    if (rc != 0) {
         (void)dra_claim_files_remove(ref->uid, &d->paths, d->cfg->cdi_dir, NULL);
+        /* Nothing checkpointed, so no instance of it may stay: kubelet retries afresh. */
+        kgpu_error re = {0};
+        if (made && dra_instances_release(&d->mig, &d->ck, out, &re) != 0)
+            kgpu_log(KGPU_LOG_ERROR, "%s", re.msg);
+    }
     else
         kgpu_log(KGPU_LOG_INFO, "prepared ResourceClaim %s/%s (%s): %d devices", out->ns, out->name,
                  out->uid, out->nallocs);
@@ -101,7 +126,11 @@ static int unprepare_one(driver *d, const claim_ref *ref, kgpu_error *err)
 {
     if (!dra_safe_name(ref->uid))
         return kgpu_error_set(err, KGPU_EINVAL, "claim UID '%.64s' is malformed", ref->uid);
+    /* The spec first (no new container gets the claim), then its instances, then the entry. */
     int rc = dra_claim_files_remove(ref->uid, &d->paths, d->cfg->cdi_dir, err);
+    if (rc == 0 && dra_ckpt_find(&d->ck, ref->uid) != NULL)
+        /* A failure keeps the entry: kubelet calls again, and destroying is idempotent. */
+        rc = dra_instances_release(&d->mig, &d->ck, dra_ckpt_find(&d->ck, ref->uid), err);
     if (rc == 0 && dra_ckpt_find(&d->ck, ref->uid) != NULL) {
         dra_claim keep = *dra_ckpt_find(&d->ck, ref->uid);
         dra_ckpt_drop(&d->ck, ref->uid);
@@ -161,7 +190,7 @@ static int claim_devices(const driver *d, const dra_claim *c, bool v1, prep_one 
          * that the runtime adds whatever the container's environment says. */
         if (gkind[0] != '\0') {
             char *g = gputext + i * gpulen;
-            snprintf(g, gpulen, "%s=%s", gkind, a->uuid);
+            snprintf(g, gpulen, "%s=%s", gkind, dra_alloc_visible_uuid(a));
             mine[nmine++] = g;
         }
         if (nmine > 0) {

@@ -24,6 +24,7 @@ static int gpu_from_json(json_t *g, const char *path, size_t i, kgpu_gpu_info *o
     o->memory_mib = spec.memory_mib;
     o->numa = spec.numa;
     o->healthy = spec.healthy;
+    o->mig_mode = -1; /* the fake inventory says nothing of MIG */
     /* Optional, and only read for the DRA slice: a value that is no version is passed over. */
     const char *cc = json_string_value(json_object_get(g, "compute_capability"));
     bool cc_ok = cc != NULL && strlen(cc) < KGPU_GPU_CC_MAX - 4;

@@ -106,7 +106,7 @@ int kgpu_nvml_processes(kgpu_nvml *nv, int index, kgpu_gpu_proc *out, int cap, i
  */
 typedef struct kgpu_nvml_mig {
     int gpu;                      /* the parent's NVML index */
-    unsigned gi_id, ci_id;        /* NVML's instance IDs on that GPU */
+    unsigned gi_id, ci_id;        /* NVML's instance IDs there; ci_id UINT_MAX without a CI */
     int nvml_profile;             /* the GI's NVML_GPU_INSTANCE_PROFILE_* */
     int start, size;              /* its placement in memory slices */
     int64_t memory_mib;           /* the GI profile's memorySizeMB */
@@ -117,8 +117,10 @@ typedef struct kgpu_nvml_mig {
 
 /*
  * The GPU instances on GPU `index` (after kgpu_nvml_discover), each with its
- * first compute instance; *n <= cap. KGPU_ESTATE when MIG is off or not
- * supported there.
+ * first compute instance, in the order of their start slices; *n <= cap
+ * (more are KGPU_ERANGE). KGPU_ESTATE when MIG is off or not supported
+ * there; KGPU_ENOENT when the driver's NVML lacks a MIG function (named).
+ * MIG mode is only read: kgpu never changes it.
  */
 int kgpu_nvml_mig_list(kgpu_nvml *nv, int index, kgpu_nvml_mig *out, int cap, int *n,
                        kgpu_error *err);
@@ -134,18 +136,32 @@ int kgpu_nvml_mig_list(kgpu_nvml *nv, int index, kgpu_nvml_mig *out, int cap, in
 int kgpu_nvml_mig_create(kgpu_nvml *nv, int index, int nvml_profile, int start,
                          kgpu_nvml_mig *out, kgpu_error *err);
 
-/* Destroys GI `gi_id` on GPU `index` with its compute instances; an absent GI is success. */
+/*
+ * Destroys GI `gi_id` on GPU `index` with its compute instances; an absent
+ * GI is success, on a GPU whose MIG mode is off too. KGPU_ESTATE when a
+ * process still runs in it (NVML's IN_USE) or the GPU has no MIG.
+ */
 int kgpu_nvml_mig_destroy(kgpu_nvml *nv, int index, unsigned gi_id, kgpu_error *err);
+
+#define KGPU_MIG_STARTS_MAX 8 /* placements of one profile at most (8 memory slices) */
 
 /* One GI profile as NVML reports it on a GPU (for checking kgpu's tables). */
 typedef struct kgpu_nvml_mig_profile {
-    int nvml_profile, id, slices, instances, multiprocessors;
-    int64_t memory_mib;
+    int nvml_profile; /* NVML_GPU_INSTANCE_PROFILE_* */
+    int id;           /* the profile ID ("19") */
+    int slices;       /* sliceCount: compute slices */
+    int instances, multiprocessors;
+    int64_t memory_mib; /* memorySizeMB */
+    char name[32];      /* "1g.5gb" ("MIG " dropped); "" when the driver does not say */
     int nplacements;
-    int starts[8], sizes[8];
+    int starts[KGPU_MIG_STARTS_MAX], sizes[KGPU_MIG_STARTS_MAX];
 } kgpu_nvml_mig_profile;
 
-/* The GI profiles NVML supports on GPU `index` with their placements; *n <= cap. */
+/*
+ * The GI profiles NVML supports on GPU `index` with their possible
+ * placements; *n <= cap. KGPU_ESTATE when NVML refuses every profile (a
+ * driver may read them only in MIG mode, which kgpu does not turn on).
+ */
 int kgpu_nvml_mig_profiles(kgpu_nvml *nv, int index, kgpu_nvml_mig_profile *out, int cap, int *n,
                            kgpu_error *err);
 

@@ -1,9 +1,9 @@
 /*
- * NVML through dlopen. The declarations below are kgpu's own, from NVML's
- * documented ABI: return codes are ints (0 = success), devices and event
- * sets are opaque pointers, and only the structures read here are spelled
- * out. Versioned symbols are tried newest first, as the driver exports
- * both for compatibility.
+ * NVML through dlopen. The declarations (nvml_priv.h) are kgpu's own, from
+ * NVML's documented ABI: return codes are ints (0 = success), devices and
+ * event sets are opaque pointers, and only the structures read here are
+ * spelled out. Versioned symbols are tried newest first, as the driver
+ * exports both for compatibility. MIG instances: nvml_mig.c.
  */
 #include <ctype.h>
 #include <dlfcn.h>
@@ -15,96 +15,7 @@
 #include "fileio.h"
 #include "gpu.h"
 #include "kgpu/model.h"
-
-typedef int nvml_ret;
-typedef struct nvml_device_st *nvml_device;
-typedef struct nvml_event_set_st *nvml_event_set;
-
-enum {
-    NVML_OK = 0,
-    NVML_ERR_NOT_SUPPORTED = 3,
-    NVML_ERR_NOT_FOUND = 6,
-    NVML_ERR_INSUFFICIENT_SIZE = 7,
-    NVML_ERR_TIMEOUT = 10,
-    NVML_ERR_GPU_IS_LOST = 15,
-};
-
-/* NVML_VALUE_NOT_AVAILABLE: what usedGpuMemory holds when the driver cannot tell. */
-#define NVML_NOT_AVAILABLE_ULL (~0ULL)
-
-/*
- * nvmlProcessInfo_t as the _v2 and _v3 process lists fill it; the
- * unversioned (v1) functions fill only the first two members, a 16-byte
- * record. Which one a resolved function takes is kept beside it.
- */
-typedef struct {
-    unsigned int pid;
-    unsigned long long used_gpu_memory;
-    unsigned int gpu_instance_id, compute_instance_id;
-} nvml_process_info;
-
-typedef struct {
-    unsigned int pid;
-    unsigned long long used_gpu_memory;
-} nvml_process_info_v1;
-
-/* nvmlProcessUtilizationSample_t. */
-typedef struct {
-    unsigned int pid;
-    unsigned long long time_stamp; /* CPU time, microseconds */
-    unsigned int sm_util, mem_util, enc_util, dec_util;
-} nvml_process_sample;
-
-typedef nvml_ret (*nvml_procs_fn)(nvml_device, unsigned int *, void *);
-
-#define NVML_EVENT_XID_CRITICAL 0x8ULL
-
-typedef struct {
-    unsigned long long total, free, used;
-} nvml_memory;
-
-typedef struct {
-    char bus_id_legacy[16];
-    unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
-    char bus_id[32];
-} nvml_pci_info;
-
-typedef struct {
-    nvml_device device;
-    unsigned long long event_type, event_data;
-    unsigned int gpu_instance_id, compute_instance_id;
-} nvml_event_data;
-
-struct kgpu_nvml {
-    void *lib;
-    bool initialised;
-    char sysfs[256];
-    nvml_ret (*init)(void);
-    nvml_ret (*shutdown)(void);
-    const char *(*error_string)(nvml_ret);
-    nvml_ret (*count)(unsigned int *);
-    nvml_ret (*by_index)(unsigned int, nvml_device *);
-    nvml_ret (*uuid)(nvml_device, char *, unsigned int);
-    nvml_ret (*name)(nvml_device, char *, unsigned int);
-    nvml_ret (*memory)(nvml_device, nvml_memory *);
-    nvml_ret (*pci)(nvml_device, nvml_pci_info *);
-    /* optional: CUDA compute capability (major, minor) */
-    nvml_ret (*cuda_cc)(nvml_device, int *, int *);
-    /* optional: XID events */
-    nvml_ret (*set_create)(nvml_event_set *);
-    nvml_ret (*register_events)(nvml_device, unsigned long long, nvml_event_set);
-    nvml_ret (*set_wait)(nvml_event_set, nvml_event_data *, unsigned int);
-    nvml_ret (*set_free)(nvml_event_set);
-    nvml_event_set events;
-    /* optional: the watcher's per-process figures; *_size is the record size each fills */
-    nvml_procs_fn compute_procs, mps_procs;
-    size_t compute_size, mps_size;
-    nvml_ret (*proc_util)(nvml_device, nvml_process_sample *, unsigned int *, unsigned long long);
-    unsigned long long *util_seen; /* by index: newest utilization sample read so far */
-    nvml_device *devices; /* by index, after discover */
-    int ndevices;
-    char skipped[256]; /* why the last GPU discovery left a GPU out, or "" */
-};
+#include "nvml_priv.h"
 
 /* The first of `names` (NULL-terminated) the library exports. */
 static void *resolve(void *lib, const char *const *names)
@@ -115,12 +26,6 @@ static void *resolve(void *lib, const char *const *names)
             return f;
     }
     return NULL;
-}
-
-static const char *nvml_strerror(const kgpu_nvml *nv, nvml_ret r)
-{
-    const char *s = nv->error_string != NULL ? nv->error_string(r) : NULL;
-    return s != NULL ? s : "unknown NVML error";
 }
 
 int kgpu_nvml_open(const char *library, const char *sysfs, kgpu_nvml **out, kgpu_error *err)
@@ -207,6 +112,9 @@ int kgpu_nvml_open(const char *library, const char *sysfs, kgpu_nvml **out, kgpu
     if ((f = resolve(lib, (const char *const[]){"nvmlDeviceGetCudaComputeCapability", NULL})) !=
         NULL)
         memcpy(&nv->cuda_cc, &f, sizeof(f));
+    /* MIG is optional: without it mig_mode is -1 and nvml_mig.c's calls say what is missing. */
+    if ((f = resolve(lib, (const char *const[]){"nvmlDeviceGetMigMode", NULL})) != NULL)
+        memcpy(&nv->mig_mode, &f, sizeof(f));
     nvml_ret r = nv->init();
     if (r != NVML_OK) {
         kgpu_error_set(err, KGPU_EIO, "nvmlInit: %s (%d)", nvml_strerror(nv, r), r);
@@ -228,6 +136,7 @@ void kgpu_nvml_close(kgpu_nvml *nv)
         nv->shutdown();
     free(nv->devices);
     free(nv->util_seen);
+    free(nv->mig);
     dlclose(nv->lib);
     free(nv);
 }
@@ -324,6 +233,11 @@ int kgpu_nvml_discover(kgpu_nvml *nv, kgpu_gpu_info **gpus, int *ngpus, kgpu_err
             minor >= 0 && (size_t)snprintf(cc, sizeof(cc), "%d.%d", major, minor) <
                               sizeof(g->compute_capability))
             memcpy(g->compute_capability, cc, strlen(cc) + 1);
+        /* The current mode (a pending change waits for a GPU reset kgpu never makes). */
+        unsigned int mig_now = 0, mig_pending = 0;
+        g->mig_mode = -1;
+        if (nv->mig_mode != NULL && nv->mig_mode(devs[i], &mig_now, &mig_pending) == NVML_OK)
+            g->mig_mode = mig_now != 0 ? 1 : 0;
         n++;
     }
     unsigned long long *seen = calloc(count ? count : 1, sizeof(*seen));

@@ -1,7 +1,8 @@
 /*
  * Fuzz target for the DRA driver's checkpoint file (dra_ckpt_parse): a
  * refusal says why and leaves nothing; what it accepts encodes and parses
- * back to the same claims.
+ * back to the same claims, its MIG placements lie within the GPU, and the
+ * overlap check runs over it.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,6 +35,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int r = 0; r < a->nreqs; r++)
             if (strcmp(a->reqs[r], b->reqs[r]) != 0)
                 abort();
+        for (int k = 0; k < a->nallocs; k++) {
+            const dra_alloc *x = &a->allocs[k];
+            if (x->profile[0] != '\0' && kgpu_mig_mask(x->mig_start, x->mig_size) == 0)
+                abort();
+        }
+        /* A file on the node is input: the overlap check must hold up against it. */
+        kgpu_error ce = {0};
+        if (dra_ckpt_conflict(&ck, a, &ce) != 0 && ce.msg[0] == '\0')
+            abort();
     }
     free(text);
     dra_ckpt_free(&ck);

@@ -102,9 +102,25 @@ def validate_slice(obj):
     if len(chosen) != 1:
         errs.append("spec: Invalid value: exactly one of nodeName, nodeSelector, allNodes, "
                     "perDeviceNodeSelection is required, got %s" % chosen)
+    if spec.get("devices") is not None and spec.get("sharedCounters") is not None:
+        errs.append("spec: Invalid value: \"\": only one of `sharedCounters` or `devices` is "
+                    "allowed")
     devices = spec.get("devices") or []
-    if len(devices) > 128:
-        errs.append("spec.devices: Too many: %d: must have at most 128 items" % len(devices))
+    advanced = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+    most = 64 if advanced else 128
+    if len(devices) > most:
+        errs.append("spec.devices: Too many: %d: must have at most %d items" % (len(devices), most))
+    sets = spec.get("sharedCounters") or []
+    if len(sets) > 8:
+        errs.append("spec.sharedCounters: Too many: %d: must have at most 8 items" % len(sets))
+    set_names = set()
+    for i, cs in enumerate(sets):
+        where = "spec.sharedCounters[%d]" % i
+        if not isinstance(cs.get("name"), str) or not DNS_LABEL.match(cs["name"]) \
+                or len(cs["name"]) > 63 or cs["name"] in set_names:
+            errs.append(where + ".name: Invalid value: %r" % cs.get("name"))
+        set_names.add(cs.get("name"))
+        errs += validate_counters(cs.get("counters"), where + ".counters", required=True)
     names = set()
     for i, dev in enumerate(devices):
         where = "spec.devices[%d]" % i
@@ -128,6 +144,26 @@ def validate_slice(obj):
                 errs.append(where + ".attributes[%s].version: must be a semantic version" % k)
             elif kinds[0] == "int" and not isinstance(v["int"], int):
                 errs.append(where + ".attributes[%s].int: not an integer" % k)
+        taints = dev.get("taints") or []
+        if len(taints) > 16:
+            errs.append(where + ".taints: Too many: must have at most 16 items")
+        for t, taint in enumerate(taints):
+            tw = where + ".taints[%d]" % t
+            if not isinstance(taint.get("key"), str) or not qualified_name(taint["key"]):
+                errs.append(tw + ".key: Invalid value: %r" % taint.get("key"))
+            if taint.get("effect") not in ("None", "NoSchedule", "NoExecute"):
+                errs.append(tw + ".effect: Unsupported value: %r" % taint.get("effect"))
+        consumes = dev.get("consumesCounters") or []
+        if len(consumes) > 2:
+            errs.append(where + ".consumesCounters: Too many: must have at most 2 items")
+        if len({c.get("counterSet") for c in consumes}) != len(consumes):
+            errs.append(where + ".consumesCounters: Duplicate value")
+        for c, cons in enumerate(consumes):
+            cw = where + ".consumesCounters[%d]" % c
+            if not isinstance(cons.get("counterSet"), str) or \
+                    not DNS_LABEL.match(cons["counterSet"]):
+                errs.append(cw + ".counterSet: Invalid value: %r" % cons.get("counterSet"))
+            errs += validate_counters(cons.get("counters"), cw + ".counters", required=True)
         multi = dev.get("allowMultipleAllocations") is True
         for k, c in caps.items():
             cw = where + ".capacity[%s]" % k
@@ -181,6 +217,59 @@ def validate_slice(obj):
                         if x is not None and (x - lo) % step != 0:
                             errs.append(cw + ".requestPolicy.validRange.step: %s is not a "
                                         "multiple of a given step from min" % what)
+    return errs
+
+
+def validate_counters(counters, where, required):
+    errs = []
+    if not counters:
+        return [where + ": Required value"] if required else []
+    if len(counters) > 32:
+        errs.append(where + ": Too many: must have at most 32 items")
+    for k, v in counters.items():
+        if not DNS_LABEL.match(k) or len(k) > 63:
+            errs.append(where + "[%s]: Invalid value" % k)
+        try:
+            quantity((v or {}).get("value"))
+        except ValueError as e:
+            errs.append(where + "[%s].value: %s" % (k, e))
+    return errs
+
+
+def validate_pool(slices):
+    """What kube-scheduler's allocator checks of a pool before it uses it (v1.37,
+    pools_incubating.go): every slice of the newest generation present, device names
+    unique, and every counter a device consumes offered by a counter set of the pool,
+    with no more consumed than offered by one device."""
+    errs = []
+    if not slices:
+        return ["no slices"]
+    gen = max(s["spec"]["pool"]["generation"] for s in slices)
+    cur = [s for s in slices if s["spec"]["pool"]["generation"] == gen]
+    if any(s["spec"]["pool"]["resourceSliceCount"] != len(cur) for s in cur):
+        errs.append("pool incomplete: %d slices of generation %d, resourceSliceCount %s"
+                    % (len(cur), gen, [s["spec"]["pool"]["resourceSliceCount"] for s in cur]))
+    sets, names = {}, set()
+    for s in cur:
+        for cs in s["spec"].get("sharedCounters") or []:
+            if cs["name"] in sets:
+                errs.append("counter set %s twice in the pool" % cs["name"])
+            sets[cs["name"]] = {k: quantity(v["value"]) for k, v in cs["counters"].items()}
+    for s in cur:
+        for d in s["spec"].get("devices") or []:
+            if d["name"] in names:
+                errs.append("device %s twice in the pool" % d["name"])
+            names.add(d["name"])
+            for cons in d.get("consumesCounters") or []:
+                have = sets.get(cons["counterSet"])
+                if have is None:
+                    errs.append("device %s: counter set %s not in the pool"
+                                % (d["name"], cons["counterSet"]))
+                    continue
+                for k, v in cons["counters"].items():
+                    if k not in have or quantity(v["value"]) > have[k]:
+                        errs.append("device %s: counter %s/%s not offered"
+                                    % (d["name"], cons["counterSet"], k))
     return errs
 
 

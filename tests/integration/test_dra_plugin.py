@@ -9,7 +9,13 @@ The API stand-in serves ResourceClaims allocated as kube-scheduler writes
 them (status.allocation.devices.results with consumedCapacity and shareID
 for shared devices) and validates the ResourceSlices the driver publishes.
 
-    test_dra_plugin.py --plugin PATH --source DIR [--protoc PATH] [unittest args]
+    test_dra_plugin.py --plugin PATH --source DIR [--protoc PATH] [--fake-nvml-dir DIR]
+                       [unittest args]
+
+With the fake NVML (--fake-nvml-dir), the MIG cases run the driver on NVML with
+an A100-40GB in MIG mode whose instances live in FAKE_NVML_MIG_STATE, a file
+that outlives the driver as the GPU's instances do, and whose deletion is a
+node reboot.
 
 77 = skipped (no grpc module or protoc).
 """
@@ -31,7 +37,8 @@ from harness import Child, run_tests, wait_for  # noqa: E402
 
 try:
     import grpc
-    from dra_standins import ApiStandin, DraKubelet, load_protos, validate_slice
+    from dra_standins import (ApiStandin, DraKubelet, load_protos, validate_pool,
+                              validate_slice)
 except ImportError as e:  # no grpcio
     print("skipped: %s" % e)
     sys.exit(77)
@@ -73,7 +80,9 @@ def claim(name, results, ns="team-a", allocated=True):
     return c
 
 
-class DraPluginTest(unittest.TestCase):
+class DraHarness(unittest.TestCase):
+    """The driver, kubelet's and the API server's stand-ins, and a state folder."""
+
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="kgpu-dra-")
         self.api = ApiStandin()
@@ -99,15 +108,18 @@ class DraPluginTest(unittest.TestCase):
         self.api.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def start(self, extra=()):
+    def start(self, extra=(), env=None):
+        """The driver on the --fake-gpus file, or with env (the fake NVML's) on NVML."""
         self.runs += 1
         log = os.path.join(self.tmp, "driver-%d.log" % self.runs)
-        argv = [ARGS.plugin, "--node-name", NODE, "--fake-gpus", self.gpu_file,
+        gpus = ["--fake-gpus", self.gpu_file] if env is None else \
+            ["--nvml-lib", os.path.join(ARGS.fake_nvml_dir, "full", "libnvidia-ml.so.1")]
+        argv = [ARGS.plugin, "--node-name", NODE] + gpus + [
                 "--kubeconfig", self.api.kubeconfig(os.path.join(self.tmp, "kubeconfig")),
                 "--state-dir", self.state, "--cdi-dir", self.cdi, "--plugin-dir", self.plugins,
                 "--registry-dir", self.registry, "--shim-lib", self.shim, "--resync", "1",
                 "--log-level", "debug"] + list(extra)
-        self.child = Child(argv, log)
+        self.child = Child(argv, log, env=env)
         # Not the socket's existence: a killed driver leaves its sockets behind.
         wait_for(lambda: "kgpu-dra-plugin " in self.child.log() or self.died(), 30,
                  what="the driver serving")
@@ -138,6 +150,8 @@ class DraPluginTest(unittest.TestCase):
         with open(os.path.join(self.cdi, "kgpu.io-gpu_%s.json" % uid)) as f:
             return json.load(f)
 
+
+class DraPluginTest(DraHarness):
     # Registration.
 
     def test_registration_as_kubelet_v1_37(self):
@@ -203,14 +217,23 @@ class DraPluginTest(unittest.TestCase):
         self.assertEqual((self.api.writes("POST"), self.api.writes("PUT")), (posts, puts))
         self.assertEqual(self.slice()["metadata"]["resourceVersion"],
                          s["metadata"]["resourceVersion"])
-        # A GPU turns unhealthy: it leaves the slice, in the pool's next generation.
+        # A GPU turns unhealthy: it stays, tainted NoSchedule, in the pool's next generation.
         with open(self.gpu_file, "w") as f:
             f.write(GPUS.replace("memory_mib: 15360, numa: 1",
                                  "memory_mib: 15360, numa: 1, healthy: false"))
         s2 = wait_for(lambda: (self.slice() or {}).get("spec", {}).get("pool", {})
                       .get("generation") == 2 and self.slice(), 20, what="generation 2")
-        self.assertEqual(sorted(d["name"] for d in s2["spec"]["devices"]), ["gpu-0", "gpu-1"])
+        self.assertEqual([(d["name"], d.get("taints")) for d in s2["spec"]["devices"]],
+                         [("gpu-0", None), ("gpu-1", None),
+                          ("gpu-2", [{"key": "gpu.kgpu.io/unhealthy", "effect": "NoSchedule"}])])
         self.assertEqual(validate_slice(s2), [])
+        # The server stamps the taint's time; that is no change to write again.
+        puts = self.api.writes("PUT")
+        with self.api.lock:
+            for t in self.api.slices[NODE + "-" + DRIVER]["spec"]["devices"][2]["taints"]:
+                t["timeAdded"] = "2026-11-29T04:00:00Z"
+        time.sleep(2.5)
+        self.assertEqual(self.api.writes("PUT"), puts)
         # Someone deletes the slice: the next resync makes it again.
         self.api.serve("DELETE", "/apis/resource.k8s.io/v1/resourceslices/" + NODE + "-" + DRIVER,
                        None)
@@ -540,6 +563,200 @@ class DraPluginTest(unittest.TestCase):
         self.assertIn("checkpoint.json: claim 0", child.log())
 
 
+MIG_GPUS = ("GPU-aaaa0000,NVIDIA A100-SXM4-40GB,40960,0000:3b:00.0,8.0;"
+            "GPU-aaaa0001,NVIDIA A100-SXM4-40GB,40960,0000:3c:00.0,8.0")
+
+
+class DraMigTest(DraHarness):
+    """MIG through the fake NVML: GPU 0 in MIG mode, GPU 1 not."""
+
+    def setUp(self):
+        super().setUp()
+        if not ARGS.fake_nvml_dir or not os.path.exists(
+                os.path.join(ARGS.fake_nvml_dir, "full", "libnvidia-ml.so.1")):
+            self.skipTest("no fake NVML (--fake-nvml-dir)")
+        self.mig_state = os.path.join(self.tmp, "mig.state")
+        self.env = dict(os.environ, FAKE_NVML_GPUS=MIG_GPUS, FAKE_NVML_MIG="0",
+                        FAKE_NVML_MIG_STATE=self.mig_state)
+
+    def slices(self):
+        return sorted((s for s in self.api.slice_list() if s["spec"]["nodeName"] == NODE),
+                      key=lambda s: s["metadata"]["name"])
+
+    def instances(self):
+        """The fake GPU's GPU instances: (GPU UUID, GI ID, NVML profile, start)."""
+        try:
+            with open(self.mig_state) as f:
+                return sorted((w[1], int(w[2]), int(w[3]), int(w[4]))
+                              for w in (line.split() for line in f) if w and w[0] == "gi")
+        except FileNotFoundError:
+            return []
+
+    def checkpoint(self):
+        with open(os.path.join(self.state, "checkpoint.json")) as f:
+            return json.load(f)
+
+    def mig_uuid(self, uid, device):
+        for c in self.checkpoint()["claims"]:
+            for d in c["devices"]:
+                if c["uid"] == uid and d["device"] == device:
+                    return d["mig"]["uuid"]
+        return None
+
+    def visible(self, uid):
+        env = self.cdi_spec(uid)["devices"][0]["containerEdits"]["env"]
+        return [e.split("=", 1)[1] for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+
+    def put(self, name, *results):
+        c = self.api.put_claim(claim(name, list(results)))
+        return ("team-a", c["metadata"]["uid"], name)
+
+    def test_mig_slices_published_and_valid(self):
+        self.start(env=self.env)
+        got = wait_for(lambda: len(self.slices()) == 2 and self.slices(), 20,
+                       what="two slices: devices and counters")
+        for s in got:
+            self.assertEqual(validate_slice(s), [], s["metadata"]["name"])
+        self.assertEqual(validate_pool(got), [])
+        devs, sets = got[0]["spec"]["devices"], got[1]["spec"]["sharedCounters"]
+        self.assertEqual([x["metadata"]["name"] for x in got],
+                         [NODE + "-" + DRIVER, NODE + "-" + DRIVER + "-01"])
+        names = [d["name"] for d in devs]
+        # gpu-0, its 18 partitions, the 1g.5gb ones from start 6 down; gpu-1 as before.
+        self.assertEqual(len(names), 20)
+        self.assertEqual(names[:3], ["gpu-0", "gpu-0-mig-1g-5gb-6", "gpu-0-mig-1g-5gb-5"])
+        self.assertEqual(names[-1], "gpu-1")
+        self.assertNotIn("consumesCounters", devs[-1])
+        self.assertEqual([x["name"] for x in sets], ["gpu-0-slices"])
+        three = next(d for d in devs if d["name"] == "gpu-0-mig-3g-20gb-4")
+        self.assertEqual(three["attributes"]["profile"], {"string": "3g.20gb"})
+        self.assertEqual(three["capacity"], {"memory": {"value": "19968Mi"}})
+        self.assertEqual(sorted(three["consumesCounters"][0]["counters"]),
+                         ["compute-slices", "memory-slice-4", "memory-slice-5",
+                          "memory-slice-6", "memory-slice-7"])
+        # Resyncs write nothing more; a restart neither.
+        time.sleep(2.5)
+        writes = (self.api.writes("POST"), self.api.writes("PUT"))
+        self.stop()
+        self.start(env=self.env)
+        time.sleep(2.5)
+        self.assertEqual((self.api.writes("POST"), self.api.writes("PUT")), writes)
+        # With the fake inventory file no MIG is offered: back to one slice, the
+        # counters' slice deleted, the pool's generation moved on.
+        self.stop()
+        self.start()
+        wait_for(lambda: len(self.slices()) == 1, 20, what="one slice again")
+        s = self.slices()[0]
+        self.assertEqual(s["spec"]["pool"]["generation"], 2)
+        self.assertEqual(s["spec"]["pool"]["resourceSliceCount"], 1)
+        self.assertEqual(validate_pool(self.slices()), [])
+
+    def test_mig_prepare_overlap_restart_reboot_unprepare(self):
+        part = self.put("part", result("gpu-0-mig-3g-20gb-4"))
+        small = self.put("small", result("gpu-0-mig-1g-5gb-6"))   # inside slices 4-7
+        beside = self.put("beside", result("gpu-0-mig-1g-5gb-3"))
+        whole = self.put("whole", result("gpu-0", consumed={"memory": "8Gi"},
+                                         share=str(uuid.uuid4())))
+        plain = self.put("plain", result("gpu-1"))
+        self.start(["--gpu-cdi-kind", "nvidia.com/gpu"], env=self.env)
+        _, service = self.register()
+        got = self.kubelet.prepare(self.dra_sock, service, [part, beside, plain])
+        self.assertEqual({k: v.error for k, v in got.items()},
+                         {part[1]: "", beside[1]: "", plain[1]: ""})
+        self.assertEqual([(g, p, st) for g, _, p, st in self.instances()],
+                         [("GPU-aaaa0000", 2, 4), ("GPU-aaaa0000", 0, 3)])
+        mig = self.mig_uuid(part[1], "gpu-0-mig-3g-20gb-4")
+        self.assertTrue(mig.startswith("MIG-"), mig)
+        # The container gets exactly that instance, in kgpu's spec and NVIDIA's.
+        self.assertEqual(self.visible(part[1]), [mig])
+        self.assertEqual(list(got[part[1]].devices[0].cdi_device_ids),
+                         ["kgpu.io/gpu=%s-gpu" % part[1], "nvidia.com/gpu=" + mig])
+        with open(os.path.join(self.state, "pods", part[1], "gpu.limits")) as f:
+            self.assertIn("uuid=%s memory_mib=19968" % mig, f.read())
+        self.assertEqual(self.visible(plain[1]), ["GPU-aaaa0001"])
+        # Overlapping claims are refused, by the driver itself, and leave nothing.
+        got = self.kubelet.prepare(self.dra_sock, service, [small, whole])
+        self.assertIn("gpu-0-mig-1g-5gb-6 (1g.5gb on memory slices 6-6) overlaps "
+                      "gpu-0-mig-3g-20gb-4", got[small[1]].error)
+        self.assertIn("gpu-0 (the whole GPU) overlaps", got[whole[1]].error)
+        self.assertEqual(len(self.instances()), 2)
+        self.assertFalse(os.path.exists(os.path.join(self.cdi, "kgpu.io-gpu_%s.json"
+                                                     % small[1])))
+        # A driver restart keeps the instances as they are.
+        self.stop()
+        self.start(env=self.env)
+        self.assertEqual(len(self.instances()), 2)
+        self.assertEqual(self.mig_uuid(part[1], "gpu-0-mig-3g-20gb-4"), mig)
+        # A reboot: the instances and /var/run/cdi are gone; the driver makes the
+        # instances again at their placements and writes the specs with their UUIDs.
+        self.stop(signal.SIGKILL)
+        os.unlink(self.mig_state)
+        shutil.rmtree(self.cdi)
+        self.start(env=self.env)
+        self.assertEqual([(g, p, st) for g, _, p, st in self.instances()],
+                         [("GPU-aaaa0000", 2, 4), ("GPU-aaaa0000", 0, 3)])
+        again = self.mig_uuid(part[1], "gpu-0-mig-3g-20gb-4")
+        self.assertEqual(self.visible(part[1]), [again])
+        _, service = self.register()
+        got = self.kubelet.prepare(self.dra_sock, service, [part])
+        self.assertEqual(got[part[1]].error, "")
+        # Unprepare destroys the instance; twice is fine.
+        for _ in range(2):
+            got = self.kubelet.unprepare(self.dra_sock, service, [part, beside])
+            self.assertEqual({k: v.error for k, v in got.items()}, {part[1]: "", beside[1]: ""})
+        self.assertEqual(self.instances(), [])
+        self.assertEqual(sorted(c["uid"] for c in self.checkpoint()["claims"]), [plain[1]])
+        # The GPU free again: shares of the whole GPU share its one full instance.
+        whole2 = self.put("whole2", result("gpu-0", consumed={"memory": "4Gi"},
+                                           share=str(uuid.uuid4())))
+        got = self.kubelet.prepare(self.dra_sock, service, [whole, whole2])
+        self.assertEqual({k: v.error for k, v in got.items()}, {whole[1]: "", whole2[1]: ""})
+        self.assertEqual([(p, st) for _, _, p, st in self.instances()], [(4, 0)])
+        full = self.visible(whole[1])
+        self.assertEqual(self.visible(whole2[1]), full)
+        self.assertTrue(full[0].startswith("MIG-"))
+        self.kubelet.unprepare(self.dra_sock, service, [whole])
+        self.assertEqual(len(self.instances()), 1)
+        self.kubelet.unprepare(self.dra_sock, service, [whole2])
+        self.assertEqual(self.instances(), [])
+
+    def test_mig_creation_failure_leaves_nothing(self):
+        part = self.put("part", result("gpu-0-mig-2g-10gb-2"))
+        self.start(env=dict(self.env, FAKE_NVML_MIG_CI_FAIL="2"))
+        _, service = self.register()
+        got = self.kubelet.prepare(self.dra_sock, service, [part])
+        self.assertIn("making MIG instance gpu-0-mig-2g-10gb-2", got[part[1]].error)
+        self.assertEqual(self.instances(), [])
+        self.assertFalse(os.path.exists(os.path.join(self.cdi, "kgpu.io-gpu_%s.json"
+                                                     % part[1])))
+        self.assertFalse(os.path.exists(os.path.join(self.state, "pods", part[1])))
+        # Nothing checkpointed (the file is not even written).
+        self.assertFalse(os.path.exists(os.path.join(self.state, "checkpoint.json")))
+        # Without the failure, kubelet's retry prepares it.
+        self.stop()
+        self.start(env=self.env)
+        _, service = self.register()
+        got = self.kubelet.prepare(self.dra_sock, service, [part])
+        self.assertEqual(got[part[1]].error, "")
+        self.assertEqual([(p, st) for _, _, p, st in self.instances()], [(1, 2)])
+        # A reboot after which the instance cannot be made again: no spec is left
+        # naming the parent GPU in its place, and kubelet's Prepare gets the error.
+        spec = os.path.join(self.cdi, "kgpu.io-gpu_%s.json" % part[1])
+        self.stop(signal.SIGKILL)
+        os.unlink(self.mig_state)
+        self.start(env=dict(self.env, FAKE_NVML_MIG_CI_FAIL="2"))
+        self.assertFalse(os.path.exists(spec))
+        _, service = self.register()
+        got = self.kubelet.prepare(self.dra_sock, service, [part])
+        self.assertIn("making MIG instance gpu-0-mig-2g-10gb-2", got[part[1]].error)
+        self.assertEqual(self.instances(), [])
+        # Once it can be made, the retry has it again.
+        self.stop()
+        self.start(env=self.env)
+        self.assertEqual([(p, st) for _, _, p, st in self.instances()], [(1, 2)])
+        self.assertTrue(self.visible(part[1])[0].startswith("MIG-"))
+
+
 def build_cdi_check(out_dir):
     """Builds cdi_check/ (containerd's CDI library) offline; its path, or None."""
     go = shutil.which(ARGS.go) if ARGS.go else None
@@ -563,6 +780,8 @@ def main():
     ap.add_argument("--source", required=True)
     ap.add_argument("--protoc", default="protoc")
     ap.add_argument("--go", default="go", help="Go toolchain for cdi_check ('' = none)")
+    ap.add_argument("--fake-nvml-dir", default=os.environ.get("KGPU_FAKE_NVML_DIR"),
+                    help="the fake NVML builds (tests/fake); without it the MIG cases skip")
     ARGS, rest = ap.parse_known_args()
     if not ARGS.protoc or not shutil.which(ARGS.protoc):
         print("skipped: protoc not found")

@@ -76,8 +76,14 @@ class DraUpstreamTest(unittest.TestCase):
         # The manifests as shipped, through the real API server's validation.
         cp.kubectl("apply", "-k", os.path.join(ARGS.source, "deploy", "dra"))
         cls = cp.admin.get("/apis/resource.k8s.io/v1/deviceclasses/" + DRIVER)
+        # Whole GPUs and shares only; MIG partitions are mig.gpu.kgpu.io's. Both selectors
+        # passed the real server's CEL compilation.
         self.assertEqual(cls["spec"]["selectors"][0]["cel"]["expression"],
-                         'device.driver == "gpu.kgpu.io"')
+                         'device.driver == "gpu.kgpu.io" && '
+                         '!("mig" in device.attributes["gpu.kgpu.io"])')
+        mig = cp.admin.get("/apis/resource.k8s.io/v1/deviceclasses/mig." + DRIVER)
+        self.assertIn('"mig" in device.attributes["gpu.kgpu.io"]',
+                      mig["spec"]["selectors"][0]["cel"]["expression"])
         node = cluster.node_object(NODE, "A100-SXM4-40GB", 0, 40960)
         node["metadata"].setdefault("labels", {})["kgpu.io/gpu-allocator"] = "dra"
         cp.add_node(node)

@@ -1263,11 +1263,13 @@ class HelmChartTest(unittest.TestCase):
 
     def test_dra_deviceclass_is_the_shared_file(self):
         """deploy/dra and the chart install one file, so the class cannot drift."""
-        with open(os.path.join(CHART, "files", "dra", "deviceclass.yaml")) as f:
-            shipped = yaml.safe_load(f)
-        for objs in (helm("dra.enabled=true"), kustomize("dra")):
-            self.assertEqual(comparable(objs[("DeviceClass", "", "gpu.kgpu.io")]),
-                             comparable(shipped))
+        for name, fname in (("gpu.kgpu.io", "deviceclass.yaml"),
+                            ("mig.gpu.kgpu.io", "deviceclass-mig.yaml")):
+            with open(os.path.join(CHART, "files", "dra", fname)) as f:
+                shipped = yaml.safe_load(f)
+            for objs in (helm("dra.enabled=true"), kustomize("dra")):
+                self.assertEqual(comparable(objs[("DeviceClass", "", name)]),
+                                 comparable(shipped))
 
     def test_dra_extended_resource_name(self):
         """dra.extendedResourceName sets the class's extendedResourceName (the e2e DRA suite's
