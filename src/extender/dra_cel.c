@@ -10,6 +10,7 @@
  *   device.attributes["gpu.kgpu.io"].NAME  (or ["NAME"]), NAME one of the
  *     attributes kgpu-dra-plugin publishes and kgpu keeps (NAMES below);
  *   device.capacity["gpu.kgpu.io"].memory / .cores (quantities);
+ *   device.attributes["gpu.kgpu.io"].?NAME.orValue(literal);
  *   device.driver; has(device.attributes[...].NAME) and its equal
  *   "NAME" in device.attributes["gpu.kgpu.io"];
  *   string, int, true/false literals, quantity("40Gi"), semver("8.0.0"),
@@ -48,7 +49,7 @@ static const struct {
     {"mig", false, EXT_CEL_BOOL},        {"profile", false, EXT_CEL_STR},
     {"migStart", false, EXT_CEL_INT},    {"migSize", false, EXT_CEL_INT},
     {"computeCapability", false, EXT_CEL_VER}, {"parentIndex", false, EXT_CEL_INT},
-    {"parentUUID", false, EXT_CEL_STR},
+    {"parentUUID", false, EXT_CEL_STR},        {"multiprocessors", false, EXT_CEL_INT},
     {"memory", true, EXT_CEL_QTY},       {"cores", true, EXT_CEL_QTY},
 };
 #define NNAMES ((int)(sizeof(NAMES) / sizeof(NAMES[0])))
@@ -59,7 +60,7 @@ enum op {
     OP_MAP,    /* TYPE_MAP; a: whether capacities */
     OP_LIT,    /* v */
     OP_LIST,   /* items a .. a+b-1 of e->nodes, literals */
-    OP_GET,    /* attribute or capacity NAMES[name] */
+    OP_GET,    /* attribute or capacity NAMES[name]; with a: b, its value when absent */
     OP_HAS,    /* has(NAMES[name]) */
     OP_DRIVER, /* device.driver */
     OP_NOT,
@@ -290,6 +291,23 @@ static int device_ref(parser *ps, bool has)
         return fail(ps, "domain %.60s is not " DOMAIN, dom);
     char name[32];
     const char *q = NULL;
+    if (!has && take(ps, ".?")) {
+        /* .?NAME.orValue(literal): the attribute, or the literal where the device has none. */
+        int k = ident(ps, name, sizeof(name)) ? name_index(cap, name) : -1;
+        if (k < 0)
+            return fail(ps, "an optional %s kgpu does not read", cap ? "capacity" : "attribute");
+        if (!take(ps, ".") || !take(ps, "orValue") || !take(ps, "("))
+            return fail(ps, ".?%s without .orValue(...)", name);
+        int dflt = literal(ps);
+        if (dflt < 0 || !take(ps, ")"))
+            return fail(ps, "orValue( of no literal or without )");
+        if (ps->e->nodes[dflt].type != NAMES[k].type)
+            return fail(ps, "orValue( of another type than %s's", name);
+        int i = add(ps, OP_GET, NAMES[k].type, 1, dflt);
+        if (i >= 0)
+            ps->e->nodes[i].name = k;
+        return i;
+    }
     if (take(ps, ".")) {
         if (!ident(ps, name, sizeof(name)))
             return fail(ps, "a %s without a name", word);
@@ -543,6 +561,10 @@ static int value(const ext_cel *e, int i, const ext_cel_device *d, ext_cel_value
         got = got && a.type == NAMES[nd->name].type;
         if (nd->op == OP_HAS) {
             v->b = got;
+            return 0;
+        }
+        if (!got && nd->a == 1) { /* .?NAME.orValue(...) */
+            *v = e->nodes[nd->b].v;
             return 0;
         }
         *v = a;

@@ -62,7 +62,7 @@ void ext_dra_gpus_from_slice(ext_state *st, kgpu_node_spec *spec, kgpu_gpu_spec 
                                   .model = d->model,
                                   .memory_mib = d->memory_mib,
                                   .numa = d->numa,
-                                  .healthy = true}; /* the driver publishes healthy GPUs only */
+                                  .healthy = !d->tainted}; /* the driver taints a sick one */
     }
 }
 

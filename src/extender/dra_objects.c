@@ -90,6 +90,14 @@ static int read_gpu(const char *name, size_t i, const json_t *dev, ext_dra_devic
     d->index = (int)json_integer_value(index);
     snprintf(d->uuid, sizeof(d->uuid), "%s", uuid ? uuid : "");
     snprintf(d->model, sizeof(d->model), "%s", model);
+    size_t t;
+    const json_t *taint;
+    json_array_foreach(json_object_get(dev, "taints"), t, taint)
+    {
+        const char *effect = str_at(taint, "effect");
+        d->tainted = d->tainted || (effect != NULL && (strcmp(effect, "NoSchedule") == 0 ||
+                                                       strcmp(effect, "NoExecute") == 0));
+    }
     const char *cc = json_string_value(attr(dev, "computeCapability", "version"));
     unsigned maj, min, patch;
     d->cc = cc != NULL && sscanf(cc, "%4u.%4u.%4u", &maj, &min, &patch) == 3 && maj <= 1023 &&

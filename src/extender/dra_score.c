@@ -69,10 +69,11 @@ static bool view_get(const void *ctx, bool cap, const char *name, ext_cel_value 
             *out = (ext_cel_value){.type = EXT_CEL_QTY, .i = 100};
         return out->type != 0;
     }
-    static const char *const ints[] = {"index", "numaNode", "memoryMiB", "migStart", "migSize"};
+    static const char *const ints[] = {"index",   "numaNode", "memoryMiB",
+                                       "migStart", "migSize",  "multiprocessors"};
     int64_t iv[] = {v->g->index, v->g->numa, mem, v->m ? v->m->start : -1,
-                    v->p ? v->p->size : -1};
-    for (int k = 0; k < 5; k++)
+                    v->p ? v->p->size : -1, v->p ? v->p->multiprocessors : -1};
+    for (int k = 0; k < 6; k++)
         if (strcmp(name, ints[k]) == 0 && iv[k] >= 0) {
             *out = (ext_cel_value){.type = EXT_CEL_INT, .i = iv[k]};
             return true;

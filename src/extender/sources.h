@@ -131,6 +131,7 @@ typedef struct ext_dra_device {
     int numa;                        /* attribute numaNode, -1 without */
     int mig_model; /* 1 + kgpu_mig_model_at index of its model when MIG devices name it; 0 */
     int64_t cc;    /* attribute computeCapability as EXT_CEL_SEMVER; -1 without */
+    bool tainted;  /* a taint of effect NoSchedule or NoExecute: kgpu places nothing there */
 } ext_dra_device;
 
 /*

@@ -30,8 +30,8 @@ static void base_slice(ext_dra_slice *s)
     while (kgpu_mig_model_at(mi) != m)
         mi++;
     s->devices[0] = (ext_dra_device){"gpu-0", 0, "GPU-0", "A100-SXM4-40GB", 40960, 0, mi + 1,
-                                     EXT_CEL_SEMVER(8, 0, 0)};
-    s->devices[1] = (ext_dra_device){"gpu-1", 1, "GPU-1", "T4", 15360, -1, 0, -1};
+                                     EXT_CEL_SEMVER(8, 0, 0), false};
+    s->devices[1] = (ext_dra_device){"gpu-1", 1, "GPU-1", "T4", 15360, -1, 0, -1, false};
     for (int p = 0; p < m->nprofiles; p++)
         for (int k = 0; k < m->profiles[p].nstarts; k++) {
             char name[64];

@@ -442,6 +442,20 @@ class TestDRAEveryRequest(DRATest):
         sc = self.scores(dra_pod_claims("rest", ["c1", "c2"], policy="kgpu"))
         self.assertGreater(min(sc["dA"], sc["dB"]), 0, sc)  # c2 alone: 20 GiB fit either
 
+    def test_a_tainted_gpu_takes_nothing(self):
+        # The driver keeps a sick GPU in its slice with a NoSchedule taint on its devices.
+        sl = dra_slice("dB", [("A100-SXM4-40GB", 40 * GIB)], generation=2)
+        sl["spec"]["devices"][0]["taints"] = [{"key": "gpu.kgpu.io/unhealthy",
+                                                "effect": "NoSchedule"}]
+        self.s.api("PUT", RES + "/resourceslices/" + sl["metadata"]["name"], sl, expect=200)
+        self.start()
+        self.wait_inventory()
+        wait_for(lambda: self.ext.gpu("dB", 0)["healthy"] is False, 15, what="dB's GPU sick")
+        self.add_claim("whole")
+        time.sleep(0.3)
+        sc = self.scores(dra_pod("w", "whole", policy="bestfit"))
+        self.assertEqual((sc["dA"] > 0, sc["dB"]), (True, 0), sc)
+
     def test_allocation_mode_all_is_refused_with_a_reason(self):
         self.start()
         self.wait_inventory()

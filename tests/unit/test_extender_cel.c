@@ -155,6 +155,13 @@ static void test_logic_and_missing_attributes(void **state)
     assert_int_equal(eval(buf, &A100), -1);
     assert_int_equal(eval("!(" ATTR("mig") " == true) || false", &MIG3G), 0);
     assert_int_equal(eval("!has(" ATTR("mig") ")", &A100), 1);
+    /* The optional form install-dra.md advises under a class of one's own. */
+    assert_int_equal(eval(ATTR("?profile.orValue(\"\")") " == \"3g.20gb\"", &A100), 0);
+    assert_int_equal(eval(ATTR("?profile.orValue('')") " == '3g.20gb'", &MIG3G), 1);
+    assert_int_equal(eval(ATTR("?index.orValue(7)") " == 0", &A100), 1);
+    refused(ATTR("?profile.orValue(1)") " == 1", "another type");
+    refused(ATTR("?profile") " == \"x\"", "without .orValue");
+    refused(ATTR("?pciBusID.orValue('')") " == \"x\"", "optional attribute kgpu does not");
     /* The DeviceClasses' form of has(). */
     assert_int_equal(eval("\"mig\" in device.attributes[\"gpu.kgpu.io\"]", &MIG3G), 1);
     assert_int_equal(eval("!(\"mig\" in device.attributes[\"gpu.kgpu.io\"])", &A100), 1);

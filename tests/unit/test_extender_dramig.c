@@ -46,7 +46,8 @@ static world *world_new(void)
     while (kgpu_mig_model_at(mi) != m)
         mi++;
     s->ndevices = 1;
-    s->devices[0] = (ext_dra_device){"gpu-0", 0, "GPU-0", "A100-SXM4-40GB", 40960, 0, mi + 1, -1};
+    s->devices[0] =
+        (ext_dra_device){"gpu-0", 0, "GPU-0", "A100-SXM4-40GB", 40960, 0, mi + 1, -1, false};
     for (int p = 0; p < m->nprofiles; p++)
         for (int k = 0; k < m->profiles[p].nstarts; k++) {
             char name[64];
