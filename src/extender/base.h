@@ -235,4 +235,58 @@ int ext_json_depth(const char *text, size_t len, int limit);
 const char *ext_pod_for_viewer(const char *ns, const char *name, const char *viewer,
                                const char *same_prefix, char *buf, size_t len);
 
+/* ---- CEL selectors of DRA requests (dra_cel.c; docs/install-dra.md) ---- */
+
+#define EXT_CEL_LEN_MAX   1024 /* bytes of one expression kgpu reads; a longer one is not read */
+#define EXT_CEL_DEPTH_MAX 12   /* nesting of parentheses and negations */
+#define EXT_CEL_NODES_MAX 96   /* operators, operands and list items of one expression */
+
+enum ext_cel_type {
+    EXT_CEL_BOOL = 1,
+    EXT_CEL_INT,
+    EXT_CEL_STR,
+    EXT_CEL_QTY,
+    EXT_CEL_VER, /* a semantic version (semver) */
+    EXT_CEL_LIST,
+};
+/* A semantic version as an EXT_CEL_VER's i: major, minor, patch of 0..1023 each. */
+#define EXT_CEL_SEMVER(maj, min, patch)                                                            \
+    (((int64_t)(maj) << 20) | ((int64_t)(min) << 10) | (int64_t)(patch))
+
+/* A value a selector reads or computes. */
+typedef struct ext_cel_value {
+    int type;      /* enum ext_cel_type */
+    bool b;        /* BOOL */
+    int64_t i;     /* INT; QTY in whole units (memory: bytes); VER as EXT_CEL_SEMVER */
+    const char *s; /* STR, borrowed */
+} ext_cel_value;
+
+/*
+ * A device as a selector sees it: its driver, and get() for an attribute
+ * (cap false) or a capacity of domain gpu.kgpu.io by name: true and *out
+ * (of the type dra_cel.c's table gives the name), false when the device has
+ * none. Borrowed for the call.
+ */
+typedef struct ext_cel_device {
+    const char *driver;
+    bool (*get)(const void *ctx, bool cap, const char *name, ext_cel_value *out);
+    const void *ctx;
+} ext_cel_device;
+
+/* A compiled selector. Owned by its caller (ext_cel_free); read-only, so thread-safe to share. */
+typedef struct ext_cel ext_cel;
+
+/*
+ * Compiles the subset of CEL that GPU selectors are written in (dra_cel.c's
+ * opening comment): the expression or NULL, with why it is not understood
+ * (or "out of memory") in why. Never guesses: anything outside the subset
+ * is refused. Pure; fuzz_cel.
+ */
+ext_cel *ext_cel_compile(const char *expr, char *why, size_t len);
+void ext_cel_free(ext_cel *e);
+/* Its terms: what one evaluation costs at most, in steps. */
+int ext_cel_terms(const ext_cel *e);
+/* 1 the device matches, 0 not, -1 CEL would fail (an attribute the device has not). */
+int ext_cel_eval(const ext_cel *e, const ext_cel_device *d);
+
 #endif

@@ -62,7 +62,7 @@ void ext_dra_gpus_from_slice(ext_state *st, kgpu_node_spec *spec, kgpu_gpu_spec 
                                   .model = d->model,
                                   .memory_mib = d->memory_mib,
                                   .numa = d->numa,
-                                  .healthy = true}; /* the driver publishes healthy GPUs only */
+                                  .healthy = !d->tainted}; /* the driver taints a sick one */
     }
 }
 
@@ -122,6 +122,8 @@ static const char *charge_result(ext_state *st, ext_dra_result *r, kgpu_error *e
     for (int i = 0; i < s->ndevices; i++)
         if (strcmp(s->devices[i].name, r->device) == 0)
             index = s->devices[i].index;
+    if (index < 0 && ext__dra_is_mig(s, r->device))
+        return ext__dra_mig_charge(st, r, s, idx, err);
     const kgpu_node *node = kgpu_cluster_node(st->cluster, idx);
     int pos = -1;
     for (int i = 0; i < node->ngpus && index >= 0; i++)
@@ -179,6 +181,10 @@ static void uncharge(ext_state *st, ext_dra_claim *c)
     for (int i = c->nres - 1; i >= 0; i--) {
         if (!c->res[i].applied)
             continue;
+        if (c->res[i].mig) {
+            ext__dra_mig_uncharge(st, &c->res[i]);
+            continue;
+        }
         kgpu_error err;
         if (kgpu_cluster_release(st->cluster, &c->res[i].a, &err) != 0)
             ext_log(EXT_ERROR, "ResourceClaim %s/%s: release failed: %s", c->ns, c->name, err.msg);
@@ -285,8 +291,9 @@ void ext_dra_cluster_rebuilt(ext_state *st)
     while (kgpu_strmap_next(&st->dra_claims, &it, &k, &v)) {
         ext_dra_claim *c = v;
         for (int i = 0; i < c->nres; i++)
-            c->res[i].applied = false;
+            c->res[i].applied = c->res[i].mig = false;
     }
+    ext__dra_mig_forget(st);
     charge_all(st);
 }
 
@@ -298,8 +305,7 @@ void ext_dra_retry(ext_state *st)
 
 /* ---- prioritize: a DRA pod's request ---- */
 
-/* The request of claim request q: a whole GPU unless it names its memory (DRA's default is all). */
-static void request_of(const ext_dra_request *q, kgpu_request *req)
+void ext_dra_request_of(const ext_dra_request *q, kgpu_request *req)
 {
     memset(req, 0, sizeof(*req));
     req->gpu_count = q->count;
@@ -378,7 +384,8 @@ static void pod_names(const json_t *pod, const char **ns, const char **name)
     *name = *name != NULL ? *name : "?";
 }
 
-int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, char *why, size_t len)
+int ext_dra_pod_asks(ext_state *st, const json_t *pod, ext_dra_ask *asks, int max, char *why,
+                     size_t len)
 {
     const json_t *claims = json_object_get(json_object_get(pod, "spec"), "resourceClaims");
     const json_t *statuses =
@@ -388,24 +395,37 @@ int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, cha
     why[0] = '\0';
     if (json_array_size(claims) == 0)
         return 0;
+    int n = 0, allocated = 0;
     size_t i;
     const json_t *rc;
     json_array_foreach(claims, i, rc)
     {
         const ext_dra_claim *c = pod_claim(st, ns, pname, rc, statuses, why, len);
+        if (c != NULL && c->nres > 0) {
+            allocated++; /* its devices are charged already, on the node it binds the pod to */
+            continue;
+        }
         for (int k = 0; c != NULL && k < c->nreq; k++) {
             if (c->req[k].all) {
-                if (why[0] == '\0')
-                    snprintf(why, len,
-                             "pod %s/%s: ResourceClaim %s/%s asks for all devices "
-                             "(allocationMode All): not scored",
-                             ns, pname, c->ns, c->name);
-                continue;
+                snprintf(why, len,
+                         "pod %s/%s: ResourceClaim %s/%s: request #%d asks for all devices "
+                         "(allocationMode All), which kgpu does not score",
+                         ns, pname, c->ns, c->name, k + 1);
+                return -1;
             }
-            request_of(&c->req[k], req);
-            return 1;
+            if (n == max) {
+                snprintf(why, len, "pod %s/%s: more than %d requests of class %s in its claims",
+                         ns, pname, max, EXT_DRA_CLASS);
+                return -1;
+            }
+            asks[n++] = (ext_dra_ask){.claim = c, .req = &c->req[k], .k = k};
         }
     }
+    if (n > 0)
+        return n;
+    if (why[0] == '\0' && allocated > 0)
+        snprintf(why, len, "pod %s/%s: its ResourceClaims of class %s are allocated already", ns,
+                 pname, EXT_DRA_CLASS);
     if (why[0] == '\0')
         snprintf(why, len, "pod %s/%s: none of its ResourceClaims asks for class %s", ns, pname,
                  EXT_DRA_CLASS);
@@ -447,7 +467,7 @@ int ext_dra_pod_demand(ext_state *st, const json_t *pod, kgpu_qdemand *d, char *
             continue; /* another driver's, not seen yet, or allocated: charged already */
         for (int k = 0; k < c->nreq; k++) {
             kgpu_request req;
-            request_of(&c->req[k], &req);
+            ext_dra_request_of(&c->req[k], &req);
             if (c->req[k].all)
                 req.gpu_count = most_devices(st);
             kgpu_qdemand one;

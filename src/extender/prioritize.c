@@ -21,9 +21,9 @@
  * that their CPU goes where it strands the fewest GPUs instead of where
  * LeastAllocated spreads it (docs/simulate.md), and learns them as arrivals.
  * A pod with resourceClaims asks for GPUs through DRA, no extended
- * resource, so it comes here too: it is scored by its first request of
- * class gpu.kgpu.io (dra_claims.c) on the DRA nodes, 0 elsewhere, and 0
- * everywhere when its claims give none (logged).
+ * resource, so it comes here too: it is scored by all the requests of
+ * class gpu.kgpu.io of its claims together (dra_score.c) on the DRA nodes,
+ * 0 elsewhere, and 0 everywhere when its claims give none (logged).
  * Each pod is scored by exactly one of the two verbs.
  *
  * kube-scheduler waits for prioritize-gpuless for every pod, one pod at a
@@ -58,13 +58,14 @@ void ext_verb_prioritize(ext_ctx *d, json_t *args, fast_names *fast, ext_respons
     kgpu_error_clear(&err);
     int rc = idx == NULL || scores == NULL ? KGPU_ENOMEM : 0;
     kgpu_policy *p = NULL;
-    kgpu_request alone; /* prioritize-gpuless: the pod's CPU and memory, or its DRA claim's GPU */
+    kgpu_request alone; /* prioritize-gpuless: the pod's CPU and memory */
     const kgpu_request *req = NULL;
     const json_t *pj = json_object_get(args, "Pod");
     /* A pod with resourceClaims asks through DRA (dra_claims.c): scored on DRA nodes alone. */
     bool dra = gpuless && pod->nparts == 0 && invalid[0] == '\0' &&
                json_array_size(json_object_get(json_object_get(pj, "spec"), "resourceClaims")) > 0;
     char dra_why[2 * REASON_MAX] = ""; /* why a DRA pod scores 0 everywhere */
+    char dra_note[2 * REASON_MAX] = ""; /* what its scores did not trust, where it does not fit */
     bool plain = gpuless && !dra && pod->nparts == 0 && invalid[0] == '\0' &&
                  (pod->cpu_milli > 0 || pod->memory_mib > 0);
     /*
@@ -83,18 +84,14 @@ void ext_verb_prioritize(ext_ctx *d, json_t *args, fast_names *fast, ext_respons
         rc = ext_check_pod(d, pod, &p, invalid, sizeof(invalid));
         req = pod->nparts > 0 && invalid[0] == '\0' ? &pod->parts[0].req : NULL;
     } else if (rc == 0 && dra) {
-        if (ext_dra_pod_request(d->state, pj, &alone, dra_why, sizeof(dra_why)) == 1) {
-            alone.cpu_milli = pod->cpu_milli; /* for the scores, as a GPU pod's first part */
-            alone.memory_mib = pod->memory_mib;
-            int crc = ext_state_compile_request(d->state, pod->uid, &alone, &err);
-            p = crc == 0 ? ext_state_policy(d->state, pod, &err) : NULL;
-            req = p != NULL ? &alone : NULL;
-            if (req == NULL && err.code == KGPU_ENOMEM)
-                rc = KGPU_ENOMEM;
-            else if (req == NULL)
-                snprintf(dra_why, sizeof(dra_why), "pod %.63s/%.100s: %.120s", pod->ns, pod->name,
-                         err.msg);
+        /* Every request of its claims together, on the DRA nodes alone (dra_score.c). */
+        for (int i = 0; i < n; i++) {
+            idx[i] = kgpu_cluster_find_node(d->state->cluster, names[i]);
+            if (idx[i] >= 0 && !ext_dra_is_node(d->state, names[i]))
+                idx[i] = -1;
         }
+        rc = ext_dra_score(d->state, pod, pj, idx, n, scores, dra_why, sizeof(dra_why), dra_note,
+                           sizeof(dra_note), &err);
     } else if (rc == 0 && pod->nparts == 0 && invalid[0] == '\0' &&
                (pod->cpu_milli > 0 || pod->memory_mib > 0)) {
         /* A pod asking for nothing takes nothing: every node is the same to it. */
@@ -146,6 +143,8 @@ reply:
         ext_invalid_pod(d, verb, pod, invalid);
     if (dra_why[0] != '\0')
         ext_log(EXT_INFO, "%s; scored 0 on every node", dra_why);
+    if (dra_note[0] != '\0')
+        ext_log(EXT_INFO, "%s", dra_note);
     /*
      * Only the nodes that score above 0: kube-scheduler adds an extender's
      * score to the nodes its answer names and nothing to the others, so 0

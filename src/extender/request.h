@@ -88,6 +88,17 @@ void ext_reply_filter(ext_response *r, int n, const char *const *names, json_t *
 /* text into why, cut to fit. */
 void ext_cut_reason(char *why, size_t len, const char *text);
 
+/*
+ * prioritize's scores of DRA pod `pod` (its object pj) on nodes idx[0..n)
+ * (cluster indices; -1: not a DRA node, 0 there), every request of class
+ * gpu.kgpu.io of its claims together (dra_score.c): scores[i] 0..10. 0 with
+ * `why` saying why it scores 0 everywhere ("" when not) and `note` what was
+ * not trusted or where it does not fit ("" none); a negative error (out of
+ * memory) in err. Caller holds st->mu; the cluster is as it was on return.
+ */
+int ext_dra_score(ext_state *st, const kgpu_pod *pod, const json_t *pj, const int *idx, int n,
+                  int *scores, char *why, size_t len, char *note, size_t nlen, kgpu_error *err);
+
 /* The verbs (filter.c, prioritize.c, bind.c, preempt.c), called by ext_decide. */
 void ext_verb_filter(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r);
 void ext_verb_prioritize(ext_ctx *d, json_t *args, fast_names *fast, ext_response *r,

@@ -106,6 +106,7 @@ int ext_node_guard_marks(const json_t *node);
 
 #define EXT_DRA_DRIVER      "gpu.kgpu.io" /* kgpu-dra-plugin's driver name */
 #define EXT_DRA_CLASS       "gpu.kgpu.io" /* the DeviceClass kgpu's claims name */
+#define EXT_DRA_MIG_CLASS   "mig.gpu.kgpu.io" /* the DeviceClass of MIG partitions */
 #define EXT_DRA_LABEL       "kgpu.io/gpu-allocator"
 #define EXT_DRA_LABEL_VALUE "dra"
 /* Why a DRA node serves no device-plugin pod (filter's reason, bind's error). */
@@ -117,7 +118,10 @@ int ext_node_guard_marks(const json_t *node);
 #define EXT_DRA_RESULTS     32     /* allocation results of one claim (the driver's own bound) */
 #define EXT_DRA_CLAIMS_MAX  200000 /* claims held at once; more are ignored, logged */
 
-/* One device of a slice of gpu.kgpu.io. */
+#define EXT_DRA_MIG_MAX     256    /* MIG devices of one slice kept (more are skipped, said) */
+#define EXT_DRA_CEL_MAX     2048   /* bytes of selectors kept of one claim (EXT_CEL_LEN_MAX each) */
+
+/* One device of a slice of gpu.kgpu.io: a whole GPU. */
 typedef struct ext_dra_device {
     char name[EXT_DRA_DEVICE_MAX]; /* gpu-<index> */
     int index;                     /* attribute index */
@@ -125,16 +129,62 @@ typedef struct ext_dra_device {
     char model[KGPU_MODEL_NAME_MAX]; /* productName (else model) */
     int64_t memory_mib;              /* capacity memory (else attribute memoryMiB) */
     int numa;                        /* attribute numaNode, -1 without */
+    int mig_model; /* 1 + kgpu_mig_model_at index of its model when MIG devices name it; 0 */
+    int64_t cc;    /* attribute computeCapability as EXT_CEL_SEMVER; -1 without */
+    bool tainted;  /* a taint of effect NoSchedule or NoExecute: kgpu places nothing there */
 } ext_dra_device;
 
-/* A ResourceSlice of gpu.kgpu.io: one node's pool. */
+/*
+ * A MIG device (attribute mig true): a placement of a profile on one of the
+ * pool's GPUs (attribute index names the GPU, which may be in another slice
+ * of the pool). Kept small, as a node offers hundreds: its name as a hash.
+ * A slice as parsed has the attributes; a pool (ext_dra_pool_resolve) has
+ * only the devices kgpu knows, each with its GPU and profile.
+ */
+typedef struct ext_dra_mig {
+    uint64_t name_hash; /* ext_dra_name_hash of the device's name */
+    uint16_t index;     /* attribute index: its GPU's */
+    uint8_t pname;      /* attribute profile, as ext_dra_profile_id numbers profile names */
+    uint8_t start;      /* attribute migStart */
+    uint8_t size;       /* attribute migSize; 0 without */
+    uint8_t gpu;        /* in a pool: position in its devices of the GPU */
+    uint8_t profile;    /* in a pool: index of the profile in the GPU's MIG model */
+} ext_dra_mig;
+
+/*
+ * A ResourceSlice of gpu.kgpu.io as parsed, or a node's pool: the devices of
+ * all the slices of the newest generation of the pool named after it
+ * (dra_nodes.c; a pool spans slices: counter sets apart from devices, at
+ * most 64 devices with counters a slice). Only the first nmig entries of
+ * migs are allocated in a copy kept by the state (ext_dra_slice_size).
+ */
 typedef struct ext_dra_slice {
-    char name[KGPU_NAME_MAX + 1]; /* the object's */
+    char name[KGPU_NAME_MAX + 1]; /* the object's (a pool: its node's) */
     char node[KGPU_NAME_MAX + 1]; /* spec.nodeName, which is the pool's name too */
-    int64_t generation;           /* spec.pool.generation: the newest of two slices wins */
+    int64_t generation;           /* spec.pool.generation: the newest slices of a pool count */
     int ndevices;
     ext_dra_device devices[KGPU_MAX_GPUS_PER_NODE];
+    int skipped;        /* devices not kept: MIG devices of profiles kgpu does not know, ... */
+    char skip_why[120]; /* why the first of them was not; "" */
+    int nmig;
+    ext_dra_mig migs[EXT_DRA_MIG_MAX]; /* last: see above */
 } ext_dra_slice;
+
+/* A MIG profile name's id: its first model's index x KGPU_MIG_MAX_PROFILES + its own; -1. */
+int ext_dra_profile_id(const char *name);
+/* The bytes of s up to its last MIG device: what a copy of it takes. */
+size_t ext_dra_slice_size(const ext_dra_slice *s);
+/*
+ * A pool: `pool` empties for node, each slice of it is added, then the MIG
+ * devices are resolved to their GPUs; what cannot be is counted in skipped.
+ * Pure (fuzz_extdra).
+ */
+void ext_dra_pool_init(ext_dra_slice *pool, const char *node, int64_t generation);
+void ext_dra_pool_add(ext_dra_slice *pool, const ext_dra_slice *part);
+void ext_dra_pool_resolve(ext_dra_slice *pool);
+
+/* FNV-1a of a device name: how a MIG device is named in kgpu's records. */
+uint64_t ext_dra_name_hash(const char *name);
 
 /* A request of a claim of class gpu.kgpu.io (spec.devices.requests[].exactly). */
 typedef struct ext_dra_request {
@@ -142,7 +192,13 @@ typedef struct ext_dra_request {
     bool all;           /* allocationMode All */
     int64_t memory_mib; /* capacity.requests.memory, rounded up; 0: none (the whole GPU's) */
     int cores;          /* capacity.requests.cores, percent; 0 by default */
+    bool mig;           /* of class mig.gpu.kgpu.io (MIG devices), else gpu.kgpu.io (the rest) */
+    /* Its selectors: offset in the claim's `cel` of their expressions joined by &&, or: */
+    int cel; /* EXT_DRA_CEL_NONE, or _UNREAD (cel_why says why) */
+    char cel_why[48];
 } ext_dra_request;
+#define EXT_DRA_CEL_NONE   (-1) /* no selector */
+#define EXT_DRA_CEL_UNREAD (-2) /* selectors kgpu did not keep */
 
 /* A device of gpu.kgpu.io allocated to a claim (status.allocation.devices.results[]). */
 typedef struct ext_dra_result {
@@ -151,6 +207,8 @@ typedef struct ext_dra_result {
     int64_t memory_mib; /* consumedCapacity.memory, rounded up; -1: none given (the whole GPU) */
     int cores;          /* consumedCapacity.cores, percent; 0 without */
     bool applied;       /* charged to the cluster now, as `a` */
+    bool mig;           /* a MIG device, charged in its node's MIG records (`a`: its share) */
+    uint8_t mig_profile, mig_start;
     kgpu_assignment a;
 } ext_dra_result;
 
@@ -167,6 +225,7 @@ typedef struct ext_dra_claim {
     char queue[KGPU_QUEUE_NAME_MAX + 1];
     kgpu_qdemand qd;
     ext_dra_request req[EXT_DRA_REQUESTS];
+    char *cel;            /* the requests' selectors, NUL-ended, in this block after res */
     ext_dra_result res[]; /* nres */
 } ext_dra_claim;
 

@@ -40,6 +40,7 @@ int ext_state_init(ext_state *st, const ext_config *cfg, ext_metrics *m, kgpu_er
     kgpu_strmap_init(&st->guard_marked);
     kgpu_strmap_init(&st->emptying);
     kgpu_strmap_init(&st->dra_slices);
+    kgpu_strmap_init(&st->dra_parts);
     kgpu_strmap_init(&st->dra_claims);
     kgpu_strmap_init(&st->pod_qlabels);
     st->observed_order = calloc(OBSERVED_MAX, sizeof(char *));
@@ -79,7 +80,7 @@ void ext_state_destroy(ext_state *st)
     while (kgpu_strmap_next(&st->cpu_pods, &i, &k, &v))
         free(v);
     kgpu_strmap *owning[] = {&st->ns_queue,  &st->reclaims,   &st->refused,
-                             &st->dra_nodes, &st->dra_slices, &st->dra_claims,
+                             &st->dra_nodes, &st->dra_slices, &st->dra_parts, &st->dra_claims,
                              &st->pod_qlabels, &st->leaving, &st->emptying};
     for (size_t m = 0; m < sizeof(owning) / sizeof(owning[0]); m++)
         kgpu_strmap_clear_free(owning[m]);

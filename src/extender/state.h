@@ -17,6 +17,7 @@
 #ifndef KGPU_EXT_STATE_H
 #define KGPU_EXT_STATE_H
 
+#include "kgpu/mig.h"
 #include "sources.h"
 
 /*
@@ -323,7 +324,8 @@ typedef struct ext_state {
     bool gpuqueue_crd_absent; /* the API server answered 404 for GPUQueues */
     /* DRA (dra_claims.c, dra_nodes.c): nodes served by kgpu-dra-plugin, their slices, and the claims on them. */
     kgpu_strmap dra_nodes;  /* node -> ext_dra_node*: labelled kgpu.io/gpu-allocator=dra */
-    kgpu_strmap dra_slices; /* node (the pool) -> ext_dra_slice* of driver gpu.kgpu.io */
+    kgpu_strmap dra_slices; /* node -> its pool of driver gpu.kgpu.io (ext_dra_slice*) */
+    kgpu_strmap dra_parts;  /* slice name -> ext_dra_slice* as parsed: the pools' slices */
     kgpu_strmap dra_claims; /* "ns/name" -> ext_dra_claim*: claims of gpu.kgpu.io only */
     kgpu_strmap pod_qlabels; /* pod uid -> its kgpu.io/queue label (char*), pods with one only */
     /* Nodes going away (ext_node_leaving): name -> its reason (char*); no new GPU pod there. */
@@ -727,9 +729,14 @@ void ext_await_relisted(ext_state *st, const kgpu_strmap *present);
 
 /* ---- DRA nodes and claims (dra_claims.c, dra_nodes.c) ---- */
 
-/* A node labelled for DRA: its CPU and memory, which the slice has not. */
+/* A DRA node: its CPU and memory, which the slice has not, and by GPU position the MIG
+ * instances its claims hold (dra_mig.c) and the hold keeping whole and shares off. */
 typedef struct ext_dra_node {
     int64_t cpu_milli, memory_mib;
+    kgpu_mig_gpu mig[KGPU_MAX_GPUS_PER_NODE];
+    int mig_model[KGPU_MAX_GPUS_PER_NODE]; /* kgpu_mig_model_at index while mig_users > 0 */
+    int mig_users[KGPU_MAX_GPUS_PER_NODE]; /* results charged on the GPU */
+    kgpu_assignment hold[KGPU_MAX_GPUS_PER_NODE]; /* applied while mig_users > 0 */
 } ext_dra_node;
 
 /*
@@ -760,15 +767,25 @@ void ext_dra_cluster_rebuilt(ext_state *st);
 /* Charges the results not charged yet (a node joined, GPUs were released). */
 void ext_dra_retry(ext_state *st);
 
+/* One request of class gpu.kgpu.io of a pod's claims: what prioritize scores (dra_score.c). */
+typedef struct ext_dra_ask {
+    const ext_dra_claim *claim; /* borrowed from st->dra_claims: valid while st->mu is held */
+    const ext_dra_request *req; /* one of claim->req */
+    int k;                      /* its place among them, for reasons */
+} ext_dra_ask;
+
 /*
- * For prioritize: the kgpu request of a pod with spec.resourceClaims (its
- * first request of class gpu.kgpu.io, resolved through the claims held):
- * 1 and *req (uncompiled, the pod's CPU and memory not set) when there is
- * one; 0 when the pod has no resourceClaims; -1 when it has some but none
- * gives a request kgpu can score, `why` naming the pod and the claim.
+ * For prioritize: every request of class gpu.kgpu.io of the claims of a pod
+ * with spec.resourceClaims (resolved through the claims held; claims
+ * allocated already are charged and left out): n > 0 asks (at most max);
+ * 0 when the pod has no resourceClaims; -1 when it has some but none gives
+ * a request kgpu can score, or one that kgpu does not score (allocationMode
+ * All, more than max), `why` naming the pod and the claim.
  */
-int ext_dra_pod_request(ext_state *st, const json_t *pod, kgpu_request *req, char *why,
-                        size_t len);
+int ext_dra_pod_asks(ext_state *st, const json_t *pod, ext_dra_ask *asks, int max, char *why,
+                     size_t len);
+/* The kgpu request of claim request q (uncompiled): a whole GPU unless it names its memory. */
+void ext_dra_request_of(const ext_dra_request *q, kgpu_request *req);
 /*
  * For filter-gpuless: what the pod's claims of class gpu.kgpu.io that are
  * not allocated yet will take from its queue (their requests' totals; a

@@ -11,6 +11,21 @@
 /* Pod uids remembered as observed: a pod is counted once unless this many newer pods came since. */
 #define OBSERVED_MAX 16384
 
+/* ---- dra_mig.c ---- */
+
+/* Whether `device` is one of slice s's MIG devices. */
+bool ext__dra_is_mig(const ext_dra_slice *s, const char *device);
+/*
+ * Charges result r, a MIG device of slice s on cluster node idx: NULL, or
+ * why not (nothing charged then; err's text when the cluster refused).
+ */
+const char *ext__dra_mig_charge(ext_state *st, ext_dra_result *r, const ext_dra_slice *s, int idx,
+                                kgpu_error *err);
+/* Gives back what r's MIG device took (r->applied and r->mig then false). */
+void ext__dra_mig_uncharge(ext_state *st, ext_dra_result *r);
+/* The cluster was rebuilt: no GPU holds an instance, nothing is to be released. */
+void ext__dra_mig_forget(ext_state *st);
+
 /* ---- dra_claims.c ---- */
 
 /* spec's GPUs from its node's slice into gpus (KGPU_MAX_GPUS_PER_NODE; none without a slice). */

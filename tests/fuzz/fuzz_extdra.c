@@ -6,22 +6,42 @@
  * what it took, and a pod's request is one kgpu can score.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ext.h"
+#include "request.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* The n1 slice every input starts from: two GPUs, the second of 15 GiB. */
+/*
+ * The n1 slice every input starts from: two GPUs, the second of 15 GiB,
+ * the first an A100-40GB offering every MIG placement as gpu-0-mig-PROFILE-START.
+ */
 static void base_slice(ext_dra_slice *s)
 {
     memset(s, 0, sizeof(*s));
     strcpy(s->name, "n1-gpu.kgpu.io");
     strcpy(s->node, "n1");
     s->ndevices = 2;
-    s->devices[0] = (ext_dra_device){"gpu-0", 0, "GPU-0", "A100", 40960, 0};
-    s->devices[1] = (ext_dra_device){"gpu-1", 1, "GPU-1", "T4", 15360, -1};
+    const kgpu_mig_model *m = kgpu_mig_model_named("A100-40GB");
+    int mi = 0;
+    while (kgpu_mig_model_at(mi) != m)
+        mi++;
+    s->devices[0] = (ext_dra_device){"gpu-0", 0, "GPU-0", "A100-SXM4-40GB", 40960, 0, mi + 1,
+                                     EXT_CEL_SEMVER(8, 0, 0), false};
+    s->devices[1] = (ext_dra_device){"gpu-1", 1, "GPU-1", "T4", 15360, -1, 0, -1, false};
+    for (int p = 0; p < m->nprofiles; p++)
+        for (int k = 0; k < m->profiles[p].nstarts; k++) {
+            char name[64];
+            snprintf(name, sizeof(name), "gpu-0-mig-%s-%d", m->profiles[p].name,
+                     m->profiles[p].starts[k]);
+            s->migs[s->nmig++] = (ext_dra_mig){
+                .name_hash = ext_dra_name_hash(name),
+                .pname = (uint8_t)ext_dra_profile_id(m->profiles[p].name),
+                .start = (uint8_t)m->profiles[p].starts[k]};
+        }
 }
 
 static void check_capacity(const ext_state *st)
@@ -115,13 +135,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     c = NULL;
     if (ext_dra_claim_parse(root, &c, NULL) == 0 && c != NULL)
         ext_dra_claim_put(&st, c);
-    kgpu_request req;
-    char why[600];
-    rc = ext_dra_pod_request(&st, root, &req, why, sizeof(why));
-    if (rc == 1 && kgpu_request_validate(&req, NULL) != 0)
-        abort();
+    ext_dra_ask asks[KGPU_PLACE_MAX_REQS];
+    char why[600], note[600];
+    rc = ext_dra_pod_asks(&st, root, asks, KGPU_PLACE_MAX_REQS, why, sizeof(why));
+    for (int k = 0; k < rc; k++) {
+        kgpu_request req;
+        ext_dra_request_of(asks[k].req, &req);
+        req.models = ~0ULL;
+        if (kgpu_request_validate(&req, NULL) != 0)
+            abort();
+    }
     if (rc == -1 && why[0] == '\0')
         abort();
+    /* Scored on n1: 0..10, and the cluster as it was (what scoring held is released). */
+    if (rc > 0) {
+        kgpu_pod pod;
+        memset(&pod, 0, sizeof(pod));
+        strcpy(pod.ns, "default");
+        strcpy(pod.name, "fuzz");
+        int idx = kgpu_cluster_find_node(st.cluster, "n1"), score = -1;
+        int64_t before[KGPU_MAX_GPUS_PER_NODE][2];
+        const kgpu_node *n = kgpu_cluster_node(st.cluster, idx);
+        for (int g = 0; g < n->ngpus; g++) {
+            before[g][0] = n->gpus[g].free_milli;
+            before[g][1] = n->gpus[g].free_memory_mib;
+        }
+        if (ext_dra_score(&st, &pod, root, &idx, 1, &score, why, sizeof(why), note, sizeof(note),
+                          &err) != 0 || score < 0 || score > 10)
+            abort();
+        n = kgpu_cluster_node(st.cluster, idx);
+        for (int g = 0; g < n->ngpus; g++)
+            if (before[g][0] != n->gpus[g].free_milli || before[g][1] != n->gpus[g].free_memory_mib)
+                abort();
+    }
     ext_state_destroy(&st);
     json_decref(root);
     return 0;

@@ -11,6 +11,12 @@ its claim's request with the configured policy:
 
 - a 30 % share packs onto the DRA node whose GPU is partly used
   (bestfit, kgpu, fgd), a whole-GPU claim goes to the node with a free GPU;
+- every request of every claim of a pod is scored together (issue 30): a
+  node that fits one of two scores 0; CEL selectors pick the models scored,
+  and a selector kgpu does not read is not trusted, and said so;
+- MIG devices in slices: a profile goes where it costs the least room, a
+  GPU used whole offers no MIG instance and a GPU with instances fits no
+  whole or share request;
 - a claim deleted or deallocated releases, and the scores change back;
 - a relist of the claims charges nothing twice;
 - a pod whose claim is missing (or not yet resolved from its template)
@@ -26,6 +32,7 @@ its claim's request with the configured policy:
 Exit status: unittest's; 77 when the binaries are missing.
 """
 
+import json
 import sys
 import time
 
@@ -34,19 +41,21 @@ from harness import wait_for
 from test_extender import ExtenderTest, container, gpu_list, node_object, pod_object, share
 
 RES = "/apis/resource.k8s.io/v1"
+MIG_CLASS = "mig.gpu.kgpu.io"  # the DeviceClass of MIG partitions
 DRA_LABEL = {"kgpu.io/gpu-allocator": "dra"}
 GIB = 1024
 
 
-def dra_slice(node, gpus, generation=1, driver="gpu.kgpu.io"):
-    """The slice kgpu-dra-plugin publishes: gpus is [(model, memory MiB)]."""
+def dra_slice(node, gpus, generation=1, driver="gpu.kgpu.io", cc="8.0.0"):
+    """The slice kgpu-dra-plugin publishes: gpus is [(model, memory MiB)]; cc their
+    computeCapability."""
     devices = []
     for i, (model, mib) in enumerate(gpus):
         devices.append({
             "name": "gpu-%d" % i, "allowMultipleAllocations": True,
             "attributes": {"index": {"int": i}, "uuid": {"string": "GPU-%s-%d" % (node, i)},
                            "model": {"string": model}, "productName": {"string": model},
-                           "memoryMiB": {"int": mib}},
+                           "memoryMiB": {"int": mib}, "computeCapability": {"version": cc}},
             "capacity": {
                 "memory": {"value": "%dMi" % mib,
                            "requestPolicy": {"default": "%dMi" % mib,
@@ -62,7 +71,9 @@ def dra_slice(node, gpus, generation=1, driver="gpu.kgpu.io"):
                      "devices": devices}}
 
 
-def claim_object(name, memory=None, cores=None, count=None, cls="gpu.kgpu.io"):
+def request_object(rname="gpu", memory=None, cores=None, count=None, cls="gpu.kgpu.io",
+                   cel=None):
+    """One request of a claim; cel: a selector expression or a list of them."""
     exactly = {"deviceClassName": cls, "allocationMode": "ExactCount", "count": count or 1}
     reqs = {}
     if memory is not None:
@@ -71,9 +82,80 @@ def claim_object(name, memory=None, cores=None, count=None, cls="gpu.kgpu.io"):
         reqs["cores"] = str(cores)
     if reqs:
         exactly["capacity"] = {"requests": reqs}
+    if cel is not None:
+        exactly["selectors"] = [{"cel": {"expression": e}}
+                                for e in ([cel] if isinstance(cel, str) else cel)]
+    return {"name": rname, "exactly": exactly}
+
+
+def claim_object(name, memory=None, cores=None, count=None, cls="gpu.kgpu.io", cel=None,
+                 requests=None):
+    """requests: a list of request_object() instead of the one built from the rest."""
+    reqs = requests or [request_object("gpu", memory, cores, count, cls, cel)]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+            "spec": {"devices": {"requests": reqs}}}
+
+
+# The MIG profiles of an A100-SXM4-40GB (src/core/mig.c): name, memory slices, memory MiB,
+# starts in the order kgpu's driver lists them (kgpu_mig_slice_order).
+A100_40GB_MIG = [("1g.5gb", 1, 4864, [6, 5, 4, 3, 2, 1, 0]),
+                 ("1g.10gb", 2, 9856, [6, 4, 2, 0]),
+                 ("2g.10gb", 2, 9856, [4, 2, 0]),
+                 ("3g.20gb", 4, 19968, [4, 0]),
+                 ("4g.20gb", 4, 19968, [0]),
+                 ("7g.40gb", 8, 40192, [0])]
+
+
+def mig_name(gpu, profile, start):
+    return "gpu-%d-mig-%s-%d" % (gpu, profile.replace(".", "-"), start)
+
+
+def mig_slice(node, ngpus=1, generation=1):
+    """A slice as kgpu-dra-plugin publishes it with MIG on (issue 30): each A100-40GB whole
+    as gpu-N, and every placement of every profile as a device with attributes mig, profile,
+    migStart, migSize, parentIndex and index (the GPU's) and memoryMiB (the profile's)."""
+    s = dra_slice(node, [("A100-SXM4-40GB", 40 * GIB)] * ngpus, generation)
+    for g in range(ngpus):
+        for profile, size, mib, starts in A100_40GB_MIG:
+            for start in starts:
+                s["spec"]["devices"].append({
+                    "name": mig_name(g, profile, start),
+                    "attributes": {"mig": {"bool": True}, "profile": {"string": profile},
+                                   "migStart": {"int": start}, "migSize": {"int": size},
+                                   "parentIndex": {"int": g}, "index": {"int": g},
+                                   "memoryMiB": {"int": mib},
+                                   "productName": {"string": "A100-SXM4-40GB"}},
+                    "consumesCounters": [{"counterSet": "gpu-%d" % g, "counters": {
+                        "memory-slice-%d" % k: {"value": "1"}
+                        for k in range(start, start + size)}}]})
+    return s
+
+
+def pool_slices(node, ngpus, generation=1):
+    """The same devices as a pool of three slices, as the API requires once devices consume
+    counters: the counter sets alone, the whole GPUs, then the MIG devices."""
+    whole = mig_slice(node, ngpus, generation)
+    devices = whole["spec"]["devices"]
+    out = []
+    for suffix, spec in (
+            ("counters", {"sharedCounters": [
+                {"name": "gpu-%d" % g, "counters": {"memory-slice-%d" % k: {"value": "1"}
+                                                     for k in range(8)}}
+                for g in range(ngpus)]}),
+            ("gpus", {"devices": [d for d in devices if "mig" not in d["attributes"]]}),
+            ("mig", {"devices": [d for d in devices if "mig" in d["attributes"]]})):
+        sl = json.loads(json.dumps(whole))
+        sl["metadata"]["name"] = "%s-%s" % (node, suffix)
+        sl["spec"].pop("devices")
+        sl["spec"].update(spec)
+        sl["spec"]["pool"]["resourceSliceCount"] = 3
+        out.append(sl)
+    return out
+
+
+def profile_is(name):
+    return 'device.attributes["gpu.kgpu.io"].profile == "%s"' % name
 
 
 def allocation(node, device, memory=None, cores=None, driver="gpu.kgpu.io"):
@@ -86,6 +168,16 @@ def allocation(node, device, memory=None, cores=None, driver="gpu.kgpu.io"):
                            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                                {"key": "metadata.name", "operator": "In",
                                 "values": [node]}]}]}}}
+
+
+def dra_pod_claims(name, claims, policy=None):
+    """A pod whose container uses every claim of `claims` (by name), one entry each."""
+    c = container("main")
+    c["resources"]["claims"] = [{"name": "c%d" % i} for i in range(len(claims))]
+    p = pod_object(name, [c], annotations={"kgpu.io/policy": policy} if policy else None)
+    p["spec"]["resourceClaims"] = [{"name": "c%d" % i, "resourceClaimName": claim}
+                                   for i, claim in enumerate(claims)]
+    return p
 
 
 def dra_pod(name, claim=None, template=None, resolved=None, policy=None):
@@ -127,6 +219,9 @@ class DRATest(ExtenderTest):
     def add_claim(self, name, ns="default", **kw):
         return self.s.api("POST", RES + "/namespaces/%s/resourceclaims" % ns,
                           claim_object(name, **kw), expect=201)[1]
+
+    def wait_log(self, text, what):
+        wait_for(lambda: text in self.ext.log(), 5, what="%s: the log says %r" % (what, text))
 
     def claim_path(self, name, ns="default"):
         return RES + "/namespaces/%s/resourceclaims/%s" % (ns, name)
@@ -295,6 +390,280 @@ class TestDRAScores(DRATest):
         node, err = self.ext.schedule(p, self.NODES)
         self.assertEqual((node, err), ("n0", ""))
         self.assertEqual(self.ext.get("/healthz")[0], 200)
+
+
+class TestDRAEveryRequest(DRATest):
+    """Issue 30: every request of class gpu.kgpu.io of every claim of a pod, together."""
+
+    def test_a_claim_of_two_requests_is_scored_as_both(self):
+        self.start()
+        self.wait_inventory()
+        self.partly_used()  # dA: 32 GiB free; dB: 40 GiB
+        two = [request_object("a", memory="20Gi", cores=30),
+               request_object("b", memory="20Gi", cores=30)]
+        self.add_claim("two", requests=two)
+        self.add_claim("one", memory="20Gi", cores=30)
+        time.sleep(0.3)
+        for policy in ("bestfit", "kgpu"):
+            with self.subTest(policy=policy):
+                # One request alone packs beside the used share on dA...
+                sc = self.scores(dra_pod("one-" + policy, "one", policy=policy))
+                self.assertGreater(sc["dA"], sc["dB"], sc)
+                # ...two of 20 GiB fit dA's one GPU no more: only dB.
+                sc = self.scores(dra_pod("two-" + policy, "two", policy=policy))
+                self.assertEqual(sc["dA"], 0, sc)
+                self.assertGreater(sc["dB"], 0, sc)
+        self.assertEqual(self.held(), {("dA", 0): (8 * GIB, 200)})  # scoring charged nothing
+        # count 2 of one request is two devices: no node of one GPU fits them.
+        self.add_claim("twice", memory="4Gi", cores=10, count=2)
+        time.sleep(0.3)
+        sc = self.scores(dra_pod("twice", "twice", policy="bestfit"))
+        self.assertEqual(set(sc.values()), {0}, sc)
+        self.wait_log("pod default/twice: its 1 requests of class gpu.kgpu.io fit none of the "
+                      "2 DRA nodes scored; node dA: ", "the reason")
+
+    def test_a_pod_with_two_claims_is_scored_by_both(self):
+        self.start()
+        self.wait_inventory()
+        self.partly_used()
+        self.add_claim("c1", memory="20Gi", cores=30)
+        self.add_claim("c2", memory="20Gi", cores=30)
+        self.add_claim("small", memory="2Gi", cores=10)
+        self.add_claim("other", cls="nic.example.com")  # another driver's: not kgpu's to score
+        time.sleep(0.3)
+        sc = self.scores(dra_pod_claims("both", ["c1", "c2"], policy="bestfit"))
+        self.assertEqual(sc["dA"], 0, sc)
+        self.assertGreater(sc["dB"], 0, sc)
+        sc = self.scores(dra_pod_claims("fits", ["c1", "small", "other"], policy="bestfit"))
+        self.assertGreater(sc["dA"], sc["dB"], sc)  # 22 GiB fit beside the used 8 on dA
+        # A claim allocated already is charged, not scored again.
+        self.allocate("c1", "dB", "gpu-0", memory="20Gi", cores=30)
+        self.wait_held({("dA", 0): (8 * GIB, 200), ("dB", 0): (20 * GIB, 300)}, "c1 on dB")
+        sc = self.scores(dra_pod_claims("rest", ["c1", "c2"], policy="kgpu"))
+        self.assertGreater(min(sc["dA"], sc["dB"]), 0, sc)  # c2 alone: 20 GiB fit either
+
+    def test_a_tainted_gpu_takes_nothing(self):
+        # The driver keeps a sick GPU in its slice with a NoSchedule taint on its devices.
+        sl = dra_slice("dB", [("A100-SXM4-40GB", 40 * GIB)], generation=2)
+        sl["spec"]["devices"][0]["taints"] = [{"key": "gpu.kgpu.io/unhealthy",
+                                                "effect": "NoSchedule"}]
+        self.s.api("PUT", RES + "/resourceslices/" + sl["metadata"]["name"], sl, expect=200)
+        self.start()
+        self.wait_inventory()
+        wait_for(lambda: self.ext.gpu("dB", 0)["healthy"] is False, 15, what="dB's GPU sick")
+        self.add_claim("whole")
+        time.sleep(0.3)
+        sc = self.scores(dra_pod("w", "whole", policy="bestfit"))
+        self.assertEqual((sc["dA"] > 0, sc["dB"]), (True, 0), sc)
+
+    def test_allocation_mode_all_is_refused_with_a_reason(self):
+        self.start()
+        self.wait_inventory()
+        req = request_object("all")
+        req["exactly"]["allocationMode"] = "All"
+        del req["exactly"]["count"]
+        self.add_claim("all", requests=[req])
+        time.sleep(0.3)
+        self.assertEqual(set(self.scores(dra_pod("all", "all")).values()), {0})
+        self.wait_log("request #1 asks for all devices (allocationMode All), which kgpu does "
+                      "not score", "All refused")
+
+
+class TestDRASelectors(DRATest):
+    """CEL selectors: the subset kgpu reads picks what is scored; the rest is not trusted."""
+
+    NODES = ["dA", "dB", "dT", "n0"]
+
+    def setUp(self):
+        super().setUp()
+        self.s.api("POST", "/api/v1/nodes", node_object("dT", labels=DRA_LABEL), expect=201)
+        self.add_slice("dT", [("Tesla T4", 15 * GIB)], cc="7.5.0")
+
+    def wait_inventory(self):
+        super().wait_inventory()
+        wait_for(lambda: self.ext.gpu("dT", 0) is not None, 15, what="dT in the inventory")
+
+    def test_a_selector_on_the_model_picks_only_matching_gpus(self):
+        self.start()
+        self.wait_inventory()
+        attr = 'device.attributes["gpu.kgpu.io"].productName'
+        cases = {
+            "t4": (attr + ' == "Tesla T4"', {"dT"}),
+            "a100": (attr + ' in ["A100-SXM4-40GB", "H100"]', {"dA", "dB"}),
+            "not-t4": ('!(%s == "Tesla T4") && device.driver == "gpu.kgpu.io"' % attr,
+                       {"dA", "dB"}),
+            "big": ('device.capacity["gpu.kgpu.io"].memory.compareTo(quantity("32Gi")) >= 0',
+                    {"dA", "dB"}),
+            "small": ('device.attributes["gpu.kgpu.io"].memoryMiB < 20000 || '
+                      + attr + ' == "nothing"', {"dT"}),
+            "ampere": ('device.attributes["gpu.kgpu.io"].computeCapability'
+                       '.compareTo(semver("8.0.0")) >= 0', {"dA", "dB"}),
+        }
+        for name, (cel, _) in cases.items():
+            self.add_claim(name, memory="4Gi", cores=10, cel=cel)
+        time.sleep(0.3)
+        for name, (cel, want) in cases.items():
+            with self.subTest(selector=cel):
+                sc = self.scores(dra_pod(name, name, policy="kgpu"))
+                self.assertEqual({n for n, v in sc.items() if v > 0}, want, sc)
+        # What no device matches fits nowhere, and the log says which request.
+        self.add_claim("h100", memory="4Gi", cel=attr + ' == "H100"')
+        time.sleep(0.3)
+        self.assertEqual(set(self.scores(dra_pod("h100", "h100")).values()), {0})
+        self.wait_log("ResourceClaim default/h100 request #1: no device of the 3 DRA nodes "
+                      "scored matches its selectors", "no match")
+
+    def test_a_selector_kgpu_does_not_read_is_not_trusted(self):
+        self.start()
+        self.wait_inventory()
+        attr = 'device.attributes["gpu.kgpu.io"].productName'
+        self.add_claim("method", memory="4Gi", cores=10, cel=attr + '.startsWith("Tesla")')
+        self.add_claim("long", memory="4Gi", cores=10,
+                       cel=" || ".join([attr + ' == "Tesla T4"'] * 40))  # > 1024 bytes
+        self.add_claim("deep", memory="4Gi", cores=10, cel="(" * 30 + "true" + ")" * 30)
+        time.sleep(0.3)
+        for name, said in (("method", "method startsWith is not read by kgpu"),
+                           ("long", "a selector longer than 1024 bytes"),
+                           ("deep", "nested deeper than 12")):
+            with self.subTest(claim=name):
+                sc = self.scores(dra_pod(name, name, policy="kgpu"))
+                # Any GPU of the class: every DRA node scores, the plugin node does not.
+                self.assertEqual({n for n, v in sc.items() if v > 0}, {"dA", "dB", "dT"}, sc)
+                self.wait_log("ResourceClaim default/%s request #1: selector not read (%s): "
+                              "scored as any device of its class" % (name, said), name)
+        self.assertEqual(self.ext.get("/healthz")[0], 200)
+
+
+class TestDRAMIG(DRATest):
+    """MIG devices in slices (issue 30): where a profile goes, and one kind of use a GPU."""
+
+    NODES = ["mA", "mB", "mC"]
+
+    def setUp(self):
+        super().setUp()
+        for n in self.NODES:
+            self.s.api("POST", "/api/v1/nodes", node_object(n, labels=DRA_LABEL), expect=201)
+            self.s.api("POST", RES + "/resourceslices", mig_slice(n), expect=201)
+
+    def wait_inventory(self):
+        wait_for(lambda: all(self.ext.gpu(n, 0) is not None for n in self.NODES), 15,
+                 what="the MIG nodes in the inventory")
+
+    def mig_claim(self, name, profile, node=None, start=None):
+        """A claim of one `profile` instance; allocated at `start` on `node` when given."""
+        self.add_claim(name, cls=MIG_CLASS, cel=profile_is(profile))
+        if node is not None:
+            self.allocate(name, node, mig_name(0, profile, start))
+
+    def test_a_profile_goes_where_it_costs_the_least_room(self):
+        self.start()
+        self.wait_inventory()
+        self.mig_claim("a-1g", "1g.5gb", "mA", 6)  # mA: a 1g at 6: a 3g must go to 0
+        self.mig_claim("c-4g", "4g.20gb", "mC", 0)  # mC: a 4g: a 3g at 4 completes the GPU
+        # While a GPU has instances, the cluster holds it whole.
+        self.wait_held({("mA", 0): (40 * GIB, 1000), ("mC", 0): (40 * GIB, 1000)},
+                       "the MIG instances charged")
+        self.mig_claim("want-3g", "3g.20gb")
+        time.sleep(0.3)
+        sc = self.scores(dra_pod("p3g", "want-3g"))
+        # mC loses the least room (the 3g fills what its 4g left); of mA and mB, which lose
+        # as much, mB keeps a 4g possible after the 3g, mA none.
+        self.assertEqual((sc["mC"], sc["mB"], sc["mA"]), (10, 9, 8), sc)
+        # Two instances of one claim: a 3g and a 4g fit only the empty GPU.
+        both = [request_object("a", cls=MIG_CLASS, cel=profile_is("3g.20gb")),
+                request_object("b", cls=MIG_CLASS, cel=profile_is("4g.20gb"))]
+        self.add_claim("3g4g", requests=both)
+        time.sleep(0.3)
+        sc = self.scores(dra_pod("p34", "3g4g"))
+        self.assertEqual((sc["mA"], sc["mB"], sc["mC"]), (0, 10, 0), sc)
+        # Released: mA's GPU is empty again, and scores as mB does.
+        self.delete_claim("a-1g")
+        self.wait_held({("mC", 0): (40 * GIB, 1000)}, "mA's instance released")
+        sc = self.scores(dra_pod("p3g-2", "want-3g"))
+        self.assertEqual(sc["mA"], sc["mB"], sc)
+
+    def test_one_kind_of_use_of_a_gpu(self):
+        self.start()
+        self.wait_inventory()
+        self.add_claim("whole")
+        self.allocate("whole", "mA", "gpu-0")  # mA's GPU used whole
+        self.add_claim("share", memory="8Gi", cores=20)
+        self.allocate("share", "mB", "gpu-0", memory="8Gi", cores=20)  # mB's in a share
+        self.mig_claim("inst", "2g.10gb", "mC", 4)  # mC's holds a MIG instance
+        self.wait_held({("mA", 0): (40 * GIB, 1000), ("mB", 0): (8 * GIB, 200),
+                        ("mC", 0): (40 * GIB, 1000)}, "the three uses charged")
+        self.mig_claim("want-1g", "1g.5gb")
+        self.add_claim("want-whole")
+        self.add_claim("want-share", memory="4Gi", cores=10)
+        time.sleep(0.3)
+        # A MIG profile fits only beside the instance, not on a GPU used whole or in shares.
+        sc = self.scores(dra_pod("p1g", "want-1g"))
+        self.assertEqual((sc["mA"], sc["mB"]), (0, 0), sc)
+        self.assertGreater(sc["mC"], 0, sc)
+        sc = self.scores(dra_pod("p1g-a", "want-1g"), ["mA"])
+        self.wait_log("node mA: ResourceClaim default/want-1g request #1: no MIG device it "
+                      "selects is free there", "MIG refused beside a whole GPU")
+        # A profile asked of class gpu.kgpu.io matches nothing: that class has no partition.
+        self.add_claim("wrong-class", cel=profile_is("1g.5gb"))
+        time.sleep(0.3)
+        self.assertEqual(set(self.scores(dra_pod("pwc", "wrong-class")).values()), {0})
+        self.wait_log("ResourceClaim default/wrong-class request #1: no device of the 3 DRA "
+                      "nodes scored matches its selectors", "no partition of gpu.kgpu.io")
+        # Any partition of mig.gpu.kgpu.io (no selector) fits only beside the instance.
+        self.add_claim("any-mig", cls=MIG_CLASS)
+        time.sleep(0.3)
+        sc = self.scores(dra_pod("pany", "any-mig"))
+        self.assertEqual((sc["mA"], sc["mB"]), (0, 0), sc)
+        self.assertGreater(sc["mC"], 0, sc)
+        # And the reverse: no whole GPU or share where a MIG instance is.
+        sc = self.scores(dra_pod("pw", "want-whole", policy="bestfit"))
+        self.assertEqual(set(sc.values()), {0}, sc)
+        sc = self.scores(dra_pod("ps", "want-share", policy="bestfit"))
+        self.assertEqual((sc["mA"], sc["mC"]), (0, 0), sc)
+        self.assertGreater(sc["mB"], 0, sc)
+        # The instance gone, mC's GPU is whole again.
+        self.deallocate("inst")
+        self.wait_held({("mA", 0): (40 * GIB, 1000), ("mB", 0): (8 * GIB, 200)}, "released")
+        sc = self.scores(dra_pod("pw2", "want-whole", policy="bestfit"))
+        self.assertGreater(sc["mC"], 0, sc)
+
+    def test_a_pool_of_several_slices(self):
+        self.s.api("POST", "/api/v1/nodes", node_object("mP", labels=DRA_LABEL), expect=201)
+        for sl in pool_slices("mP", 2):
+            self.s.api("POST", RES + "/resourceslices", sl, expect=201)
+        self.start()
+        wait_for(lambda: self.ext.gpu("mP", 1) is not None, 15, what="mP's two GPUs")
+        # A MIG device of the third slice names a GPU of the second: charged there.
+        self.mig_claim("on-1", "3g.20gb")
+        self.allocate("on-1", "mP", mig_name(1, "3g.20gb", 4))
+        self.wait_held({("mP", 1): (40 * GIB, 1000)}, "an instance on mP's second GPU")
+        self.mig_claim("want", "4g.20gb")
+        time.sleep(0.3)
+        self.assertGreater(self.scores(dra_pod("p", "want"), ["mP"])["mP"], 0)
+        # The MIG slice gone: no instance is offered on mP, its GPUs stay.
+        self.s.api("DELETE", RES + "/resourceslices/mP-mig", expect=200)
+        wait_for(lambda: self.scores(dra_pod("p2", "want"), ["mP"])["mP"] == 0, 15,
+                 what="no MIG device on mP")
+        self.assertIsNotNone(self.ext.gpu("mP", 1))
+        # A new generation of one GPU: the slices of the old one no longer count.
+        for sl in pool_slices("mP", 1, generation=2)[:2]:
+            self.s.api("PUT", RES + "/resourceslices/" + sl["metadata"]["name"], sl, expect=200)
+        wait_for(lambda: self.ext.gpu("mP", 1) is None and self.ext.gpu("mP", 0) is not None,
+                 15, what="mP with one GPU")
+
+    def test_mig_devices_of_unknown_profiles_are_skipped(self):
+        s = mig_slice("mX")
+        s["spec"]["devices"].append({"name": "gpu-0-mig-9g", "attributes": {
+            "mig": {"bool": True}, "profile": {"string": "9g.99gb"}, "migStart": {"int": 0},
+            "migSize": {"int": 8}, "index": {"int": 0}}})
+        self.s.api("POST", "/api/v1/nodes", node_object("mX", labels=DRA_LABEL), expect=201)
+        self.s.api("POST", RES + "/resourceslices", s, expect=201)
+        self.start()
+        wait_for(lambda: self.ext.gpu("mX", 0) is not None, 15, what="mX kept, its GPU read")
+        self.wait_log("DRA pool mX: 1 devices not read (the first: gpu-0-mig-9g: profile "
+                      "9g.99gb is of no MIG model kgpu knows)", "the skipped device")
+        self.mig_claim("x", "3g.20gb", "mX", 4)
+        self.wait_held({("mX", 0): (40 * GIB, 1000)}, "a known profile charged on mX")
 
 
 GQ = "/apis/kgpu.io/v1alpha1/gpuqueues"
