@@ -98,6 +98,28 @@ int kgpu_mig_room(const kgpu_mig_model *m, const kgpu_mig_gpu *g);
  */
 int kgpu_mig_choose(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi, int *room_after);
 
+/* Free compute slices on g that no profile can use any more (0 while one still fits). */
+int kgpu_mig_stranded(const kgpu_mig_model *m, const kgpu_mig_gpu *g);
+
+/*
+ * kgpu's cost of placing profile pi at `start` on g, lower is better: the
+ * room it takes away (kgpu_mig_room before less after) times 8, plus the
+ * compute slices it leaves stranded. Room alone ties a 3g beside a 4g (the
+ * GPU full) with a 3g beside a 3g (one slice nothing can use); the second
+ * term tells them apart, and an instance strands at most 7 slices, so the
+ * terms never mix. -1 when it does not fit. The extender scores nodes by
+ * it and `kgpu simulate --mig` measures it (docs/policy.md, MIG).
+ */
+#define KGPU_MIG_STRANDED_SCALE 8
+int64_t kgpu_mig_cost(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi, int start);
+
+/*
+ * The start kube-scheduler's allocator takes for profile pi on g when the
+ * slice lists starts in kgpu_mig_slice_order: the first of them that fits,
+ * or -1.
+ */
+int kgpu_mig_slice_first(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi);
+
 /* Where first-fit in NVML's order puts it: the lowest start that fits, or -1. */
 int kgpu_mig_first_fit(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi);
 

@@ -93,6 +93,7 @@ typedef struct kgpu_migsim_input {
     kgpu_migsim_request *requests; /* one per pod of the trace, in file order */
     size_t nrequests;
     int16_t room[KGPU_MIGSIM_KEYS];                           /* kgpu_mig_room */
+    int8_t stranded[KGPU_MIGSIM_KEYS];                        /* kgpu_mig_stranded */
     int8_t first_fit[KGPU_MIGSIM_KEYS][KGPU_MIG_MAX_PROFILES]; /* start, -1 */
     int8_t slice[KGPU_MIGSIM_KEYS][KGPU_MIG_MAX_PROFILES];     /* first start in slice order */
     int8_t choose[KGPU_MIGSIM_KEYS][KGPU_MIG_MAX_PROFILES];    /* kgpu_mig_choose */

@@ -218,3 +218,31 @@ int kgpu_mig_slice_order(const kgpu_mig_model *m, int pi, int out[KGPU_MIG_MAX_S
             out[n++] = p->starts[s];
     return n;
 }
+
+int kgpu_mig_stranded(const kgpu_mig_model *m, const kgpu_mig_gpu *g)
+{
+    for (int pi = 0; pi < m->nprofiles; pi++)
+        if (!m->profiles[pi].media && kgpu_mig_first_fit(m, g, pi) >= 0)
+            return 0;
+    return KGPU_MIG_COMPUTE_SLICES - g->compute;
+}
+
+int64_t kgpu_mig_cost(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi, int start)
+{
+    if (!kgpu_mig_fits(m, g, pi, start))
+        return -1;
+    kgpu_mig_gpu after = *g;
+    kgpu_mig_take(m, &after, pi, start);
+    int64_t lost = kgpu_mig_room(m, g) - kgpu_mig_room(m, &after);
+    return lost * KGPU_MIG_STRANDED_SCALE + kgpu_mig_stranded(m, &after);
+}
+
+int kgpu_mig_slice_first(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi)
+{
+    int order[KGPU_MIG_MAX_STARTS];
+    int n = kgpu_mig_slice_order(m, pi, order);
+    for (int i = 0; i < n; i++)
+        if (kgpu_mig_fits(m, g, pi, order[i]))
+            return order[i];
+    return -1;
+}

@@ -80,6 +80,7 @@ static void fill_tables(kgpu_migsim_input *in)
         g.mem = (uint8_t)(k % 256);
         g.compute = k / 256;
         in->room[k] = (int16_t)kgpu_mig_room(m, &g);
+        in->stranded[k] = (int8_t)kgpu_mig_stranded(m, &g);
         for (int pi = 0; pi < KGPU_MIG_MAX_PROFILES; pi++) {
             in->first_fit[k][pi] = in->slice[k][pi] = in->choose[k][pi] = -1;
             if (pi >= m->nprofiles || m->profiles[pi].media)
@@ -171,15 +172,12 @@ void kgpu_migsim_input_free(kgpu_migsim_input *in)
 /* ---- the online strategies ---- */
 
 /*
- * kgpu's cost of a placement (KGPU, BEST_FIT): the room it takes away
- * (kgpu_mig_room before less after), then the compute slices it strands:
- * free compute on a GPU where no profile fits any more. Room alone ties a
- * 3g next to a 4g (the GPU full) with a 3g next to a 3g (one slice left
- * that nothing can use); the second key tells them apart. An instance
- * loses at most 34 of room (an empty GPU's) and strands at most 7 slices:
- * the scale keeps the two keys apart.
+ * kgpu's cost of a placement (KGPU, BEST_FIT) is kgpu_mig_cost's (mig.c):
+ * room lost times KGPU_MIG_STRANDED_SCALE plus the compute slices stranded,
+ * the rule the extender scores nodes by, taken here from per-key tables of
+ * kgpu_mig_room and kgpu_mig_stranded (fill_tables), which is what makes a
+ * study fast.
  */
-#define STRANDED_SCALE 8
 
 typedef struct memo {
     long bstamp[KGPU_MIGSIM_KEYS];
@@ -255,15 +253,6 @@ static bool uses_stranded(kgpu_migsim_strategy s)
     return s == KGPU_MIGSIM_KGPU || s == KGPU_MIGSIM_BEST_FIT;
 }
 
-/* Free compute slices on a GPU of key k where no profile fits any more. */
-static int stranded(const kgpu_migsim_input *in, int k)
-{
-    for (int pi = 0; pi < in->model->nprofiles; pi++)
-        if (in->first_fit[k][pi] >= 0)
-            return 0;
-    return KGPU_MIG_COMPUTE_SLICES - k / 256;
-}
-
 /* The cost of profile pi at start on a GPU of key k: room lost, or kgpu's (above). */
 static int64_t cost_at(const run *r, int k, int pi, int start)
 {
@@ -271,7 +260,7 @@ static int64_t cost_at(const run *r, int k, int pi, int start)
     int64_t loss = r->in->room[k] - r->in->room[ka];
     if (!uses_stranded(r->s))
         return loss;
-    return loss * STRANDED_SCALE + stranded(r->in, ka);
+    return loss * KGPU_MIG_STRANDED_SCALE + r->in->stranded[ka];
 }
 
 /* The start of profile pi costing least on a GPU of key k (ties: the higher), or -1. */

@@ -19,16 +19,18 @@
  * not read is not guessed: the request is scored as any device of its
  * class, and the note says so; kube-scheduler's own CEL decides what fits.
  *
- * MIG scores: per node, each MIG request goes to the matching free
- * placement that costs the node the least room (kgpu_mig_room: what
- * profiles could still be placed), the first in slice order on ties (the
- * driver lists placements in kgpu_mig_slice_order). Nodes rank by the room
- * the placement costs, least first: the cluster keeps the most room, so a
- * 3g that completes a GPU holding a 4g beats opening an empty GPU; of
- * nodes that lose as much, the one keeping the most room ranks first, so
- * the node where a 4g still fits afterwards wins. Scores are ranks, 10 the
- * best, as the kgpu policy's, at least 1 where the pod fits. A pod with
- * both kinds is scored by the policy, on the nodes where both fit.
+ * MIG scores: per node, each MIG request is placed where kube-scheduler's
+ * allocator will place it there, the first matching free partition in
+ * slice order (the driver lists placements in kgpu_mig_slice_order), and
+ * the node is charged that placement's kgpu_mig_cost: the room it takes
+ * away (kgpu_mig_room: what profiles could still be placed), then the
+ * compute slices it strands. Nodes rank by the cost, least first, so a 3g
+ * that completes a GPU holding a 4g beats opening an empty GPU; of nodes
+ * that cost as much, the fullest (least room kept) ranks first, keeping
+ * empty GPUs for the big profiles. This is the rule `kgpu simulate --mig`
+ * measures as `kgpu` (docs/policy.md, MIG). Scores are ranks, 10 the best,
+ * as the kgpu policy's, at least 1 where the pod fits. A pod with both
+ * kinds is scored by the policy, on the nodes where both fit.
  *
  * Cost: the selectors are evaluated once per scored node and device; the
  * placements are applied to the state's cluster and released before the
@@ -312,22 +314,31 @@ static bool place_mig(scoring *sc, int ci, const ext_dra_slice *s, int64_t *valu
             match[j] = v.p != NULL && matches(q->cel, &v);
         }
         for (int c = 0; q->mig && c < q->a->req->count; c++) {
+            /*
+             * The partition kube-scheduler's allocator will take on this node: the first
+             * free one it selects in slice order, which the driver lists GPU by GPU,
+             * profiles smallest first, each profile's starts in kgpu_mig_slice_order.
+             */
             int best = -1;
-            int64_t best_loss = INT64_MAX;
+            int64_t best_loss = INT64_MAX, best_rank = INT64_MAX;
             for (int j = 0; j < s->nmig; j++) {
                 int g = pos_of[s->migs[j].gpu];
                 if (!match[j] || g < 0 || !avail[g])
                     continue;
                 const kgpu_mig_model *m =
                     kgpu_mig_model_at(s->devices[s->migs[j].gpu].mig_model - 1);
-                if (!kgpu_mig_fits(m, &mg[g], s->migs[j].profile, s->migs[j].start))
+                int64_t cost = kgpu_mig_cost(m, &mg[g], s->migs[j].profile, s->migs[j].start);
+                if (cost < 0)
                     continue;
-                kgpu_mig_gpu after = mg[g];
-                kgpu_mig_take(m, &after, s->migs[j].profile, s->migs[j].start);
-                int room = kgpu_mig_room(m, &after);
-                int64_t loss = (int64_t)kgpu_mig_room(m, &mg[g]) - room;
-                if (loss < best_loss) {
-                    best_loss = loss;
+                int order[KGPU_MIG_MAX_STARTS], n = kgpu_mig_slice_order(m, s->migs[j].profile,
+                                                                          order), at = 0;
+                while (at < n && order[at] != s->migs[j].start)
+                    at++;
+                int64_t rank = ((int64_t)s->devices[s->migs[j].gpu].index * KGPU_MIG_MAX_PROFILES +
+                                s->migs[j].profile) * KGPU_MIG_MAX_STARTS + at;
+                if (rank < best_rank) {
+                    best_rank = rank;
+                    best_loss = cost;
                     best = j;
                 }
             }
@@ -347,12 +358,12 @@ static bool place_mig(scoring *sc, int ci, const ext_dra_slice *s, int64_t *valu
                 *opened |= 1u << g;
         }
     }
-    /* The least room lost first; of those, the node keeping the most room. */
+    /* The least cost first (kgpu_mig_cost); of those, the fullest node: the least room kept. */
     int64_t kept = 0;
     for (int j = 0; j < s->ndevices; j++)
         if (pos_of[j] >= 0 && avail[pos_of[j]])
             kept += kgpu_mig_room(kgpu_mig_model_at(s->devices[j].mig_model - 1), &mg[pos_of[j]]);
-    *value = kept - lost * ROOM_MAX;
+    *value = -kept - lost * ROOM_MAX;
     return true;
 }
 

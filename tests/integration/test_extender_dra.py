@@ -567,8 +567,9 @@ class TestDRAMIG(DRATest):
         time.sleep(0.3)
         sc = self.scores(dra_pod("p3g", "want-3g"))
         # mC loses the least room (the 3g fills what its 4g left); of mA and mB, which lose
-        # as much, mB keeps a 4g possible after the 3g, mA none.
-        self.assertEqual((sc["mC"], sc["mB"], sc["mA"]), (10, 9, 8), sc)
+        # as much (17) and strand nothing, mA is the fuller: the 3g goes beside its 1g
+        # (at 0, where the allocator takes it) and mB's GPU stays empty for a 7g.
+        self.assertEqual((sc["mC"], sc["mA"], sc["mB"]), (10, 9, 8), sc)
         # Two instances of one claim: a 3g and a 4g fit only the empty GPU.
         both = [request_object("a", cls=MIG_CLASS, cel=profile_is("3g.20gb")),
                 request_object("b", cls=MIG_CLASS, cel=profile_is("4g.20gb"))]

@@ -175,6 +175,38 @@ static void profile_fit_takes_the_smallest(void **state)
     assert_null(kgpu_mig_profile_fit(m, 1, 50000));
 }
 
+static void cost_is_room_lost_then_slices_stranded(void **state)
+{
+    (void)state;
+    const kgpu_mig_model *m = kgpu_mig_model_named("A100-40GB");
+    int g1 = index_of(m, "1g.5gb"), g3 = index_of(m, "3g.20gb"), g4 = index_of(m, "4g.20gb");
+    kgpu_mig_gpu beside4, beside3, empty;
+    memset(&beside4, 0, sizeof(beside4));
+    memset(&empty, 0, sizeof(empty));
+    kgpu_mig_take(m, &beside4, g4, 0);
+    beside3 = empty;
+    kgpu_mig_take(m, &beside3, g3, 0);
+    /* A 3g at 4 beside a 4g fills the GPU: nothing stranded. Beside a 3g: one slice left
+     * that no profile can use (all memory slices taken). */
+    assert_int_equal(kgpu_mig_stranded(m, &empty), 0);
+    int64_t c4 = kgpu_mig_cost(m, &beside4, g3, 4), c3 = kgpu_mig_cost(m, &beside3, g3, 4);
+    kgpu_mig_gpu after = beside3;
+    kgpu_mig_take(m, &after, g3, 4);
+    assert_int_equal(kgpu_mig_stranded(m, &after), 1);
+    assert_int_equal(c3 % KGPU_MIG_STRANDED_SCALE, 1);
+    assert_int_equal(c4 % KGPU_MIG_STRANDED_SCALE, 0);
+    assert_int_equal(c4 / KGPU_MIG_STRANDED_SCALE, kgpu_mig_room(m, &beside4));
+    /* On an empty GPU a 3g costs more room than beside a 4g: completing a GPU is cheapest. */
+    assert_true(kgpu_mig_cost(m, &empty, g3, 4) > c4);
+    assert_int_equal(kgpu_mig_cost(m, &beside4, g4, 0), -1);
+    /* The allocator's pick in kgpu's slice order: the first listed start that fits. */
+    assert_int_equal(kgpu_mig_slice_first(m, &empty, g1), 6);
+    assert_int_equal(kgpu_mig_slice_first(m, &beside4, g3), 4);
+    kgpu_mig_take(m, &empty, g1, 6);
+    assert_int_equal(kgpu_mig_slice_first(m, &empty, g3), 0);
+    assert_int_equal(kgpu_mig_slice_first(m, &after, g1), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -184,6 +216,7 @@ int main(void)
         cmocka_unit_test(choice_keeps_big_profiles_fitting),
         cmocka_unit_test(slice_order_is_the_choice_repeated),
         cmocka_unit_test(profile_fit_takes_the_smallest),
+        cmocka_unit_test(cost_is_room_lost_then_slices_stranded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
