@@ -251,23 +251,8 @@ static int poll_fake(plugin *p, bool first, kgpu_error *err_first)
 
 static void poll_nvml(plugin *p)
 {
-    int idx;
-    unsigned long long xid;
     kgpu_error e = {0};
-    /* Drain pending events without waiting: the main loop paces itself. */
-    for (int i = 0; i < 64; i++) {
-        int rc = kgpu_nvml_wait_xid(p->nvml, 0, &idx, &xid, &e);
-        if (rc <= 0) {
-            if (rc < 0)
-                kgpu_log(KGPU_LOG_WARN, "%s", e.msg);
-            break;
-        }
-        if (idx >= 0 && idx < KGPU_MAX_GPUS_PER_NODE && !p->xid_bad[idx]) {
-            kgpu_log(KGPU_LOG_WARN,
-                     "GPU %d: XID %llu: marking it unhealthy until the plugin restarts", idx, xid);
-            p->xid_bad[idx] = true;
-        }
-    }
+    (void)node_drain_xids(p->nvml, p->xid_bad, "marking it unhealthy until the plugin restarts");
     kgpu_gpu_info gpus[KGPU_MAX_GPUS_PER_NODE];
     int n = p->nall;
     memcpy(gpus, p->all, (size_t)n * sizeof(gpus[0]));

@@ -100,29 +100,6 @@ static void judge_health(driver *d, kgpu_gpu_info *gpus, int *n)
     pthread_mutex_unlock(&d->inv_mu);
 }
 
-/* Takes the XIDs NVML has for us without waiting; true when one marked a GPU unhealthy. */
-static bool drain_xids(driver *d)
-{
-    bool marked = false;
-    for (int i = 0; i < 64; i++) {
-        int idx;
-        unsigned long long xid;
-        kgpu_error e = {0};
-        int rc = kgpu_nvml_wait_xid(d->nvml, 0, &idx, &xid, &e);
-        if (rc <= 0) {
-            if (rc < 0)
-                kgpu_log(KGPU_LOG_WARN, "%s", e.msg);
-            break;
-        }
-        if (idx >= 0 && idx < KGPU_MAX_GPUS_PER_NODE && !d->xid_bad[idx]) {
-            kgpu_log(KGPU_LOG_WARN, "GPU %d: XID %llu: tainting its devices until the driver "
-                     "restarts", idx, xid);
-            d->xid_bad[idx] = marked = true;
-        }
-    }
-    return marked;
-}
-
 static int poll_nvml(driver *d, kgpu_error *err)
 {
     kgpu_gpu_info *gpus = NULL;
@@ -324,7 +301,9 @@ int dra_run(const dra_config *cfg, atomic_bool *stop, kgpu_error *err)
     while (rc == 0 && !atomic_load(stop)) {
         if (cfg->node.fake_gpus[0] != '\0') {
             (void)poll_fake(d, false, NULL);
-        } else if (drain_xids(d) || dra_now_s() >= d->rediscover_at) {
+        } else if (node_drain_xids(d->nvml, d->xid_bad,
+                                   "tainting its devices until the driver restarts") > 0 ||
+                   dra_now_s() >= d->rediscover_at) {
             (void)poll_nvml(d, NULL);
             d->rediscover_at = dra_now_s() + DISCOVER_S;
         }

@@ -301,45 +301,58 @@ bool kgpu_nvml_alive(kgpu_nvml *nv, int index)
     return nv->uuid(nv->devices[index], uuid, sizeof(uuid)) != NVML_ERR_GPU_IS_LOST;
 }
 
-/*
- * One of NVML's process lists into `out` (merged by PID). The list can grow
- * between the sizing call and the reading call; a few tries absorb that.
- */
-static int read_procs(kgpu_nvml *nv, int index, nvml_procs_fn fn, size_t size, const char *what,
-                      kgpu_gpu_proc *out, int cap, int *n, kgpu_error *err)
+int nvml_proc_records(kgpu_nvml *nv, int index, nvml_procs_fn fn, size_t size,
+                      const char *what, void **records, unsigned int *count, kgpu_error *err)
 {
     nvml_ret r = NVML_OK;
-    unsigned int count = 0;
     void *buf = NULL;
+    *records = NULL;
     for (int attempt = 0; attempt < 4; attempt++) {
-        count = 0;
-        r = fn(nv->devices[index], &count, NULL);
+        *count = 0;
+        r = fn(nv->devices[index], count, NULL);
         if (r == NVML_OK)
             return KGPU_OK; /* no process */
         if (r != NVML_ERR_INSUFFICIENT_SIZE)
             break;
-        count += 8; /* room for processes that start meanwhile */
-        if (count > KGPU_GPU_PROCS_MAX)
-            count = KGPU_GPU_PROCS_MAX;
+        *count += 8; /* room for processes that start meanwhile */
+        if (*count > KGPU_GPU_PROCS_MAX)
+            *count = KGPU_GPU_PROCS_MAX;
         free(buf);
-        if ((buf = calloc(count, size)) == NULL)
+        if ((buf = calloc(*count, size)) == NULL)
             return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
-        r = fn(nv->devices[index], &count, buf);
+        r = fn(nv->devices[index], count, buf);
         if (r != NVML_ERR_INSUFFICIENT_SIZE)
             break;
     }
     if (r != NVML_OK) {
         free(buf);
+        *count = 0;
         return kgpu_error_set(err, KGPU_EIO, "GPU %d: %s: %s", index, what, nvml_strerror(nv, r));
     }
+    *records = buf;
+    return KGPU_OK;
+}
+
+int64_t nvml_used_bytes(unsigned long long used)
+{
+    return used == NVML_NOT_AVAILABLE_ULL || used > (unsigned long long)INT64_MAX ? -1
+                                                                                  : (int64_t)used;
+}
+
+/* One of NVML's process lists into `out` (merged by PID: the same PID's memory added). */
+static int read_procs(kgpu_nvml *nv, int index, nvml_procs_fn fn, size_t size, const char *what,
+                      kgpu_gpu_proc *out, int cap, int *n, kgpu_error *err)
+{
+    void *buf;
+    unsigned int count;
+    int rc = nvml_proc_records(nv, index, fn, size, what, &buf, &count, err);
+    if (rc != KGPU_OK)
+        return rc;
     for (unsigned int i = 0; i < count; i++) {
         const char *rec = (const char *)buf + (size_t)i * size;
         nvml_process_info_v1 pi; /* the first two members of every version */
         memcpy(&pi, rec, sizeof(pi));
-        int64_t used = pi.used_gpu_memory == NVML_NOT_AVAILABLE_ULL ||
-                               pi.used_gpu_memory > (unsigned long long)INT64_MAX
-                           ? -1
-                           : (int64_t)pi.used_gpu_memory;
+        int64_t used = nvml_used_bytes(pi.used_gpu_memory);
         int k = 0;
         while (k < *n && out[k].pid != pi.pid)
             k++;

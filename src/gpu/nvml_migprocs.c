@@ -9,41 +9,20 @@
 #include "migprocs.h"
 #include "nvml_priv.h"
 
-/* Sizes the list, reads it (a few tries: it can grow in between), merges into out. */
+/* One process list with its records' instance IDs, merged into out (nvml_proc_records). */
 static int read_list(kgpu_nvml *nv, int index, nvml_procs_fn fn, const char *what,
                      kgpu_gpu_mig_proc *out, int cap, int *n, kgpu_error *err)
 {
-    nvml_ret r = NVML_OK;
-    unsigned int count = 0;
-    nvml_process_info *buf = NULL;
-    for (int attempt = 0; attempt < 4; attempt++) {
-        count = 0;
-        r = fn(nv->devices[index], &count, NULL);
-        if (r == NVML_OK)
-            return KGPU_OK; /* no process */
-        if (r != NVML_ERR_INSUFFICIENT_SIZE)
-            break;
-        count += 8;
-        if (count > KGPU_GPU_PROCS_MAX)
-            count = KGPU_GPU_PROCS_MAX;
-        free(buf);
-        if ((buf = calloc(count, sizeof(*buf))) == NULL)
-            return kgpu_error_set(err, KGPU_ENOMEM, "out of memory");
-        r = fn(nv->devices[index], &count, buf);
-        if (r != NVML_ERR_INSUFFICIENT_SIZE)
-            break;
-    }
-    if (r != NVML_OK) {
-        free(buf);
-        return kgpu_error_set(err, KGPU_EIO, "GPU %d: %s: %s", index, what, nvml_strerror(nv, r));
-    }
-    int rc = KGPU_OK;
+    void *records;
+    unsigned int count;
+    int rc = nvml_proc_records(nv, index, fn, sizeof(nvml_process_info), what, &records, &count,
+                               err);
+    if (rc != KGPU_OK)
+        return rc;
+    const nvml_process_info *buf = records;
     for (unsigned int i = 0; i < count && rc == KGPU_OK; i++) {
         const nvml_process_info *pi = &buf[i];
-        int64_t used = pi->used_gpu_memory == NVML_NOT_AVAILABLE_ULL ||
-                               pi->used_gpu_memory > (unsigned long long)INT64_MAX
-                           ? -1
-                           : (int64_t)pi->used_gpu_memory;
+        int64_t used = nvml_used_bytes(pi->used_gpu_memory);
         int k = 0;
         while (k < *n && !(out[k].pid == pi->pid && out[k].gi_id == pi->gpu_instance_id &&
                            out[k].ci_id == pi->compute_instance_id))
@@ -63,7 +42,7 @@ static int read_list(kgpu_nvml *nv, int index, nvml_procs_fn fn, const char *wha
                                               .used_bytes = used};
         }
     }
-    free(buf);
+    free(records);
     return rc;
 }
 

@@ -55,6 +55,18 @@ typedef struct {
 
 typedef nvml_ret (*nvml_procs_fn)(nvml_device, unsigned int *, void *);
 
+/*
+ * Reads one of NVML's process lists of GPU `index` through fn (records of
+ * `size` bytes) into *records (malloc'd, NULL when none) and *count. The
+ * list can grow between the sizing call and the reading call; a few tries
+ * absorb that. Errors name the GPU and `what`. (nvml.c)
+ */
+int nvml_proc_records(kgpu_nvml *nv, int index, nvml_procs_fn fn, size_t size,
+                      const char *what, void **records, unsigned int *count, kgpu_error *err);
+
+/* usedGpuMemory in bytes, or -1 where NVML cannot tell (or past int64). */
+int64_t nvml_used_bytes(unsigned long long used);
+
 #define NVML_EVENT_XID_CRITICAL 0x8ULL
 
 typedef struct {

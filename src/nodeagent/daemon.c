@@ -139,3 +139,26 @@ bool node_same_gpus(const contract_inventory *inv, const kgpu_gpu_info *gpus, in
 {
     return inv->ngpus == n && memcmp(inv->gpus, gpus, (size_t)n * sizeof(*gpus)) == 0;
 }
+
+int node_drain_xids(kgpu_nvml *nv, bool bad[KGPU_MAX_GPUS_PER_NODE], const char *effect)
+{
+    int marked = 0;
+    /* A bounded drain: the callers' loops pace themselves. */
+    for (int i = 0; i < 64; i++) {
+        int idx;
+        unsigned long long xid;
+        kgpu_error e = {0};
+        int rc = kgpu_nvml_wait_xid(nv, 0, &idx, &xid, &e);
+        if (rc <= 0) {
+            if (rc < 0)
+                kgpu_log(KGPU_LOG_WARN, "%s", e.msg);
+            break;
+        }
+        if (idx >= 0 && idx < KGPU_MAX_GPUS_PER_NODE && !bad[idx]) {
+            kgpu_log(KGPU_LOG_WARN, "GPU %d: XID %llu: %s", idx, xid, effect);
+            bad[idx] = true;
+            marked++;
+        }
+    }
+    return marked;
+}

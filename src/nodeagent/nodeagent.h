@@ -190,6 +190,14 @@ typedef int (*node_gpus_fn)(void *ctx, const kgpu_gpu_info *gpus, int n, kgpu_er
 int node_fake_poll(const char *path, struct stat *seen, bool first, node_gpus_fn take, void *ctx,
                    kgpu_error *err);
 
+/*
+ * Takes the critical XIDs NVML has queued without waiting and marks each
+ * GPU (by NVML index) in bad[], logging the first for each with `effect`
+ * ("marking it unhealthy until the plugin restarts"). Returns how many GPUs
+ * were newly marked. Both agents judge health this way.
+ */
+int node_drain_xids(kgpu_nvml *nv, bool bad[KGPU_MAX_GPUS_PER_NODE], const char *effect);
+
 /* Whether inv holds exactly these n GPUs. */
 bool node_same_gpus(const contract_inventory *inv, const kgpu_gpu_info *gpus, int n);
 
