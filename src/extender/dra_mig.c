@@ -57,12 +57,7 @@ const char *ext__dra_mig_charge(ext_state *st, ext_dra_result *r, const ext_dra_
         return "its placement overlaps an instance charged already";
     if (n->mig_users[pos] == 0) {
         kgpu_request hold;
-        memset(&hold, 0, sizeof(hold));
-        hold.gpu_count = 1;
-        hold.models = ~0ULL;
-        hold.shape = -1;
-        hold.exclusive = true;
-        hold.gpu_milli = KGPU_MILLI;
+        ext_dra_mig_hold(&hold);
         if (kgpu_cluster_apply(st->cluster, &hold, idx, &pos, &n->hold[pos], err) != 0)
             return err->msg;
         n->mig_model[pos] = gd->mig_model - 1;

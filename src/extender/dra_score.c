@@ -374,12 +374,7 @@ static int hold_opened(scoring *sc, int ci, uint32_t opened, kgpu_error *err)
         if (!(opened & (1u << g)))
             continue;
         kgpu_request hold;
-        memset(&hold, 0, sizeof(hold));
-        hold.gpu_count = 1;
-        hold.models = ~0ULL;
-        hold.shape = -1;
-        hold.exclusive = true;
-        hold.gpu_milli = KGPU_MILLI;
+        ext_dra_mig_hold(&hold);
         kgpu_assignment a;
         if (kgpu_cluster_apply(sc->st->cluster, &hold, ci, &g, &a, err) != 0)
             return err->code;

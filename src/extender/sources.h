@@ -13,6 +13,8 @@
 #ifndef KGPU_EXT_SOURCES_H
 #define KGPU_EXT_SOURCES_H
 
+#include <string.h>
+
 #include "base.h"
 #include "k8s.h"
 #include "kgpu/model.h"
@@ -150,6 +152,17 @@ typedef struct ext_dra_mig {
     uint8_t gpu;        /* in a pool: position in its devices of the GPU */
     uint8_t profile;    /* in a pool: index of the profile in the GPU's MIG model */
 } ext_dra_mig;
+
+/* The request that holds a GPU whole while it has MIG instances (none whole or shared then). */
+static inline void ext_dra_mig_hold(kgpu_request *hold)
+{
+    memset(hold, 0, sizeof(*hold));
+    hold->gpu_count = 1;
+    hold->models = ~0ULL;
+    hold->shape = -1;
+    hold->exclusive = true;
+    hold->gpu_milli = KGPU_MILLI;
+}
 
 /*
  * A ResourceSlice of gpu.kgpu.io as parsed, or a node's pool: the devices of
