@@ -115,10 +115,12 @@ int64_t kgpu_mig_cost(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi, in
 
 /*
  * The start kube-scheduler's allocator takes for profile pi on g when the
- * slice lists starts in kgpu_mig_slice_order: the first of them that fits,
- * or -1.
+ * slice lists its starts as `order` (n of them, kgpu_mig_slice_order's:
+ * callers compute it once, it costs a kgpu_mig_choose per start): the
+ * first of them that fits, or -1.
  */
-int kgpu_mig_slice_first(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi);
+int kgpu_mig_slice_first(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi, const int *order,
+                         int n);
 
 /* Where first-fit in NVML's order puts it: the lowest start that fits, or -1. */
 int kgpu_mig_first_fit(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi);

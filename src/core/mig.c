@@ -237,10 +237,9 @@ int64_t kgpu_mig_cost(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi, in
     return lost * KGPU_MIG_STRANDED_SCALE + kgpu_mig_stranded(m, &after);
 }
 
-int kgpu_mig_slice_first(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi)
+int kgpu_mig_slice_first(const kgpu_mig_model *m, const kgpu_mig_gpu *g, int pi, const int *order,
+                         int n)
 {
-    int order[KGPU_MIG_MAX_STARTS];
-    int n = kgpu_mig_slice_order(m, pi, order);
     for (int i = 0; i < n; i++)
         if (kgpu_mig_fits(m, g, pi, order[i]))
             return order[i];

@@ -71,6 +71,9 @@ int kgpu_migsim_profile_of(const kgpu_mig_model *m, const kgpu_request *r)
 static void fill_tables(kgpu_migsim_input *in)
 {
     const kgpu_mig_model *m = in->model;
+    int order[KGPU_MIG_MAX_PROFILES][KGPU_MIG_MAX_STARTS], norder[KGPU_MIG_MAX_PROFILES];
+    for (int pi = 0; pi < m->nprofiles; pi++)
+        norder[pi] = kgpu_mig_slice_order(m, pi, order[pi]);
     for (int k = 0; k < KGPU_MIGSIM_KEYS; k++) {
         kgpu_mig_gpu g;
         memset(&g, 0, sizeof(g));
@@ -84,7 +87,7 @@ static void fill_tables(kgpu_migsim_input *in)
                 continue;
             in->first_fit[k][pi] = (int8_t)kgpu_mig_first_fit(m, &g, pi);
             in->choose[k][pi] = (int8_t)kgpu_mig_choose(m, &g, pi, NULL);
-            in->slice[k][pi] = (int8_t)kgpu_mig_slice_first(m, &g, pi);
+            in->slice[k][pi] = (int8_t)kgpu_mig_slice_first(m, &g, pi, order[pi], norder[pi]);
         }
     }
 }

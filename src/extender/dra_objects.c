@@ -278,6 +278,11 @@ void ext_dra_pool_resolve(ext_dra_slice *pool)
         }
         md.gpu = (uint8_t)gpu;
         md.profile = (uint8_t)(p - m->profiles);
+        /* Where kube-scheduler meets it on its GPU: scores need it, at every call. */
+        int order[KGPU_MIG_MAX_STARTS], n = kgpu_mig_slice_order(m, md.profile, order);
+        md.order = 0;
+        while (md.order < n && order[md.order] != md.start)
+            md.order++;
         pool->migs[kept++] = md;
     }
     pool->nmig = kept;

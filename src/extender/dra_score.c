@@ -330,12 +330,8 @@ static bool place_mig(scoring *sc, int ci, const ext_dra_slice *s, int64_t *valu
                 int64_t cost = kgpu_mig_cost(m, &mg[g], s->migs[j].profile, s->migs[j].start);
                 if (cost < 0)
                     continue;
-                int order[KGPU_MIG_MAX_STARTS], n = kgpu_mig_slice_order(m, s->migs[j].profile,
-                                                                          order), at = 0;
-                while (at < n && order[at] != s->migs[j].start)
-                    at++;
                 int64_t rank = ((int64_t)s->devices[s->migs[j].gpu].index * KGPU_MIG_MAX_PROFILES +
-                                s->migs[j].profile) * KGPU_MIG_MAX_STARTS + at;
+                                s->migs[j].profile) * KGPU_MIG_MAX_STARTS + s->migs[j].order;
                 if (rank < best_rank) {
                     best_rank = rank;
                     best_loss = cost;

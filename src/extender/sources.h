@@ -151,6 +151,7 @@ typedef struct ext_dra_mig {
     uint8_t size;       /* attribute migSize; 0 without */
     uint8_t gpu;        /* in a pool: position in its devices of the GPU */
     uint8_t profile;    /* in a pool: index of the profile in the GPU's MIG model */
+    uint8_t order;      /* in a pool: position of start in kgpu_mig_slice_order */
 } ext_dra_mig;
 
 /* The request that holds a GPU whole while it has MIG instances (none whole or shared then). */

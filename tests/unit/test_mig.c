@@ -200,11 +200,13 @@ static void cost_is_room_lost_then_slices_stranded(void **state)
     assert_true(kgpu_mig_cost(m, &empty, g3, 4) > c4);
     assert_int_equal(kgpu_mig_cost(m, &beside4, g4, 0), -1);
     /* The allocator's pick in kgpu's slice order: the first listed start that fits. */
-    assert_int_equal(kgpu_mig_slice_first(m, &empty, g1), 6);
-    assert_int_equal(kgpu_mig_slice_first(m, &beside4, g3), 4);
+    int o1[KGPU_MIG_MAX_STARTS], o3[KGPU_MIG_MAX_STARTS];
+    int n1 = kgpu_mig_slice_order(m, g1, o1), n3 = kgpu_mig_slice_order(m, g3, o3);
+    assert_int_equal(kgpu_mig_slice_first(m, &empty, g1, o1, n1), 6);
+    assert_int_equal(kgpu_mig_slice_first(m, &beside4, g3, o3, n3), 4);
     kgpu_mig_take(m, &empty, g1, 6);
-    assert_int_equal(kgpu_mig_slice_first(m, &empty, g3), 0);
-    assert_int_equal(kgpu_mig_slice_first(m, &after, g1), -1);
+    assert_int_equal(kgpu_mig_slice_first(m, &empty, g3, o3, n3), 0);
+    assert_int_equal(kgpu_mig_slice_first(m, &after, g1, o1, n1), -1);
 }
 
 int main(void)
